@@ -1,0 +1,62 @@
+//! The chat-completions pipeline: read the body whole (bounded), check it, then
+//! forward it. Tracking and compaction hook in here.
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::Request;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+
+use crate::access_log::RequestLog;
+use crate::body::{full, ProxyBody};
+use crate::dialect::ChatRequest;
+use crate::error::ApiError;
+use crate::forward::{forward, reject};
+use crate::state::AppState;
+
+/// Handles `POST …/chat/completions`.
+pub async fn handle(
+    state: &AppState,
+    request: Request<Incoming>,
+    log: RequestLog,
+) -> http::Response<ProxyBody> {
+    let (mut parts, body) = request.into_parts();
+    let bytes = match read_body(body, state.config.limits.max_body_bytes, &parts.headers).await {
+        Ok(bytes) => bytes,
+        Err(err) => return reject(log, err),
+    };
+    if let Err(err) = ChatRequest::parse(&bytes) {
+        return reject(log, err.into());
+    }
+    // The reply is read on the side (tracking, usage); a compressed body could not be.
+    parts.headers.insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
+    forward(&state.upstream, parts, full(bytes), log, None).await
+}
+
+/// Reads a body up to `limit` bytes; a declared or actual excess is a 413.
+async fn read_body(
+    body: Incoming,
+    limit: usize,
+    headers: &http::HeaderMap,
+) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return Err(ApiError::body_too_large(limit));
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(err) if err.is::<http_body_util::LengthLimitError>() => {
+            Err(ApiError::body_too_large(limit))
+        }
+        Err(err) => Err(ApiError::invalid_request(
+            "body_read_failed",
+            format!("could not read the request body: {err}"),
+        )),
+    }
+}

@@ -1,0 +1,280 @@
+//! The typed configuration: every key of DESIGN.md section 6, with its default.
+//!
+//! The structs deny unknown fields, so a misspelt key fails the load and names the key.
+//! Loading and layering live in [`load`]; masking for display lives in [`mask`].
+
+mod load;
+mod mask;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use load::{load, ConfigError, Overrides};
+pub use mask::masked;
+
+/// The whole effective configuration, as one validated snapshot.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address the proxy listens on.
+    pub listen: SocketAddr,
+    /// Folder for conversation logs and compaction records.
+    pub data_dir: PathBuf,
+    /// How long in-flight requests may run after SIGINT/SIGTERM.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+    /// Where requests are forwarded.
+    pub upstream: UpstreamConfig,
+    /// Request size limits.
+    pub limits: LimitsConfig,
+    /// Optional TLS on the listening side.
+    pub tls: TlsConfig,
+    /// Log output.
+    pub log: LogConfig,
+    /// Access to the `/handoff/*` admin endpoints.
+    pub admin: AdminConfig,
+    /// Durability of the on-disk store.
+    pub store: StoreConfig,
+    /// Per-model facts, keyed by model name or name prefix.
+    pub models: BTreeMap<String, ModelConfig>,
+    /// When and how conversations are compacted.
+    pub compaction: CompactionConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            data_dir: PathBuf::from("handoff-data"),
+            shutdown_grace: Duration::from_secs(10),
+            upstream: UpstreamConfig::default(),
+            limits: LimitsConfig::default(),
+            tls: TlsConfig::default(),
+            log: LogConfig::default(),
+            admin: AdminConfig::default(),
+            store: StoreConfig::default(),
+            models: BTreeMap::new(),
+            compaction: CompactionConfig::default(),
+        }
+    }
+}
+
+impl Config {
+    /// The model entry for `model`: an exact key, else the longest key that prefixes it.
+    ///
+    /// Providers answer with dated names (`gpt-4o-2024-08-06`), so a prefix must match too.
+    pub fn model(&self, model: &str) -> Option<&ModelConfig> {
+        if let Some(found) = self.models.get(model) {
+            return Some(found);
+        }
+        self.models
+            .iter()
+            .filter(|(key, _)| model.starts_with(key.as_str()))
+            .max_by_key(|(key, _)| key.len())
+            .map(|(_, value)| value)
+    }
+}
+
+/// The upstream provider.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    /// Base URL; the client's path and query are appended to it.
+    pub base_url: String,
+    /// Time allowed to open a connection (TCP and TLS).
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Time allowed for the response head, and between two body frames.
+    #[serde(with = "humantime_serde")]
+    pub read_timeout: Duration,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        Self {
+            base_url: "https://api.openai.com".to_owned(),
+            connect_timeout: Duration::from_secs(10),
+            read_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Request size limits.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Largest chat-completions body that is read whole; larger ones get 413.
+    pub max_body_bytes: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 32 * 1024 * 1024,
+        }
+    }
+}
+
+/// TLS on the listening socket; both files or neither.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// PEM certificate chain.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key.
+    pub key_file: Option<PathBuf>,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Logging.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `text` or `json`.
+    pub format: LogFormat,
+    /// Filter directives used when `RUST_LOG` is unset.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".to_owned(),
+        }
+    }
+}
+
+/// Admin endpoint access.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Bearer token that opens `/handoff/*` to non-loopback clients.
+    pub token: Option<String>,
+}
+
+/// When appended lines are fsynced.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FsyncPolicy {
+    /// After every append.
+    Always,
+    /// At most every 100 ms.
+    #[default]
+    Batch,
+    /// Left to the operating system.
+    Never,
+}
+
+/// The on-disk store.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// fsync policy for appends.
+    pub fsync: FsyncPolicy,
+    /// Refuse requests with 503 when the store cannot write.
+    pub required: bool,
+    /// Conversations whose state is kept in memory.
+    pub cache_capacity: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            fsync: FsyncPolicy::Batch,
+            required: true,
+            cache_capacity: 10_000,
+        }
+    }
+}
+
+/// How tokens are counted for a model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tokenizer {
+    /// tiktoken `o200k_base`.
+    #[default]
+    O200k,
+    /// tiktoken `cl100k_base`.
+    Cl100k,
+    /// Bytes divided by four, for models with no public tokenizer.
+    Estimate,
+}
+
+/// Facts about one model.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Total tokens the model accepts, input and output together.
+    pub context_window: u64,
+    /// Token counter.
+    #[serde(default)]
+    pub tokenizer: Tokenizer,
+    /// Output reserve when the request sets no `max_tokens`.
+    #[serde(default)]
+    pub default_output_reserve: Option<u64>,
+    /// The upstream needs `reasoning_content` on assistant messages.
+    #[serde(default)]
+    pub reasoning_marker: bool,
+}
+
+/// Compaction policy.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CompactionConfig {
+    /// Master switch for every compaction path, the reactive one included.
+    pub enabled: bool,
+    /// Share of the input budget that triggers compaction.
+    pub trigger: f64,
+    /// Share of the input budget kept verbatim as recent units.
+    pub keep_recent: f64,
+    /// First strategy in the chain.
+    pub strategy: String,
+    /// Last strategy in the chain; always deterministic.
+    pub fallback: String,
+    /// Model that writes summaries; the request's model when unset.
+    pub summary_model: Option<String>,
+    /// Time allowed for one summary call.
+    #[serde(with = "humantime_serde")]
+    pub summary_timeout: Duration,
+    /// Fields merged into every summary request.
+    pub summary_request_extra: serde_json::Map<String, serde_json::Value>,
+    /// Summary prompt template file; the built-in prompt when unset.
+    pub prompt_file: Option<PathBuf>,
+    /// Compact-and-retry rounds after an upstream context-length error.
+    pub max_retries: u32,
+    /// Shorten over-long tool bodies in the recent part when nothing else fits.
+    pub rescue: bool,
+}
+
+impl Default for CompactionConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            trigger: 0.9,
+            keep_recent: 0.25,
+            strategy: "summarize".to_owned(),
+            fallback: "extract".to_owned(),
+            summary_model: None,
+            summary_timeout: Duration::from_secs(120),
+            summary_request_extra: serde_json::Map::new(),
+            prompt_file: None,
+            max_retries: 2,
+            rescue: false,
+        }
+    }
+}

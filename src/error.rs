@@ -1,0 +1,145 @@
+//! The one place where a failure becomes an HTTP answer, in OpenAI's error shape:
+//! `{"error": {"message", "type", "param", "code"}}`.
+//!
+//! Other modules return their own typed errors and convert them into [`ApiError`];
+//! none of them builds an error response by hand.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use serde_json::json;
+
+use crate::body::{full, ProxyBody};
+
+/// An error answered to the client.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{status} {kind}: {message}")]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// OpenAI's `type`, e.g. `invalid_request_error`.
+    pub kind: &'static str,
+    /// OpenAI's `code`, e.g. `context_length_exceeded`.
+    pub code: Option<&'static str>,
+    /// What went wrong, with the values that explain it.
+    pub message: String,
+}
+
+impl ApiError {
+    fn new(
+        status: StatusCode,
+        kind: &'static str,
+        code: Option<&'static str>,
+        message: String,
+    ) -> Self {
+        Self {
+            status,
+            kind,
+            code,
+            message,
+        }
+    }
+
+    /// 400 for a request the client must fix.
+    pub fn invalid_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            Some(code),
+            message.into(),
+        )
+    }
+
+    /// 413 for a body above `limits.max_body_bytes`.
+    pub fn body_too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            Some("request_too_large"),
+            format!("request body exceeds limits.max_body_bytes ({limit} bytes)"),
+        )
+    }
+
+    /// 502 when the upstream cannot be reached or answers garbage.
+    pub fn bad_gateway(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_GATEWAY,
+            "upstream_error",
+            Some("upstream_unreachable"),
+            message.into(),
+        )
+    }
+
+    /// 504 when the upstream is too slow.
+    pub fn gateway_timeout(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "upstream_error",
+            Some("upstream_timeout"),
+            message.into(),
+        )
+    }
+
+    /// 503 when the originals cannot be stored and `store.required` is set.
+    pub fn storage(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage_error",
+            Some("storage_unavailable"),
+            message.into(),
+        )
+    }
+
+    /// 404 for an unknown proxy resource.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            Some("not_found"),
+            message.into(),
+        )
+    }
+
+    /// 401 for admin endpoints without the right token.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            Some("invalid_admin_token"),
+            message.into(),
+        )
+    }
+
+    /// 500 for a failure inside the proxy itself.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            Some("internal_error"),
+            message.into(),
+        )
+    }
+
+    /// The error as the JSON body a client SDK expects.
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": null,
+                "code": self.code,
+            }
+        })
+    }
+
+    /// The error as a complete HTTP response.
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let body = Bytes::from(self.to_json().to_string());
+        let mut response = Response::new(full(body));
+        *response.status_mut() = self.status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        response
+    }
+}

@@ -1,0 +1,31 @@
+//! handoff: a transparent proxy for LLM chat-completion APIs that keeps long
+//! conversations alive by compacting them before they overflow the context window.
+//!
+//! A request travels through the modules in this order:
+//! - [`server`] accepts the connection (HTTP/1.1 or h2, `TCP_NODELAY`);
+//! - [`router`] sends `/handoff/*` to [`admin`], chat completions to [`chat`], and every
+//!   other path straight to [`forward`];
+//! - [`chat`] reads the body and parses it with [`dialect`], keeping every unknown field;
+//! - [`forward`] sends it through [`upstream`] and relays the answer with [`relay`],
+//!   frame by frame, while [`access_log`] writes one line per request.
+//!
+//! [`config`] holds the typed, layered configuration; [`error`] is the one place where a
+//! failure becomes an HTTP answer in the API's own error shape.
+
+#![forbid(unsafe_code)]
+
+pub mod access_log;
+pub mod admin;
+pub mod body;
+pub mod chat;
+pub mod config;
+pub mod dialect;
+pub mod error;
+pub mod forward;
+pub mod headers;
+pub mod relay;
+pub mod router;
+pub mod server;
+pub mod state;
+pub mod telemetry;
+pub mod upstream;

@@ -1,0 +1,118 @@
+//! The `handoff` command line: parses arguments and calls into the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use handoff::config::{self, Overrides};
+
+#[derive(Parser)]
+#[command(
+    name = "handoff",
+    version,
+    about = "A compacting proxy for LLM chat-completion APIs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy.
+    Serve(ConfigArgs),
+    /// Print the effective config, secrets masked, and exit.
+    CheckConfig(ConfigArgs),
+}
+
+#[derive(Args, Clone)]
+struct ConfigArgs {
+    /// Config file; replaces config/handoff.toml.
+    #[arg(long, env = "HANDOFF_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to listen on, e.g. 127.0.0.1:8080.
+    #[arg(long)]
+    listen: Option<String>,
+    /// Upstream base URL, e.g. https://api.openai.com.
+    #[arg(long)]
+    upstream: Option<String>,
+    /// Folder for conversation logs.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+}
+
+impl ConfigArgs {
+    fn overrides(&self) -> Overrides {
+        Overrides {
+            config_file: self.config.clone(),
+            listen: self.listen.clone(),
+            upstream: self.upstream.clone(),
+            data_dir: self.data_dir.clone(),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => serve(&args),
+        Command::CheckConfig(args) => check_config(&args),
+    }
+}
+
+fn load(args: &ConfigArgs) -> Result<config::Config, ExitCode> {
+    config::load(&args.overrides()).map_err(|err| {
+        eprintln!("handoff: {err}");
+        ExitCode::from(2)
+    })
+}
+
+fn check_config(args: &ConfigArgs) -> ExitCode {
+    let config = match load(args) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    match serde_json::to_string_pretty(&config::masked(&config)) {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("handoff: cannot print config: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(args: &ConfigArgs) -> ExitCode {
+    let config = match load(args) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    handoff::telemetry::init(&config.log);
+    // rustls needs one process-wide crypto provider; ring is the one we build with.
+    if rustls::crypto::ring::default_provider()
+        .install_default()
+        .is_err()
+    {
+        tracing::debug!("a rustls crypto provider was already installed");
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("handoff: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(handoff::server::serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!(error = %err, "handoff stopped");
+            eprintln!("handoff: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}

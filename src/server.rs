@@ -1,0 +1,160 @@
+//! The listening side: accept loop, `TCP_NODELAY`, HTTP/1.1 and h2 (h2c or TLS by
+//! ALPN), and graceful shutdown on SIGINT/SIGTERM.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::Config;
+use crate::router::route;
+use crate::state::AppState;
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The TLS certificate or key could not be loaded.
+    #[error("cannot load TLS {what} from {path}: {reason}")]
+    Tls {
+        /// `certificate` or `key`.
+        what: &'static str,
+        /// The file.
+        path: String,
+        /// The cause.
+        reason: String,
+    },
+    /// The upstream client could not be built.
+    #[error(transparent)]
+    Upstream(#[from] crate::upstream::UpstreamError),
+    /// Installing signal handlers failed.
+    #[error("cannot install signal handlers: {0}")]
+    Signal(std::io::Error),
+}
+
+/// Runs the proxy until SIGINT or SIGTERM, then drains within `shutdown_grace`.
+pub async fn serve(config: Config) -> Result<(), ServeError> {
+    let tls = match (&config.tls.cert_file, &config.tls.key_file) {
+        (Some(cert), Some(key)) => Some(tls_acceptor(cert, key)?),
+        _ => None,
+    };
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let local = listener.local_addr().map_err(|source| ServeError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    let grace = config.shutdown_grace;
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let state = Arc::new(AppState::new(config)?);
+    tracing::info!(
+        upstream = %state.config.upstream.base_url,
+        "handoff listening on {scheme}://{local}"
+    );
+
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(ServeError::Signal)?;
+    let graceful = GracefulShutdown::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(err) => {
+                    // EMFILE and friends: keep serving the connections we have.
+                    tracing::warn!(error = %err, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = tokio::signal::ctrl_c() => break,
+            _ = terminate.recv() => break,
+        };
+        if let Err(err) = stream.set_nodelay(true) {
+            tracing::debug!(error = %err, "set_nodelay failed");
+        }
+        let state = Arc::clone(&state);
+        let watcher = graceful.watcher();
+        match tls.clone() {
+            Some(acceptor) => {
+                tokio::spawn(async move {
+                    match acceptor.accept(stream).await {
+                        Ok(stream) => serve_connection(stream, peer, state, watcher).await,
+                        Err(err) => tracing::debug!(%peer, error = %err, "TLS handshake failed"),
+                    }
+                });
+            }
+            None => {
+                tokio::spawn(serve_connection(stream, peer, state, watcher));
+            }
+        }
+    }
+
+    drop(listener);
+    tracing::info!(?grace, "shutting down; waiting for in-flight requests");
+    tokio::select! {
+        () = graceful.shutdown() => tracing::info!("all connections closed"),
+        () = tokio::time::sleep(grace) => tracing::warn!(?grace, "grace period over; exiting with requests in flight"),
+    }
+    Ok(())
+}
+
+async fn serve_connection<S>(
+    stream: S,
+    peer: SocketAddr,
+    state: Arc<AppState>,
+    watcher: hyper_util::server::graceful::Watcher,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = service_fn(move |request| {
+        let state = Arc::clone(&state);
+        async move { Ok::<_, Infallible>(route(&state, request, peer).await) }
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new());
+    builder.http2().timer(TokioTimer::new());
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    if let Err(err) = watcher.watch(connection).await {
+        tracing::debug!(%peer, error = %err, "connection ended with an error");
+    }
+}
+
+fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, ServeError> {
+    let tls_error = |what, path: &Path, reason: String| ServeError::Tls {
+        what,
+        path: path.display().to_string(),
+        reason,
+    };
+    let certs = CertificateDer::pem_file_iter(cert)
+        .and_then(|iter| iter.collect::<Result<Vec<_>, _>>())
+        .map_err(|err| tls_error("certificate", cert, err.to_string()))?;
+    let key_der =
+        PrivateKeyDer::from_pem_file(key).map_err(|err| tls_error("key", key, err.to_string()))?;
+    let mut server = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(certs, key_der)
+        .map_err(|err| tls_error("certificate", cert, err.to_string()))?;
+    server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(server)))
+}

@@ -1,0 +1,217 @@
+//! The connection to the provider: one pooled client, rustls for HTTPS with HTTP/2 by
+//! ALPN, `TCP_NODELAY` on every socket, and the timeouts that turn a stuck upstream
+//! into a 504 instead of a hung client.
+
+use std::error::Error as _;
+use std::time::Duration;
+
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Response, Uri};
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::body::ProxyBody;
+use crate::config::UpstreamConfig;
+use crate::error::ApiError;
+
+/// Why a request to the upstream failed before a response head arrived.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// The base URL or the joined target is not a valid URI.
+    #[error("invalid upstream target {target}: {reason}")]
+    BadTarget {
+        /// The target that failed to parse.
+        target: String,
+        /// The parser's complaint.
+        reason: String,
+    },
+    /// No connection could be made.
+    #[error("upstream {authority} is unreachable: {reason}")]
+    Unreachable {
+        /// Host and port.
+        authority: String,
+        /// The innermost cause.
+        reason: String,
+    },
+    /// Connecting took longer than `upstream.connect_timeout`.
+    #[error("upstream {authority} did not accept a connection within {timeout:?}")]
+    ConnectTimeout {
+        /// Host and port.
+        authority: String,
+        /// The limit that passed.
+        timeout: Duration,
+    },
+    /// The response head took longer than `upstream.read_timeout`.
+    #[error("upstream {authority} sent no response within {timeout:?}")]
+    ReadTimeout {
+        /// Host and port.
+        authority: String,
+        /// The limit that passed.
+        timeout: Duration,
+    },
+}
+
+impl From<UpstreamError> for ApiError {
+    fn from(err: UpstreamError) -> Self {
+        match err {
+            UpstreamError::ConnectTimeout { .. } | UpstreamError::ReadTimeout { .. } => {
+                ApiError::gateway_timeout(err.to_string())
+            }
+            UpstreamError::BadTarget { .. } | UpstreamError::Unreachable { .. } => {
+                ApiError::bad_gateway(err.to_string())
+            }
+        }
+    }
+}
+
+/// A pooled client bound to one base URL.
+#[derive(Clone)]
+pub struct Upstream {
+    client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
+    scheme: Scheme,
+    authority: Authority,
+    prefix: String,
+    connect_timeout: Duration,
+    read_timeout: Duration,
+}
+
+impl Upstream {
+    /// Builds the client for `config`.
+    pub fn new(config: &UpstreamConfig) -> Result<Self, UpstreamError> {
+        let bad = |reason: String| UpstreamError::BadTarget {
+            target: config.base_url.clone(),
+            reason,
+        };
+        let base: Uri = config
+            .base_url
+            .parse()
+            .map_err(|err| bad(format!("{err}")))?;
+        let scheme = base
+            .scheme()
+            .cloned()
+            .ok_or_else(|| bad("no scheme".into()))?;
+        let authority = base
+            .authority()
+            .cloned()
+            .ok_or_else(|| bad("no host".into()))?;
+        let prefix = base.path().trim_end_matches('/').to_owned();
+
+        let mut http = HttpConnector::new();
+        // Nagle + delayed ACK adds ~40 ms per streamed frame; LLM streams are many tiny writes.
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(config.connect_timeout));
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(https);
+        Ok(Self {
+            client,
+            scheme,
+            authority,
+            prefix,
+            connect_timeout: config.connect_timeout,
+            read_timeout: config.read_timeout,
+        })
+    }
+
+    /// The time allowed between two body frames.
+    pub fn read_timeout(&self) -> Duration {
+        self.read_timeout
+    }
+
+    /// The upstream URI for a client's path and query: the base URL's path, then the client's.
+    pub fn target(&self, client: Option<&PathAndQuery>) -> Result<Uri, UpstreamError> {
+        let tail = client.map_or("/", PathAndQuery::as_str);
+        let joined = format!("{}{}", self.prefix, tail);
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(joined.as_str())
+            .build()
+            .map_err(|err| UpstreamError::BadTarget {
+                target: joined,
+                reason: err.to_string(),
+            })
+    }
+
+    /// Sends `request` and waits for the response head within `read_timeout`.
+    pub async fn send(
+        &self,
+        request: Request<ProxyBody>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        match tokio::time::timeout(self.read_timeout, self.client.request(request)).await {
+            Err(_) => Err(UpstreamError::ReadTimeout {
+                authority: self.authority.to_string(),
+                timeout: self.read_timeout,
+            }),
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(err)) if is_timeout(&err) => Err(UpstreamError::ConnectTimeout {
+                authority: self.authority.to_string(),
+                timeout: self.connect_timeout,
+            }),
+            Ok(Err(err)) => Err(UpstreamError::Unreachable {
+                authority: self.authority.to_string(),
+                reason: innermost(&err),
+            }),
+        }
+    }
+}
+
+fn is_timeout(err: &hyper_util::client::legacy::Error) -> bool {
+    let mut source = err.source();
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::TimedOut {
+                return true;
+            }
+        }
+        source = cause.source();
+    }
+    false
+}
+
+/// The deepest cause's message, e.g. "Connection refused (os error 111)".
+fn innermost(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut current = err;
+    while let Some(next) = current.source() {
+        current = next;
+    }
+    current.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream(base: &str) -> Upstream {
+        let config = UpstreamConfig {
+            base_url: base.into(),
+            ..UpstreamConfig::default()
+        };
+        Upstream::new(&config).unwrap()
+    }
+
+    #[test]
+    fn client_path_and_query_are_appended_to_the_base_path() {
+        let up = upstream("http://127.0.0.1:9/proxy/");
+        let pq = PathAndQuery::from_static("/v1/models?limit=2");
+        assert_eq!(
+            up.target(Some(&pq)).unwrap().to_string(),
+            "http://127.0.0.1:9/proxy/v1/models?limit=2"
+        );
+        let plain = upstream("https://api.openai.com");
+        assert_eq!(
+            plain.target(Some(&pq)).unwrap().to_string(),
+            "https://api.openai.com/v1/models?limit=2"
+        );
+    }
+}

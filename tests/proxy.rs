@@ -1,0 +1,456 @@
+//! The transparent proxy, end to end: the real binary between a client and the mock.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::time::Duration;
+
+use mock_upstream::{chat_completion, MockUpstream, Reply};
+use serde_json::json;
+use support::client::{self, request};
+use support::{closed_port, Proxy, ProxyOptions};
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn chat_body() -> serde_json::Value {
+    json!({
+        "model": "gpt-4o",
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hi", "x_unknown_message_field": [1, 2]}
+        ],
+        "x_unknown_top_field": {"keep": true}
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_body_and_reply_pass_through_unchanged() {
+    let mock = MockUpstream::replying(Reply::chat_text("hello there")).await;
+    let proxy = Proxy::start(&mock.url());
+    let sent = chat_body().to_string();
+
+    let got = client::send(request(
+        "POST",
+        &format!("{}{CHAT}", proxy.url()),
+        &[
+            ("content-type", "application/json"),
+            ("authorization", "Bearer sk-test-123"),
+        ],
+        sent.clone(),
+    ))
+    .await;
+
+    assert_eq!(got.status, 200);
+    assert_eq!(got.json(), chat_completion("hello there"));
+    let seen = mock.requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].target, CHAT);
+    assert_eq!(
+        seen[0].body,
+        sent.as_bytes(),
+        "the body must reach the upstream byte for byte"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_cross_except_hop_by_hop_and_host_is_rewritten() {
+    let mock = MockUpstream::replying(Reply::chat_text("ok")).await;
+    let proxy = Proxy::start(&mock.url());
+
+    let got = client::send(request(
+        "POST",
+        &format!("{}{CHAT}", proxy.url()),
+        &[
+            ("content-type", "application/json"),
+            ("authorization", "Bearer sk-live-abc"),
+            ("anthropic-beta", "tools-2024-04-04"),
+            ("openai-organization", "org-42"),
+            ("connection", "keep-alive, x-hop-secret"),
+            ("x-hop-secret", "must-not-cross"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-authorization", "Basic abc"),
+            ("te", "trailers"),
+        ],
+        chat_body().to_string(),
+    ))
+    .await;
+    assert_eq!(got.status, 200);
+    assert_eq!(
+        got.headers["x-mock-upstream"], "1",
+        "response headers come back"
+    );
+
+    let seen = &mock.requests()[0];
+    assert_eq!(seen.headers["authorization"], "Bearer sk-live-abc");
+    assert_eq!(seen.headers["anthropic-beta"], "tools-2024-04-04");
+    assert_eq!(seen.headers["openai-organization"], "org-42");
+    assert_eq!(seen.headers["host"], mock.addr().to_string());
+    for hop in ["x-hop-secret", "keep-alive", "proxy-authorization", "te"] {
+        assert!(!seen.headers.contains_key(hop), "{hop} crossed the proxy");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_paths_pass_through_with_method_query_and_status() {
+    let mock = MockUpstream::with(|req| {
+        if req.target.starts_with("/v1/models") {
+            Reply::error(404, "model_not_found", "no such model")
+        } else {
+            Reply::json(json!({"len": req.body.len()}))
+        }
+    })
+    .await;
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: "[limits]\nmax_body_bytes = 1024\n".into(),
+            ..ProxyOptions::default()
+        },
+    );
+
+    let got = client::send(request(
+        "GET",
+        &format!("{}/v1/models/x?limit=2&after=a", proxy.url()),
+        &[],
+        "",
+    ))
+    .await;
+    assert_eq!(got.status, 404);
+    assert_eq!(got.json()["error"]["code"], "model_not_found");
+    assert_eq!(mock.requests()[0].target, "/v1/models/x?limit=2&after=a");
+    assert_eq!(mock.requests()[0].method, "GET");
+
+    // Uploads are streamed, so the chat-completions body limit does not apply to them.
+    let upload = vec![b'x'; 256 * 1024];
+    let got = client::send(request(
+        "PUT",
+        &format!("{}/v1/files", proxy.url()),
+        &[],
+        upload,
+    ))
+    .await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.json()["len"], 256 * 1024);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_chat_body_gets_413_in_openai_shape() {
+    let mock = MockUpstream::replying(Reply::chat_text("never")).await;
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: "[limits]\nmax_body_bytes = 4096\n".into(),
+            ..ProxyOptions::default()
+        },
+    );
+    let big = json!({"model": "m", "messages": [{"role": "user", "content": "y".repeat(10_000)}]});
+    let got = client::post_json(&format!("{}{CHAT}", proxy.url()), &big).await;
+    assert_eq!(got.status, 413);
+    assert_eq!(got.json()["error"]["code"], "request_too_large");
+    assert!(got.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("4096"));
+    assert!(mock.requests().is_empty(), "nothing may reach the upstream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_json_gets_400_with_the_parse_position() {
+    let mock = MockUpstream::replying(Reply::chat_text("never")).await;
+    let proxy = Proxy::start(&mock.url());
+    let got = client::send(request(
+        "POST",
+        &format!("{}{CHAT}", proxy.url()),
+        &[("content-type", "application/json")],
+        "{\"model\": \"m\",\n \"messages\": [}",
+    ))
+    .await;
+    assert_eq!(got.status, 400);
+    let error = &got.json()["error"];
+    assert_eq!(error["type"], "invalid_request_error");
+    assert_eq!(error["code"], "invalid_json");
+    assert!(
+        error["message"].as_str().unwrap().contains("line 2 column"),
+        "{error}"
+    );
+    assert!(mock.requests().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_roles_and_broken_tool_pairs_get_400() {
+    let mock = MockUpstream::replying(Reply::chat_text("never")).await;
+    let proxy = Proxy::start(&mock.url());
+    let url = format!("{}{CHAT}", proxy.url());
+
+    let got = client::post_json(
+        &url,
+        &json!({"model": "m", "messages": [{"role": "robot", "content": "x"}]}),
+    )
+    .await;
+    assert_eq!(got.status, 400);
+    assert!(got.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("robot"));
+
+    let orphan = json!({"model": "m", "messages": [
+        {"role": "user", "content": "x"},
+        {"role": "tool", "tool_call_id": "call_9", "content": "42"}
+    ]});
+    let got = client::post_json(&url, &orphan).await;
+    assert_eq!(got.status, 400);
+    assert_eq!(got.json()["error"]["code"], "invalid_tool_pairs");
+    assert!(got.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("call_9"));
+    assert!(mock.requests().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_down_gets_502() {
+    let proxy = Proxy::start(&format!("http://127.0.0.1:{}", closed_port()));
+    let got = client::post_json(&format!("{}{CHAT}", proxy.url()), &chat_body()).await;
+    assert_eq!(got.status, 502);
+    assert_eq!(got.json()["error"]["code"], "upstream_unreachable");
+    assert!(got.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("unreachable"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_upstream_gets_504() {
+    let mock =
+        MockUpstream::replying(Reply::chat_text("late").delayed(Duration::from_secs(5))).await;
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: "[upstream]\nread_timeout = \"300ms\"\n".into(),
+            ..ProxyOptions::default()
+        },
+    );
+    let got = client::post_json(&format!("{}{CHAT}", proxy.url()), &chat_body()).await;
+    assert_eq!(got.status, 504);
+    assert_eq!(got.json()["error"]["code"], "upstream_timeout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_frames_keep_upstream_spacing() {
+    let gap = Duration::from_millis(150);
+    let mock = MockUpstream::replying(Reply::chat_stream(&["a", "b", "c", "d"], gap)).await;
+    let proxy = Proxy::start(&mock.url());
+    let mut body = chat_body();
+    body["stream"] = json!(true);
+
+    let got = client::stream(
+        request(
+            "POST",
+            &format!("{}{CHAT}", proxy.url()),
+            &[("content-type", "application/json")],
+            body.to_string(),
+        ),
+        None,
+    )
+    .await;
+
+    assert_eq!(got.status, 200);
+    assert_eq!(got.headers["x-accel-buffering"], "no");
+    assert!(got.error.is_none(), "{:?}", got.error);
+    assert!(got.text().ends_with("data: [DONE]\n\n"));
+    // 8 upstream frames 150 ms apart: a buffering proxy delivers them in one burst.
+    assert!(
+        got.frames.len() >= 6,
+        "frames were merged: {}",
+        got.frames.len()
+    );
+    let gaps: Vec<Duration> = got.frames.windows(2).map(|w| w[1].0 - w[0].0).collect();
+    let spaced = gaps.iter().filter(|g| **g >= gap / 2).count();
+    assert!(
+        spaced >= gaps.len() - 1,
+        "frames arrived in bursts: {gaps:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_drops_the_upstream_stream() {
+    let deltas: Vec<String> = (0..200).map(|i| format!("t{i}")).collect();
+    let deltas: Vec<&str> = deltas.iter().map(String::as_str).collect();
+    let mock = MockUpstream::replying(Reply::chat_stream(&deltas, Duration::from_millis(20))).await;
+    let proxy = Proxy::start(&mock.url());
+    let mut body = chat_body();
+    body["stream"] = json!(true);
+
+    let got = client::stream(
+        request(
+            "POST",
+            &format!("{}{CHAT}", proxy.url()),
+            &[],
+            body.to_string(),
+        ),
+        Some(3),
+    )
+    .await;
+    assert_eq!(got.frames.len(), 3);
+    drop(got);
+
+    // The upstream notices within a few frames, not after all 200.
+    mock.wait_for_aborted_stream(Duration::from_secs(3)).await;
+    assert_eq!(mock.aborted_streams(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_cut_mid_stream_reaches_the_client_as_an_error() {
+    let mock = MockUpstream::replying(
+        Reply::chat_stream(&["one", "two", "three", "four"], Duration::from_millis(10)).cut_at(3),
+    )
+    .await;
+    let proxy = Proxy::start(&mock.url());
+    let mut body = chat_body();
+    body["stream"] = json!(true);
+
+    let got = client::stream(
+        request(
+            "POST",
+            &format!("{}{CHAT}", proxy.url()),
+            &[],
+            body.to_string(),
+        ),
+        None,
+    )
+    .await;
+
+    assert!(got.text().contains("one"));
+    assert!(
+        !got.text().contains("[DONE]"),
+        "a cut stream must not end cleanly"
+    );
+    assert!(got.error.is_some(), "the client must see the cut");
+    proxy.wait_for_log("upstream cut the stream", Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2c_clients_are_served() {
+    let mock = MockUpstream::replying(Reply::chat_text("over h2")).await;
+    let proxy = Proxy::start(&mock.url());
+    let got = client::send_with(
+        request(
+            "POST",
+            &format!("{}{CHAT}", proxy.url()),
+            &[("content-type", "application/json")],
+            chat_body().to_string(),
+        ),
+        true,
+    )
+    .await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.json()["choices"][0]["message"]["content"], "over h2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_reports_ok_and_version() {
+    let proxy = Proxy::start(&format!("http://127.0.0.1:{}", closed_port()));
+    let got = client::send(request(
+        "GET",
+        &format!("{}/handoff/health", proxy.url()),
+        &[],
+        "",
+    ))
+    .await;
+    assert_eq!(got.status, 200);
+    assert_eq!(
+        got.json(),
+        json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")})
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_in_flight_streams_finish_then_exits_zero() {
+    let mock = MockUpstream::replying(Reply::chat_stream(
+        &["a", "b", "c", "d", "e"],
+        Duration::from_millis(100),
+    ))
+    .await;
+    let mut proxy = Proxy::start(&mock.url());
+    let mut body = chat_body();
+    body["stream"] = json!(true);
+    let url = format!("{}{CHAT}", proxy.url());
+
+    let in_flight = tokio::spawn(client::stream(
+        request("POST", &url, &[], body.to_string()),
+        None,
+    ));
+    mock.wait_for_requests(1, Duration::from_secs(5)).await;
+    proxy.signal("TERM");
+    let got = in_flight.await.unwrap();
+
+    assert!(got.error.is_none(), "{:?}", got.error);
+    assert!(
+        got.text().ends_with("data: [DONE]\n\n"),
+        "the stream was not allowed to finish"
+    );
+    assert!(proxy.wait_exit(Duration::from_secs(10)).success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_keys_never_reach_the_logs() {
+    let secrets = [
+        "sk-proj-SECRETbearer0001",
+        "SECRETazurekey0002",
+        "sk-ant-SECRETxapikey0003",
+        "SECRETcookie0004",
+        "SECRETquery0005",
+    ];
+    let mock = MockUpstream::with(|req| {
+        if req.target.contains("chat") {
+            Reply::chat_stream(&["x"], Duration::ZERO)
+        } else {
+            Reply::json(json!({}))
+        }
+    })
+    .await;
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            rust_log: "trace".into(),
+            ..ProxyOptions::default()
+        },
+    );
+    let headers = [
+        ("authorization", "Bearer sk-proj-SECRETbearer0001"),
+        ("api-key", secrets[1]),
+        ("x-api-key", secrets[2]),
+        ("cookie", "session=SECRETcookie0004"),
+    ];
+    let mut body = chat_body();
+    body["stream"] = json!(true);
+    let url = format!("{}{CHAT}?api-key=SECRETquery0005", proxy.url());
+    client::stream(request("POST", &url, &headers, body.to_string()), None).await;
+    client::send(request(
+        "GET",
+        &format!("{}/v1/models?key=SECRETquery0005", proxy.url()),
+        &headers,
+        "",
+    ))
+    .await;
+    client::post_json(
+        &format!("{}{CHAT}", proxy.url()),
+        &json!({"messages": "broken"}),
+    )
+    .await;
+
+    proxy.wait_for_log("/v1/models?key=********", Duration::from_secs(5));
+    let logs = proxy.logs();
+    assert!(
+        logs.contains("/v1/chat/completions?api-key=********"),
+        "{logs}"
+    );
+    for secret in secrets {
+        assert!(
+            !logs.contains(secret),
+            "{secret} leaked into the logs:\n{logs}"
+        );
+    }
+    // The upstream still got the real credentials.
+    assert_eq!(mock.requests()[0].headers["api-key"], secrets[1]);
+}

@@ -1,0 +1,204 @@
+//! Shared helpers for the integration tests: the real `handoff` binary on a random
+//! loopback port, and a small HTTP client that can watch frames arrive.
+#![allow(dead_code)]
+
+pub mod client;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+/// A running `handoff serve`; killed when dropped.
+pub struct Proxy {
+    child: Child,
+    addr: SocketAddr,
+    logs: Arc<Mutex<String>>,
+    dir: tempfile::TempDir,
+    config_path: PathBuf,
+}
+
+/// How to start the proxy.
+pub struct ProxyOptions {
+    /// TOML appended to the generated config.
+    pub extra_toml: String,
+    /// `RUST_LOG` for the child.
+    pub rust_log: String,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
+    /// Reuse this data directory instead of a fresh one.
+    pub data_dir: Option<PathBuf>,
+}
+
+impl Default for ProxyOptions {
+    fn default() -> Self {
+        Self {
+            extra_toml: String::new(),
+            rust_log: "info".into(),
+            env: Vec::new(),
+            data_dir: None,
+        }
+    }
+}
+
+impl Proxy {
+    /// Starts the proxy in front of `upstream` with the defaults.
+    pub fn start(upstream: &str) -> Self {
+        Self::start_with(upstream, ProxyOptions::default())
+    }
+
+    /// Starts the proxy in front of `upstream` with `options`.
+    pub fn start_with(upstream: &str, options: ProxyOptions) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data_dir = options
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| dir.path().join("data"));
+        let config_path = dir.path().join("handoff.toml");
+        let config = format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = {data:?}\nshutdown_grace = \"5s\"\n\n{extra}\n",
+            data = data_dir.display().to_string(),
+            extra = options.extra_toml,
+        );
+        let config = if config.contains("[upstream]") {
+            config.replacen(
+                "[upstream]",
+                &format!("[upstream]\nbase_url = {upstream:?}"),
+                1,
+            )
+        } else {
+            format!("{config}\n[upstream]\nbase_url = {upstream:?}\n")
+        };
+        std::fs::write(&config_path, config).expect("write config");
+        Self::spawn(dir, config_path, &options)
+    }
+
+    fn spawn(dir: tempfile::TempDir, config_path: PathBuf, options: &ProxyOptions) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_handoff"));
+        command
+            .arg("serve")
+            .arg("--config")
+            .arg(&config_path)
+            .current_dir(dir.path())
+            .env("RUST_LOG", &options.rust_log)
+            .env_remove("HANDOFF_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (key, value) in &options.env {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().expect("spawn handoff");
+        let stderr = child.stderr.take().expect("stderr");
+        let logs = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let sink = Arc::clone(&logs);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.split("listening on http").nth(1) {
+                    let addr = rest.trim_start_matches('s').trim_start_matches("://");
+                    let addr: String = addr
+                        .chars()
+                        .take_while(|c| !c.is_whitespace() && *c != '"')
+                        .collect();
+                    let _ = tx.send(addr);
+                }
+                sink.lock().unwrap().push_str(&line);
+                sink.lock().unwrap().push('\n');
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(addr) => addr.parse().expect("listen address"),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("handoff did not start; logs:\n{}", logs.lock().unwrap());
+            }
+        };
+        Self {
+            child,
+            addr,
+            logs,
+            dir,
+            config_path,
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Everything the proxy logged so far.
+    pub fn logs(&self) -> String {
+        self.logs.lock().unwrap().clone()
+    }
+
+    /// The config file in use.
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+
+    /// The temp folder holding config and (by default) data.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Sends a signal (e.g. "TERM") to the proxy.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "handoff did not exit within {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until the logs contain `needle`.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        while !self.logs().contains(needle) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "log line {needle:?} did not appear; logs:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A free loopback port with nothing listening on it.
+pub fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
