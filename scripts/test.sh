@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs handoff's whole test suite on a fresh machine: installs the Python clients the
+# integration tests drive (into .venv), then runs every Rust test in the workspace.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
+
+cargo test --workspace --all-targets "$@"
+cargo test --workspace --doc "$@"

@@ -1,0 +1,62 @@
+//! The official openai Python SDK as a real client, through the real binary.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use mock_upstream::{MockUpstream, Reply};
+use support::Proxy;
+
+/// The venv's python, made by scripts/test.sh; `PYTHON_FOR_TESTS` overrides it.
+pub fn python() -> PathBuf {
+    if let Some(path) = std::env::var_os("PYTHON_FOR_TESTS") {
+        return path.into();
+    }
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    assert!(
+        venv.exists(),
+        "{} is missing: run scripts/test.sh, which installs tests/requirements.txt into .venv",
+        venv.display()
+    );
+    venv
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_sdk_works_streamed_and_not_and_sees_cuts() {
+    let mock = MockUpstream::with(|req| {
+        let json = req.json();
+        if req.headers.contains_key("x-mock-cut") {
+            Reply::chat_stream(&["partial", "more"], Duration::from_millis(5)).cut_at(2)
+        } else if json["stream"] == true {
+            Reply::chat_stream(&["Hel", "lo", "!"], Duration::from_millis(5))
+        } else {
+            Reply::chat_text("Hello!")
+        }
+    })
+    .await;
+    let proxy = Proxy::start(&mock.url());
+
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/openai_roundtrip.py");
+    let url = proxy.url();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(python()).arg(script).env("HANDOFF_URL", url).output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let got: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+
+    assert_eq!(got["plain"], "Hello!");
+    assert_eq!(got["finish"], "stop");
+    assert_eq!(got["streamed"], "Hello!");
+    assert!(got["cut_error"].is_string(), "the SDK did not notice the cut: {got}");
+
+    let seen = mock.requests();
+    assert_eq!(seen.len(), 3);
+    assert_eq!(seen[0].headers["authorization"], "Bearer sk-sdk-test-key");
+    assert_eq!(seen[0].json()["x_unknown"], 7, "unknown body fields must reach the upstream");
+    assert_eq!(seen[1].json()["stream"], true);
+}
