@@ -6,7 +6,11 @@ use std::process::{Command, Output};
 
 fn check_config(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_handoff"));
-    command.arg("check-config").args(args).current_dir(dir).env_remove("HANDOFF_CONFIG");
+    command
+        .arg("check-config")
+        .args(args)
+        .current_dir(dir)
+        .env_remove("HANDOFF_CONFIG");
     for (key, value) in env {
         command.env(key, value);
     }
@@ -14,7 +18,11 @@ fn check_config(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
 }
 
 fn effective(output: &Output) -> serde_json::Value {
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     serde_json::from_slice(&output.stdout).unwrap()
 }
 
@@ -47,25 +55,48 @@ fn layers_apply_weakest_first_and_secrets_are_masked() {
         "[upstream]\nbase_url = \"http://explicit:2\"\n[admin]\ntoken = \"admin-secret-xyz\"\n",
     )
     .unwrap();
-    let explicit = effective(&check_config(dir.path(), &["--config", "explicit.toml"], &[]));
+    let explicit = effective(&check_config(
+        dir.path(),
+        &["--config", "explicit.toml"],
+        &[],
+    ));
     assert_eq!(explicit["upstream"]["base_url"], "http://explicit:2");
-    assert_eq!(explicit["data_dir"], "handoff-data", "--config replaces config/handoff.toml");
+    assert_eq!(
+        explicit["data_dir"], "handoff-data",
+        "--config replaces config/handoff.toml"
+    );
     assert_eq!(explicit["admin"]["token"], "********");
 
-    let env = [("HANDOFF_UPSTREAM__BASE_URL", "http://env:3"), ("HANDOFF_COMPACTION__TRIGGER", "0.5")];
-    let from_env = effective(&check_config(dir.path(), &["--config", "explicit.toml"], &env));
+    let env = [
+        ("HANDOFF_UPSTREAM__BASE_URL", "http://env:3"),
+        ("HANDOFF_COMPACTION__TRIGGER", "0.5"),
+    ];
+    let from_env = effective(&check_config(
+        dir.path(),
+        &["--config", "explicit.toml"],
+        &env,
+    ));
     assert_eq!(from_env["upstream"]["base_url"], "http://env:3");
     assert_eq!(from_env["compaction"]["trigger"], 0.5);
 
     let flags = effective(&check_config(
         dir.path(),
-        &["--config", "explicit.toml", "--upstream", "http://flag:4", "--listen", "127.0.0.1:9999"],
+        &[
+            "--config",
+            "explicit.toml",
+            "--upstream",
+            "http://flag:4",
+            "--listen",
+            "127.0.0.1:9999",
+        ],
         &env,
     ));
     assert_eq!(flags["upstream"]["base_url"], "http://flag:4");
     assert_eq!(flags["listen"], "127.0.0.1:9999");
-    assert!(!String::from_utf8_lossy(&check_config(dir.path(), &["--config", "explicit.toml"], &[]).stdout)
-        .contains("admin-secret-xyz"));
+    assert!(!String::from_utf8_lossy(
+        &check_config(dir.path(), &["--config", "explicit.toml"], &[]).stdout
+    )
+    .contains("admin-secret-xyz"));
 }
 
 #[test]
@@ -77,7 +108,11 @@ fn misspelt_key_is_an_error_that_names_it() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("triger"), "{stderr}");
 
-    let output = check_config(dir.path(), &[], &[("HANDOFF_UPSTREM__BASE_URL", "http://x")]);
+    let output = check_config(
+        dir.path(),
+        &[],
+        &[("HANDOFF_UPSTREM__BASE_URL", "http://x")],
+    );
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("upstrem"));
 }

@@ -39,24 +39,40 @@ async fn openai_sdk_works_streamed_and_not_and_sees_cuts() {
     .await;
     let proxy = Proxy::start(&mock.url());
 
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/openai_roundtrip.py");
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/openai_roundtrip.py");
     let url = proxy.url();
     let output = tokio::task::spawn_blocking(move || {
-        Command::new(python()).arg(script).env("HANDOFF_URL", url).output().unwrap()
+        Command::new(python())
+            .arg(script)
+            .env("HANDOFF_URL", url)
+            .output()
+            .unwrap()
     })
     .await
     .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let got: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
 
     assert_eq!(got["plain"], "Hello!");
     assert_eq!(got["finish"], "stop");
     assert_eq!(got["streamed"], "Hello!");
-    assert!(got["cut_error"].is_string(), "the SDK did not notice the cut: {got}");
+    assert!(
+        got["cut_error"].is_string(),
+        "the SDK did not notice the cut: {got}"
+    );
 
     let seen = mock.requests();
     assert_eq!(seen.len(), 3);
     assert_eq!(seen[0].headers["authorization"], "Bearer sk-sdk-test-key");
-    assert_eq!(seen[0].json()["x_unknown"], 7, "unknown body fields must reach the upstream");
+    assert_eq!(
+        seen[0].json()["x_unknown"],
+        7,
+        "unknown body fields must reach the upstream"
+    );
     assert_eq!(seen[1].json()["stream"], true);
 }
