@@ -18,7 +18,7 @@ pub async fn forward(
     parts: request::Parts,
     body: ProxyBody,
     mut log: RequestLog,
-    observer: Option<Box<dyn Observer>>,
+    mut observer: Option<Box<dyn Observer>>,
 ) -> Response<ProxyBody> {
     let target = match upstream.target(parts.uri.path_and_query()) {
         Ok(target) => target,
@@ -28,6 +28,15 @@ pub async fn forward(
     strip_hop_by_hop(&mut headers);
     // The client addressed us; the upstream must see its own host (set by the client pool).
     headers.remove(header::HOST);
+    // x-handoff-* headers are addressed to the proxy, not to the provider.
+    let ours: Vec<_> = headers
+        .keys()
+        .filter(|name| name.as_str().starts_with("x-handoff-"))
+        .cloned()
+        .collect();
+    for name in ours {
+        headers.remove(name);
+    }
 
     let mut request = Request::new(body);
     *request.method_mut() = parts.method;
@@ -59,6 +68,9 @@ pub async fn forward(
             .or_insert(HeaderValue::from_static("no-cache"));
     }
     log.set_status(parts.status);
+    if let Some(observer) = observer.as_mut() {
+        observer.on_head(&parts);
+    }
     let body = RelayBody::new(incoming, upstream.read_timeout(), log, observer);
     Response::from_parts(parts, body.boxed_unsync())
 }

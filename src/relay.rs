@@ -12,6 +12,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
@@ -21,10 +22,13 @@ use crate::body::BoxError;
 
 /// Watches the frames of one response as they go by.
 pub trait Observer: Send {
+    /// Sees the response head before any frame.
+    fn on_head(&mut self, _parts: &http::response::Parts) {}
     /// Sees a copy of one data frame; must return quickly.
     fn on_data(&mut self, data: &Bytes);
-    /// Called once with how the body ended.
-    fn on_end(&mut self, outcome: Outcome);
+    /// Called once with how the body ended. A returned future runs before the client
+    /// sees the end of a complete body; it must be bounded in time.
+    fn on_end(&mut self, outcome: Outcome) -> Option<BoxFuture<'static, ()>>;
 }
 
 /// The upstream stopped sending for longer than `upstream.read_timeout`.
@@ -41,22 +45,26 @@ struct Settle {
 }
 
 impl Settle {
-    fn end(&mut self, outcome: Outcome) {
+    fn end(&mut self, outcome: Outcome) -> Option<BoxFuture<'static, ()>> {
         if self.ended {
-            return;
+            return None;
         }
         self.ended = true;
         self.log.set_outcome(outcome);
-        if let Some(observer) = self.observer.as_mut() {
-            observer.on_end(outcome);
-        }
+        self.observer
+            .as_mut()
+            .and_then(|observer| observer.on_end(outcome))
     }
 }
 
 impl Drop for Settle {
     fn drop(&mut self) {
         // Dropped before the end: the client disconnected (or the server is stopping).
-        self.end(Outcome::ClientGone);
+        if let Some(pending) = self.end(Outcome::ClientGone) {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(pending);
+            }
+        }
     }
 }
 
@@ -69,6 +77,7 @@ pin_project_lite::pin_project! {
         idle: Sleep,
         idle_timeout: Duration,
         settle: Settle,
+        finishing: Option<BoxFuture<'static, ()>>,
     }
 }
 
@@ -87,14 +96,20 @@ impl RelayBody {
             ended: false,
         };
         // hyper never polls a body that is empty from the start.
-        if inner.is_end_stream() {
-            settle.end(Outcome::Complete);
+        let finishing = if inner.is_end_stream() {
+            settle.end(Outcome::Complete)
+        } else {
+            None
+        };
+        if let Some(pending) = finishing {
+            tokio::spawn(pending);
         }
         Self {
             inner,
             idle: tokio::time::sleep(idle_timeout),
             idle_timeout,
             settle,
+            finishing: None,
         }
     }
 }
@@ -108,6 +123,11 @@ impl Body for RelayBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
+        if let Some(pending) = this.finishing.as_mut() {
+            ready!(pending.as_mut().poll(cx));
+            *this.finishing = None;
+            return Poll::Ready(None);
+        }
         if this.settle.ended {
             return Poll::Ready(None);
         }
@@ -134,10 +154,16 @@ impl Body for RelayBody {
                 this.settle.end(Outcome::UpstreamCut);
                 Poll::Ready(Some(Err(Box::new(err))))
             }
-            Poll::Ready(None) => {
-                this.settle.end(Outcome::Complete);
-                Poll::Ready(None)
-            }
+            Poll::Ready(None) => match this.settle.end(Outcome::Complete) {
+                None => Poll::Ready(None),
+                Some(mut pending) => {
+                    if pending.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(None);
+                    }
+                    *this.finishing = Some(pending);
+                    Poll::Pending
+                }
+            },
             Poll::Pending => {
                 ready!(this.idle.as_mut().poll(cx));
                 let err = IdleTimeout(*this.idle_timeout, this.settle.bytes);
@@ -149,7 +175,9 @@ impl Body for RelayBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.settle.ended || self.inner.is_end_stream()
+        // Only once settled: hyper stops polling at end-of-stream, and the observer's
+        // end (logging the reply) must still run.
+        self.settle.ended && self.finishing.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -41,9 +41,9 @@ pub enum ServeError {
         /// The cause.
         reason: String,
     },
-    /// The upstream client could not be built.
+    /// The shared state could not be built.
     #[error(transparent)]
-    Upstream(#[from] crate::upstream::UpstreamError),
+    State(#[from] crate::state::StateError),
     /// Installing signal handlers failed.
     #[error("cannot install signal handlers: {0}")]
     Signal(std::io::Error),

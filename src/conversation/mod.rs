@@ -1,0 +1,255 @@
+//! Conversation tracking: which conversation a request belongs to, which of its
+//! messages are new, and appending those (and the replies) to the log of originals.
+//!
+//! The log is a tree: a request whose history diverges from what was logged (an edited
+//! message, a regenerated reply) starts a branch at the common parent. Nothing is ever
+//! overwritten. The known prefix digests of each conversation are cached in a bounded
+//! moka cache and rebuilt from disk on a miss; start-up reads nothing.
+
+mod id;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use serde_json::value::RawValue;
+use serde_json::Value;
+use tokio::sync::Mutex;
+
+pub use id::{ConversationId, IdError, CONVERSATION_HEADER};
+
+use crate::dialect::{ChatRequest, Message};
+use crate::digest::{
+    chain, message_digest, pinned_digest, prefix_digests, Digest, MessageDigest, PrefixDigest,
+};
+use crate::store::line::{Entry, Line, MessageLine, PinnedLine, RequestLine, Source};
+use crate::store::{ConversationLog, Store, StoreError};
+
+/// What the tracker remembers of one conversation.
+#[derive(Debug, Default)]
+pub struct ConversationState {
+    /// Every prefix digest already in the log.
+    known: HashSet<PrefixDigest>,
+    /// Every pinned set already in the log.
+    pinned: HashSet<Digest>,
+}
+
+impl ConversationState {
+    /// Rebuilds the state from a log read from disk.
+    pub fn from_log(log: &ConversationLog) -> Self {
+        let mut state = Self::default();
+        for line in &log.lines {
+            match &line.entry {
+                Entry::Message(message) => {
+                    state.known.insert(message.digest);
+                }
+                Entry::Pinned(pinned) => {
+                    state.pinned.insert(pinned.digest);
+                }
+                Entry::Request(_) => {}
+            }
+        }
+        state
+    }
+}
+
+/// A request after tracking: its conversation and the digests of its prefix.
+#[derive(Debug, Clone)]
+pub struct Tracked {
+    /// The conversation.
+    pub id: ConversationId,
+    /// How many leading messages are pinned.
+    pub pinned_len: usize,
+    /// Digest of each non-pinned message.
+    pub message_digests: Vec<MessageDigest>,
+    /// Chain digest of each non-pinned prefix.
+    pub prefix: Vec<PrefixDigest>,
+    /// How many messages were new to the log.
+    pub new_messages: usize,
+}
+
+impl Tracked {
+    /// The chain digest of the whole request, the parent of its reply.
+    pub fn head(&self) -> Option<PrefixDigest> {
+        self.prefix.last().copied()
+    }
+}
+
+/// One reply choice captured from the upstream.
+#[derive(Debug, Clone)]
+pub struct CapturedReply {
+    /// The assistant message as the upstream produced it.
+    pub message: Box<RawValue>,
+    /// `finish_reason`.
+    pub finish_reason: Option<String>,
+    /// The choice index.
+    pub choice: u64,
+}
+
+/// Tracks conversations in a bounded cache over a [`Store`].
+pub struct Tracker {
+    store: Arc<dyn Store>,
+    cache: moka::future::Cache<ConversationId, Arc<Mutex<ConversationState>>>,
+}
+
+/// The number of leading system/developer messages.
+pub fn pinned_len(messages: &[Message]) -> usize {
+    messages
+        .iter()
+        .take_while(|m| m.role.is_instruction())
+        .count()
+}
+
+/// The conversation id: the header if given (and valid), else derived.
+pub fn identify(header: Option<&str>, request: &ChatRequest) -> Result<ConversationId, IdError> {
+    if let Some(text) = header {
+        return ConversationId::parse(text);
+    }
+    let pinned = pinned_len(&request.messages);
+    let first = request
+        .messages
+        .get(pinned)
+        .or_else(|| request.messages.first())
+        .map(|m| message_digest(&m.value))
+        .unwrap_or_else(|| message_digest(&Value::Null));
+    Ok(ConversationId::derived(&first))
+}
+
+impl Tracker {
+    /// A tracker over `store` that keeps at most `capacity` conversations in memory.
+    pub fn new(store: Arc<dyn Store>, capacity: u64) -> Self {
+        Self {
+            store,
+            cache: moka::future::Cache::new(capacity),
+        }
+    }
+
+    /// The store behind this tracker.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    async fn state(
+        &self,
+        id: &ConversationId,
+    ) -> Result<Arc<Mutex<ConversationState>>, StoreError> {
+        let store = Arc::clone(&self.store);
+        let key = id.clone();
+        self.cache
+            .try_get_with(id.clone(), async move {
+                let log = store.read(&key).await?;
+                if !log.problems.is_empty() {
+                    tracing::warn!(conversation = %key, problems = log.problems.len(), "skipped unreadable log lines; run `handoff audit verify`");
+                }
+                Ok::<_, StoreError>(Arc::new(Mutex::new(ConversationState::from_log(&log))))
+            })
+            .await
+            .map_err(|shared: Arc<StoreError>| match Arc::try_unwrap(shared) {
+                Ok(err) => err,
+                Err(shared) => StoreError::Read {
+                    id: id.to_string(),
+                    source: std::io::Error::other(shared.to_string()),
+                },
+            })
+    }
+
+    /// Logs the request's new originals before it goes upstream.
+    pub async fn track(
+        &self,
+        id: ConversationId,
+        request: &ChatRequest,
+    ) -> Result<Tracked, StoreError> {
+        let pinned_len = pinned_len(&request.messages);
+        let (pinned, rest) = request.messages.split_at(pinned_len);
+        let message_digests: Vec<MessageDigest> =
+            rest.iter().map(|m| message_digest(&m.value)).collect();
+        let prefix = prefix_digests(&message_digests);
+        let pinned_set = (!pinned.is_empty())
+            .then(|| pinned_digest(&pinned.iter().map(|m| &m.value).collect::<Vec<_>>()));
+
+        let state = self.state(&id).await?;
+        let mut state = state.lock().await;
+        // Prefix-closed: if d[i] is logged, so is every d[j < i].
+        let known = prefix.partition_point(|d| state.known.contains(d));
+        let mut lines = Vec::with_capacity(rest.len() - known + 2);
+        if let Some(digest) = pinned_set.filter(|d| !state.pinned.contains(d)) {
+            lines.push(Line::now(Entry::Pinned(PinnedLine {
+                digest,
+                messages: pinned.iter().map(|m| m.raw.clone()).collect(),
+            })));
+        }
+        for index in known..rest.len() {
+            lines.push(Line::now(Entry::Message(MessageLine {
+                digest: prefix[index],
+                parent: index.checked_sub(1).map(|p| prefix[p]),
+                message_digest: message_digests[index],
+                source: Source::Client,
+                model: request.model.clone(),
+                message: rest[index].raw.clone(),
+                usage: None,
+                finish_reason: None,
+                choice: None,
+            })));
+        }
+        lines.push(Line::now(Entry::Request(RequestLine {
+            model: request.model.clone(),
+            head: prefix.last().copied(),
+            pinned: pinned_set,
+            stream: request.stream,
+            new_messages: rest.len() - known,
+        })));
+        self.store.append(&id, lines).await?;
+        state.known.extend(prefix[known..].iter().copied());
+        if let Some(digest) = pinned_set {
+            state.pinned.insert(digest);
+        }
+        Ok(Tracked {
+            id,
+            pinned_len,
+            message_digests,
+            new_messages: prefix.len() - known,
+            prefix,
+        })
+    }
+
+    /// Logs the upstream's reply choices as the next originals after `parent`.
+    pub async fn record_replies(
+        &self,
+        id: &ConversationId,
+        parent: Option<PrefixDigest>,
+        model: &str,
+        usage: Option<Value>,
+        replies: Vec<CapturedReply>,
+    ) -> Result<(), StoreError> {
+        let state = self.state(id).await?;
+        let mut state = state.lock().await;
+        let mut lines = Vec::with_capacity(replies.len());
+        let mut added = Vec::with_capacity(replies.len());
+        for reply in replies {
+            let value: Value = serde_json::from_str(reply.message.get())?;
+            let message_digest = message_digest(&value);
+            let digest = chain(parent.as_ref(), &message_digest);
+            if state.known.contains(&digest) || added.contains(&digest) {
+                // The same reply twice (a cached answer, n > 1 with equal choices).
+                continue;
+            }
+            added.push(digest);
+            lines.push(Line::now(Entry::Message(MessageLine {
+                digest,
+                parent,
+                message_digest,
+                source: Source::Upstream,
+                model: model.to_owned(),
+                message: reply.message,
+                usage: usage.clone(),
+                finish_reason: reply.finish_reason,
+                choice: Some(reply.choice),
+            })));
+        }
+        if lines.is_empty() {
+            return Ok(());
+        }
+        self.store.append(id, lines).await?;
+        state.known.extend(added);
+        Ok(())
+    }
+}

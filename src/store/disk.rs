@@ -1,0 +1,187 @@
+//! The local-disk store: `data_dir/conversations/<id>/messages.jsonl`, appended by the
+//! writer thread, read on demand. Start-up reads nothing.
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+
+use super::line::{encode, Line, FORMAT_VERSION};
+use super::{Store, StoreError, Writer};
+use crate::conversation::ConversationId;
+
+/// File name of a conversation's message log.
+pub const MESSAGES_FILE: &str = "messages.jsonl";
+
+/// A line that could not be used, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineProblem {
+    /// 1-based line number.
+    pub line: usize,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// A conversation's log as read from disk.
+#[derive(Debug, Default, Clone)]
+pub struct ConversationLog {
+    /// The good lines, in file order.
+    pub lines: Vec<Line>,
+    /// Lines that were skipped.
+    pub problems: Vec<LineProblem>,
+}
+
+/// The embedded store: one folder per conversation.
+pub struct DiskStore {
+    root: PathBuf,
+    writer: Writer,
+}
+
+impl DiskStore {
+    /// A store under `data_dir`, writing through `writer`.
+    pub fn new(data_dir: &Path, writer: Writer) -> Self {
+        Self {
+            root: data_dir.join("conversations"),
+            writer,
+        }
+    }
+
+    /// The folder holding all conversations.
+    pub fn conversations_dir(data_dir: &Path) -> PathBuf {
+        data_dir.join("conversations")
+    }
+
+    fn messages_path(&self, id: &ConversationId) -> PathBuf {
+        self.root.join(id.as_str()).join(MESSAGES_FILE)
+    }
+}
+
+impl Store for DiskStore {
+    fn append(
+        &self,
+        id: &ConversationId,
+        lines: Vec<Line>,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        let path = self.messages_path(id);
+        let id = id.to_string();
+        async move {
+            let bytes = encode(&lines)?;
+            self.writer
+                .append(path, bytes)
+                .await
+                .map_err(|source| StoreError::Write { id, source })
+        }
+        .boxed()
+    }
+
+    fn read(&self, id: &ConversationId) -> BoxFuture<'_, Result<ConversationLog, StoreError>> {
+        let path = self.messages_path(id);
+        let id = id.to_string();
+        async move {
+            let read = tokio::task::spawn_blocking(move || read_log_file(&path)).await;
+            match read {
+                Ok(Ok(log)) => Ok(log),
+                Ok(Err(source)) => Err(StoreError::Read { id, source }),
+                Err(join) => Err(StoreError::Read {
+                    id,
+                    source: std::io::Error::other(join.to_string()),
+                }),
+            }
+        }
+        .boxed()
+    }
+
+    fn list(
+        &self,
+        after: Option<String>,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<ConversationId>, StoreError>> {
+        let root = self.root.clone();
+        async move {
+            let listed =
+                tokio::task::spawn_blocking(move || list_ids(&root, after.as_deref(), limit)).await;
+            listed
+                .map_err(|join| std::io::Error::other(join.to_string()))
+                .and_then(|inner| inner)
+                .map_err(|source| StoreError::Read {
+                    id: "*".into(),
+                    source,
+                })
+        }
+        .boxed()
+    }
+}
+
+/// Conversation folders under `root` in name order, after `after`, at most `limit`.
+pub fn list_ids(
+    root: &Path,
+    after: Option<&str>,
+    limit: usize,
+) -> std::io::Result<Vec<ConversationId>> {
+    let entries = match std::fs::read_dir(root) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(err) => return Err(err),
+    };
+    let mut ids: Vec<ConversationId> = entries
+        .filter_map(Result::ok)
+        .filter(|entry| entry.path().join(MESSAGES_FILE).is_file())
+        .filter_map(|entry| {
+            entry
+                .file_name()
+                .to_str()
+                .and_then(|name| ConversationId::parse(name).ok())
+        })
+        .filter(|id| after.is_none_or(|after| id.as_str() > after))
+        .collect();
+    ids.sort();
+    ids.truncate(limit);
+    Ok(ids)
+}
+
+/// Reads a message log; a missing file is an empty log, bad lines are reported.
+pub fn read_log_file(path: &Path) -> std::io::Result<ConversationLog> {
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(ConversationLog::default())
+        }
+        Err(err) => return Err(err),
+    };
+    let mut log = ConversationLog::default();
+    let mut reader = std::io::BufReader::new(file);
+    let mut buffer = Vec::new();
+    let mut number = 0;
+    loop {
+        buffer.clear();
+        if reader.read_until(b'\n', &mut buffer)? == 0 {
+            break;
+        }
+        number += 1;
+        let torn = buffer.last() != Some(&b'\n');
+        let text = buffer.strip_suffix(b"\n").unwrap_or(&buffer);
+        if text.is_empty() {
+            continue;
+        }
+        match serde_json::from_slice::<Line>(text) {
+            Ok(line) if line.v > FORMAT_VERSION => log.problems.push(LineProblem {
+                line: number,
+                reason: format!(
+                    "format version {} is newer than this build's {FORMAT_VERSION}",
+                    line.v
+                ),
+            }),
+            Ok(line) => log.lines.push(line),
+            Err(err) => log.problems.push(LineProblem {
+                line: number,
+                reason: if torn {
+                    format!("torn last line ({} bytes, no newline): {err}", text.len())
+                } else {
+                    format!("invalid line: {err}")
+                },
+            }),
+        }
+    }
+    Ok(log)
+}

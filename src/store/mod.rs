@@ -1,0 +1,59 @@
+//! Where originals live. The [`Store`] trait has the operations a shared backend
+//! (PostgreSQL, DESIGN.md section 8) would also provide; [`DiskStore`] is the
+//! embedded default: one folder per conversation under `data_dir/conversations/`.
+
+mod disk;
+pub mod line;
+mod writer;
+
+use futures_util::future::BoxFuture;
+
+pub use disk::{read_log_file, ConversationLog, DiskStore, LineProblem};
+pub use writer::Writer;
+
+use crate::conversation::ConversationId;
+use line::Line;
+
+/// Why the store could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A write failed (disk full, permissions...). Nothing already written is damaged.
+    #[error("cannot write conversation {id}: {source}")]
+    Write {
+        /// The conversation.
+        id: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A read failed.
+    #[error("cannot read conversation {id}: {source}")]
+    Read {
+        /// The conversation.
+        id: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A line could not be serialised.
+    #[error("cannot encode a log line: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+/// The operations every backend provides.
+pub trait Store: Send + Sync {
+    /// Appends `lines` to the conversation's message log, all or nothing.
+    fn append(
+        &self,
+        id: &ConversationId,
+        lines: Vec<Line>,
+    ) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// Reads a conversation's whole log; an unknown conversation reads as empty.
+    fn read(&self, id: &ConversationId) -> BoxFuture<'_, Result<ConversationLog, StoreError>>;
+
+    /// Conversation ids in name order, after `after`, at most `limit`.
+    fn list(
+        &self,
+        after: Option<String>,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<ConversationId>, StoreError>>;
+}

@@ -1,0 +1,157 @@
+//! The one thread that writes to disk, so that no runtime thread ever blocks on a
+//! write or an fsync.
+//!
+//! Callers hand it whole batches of lines and wait for the acknowledgement before
+//! they go on: an original is on disk before its request goes upstream. Each batch is
+//! one `write` on an `O_APPEND` file, and a failed write is truncated away, so a full
+//! disk never leaves a half line in the middle of the log.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::FsyncPolicy;
+
+/// Open files kept for appending; older ones are closed first.
+const MAX_OPEN_FILES: usize = 256;
+
+/// How often batched fsyncs run.
+const BATCH_INTERVAL: Duration = Duration::from_millis(100);
+
+enum Command {
+    Append {
+        path: PathBuf,
+        bytes: Vec<u8>,
+        reply: oneshot::Sender<std::io::Result<()>>,
+    },
+    Sync,
+}
+
+/// A handle to the writer thread; cheap to clone.
+#[derive(Clone)]
+pub struct Writer {
+    commands: mpsc::Sender<Command>,
+}
+
+impl Writer {
+    /// Starts the writer thread with `policy`.
+    pub fn start(policy: FsyncPolicy) -> std::io::Result<Self> {
+        let (commands, receiver) = mpsc::channel(1024);
+        std::thread::Builder::new()
+            .name("handoff-writer".into())
+            .spawn(move || run(receiver, policy))?;
+        if policy == FsyncPolicy::Batch {
+            let ticker = commands.clone();
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let mut interval = tokio::time::interval(BATCH_INTERVAL);
+                    loop {
+                        interval.tick().await;
+                        if ticker.send(Command::Sync).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        }
+        Ok(Self { commands })
+    }
+
+    /// Appends `bytes` (whole lines) to `path` and waits until it is written.
+    pub async fn append(&self, path: PathBuf, bytes: Vec<u8>) -> std::io::Result<()> {
+        let (reply, done) = oneshot::channel();
+        let gone = || std::io::Error::other("the writer thread has stopped");
+        self.commands
+            .send(Command::Append { path, bytes, reply })
+            .await
+            .map_err(|_| gone())?;
+        done.await.map_err(|_| gone())?
+    }
+}
+
+fn run(mut receiver: mpsc::Receiver<Command>, policy: FsyncPolicy) {
+    let mut files: HashMap<PathBuf, File> = HashMap::new();
+    let mut dirty: HashSet<PathBuf> = HashSet::new();
+    while let Some(command) = receiver.blocking_recv() {
+        match command {
+            Command::Append { path, bytes, reply } => {
+                let result = append(&mut files, &path, &bytes, policy);
+                if result.is_ok() && policy == FsyncPolicy::Batch {
+                    dirty.insert(path);
+                }
+                let _ = reply.send(result);
+            }
+            Command::Sync => {
+                for path in dirty.drain() {
+                    if let Some(file) = files.get(&path) {
+                        if let Err(err) = file.sync_data() {
+                            tracing::warn!(path = %path.display(), error = %err, "fsync failed");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn append(
+    files: &mut HashMap<PathBuf, File>,
+    path: &Path,
+    bytes: &[u8],
+    policy: FsyncPolicy,
+) -> std::io::Result<()> {
+    if !files.contains_key(path) {
+        if files.len() >= MAX_OPEN_FILES {
+            // Closing is cheap; an fsync'd-on-close guarantee is not needed for "batch".
+            files.clear();
+        }
+        let file = open_for_append(path)?;
+        files.insert(path.to_owned(), file);
+    }
+    let Some(file) = files.get_mut(path) else {
+        return Err(std::io::Error::other("append file vanished from the cache"));
+    };
+    let before = file.seek(SeekFrom::End(0))?;
+    if let Err(err) = file.write_all(bytes) {
+        // Never leave a partial line that the next append would glue onto.
+        let _ = file.set_len(before);
+        files.remove(path);
+        return Err(err);
+    }
+    if policy == FsyncPolicy::Always {
+        file.sync_data()?;
+    }
+    Ok(())
+}
+
+/// Opens (creating `0700` folders and a `0600` file) and seals a torn last line.
+fn open_for_append(path: &Path) -> std::io::Result<File> {
+    if let Some(parent) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)?;
+    }
+    let mut file = OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(path)?;
+    let len = file.seek(SeekFrom::End(0))?;
+    if len > 0 {
+        file.seek(SeekFrom::Start(len - 1))?;
+        let mut last = [0u8; 1];
+        file.read_exact(&mut last)?;
+        if last[0] != b'\n' {
+            // A crash left a torn line: end it, so it stays one bad line that readers skip.
+            file.write_all(b"\n")?;
+        }
+    }
+    Ok(file)
+}
