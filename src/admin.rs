@@ -8,7 +8,9 @@ use hyper::body::Incoming;
 use serde_json::json;
 
 use crate::access_log::RequestLog;
+use crate::audit::{summarize, Tree};
 use crate::body::{json, ProxyBody};
+use crate::conversation::ConversationId;
 use crate::error::ApiError;
 use crate::forward::reject;
 use crate::state::AppState;
@@ -30,10 +32,121 @@ pub async fn handle(
     if let Err(err) = authorize(state, &request, peer) {
         return reject(log, err);
     }
-    reject(
-        log,
-        ApiError::not_found(format!("no handoff endpoint at {path}")),
-    )
+    if request.method() != http::Method::GET {
+        return reject(
+            log,
+            ApiError::not_found(format!("no {} endpoint at {path}", request.method())),
+        );
+    }
+    let answer = match path.strip_prefix("/handoff/conversations") {
+        Some("" | "/") => list_conversations(state, request.uri().query()).await,
+        Some(rest) => match rest.strip_prefix('/') {
+            Some(id) if !id.contains('/') => conversation(state, id).await,
+            _ => Err(ApiError::not_found(format!(
+                "no handoff endpoint at {path}"
+            ))),
+        },
+        None => Err(ApiError::not_found(format!(
+            "no handoff endpoint at {path}"
+        ))),
+    };
+    match answer {
+        Ok(value) => ok_json(log, &value),
+        Err(err) => reject(log, err),
+    }
+}
+
+/// Largest page of `GET /handoff/conversations`.
+const MAX_PAGE: usize = 500;
+
+/// `GET /handoff/conversations?limit=N&after=ID`, in id order.
+async fn list_conversations(
+    state: &AppState,
+    query: Option<&str>,
+) -> Result<serde_json::Value, ApiError> {
+    let mut limit = 50;
+    let mut after = None;
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        match pair.split_once('=') {
+            Some(("limit", value)) => {
+                limit = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=MAX_PAGE).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::invalid_request(
+                            "invalid_limit",
+                            format!("limit must be 1 to {MAX_PAGE}"),
+                        )
+                    })?;
+            }
+            Some(("after", value)) => {
+                after = Some(
+                    ConversationId::parse(value)
+                        .map_err(|err| {
+                            ApiError::invalid_request(
+                                "invalid_conversation_id",
+                                format!("after: {err}"),
+                            )
+                        })?
+                        .to_string(),
+                );
+            }
+            _ => {}
+        }
+    }
+    let store = state.tracker.store();
+    let mut ids = store
+        .list(after, limit + 1)
+        .await
+        .map_err(|err| ApiError::storage(err.to_string()))?;
+    let has_more = ids.len() > limit;
+    ids.truncate(limit);
+    let mut data = Vec::with_capacity(ids.len());
+    for id in &ids {
+        let log = store
+            .read(id)
+            .await
+            .map_err(|err| ApiError::storage(err.to_string()))?;
+        data.push(summarize(id, &log));
+    }
+    Ok(json!({
+        "object": "list",
+        "data": data,
+        "has_more": has_more,
+        "last_id": ids.last().map(ToString::to_string),
+    }))
+}
+
+/// `GET /handoff/conversations/{id}`: the summary and every branch tip.
+async fn conversation(state: &AppState, id: &str) -> Result<serde_json::Value, ApiError> {
+    let id = ConversationId::parse(id)
+        .map_err(|err| ApiError::invalid_request("invalid_conversation_id", err.to_string()))?;
+    let log = state
+        .tracker
+        .store()
+        .read(&id)
+        .await
+        .map_err(|err| ApiError::storage(err.to_string()))?;
+    if log.lines.is_empty() && log.problems.is_empty() {
+        return Err(ApiError::not_found(format!("no conversation {id}")));
+    }
+    let tree = Tree::new(&log);
+    let branches: Vec<serde_json::Value> = tree
+        .tips()
+        .iter()
+        .map(
+            |tip| json!({"tip": tip.to_hex(), "messages": tree.branch(tip).map_or(0, |b| b.len())}),
+        )
+        .collect();
+    let mut value = serde_json::to_value(summarize(&id, &log))
+        .map_err(|err| ApiError::internal(err.to_string()))?;
+    value["branch_tips"] = json!(branches);
+    Ok(value)
 }
 
 /// Loopback peers pass; others need `Authorization: Bearer <admin.token>`.

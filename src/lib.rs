@@ -6,16 +6,21 @@
 //! - [`router`] sends `/handoff/*` to [`admin`], chat completions to [`chat`], and every
 //!   other path straight to [`forward`];
 //! - [`chat`] reads the body and parses it with [`dialect`], keeping every unknown field;
+//! - [`conversation`] names the conversation, chains the [`digest`]s of its messages and
+//!   appends the new originals to the [`store`] before anything goes upstream;
 //! - [`forward`] sends it through [`upstream`] and relays the answer with [`relay`],
-//!   frame by frame, while [`access_log`] writes one line per request.
+//!   frame by frame, while [`capture`] logs the reply on the side and [`access_log`]
+//!   writes one line per request.
 //!
 //! [`config`] holds the typed, layered configuration; [`error`] is the one place where a
-//! failure becomes an HTTP answer in the API's own error shape.
+//! failure becomes an HTTP answer in the API's own error shape; [`audit`] reads the log
+//! back for people.
 
 #![forbid(unsafe_code)]
 
 pub mod access_log;
 pub mod admin;
+pub mod audit;
 pub mod body;
 pub mod capture;
 pub mod chat;

@@ -23,6 +23,47 @@ enum Command {
     Serve(ConfigArgs),
     /// Print the effective config, secrets masked, and exit.
     CheckConfig(ConfigArgs),
+    /// Read the log of originals (read-only; safe while the server runs).
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuditCommand {
+    /// One conversation per line.
+    List {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A readable timeline of one conversation.
+    Show {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Conversation id.
+        id: String,
+    },
+    /// The originals of the latest branch (or of --branch) as a JSON array.
+    Replay {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Conversation id.
+        id: String,
+        /// Digest of the branch's last message.
+        #[arg(long)]
+        branch: Option<String>,
+    },
+    /// Check JSON, digests, chain and torn lines; exits non-zero on any problem.
+    Verify {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Conversation id; all when omitted.
+        id: Option<String>,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -57,6 +98,35 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => serve(&args),
         Command::CheckConfig(args) => check_config(&args),
+        Command::Audit { command } => audit(command),
+    }
+}
+
+fn audit(command: AuditCommand) -> ExitCode {
+    let args = match &command {
+        AuditCommand::List { config, .. }
+        | AuditCommand::Show { config, .. }
+        | AuditCommand::Replay { config, .. }
+        | AuditCommand::Verify { config, .. } => config,
+    };
+    let config = match load(args) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    let audit = handoff::audit::Audit::new(&config.data_dir);
+    let mut out = std::io::stdout().lock();
+    let result = match &command {
+        AuditCommand::List { json, .. } => audit.list(*json, &mut out),
+        AuditCommand::Show { id, .. } => audit.show(id, &mut out),
+        AuditCommand::Replay { id, branch, .. } => audit.replay(id, branch.as_deref(), &mut out),
+        AuditCommand::Verify { id, .. } => audit.verify(id.as_deref(), &mut out),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("handoff audit: {err}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, Sleep};
 
 use crate::access_log::{Outcome, RequestLog};
@@ -26,8 +27,9 @@ pub trait Observer: Send {
     fn on_head(&mut self, _parts: &http::response::Parts) {}
     /// Sees a copy of one data frame; must return quickly.
     fn on_data(&mut self, data: &Bytes);
-    /// Called once with how the body ended. A returned future runs before the client
-    /// sees the end of a complete body; it must be bounded in time.
+    /// Called once with how the body ended. A returned future is spawned, and the
+    /// client sees the end of a complete body only after it finished; it must be
+    /// bounded in time.
     fn on_end(&mut self, outcome: Outcome) -> Option<BoxFuture<'static, ()>>;
 }
 
@@ -77,7 +79,8 @@ pin_project_lite::pin_project! {
         idle: Sleep,
         idle_timeout: Duration,
         settle: Settle,
-        finishing: Option<BoxFuture<'static, ()>>,
+        finishing: Option<JoinHandle<()>>,
+        held: Option<Frame<Bytes>>,
     }
 }
 
@@ -110,6 +113,7 @@ impl RelayBody {
             idle_timeout,
             settle,
             finishing: None,
+            held: None,
         }
     }
 }
@@ -124,9 +128,10 @@ impl Body for RelayBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
         if let Some(pending) = this.finishing.as_mut() {
-            ready!(pending.as_mut().poll(cx));
+            // A join error means the observer panicked; the body still ends normally.
+            let _ = ready!(Pin::new(pending).poll(cx));
             *this.finishing = None;
-            return Poll::Ready(None);
+            return Poll::Ready(this.held.take().map(Ok));
         }
         if this.settle.ended {
             return Poll::Ready(None);
@@ -143,6 +148,16 @@ impl Body for RelayBody {
                         observer.on_data(data);
                     }
                 }
+                // A sized body is over with its last byte: hyper will not poll for the end,
+                // so the end is settled here, and the last frame waits for the observer.
+                if this.inner.is_end_stream() {
+                    if let Some(pending) = this.settle.end(Outcome::Complete) {
+                        *this.held = Some(frame);
+                        *this.finishing = Some(tokio::spawn(pending));
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(err))) => {
@@ -156,11 +171,11 @@ impl Body for RelayBody {
             }
             Poll::Ready(None) => match this.settle.end(Outcome::Complete) {
                 None => Poll::Ready(None),
-                Some(mut pending) => {
-                    if pending.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(None);
-                    }
-                    *this.finishing = Some(pending);
+                Some(pending) => {
+                    // Spawned, not polled in place: hyper may drop a body at any time, and
+                    // a half-run log write would leave the log and the cache disagreeing.
+                    *this.finishing = Some(tokio::spawn(pending));
+                    cx.waker().wake_by_ref();
                     Poll::Pending
                 }
             },
@@ -177,7 +192,7 @@ impl Body for RelayBody {
     fn is_end_stream(&self) -> bool {
         // Only once settled: hyper stops polling at end-of-stream, and the observer's
         // end (logging the reply) must still run.
-        self.settle.ended && self.finishing.is_none()
+        self.settle.ended && self.finishing.is_none() && self.held.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -164,7 +164,7 @@ pub fn read_log_file(path: &Path) -> std::io::Result<ConversationLog> {
         if text.is_empty() {
             continue;
         }
-        match serde_json::from_slice::<Line>(text) {
+        match Line::parse(text) {
             Ok(line) if line.v > FORMAT_VERSION => log.problems.push(LineProblem {
                 line: number,
                 reason: format!(

@@ -23,7 +23,7 @@ pub enum Source {
 }
 
 /// One line of `messages.jsonl`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Line {
     /// Format version.
     pub v: u32,
@@ -34,7 +34,34 @@ pub struct Line {
     pub entry: Entry,
 }
 
+/// The fields every line shares, read first to pick the line's type.
+#[derive(Deserialize)]
+struct Header {
+    v: u32,
+    at: String,
+    kind: String,
+}
+
 impl Line {
+    /// Parses one line.
+    ///
+    /// serde's tagged and flattened enums buffer their input, which `RawValue` cannot
+    /// survive; so the header is read first, then the same bytes as the named kind.
+    pub fn parse(bytes: &[u8]) -> Result<Self, LineError> {
+        let header: Header = serde_json::from_slice(bytes)?;
+        let entry = match header.kind.as_str() {
+            "message" => Entry::Message(serde_json::from_slice(bytes)?),
+            "pinned" => Entry::Pinned(serde_json::from_slice(bytes)?),
+            "request" => Entry::Request(serde_json::from_slice(bytes)?),
+            _ => return Err(LineError::UnknownKind(header.kind)),
+        };
+        Ok(Self {
+            v: header.v,
+            at: header.at,
+            entry,
+        })
+    }
+
     /// A line of the current version stamped with the current time.
     pub fn now(entry: Entry) -> Self {
         Self {
@@ -46,7 +73,7 @@ impl Line {
 }
 
 /// The kinds of line.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Entry {
     /// One non-pinned original, a link of the prefix chain.
@@ -107,6 +134,17 @@ pub struct RequestLine {
     pub new_messages: usize,
 }
 
+/// Why a line could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum LineError {
+    /// Not JSON, or missing a field.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// A `kind` this build does not know.
+    #[error("unknown line kind {0:?}")]
+    UnknownKind(String),
+}
+
 /// Serialises `lines` as JSONL, one `\n`-terminated line each.
 pub fn encode(lines: &[Line]) -> Result<Vec<u8>, serde_json::Error> {
     let mut out = Vec::with_capacity(lines.len() * 256);
@@ -115,4 +153,40 @@ pub fn encode(lines: &[Line]) -> Result<Vec<u8>, serde_json::Error> {
         out.push(b'\n');
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::digest::{chain, message_digest};
+
+    #[test]
+    fn a_message_line_round_trips_with_its_raw_message() {
+        let raw = RawValue::from_string(r#"{"role":"user","content":"hi","z":null,"a":1}"#.into())
+            .unwrap();
+        let md = message_digest(&serde_json::from_str(raw.get()).unwrap());
+        let line = Line::now(Entry::Message(MessageLine {
+            digest: chain(None, &md),
+            parent: None,
+            message_digest: md,
+            source: Source::Client,
+            model: "m".into(),
+            message: raw.clone(),
+            usage: None,
+            finish_reason: None,
+            choice: None,
+        }));
+        let bytes = encode(&[line]).unwrap();
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert!(
+            text.contains(r#""message":{"role":"user","content":"hi","z":null,"a":1}"#),
+            "{text}"
+        );
+        let back = Line::parse(bytes.trim_ascii_end()).unwrap();
+        let Entry::Message(message) = back.entry else {
+            panic!("not a message")
+        };
+        assert_eq!(message.message.get(), raw.get());
+        assert_eq!(back.v, FORMAT_VERSION);
+    }
 }

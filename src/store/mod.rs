@@ -8,7 +8,7 @@ mod writer;
 
 use futures_util::future::BoxFuture;
 
-pub use disk::{read_log_file, ConversationLog, DiskStore, LineProblem};
+pub use disk::{list_ids, read_log_file, ConversationLog, DiskStore, LineProblem, MESSAGES_FILE};
 pub use writer::Writer;
 
 use crate::conversation::ConversationId;

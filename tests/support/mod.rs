@@ -176,6 +176,53 @@ impl Proxy {
         }
     }
 
+    /// Runs `handoff audit ARGS --config <this proxy's config>`.
+    pub fn audit(&self, args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_handoff"))
+            .arg("audit")
+            .args(args)
+            .arg("--config")
+            .arg(&self.config_path)
+            .current_dir(self.dir.path())
+            .env_remove("HANDOFF_CONFIG")
+            .output()
+            .expect("run handoff audit")
+    }
+
+    /// `audit list --json`, parsed.
+    pub fn conversations(&self) -> Vec<serde_json::Value> {
+        let output = self.audit(&["list", "--json"]);
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .map(|line| serde_json::from_str(line).expect("list line is JSON"))
+            .collect()
+    }
+
+    /// `audit replay ID [--branch TIP]`, parsed.
+    pub fn replay(&self, id: &str, branch: Option<&str>) -> Vec<serde_json::Value> {
+        let mut args = vec!["replay", id];
+        if let Some(tip) = branch {
+            args.extend(["--branch", tip]);
+        }
+        let output = self.audit(&args);
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).expect("replay is JSON")
+    }
+
+    /// The data folder.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
     /// Waits until the logs contain `needle`.
     pub fn wait_for_log(&self, needle: &str, timeout: Duration) {
         let deadline = std::time::Instant::now() + timeout;
@@ -195,6 +242,38 @@ impl Drop for Proxy {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `value` without `null` members or empty arrays: the equality the digests use.
+pub fn canonical(value: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .filter(|(_, v)| !(v.is_null() || v.as_array().is_some_and(Vec::is_empty)))
+                .map(|(k, v)| (k.clone(), canonical(v)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(canonical).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Every file under `dir`, recursively, as (path, contents).
+pub fn read_tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(read_tree(&path));
+        } else if let Ok(bytes) = std::fs::read(&path) {
+            out.push((path, bytes));
+        }
+    }
+    out
 }
 
 /// A free loopback port with nothing listening on it.

@@ -12,6 +12,7 @@
 //! # }
 //! ```
 
+mod agent;
 mod reply;
 
 use std::convert::Infallible;
@@ -30,6 +31,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify};
 
+pub use agent::{agent_reply, tool_call_frames};
 pub use reply::{chat_completion, chat_stream_frames, Reply};
 
 /// One request as the mock received it.

@@ -1,0 +1,105 @@
+//! The log as a tree: branches, their tips, and the replayable history of a branch.
+
+use std::collections::{HashMap, HashSet};
+
+use serde_json::value::RawValue;
+
+use crate::digest::{Digest, PrefixDigest};
+use crate::store::line::{Entry, MessageLine, PinnedLine, RequestLine};
+use crate::store::ConversationLog;
+
+/// Message lines by digest, plus the order they were written in.
+pub struct Tree<'a> {
+    by_digest: HashMap<PrefixDigest, &'a MessageLine>,
+    order: Vec<&'a MessageLine>,
+    pinned: HashMap<Digest, &'a PinnedLine>,
+    requests: Vec<&'a RequestLine>,
+}
+
+impl<'a> Tree<'a> {
+    /// Indexes a log.
+    pub fn new(log: &'a ConversationLog) -> Self {
+        let mut tree = Tree {
+            by_digest: HashMap::new(),
+            order: Vec::new(),
+            pinned: HashMap::new(),
+            requests: Vec::new(),
+        };
+        for line in &log.lines {
+            match &line.entry {
+                Entry::Message(message) => {
+                    tree.by_digest.entry(message.digest).or_insert(message);
+                    tree.order.push(message);
+                }
+                Entry::Pinned(pinned) => {
+                    tree.pinned.entry(pinned.digest).or_insert(pinned);
+                }
+                Entry::Request(request) => tree.requests.push(request),
+            }
+        }
+        tree
+    }
+
+    /// Message lines in file order.
+    pub fn messages(&self) -> &[&'a MessageLine] {
+        &self.order
+    }
+
+    /// Requests in file order.
+    pub fn requests(&self) -> &[&'a RequestLine] {
+        &self.requests
+    }
+
+    /// Digests that no other message continues, in the order they were written.
+    pub fn tips(&self) -> Vec<PrefixDigest> {
+        let parents: HashSet<PrefixDigest> = self.order.iter().filter_map(|m| m.parent).collect();
+        let mut seen = HashSet::new();
+        self.order
+            .iter()
+            .map(|m| m.digest)
+            .filter(|d| !parents.contains(d) && seen.insert(*d))
+            .collect()
+    }
+
+    /// The tip of the latest branch: the last message written that nothing continues.
+    pub fn latest_tip(&self) -> Option<PrefixDigest> {
+        self.tips().last().copied()
+    }
+
+    /// The messages from the root to `tip`; `None` if `tip` is unknown or its chain is broken.
+    pub fn branch(&self, tip: &PrefixDigest) -> Option<Vec<&'a MessageLine>> {
+        let mut path = Vec::new();
+        let mut cursor = Some(*tip);
+        while let Some(digest) = cursor {
+            let line = self.by_digest.get(&digest)?;
+            path.push(*line);
+            cursor = line.parent;
+            if path.len() > self.order.len() {
+                return None;
+            }
+        }
+        path.reverse();
+        Some(path)
+    }
+
+    /// The pinned messages of the latest request whose history lies on the branch.
+    pub fn pinned_for(&self, branch: &[&MessageLine]) -> Vec<&'a RawValue> {
+        let on_branch: HashSet<PrefixDigest> = branch.iter().map(|m| m.digest).collect();
+        self.requests
+            .iter()
+            .rev()
+            .find(|request| request.head.is_none_or(|head| on_branch.contains(&head)))
+            .and_then(|request| request.pinned)
+            .and_then(|digest| self.pinned.get(&digest))
+            .map(|pinned| pinned.messages.iter().map(AsRef::as_ref).collect())
+            .unwrap_or_default()
+    }
+
+    /// The replayable history ending at `tip`: pinned, then every original of the branch.
+    pub fn replay(&self, tip: &PrefixDigest) -> Option<Vec<&'a RawValue>> {
+        let branch = self.branch(tip)?;
+        let mut out = self.pinned_for(&branch);
+        out.extend(branch.iter().map(|m| m.message.as_ref()));
+        Some(out)
+    }
+}

@@ -1,0 +1,251 @@
+//! `handoff audit`: read-only views of the log of originals, safe to run while the
+//! server writes (appends only ever add whole lines).
+
+mod branch;
+mod summary;
+mod verify;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+pub use branch::Tree;
+pub use summary::{summarize, ConversationSummary};
+pub use verify::verify_log;
+
+use crate::conversation::{ConversationId, IdError};
+use crate::digest::Digest;
+use crate::store::line::Entry;
+use crate::store::{read_log_file, ConversationLog, DiskStore};
+
+/// Why an audit command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    /// The id is not a valid conversation id.
+    #[error("invalid conversation id: {0}")]
+    Id(#[from] IdError),
+    /// No such conversation in the data folder.
+    #[error("no conversation {id} under {dir}")]
+    Unknown {
+        /// The id.
+        id: String,
+        /// The conversations folder.
+        dir: String,
+    },
+    /// The branch digest is unknown or not a digest.
+    #[error("no branch ending at {0}")]
+    Branch(String),
+    /// Reading or writing failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// Output could not be encoded.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// `verify` found problems.
+    #[error("{0} problem(s) found")]
+    Problems(usize),
+}
+
+/// Read-only access to a data folder.
+pub struct Audit {
+    root: PathBuf,
+}
+
+impl Audit {
+    /// Audits the conversations under `data_dir`.
+    pub fn new(data_dir: &Path) -> Self {
+        Self {
+            root: DiskStore::conversations_dir(data_dir),
+        }
+    }
+
+    fn read(&self, id: &str) -> Result<(ConversationId, ConversationLog), AuditError> {
+        let id = ConversationId::parse(id)?;
+        let path = self
+            .root
+            .join(id.as_str())
+            .join(crate::store::MESSAGES_FILE);
+        if !path.is_file() {
+            return Err(AuditError::Unknown {
+                id: id.to_string(),
+                dir: self.root.display().to_string(),
+            });
+        }
+        let log = read_log_file(&path)?;
+        Ok((id, log))
+    }
+
+    fn ids(&self) -> Result<Vec<ConversationId>, AuditError> {
+        Ok(crate::store::list_ids(&self.root, None, usize::MAX)?)
+    }
+
+    /// `audit list`: one conversation per line, or one JSON object per line.
+    pub fn list(&self, json: bool, out: &mut dyn Write) -> Result<(), AuditError> {
+        for id in self.ids()? {
+            let (id, log) = self.read(id.as_str())?;
+            let summary = summarize(&id, &log);
+            if json {
+                serde_json::to_writer(&mut *out, &summary)?;
+                writeln!(out)?;
+            } else {
+                writeln!(
+                    out,
+                    "{}  first={} last={} messages={} requests={} branches={} compactions={} models={}",
+                    summary.id,
+                    summary.first_seen.as_deref().unwrap_or("-"),
+                    summary.last_seen.as_deref().unwrap_or("-"),
+                    summary.messages,
+                    summary.requests,
+                    summary.branches,
+                    summary.compactions,
+                    summary.models.join(","),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `audit show`: a readable timeline of every line.
+    pub fn show(&self, id: &str, out: &mut dyn Write) -> Result<(), AuditError> {
+        let (id, log) = self.read(id)?;
+        let summary = summarize(&id, &log);
+        writeln!(
+            out,
+            "conversation {}: {} messages, {} requests, {} branches, models {}",
+            summary.id,
+            summary.messages,
+            summary.requests,
+            summary.branches,
+            summary.models.join(",")
+        )?;
+        for line in &log.lines {
+            match &line.entry {
+                Entry::Message(message) => {
+                    let value: Value =
+                        serde_json::from_str(message.message.get()).unwrap_or(Value::Null);
+                    let role = value.get("role").and_then(Value::as_str).unwrap_or("?");
+                    let usage = message
+                        .usage
+                        .as_ref()
+                        .map(|u| format!(" usage={u}"))
+                        .unwrap_or_default();
+                    writeln!(
+                        out,
+                        "{}  {:<8} {:<9} {} <- {}  {}{}",
+                        line.at,
+                        format!("{:?}", message.source).to_lowercase(),
+                        role,
+                        message.digest.short(12),
+                        message.parent.map_or("root".to_owned(), |p| p.short(12)),
+                        preview(&value),
+                        usage
+                    )?;
+                }
+                Entry::Pinned(pinned) => writeln!(
+                    out,
+                    "{}  pinned   {} message(s) {}",
+                    line.at,
+                    pinned.messages.len(),
+                    pinned.digest.short(12)
+                )?,
+                Entry::Request(request) => writeln!(
+                    out,
+                    "{}  request  model={} stream={} new={} head={}",
+                    line.at,
+                    request.model,
+                    request.stream,
+                    request.new_messages,
+                    request.head.map_or("-".to_owned(), |h| h.short(12))
+                )?,
+            }
+        }
+        for problem in &log.problems {
+            writeln!(out, "line {}: {}", problem.line, problem.reason)?;
+        }
+        Ok(())
+    }
+
+    /// `audit replay`: the originals of a branch (the latest by default) as a JSON array.
+    pub fn replay(
+        &self,
+        id: &str,
+        branch: Option<&str>,
+        out: &mut dyn Write,
+    ) -> Result<(), AuditError> {
+        let (_, log) = self.read(id)?;
+        let tree = Tree::new(&log);
+        let tip = match branch {
+            Some(text) => {
+                Digest::from_hex(text).ok_or_else(|| AuditError::Branch(text.to_owned()))?
+            }
+            None => match tree.latest_tip() {
+                Some(tip) => tip,
+                None => {
+                    writeln!(out, "[]")?;
+                    return Ok(());
+                }
+            },
+        };
+        let messages = tree
+            .replay(&tip)
+            .ok_or_else(|| AuditError::Branch(tip.to_hex()))?;
+        serde_json::to_writer_pretty(&mut *out, &messages)?;
+        writeln!(out)?;
+        Ok(())
+    }
+
+    /// `audit verify`: checks one conversation or all; fails if any problem is found.
+    pub fn verify(&self, id: Option<&str>, out: &mut dyn Write) -> Result<(), AuditError> {
+        let ids = match id {
+            Some(id) => vec![ConversationId::parse(id)?],
+            None => self.ids()?,
+        };
+        let mut total = 0;
+        for id in &ids {
+            let (id, log) = self.read(id.as_str())?;
+            let problems = verify_log(&log);
+            for problem in &problems {
+                writeln!(out, "{id}: line {}: {}", problem.line, problem.reason)?;
+            }
+            total += problems.len();
+        }
+        if total > 0 {
+            return Err(AuditError::Problems(total));
+        }
+        writeln!(out, "ok: {} conversation(s) verified", ids.len())?;
+        Ok(())
+    }
+}
+
+/// The start of a message's text, on one line.
+fn preview(message: &Value) -> String {
+    let text = match message.get("content") {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => String::new(),
+    };
+    let calls: Vec<&str> = message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.pointer("/function/name").and_then(Value::as_str))
+        .collect();
+    let mut shown: String = text
+        .chars()
+        .take(80)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if text.chars().count() > 80 {
+        shown.push('…');
+    }
+    if !calls.is_empty() {
+        shown.push_str(&format!(" [calls {}]", calls.join(", ")));
+    }
+    shown
+}

@@ -1,0 +1,54 @@
+//! One conversation in a line: what `audit list` and the admin API show.
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+
+use super::branch::Tree;
+use crate::conversation::ConversationId;
+use crate::store::ConversationLog;
+
+/// The facts of one conversation.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConversationSummary {
+    /// The id.
+    pub id: String,
+    /// Time of the first line.
+    pub first_seen: Option<String>,
+    /// Time of the last line.
+    pub last_seen: Option<String>,
+    /// Originals in the log (client and upstream).
+    pub messages: usize,
+    /// Requests seen.
+    pub requests: usize,
+    /// Branches (tips of the tree).
+    pub branches: usize,
+    /// Models used.
+    pub models: Vec<String>,
+    /// Committed compactions.
+    pub compactions: usize,
+    /// Lines that could not be read.
+    pub problems: usize,
+}
+
+/// Summarises a conversation's log.
+pub fn summarize(id: &ConversationId, log: &ConversationLog) -> ConversationSummary {
+    let tree = Tree::new(log);
+    let models: BTreeSet<String> = tree
+        .requests()
+        .iter()
+        .map(|r| r.model.clone())
+        .filter(|m| !m.is_empty())
+        .collect();
+    ConversationSummary {
+        id: id.to_string(),
+        first_seen: log.lines.first().map(|l| l.at.clone()),
+        last_seen: log.lines.last().map(|l| l.at.clone()),
+        messages: tree.messages().len(),
+        requests: tree.requests().len(),
+        branches: tree.tips().len(),
+        models: models.into_iter().collect(),
+        compactions: 0,
+        problems: log.problems.len(),
+    }
+}

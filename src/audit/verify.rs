@@ -1,0 +1,67 @@
+//! `audit verify`: every line parses, every digest matches its message, every parent
+//! exists before its child, and no original is logged twice.
+
+use std::collections::HashSet;
+
+use serde_json::Value;
+
+use crate::digest::{chain, message_digest};
+use crate::store::line::Entry;
+use crate::store::{ConversationLog, LineProblem};
+
+/// The problems of one conversation's log, in line order.
+pub fn verify_log(log: &ConversationLog) -> Vec<LineProblem> {
+    let mut problems = log.problems.clone();
+    let mut seen = HashSet::new();
+    // Line numbers of good lines are not stored; count them back from the file order.
+    let mut numbers = line_numbers(log);
+    for line in &log.lines {
+        let number = numbers.next().unwrap_or(0);
+        let Entry::Message(message) = &line.entry else {
+            continue;
+        };
+        let mut problem = |reason: String| {
+            problems.push(LineProblem {
+                line: number,
+                reason,
+            })
+        };
+        match serde_json::from_str::<Value>(message.message.get()) {
+            Ok(value) if message_digest(&value) != message.message_digest => {
+                problem("message does not match its message_digest".into())
+            }
+            Ok(_) => {}
+            Err(err) => problem(format!("message is not JSON: {err}")),
+        }
+        if chain(message.parent.as_ref(), &message.message_digest) != message.digest {
+            problem(format!(
+                "digest {} does not follow from its parent",
+                message.digest.short(12)
+            ));
+        }
+        if let Some(parent) = message.parent {
+            if !seen.contains(&parent) {
+                problem(format!(
+                    "parent {} is not an earlier message",
+                    parent.short(12)
+                ));
+            }
+        }
+        if !seen.insert(message.digest) {
+            problem(format!(
+                "message {} is logged twice",
+                message.digest.short(12)
+            ));
+        }
+    }
+    problems.sort_by_key(|p| p.line);
+    problems
+}
+
+/// The 1-based file line of each good line: every number not taken by a problem.
+fn line_numbers(log: &ConversationLog) -> impl Iterator<Item = usize> + '_ {
+    let bad: HashSet<usize> = log.problems.iter().map(|p| p.line).collect();
+    (1..)
+        .filter(move |n| !bad.contains(n))
+        .take(log.lines.len())
+}

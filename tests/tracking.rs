@@ -1,0 +1,536 @@
+//! Conversation tracking and the log of originals, end to end.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mock_upstream::{agent_reply, MockUpstream, Reply};
+use serde_json::{json, Value};
+use support::client::{self, request};
+use support::{canonical, read_tree, Proxy, ProxyOptions};
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn python() -> PathBuf {
+    if let Some(path) = std::env::var_os("PYTHON_FOR_TESTS") {
+        return path.into();
+    }
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    assert!(
+        venv.exists(),
+        "{} is missing: run scripts/test.sh",
+        venv.display()
+    );
+    venv
+}
+
+async fn agent_mock() -> MockUpstream {
+    let serial = Arc::new(AtomicUsize::new(0));
+    MockUpstream::with(move |req| agent_reply(req, serial.fetch_add(1, Ordering::SeqCst))).await
+}
+
+async fn post(proxy: &Proxy, headers: &[(&str, &str)], body: &Value) -> support::client::Whole {
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    client::send(request(
+        "POST",
+        &format!("{}{CHAT}", proxy.url()),
+        &all,
+        body.to_string(),
+    ))
+    .await
+}
+
+fn user(text: &str) -> Value {
+    json!({"role": "user", "content": text})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hundred_sdk_requests_replay_exactly() {
+    let mock = agent_mock().await;
+    let proxy = Proxy::start(&mock.url());
+    let url = proxy.url();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/openai_agent.py");
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(python())
+            .arg(script)
+            .arg("300")
+            .env("HANDOFF_URL", url)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let client_side: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(mock.requests().len(), 300);
+
+    let conversations = proxy.conversations();
+    assert_eq!(
+        conversations.len(),
+        1,
+        "a changing system prompt must not split the conversation"
+    );
+    let summary = &conversations[0];
+    assert_eq!(summary["requests"], 300);
+    assert_eq!(
+        summary["branches"], 1,
+        "echoed replies must not fork: {summary}"
+    );
+
+    let mut expected: Vec<Value> = client_side["request"].as_array().unwrap().clone();
+    expected.push(client_side["reply"].clone());
+    let replayed = proxy.replay(summary["id"].as_str().unwrap(), None);
+    assert_eq!(replayed.len(), expected.len());
+    assert_eq!(
+        replayed[0], expected[0],
+        "the latest request's system prompt leads the replay"
+    );
+    for (index, (got, want)) in replayed.iter().zip(&expected).enumerate() {
+        assert_eq!(canonical(got), canonical(want), "message {index} differs");
+    }
+    // Client messages are logged byte for byte, not re-serialised.
+    let user_messages: Vec<&Value> = replayed.iter().filter(|m| m["role"] == "user").collect();
+    assert_eq!(user_messages.len(), 150);
+
+    let verify = proxy.audit(&["verify"]);
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_parallel_conversations_are_kept_apart() {
+    let mock = MockUpstream::with(|req| {
+        let body = req.json();
+        let last = body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .cloned()
+            .unwrap_or_default();
+        Reply::chat_text(&format!("echo {}", last["content"].as_str().unwrap_or("")))
+    })
+    .await;
+    let proxy = Arc::new(Proxy::start(&mock.url()));
+
+    let mut tasks = Vec::new();
+    for n in 0..100 {
+        let proxy = Arc::clone(&proxy);
+        tasks.push(tokio::spawn(async move {
+            let header = format!("conv-{n}");
+            let mut messages = vec![user(&format!("hello from {n}"))];
+            for turn in 0..3 {
+                let headers: Vec<(&str, &str)> = if n % 2 == 0 {
+                    vec![("x-handoff-conversation-id", header.as_str())]
+                } else {
+                    vec![]
+                };
+                let got = post(
+                    &proxy,
+                    &headers,
+                    &json!({"model": "gpt-4o", "messages": messages}),
+                )
+                .await;
+                assert_eq!(got.status, 200, "{}", got.text());
+                messages.push(got.json()["choices"][0]["message"].clone());
+                messages.push(user(&format!("turn {turn} of {n}")));
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+
+    let conversations = proxy.conversations();
+    assert_eq!(conversations.len(), 100);
+    for summary in &conversations {
+        assert_eq!(summary["requests"], 3, "{summary}");
+        assert_eq!(summary["branches"], 1, "{summary}");
+        let id = summary["id"].as_str().unwrap();
+        let replay = proxy.replay(id, None);
+        // 3 requests: user, reply, user, reply, user, reply.
+        assert_eq!(replay.len(), 6, "{id}");
+        let owner = replay[0]["content"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("hello from ")
+            .to_owned();
+        if let Some(n) = id.strip_prefix("conv-") {
+            assert_eq!(n, owner);
+        }
+        for message in &replay {
+            let text = message["content"].as_str().unwrap();
+            assert!(
+                text.ends_with(&format!(" {owner}")) || text.contains(&format!("of {owner}")),
+                "{id}: {text}"
+            );
+        }
+    }
+    assert!(proxy.audit(&["verify"]).status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regenerations_and_edits_become_branches_and_stay_replayable() {
+    let serial = Arc::new(AtomicUsize::new(0));
+    let mock = MockUpstream::with(move |_| {
+        Reply::chat_text(&format!("reply {}", serial.fetch_add(1, Ordering::SeqCst)))
+    })
+    .await;
+    let proxy = Proxy::start(&mock.url());
+    let id = [("x-handoff-conversation-id", "branchy")];
+
+    let first = vec![
+        user("one"),
+        json!({"role": "assistant", "content": "ok"}),
+        user("two"),
+    ];
+    assert_eq!(
+        post(&proxy, &id, &json!({"model": "m", "messages": first}))
+            .await
+            .status,
+        200
+    );
+    // Regenerate: the very same request again gets a different reply.
+    assert_eq!(
+        post(&proxy, &id, &json!({"model": "m", "messages": first}))
+            .await
+            .status,
+        200
+    );
+    // Edit the first message.
+    let edited = vec![
+        user("ONE (edited)"),
+        json!({"role": "assistant", "content": "ok"}),
+        user("two"),
+    ];
+    assert_eq!(
+        post(&proxy, &id, &json!({"model": "m", "messages": edited}))
+            .await
+            .status,
+        200
+    );
+
+    let summary = &proxy.conversations()[0];
+    assert_eq!(summary["branches"], 3, "{summary}");
+    assert_eq!(
+        summary["messages"],
+        3 + 1 + 1 + 3 + 1,
+        "nothing may be logged twice: {summary}"
+    );
+
+    let detail = client::send(request(
+        "GET",
+        &format!("{}/handoff/conversations/branchy", proxy.url()),
+        &[],
+        "",
+    ))
+    .await;
+    assert_eq!(detail.status, 200);
+    let tips: Vec<String> = detail.json()["branch_tips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["tip"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(tips.len(), 3);
+
+    let contents = |replay: Vec<Value>| -> Vec<String> {
+        replay
+            .iter()
+            .map(|m| m["content"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        contents(proxy.replay("branchy", Some(&tips[0]))),
+        ["one", "ok", "two", "reply 0"]
+    );
+    assert_eq!(
+        contents(proxy.replay("branchy", Some(&tips[1]))),
+        ["one", "ok", "two", "reply 1"]
+    );
+    assert_eq!(
+        contents(proxy.replay("branchy", Some(&tips[2]))),
+        ["ONE (edited)", "ok", "two", "reply 2"]
+    );
+    assert_eq!(
+        contents(proxy.replay("branchy", None)),
+        ["ONE (edited)", "ok", "two", "reply 2"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_mid_conversation_continues_the_same_log() {
+    let mock = agent_mock().await;
+    let data = tempfile::tempdir().unwrap();
+    let options = || ProxyOptions {
+        data_dir: Some(data.path().to_owned()),
+        ..ProxyOptions::default()
+    };
+    let id = [("x-handoff-conversation-id", "restart")];
+    let mut messages = vec![json!({"role": "system", "content": "sys"}), user("q1")];
+
+    let proxy = Proxy::start_with(&mock.url(), options());
+    let got = post(&proxy, &id, &json!({"model": "m", "messages": messages})).await;
+    messages.push(got.json()["choices"][0]["message"].clone());
+    let call_id = messages[2]["tool_calls"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": "4"}));
+    drop(proxy);
+
+    let proxy = Proxy::start_with(&mock.url(), options());
+    let got = post(&proxy, &id, &json!({"model": "m", "messages": messages})).await;
+    assert_eq!(got.status, 200);
+    messages.push(got.json()["choices"][0]["message"].clone());
+
+    let output = proxy.audit(&["show", "restart"]);
+    let timeline = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        timeline.contains("new=1"),
+        "only the tool result was new after the restart:\n{timeline}"
+    );
+    let replay = proxy.replay("restart", None);
+    assert_eq!(
+        replay.iter().map(canonical).collect::<Vec<_>>(),
+        messages.iter().map(canonical).collect::<Vec<_>>()
+    );
+    assert!(proxy.audit(&["verify"]).status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torn_last_line_is_reported_and_the_conversation_goes_on() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = Proxy::start(&mock.url());
+    let id = [("x-handoff-conversation-id", "torn")];
+    let mut messages = vec![user("first")];
+    let got = post(&proxy, &id, &json!({"model": "m", "messages": messages})).await;
+    messages.push(got.json()["choices"][0]["message"].clone());
+    messages.push(user("second"));
+
+    let log = proxy.data_dir().join("conversations/torn/messages.jsonl");
+    let mut bytes = std::fs::read(&log).unwrap();
+    bytes.extend_from_slice(br#"{"v":1,"at":"2026-01-01T00:00:00Z","kind":"message","dig"#);
+    std::fs::write(&log, &bytes).unwrap();
+
+    let verify = proxy.audit(&["verify", "torn"]);
+    assert!(!verify.status.success());
+    assert!(String::from_utf8_lossy(&verify.stdout).contains("torn last line"));
+
+    let got = post(&proxy, &id, &json!({"model": "m", "messages": messages})).await;
+    assert_eq!(got.status, 200);
+    let replay = proxy.replay("torn", None);
+    assert_eq!(replay.len(), 4);
+    assert_eq!(replay[2], user("second"));
+    // The torn fragment stays where it was, sealed as one bad line; the new lines are whole.
+    let verify = String::from_utf8_lossy(&proxy.audit(&["verify", "torn"]).stdout).into_owned();
+    assert_eq!(verify.lines().count(), 1, "{verify}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_conversation_ids_get_400_and_write_nothing() {
+    let mock = MockUpstream::replying(Reply::chat_text("never")).await;
+    let proxy = Proxy::start(&mock.url());
+    let long = "x".repeat(200);
+    for bad in ["../x", "a b", long.as_str(), "..", ""] {
+        let got = post(
+            &proxy,
+            &[("x-handoff-conversation-id", bad)],
+            &json!({"model": "m", "messages": [user("hi")]}),
+        )
+        .await;
+        assert_eq!(got.status, 400, "{bad:?}");
+        assert_eq!(got.json()["error"]["code"], "invalid_conversation_id");
+        assert!(got.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("conversation id"));
+    }
+    assert!(mock.requests().is_empty());
+    let written: Vec<PathBuf> = read_tree(proxy.dir()).into_iter().map(|(p, _)| p).collect();
+    assert_eq!(
+        written,
+        vec![proxy.config_path().to_owned()],
+        "nothing but the config may exist"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unwritable_store_refuses_with_503_unless_optional() {
+    let mock = MockUpstream::replying(Reply::chat_text("ok")).await;
+    let proxy = Proxy::start(&mock.url());
+    let id = [("x-handoff-conversation-id", "kept")];
+    assert_eq!(
+        post(&proxy, &id, &json!({"model": "m", "messages": [user("a")]}))
+            .await
+            .status,
+        200
+    );
+    let before = std::fs::read(proxy.data_dir().join("conversations/kept/messages.jsonl")).unwrap();
+
+    // Root ignores permission bits, so break the store in a way root cannot write through:
+    // the log of a new conversation would need a folder where a file now stands.
+    std::fs::write(
+        proxy.data_dir().join("conversations/blocked"),
+        b"not a folder",
+    )
+    .unwrap();
+    let got = post(
+        &proxy,
+        &[("x-handoff-conversation-id", "blocked")],
+        &json!({"model": "m", "messages": [user("b")]}),
+    )
+    .await;
+    assert_eq!(got.status, 503);
+    assert_eq!(got.json()["error"]["type"], "storage_error");
+    assert_eq!(
+        mock.requests().len(),
+        1,
+        "an unlogged request must not go upstream"
+    );
+    assert_eq!(
+        std::fs::read(proxy.data_dir().join("conversations/kept/messages.jsonl")).unwrap(),
+        before
+    );
+    assert!(proxy.audit(&["verify", "kept"]).status.success());
+
+    let lenient = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: "[store]\nrequired = false\n".into(),
+            data_dir: Some(proxy.data_dir()),
+            ..ProxyOptions::default()
+        },
+    );
+    let got = post(
+        &lenient,
+        &[("x-handoff-conversation-id", "blocked")],
+        &json!({"model": "m", "messages": [user("b")]}),
+    )
+    .await;
+    assert_eq!(got.status, 200);
+    lenient.wait_for_log("forwarding untracked", Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_are_private_and_hold_no_credentials() {
+    let mock = MockUpstream::with(|req| {
+        if req.json()["stream"] == true {
+            Reply::chat_stream(&["x"], Duration::ZERO)
+        } else {
+            Reply::chat_text("y")
+        }
+    })
+    .await;
+    let proxy = Proxy::start(&mock.url());
+    let secret = "sk-proj-DISKSECRET123456";
+    let headers = [
+        ("authorization", "Bearer sk-proj-DISKSECRET123456"),
+        ("api-key", "azure-DISKSECRET-789"),
+    ];
+    post(
+        &proxy,
+        &headers,
+        &json!({"model": "m", "messages": [user("hi")]}),
+    )
+    .await;
+    post(
+        &proxy,
+        &headers,
+        &json!({"model": "m", "messages": [user("hi")], "stream": true}),
+    )
+    .await;
+
+    let files = read_tree(&proxy.data_dir());
+    assert!(!files.is_empty());
+    for (path, bytes) in &files {
+        let text = String::from_utf8_lossy(bytes);
+        assert!(
+            !text.contains(secret) && !text.contains("DISKSECRET"),
+            "{} holds a credential",
+            path.display()
+        );
+        let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", path.display());
+    }
+    let dir_mode = std::fs::metadata(proxy.data_dir().join("conversations"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(dir_mode, 0o700);
+    assert!(!proxy.logs().contains("DISKSECRET"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_lists_conversations_in_pages() {
+    let mock = MockUpstream::replying(Reply::chat_text("ok")).await;
+    let proxy = Proxy::start(&mock.url());
+    for n in 0..5 {
+        let id = format!("page-{n}");
+        post(
+            &proxy,
+            &[("x-handoff-conversation-id", id.as_str())],
+            &json!({"model": "m", "messages": [user("x")]}),
+        )
+        .await;
+    }
+    let page = client::send(request(
+        "GET",
+        &format!("{}/handoff/conversations?limit=2", proxy.url()),
+        &[],
+        "",
+    ))
+    .await;
+    assert_eq!(page.status, 200);
+    let page = page.json();
+    assert_eq!(page["has_more"], true);
+    let ids: Vec<&str> = page["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["page-0", "page-1"]);
+    let rest = client::send(request(
+        "GET",
+        &format!(
+            "{}/handoff/conversations?limit=10&after=page-1",
+            proxy.url()
+        ),
+        &[],
+        "",
+    ))
+    .await;
+    assert_eq!(rest.json()["data"].as_array().unwrap().len(), 3);
+    assert_eq!(rest.json()["has_more"], false);
+
+    let missing = client::send(request(
+        "GET",
+        &format!("{}/handoff/conversations/nope", proxy.url()),
+        &[],
+        "",
+    ))
+    .await;
+    assert_eq!(missing.status, 404);
+    let bad = client::send(request(
+        "GET",
+        &format!("{}/handoff/conversations/a%20b", proxy.url()),
+        &[],
+        "",
+    ))
+    .await;
+    assert_eq!(bad.status, 400);
+}
