@@ -13,6 +13,7 @@
 //! ```
 
 mod agent;
+pub mod fixtures;
 mod reply;
 
 use std::convert::Infallible;

@@ -1,0 +1,76 @@
+//! Tracking's inner loops on a ~100k-token conversation (about 400 KB of messages):
+//! parsing the body, digesting every message, and tracking a conversation that has
+//! already been seen (only the request line is new).
+//!
+//! `cargo bench --bench tracking`
+
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use handoff::config::FsyncPolicy;
+use handoff::conversation::{identify, Tracker};
+use handoff::dialect::ChatRequest;
+use handoff::digest::{message_digest, prefix_digests};
+use handoff::store::{DiskStore, Store, Writer};
+use mock_upstream::fixtures::long_conversation;
+use serde_json::json;
+
+fn body() -> Vec<u8> {
+    let (messages, tools) = long_conversation(400_000);
+    json!({"model": "gpt-4o", "messages": messages, "tools": tools})
+        .to_string()
+        .into_bytes()
+}
+
+fn benches(c: &mut Criterion) {
+    let body = body();
+    let mut group = c.benchmark_group("tracking_100k_tokens");
+    group.throughput(Throughput::Bytes(body.len() as u64));
+
+    group.bench_function("parse_body", |b| {
+        b.iter(|| ChatRequest::parse(&body).map(|r| r.messages.len()))
+    });
+
+    let request = ChatRequest::parse(&body).unwrap_or_else(|err| unreachable!("{err}"));
+    group.bench_function("digest_and_chain", |b| {
+        b.iter(|| {
+            let digests: Vec<_> = request
+                .messages
+                .iter()
+                .map(|m| message_digest(&m.value))
+                .collect();
+            prefix_digests(&digests)
+        })
+    });
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|err| unreachable!("{err}"));
+    let dir = tempfile::tempdir().unwrap_or_else(|err| unreachable!("{err}"));
+    let tracker = runtime.block_on(async {
+        let writer = Writer::start(FsyncPolicy::Never).unwrap_or_else(|err| unreachable!("{err}"));
+        let store: Arc<dyn Store> = Arc::new(DiskStore::new(dir.path(), writer));
+        Arc::new(Tracker::new(store, 1000))
+    });
+    let id = identify(None, &request).unwrap_or_else(|err| unreachable!("{err}"));
+    runtime
+        .block_on(tracker.track(id.clone(), &request))
+        .unwrap_or_else(|err| unreachable!("{err}"));
+    group.bench_function("track_seen_conversation", |b| {
+        b.iter_batched(
+            || id.clone(),
+            |id| {
+                runtime
+                    .block_on(tracker.track(id, &request))
+                    .map(|t| t.new_messages)
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(tracking, benches);
+criterion_main!(tracking);
