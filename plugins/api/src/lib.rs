@@ -1,0 +1,128 @@
+//! The plugin API of handoff's compaction: the [`Strategy`] trait, what a strategy is
+//! given ([`StrategyInput`]) and what it returns ([`Summary`] or [`AttemptError`]).
+//!
+//! A strategy turns the history being compacted into the text of a handoff. It never
+//! sees the proxy's internals: it calls a model only through the [`ModelClient`] the
+//! host hands it, and counts tokens with the host's [`TokenCounter`]. It must never
+//! copy `retained_recent_messages` into its summary: the host keeps those verbatim.
+
+#![forbid(unsafe_code)]
+
+mod attempt;
+mod shorten;
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub use attempt::{AttemptError, FailureReason};
+pub use shorten::{cap_head_tail, shorten_tool_body, TOOL_BODY_HEAD, TOOL_BODY_TAIL};
+pub use tokio_util::sync::CancellationToken;
+
+/// One unit of conversation: a user message, or an assistant message with every tool
+/// result that answers its calls. A cut never falls inside a unit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Unit {
+    /// The unit's messages, in order, as the client sent them.
+    pub messages: Vec<Value>,
+}
+
+/// The model a handoff is made for, and the one that writes summaries.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ModelInfo {
+    /// The request's model.
+    pub model: String,
+    /// Its context window in tokens.
+    pub context_window: u64,
+    /// The model that writes summaries.
+    pub summary_model: String,
+    /// The summary model's context window in tokens.
+    pub summary_context_window: u64,
+}
+
+/// Token budgets for one compaction.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Budgets {
+    /// Tokens the request's input may use: window minus reserved output.
+    pub input_budget: u64,
+    /// Largest handoff, in tokens, that leaves room for the recent part.
+    pub handoff_tokens: u64,
+}
+
+/// Everything a strategy is given.
+#[derive(Clone)]
+pub struct StrategyInput {
+    /// The conversation.
+    pub conversation_id: String,
+    /// The history being compacted, oldest first; a previous handoff is not in it.
+    pub history: Vec<Unit>,
+    /// The newest messages, kept verbatim by the host: reference only.
+    pub retained_recent_messages: Vec<Value>,
+    /// The handoff text of the previous compaction, if there was one.
+    pub previous_handoff: Option<String>,
+    /// Models and windows.
+    pub model: ModelInfo,
+    /// Budgets.
+    pub budgets: Budgets,
+    /// Fired when the compaction must stop (shutdown); checked by the host as well.
+    pub cancel: CancellationToken,
+    /// Calls to the upstream, with the client's credentials.
+    pub client: Arc<dyn ModelClient>,
+    /// The host's token counter for the summary model.
+    pub tokens: Arc<dyn TokenCounter>,
+}
+
+/// A strategy's product: the handoff text and what the model charged for it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// The handoff text; never empty.
+    pub text: String,
+    /// The provider's `usage`, if a model was called.
+    pub usage: Option<Value>,
+}
+
+/// A compaction strategy.
+pub trait Strategy: Send + Sync {
+    /// The strategy's kind, e.g. `summarize`.
+    fn kind(&self) -> &'static str;
+
+    /// True when the strategy never calls a model and always produces a handoff; only
+    /// such a strategy may end a chain.
+    fn is_deterministic(&self) -> bool {
+        false
+    }
+
+    /// Writes the handoff for `input`.
+    fn summarize<'a>(&'a self, input: &'a StrategyInput) -> BoxFuture<'a, Result<Summary, AttemptError>>;
+}
+
+/// The upstream's answer to a model call.
+#[derive(Debug, Clone)]
+pub struct ModelReply {
+    /// HTTP status.
+    pub status: u16,
+    /// The JSON body (`Null` if it was not JSON).
+    pub body: Value,
+}
+
+/// Why a model call failed before an answer came back.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("model call failed: {0}")]
+pub struct ModelCallError(pub String);
+
+/// Chat-completion calls on the client's behalf.
+pub trait ModelClient: Send + Sync {
+    /// Sends a chat-completions request body and returns the answer.
+    fn complete(&self, body: Value) -> BoxFuture<'_, Result<ModelReply, ModelCallError>>;
+}
+
+/// Token counting with the host's tokenizer for a model.
+pub trait TokenCounter: Send + Sync {
+    /// Tokens of `text`.
+    fn count_text(&self, text: &str) -> u64;
+
+    /// Tokens of a chat message, overhead included.
+    fn count_message(&self, message: &Value) -> u64;
+}
