@@ -1,28 +1,43 @@
-//! The chat-completions pipeline: read the body whole (bounded), check it, log its new
-//! originals, forward it, and capture the reply.
+//! The chat-completions pipeline: read the body (bounded), check it, log its new
+//! originals, project the model view (compacting when it would not fit), forward it,
+//! retry once compacted on a context-length answer, and capture the reply.
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::Request;
+use http::{request, Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
 use crate::access_log::RequestLog;
 use crate::body::{full, ProxyBody};
 use crate::capture::{ReplyCapture, ReplyTarget};
-use crate::conversation::{identify, CONVERSATION_HEADER};
+use crate::compaction::budget::{calibrated, RequestBudget};
+use crate::compaction::model_client::UpstreamModelClient;
+use crate::compaction::reactive::is_context_length_error;
+use crate::compaction::service::{CompactError, Job};
+use crate::compaction::Reason;
+use crate::conversation::{identify, Tracked, CONVERSATION_HEADER};
 use crate::dialect::ChatRequest;
 use crate::error::ApiError;
-use crate::forward::{forward, reject};
+use crate::forward::{forward, reject, relay, upstream_request};
+use crate::projection::project_view;
 use crate::relay::Observer;
 use crate::state::AppState;
+
+/// Largest upstream error body read to look for a context-length error.
+const MAX_ERROR_BODY: usize = 1024 * 1024;
+
+/// How much each reactive retry tightens the budget.
+const REACTIVE_TIGHTEN: f64 = 0.8;
 
 /// Handles `POST …/chat/completions`.
 pub async fn handle(
     state: &AppState,
     request: Request<Incoming>,
     mut log: RequestLog,
-) -> http::Response<ProxyBody> {
+) -> Response<ProxyBody> {
     let (mut parts, body) = request.into_parts();
     let bytes = match read_body(body, state.config.limits.max_body_bytes, &parts.headers).await {
         Ok(bytes) => bytes,
@@ -58,14 +73,14 @@ pub async fn handle(
         }
     };
     log.set_conversation(id.as_str());
+    // The reply is read on the side (tracking, usage); a compressed body could not be.
+    parts.headers.insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
 
-    let observer: Option<Box<dyn Observer>> = match state.tracker.track(id.clone(), &chat).await {
-        Ok(tracked) => Some(Box::new(ReplyCapture::new(ReplyTarget {
-            tracker: state.tracker.clone(),
-            parent: tracked.head(),
-            id: tracked.id,
-            model: chat.model.clone(),
-        }))),
+    let tracked = match state.tracker.track(id.clone(), &chat).await {
+        Ok(tracked) => tracked,
         Err(err) if state.config.store.required => {
             tracing::error!(conversation = %id, error = %err, "refusing the request: its originals cannot be stored");
             return reject(
@@ -75,16 +90,197 @@ pub async fn handle(
         }
         Err(err) => {
             tracing::warn!(conversation = %id, error = %err, "forwarding untracked: store.required is false");
-            None
+            return forward(&state.upstream, parts, full(bytes), log, None).await;
         }
     };
+    let budget = RequestBudget::new(&state.config, &chat, &state.tokens);
+    let mut view = project_view(&chat, &tracked, &tracked.compactions);
+    if let Err(err) = view.validate() {
+        // Never send an invalid view; the client's own request is always valid to send.
+        tracing::error!(conversation = %id, error = %err, "projected view is invalid; sending the request uncompacted");
+        view = project_view(&chat, &tracked, &Default::default());
+    }
+    let mut estimate = None;
+    if let Some(budget) = &budget {
+        let local = view.estimate(&state.tokens, budget.tokenizer(), budget.tools_tokens);
+        let current = calibrated(
+            local,
+            tracked.calibration.as_ref(),
+            &chat.model,
+            view.generation(),
+        );
+        if current > budget.threshold {
+            tracing::info!(conversation = %id, estimate = current, threshold = budget.threshold, "over the trigger; compacting");
+            let job = job(
+                state,
+                &parts,
+                &chat,
+                &tracked,
+                budget,
+                budget.threshold,
+                Reason::Threshold,
+                view.generation(),
+            );
+            match state.compactor.compact(&job).await {
+                Ok(compacted) => view = compacted,
+                Err(err) => return compaction_failed(log, err),
+            }
+        }
+        estimate = Some(view.estimate(&state.tokens, budget.tokenizer(), budget.tools_tokens));
+    }
 
-    // The reply is read on the side (tracking, usage); a compressed body could not be.
-    parts.headers.insert(
-        header::ACCEPT_ENCODING,
-        HeaderValue::from_static("identity"),
-    );
-    forward(&state.upstream, parts, full(bytes), log, observer).await
+    let mut retries = 0;
+    loop {
+        let body = match view.render_body(&bytes) {
+            Ok(body) => body,
+            Err(err) => return reject(log, ApiError::internal(err.to_string())),
+        };
+        let request = match upstream_request(
+            &state.upstream,
+            parts.method.clone(),
+            &parts.uri,
+            parts.headers.clone(),
+            full(body),
+        ) {
+            Ok(request) => request,
+            Err(err) => return reject(log, err),
+        };
+        let sent = tokio::time::Instant::now();
+        let response = match state.upstream.send(request).await {
+            Ok(response) => response,
+            Err(err) => {
+                tracing::warn!(error = %err, "upstream request failed");
+                return reject(log, err.into());
+            }
+        };
+        log.set_upstream_time(sent.elapsed());
+
+        let reactive = budget
+            .as_ref()
+            .filter(|_| retries < state.config.compaction.max_retries);
+        if let Some(budget) = reactive.filter(|_| response.status().is_client_error()) {
+            // Nothing has reached the client yet: the error can still be turned into a retry.
+            let (head, incoming) = response.into_parts();
+            let error_body = match Limited::new(incoming, MAX_ERROR_BODY).collect().await {
+                Ok(collected) => collected.to_bytes(),
+                Err(err) => {
+                    return reject(
+                        log,
+                        ApiError::bad_gateway(format!("reading the upstream error: {err}")),
+                    )
+                }
+            };
+            let json: serde_json::Value = serde_json::from_slice(&error_body).unwrap_or_default();
+            if !is_context_length_error(&json) {
+                return buffered(log, head, error_body);
+            }
+            retries += 1;
+            let tightened =
+                (budget.threshold as f64 * REACTIVE_TIGHTEN.powi(retries as i32)) as u64;
+            tracing::warn!(conversation = %id, retry = retries, threshold = tightened, "upstream reported context length exceeded; compacting and retrying");
+            let job = job(
+                state,
+                &parts,
+                &chat,
+                &tracked,
+                budget,
+                tightened,
+                Reason::ContextLengthExceeded,
+                view.generation(),
+            );
+            match state.compactor.compact(&job).await {
+                Ok(compacted) => {
+                    estimate = Some(compacted.estimate(
+                        &state.tokens,
+                        budget.tokenizer(),
+                        budget.tools_tokens,
+                    ));
+                    view = compacted;
+                    continue;
+                }
+                Err(err) => {
+                    tracing::warn!(conversation = %id, error = %err, "reactive compaction failed; returning the upstream's error");
+                    return buffered(log, head, error_body);
+                }
+            }
+        }
+
+        let observer: Box<dyn Observer> = Box::new(ReplyCapture::new(ReplyTarget {
+            tracker: Arc::clone(&state.tracker),
+            parent: tracked.head(),
+            id: tracked.id.clone(),
+            model: chat.model.clone(),
+            estimate: estimate.map(|local| (local, view.generation().map(str::to_owned))),
+        }));
+        return relay(&state.upstream, response, log, Some(observer));
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn job<'a>(
+    state: &'a AppState,
+    parts: &request::Parts,
+    chat: &'a ChatRequest,
+    tracked: &'a Tracked,
+    budget: &RequestBudget,
+    threshold: u64,
+    reason: Reason,
+    seen_generation: Option<&str>,
+) -> Job<'a> {
+    let path = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/v1/chat/completions"));
+    Job {
+        tracker: &state.tracker,
+        id: &tracked.id,
+        request: chat,
+        tracked,
+        config: &state.config.compaction,
+        tokenizer: budget.tokenizer(),
+        reasoning_marker: budget.model.reasoning_marker,
+        model: budget.info.clone(),
+        input_budget: budget.input_budget,
+        threshold,
+        tools_tokens: budget.tools_tokens,
+        reason,
+        seen_generation: seen_generation.map(str::to_owned),
+        client: Arc::new(UpstreamModelClient::new(
+            state.upstream.clone(),
+            path,
+            parts.headers.clone(),
+        )),
+    }
+}
+
+/// The answer when a needed compaction could not make the request fit.
+fn compaction_failed(log: RequestLog, err: CompactError) -> Response<ProxyBody> {
+    tracing::warn!(error = %err, "compaction failed");
+    let api = match &err {
+        CompactError::TooLarge { .. } => {
+            ApiError::invalid_request("context_length_exceeded", err.to_string())
+        }
+        CompactError::Store(_) => ApiError::storage(err.to_string()),
+        CompactError::Cancelled => {
+            ApiError::unavailable("handoff is shutting down; retry the request")
+        }
+        CompactError::View(_) | CompactError::NoHandoff(_) => ApiError::internal(err.to_string()),
+    };
+    reject(log, api)
+}
+
+/// Sends a response whose body was read to inspect it.
+fn buffered(
+    mut log: RequestLog,
+    mut head: http::response::Parts,
+    body: Bytes,
+) -> Response<ProxyBody> {
+    crate::headers::strip_hop_by_hop(&mut head.headers);
+    head.headers.remove(header::CONTENT_LENGTH);
+    log.set_status(head.status);
+    log.add_bytes(body.len());
+    Response::from_parts(head, full(body))
 }
 
 /// Reads a body up to `limit` bytes; a declared or actual excess is a 413.

@@ -204,14 +204,16 @@ impl ChatRequest {
 
 /// Checks OpenAI's pairing rule: every tool result answers a call of the assistant
 /// message before it, and every call is answered before the next non-tool message.
-pub fn check_tool_pairs(messages: &[Message]) -> Result<(), DialectError> {
+pub fn check_tool_pairs<'a>(
+    messages: impl IntoIterator<Item = &'a Message>,
+) -> Result<(), DialectError> {
     let mut pending: Vec<String> = Vec::new();
     let mut pending_from = 0;
     let unanswered = |index: usize, ids: &[String]| DialectError::UnansweredToolCalls {
         index,
         ids: ids.to_vec(),
     };
-    for (index, message) in messages.iter().enumerate() {
+    for (index, message) in messages.into_iter().enumerate() {
         match message.role {
             Role::Tool => {
                 let id = message.tool_call_id().unwrap_or_default();

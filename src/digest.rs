@@ -75,6 +75,11 @@ pub fn message_digest(message: &Value) -> MessageDigest {
     Digest(hasher.finalize())
 }
 
+/// The digest of raw bytes, e.g. a request's `tools` schemas.
+pub fn bytes_digest(bytes: &[u8]) -> Digest {
+    Digest(blake3::hash(bytes))
+}
+
 /// The chain link after `parent` for a message with digest `message`.
 pub fn chain(parent: Option<&PrefixDigest>, message: &MessageDigest) -> PrefixDigest {
     let mut hasher = blake3::Hasher::new();

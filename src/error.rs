@@ -89,6 +89,16 @@ impl ApiError {
         )
     }
 
+    /// 503 while the proxy cannot serve, e.g. during shutdown.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            Some("unavailable"),
+            message.into(),
+        )
+    }
+
     /// 404 for an unknown proxy resource.
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(

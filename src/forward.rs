@@ -18,13 +18,34 @@ pub async fn forward(
     parts: request::Parts,
     body: ProxyBody,
     mut log: RequestLog,
-    mut observer: Option<Box<dyn Observer>>,
+    observer: Option<Box<dyn Observer>>,
 ) -> Response<ProxyBody> {
-    let target = match upstream.target(parts.uri.path_and_query()) {
-        Ok(target) => target,
-        Err(err) => return reject(log, err.into()),
+    let request = match upstream_request(upstream, parts.method, &parts.uri, parts.headers, body) {
+        Ok(request) => request,
+        Err(err) => return reject(log, err),
     };
-    let mut headers = parts.headers;
+    let sent = tokio::time::Instant::now();
+    let response = match upstream.send(request).await {
+        Ok(response) => response,
+        Err(err) => {
+            tracing::warn!(error = %err, "upstream request failed");
+            return reject(log, err.into());
+        }
+    };
+    log.set_upstream_time(sent.elapsed());
+    relay(upstream, response, log, observer)
+}
+
+/// The request to send upstream: the client's method, path and headers, hop-by-hop and
+/// `x-handoff-*` headers removed, `Host` left to the client pool.
+pub fn upstream_request(
+    upstream: &Upstream,
+    method: http::Method,
+    uri: &http::Uri,
+    mut headers: http::HeaderMap,
+    body: ProxyBody,
+) -> Result<Request<ProxyBody>, ApiError> {
+    let target = upstream.target(uri.path_and_query())?;
     strip_hop_by_hop(&mut headers);
     // The client addressed us; the upstream must see its own host (set by the client pool).
     headers.remove(header::HOST);
@@ -39,22 +60,22 @@ pub async fn forward(
     }
 
     let mut request = Request::new(body);
-    *request.method_mut() = parts.method;
+    *request.method_mut() = method;
     *request.uri_mut() = target;
     // The pool negotiates h2 by ALPN itself; an h2c client must not force h2 on an h1 upstream.
     *request.version_mut() = Version::HTTP_11;
     *request.headers_mut() = headers;
+    Ok(request)
+}
 
-    let sent = tokio::time::Instant::now();
-    let response = match upstream.send(request).await {
-        Ok(response) => response,
-        Err(err) => {
-            tracing::warn!(error = %err, "upstream request failed");
-            return reject(log, err.into());
-        }
-    };
-    log.set_upstream_time(sent.elapsed());
-
+/// The client's response: the upstream's head (hop-by-hop removed, SSE marked
+/// unbuffered) and its body relayed frame by frame.
+pub fn relay(
+    upstream: &Upstream,
+    response: Response<hyper::body::Incoming>,
+    mut log: RequestLog,
+    mut observer: Option<Box<dyn Observer>>,
+) -> Response<ProxyBody> {
     let (mut parts, incoming) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     if is_event_stream(&parts.headers) {

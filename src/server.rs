@@ -111,6 +111,8 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     }
 
     drop(listener);
+    // Running compactions stop and commit nothing; requests already streaming go on.
+    state.shutdown.cancel();
     tracing::info!(?grace, "shutting down; waiting for in-flight requests");
     tokio::select! {
         () = graceful.shutdown() => tracing::info!("all connections closed"),

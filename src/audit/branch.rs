@@ -35,6 +35,7 @@ impl<'a> Tree<'a> {
                     tree.pinned.entry(pinned.digest).or_insert(pinned);
                 }
                 Entry::Request(request) => tree.requests.push(request),
+                Entry::CompactBoundary(_) => {}
             }
         }
         tree

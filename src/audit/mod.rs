@@ -149,6 +149,13 @@ impl Audit {
                     pinned.messages.len(),
                     pinned.digest.short(12)
                 )?,
+                Entry::CompactBoundary(boundary) => writeln!(
+                    out,
+                    "{}  boundary {} covers {}",
+                    line.at,
+                    boundary.compact_id,
+                    boundary.prefix_digest.short(12)
+                )?,
                 Entry::Request(request) => writeln!(
                     out,
                     "{}  request  model={} stream={} new={} head={}",

@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 pub use assemble::{AssembledChoice, StreamAssembler};
 
 use crate::access_log::Outcome;
+use crate::compaction::budget::Calibration;
 use crate::conversation::{CapturedReply, ConversationId, Tracker};
 use crate::digest::PrefixDigest;
 use crate::forward::is_event_stream;
@@ -47,6 +48,8 @@ pub struct ReplyTarget {
     pub parent: Option<PrefixDigest>,
     /// The request's model.
     pub model: String,
+    /// The local estimate and generation of the view sent, to calibrate against usage.
+    pub estimate: Option<(u64, Option<String>)>,
 }
 
 enum Mode {
@@ -153,9 +156,25 @@ impl Observer for ReplyCapture {
             if replies.is_empty() {
                 return;
             }
+            let calibration = target.estimate.as_ref().and_then(|(local, generation)| {
+                let server = usage.as_ref()?.get("prompt_tokens")?.as_u64()?;
+                Some(Calibration {
+                    model: target.model.clone(),
+                    generation: generation.clone(),
+                    local: *local,
+                    server,
+                })
+            });
             if let Err(err) = target
                 .tracker
-                .record_replies(&target.id, target.parent, &target.model, usage, replies)
+                .record_replies(
+                    &target.id,
+                    target.parent,
+                    &target.model,
+                    usage,
+                    calibration,
+                    replies,
+                )
                 .await
             {
                 tracing::error!(conversation = %target.id, error = %err, "cannot log the reply");

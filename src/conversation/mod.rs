@@ -8,7 +8,7 @@
 
 mod id;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use serde_json::value::RawValue;
@@ -17,6 +17,8 @@ use tokio::sync::Mutex;
 
 pub use id::{ConversationId, IdError, CONVERSATION_HEADER};
 
+use crate::compaction::budget::Calibration;
+use crate::compaction::{adopt, Adopted, CompactionRecord};
 use crate::dialect::{ChatRequest, Message};
 use crate::digest::{
     chain, message_digest, pinned_digest, prefix_digests, Digest, MessageDigest, PrefixDigest,
@@ -31,6 +33,19 @@ pub struct ConversationState {
     known: HashSet<PrefixDigest>,
     /// Every pinned set already in the log.
     pinned: HashSet<Digest>,
+    /// Adopted compactions by covered prefix.
+    compactions: HashMap<PrefixDigest, Arc<Adopted>>,
+    /// The last upstream-reported input size and its local estimate.
+    calibration: Option<Calibration>,
+}
+
+/// A conversation's cached state, and the lock that makes its compactions single-flight.
+#[derive(Debug, Default)]
+pub struct ConversationEntry {
+    /// The state; held only for short, non-blocking work.
+    pub state: Mutex<ConversationState>,
+    /// Held for a whole compaction run, so concurrent requests share one.
+    pub compaction: Mutex<()>,
 }
 
 impl ConversationState {
@@ -45,7 +60,19 @@ impl ConversationState {
                 Entry::Pinned(pinned) => {
                     state.pinned.insert(pinned.digest);
                 }
-                Entry::Request(_) => {}
+                Entry::Request(_) | Entry::CompactBoundary(_) => {}
+            }
+        }
+        let adoption = adopt(log);
+        for problem in &adoption.problems {
+            tracing::warn!(problem = %problem, "compaction not adopted; run `handoff audit verify`");
+        }
+        for (prefix, record) in adoption.adopted {
+            match Adopted::new(record) {
+                Ok(adopted) => {
+                    state.compactions.insert(prefix, Arc::new(adopted));
+                }
+                Err(err) => tracing::warn!(error = %err, "compaction record unusable"),
             }
         }
         state
@@ -59,12 +86,18 @@ pub struct Tracked {
     pub id: ConversationId,
     /// How many leading messages are pinned.
     pub pinned_len: usize,
+    /// Digest of each pinned message.
+    pub pinned_digests: Vec<MessageDigest>,
     /// Digest of each non-pinned message.
     pub message_digests: Vec<MessageDigest>,
     /// Chain digest of each non-pinned prefix.
     pub prefix: Vec<PrefixDigest>,
     /// How many messages were new to the log.
     pub new_messages: usize,
+    /// The conversation's adopted compactions, as of this request.
+    pub compactions: HashMap<PrefixDigest, Arc<Adopted>>,
+    /// The conversation's calibration, as of this request.
+    pub calibration: Option<Calibration>,
 }
 
 impl Tracked {
@@ -88,7 +121,7 @@ pub struct CapturedReply {
 /// Tracks conversations in a bounded cache over a [`Store`].
 pub struct Tracker {
     store: Arc<dyn Store>,
-    cache: moka::future::Cache<ConversationId, Arc<Mutex<ConversationState>>>,
+    cache: moka::future::Cache<ConversationId, Arc<ConversationEntry>>,
 }
 
 /// The number of leading system/developer messages.
@@ -128,10 +161,8 @@ impl Tracker {
         &self.store
     }
 
-    async fn state(
-        &self,
-        id: &ConversationId,
-    ) -> Result<Arc<Mutex<ConversationState>>, StoreError> {
+    /// The conversation's entry, loaded from disk on a cache miss.
+    pub async fn entry(&self, id: &ConversationId) -> Result<Arc<ConversationEntry>, StoreError> {
         let store = Arc::clone(&self.store);
         let key = id.clone();
         self.cache
@@ -140,7 +171,10 @@ impl Tracker {
                 if !log.problems.is_empty() {
                     tracing::warn!(conversation = %key, problems = log.problems.len(), "skipped unreadable log lines; run `handoff audit verify`");
                 }
-                Ok::<_, StoreError>(Arc::new(Mutex::new(ConversationState::from_log(&log))))
+                Ok::<_, StoreError>(Arc::new(ConversationEntry {
+                    state: Mutex::new(ConversationState::from_log(&log)),
+                    compaction: Mutex::new(()),
+                }))
             })
             .await
             .map_err(|shared: Arc<StoreError>| match Arc::try_unwrap(shared) {
@@ -166,8 +200,10 @@ impl Tracker {
         let pinned_set = (!pinned.is_empty())
             .then(|| pinned_digest(&pinned.iter().map(|m| &m.value).collect::<Vec<_>>()));
 
-        let state = self.state(&id).await?;
-        let mut state = state.lock().await;
+        let pinned_digests: Vec<MessageDigest> =
+            pinned.iter().map(|m| message_digest(&m.value)).collect();
+        let entry = self.entry(&id).await?;
+        let mut state = entry.state.lock().await;
         // Prefix-closed: if d[i] is logged, so is every d[j < i].
         let known = prefix.partition_point(|d| state.known.contains(d));
         let mut lines = Vec::with_capacity(rest.len() - known + 2);
@@ -205,9 +241,12 @@ impl Tracker {
         Ok(Tracked {
             id,
             pinned_len,
+            pinned_digests,
             message_digests,
             new_messages: prefix.len() - known,
             prefix,
+            compactions: state.compactions.clone(),
+            calibration: state.calibration.clone(),
         })
     }
 
@@ -218,10 +257,14 @@ impl Tracker {
         parent: Option<PrefixDigest>,
         model: &str,
         usage: Option<Value>,
+        calibration: Option<Calibration>,
         replies: Vec<CapturedReply>,
     ) -> Result<(), StoreError> {
-        let state = self.state(id).await?;
-        let mut state = state.lock().await;
+        let entry = self.entry(id).await?;
+        let mut state = entry.state.lock().await;
+        if let Some(calibration) = calibration {
+            state.calibration = Some(calibration);
+        }
         let mut lines = Vec::with_capacity(replies.len());
         let mut added = Vec::with_capacity(replies.len());
         for reply in replies {
@@ -251,5 +294,31 @@ impl Tracker {
         self.store.append(id, lines).await?;
         state.known.extend(added);
         Ok(())
+    }
+
+    /// The conversation's adopted compactions, fresh from its state.
+    pub async fn compactions(
+        &self,
+        id: &ConversationId,
+    ) -> Result<HashMap<PrefixDigest, Arc<Adopted>>, StoreError> {
+        let entry = self.entry(id).await?;
+        let state = entry.state.lock().await;
+        Ok(state.compactions.clone())
+    }
+
+    /// Commits `record` (record, then boundary) and adopts it.
+    pub async fn commit_compaction(
+        &self,
+        id: &ConversationId,
+        record: CompactionRecord,
+    ) -> Result<Arc<Adopted>, StoreError> {
+        let adopted = Arc::new(Adopted::new(record.clone())?);
+        let entry = self.entry(id).await?;
+        let mut state = entry.state.lock().await;
+        self.store.commit_compaction(id, record).await?;
+        state
+            .compactions
+            .insert(adopted.record.source.prefix_digest, Arc::clone(&adopted));
+        Ok(adopted)
     }
 }

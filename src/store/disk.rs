@@ -7,12 +7,16 @@ use std::path::{Path, PathBuf};
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
-use super::line::{encode, Line, FORMAT_VERSION};
+use super::line::{encode, Entry, Line, FORMAT_VERSION};
 use super::{Store, StoreError, Writer};
+use crate::compaction::CompactionRecord;
 use crate::conversation::ConversationId;
 
 /// File name of a conversation's message log.
 pub const MESSAGES_FILE: &str = "messages.jsonl";
+
+/// File name of a conversation's compaction records.
+pub const COMPACTIONS_FILE: &str = "compactions.jsonl";
 
 /// A line that could not be used, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,10 +30,14 @@ pub struct LineProblem {
 /// A conversation's log as read from disk.
 #[derive(Debug, Default, Clone)]
 pub struct ConversationLog {
-    /// The good lines, in file order.
+    /// The good lines of `messages.jsonl`, in file order.
     pub lines: Vec<Line>,
-    /// Lines that were skipped.
+    /// Lines of `messages.jsonl` that were skipped.
     pub problems: Vec<LineProblem>,
+    /// The readable records of `compactions.jsonl`, adopted or not.
+    pub compactions: Vec<CompactionRecord>,
+    /// Lines of `compactions.jsonl` that were skipped.
+    pub compaction_problems: Vec<LineProblem>,
 }
 
 /// The embedded store: one folder per conversation.
@@ -55,6 +63,10 @@ impl DiskStore {
     fn messages_path(&self, id: &ConversationId) -> PathBuf {
         self.root.join(id.as_str()).join(MESSAGES_FILE)
     }
+
+    fn compactions_path(&self, id: &ConversationId) -> PathBuf {
+        self.root.join(id.as_str()).join(COMPACTIONS_FILE)
+    }
 }
 
 impl Store for DiskStore {
@@ -79,7 +91,7 @@ impl Store for DiskStore {
         let path = self.messages_path(id);
         let id = id.to_string();
         async move {
-            let read = tokio::task::spawn_blocking(move || read_log_file(&path)).await;
+            let read = tokio::task::spawn_blocking(move || read_conversation(&path)).await;
             match read {
                 Ok(Ok(log)) => Ok(log),
                 Ok(Err(source)) => Err(StoreError::Read { id, source }),
@@ -88,6 +100,35 @@ impl Store for DiskStore {
                     source: std::io::Error::other(join.to_string()),
                 }),
             }
+        }
+        .boxed()
+    }
+
+    fn commit_compaction(
+        &self,
+        id: &ConversationId,
+        record: CompactionRecord,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        let records = self.compactions_path(id);
+        let messages = self.messages_path(id);
+        let id = id.to_string();
+        async move {
+            let mut record_bytes = serde_json::to_vec(&record)?;
+            record_bytes.push(b'\n');
+            let boundary = encode(&[Line::now(Entry::CompactBoundary(record.boundary()))])?;
+            // Record first, boundary second: a crash between them leaves an orphan record,
+            // which recovery ignores, never a boundary that points at nothing.
+            self.writer
+                .append(records, record_bytes)
+                .await
+                .map_err(|source| StoreError::Write {
+                    id: id.clone(),
+                    source,
+                })?;
+            self.writer
+                .append(messages, boundary)
+                .await
+                .map_err(|source| StoreError::Write { id, source })
         }
         .boxed()
     }
@@ -140,16 +181,52 @@ pub fn list_ids(
     Ok(ids)
 }
 
+/// Reads a conversation from its `messages.jsonl` path and the records beside it.
+pub fn read_conversation(messages: &Path) -> std::io::Result<ConversationLog> {
+    let mut log = read_log_file(messages)?;
+    if let Some(dir) = messages.parent() {
+        let (records, problems) = read_jsonl(&dir.join(COMPACTIONS_FILE), |bytes| {
+            serde_json::from_slice::<CompactionRecord>(bytes).map_err(|err| err.to_string())
+        })?;
+        log.compactions = records;
+        log.compaction_problems = problems;
+    }
+    Ok(log)
+}
+
 /// Reads a message log; a missing file is an empty log, bad lines are reported.
 pub fn read_log_file(path: &Path) -> std::io::Result<ConversationLog> {
+    let (lines, problems) = read_jsonl(path, |bytes| {
+        let line = Line::parse(bytes).map_err(|err| err.to_string())?;
+        if line.v > FORMAT_VERSION {
+            return Err(format!(
+                "format version {} is newer than this build's {FORMAT_VERSION}",
+                line.v
+            ));
+        }
+        Ok(line)
+    })?;
+    Ok(ConversationLog {
+        lines,
+        problems,
+        ..ConversationLog::default()
+    })
+}
+
+/// Reads a JSONL file with `parse`; a missing file is empty, bad and torn lines are reported.
+fn read_jsonl<T>(
+    path: &Path,
+    parse: impl Fn(&[u8]) -> Result<T, String>,
+) -> std::io::Result<(Vec<T>, Vec<LineProblem>)> {
     let file = match std::fs::File::open(path) {
         Ok(file) => file,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(ConversationLog::default())
+            return Ok((Vec::new(), Vec::new()))
         }
         Err(err) => return Err(err),
     };
-    let mut log = ConversationLog::default();
+    let mut items = Vec::new();
+    let mut problems = Vec::new();
     let mut reader = std::io::BufReader::new(file);
     let mut buffer = Vec::new();
     let mut number = 0;
@@ -164,16 +241,9 @@ pub fn read_log_file(path: &Path) -> std::io::Result<ConversationLog> {
         if text.is_empty() {
             continue;
         }
-        match Line::parse(text) {
-            Ok(line) if line.v > FORMAT_VERSION => log.problems.push(LineProblem {
-                line: number,
-                reason: format!(
-                    "format version {} is newer than this build's {FORMAT_VERSION}",
-                    line.v
-                ),
-            }),
-            Ok(line) => log.lines.push(line),
-            Err(err) => log.problems.push(LineProblem {
+        match parse(text) {
+            Ok(item) => items.push(item),
+            Err(err) => problems.push(LineProblem {
                 line: number,
                 reason: if torn {
                     format!("torn last line ({} bytes, no newline): {err}", text.len())
@@ -183,5 +253,5 @@ pub fn read_log_file(path: &Path) -> std::io::Result<ConversationLog> {
             }),
         }
     }
-    Ok(log)
+    Ok((items, problems))
 }

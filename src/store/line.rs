@@ -53,6 +53,7 @@ impl Line {
             "message" => Entry::Message(serde_json::from_slice(bytes)?),
             "pinned" => Entry::Pinned(serde_json::from_slice(bytes)?),
             "request" => Entry::Request(serde_json::from_slice(bytes)?),
+            "compact_boundary" => Entry::CompactBoundary(serde_json::from_slice(bytes)?),
             _ => return Err(LineError::UnknownKind(header.kind)),
         };
         Ok(Self {
@@ -82,6 +83,17 @@ pub enum Entry {
     Pinned(PinnedLine),
     /// One request: which prefix it carried and with which pinned set.
     Request(RequestLine),
+    /// A committed compaction: written after its record, it makes the record count.
+    CompactBoundary(BoundaryLine),
+}
+
+/// The boundary of a compaction, in the message log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BoundaryLine {
+    /// The record's id in `compactions.jsonl`.
+    pub compact_id: String,
+    /// The prefix the compaction covers.
+    pub prefix_digest: PrefixDigest,
 }
 
 /// An original message in the chain.

@@ -8,9 +8,13 @@ mod writer;
 
 use futures_util::future::BoxFuture;
 
-pub use disk::{list_ids, read_log_file, ConversationLog, DiskStore, LineProblem, MESSAGES_FILE};
+pub use disk::{
+    list_ids, read_conversation, read_log_file, ConversationLog, DiskStore, LineProblem,
+    COMPACTIONS_FILE, MESSAGES_FILE,
+};
 pub use writer::Writer;
 
+use crate::compaction::CompactionRecord;
 use crate::conversation::ConversationId;
 use line::Line;
 
@@ -47,8 +51,17 @@ pub trait Store: Send + Sync {
         lines: Vec<Line>,
     ) -> BoxFuture<'_, Result<(), StoreError>>;
 
-    /// Reads a conversation's whole log; an unknown conversation reads as empty.
+    /// Reads a conversation's whole log and its compaction records (find by digest
+    /// works on the result: [`crate::compaction::adopt`] keys records by prefix digest);
+    /// an unknown conversation reads as empty.
     fn read(&self, id: &ConversationId) -> BoxFuture<'_, Result<ConversationLog, StoreError>>;
+
+    /// Commits a compaction: its record, then its boundary. Only the pair counts.
+    fn commit_compaction(
+        &self,
+        id: &ConversationId,
+        record: CompactionRecord,
+    ) -> BoxFuture<'_, Result<(), StoreError>>;
 
     /// Conversation ids in name order, after `after`, at most `limit`.
     fn list(

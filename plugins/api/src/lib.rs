@@ -95,7 +95,10 @@ pub trait Strategy: Send + Sync {
     }
 
     /// Writes the handoff for `input`.
-    fn summarize<'a>(&'a self, input: &'a StrategyInput) -> BoxFuture<'a, Result<Summary, AttemptError>>;
+    fn summarize<'a>(
+        &'a self,
+        input: &'a StrategyInput,
+    ) -> BoxFuture<'a, Result<Summary, AttemptError>>;
 }
 
 /// The upstream's answer to a model call.

@@ -29,7 +29,12 @@ mod tests {
 
     #[test]
     fn long_bodies_keep_head_and_tail_and_say_how_much_is_gone() {
-        let body = format!("{}{}{}", "a".repeat(2000), "b".repeat(6000), "c".repeat(2000));
+        let body = format!(
+            "{}{}{}",
+            "a".repeat(2000),
+            "b".repeat(6000),
+            "c".repeat(2000)
+        );
         let short = shorten_tool_body(&body);
         assert!(short.starts_with(&"a".repeat(2000)));
         assert!(short.ends_with(&"c".repeat(2000)));

@@ -32,7 +32,10 @@ impl Strategy for Extract {
         true
     }
 
-    fn summarize<'a>(&'a self, input: &'a StrategyInput) -> BoxFuture<'a, Result<Summary, AttemptError>> {
+    fn summarize<'a>(
+        &'a self,
+        input: &'a StrategyInput,
+    ) -> BoxFuture<'a, Result<Summary, AttemptError>> {
         async move {
             Ok(Summary {
                 text: extract_handoff(input),
@@ -69,7 +72,11 @@ fn cap(text: &str, chars: usize) -> String {
 /// Builds the deterministic handoff text.
 pub fn extract_handoff(input: &StrategyInput) -> String {
     let budget = input.budgets.handoff_tokens.max(256);
-    let messages: Vec<&Value> = input.history.iter().flat_map(|u| u.messages.iter()).collect();
+    let messages: Vec<&Value> = input
+        .history
+        .iter()
+        .flat_map(|u| u.messages.iter())
+        .collect();
     let mut out = String::from(
         "# Handoff (deterministic extract)\n\nThis handoff was built from the conversation itself, without a model.\n",
     );
@@ -90,7 +97,9 @@ pub fn extract_handoff(input: &StrategyInput) -> String {
     // What is left after the other parts goes to the user's own words.
     let used = input.tokens.count_text(&out)
         + input.tokens.count_text(&tools)
-        + last_assistant.as_deref().map_or(0, |t| input.tokens.count_text(t));
+        + last_assistant
+            .as_deref()
+            .map_or(0, |t| input.tokens.count_text(t));
     let user_budget = budget.saturating_sub(used).max(budget / 4);
     out.push_str(&user_messages(input, &messages, user_budget));
 
@@ -109,7 +118,11 @@ pub fn extract_handoff(input: &StrategyInput) -> String {
 
 /// Every user message verbatim, newest kept first when the budget is short.
 fn user_messages(input: &StrategyInput, messages: &[&Value], budget: u64) -> String {
-    let users: Vec<String> = messages.iter().filter(|m| m["role"] == "user").map(|m| text_of(m)).collect();
+    let users: Vec<String> = messages
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| text_of(m))
+        .collect();
     let mut kept: Vec<String> = Vec::new();
     let mut spent = 0;
     for text in users.iter().rev() {
@@ -142,10 +155,21 @@ fn user_messages(input: &StrategyInput, messages: &[&Value], budget: u64) -> Str
 fn tool_calls(messages: &[&Value]) -> String {
     let mut out = String::new();
     for (index, message) in messages.iter().enumerate() {
-        for call in message.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+        for call in message
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             let id = call.get("id").and_then(Value::as_str).unwrap_or("");
-            let name = call.pointer("/function/name").and_then(Value::as_str).unwrap_or("?");
-            let arguments = call.pointer("/function/arguments").and_then(Value::as_str).unwrap_or("");
+            let name = call
+                .pointer("/function/name")
+                .and_then(Value::as_str)
+                .unwrap_or("?");
+            let arguments = call
+                .pointer("/function/arguments")
+                .and_then(Value::as_str)
+                .unwrap_or("");
             let result = messages[index + 1..]
                 .iter()
                 .find(|m| m["role"] == "tool" && m["tool_call_id"] == id)
@@ -155,7 +179,10 @@ fn tool_calls(messages: &[&Value]) -> String {
                 Some(text) if looks_like_error(&text) => "error",
                 Some(_) => "ok",
             };
-            out.push_str(&format!("- {name}({}) -> {outcome}\n", cap(arguments, ARGUMENTS_SHOWN)));
+            out.push_str(&format!(
+                "- {name}({}) -> {outcome}\n",
+                cap(arguments, ARGUMENTS_SHOWN)
+            ));
         }
     }
     out
@@ -165,5 +192,6 @@ fn looks_like_error(text: &str) -> bool {
     let lower = text.trim_start().to_ascii_lowercase();
     lower.starts_with("error")
         || lower.starts_with("{\"error\"")
-        || serde_json::from_str::<Value>(text).is_ok_and(|v| v.get("error").is_some_and(|e| !e.is_null()))
+        || serde_json::from_str::<Value>(text)
+            .is_ok_and(|v| v.get("error").is_some_and(|e| !e.is_null()))
 }

@@ -52,12 +52,20 @@ impl Summarize {
         let allowance = Self::input_allowance(window);
         let mut measured = 0;
         for shorten in [false, true] {
-            let user = render_request_text(input, RenderOptions { shorten_tool_bodies: shorten });
+            let user = render_request_text(
+                input,
+                RenderOptions {
+                    shorten_tool_bodies: shorten,
+                },
+            );
             let messages = vec![
                 json!({"role": "system", "content": self.prompt}),
                 json!({"role": "user", "content": user}),
             ];
-            measured = messages.iter().map(|m| input.tokens.count_message(m)).sum::<u64>();
+            measured = messages
+                .iter()
+                .map(|m| input.tokens.count_message(m))
+                .sum::<u64>();
             if measured <= allowance {
                 return Ok(self.request_body(input, messages, Self::output_budget(window)));
             }
@@ -97,19 +105,39 @@ pub fn validate_reply(status: u16, body: &Value) -> Result<Summary, AttemptError
             .pointer("/error/message")
             .and_then(Value::as_str)
             .unwrap_or("no error message");
-        return Err(AttemptError::new(FailureReason::HttpError, format!("upstream answered {status}: {detail}")).with_usage(usage));
+        return Err(AttemptError::new(
+            FailureReason::HttpError,
+            format!("upstream answered {status}: {detail}"),
+        )
+        .with_usage(usage));
     }
     let choice = body.pointer("/choices/0").cloned().unwrap_or(Value::Null);
-    let text = choice.pointer("/message/content").and_then(Value::as_str).unwrap_or("").trim();
-    let reasoning = ["reasoning_content", "reasoning"]
-        .iter()
-        .any(|key| choice["message"][*key].as_str().is_some_and(|r| !r.trim().is_empty()));
-    let finish = choice.get("finish_reason").and_then(Value::as_str).unwrap_or("none");
+    let text = choice
+        .pointer("/message/content")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .trim();
+    let reasoning = ["reasoning_content", "reasoning"].iter().any(|key| {
+        choice["message"][*key]
+            .as_str()
+            .is_some_and(|r| !r.trim().is_empty())
+    });
+    let finish = choice
+        .get("finish_reason")
+        .and_then(Value::as_str)
+        .unwrap_or("none");
     if text.is_empty() && reasoning {
-        return Err(AttemptError::new(FailureReason::ReasoningOnly, "the summary has reasoning but no text").with_usage(usage));
+        return Err(AttemptError::new(
+            FailureReason::ReasoningOnly,
+            "the summary has reasoning but no text",
+        )
+        .with_usage(usage));
     }
     if text.is_empty() {
-        return Err(AttemptError::new(FailureReason::EmptySummary, "the summary is empty").with_usage(usage));
+        return Err(
+            AttemptError::new(FailureReason::EmptySummary, "the summary is empty")
+                .with_usage(usage),
+        );
     }
     if finish != "stop" {
         return Err(AttemptError::new(
@@ -129,7 +157,10 @@ impl Strategy for Summarize {
         "summarize"
     }
 
-    fn summarize<'a>(&'a self, input: &'a StrategyInput) -> BoxFuture<'a, Result<Summary, AttemptError>> {
+    fn summarize<'a>(
+        &'a self,
+        input: &'a StrategyInput,
+    ) -> BoxFuture<'a, Result<Summary, AttemptError>> {
         async move {
             let body = self.build_request(input)?;
             let reply = input
@@ -159,17 +190,43 @@ mod tests {
         let usage = json!({"prompt_tokens": 5, "completion_tokens": 1});
         let reply = |message: Value, finish: &str| json!({"choices": [{"message": message, "finish_reason": finish}], "usage": usage});
         let cases = [
-            (200, reply(json!({"content": "  "}), "stop"), FailureReason::EmptySummary),
-            (200, reply(json!({"content": "", "reasoning_content": "hmm"}), "stop"), FailureReason::ReasoningOnly),
-            (200, reply(json!({"content": "half a sum"}), "length"), FailureReason::FinishReason),
-            (500, json!({"error": {"message": "boom"}, "usage": usage}), FailureReason::HttpError),
+            (
+                200,
+                reply(json!({"content": "  "}), "stop"),
+                FailureReason::EmptySummary,
+            ),
+            (
+                200,
+                reply(json!({"content": "", "reasoning_content": "hmm"}), "stop"),
+                FailureReason::ReasoningOnly,
+            ),
+            (
+                200,
+                reply(json!({"content": "half a sum"}), "length"),
+                FailureReason::FinishReason,
+            ),
+            (
+                500,
+                json!({"error": {"message": "boom"}, "usage": usage}),
+                FailureReason::HttpError,
+            ),
         ];
         for (status, body, reason) in cases {
             let err = validate_reply(status, &body).unwrap_err();
             assert_eq!(err.reason, reason);
             assert_eq!(err.usage, Some(usage.clone()), "{reason:?} lost its usage");
         }
-        let ok = validate_reply(200, &reply(json!({"content": "Goal: x", "reasoning_content": "secret"}), "stop")).unwrap();
-        assert_eq!(ok.text, "Goal: x", "the summary model's reasoning is never kept");
+        let ok = validate_reply(
+            200,
+            &reply(
+                json!({"content": "Goal: x", "reasoning_content": "secret"}),
+                "stop",
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            ok.text, "Goal: x",
+            "the summary model's reasoning is never kept"
+        );
     }
 }

@@ -49,7 +49,12 @@ pub fn content_text(content: &Value) -> String {
             .iter()
             .map(|part| match part.get("text").and_then(Value::as_str) {
                 Some(text) => text.to_owned(),
-                None => format!("[{} part]", part.get("type").and_then(Value::as_str).unwrap_or("non-text")),
+                None => format!(
+                    "[{} part]",
+                    part.get("type")
+                        .and_then(Value::as_str)
+                        .unwrap_or("non-text")
+                ),
             })
             .collect::<Vec<_>>()
             .join("\n"),
@@ -58,21 +63,42 @@ pub fn content_text(content: &Value) -> String {
 }
 
 fn render_message(message: &Value, options: RenderOptions, out: &mut String) {
-    let role = message.get("role").and_then(Value::as_str).unwrap_or("unknown");
+    let role = message
+        .get("role")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown");
     let text = content_text(message.get("content").unwrap_or(&Value::Null));
     match role {
         "tool" | "function" => {
-            let body = if options.shorten_tool_bodies { shorten_tool_body(&text) } else { text };
-            let id = message.get("tool_call_id").and_then(Value::as_str).unwrap_or("");
+            let body = if options.shorten_tool_bodies {
+                shorten_tool_body(&text)
+            } else {
+                text
+            };
+            let id = message
+                .get("tool_call_id")
+                .and_then(Value::as_str)
+                .unwrap_or("");
             out.push_str(&format!("[tool result {id}]\n{body}\n\n"));
         }
         _ => {
             if !text.is_empty() {
                 out.push_str(&format!("[{role}]\n{text}\n\n"));
             }
-            for call in message.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
-                let name = call.pointer("/function/name").and_then(Value::as_str).unwrap_or("?");
-                let arguments = call.pointer("/function/arguments").and_then(Value::as_str).unwrap_or("");
+            for call in message
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let name = call
+                    .pointer("/function/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?");
+                let arguments = call
+                    .pointer("/function/arguments")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
                 let id = call.get("id").and_then(Value::as_str).unwrap_or("");
                 out.push_str(&format!("[{role} calls {name} {id}]\n{arguments}\n\n"));
             }

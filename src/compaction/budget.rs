@@ -1,0 +1,174 @@
+//! The token budget: how much input a request may use, when to compact, and the
+//! estimate calibrated by what the upstream reports.
+
+use handoff_plugin_api::ModelInfo;
+
+use crate::config::{Config, ModelConfig, Tokenizer};
+use crate::dialect::ChatRequest;
+use crate::digest::bytes_digest;
+use crate::tokens::Tokens;
+
+/// The budget of one request: known only when compaction is on and the model's window
+/// is configured.
+#[derive(Debug, Clone)]
+pub struct RequestBudget {
+    /// The model's entry.
+    pub model: ModelConfig,
+    /// Models and windows, for strategies.
+    pub info: ModelInfo,
+    /// Window − reserved output.
+    pub input_budget: u64,
+    /// `trigger × input_budget`.
+    pub threshold: u64,
+    /// Tokens of the request's `tools`.
+    pub tools_tokens: u64,
+}
+
+impl RequestBudget {
+    /// The budget for `request`, or `None` when it is never to be compacted.
+    pub fn new(config: &Config, request: &ChatRequest, tokens: &Tokens) -> Option<Self> {
+        if !config.compaction.enabled {
+            return None;
+        }
+        let model = config.model(&request.model)?.clone();
+        let reserved = reserved_output(request.max_output, &model);
+        let input_budget = input_budget(&model, reserved);
+        let summary_model = config
+            .compaction
+            .summary_model
+            .clone()
+            .unwrap_or_else(|| request.model.clone());
+        let summary_window = config
+            .model(&summary_model)
+            .map_or(model.context_window, |m| m.context_window);
+        let tools_tokens = request.tools.as_ref().map_or(0, |tools| {
+            tokens.count_raw(
+                model.tokenizer,
+                &bytes_digest(tools.get().as_bytes()),
+                tools.get(),
+            )
+        });
+        Some(Self {
+            info: ModelInfo {
+                model: request.model.clone(),
+                context_window: model.context_window,
+                summary_model,
+                summary_context_window: summary_window,
+            },
+            input_budget,
+            threshold: threshold(config.compaction.trigger, input_budget),
+            tools_tokens,
+            model,
+        })
+    }
+
+    /// The request model's tokenizer.
+    pub fn tokenizer(&self) -> Tokenizer {
+        self.model.tokenizer
+    }
+}
+
+/// Output reserved for the reply: the request's `max_tokens`, else the model's
+/// `default_output_reserve`, else `min(8192, window/10)`.
+pub fn reserved_output(request_max: Option<u64>, model: &ModelConfig) -> u64 {
+    request_max
+        .or(model.default_output_reserve)
+        .unwrap_or_else(|| 8192.min(model.context_window / 10))
+}
+
+/// Tokens the input may use: window − reserved output.
+pub fn input_budget(model: &ModelConfig, reserved: u64) -> u64 {
+    model.context_window.saturating_sub(reserved)
+}
+
+/// The estimate above which a view is compacted: `trigger × input_budget`.
+pub fn threshold(trigger: f64, input_budget: u64) -> u64 {
+    (trigger * input_budget as f64) as u64
+}
+
+/// The last upstream-reported input size, and the local estimate of the same view.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Calibration {
+    /// Model of the request.
+    pub model: String,
+    /// The compaction the view was built on (`None`: no compaction).
+    pub generation: Option<String>,
+    /// Local estimate of that view.
+    pub local: u64,
+    /// `usage.prompt_tokens` the upstream reported for it.
+    pub server: u64,
+}
+
+/// The calibrated estimate of a view whose local count is `local`:
+/// `server + (local − local_then) × clamp(server / local_then, 0.2, 2.0)`, used only
+/// while the model and the compaction generation are the same.
+pub fn calibrated(
+    local: u64,
+    calibration: Option<&Calibration>,
+    model: &str,
+    generation: Option<&str>,
+) -> u64 {
+    let Some(cal) = calibration
+        .filter(|c| c.model == model && c.generation.as_deref() == generation && c.local > 0)
+    else {
+        return local;
+    };
+    let ratio = (cal.server as f64 / cal.local as f64).clamp(0.2, 2.0);
+    let delta = local as f64 - cal.local as f64;
+    (cal.server as f64 + delta * ratio).max(0.0).round() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Tokenizer;
+
+    fn model(window: u64, reserve: Option<u64>) -> ModelConfig {
+        ModelConfig {
+            context_window: window,
+            tokenizer: Tokenizer::O200k,
+            default_output_reserve: reserve,
+            reasoning_marker: false,
+        }
+    }
+
+    #[test]
+    fn reserved_output_prefers_the_request_then_the_model_then_a_tenth() {
+        assert_eq!(reserved_output(Some(500), &model(128_000, Some(4000))), 500);
+        assert_eq!(reserved_output(None, &model(128_000, Some(4000))), 4000);
+        assert_eq!(reserved_output(None, &model(128_000, None)), 8192);
+        assert_eq!(reserved_output(None, &model(16_000, None)), 1600);
+        assert_eq!(input_budget(&model(16_000, None), 1600), 14_400);
+        assert_eq!(threshold(0.9, 14_400), 12_960);
+    }
+
+    #[test]
+    fn calibration_scales_the_delta_and_clamps_the_ratio() {
+        let cal = Calibration {
+            model: "m".into(),
+            generation: None,
+            local: 1000,
+            server: 1500,
+        };
+        assert_eq!(calibrated(1200, Some(&cal), "m", None), 1500 + 300);
+        assert_eq!(
+            calibrated(1200, Some(&cal), "other", None),
+            1200,
+            "another model"
+        );
+        assert_eq!(
+            calibrated(1200, Some(&cal), "m", Some("cmp-1")),
+            1200,
+            "another generation"
+        );
+        let wild = Calibration {
+            server: 10_000,
+            ..cal
+        };
+        assert_eq!(
+            calibrated(1100, Some(&wild), "m", None),
+            10_000 + 200,
+            "ratio clamped to 2.0"
+        );
+    }
+}

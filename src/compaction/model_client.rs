@@ -1,0 +1,90 @@
+//! The [`ModelClient`] the host gives strategies: summary requests go to the same
+//! upstream, on the same path, with the client's own credentials.
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use handoff_plugin_api::{ModelCallError, ModelClient, ModelReply};
+use http::header::{self, HeaderMap, HeaderValue};
+use http::uri::PathAndQuery;
+use http::{Method, Request};
+use http_body_util::{BodyExt, Limited};
+use serde_json::Value;
+
+use crate::body::full;
+use crate::headers::strip_hop_by_hop;
+use crate::upstream::Upstream;
+
+/// Largest summary reply read.
+const MAX_REPLY: usize = 16 * 1024 * 1024;
+
+/// Calls the upstream as the client would.
+pub struct UpstreamModelClient {
+    upstream: Upstream,
+    path: PathAndQuery,
+    headers: HeaderMap,
+}
+
+impl UpstreamModelClient {
+    /// A client posting to `path` with the client's `headers` (credentials included).
+    pub fn new(upstream: Upstream, path: PathAndQuery, mut headers: HeaderMap) -> Self {
+        strip_hop_by_hop(&mut headers);
+        for name in [
+            header::HOST,
+            header::CONTENT_LENGTH,
+            header::ACCEPT_ENCODING,
+        ] {
+            headers.remove(name);
+        }
+        let ours: Vec<_> = headers
+            .keys()
+            .filter(|n| n.as_str().starts_with("x-handoff-"))
+            .cloned()
+            .collect();
+        for name in ours {
+            headers.remove(name);
+        }
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+        Self {
+            upstream,
+            path,
+            headers,
+        }
+    }
+}
+
+impl ModelClient for UpstreamModelClient {
+    fn complete(&self, body: Value) -> BoxFuture<'_, Result<ModelReply, ModelCallError>> {
+        async move {
+            let target = self
+                .upstream
+                .target(Some(&self.path))
+                .map_err(|err| ModelCallError(err.to_string()))?;
+            let mut request = Request::new(full(Bytes::from(body.to_string())));
+            *request.method_mut() = Method::POST;
+            *request.uri_mut() = target;
+            *request.headers_mut() = self.headers.clone();
+            let response = self
+                .upstream
+                .send(request)
+                .await
+                .map_err(|err| ModelCallError(err.to_string()))?;
+            let status = response.status().as_u16();
+            let bytes = Limited::new(response.into_body(), MAX_REPLY)
+                .collect()
+                .await
+                .map_err(|err| ModelCallError(format!("reading the summary reply: {err}")))?
+                .to_bytes();
+            let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            Ok(ModelReply { status, body })
+        }
+        .boxed()
+    }
+}

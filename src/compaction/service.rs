@@ -1,0 +1,403 @@
+//! One compaction run: choose the cut, run the chain, commit the pair, re-project.
+//!
+//! Runs are single flight per conversation (the entry's compaction lock): a request
+//! that waited re-projects first and finds the committed handoff. The loop guard works
+//! on progress, not on a count: a run that leaves the view over the trigger is retried
+//! once with only the last unit kept, and after that the answer is a 400 with numbers.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use handoff_plugin_api::{Budgets, CancellationToken, ModelClient, ModelInfo, StrategyInput, Unit};
+use serde_json::json;
+
+use super::chain::{run_chain, sum_usage, NamedStrategy};
+use super::handoff::{continuation_message, handoff_message, needs_reasoning_marker};
+use super::record::{CompactionRecord, Reason, RecordSource, POLICY_VERSION};
+use super::split::split_at_unit_boundary;
+use super::unit::split_into_units;
+use super::Adopted;
+use crate::config::{CompactionConfig, Tokenizer};
+use crate::conversation::{ConversationId, Tracked, Tracker};
+use crate::dialect::ChatRequest;
+use crate::metrics::Metrics;
+use crate::projection::{project_view, ModelView, ProjectionError};
+use crate::store::line::FORMAT_VERSION;
+use crate::store::StoreError;
+use crate::tokens::{Tokens, MESSAGE_OVERHEAD, REPLY_PRIMING};
+
+/// Shares of `keep_recent` tried, largest first, before keeping only the last unit.
+const KEEP_STEPS: [f64; 4] = [1.0, 0.5, 0.25, 0.0];
+
+/// Why a compaction could not produce a view that fits.
+#[derive(Debug, thiserror::Error)]
+pub enum CompactError {
+    /// Even pinned + tools + the last unit exceed the budget.
+    #[error("the request cannot fit the model's window: {detail}")]
+    TooLarge {
+        /// The numbers.
+        detail: String,
+    },
+    /// The store could not commit.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Shutdown cancelled the run; nothing was committed.
+    #[error("compaction cancelled before commit")]
+    Cancelled,
+    /// The compacted view failed validation and was not sent.
+    #[error(transparent)]
+    View(#[from] ProjectionError),
+    /// No strategy produced a handoff (a chain without a deterministic end).
+    #[error("no strategy produced a handoff: {0}")]
+    NoHandoff(String),
+}
+
+/// Everything one compaction needs to know about its request.
+pub struct Job<'a> {
+    /// The tracker holding the conversation.
+    pub tracker: &'a Tracker,
+    /// The conversation.
+    pub id: &'a ConversationId,
+    /// The parsed request.
+    pub request: &'a ChatRequest,
+    /// Its digests.
+    pub tracked: &'a Tracked,
+    /// Compaction settings.
+    pub config: &'a CompactionConfig,
+    /// The request model's tokenizer.
+    pub tokenizer: Tokenizer,
+    /// Whether the model wants the reasoning marker.
+    pub reasoning_marker: bool,
+    /// Models and windows.
+    pub model: ModelInfo,
+    /// Window minus reserved output.
+    pub input_budget: u64,
+    /// The estimate the view must get under.
+    pub threshold: u64,
+    /// Tokens of the `tools` schemas.
+    pub tools_tokens: u64,
+    /// Why this run.
+    pub reason: Reason,
+    /// The generation the caller saw; another one means someone compacted meanwhile.
+    pub seen_generation: Option<String>,
+    /// The client for model calls.
+    pub client: Arc<dyn ModelClient>,
+}
+
+/// Runs compactions with a strategy chain.
+pub struct Compactor {
+    /// The chain, first to last.
+    pub chain: Vec<NamedStrategy>,
+    /// Token counting.
+    pub tokens: Arc<Tokens>,
+    /// Fired at shutdown.
+    pub cancel: CancellationToken,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+}
+
+struct Plan {
+    cut: usize,
+    predicted: u64,
+}
+
+impl Compactor {
+    fn count(&self, job: &Job<'_>, view: &ModelView<'_>) -> u64 {
+        view.estimate(&self.tokens, job.tokenizer, job.tools_tokens)
+    }
+
+    /// Compacts until the view fits under `job.threshold`, or says why it cannot.
+    pub async fn compact<'a>(&self, job: &Job<'a>) -> Result<ModelView<'a>, CompactError> {
+        let entry = job.tracker.entry(job.id).await?;
+        let _single_flight = entry.compaction.lock().await;
+        let mut adopted = job.tracker.compactions(job.id).await?;
+        let mut view = project_view(job.request, job.tracked, &adopted);
+        let mut estimate = self.count(job, &view);
+        let someone_else = view.generation().map(str::to_owned) != job.seen_generation;
+        if estimate <= job.threshold
+            && (job.reason != Reason::ContextLengthExceeded || someone_else)
+        {
+            return Ok(view);
+        }
+        let mut keep_only_last = false;
+        loop {
+            let covered_before = view.live_start;
+            let record = self.run_once(job, &view, estimate, keep_only_last).await?;
+            let committed = job.tracker.commit_compaction(job.id, record).await?;
+            self.record_metrics(&committed);
+            adopted.insert(committed.record.source.prefix_digest, committed);
+            view = project_view(job.request, job.tracked, &adopted);
+            view.validate()?;
+            estimate = self.count(job, &view);
+            if estimate <= job.threshold {
+                return Ok(view);
+            }
+            let last_unit = split_into_units(view.live).len() <= 1;
+            if keep_only_last || last_unit || view.live_start <= covered_before {
+                return Err(CompactError::TooLarge {
+                    detail: format!(
+                        "after compaction the view is still {estimate} tokens; the limit is {} ({} window, input budget {}, trigger {})",
+                        job.threshold, job.model.context_window, job.input_budget, job.config.trigger
+                    ),
+                });
+            }
+            keep_only_last = true;
+        }
+    }
+
+    fn plan(
+        &self,
+        job: &Job<'_>,
+        view: &ModelView<'_>,
+        keep_only_last: bool,
+    ) -> Result<Plan, CompactError> {
+        let units = split_into_units(view.live);
+        let unit_tokens: Vec<u64> = units
+            .iter()
+            .map(|u| {
+                (u.start..u.end)
+                    .map(|i| {
+                        self.tokens.count_message(
+                            job.tokenizer,
+                            &view.live_digests[i],
+                            &view.live[i].value,
+                        )
+                    })
+                    .sum()
+            })
+            .collect();
+        let pinned: u64 = view
+            .pinned
+            .iter()
+            .map(|m| self.tokens.count_message(job.tokenizer, &m.digest, m.value))
+            .sum();
+        let fixed = pinned + job.tools_tokens + REPLY_PRIMING;
+        let last = unit_tokens.last().copied().unwrap_or(0);
+        if fixed + last > job.threshold {
+            return Err(CompactError::TooLarge {
+                detail: format!(
+                    "pinned messages ({pinned}) + tools ({}) + the last unit ({last}) = {} tokens, over the limit of {} ({} window − reserved output = input budget {}, × trigger {})",
+                    job.tools_tokens,
+                    fixed + last,
+                    job.threshold,
+                    job.model.context_window,
+                    job.input_budget,
+                    job.config.trigger
+                ),
+            });
+        }
+        let pair = handoff_budget(&job.model) + 2 * MESSAGE_OVERHEAD + 64;
+        let steps: &[f64] = if keep_only_last { &[0.0] } else { &KEEP_STEPS };
+        let mut chosen = None;
+        for step in steps {
+            let keep = (job.config.keep_recent * step * job.input_budget as f64) as u64;
+            let Some(cut) = split_at_unit_boundary(view.live, &units, &unit_tokens, keep) else {
+                break;
+            };
+            let recent: u64 = units
+                .iter()
+                .zip(&unit_tokens)
+                .filter(|(u, _)| u.start >= cut)
+                .map(|(_, t)| t)
+                .sum();
+            chosen = Some(Plan {
+                cut,
+                predicted: fixed + pair + recent,
+            });
+            if fixed + pair + recent <= job.threshold {
+                break;
+            }
+        }
+        chosen.ok_or_else(|| CompactError::TooLarge {
+            detail: format!(
+                "nothing left to compact: the view is one unit and {} tokens over the limit of {}",
+                fixed + last,
+                job.threshold
+            ),
+        })
+    }
+
+    async fn run_once(
+        &self,
+        job: &Job<'_>,
+        view: &ModelView<'_>,
+        before: u64,
+        keep_only_last: bool,
+    ) -> Result<CompactionRecord, CompactError> {
+        let started = Instant::now();
+        let plan = self.plan(job, view, keep_only_last)?;
+        let history: Vec<Unit> = split_into_units(&view.live[..plan.cut])
+            .iter()
+            .map(|u| Unit {
+                messages: view.live[u.start..u.end]
+                    .iter()
+                    .map(|m| m.value.clone())
+                    .collect(),
+            })
+            .collect();
+        let cancel = self.cancel.child_token();
+        let input = StrategyInput {
+            conversation_id: job.id.to_string(),
+            history,
+            retained_recent_messages: view.live[plan.cut..]
+                .iter()
+                .map(|m| m.value.clone())
+                .collect(),
+            previous_handoff: view
+                .compaction
+                .as_ref()
+                .map(|a| a.record.handoff_text().to_owned()),
+            model: job.model.clone(),
+            budgets: Budgets {
+                input_budget: job.input_budget,
+                handoff_tokens: handoff_budget(&job.model),
+            },
+            cancel: cancel.clone(),
+            client: Arc::clone(&job.client),
+            tokens: self.tokens.counter(job.tokenizer),
+        };
+        let outcome = run_chain(&self.chain, &input, job.config.summary_timeout).await;
+        for attempt in outcome.attempts.iter().filter(|a| a.outcome != "ok") {
+            self.metrics.add(
+                "handoff_compaction_attempts_failed_total",
+                &[
+                    ("strategy", &attempt.strategy),
+                    ("reason", attempt.reason.as_deref().unwrap_or("failed")),
+                ],
+                1.0,
+            );
+        }
+        // Checked again after the model returned: a cancelled run commits nothing.
+        if cancel.is_cancelled() {
+            self.metrics.add(
+                "handoff_compactions_total",
+                &[("strategy", "none"), ("outcome", "cancelled")],
+                1.0,
+            );
+            return Err(CompactError::Cancelled);
+        }
+        let Some((strategy, summary)) = outcome.summary else {
+            self.metrics.add(
+                "handoff_compactions_total",
+                &[("strategy", "none"), ("outcome", "failed")],
+                1.0,
+            );
+            let reasons: Vec<String> = outcome
+                .attempts
+                .iter()
+                .filter_map(|a| a.error.clone())
+                .collect();
+            return Err(CompactError::NoHandoff(reasons.join("; ")));
+        };
+        let marker = needs_reasoning_marker(job.reasoning_marker, &job.request.messages);
+        let start = view.live_start;
+        let end_exclusive = start + plan.cut;
+        let covered = &view.live[..plan.cut];
+        let mut history_hasher = blake3::Hasher::new();
+        for digest in &view.live_digests[..plan.cut] {
+            history_hasher.update(digest.to_hex().as_bytes());
+        }
+        let id = {
+            let mut hasher = blake3::Hasher::new();
+            hasher.update(job.id.as_str().as_bytes());
+            hasher.update(job.tracked.prefix[end_exclusive - 1].to_hex().as_bytes());
+            hasher.update(format!("{:?}", SystemTime::now()).as_bytes());
+            format!("cmp-{}", &hasher.finalize().to_hex()[..20])
+        };
+        let usage = sum_usage(&outcome.attempts);
+        let mut record = CompactionRecord {
+            v: FORMAT_VERSION,
+            kind: "compaction".into(),
+            id,
+            at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            strategy,
+            chain: self.chain.iter().map(|s| s.name.clone()).collect(),
+            reason: job.reason,
+            policy_version: POLICY_VERSION,
+            source: RecordSource {
+                start,
+                end_exclusive,
+                prefix_digest: job.tracked.prefix[end_exclusive - 1],
+                tool_call_ids: covered
+                    .iter()
+                    .flat_map(|m| m.tool_call_ids().map(str::to_owned))
+                    .collect(),
+                history_digest: history_hasher.finalize().to_hex().to_string(),
+                previous_compaction: view.compaction.as_ref().map(|a| a.record.id.clone()),
+            },
+            continuation: continuation_message(),
+            handoff: handoff_message(&summary.text, marker),
+            tokens_before: before,
+            tokens_after: plan.predicted,
+            usage: if usage.as_object().is_some_and(|u| u.is_empty()) {
+                json!(null)
+            } else {
+                usage
+            },
+            attempts: outcome.attempts,
+        };
+        let adopted = Adopted::new(record.clone())
+            .map_err(|err| CompactError::Store(StoreError::Encode(err)))?;
+        let pinned: u64 = view
+            .pinned
+            .iter()
+            .map(|m| self.tokens.count_message(job.tokenizer, &m.digest, m.value))
+            .sum();
+        let recent: u64 = (plan.cut..view.live.len())
+            .map(|i| {
+                self.tokens
+                    .count_message(job.tokenizer, &view.live_digests[i], &view.live[i].value)
+            })
+            .sum();
+        record.tokens_after = pinned
+            + job.tools_tokens
+            + REPLY_PRIMING
+            + recent
+            + self.tokens.count_message(
+                job.tokenizer,
+                &adopted.continuation_digest,
+                &record.continuation,
+            )
+            + self
+                .tokens
+                .count_message(job.tokenizer, &adopted.handoff_digest, &record.handoff);
+        self.metrics.add(
+            "handoff_compaction_duration_seconds_sum",
+            &[],
+            started.elapsed().as_secs_f64(),
+        );
+        self.metrics
+            .add("handoff_compaction_duration_seconds_count", &[], 1.0);
+        Ok(record)
+    }
+
+    fn record_metrics(&self, committed: &Adopted) {
+        let record = &committed.record;
+        self.metrics.add(
+            "handoff_compactions_total",
+            &[("strategy", &record.strategy), ("outcome", "committed")],
+            1.0,
+        );
+        self.metrics.add(
+            "handoff_compaction_tokens_removed_total",
+            &[],
+            record.tokens_before.saturating_sub(record.tokens_after) as f64,
+        );
+        tracing::info!(
+            compaction = %record.id,
+            strategy = %record.strategy,
+            reason = ?record.reason,
+            tokens_before = record.tokens_before,
+            tokens_after = record.tokens_after,
+            covered = record.source.end_exclusive,
+            attempts = record.attempts.len(),
+            "compaction committed"
+        );
+    }
+}
+
+/// The largest handoff: `min(8192, window/10)` of the smaller window involved.
+pub fn handoff_budget(model: &ModelInfo) -> u64 {
+    let window = model.context_window.min(model.summary_context_window);
+    8192.min(window / 10)
+}

@@ -1,0 +1,182 @@
+//! The model view: pinned + continuation + handoff + the originals after the covered
+//! prefix. It is validated before it is sent, and rendered by splicing the new message
+//! list into the client's body, so every other byte of the request is unchanged and,
+//! between compactions, each request extends the previous one (prompt caches hit).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use crate::compaction::Adopted;
+use crate::config::Tokenizer;
+use crate::conversation::Tracked;
+use crate::dialect::{check_tool_pairs, ChatRequest, DialectError, Message};
+use crate::digest::{MessageDigest, PrefixDigest};
+use crate::tokens::{Tokens, REPLY_PRIMING};
+
+/// Why a view may not be sent.
+#[derive(Debug, thiserror::Error)]
+pub enum ProjectionError {
+    /// Tool calls and results do not pair up.
+    #[error("the compacted view breaks a tool pair: {0}")]
+    ToolPairs(#[from] DialectError),
+    /// The pair is not a user continuation followed by a plain assistant handoff.
+    #[error("the compacted view is malformed: {0}")]
+    Shape(String),
+    /// The client's body could not be re-read to splice the view in.
+    #[error("cannot rebuild the request body: {0}")]
+    Body(serde_json::Error),
+}
+
+/// One message of the view.
+#[derive(Debug, Clone, Copy)]
+pub struct ViewMessage<'a> {
+    /// The bytes sent upstream.
+    pub raw: &'a RawValue,
+    /// The parsed message.
+    pub value: &'a Value,
+    /// Its digest, the token-count cache key.
+    pub digest: MessageDigest,
+}
+
+/// The message list actually sent upstream.
+#[derive(Debug)]
+pub struct ModelView<'a> {
+    /// Pinned messages of this request.
+    pub pinned: Vec<ViewMessage<'a>>,
+    /// The compaction in force, if any.
+    pub compaction: Option<Arc<Adopted>>,
+    /// The verbatim originals after the covered prefix.
+    pub live: &'a [Message],
+    /// Digests of `live`.
+    pub live_digests: &'a [MessageDigest],
+    /// Index in the non-pinned originals where `live` starts.
+    pub live_start: usize,
+}
+
+impl ModelView<'_> {
+    /// The compaction id this view is built on.
+    pub fn generation(&self) -> Option<&str> {
+        self.compaction.as_deref().map(|a| a.record.id.as_str())
+    }
+
+    /// Estimated input tokens: every message (cached counts), `tools`, reply priming.
+    pub fn estimate(&self, tokens: &Tokens, tokenizer: Tokenizer, tools_tokens: u64) -> u64 {
+        let mut total = tools_tokens + REPLY_PRIMING;
+        for m in &self.pinned {
+            total += tokens.count_message(tokenizer, &m.digest, m.value);
+        }
+        if let Some(adopted) = &self.compaction {
+            total += tokens.count_message(
+                tokenizer,
+                &adopted.continuation_digest,
+                &adopted.record.continuation,
+            );
+            total +=
+                tokens.count_message(tokenizer, &adopted.handoff_digest, &adopted.record.handoff);
+        }
+        for (message, digest) in self.live.iter().zip(self.live_digests) {
+            total += tokens.count_message(tokenizer, digest, &message.value);
+        }
+        total
+    }
+
+    /// Checks the view: tool pairs complete, the continuation a user message, the
+    /// handoff an assistant message with string content and no tool calls.
+    pub fn validate(&self) -> Result<(), ProjectionError> {
+        check_tool_pairs(self.live.iter())?;
+        if let Some(adopted) = &self.compaction {
+            adopted.record.check().map_err(ProjectionError::Shape)?;
+            if !adopted.record.handoff["content"].is_string() {
+                return Err(ProjectionError::Shape(
+                    "handoff content is not a string".into(),
+                ));
+            }
+            if self.live.is_empty() {
+                return Err(ProjectionError::Shape("nothing follows the handoff".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The raw messages in order.
+    pub fn raw_messages(&self) -> Vec<&RawValue> {
+        let mut out: Vec<&RawValue> = self.pinned.iter().map(|m| m.raw).collect();
+        if let Some(adopted) = &self.compaction {
+            out.push(&adopted.continuation);
+            out.push(&adopted.handoff);
+        }
+        out.extend(self.live.iter().map(|m| m.raw.as_ref()));
+        out
+    }
+
+    /// The request body with this view as `messages`; the client's bytes when no
+    /// compaction applies.
+    pub fn render_body(&self, body: &Bytes) -> Result<Bytes, ProjectionError> {
+        if self.compaction.is_none() {
+            return Ok(body.clone());
+        }
+        #[derive(Deserialize)]
+        struct Span<'b> {
+            #[serde(borrow)]
+            messages: &'b RawValue,
+        }
+        let span: Span<'_> = serde_json::from_slice(body).map_err(ProjectionError::Body)?;
+        // The borrowed RawValue points into `body`; its offset is where the array starts.
+        let start = span.messages.get().as_ptr() as usize - body.as_ptr() as usize;
+        let end = start + span.messages.get().len();
+        let messages = self.raw_messages();
+        let size: usize = messages.iter().map(|m| m.get().len() + 1).sum();
+        let mut out = Vec::with_capacity(body.len() - (end - start) + size + 2);
+        out.extend_from_slice(&body[..start]);
+        out.push(b'[');
+        for (index, message) in messages.iter().enumerate() {
+            if index > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(message.get().as_bytes());
+        }
+        out.push(b']');
+        out.extend_from_slice(&body[end..]);
+        Ok(Bytes::from(out))
+    }
+}
+
+/// Builds the view: the longest adopted compaction whose covered prefix this request
+/// carries, or the request as it is.
+pub fn project_view<'a>(
+    request: &'a ChatRequest,
+    tracked: &'a Tracked,
+    adopted: &HashMap<PrefixDigest, Arc<Adopted>>,
+) -> ModelView<'a> {
+    let (pinned, rest) = request.messages.split_at(tracked.pinned_len);
+    let pinned = pinned
+        .iter()
+        .zip(&tracked.pinned_digests)
+        .map(|(m, digest)| ViewMessage {
+            raw: &m.raw,
+            value: &m.value,
+            digest: *digest,
+        })
+        .collect();
+    // Newest first: the longest covered prefix wins. The last message is never covered,
+    // so a handoff is always followed by something.
+    let found = (0..rest.len().saturating_sub(1)).rev().find_map(|i| {
+        adopted
+            .get(&tracked.prefix[i])
+            .filter(|a| a.covered() == i + 1)
+            .cloned()
+    });
+    let live_start = found.as_ref().map_or(0, |a| a.covered());
+    ModelView {
+        pinned,
+        compaction: found,
+        live: &rest[live_start..],
+        live_digests: &tracked.message_digests[live_start..],
+        live_start,
+    }
+}

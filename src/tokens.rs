@@ -1,0 +1,200 @@
+//! Token counting: tiktoken's `o200k_base` / `cl100k_base`, or bytes/4 for models with
+//! no public tokenizer. Message counts are cached by message digest, so a message is
+//! tokenised once however often it is resent.
+
+use std::sync::{Arc, OnceLock};
+
+use handoff_plugin_api::TokenCounter;
+use serde_json::Value;
+use tiktoken_rs::CoreBPE;
+
+use crate::config::Tokenizer;
+use crate::digest::{message_digest, Digest, MessageDigest};
+
+/// Tokens every message costs beyond its text (role, separators), per OpenAI's guide.
+pub const MESSAGE_OVERHEAD: u64 = 4;
+
+/// Tokens that prime the reply, counted once per request.
+pub const REPLY_PRIMING: u64 = 3;
+
+/// Counted messages kept in the cache.
+const CACHE_ENTRIES: u64 = 1_000_000;
+
+/// The tokenizers and the per-message count cache.
+pub struct Tokens {
+    o200k: OnceLock<Option<CoreBPE>>,
+    cl100k: OnceLock<Option<CoreBPE>>,
+    cache: moka::sync::Cache<(MessageDigest, u8), u32>,
+}
+
+impl Default for Tokens {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Tokens {
+    /// Empty cache; tokenizers load on first use (or in [`Tokens::warm`]).
+    pub fn new() -> Self {
+        Self {
+            o200k: OnceLock::new(),
+            cl100k: OnceLock::new(),
+            cache: moka::sync::Cache::new(CACHE_ENTRIES),
+        }
+    }
+
+    /// Loads the default tokenizer's tables (hundreds of ms) before a request needs them.
+    pub fn warm(&self) {
+        self.bpe(Tokenizer::O200k);
+    }
+
+    fn bpe(&self, tokenizer: Tokenizer) -> Option<&CoreBPE> {
+        let slot = match tokenizer {
+            Tokenizer::O200k => &self.o200k,
+            Tokenizer::Cl100k => &self.cl100k,
+            Tokenizer::Estimate => return None,
+        };
+        slot.get_or_init(|| {
+            let loaded = match tokenizer {
+                Tokenizer::Cl100k => tiktoken_rs::cl100k_base(),
+                _ => tiktoken_rs::o200k_base(),
+            };
+            loaded
+                .map_err(|err| tracing::error!(error = %err, "tokenizer unavailable; estimating"))
+                .ok()
+        })
+        .as_ref()
+    }
+
+    /// Tokens of `text`.
+    pub fn count_text(&self, tokenizer: Tokenizer, text: &str) -> u64 {
+        match self.bpe(tokenizer) {
+            Some(bpe) => bpe.encode_ordinary(text).len() as u64,
+            None => (text.len() as u64).div_ceil(4),
+        }
+    }
+
+    /// Tokens of a message with known digest, overhead included; cached.
+    pub fn count_message(
+        &self,
+        tokenizer: Tokenizer,
+        digest: &MessageDigest,
+        message: &Value,
+    ) -> u64 {
+        let key = (*digest, tokenizer as u8);
+        if let Some(count) = self.cache.get(&key) {
+            return u64::from(count);
+        }
+        let count = self.count_text(tokenizer, &message_text(message)) + MESSAGE_OVERHEAD;
+        self.cache
+            .insert(key, u32::try_from(count).unwrap_or(u32::MAX));
+        count
+    }
+
+    /// Tokens of raw text known by `digest` (e.g. the `tools` schemas); cached.
+    pub fn count_raw(&self, tokenizer: Tokenizer, digest: &Digest, text: &str) -> u64 {
+        let key = (*digest, tokenizer as u8);
+        if let Some(count) = self.cache.get(&key) {
+            return u64::from(count);
+        }
+        let count = self.count_text(tokenizer, text);
+        self.cache
+            .insert(key, u32::try_from(count).unwrap_or(u32::MAX));
+        count
+    }
+
+    /// A [`TokenCounter`] for strategies, bound to one tokenizer.
+    pub fn counter(self: &Arc<Self>, tokenizer: Tokenizer) -> Arc<dyn TokenCounter> {
+        Arc::new(BoundCounter {
+            tokens: Arc::clone(self),
+            tokenizer,
+        })
+    }
+}
+
+struct BoundCounter {
+    tokens: Arc<Tokens>,
+    tokenizer: Tokenizer,
+}
+
+impl TokenCounter for BoundCounter {
+    fn count_text(&self, text: &str) -> u64 {
+        self.tokens.count_text(self.tokenizer, text)
+    }
+
+    fn count_message(&self, message: &Value) -> u64 {
+        self.tokens
+            .count_message(self.tokenizer, &message_digest(message), message)
+    }
+}
+
+/// The text of a message that the model reads: role, content, calls, ids.
+pub fn message_text(message: &Value) -> String {
+    let mut text = String::new();
+    let mut push = |part: &str| {
+        if !part.is_empty() {
+            text.push_str(part);
+            text.push('\n');
+        }
+    };
+    for key in ["role", "name", "tool_call_id", "reasoning_content"] {
+        push(message.get(key).and_then(Value::as_str).unwrap_or(""));
+    }
+    match message.get("content") {
+        Some(Value::String(content)) => push(content),
+        Some(Value::Array(parts)) => {
+            for part in parts {
+                match part.get("text").and_then(Value::as_str) {
+                    Some(part_text) => push(part_text),
+                    // Images and audio: a fixed allowance, not their base64 bytes.
+                    None => push("[non-text part: counted as 85 tokens] ".repeat(8).as_str()),
+                }
+            }
+        }
+        _ => {}
+    }
+    for call in message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        push(call.get("id").and_then(Value::as_str).unwrap_or(""));
+        push(
+            call.pointer("/function/name")
+                .and_then(Value::as_str)
+                .unwrap_or(""),
+        );
+        push(
+            call.pointer("/function/arguments")
+                .and_then(Value::as_str)
+                .unwrap_or(""),
+        );
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn counts_are_plausible_and_cached() {
+        let tokens = Tokens::new();
+        let message = json!({"role": "user", "content": "hello world, this is a test"});
+        let digest = message_digest(&message);
+        let first = tokens.count_message(Tokenizer::O200k, &digest, &message);
+        assert!((8..=14).contains(&first), "{first}");
+        assert_eq!(
+            tokens.count_message(Tokenizer::O200k, &digest, &message),
+            first
+        );
+        assert_eq!(tokens.count_text(Tokenizer::Estimate, "abcdefgh"), 2);
+        let call = json!({"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "ls", "arguments": "{\"path\": \"/tmp\"}"}}]});
+        assert!(
+            tokens.count_message(Tokenizer::O200k, &message_digest(&call), &call)
+                > MESSAGE_OVERHEAD + 3
+        );
+    }
+}
