@@ -20,7 +20,7 @@ pub async fn handle(
     state: &AppState,
     request: Request<Incoming>,
     peer: SocketAddr,
-    log: RequestLog,
+    mut log: RequestLog,
 ) -> Response<ProxyBody> {
     let path = request.uri().path();
     if path == "/handoff/health" {
@@ -31,6 +31,15 @@ pub async fn handle(
     }
     if let Err(err) = authorize(state, &request, peer) {
         return reject(log, err);
+    }
+    if path == "/handoff/metrics" {
+        log.set_status(StatusCode::OK);
+        let mut response = Response::new(crate::body::full(state.metrics.render()));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        );
+        return response;
     }
     if request.method() != http::Method::GET {
         return reject(

@@ -78,6 +78,8 @@ pub async fn handle(
         header::ACCEPT_ENCODING,
         HeaderValue::from_static("identity"),
     );
+    // A compacted body has another length; hyper sets the right one from the body itself.
+    parts.headers.remove(header::CONTENT_LENGTH);
 
     let tracked = match state.tracker.track(id.clone(), &chat).await {
         Ok(tracked) => tracked,
@@ -145,6 +147,7 @@ pub async fn handle(
             Ok(request) => request,
             Err(err) => return reject(log, err),
         };
+        tracing::debug!(conversation = %id, generation = ?view.generation(), "sending the view upstream");
         let sent = tokio::time::Instant::now();
         let response = match state.upstream.send(request).await {
             Ok(response) => response,

@@ -18,6 +18,7 @@ pub struct Proxy {
     logs: Arc<Mutex<String>>,
     dir: tempfile::TempDir,
     config_path: PathBuf,
+    data_dir: PathBuf,
 }
 
 /// How to start the proxy.
@@ -36,7 +37,7 @@ impl Default for ProxyOptions {
     fn default() -> Self {
         Self {
             extra_toml: String::new(),
-            rust_log: "info".into(),
+            rust_log: "info,handoff=debug".into(),
             env: Vec::new(),
             data_dir: None,
         }
@@ -72,10 +73,15 @@ impl Proxy {
             format!("{config}\n[upstream]\nbase_url = {upstream:?}\n")
         };
         std::fs::write(&config_path, config).expect("write config");
-        Self::spawn(dir, config_path, &options)
+        Self::spawn(dir, config_path, data_dir, &options)
     }
 
-    fn spawn(dir: tempfile::TempDir, config_path: PathBuf, options: &ProxyOptions) -> Self {
+    fn spawn(
+        dir: tempfile::TempDir,
+        config_path: PathBuf,
+        data_dir: PathBuf,
+        options: &ProxyOptions,
+    ) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_handoff"));
         command
             .arg("serve")
@@ -123,6 +129,7 @@ impl Proxy {
             logs,
             dir,
             config_path,
+            data_dir,
         }
     }
 
@@ -149,6 +156,12 @@ impl Proxy {
     /// The temp folder holding config and (by default) data.
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// Kills the proxy with SIGKILL and waits for it, as a crash would.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Sends a signal (e.g. "TERM") to the proxy.
@@ -220,7 +233,7 @@ impl Proxy {
 
     /// The data folder.
     pub fn data_dir(&self) -> PathBuf {
-        self.dir.path().join("data")
+        self.data_dir.clone()
     }
 
     /// Waits until the logs contain `needle`.
@@ -239,6 +252,12 @@ impl Proxy {
 
 impl Drop for Proxy {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- handoff logs ---\n{}--- end of handoff logs ---",
+                self.logs()
+            );
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -15,6 +15,7 @@
 mod agent;
 pub mod fixtures;
 mod reply;
+pub mod strict;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

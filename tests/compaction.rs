@@ -1,0 +1,448 @@
+//! Compaction end to end, against a strict provider that enforces its window and
+//! rejects broken tool pairs the way OpenAI does.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mock_upstream::strict::{Strict, SummaryMode};
+use mock_upstream::{MockUpstream, Recorded};
+use serde_json::{json, Value};
+use support::client::{self, request};
+use support::{Proxy, ProxyOptions};
+
+const CHAT: &str = "/v1/chat/completions";
+
+/// Summaries by a 16k model (so a 4k conversation's history fits), timing out after 1 s.
+const SUMMARY_16K_1S: &str =
+    "[compaction]\nsummary_model = \"strict-16k\"\nsummary_timeout = \"1s\"\n";
+
+fn python() -> PathBuf {
+    if let Some(path) = std::env::var_os("PYTHON_FOR_TESTS") {
+        return path.into();
+    }
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    assert!(
+        venv.exists(),
+        "{} is missing: run scripts/test.sh",
+        venv.display()
+    );
+    venv
+}
+
+async fn strict_mock(window: u64) -> (Arc<Strict>, MockUpstream) {
+    let strict = Strict::new(window);
+    let responder = Arc::clone(&strict);
+    let mock = MockUpstream::with(move |req| responder.answer(req)).await;
+    (strict, mock)
+}
+
+fn options(window: u64, extra: &str) -> ProxyOptions {
+    ProxyOptions {
+        extra_toml: format!("[models.\"strict\"]\ncontext_window = {window}\n[models.\"strict-16k\"]\ncontext_window = 16384\n{extra}\n"),
+        ..ProxyOptions::default()
+    }
+}
+
+fn records(proxy: &Proxy, id: &str) -> Vec<Value> {
+    let path = proxy
+        .data_dir()
+        .join(format!("conversations/{id}/compactions.jsonl"));
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn agent_requests(mock: &MockUpstream) -> Vec<Recorded> {
+    mock.requests()
+        .into_iter()
+        .filter(|r| {
+            !r.json()["messages"][0]["content"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with(mock_upstream::strict::SUMMARY_PROMPT_START)
+        })
+        .collect()
+}
+
+/// A user turn of about `tokens` tokens that states fact `n`.
+fn big_user(n: usize, tokens: usize) -> Value {
+    let filler: Vec<String> = (0..tokens / 2).map(|i| format!("w{i}")).collect();
+    json!({"role": "user", "content": format!("FACT-{n:03} {}", filler.join(" "))})
+}
+
+async fn chat(proxy: &Proxy, id: &str, messages: &[Value]) -> support::client::Whole {
+    client::send(request(
+        "POST",
+        &format!("{}{CHAT}", proxy.url()),
+        &[
+            ("content-type", "application/json"),
+            ("x-handoff-conversation-id", id),
+            ("authorization", "Bearer sk-x"),
+        ],
+        json!({"model": "strict", "messages": messages}).to_string(),
+    ))
+    .await
+}
+
+/// Plays user turns of `tokens` tokens until a compaction is recorded; returns the history.
+async fn drive_until_compaction(
+    proxy: &Proxy,
+    id: &str,
+    tokens: usize,
+    limit: usize,
+) -> Vec<Value> {
+    let mut messages = vec![json!({"role": "system", "content": "be brief"})];
+    for n in 0..limit {
+        messages.push(big_user(n, tokens));
+        let got = chat(proxy, id, &messages).await;
+        assert_eq!(got.status, 200, "turn {n}: {}", got.text());
+        let reply = got.json()["choices"][0]["message"].clone();
+        if reply.get("tool_calls").is_some() {
+            let call = reply["tool_calls"][0]["id"].as_str().unwrap().to_owned();
+            messages.push(reply);
+            messages.push(json!({"role": "tool", "tool_call_id": call, "content": "ok"}));
+            let got = chat(proxy, id, &messages).await;
+            assert_eq!(got.status, 200, "turn {n}: {}", got.text());
+            messages.push(got.json()["choices"][0]["message"].clone());
+        } else {
+            messages.push(reply);
+        }
+        if !records(proxy, id).is_empty() {
+            return messages;
+        }
+    }
+    panic!("no compaction after {limit} turns");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_40_turn_sdk_agent_in_16k_never_sees_an_error() {
+    let (strict, mock) = strict_mock(16_384).await;
+    let proxy = Proxy::start_with(&mock.url(), options(16_384, ""));
+    let url = proxy.url();
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/openai_compacting_agent.py");
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(python())
+            .arg(script)
+            .arg("40")
+            .env("HANDOFF_URL", url)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "the agent saw an error:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    assert!(
+        strict.over_window.lock().unwrap().is_empty(),
+        "over-window requests reached the upstream"
+    );
+    assert!(
+        strict.broken_pairs.lock().unwrap().is_empty(),
+        "{:?}",
+        strict.broken_pairs.lock().unwrap()
+    );
+    let records = records(&proxy, "agent40");
+    assert!(
+        records.len() >= 3,
+        "expected several compactions, got {}",
+        records.len()
+    );
+    for record in &records {
+        assert_eq!(record["strategy"], "summarize", "{record}");
+        assert_eq!(record["attempts"][0]["outcome"], "ok");
+        assert!(record["tokens_after"].as_u64() < record["tokens_before"].as_u64());
+    }
+    // Facts from the first turns still reach the model, through the chain of handoffs.
+    let last = agent_requests(&mock).pop().unwrap().json().to_string();
+    for early in ["FACT-001", "FACT-002", "FACT-003"] {
+        assert!(last.contains(early), "{early} was lost");
+    }
+    let replay = proxy.replay("agent40", None);
+    assert_eq!(
+        replay.iter().filter(|m| m["role"] == "user").count(),
+        40,
+        "every original is kept"
+    );
+    let verify = proxy.audit(&["verify"]);
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn summary_failures_fall_back_to_extract_and_record_every_attempt() {
+    let cases = [
+        (SummaryMode::Empty, "empty_summary", true),
+        (SummaryMode::Length, "finish_reason", true),
+        (SummaryMode::ServerError, "http_error", true),
+        (SummaryMode::ReasoningOnly, "reasoning_only", true),
+        (SummaryMode::Slow, "timeout", false),
+    ];
+    for (mode, reason, has_usage) in cases {
+        let (strict, mock) = strict_mock(4096).await;
+        strict.set_summary_mode(mode);
+        let proxy = Proxy::start_with(&mock.url(), options(4096, SUMMARY_16K_1S));
+        drive_until_compaction(&proxy, "fails", 500, 20).await;
+        let records = records(&proxy, "fails");
+        let record = &records[0];
+        assert_eq!(record["strategy"], "extract", "{mode:?}: {record}");
+        let attempts = record["attempts"].as_array().unwrap();
+        assert_eq!(attempts.len(), 2, "{mode:?}");
+        assert_eq!(attempts[0]["strategy"], "summarize");
+        assert_eq!(attempts[0]["outcome"], "failed");
+        assert_eq!(attempts[0]["reason"], reason, "{mode:?}: {record}");
+        assert_eq!(
+            attempts[0]["usage"].is_object(),
+            has_usage,
+            "{mode:?}: usage of a discarded summary is kept"
+        );
+        assert_eq!(attempts[1]["outcome"], "ok");
+        assert!(
+            record["handoff"]["content"]
+                .as_str()
+                .unwrap()
+                .contains("FACT-000"),
+            "extract keeps user text"
+        );
+        assert!(strict.over_window.lock().unwrap().is_empty());
+        let metrics = client::send(request(
+            "GET",
+            &format!("{}/handoff/metrics", proxy.url()),
+            &[],
+            "",
+        ))
+        .await;
+        assert!(
+            metrics.text().contains(&format!("reason=\"{reason}\"")),
+            "{}",
+            metrics.text()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_concurrent_requests_share_one_compaction() {
+    let (strict, mock) = strict_mock(4096).await;
+    let proxy = Arc::new(Proxy::start_with(
+        &mock.url(),
+        options(4096, SUMMARY_16K_1S),
+    ));
+    // A history just over the trigger (3318 tokens for a 4k window).
+    let mut messages = vec![json!({"role": "system", "content": "s"})];
+    for n in 0..6 {
+        messages.push(big_user(n, 500));
+        messages.push(json!({"role": "assistant", "content": "noted"}));
+    }
+    messages.push(big_user(99, 500));
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let proxy = Arc::clone(&proxy);
+        let messages = messages.clone();
+        tasks.push(tokio::spawn(async move {
+            chat(&proxy, "crowd", &messages).await.status
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), 200);
+    }
+    assert_eq!(
+        strict.summaries.load(Ordering::SeqCst),
+        1,
+        "one summary call for one compaction"
+    );
+    assert_eq!(records(&proxy, "crowd").len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_view_is_stable_between_compactions_and_after_a_restart() {
+    let (strict, mock) = strict_mock(4096).await;
+    let data = tempfile::tempdir().unwrap();
+    let start = || ProxyOptions {
+        data_dir: Some(data.path().to_owned()),
+        ..options(4096, SUMMARY_16K_1S)
+    };
+    let proxy = Proxy::start_with(&mock.url(), start());
+    let mut messages = drive_until_compaction(&proxy, "stable", 500, 20).await;
+    let summaries = strict.summaries.load(Ordering::SeqCst);
+
+    // Two more small turns: each upstream request extends the previous one byte for byte.
+    let mut bodies = Vec::new();
+    for n in 0..2 {
+        messages.push(json!({"role": "user", "content": format!("small {n}")}));
+        let got = chat(&proxy, "stable", &messages).await;
+        messages.push(got.json()["choices"][0]["message"].clone());
+        if let Some(call) = messages.last().unwrap()["tool_calls"][0]["id"]
+            .as_str()
+            .map(str::to_owned)
+        {
+            messages.push(json!({"role": "tool", "tool_call_id": call, "content": "ok"}));
+            let got = chat(&proxy, "stable", &messages).await;
+            messages.push(got.json()["choices"][0]["message"].clone());
+        }
+        bodies.push(agent_requests(&mock).pop().unwrap().json());
+    }
+    let first: Vec<String> = bodies[0]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(Value::to_string)
+        .collect();
+    let second: Vec<String> = bodies[1]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(Value::to_string)
+        .collect();
+    assert_eq!(
+        first[..],
+        second[..first.len()],
+        "the view must only grow between compactions"
+    );
+    assert_eq!(strict.summaries.load(Ordering::SeqCst), summaries);
+
+    // A restart rebuilds the same view from disk, with no new summary call.
+    let before = agent_requests(&mock).pop().unwrap().body;
+    drop(proxy);
+    let proxy = Proxy::start_with(&mock.url(), start());
+    messages.pop();
+    let got = chat(&proxy, "stable", &messages).await;
+    assert_eq!(got.status, 200);
+    let after = agent_requests(&mock).pop().unwrap().body;
+    assert_eq!(before, after, "the view after a restart must be identical");
+    assert_eq!(strict.summaries.load(Ordering::SeqCst), summaries);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_irreducible_request_gets_400_with_the_numbers() {
+    let (_strict, mock) = strict_mock(4096).await;
+    let proxy = Proxy::start_with(&mock.url(), options(4096, ""));
+    let got = chat(&proxy, "huge", &[big_user(1, 9000)]).await;
+    assert_eq!(got.status, 400);
+    assert_eq!(got.json()["error"]["code"], "context_length_exceeded");
+    let message = got.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("last unit") && message.contains("4096 window"),
+        "{message}"
+    );
+    assert!(
+        mock.requests().is_empty(),
+        "nothing over the window goes upstream"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disabled_compaction_is_respected_by_every_path() {
+    let (strict, mock) = strict_mock(4096).await;
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        options(4096, "[compaction]\nenabled = false\n"),
+    );
+    let messages = vec![
+        big_user(1, 3000),
+        json!({"role": "assistant", "content": "ok"}),
+        big_user(2, 3000),
+    ];
+    let got = chat(&proxy, "off", &messages).await;
+    assert_eq!(got.status, 400, "the upstream's own error comes back");
+    assert_eq!(got.json()["error"]["code"], "context_length_exceeded");
+    assert_eq!(
+        strict.over_window.lock().unwrap().len(),
+        1,
+        "no reactive retry either"
+    );
+    assert_eq!(strict.summaries.load(Ordering::SeqCst), 0);
+    assert!(records(&proxy, "off").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_length_answer_compacts_and_retries() {
+    // The proxy believes the window is 16k; the provider enforces 4k.
+    let (strict, mock) = strict_mock(4096).await;
+    let proxy = Proxy::start_with(&mock.url(), options(16_384, SUMMARY_16K_1S));
+    let mut messages = vec![];
+    for n in 0..9 {
+        messages.push(big_user(n, 500));
+        messages.push(json!({"role": "assistant", "content": "noted"}));
+    }
+    messages.push(big_user(9, 500));
+    let got = chat(&proxy, "reactive", &messages).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let refused = strict.over_window.lock().unwrap().len();
+    assert!(
+        (1..=2).contains(&refused),
+        "refused {refused} times; max_retries is 2"
+    );
+    let records = records(&proxy, "reactive");
+    assert_eq!(records.len(), refused, "one compaction per refusal");
+    assert!(records
+        .iter()
+        .all(|r| r["reason"] == "context_length_exceeded"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_during_the_summary_call_leaves_a_consistent_state() {
+    let (strict, mock) = strict_mock(4096).await;
+    strict.set_summary_mode(SummaryMode::Slow);
+    let data = tempfile::tempdir().unwrap();
+    let start = || ProxyOptions {
+        data_dir: Some(data.path().to_owned()),
+        ..options(
+            4096,
+            "[compaction]\nsummary_model = \"strict-16k\"\nsummary_timeout = \"60s\"\n",
+        )
+    };
+    let mut proxy = Proxy::start_with(&mock.url(), start());
+    let mut messages = vec![];
+    for n in 0..8 {
+        messages.push(big_user(n, 500));
+        messages.push(json!({"role": "assistant", "content": "noted"}));
+    }
+    messages.push(big_user(8, 500));
+    let url = format!("{}{CHAT}", proxy.url());
+    let body = json!({"model": "strict", "messages": messages}).to_string();
+    let pending = tokio::spawn(async move {
+        client::send(request(
+            "POST",
+            &url,
+            &[("x-handoff-conversation-id", "crash")],
+            body,
+        ))
+        .await
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while strict.summaries.load(Ordering::SeqCst) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no summary call was made"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.kill9();
+    pending.abort();
+
+    strict.set_summary_mode(SummaryMode::Good);
+    let proxy = Proxy::start_with(&mock.url(), start());
+    assert!(
+        proxy.audit(&["verify", "crash"]).status.success(),
+        "nothing half-committed"
+    );
+    let got = chat(&proxy, "crash", &messages).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert_eq!(records(&proxy, "crash").len(), 1);
+    assert!(proxy.audit(&["verify", "crash"]).status.success());
+}

@@ -1,0 +1,236 @@
+//! A strict provider: it enforces a context window with its own token count and
+//! rejects broken tool pairs the way OpenAI does, so a test can prove the proxy never
+//! sends an invalid or over-window request. It plays an agent for normal requests and
+//! a summariser for handoff summary requests, whose behaviour a test can switch.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tiktoken_rs::CoreBPE;
+
+use crate::agent::agent_reply;
+use crate::{Recorded, Reply};
+
+/// How the summariser answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SummaryMode {
+    /// A proper summary listing every `FACT-…` it was shown.
+    Good,
+    /// An empty summary.
+    Empty,
+    /// Cut by the output limit (`finish_reason: length`).
+    Length,
+    /// HTTP 500.
+    ServerError,
+    /// Answers after 30 s.
+    Slow,
+    /// Reasoning only, no text.
+    ReasoningOnly,
+}
+
+/// The strict provider's state, shared with the test.
+pub struct Strict {
+    window: u64,
+    serial: AtomicUsize,
+    summary_mode: Mutex<SummaryMode>,
+    /// Requests refused for size, with their count.
+    pub over_window: Mutex<Vec<u64>>,
+    /// Requests refused for broken tool pairs, with the reason.
+    pub broken_pairs: Mutex<Vec<String>>,
+    /// Summary requests received.
+    pub summaries: AtomicUsize,
+}
+
+fn bpe() -> Option<&'static CoreBPE> {
+    static BPE: OnceLock<Option<CoreBPE>> = OnceLock::new();
+    BPE.get_or_init(|| tiktoken_rs::o200k_base().ok()).as_ref()
+}
+
+/// The marker the summary prompt starts with.
+pub const SUMMARY_PROMPT_START: &str = "You are writing a handoff";
+
+impl Strict {
+    /// A provider with a `window`-token context.
+    pub fn new(window: u64) -> Arc<Self> {
+        Arc::new(Self {
+            window,
+            serial: AtomicUsize::new(0),
+            summary_mode: Mutex::new(SummaryMode::Good),
+            over_window: Mutex::new(Vec::new()),
+            broken_pairs: Mutex::new(Vec::new()),
+            summaries: AtomicUsize::new(0),
+        })
+    }
+
+    /// Switches how summaries are answered.
+    pub fn set_summary_mode(&self, mode: SummaryMode) {
+        if let Ok(mut current) = self.summary_mode.lock() {
+            *current = mode;
+        }
+    }
+
+    /// The provider's own count of a request's input tokens.
+    pub fn count(body: &Value) -> u64 {
+        let text =
+            |s: &str| bpe().map_or(s.len() as u64 / 4, |b| b.encode_ordinary(s).len() as u64);
+        let mut total = 3;
+        for message in body["messages"].as_array().into_iter().flatten() {
+            total += 4;
+            if let Some(content) = message["content"].as_str() {
+                total += text(content);
+            }
+            for call in message["tool_calls"].as_array().into_iter().flatten() {
+                total += text(call["function"]["name"].as_str().unwrap_or(""));
+                total += text(call["function"]["arguments"].as_str().unwrap_or(""));
+            }
+        }
+        if !body["tools"].is_null() {
+            total += text(&body["tools"].to_string());
+        }
+        total
+    }
+
+    /// Answers one request.
+    pub fn answer(&self, request: &Recorded) -> Reply {
+        let body = request.json();
+        if let Err(reason) = check_pairs(&body) {
+            if let Ok(mut broken) = self.broken_pairs.lock() {
+                broken.push(reason.clone());
+            }
+            return Reply::error(400, "invalid_request_error", &reason);
+        }
+        let tokens = Self::count(&body);
+        let output = body["max_tokens"]
+            .as_u64()
+            .or(body["max_completion_tokens"].as_u64())
+            .unwrap_or(0);
+        // A model named `…-16k` has a 16k window; every other model has `self.window`.
+        let window = if body["model"].as_str().is_some_and(|m| m.ends_with("-16k")) {
+            16_384
+        } else {
+            self.window
+        };
+        if tokens + output > window {
+            if let Ok(mut over) = self.over_window.lock() {
+                over.push(tokens);
+            }
+            return Reply::error(
+                400,
+                "context_length_exceeded",
+                &format!("This model's maximum context length is {window} tokens. However, your messages resulted in {tokens} tokens."),
+            );
+        }
+        let serial = self.serial.fetch_add(1, Ordering::SeqCst);
+        let system = body["messages"][0]["content"].as_str().unwrap_or("");
+        if system.starts_with(SUMMARY_PROMPT_START) {
+            self.summaries.fetch_add(1, Ordering::SeqCst);
+            let mode = self
+                .summary_mode
+                .lock()
+                .map(|m| *m)
+                .unwrap_or(SummaryMode::Good);
+            return summary_reply(&body, mode, tokens);
+        }
+        with_usage(agent_reply(request, serial), tokens)
+    }
+}
+
+fn with_usage(reply: Reply, prompt_tokens: u64) -> Reply {
+    match reply {
+        Reply::Json { status, mut body } => {
+            body["usage"] = json!({"prompt_tokens": prompt_tokens, "completion_tokens": 5, "total_tokens": prompt_tokens + 5});
+            Reply::Json { status, body }
+        }
+        other => other,
+    }
+}
+
+fn summary_reply(body: &Value, mode: SummaryMode, prompt_tokens: u64) -> Reply {
+    let input = body["messages"][1]["content"].as_str().unwrap_or("");
+    let mut facts: Vec<&str> = input
+        .split(|c: char| c.is_whitespace() || c == '"' || c == ',')
+        .filter(|w| w.starts_with("FACT-"))
+        .collect();
+    facts.sort_unstable();
+    facts.dedup();
+    let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": 40, "total_tokens": prompt_tokens + 40});
+    let completion = |message: Value, finish: &str| {
+        json!({"id": "chatcmpl-sum", "object": "chat.completion", "model": "mock-model",
+               "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": usage})
+    };
+    let text = format!(
+        "## Goal\nKeep helping the user.\n## Completed work\nTurns summarised.\n## Key tool results\nRemembered facts: {}\n",
+        facts.join(" ")
+    );
+    match mode {
+        SummaryMode::Good => Reply::json(completion(
+            json!({"role": "assistant", "content": text}),
+            "stop",
+        )),
+        SummaryMode::Empty => Reply::json(completion(
+            json!({"role": "assistant", "content": ""}),
+            "stop",
+        )),
+        SummaryMode::Length => Reply::json(completion(
+            json!({"role": "assistant", "content": "## Goal\nKeep"}),
+            "length",
+        )),
+        SummaryMode::ReasoningOnly => Reply::json(completion(
+            json!({"role": "assistant", "content": "", "reasoning_content": "thinking about it"}),
+            "stop",
+        )),
+        SummaryMode::ServerError => Reply::Json {
+            status: http::StatusCode::INTERNAL_SERVER_ERROR,
+            body: json!({"error": {"message": "summariser exploded", "type": "server_error"}, "usage": usage}),
+        },
+        SummaryMode::Slow => Reply::json(completion(
+            json!({"role": "assistant", "content": text}),
+            "stop",
+        ))
+        .delayed(Duration::from_secs(30)),
+    }
+}
+
+/// OpenAI's pairing rule: every tool message answers a call of the assistant message
+/// before it, and every call is answered before the next non-tool message.
+pub fn check_pairs(body: &Value) -> Result<(), String> {
+    let mut pending: HashSet<String> = HashSet::new();
+    for (index, message) in body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let role = message["role"].as_str().unwrap_or("");
+        if role == "tool" {
+            let id = message["tool_call_id"].as_str().unwrap_or("");
+            if !pending.remove(id) {
+                return Err(format!(
+                    "messages[{index}]: tool message {id} does not answer a preceding tool call"
+                ));
+            }
+            continue;
+        }
+        if !pending.is_empty() {
+            return Err(format!(
+                "messages[{index}]: tool_calls {pending:?} have no tool messages"
+            ));
+        }
+        if role == "assistant" {
+            pending = message["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["id"].as_str().map(str::to_owned))
+                .collect();
+        }
+    }
+    if pending.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("tool_calls {pending:?} have no tool messages"))
+    }
+}
