@@ -10,7 +10,16 @@ use serde_json::json;
 use crate::access_log::RequestLog;
 use crate::audit::{summarize, Tree};
 use crate::body::{json, ProxyBody};
-use crate::conversation::ConversationId;
+use std::sync::Arc;
+
+use http::uri::PathAndQuery;
+
+use crate::compaction::budget::RequestBudget;
+use crate::compaction::model_client::UpstreamModelClient;
+use crate::compaction::service::{CompactError, Job};
+use crate::compaction::Reason;
+use crate::conversation::{ConversationId, Tracked};
+use crate::dialect::ChatRequest;
 use crate::error::ApiError;
 use crate::forward::reject;
 use crate::state::AppState;
@@ -41,6 +50,17 @@ pub async fn handle(
         );
         return response;
     }
+    if request.method() == http::Method::POST {
+        let compact = path
+            .strip_prefix("/handoff/conversations/")
+            .and_then(|rest| rest.strip_suffix("/compact"));
+        if let Some(id) = compact {
+            return match compact_now(state, id, request.headers()).await {
+                Ok(value) => ok_json(log, &value),
+                Err(err) => reject(log, err),
+            };
+        }
+    }
     if request.method() != http::Method::GET {
         return reject(
             log,
@@ -63,6 +83,80 @@ pub async fn handle(
         Ok(value) => ok_json(log, &value),
         Err(err) => reject(log, err),
     }
+}
+
+/// `POST /handoff/conversations/{id}/compact`: compacts the latest branch now, with the
+/// configured chain. Model strategies use this request's credentials.
+async fn compact_now(
+    state: &AppState,
+    id: &str,
+    headers: &http::HeaderMap,
+) -> Result<serde_json::Value, ApiError> {
+    let id = ConversationId::parse(id)
+        .map_err(|err| ApiError::invalid_request("invalid_conversation_id", err.to_string()))?;
+    let log = state
+        .tracker
+        .store()
+        .read(&id)
+        .await
+        .map_err(|err| ApiError::storage(err.to_string()))?;
+    let body = Tree::new(&log)
+        .latest_request_body()
+        .ok_or_else(|| ApiError::not_found(format!("no conversation {id}")))?;
+    let request = ChatRequest::parse(body.as_bytes()).map_err(ApiError::from)?;
+    let budget = RequestBudget::new(&state.config, &request, &state.tokens).ok_or_else(|| {
+        ApiError::invalid_request(
+            "compaction_unavailable",
+            format!(
+                "compaction is disabled or model {:?} has no context_window in config",
+                request.model
+            ),
+        )
+    })?;
+    let mut tracked = Tracked::compute(id.clone(), &request);
+    tracked.compactions = state
+        .tracker
+        .compactions(&id)
+        .await
+        .map_err(|err| ApiError::storage(err.to_string()))?;
+    let mut client_headers = headers.clone();
+    client_headers.remove(header::CONTENT_LENGTH);
+    let job = Job {
+        tracker: &state.tracker,
+        id: &id,
+        request: &request,
+        tracked: &tracked,
+        config: &state.config.compaction,
+        tokenizer: budget.tokenizer(),
+        reasoning_marker: budget.model.reasoning_marker,
+        model: budget.info.clone(),
+        input_budget: budget.input_budget,
+        threshold: budget.threshold,
+        tools_tokens: budget.tools_tokens,
+        reason: Reason::Manual,
+        seen_generation: None,
+        client: Arc::new(UpstreamModelClient::new(
+            state.upstream.clone(),
+            PathAndQuery::from_static("/v1/chat/completions"),
+            client_headers,
+        )),
+    };
+    let view = state
+        .compactor
+        .compact(&job)
+        .await
+        .map_err(|err| match err {
+            CompactError::TooLarge { .. } => {
+                ApiError::invalid_request("nothing_to_compact", err.to_string())
+            }
+            other => ApiError::internal(other.to_string()),
+        })?;
+    let record = view
+        .compaction
+        .as_ref()
+        .map(|adopted| serde_json::to_value(&adopted.record).unwrap_or_default())
+        .unwrap_or_default();
+    Ok(json!({"conversation": id.to_string(), "compaction": record}))
 }
 
 /// Largest page of `GET /handoff/conversations`.

@@ -57,6 +57,13 @@ enum AuditCommand {
         #[arg(long)]
         branch: Option<String>,
     },
+    /// The model view the next request would be sent with (compactions applied).
+    View {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Conversation id.
+        id: String,
+    },
     /// Check JSON, digests, chain and torn lines; exits non-zero on any problem.
     Verify {
         #[command(flatten)]
@@ -107,6 +114,7 @@ fn audit(command: AuditCommand) -> ExitCode {
         AuditCommand::List { config, .. }
         | AuditCommand::Show { config, .. }
         | AuditCommand::Replay { config, .. }
+        | AuditCommand::View { config, .. }
         | AuditCommand::Verify { config, .. } => config,
     };
     let config = match load(args) {
@@ -119,6 +127,7 @@ fn audit(command: AuditCommand) -> ExitCode {
         AuditCommand::List { json, .. } => audit.list(*json, &mut out),
         AuditCommand::Show { id, .. } => audit.show(id, &mut out),
         AuditCommand::Replay { id, branch, .. } => audit.replay(id, branch.as_deref(), &mut out),
+        AuditCommand::View { id, .. } => audit.view(id, &mut out),
         AuditCommand::Verify { id, .. } => audit.verify(id.as_deref(), &mut out),
     };
     match result {

@@ -446,3 +446,94 @@ async fn a_crash_during_the_summary_call_leaves_a_consistent_state() {
     assert_eq!(records(&proxy, "crash").len(), 1);
     assert!(proxy.audit(&["verify", "crash"]).status.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_compaction_and_the_audit_views() {
+    let (strict, mock) = strict_mock(4096).await;
+    let proxy = Proxy::start_with(&mock.url(), options(4096, SUMMARY_16K_1S));
+    let mut messages = vec![json!({"role": "system", "content": "be brief"})];
+    for n in 0..3 {
+        messages.push(big_user(n, 60));
+        messages.push(json!({"role": "assistant", "content": format!("noted {n}")}));
+    }
+    messages.push(big_user(3, 60));
+    assert_eq!(chat(&proxy, "manual", &messages).await.status, 200);
+    assert!(
+        records(&proxy, "manual").is_empty(),
+        "small enough: no automatic compaction"
+    );
+
+    let got = client::send(request(
+        "POST",
+        &format!("{}/handoff/conversations/manual/compact", proxy.url()),
+        &[("authorization", "Bearer sk-x")],
+        "",
+    ))
+    .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert_eq!(got.json()["compaction"]["reason"], "manual");
+    assert_eq!(got.json()["compaction"]["strategy"], "summarize");
+    assert_eq!(strict.summaries.load(Ordering::SeqCst), 1);
+    let summary_request = mock.requests().pop().unwrap();
+    assert_eq!(
+        summary_request.headers["authorization"], "Bearer sk-x",
+        "the caller's credentials are used"
+    );
+
+    let view = proxy.audit(&["view", "manual"]);
+    assert!(
+        view.status.success(),
+        "{}",
+        String::from_utf8_lossy(&view.stderr)
+    );
+    let view: Vec<Value> = serde_json::from_slice(&view.stdout).unwrap();
+    assert_eq!(view[0]["role"], "system");
+    assert_eq!(
+        view[1]["role"], "user",
+        "the continuation follows the pinned messages"
+    );
+    assert_eq!(view[2]["role"], "assistant");
+    assert!(
+        view[2]["content"].as_str().unwrap().contains("FACT-000"),
+        "{view:?} {:?}",
+        records(&proxy, "manual")
+    );
+
+    let show = String::from_utf8_lossy(&proxy.audit(&["show", "manual"]).stdout).into_owned();
+    assert!(
+        show.contains("compaction cmp-")
+            && show.contains("adopted")
+            && show.contains("summarize ok"),
+        "{show}"
+    );
+    assert!(show.contains("boundary cmp-"), "{show}");
+
+    // The next request is sent on the compacted view.
+    messages.push(json!({"role": "assistant", "content": "noted 3"}));
+    messages.push(json!({"role": "user", "content": "and now?"}));
+    assert_eq!(chat(&proxy, "manual", &messages).await.status, 200);
+    let sent = agent_requests(&mock).pop().unwrap().json();
+    assert_eq!(sent["messages"][2]["content"], view[2]["content"]);
+
+    let metrics = client::send(request(
+        "GET",
+        &format!("{}/handoff/metrics", proxy.url()),
+        &[],
+        "",
+    ))
+    .await
+    .text();
+    assert!(
+        metrics
+            .contains("handoff_compactions_total{strategy=\"summarize\",outcome=\"committed\"} 1"),
+        "{metrics}"
+    );
+    let missing = client::send(request(
+        "POST",
+        &format!("{}/handoff/conversations/nope/compact", proxy.url()),
+        &[],
+        "",
+    ))
+    .await;
+    assert_eq!(missing.status, 404);
+}

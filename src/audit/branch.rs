@@ -96,6 +96,28 @@ impl<'a> Tree<'a> {
             .unwrap_or_default()
     }
 
+    /// A chat-completions body for the latest branch as its next request would carry
+    /// it: the latest request's model and pinned messages, then every original.
+    pub fn latest_request_body(&self) -> Option<String> {
+        let tip = self.latest_tip()?;
+        let mut messages = self.replay(&tip)?;
+        // A reply that calls tools waits for the client's results: not yet a request.
+        let pending_calls = messages.last().is_some_and(|last| {
+            serde_json::from_str::<serde_json::Value>(last.get())
+                .is_ok_and(|m| m["tool_calls"].as_array().is_some_and(|c| !c.is_empty()))
+        });
+        if pending_calls {
+            messages.pop();
+        }
+        let model = self.requests.last().map_or("", |r| r.model.as_str());
+        let list: Vec<&str> = messages.iter().map(|m| m.get()).collect();
+        Some(format!(
+            "{{\"model\":{},\"messages\":[{}]}}",
+            serde_json::Value::String(model.to_owned()),
+            list.join(",")
+        ))
+    }
+
     /// The replayable history ending at `tip`: pinned, then every original of the branch.
     pub fn replay(&self, tip: &PrefixDigest) -> Option<Vec<&'a RawValue>> {
         let branch = self.branch(tip)?;

@@ -8,16 +8,22 @@ mod verify;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use serde_json::Value;
 
 pub use branch::Tree;
 pub use summary::{summarize, ConversationSummary};
 pub use verify::verify_log;
 
-use crate::conversation::{ConversationId, IdError};
+use crate::compaction::{adopt, Adopted};
+use crate::conversation::{ConversationId, IdError, Tracked};
+use crate::dialect::ChatRequest;
 use crate::digest::Digest;
+use crate::projection::project_view;
 use crate::store::line::Entry;
-use crate::store::{read_log_file, ConversationLog, DiskStore};
+use crate::store::{read_conversation, ConversationLog, DiskStore};
 
 /// Why an audit command failed.
 #[derive(Debug, thiserror::Error)]
@@ -72,7 +78,7 @@ impl Audit {
                 dir: self.root.display().to_string(),
             });
         }
-        let log = read_log_file(&path)?;
+        let log = read_conversation(&path)?;
         Ok((id, log))
     }
 
@@ -170,6 +176,37 @@ impl Audit {
         for problem in &log.problems {
             writeln!(out, "line {}: {}", problem.line, problem.reason)?;
         }
+        let adopted = adopt(&log).adopted;
+        for record in &log.compactions {
+            let attempts: Vec<String> = record
+                .attempts
+                .iter()
+                .map(|a| {
+                    format!(
+                        "{} {}{} ({} ms)",
+                        a.strategy,
+                        a.outcome,
+                        a.reason
+                            .as_deref()
+                            .map(|r| format!(": {r}"))
+                            .unwrap_or_default(),
+                        a.duration_ms
+                    )
+                })
+                .collect();
+            writeln!(
+                out,
+                "compaction {} {}: strategy={} reason={:?} tokens {}→{} covers {} messages; attempts: {}",
+                record.id,
+                if adopted.contains_key(&record.source.prefix_digest) { "adopted" } else { "NOT ADOPTED" },
+                record.strategy,
+                record.reason,
+                record.tokens_before,
+                record.tokens_after,
+                record.source.end_exclusive,
+                attempts.join(", ")
+            )?;
+        }
         Ok(())
     }
 
@@ -202,6 +239,28 @@ impl Audit {
         Ok(())
     }
 
+    /// `audit view`: the model view the next request would be sent with, as JSON.
+    pub fn view(&self, id: &str, out: &mut dyn Write) -> Result<(), AuditError> {
+        let (id, log) = self.read(id)?;
+        let tree = Tree::new(&log);
+        let Some(body) = tree.latest_request_body() else {
+            writeln!(out, "[]")?;
+            return Ok(());
+        };
+        let request = ChatRequest::parse(body.as_bytes())
+            .map_err(|err| AuditError::Branch(err.to_string()))?;
+        let tracked = Tracked::compute(id, &request);
+        let adopted: HashMap<_, _> = adopt(&log)
+            .adopted
+            .into_iter()
+            .filter_map(|(prefix, record)| Adopted::new(record).ok().map(|a| (prefix, Arc::new(a))))
+            .collect();
+        let view = project_view(&request, &tracked, &adopted);
+        serde_json::to_writer_pretty(&mut *out, &view.raw_messages())?;
+        writeln!(out)?;
+        Ok(())
+    }
+
     /// `audit verify`: checks one conversation or all; fails if any problem is found.
     pub fn verify(&self, id: Option<&str>, out: &mut dyn Write) -> Result<(), AuditError> {
         let ids = match id {
@@ -211,7 +270,8 @@ impl Audit {
         let mut total = 0;
         for id in &ids {
             let (id, log) = self.read(id.as_str())?;
-            let problems = verify_log(&log);
+            let mut problems = verify_log(&log);
+            problems.extend(crate::compaction::record::compaction_problems(&log));
             for problem in &problems {
                 writeln!(out, "{id}: line {}: {}", problem.line, problem.reason)?;
             }

@@ -48,7 +48,7 @@ pub fn summarize(id: &ConversationId, log: &ConversationLog) -> ConversationSumm
         requests: tree.requests().len(),
         branches: tree.tips().len(),
         models: models.into_iter().collect(),
-        compactions: 0,
+        compactions: crate::compaction::adopt(log).adopted.len(),
         problems: log.problems.len(),
     }
 }

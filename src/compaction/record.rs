@@ -201,3 +201,94 @@ pub fn compaction_problems(log: &ConversationLog) -> Vec<LineProblem> {
     );
     problems
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::digest::{chain, message_digest};
+    use crate::store::line::Line;
+    use serde_json::json;
+
+    fn record(id: &str, n: u8) -> CompactionRecord {
+        let digest = chain(None, &message_digest(&json!({"n": n})));
+        CompactionRecord {
+            v: FORMAT_VERSION,
+            kind: "compaction".into(),
+            id: id.into(),
+            at: "2026-01-01T00:00:00Z".into(),
+            strategy: "extract".into(),
+            chain: vec!["extract".into()],
+            reason: Reason::Threshold,
+            policy_version: POLICY_VERSION,
+            source: RecordSource {
+                start: 0,
+                end_exclusive: 2,
+                prefix_digest: digest,
+                tool_call_ids: vec![],
+                history_digest: String::new(),
+                previous_compaction: None,
+            },
+            continuation: json!({"role": "user", "content": "continue"}),
+            handoff: json!({"role": "assistant", "content": "handoff"}),
+            tokens_before: 10,
+            tokens_after: 5,
+            usage: Value::Null,
+            attempts: vec![],
+        }
+    }
+
+    #[test]
+    fn only_matching_valid_pairs_are_adopted() {
+        let good = record("cmp-good", 1);
+        let orphan = record("cmp-orphan", 2);
+        let mut mismatched = record("cmp-mismatch", 3);
+        let mut invalid = record("cmp-invalid", 4);
+        invalid.handoff = json!({"role": "assistant", "content": "x", "tool_calls": [{"id": "c"}]});
+        let mut mismatched_boundary = mismatched.boundary();
+        mismatched_boundary.prefix_digest = good.source.prefix_digest;
+        mismatched.source.end_exclusive = 3;
+        let dangling = BoundaryLine {
+            compact_id: "cmp-missing".into(),
+            prefix_digest: good.source.prefix_digest,
+        };
+        let log = ConversationLog {
+            lines: [
+                good.boundary(),
+                mismatched_boundary,
+                invalid.boundary(),
+                dangling,
+            ]
+            .into_iter()
+            .map(|b| Line::now(Entry::CompactBoundary(b)))
+            .collect(),
+            compactions: vec![good.clone(), orphan, mismatched, invalid],
+            ..ConversationLog::default()
+        };
+        let adoption = adopt(&log);
+        assert_eq!(adoption.adopted.len(), 1);
+        assert_eq!(adoption.adopted[&good.source.prefix_digest].id, "cmp-good");
+        let problems = adoption.problems.join("\n");
+        for expected in [
+            "cmp-orphan has no boundary",
+            "cmp-missing has no compaction record",
+            "cmp-mismatch covers a different prefix",
+            "cmp-invalid is invalid",
+        ] {
+            assert!(
+                problems.contains(expected),
+                "{expected} not reported:\n{problems}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_record_is_written_before_its_boundary() {
+        // Commit order is part of the recovery contract: with the record first, a crash
+        // in between leaves an orphan record, which `adopt` ignores.
+        let crash_between = ConversationLog {
+            compactions: vec![record("cmp-1", 1)],
+            ..ConversationLog::default()
+        };
+        assert!(adopt(&crash_between).adopted.is_empty());
+    }
+}

@@ -114,9 +114,13 @@ impl Compactor {
         let mut view = project_view(job.request, job.tracked, &adopted);
         let mut estimate = self.count(job, &view);
         let someone_else = view.generation().map(str::to_owned) != job.seen_generation;
-        if estimate <= job.threshold
-            && (job.reason != Reason::ContextLengthExceeded || someone_else)
-        {
+        let fits = estimate <= job.threshold;
+        let done_already = match job.reason {
+            Reason::Threshold => fits,
+            Reason::ContextLengthExceeded => fits && someone_else,
+            Reason::Manual => false,
+        };
+        if done_already {
             return Ok(view);
         }
         let mut keep_only_last = false;
@@ -129,7 +133,7 @@ impl Compactor {
             view = project_view(job.request, job.tracked, &adopted);
             view.validate()?;
             estimate = self.count(job, &view);
-            if estimate <= job.threshold {
+            if estimate <= job.threshold || job.reason == Reason::Manual {
                 return Ok(view);
             }
             let last_unit = split_into_units(view.live).len() <= 1;

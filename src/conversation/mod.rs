@@ -101,6 +101,24 @@ pub struct Tracked {
 }
 
 impl Tracked {
+    /// The digests of `request`, with no state: for reading a log back.
+    pub fn compute(id: ConversationId, request: &ChatRequest) -> Self {
+        let pinned_len = pinned_len(&request.messages);
+        let (pinned, rest) = request.messages.split_at(pinned_len);
+        let message_digests: Vec<MessageDigest> =
+            rest.iter().map(|m| message_digest(&m.value)).collect();
+        Self {
+            id,
+            pinned_len,
+            pinned_digests: pinned.iter().map(|m| message_digest(&m.value)).collect(),
+            prefix: prefix_digests(&message_digests),
+            message_digests,
+            new_messages: 0,
+            compactions: HashMap::new(),
+            calibration: None,
+        }
+    }
+
     /// The chain digest of the whole request, the parent of its reply.
     pub fn head(&self) -> Option<PrefixDigest> {
         self.prefix.last().copied()

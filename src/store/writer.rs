@@ -165,3 +165,47 @@ fn seal_torn_line(file: &mut File) -> std::io::Result<u64> {
     file.write_all(b"\n")?;
     Ok(len + 1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::read_log_file;
+
+    #[tokio::test]
+    async fn a_torn_line_is_sealed_and_the_next_append_stays_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c/messages.jsonl");
+        let writer = Writer::start(FsyncPolicy::Always).unwrap();
+        let line = br#"{"v":1,"at":"t","kind":"request","model":"m","head":null,"pinned":null,"stream":false,"new_messages":0}"#;
+        writer
+            .append(path.clone(), [line.as_slice(), b"\n"].concat())
+            .await
+            .unwrap();
+        // A crash mid-append leaves half a line.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes.extend_from_slice(b"{\"v\":1,\"at\":\"t\",\"ki");
+        std::fs::write(&path, &bytes).unwrap();
+        writer
+            .append(path.clone(), [line.as_slice(), b"\n"].concat())
+            .await
+            .unwrap();
+
+        let log = read_log_file(&path).unwrap();
+        assert_eq!(log.lines.len(), 2, "both whole lines survive");
+        assert_eq!(log.problems.len(), 1);
+        assert_eq!(log.problems[0].line, 2);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(
+            std::fs::metadata(path.parent().unwrap())
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o700
+        );
+    }
+}

@@ -195,3 +195,99 @@ fn looks_like_error(text: &str) -> bool {
         || serde_json::from_str::<Value>(text)
             .is_ok_and(|v| v.get("error").is_some_and(|e| !e.is_null()))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use futures_util::future::BoxFuture;
+    use handoff_plugin_api::{
+        Budgets, CancellationToken, ModelCallError, ModelClient, ModelInfo, ModelReply,
+        TokenCounter, Unit,
+    };
+    use serde_json::json;
+
+    use super::*;
+
+    struct Chars;
+    impl TokenCounter for Chars {
+        fn count_text(&self, text: &str) -> u64 {
+            text.len() as u64 / 4
+        }
+        fn count_message(&self, message: &Value) -> u64 {
+            self.count_text(&message.to_string())
+        }
+    }
+    struct Never;
+    impl ModelClient for Never {
+        fn complete(&self, _: Value) -> BoxFuture<'_, Result<ModelReply, ModelCallError>> {
+            Box::pin(async { Err(ModelCallError("not called".into())) })
+        }
+    }
+
+    fn input(users: usize, handoff_tokens: u64) -> StrategyInput {
+        let mut history = Vec::new();
+        for n in 0..users {
+            history.push(Unit {
+                messages: vec![
+                    json!({"role": "user", "content": format!("request {n}: {}", "x".repeat(200))}),
+                ],
+            });
+            history.push(Unit {
+                messages: vec![
+                    json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("c{n}"), "type": "function", "function": {"name": "grep", "arguments": "{\"q\": \"needle\"}"}}]}),
+                    json!({"role": "tool", "tool_call_id": format!("c{n}"), "content": if n == 0 { "Error: no such file" } else { "found" }}),
+                ],
+            });
+        }
+        history.push(Unit {
+            messages: vec![json!({"role": "assistant", "content": "LAST ASSISTANT WORDS"})],
+        });
+        StrategyInput {
+            conversation_id: "c".into(),
+            history,
+            retained_recent_messages: vec![],
+            previous_handoff: Some("PREVIOUS HANDOFF".into()),
+            model: ModelInfo {
+                model: "m".into(),
+                context_window: 8000,
+                summary_model: "m".into(),
+                summary_context_window: 8000,
+            },
+            budgets: Budgets {
+                input_budget: 8000,
+                handoff_tokens,
+            },
+            cancel: CancellationToken::new(),
+            client: Arc::new(Never),
+            tokens: Arc::new(Chars),
+        }
+    }
+
+    #[test]
+    fn keeps_previous_handoff_users_tools_and_last_assistant() {
+        let text = extract_handoff(&input(3, 4000));
+        assert!(text.contains("PREVIOUS HANDOFF"));
+        for n in 0..3 {
+            assert!(
+                text.contains(&format!("request {n}: {}", "x".repeat(200))),
+                "user message {n} not verbatim"
+            );
+        }
+        assert!(text.contains("grep({\"q\": \"needle\"}) -> error"));
+        assert!(text.contains("grep({\"q\": \"needle\"}) -> ok"));
+        assert!(text.contains("LAST ASSISTANT WORDS"));
+        assert!(!text.contains("left out"));
+    }
+
+    #[test]
+    fn a_short_budget_keeps_the_newest_users_and_says_how_many_it_left_out() {
+        let text = extract_handoff(&input(40, 400));
+        assert!(
+            text.contains("request 39:"),
+            "the newest user message is kept"
+        );
+        assert!(!text.contains("request 0:"));
+        assert!(text.contains("earlier user message(s) left out"));
+    }
+}

@@ -230,3 +230,95 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod precheck_tests {
+    use std::sync::Arc;
+
+    use futures_util::future::BoxFuture;
+    use handoff_plugin_api::{
+        Budgets, CancellationToken, ModelCallError, ModelClient, ModelInfo, ModelReply,
+        TokenCounter, Unit,
+    };
+
+    use super::*;
+
+    struct Chars;
+    impl TokenCounter for Chars {
+        fn count_text(&self, text: &str) -> u64 {
+            text.len() as u64 / 4
+        }
+        fn count_message(&self, message: &Value) -> u64 {
+            message["content"]
+                .as_str()
+                .map_or(0, |t| t.len() as u64 / 4)
+                + 4
+        }
+    }
+    struct Never;
+    impl ModelClient for Never {
+        fn complete(&self, _: Value) -> BoxFuture<'_, Result<ModelReply, ModelCallError>> {
+            Box::pin(async { Err(ModelCallError("not called".into())) })
+        }
+    }
+
+    fn input(window: u64, user_text: &str, tool_body: &str, arguments: &str) -> StrategyInput {
+        StrategyInput {
+            conversation_id: "c".into(),
+            history: vec![
+                Unit {
+                    messages: vec![json!({"role": "user", "content": user_text})],
+                },
+                Unit {
+                    messages: vec![
+                        json!({"role": "assistant", "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "read", "arguments": arguments}}]}),
+                        json!({"role": "tool", "tool_call_id": "t1", "content": tool_body}),
+                    ],
+                },
+            ],
+            retained_recent_messages: vec![json!({"role": "user", "content": "RECENT-ONLY"})],
+            previous_handoff: None,
+            model: ModelInfo {
+                model: "m".into(),
+                context_window: window,
+                summary_model: "m".into(),
+                summary_context_window: window,
+            },
+            budgets: Budgets {
+                input_budget: window,
+                handoff_tokens: 100,
+            },
+            cancel: CancellationToken::new(),
+            client: Arc::new(Never),
+            tokens: Arc::new(Chars),
+        }
+    }
+
+    #[test]
+    fn only_tool_bodies_are_shortened_and_user_text_and_arguments_survive() {
+        let user = format!("USER-START {} USER-END", "u".repeat(6000));
+        let args = format!("{{\"path\": \"ARG-START{}ARG-END\"}}", "a".repeat(3000));
+        let body = format!("BODY-START{}BODY-END", "b".repeat(40_000));
+        let summarize = Summarize::new("prompt".into(), Map::new());
+        // 40k of tool body does not fit a 12k-token window; shortened it does.
+        let request = summarize
+            .build_request(&input(12_000, &user, &body, &args))
+            .unwrap();
+        let text = request["messages"][1]["content"].as_str().unwrap();
+        assert!(text.contains(&user), "user text was shortened");
+        assert!(text.contains(&args), "tool arguments were shortened");
+        assert!(text.contains("BODY-START") && text.contains("BODY-END"));
+        assert!(text.contains("characters omitted by handoff"));
+        assert!(text.contains("reference_only") && text.contains("RECENT-ONLY"));
+        assert_eq!(request["max_tokens"], 1200);
+    }
+
+    #[test]
+    fn input_that_still_does_not_fit_fails_the_precheck() {
+        let user = "u".repeat(60_000);
+        let err = Summarize::new("prompt".into(), Map::new())
+            .build_request(&input(12_000, &user, "small", "{}"))
+            .unwrap_err();
+        assert_eq!(err.reason, FailureReason::PrecheckFailed);
+    }
+}
