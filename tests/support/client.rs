@@ -54,9 +54,14 @@ pub async fn send(req: Request<Full<Bytes>>) -> Whole {
 
 /// Sends over HTTP/1.1 or prior-knowledge h2 and reads the whole response.
 pub async fn send_with(req: Request<Full<Bytes>>, http2: bool) -> Whole {
-    let response = tokio::time::timeout(Duration::from_secs(30), client(http2).request(req))
+    send_within(req, http2, Duration::from_secs(30)).await
+}
+
+/// Sends and reads the whole response, failing after `limit`.
+pub async fn send_within(req: Request<Full<Bytes>>, http2: bool, limit: Duration) -> Whole {
+    let response = tokio::time::timeout(limit, client(http2).request(req))
         .await
-        .expect("response within 30s")
+        .expect("response within the time limit")
         .expect("response");
     let (parts, body) = response.into_parts();
     let body = body.collect().await.expect("body").to_bytes();
