@@ -1,0 +1,103 @@
+//! A deterministic compaction (the `extract` strategy) of a ~200k-token history:
+//! split, extract, commit to disk, re-project. Token counts are warm, as they are after
+//! the request that triggered the compaction was estimated.
+//!
+//! `cargo bench --bench compaction`
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use futures_util::future::BoxFuture;
+use handoff::compaction::chain::NamedStrategy;
+use handoff::compaction::service::{Compactor, Job};
+use handoff::compaction::Reason;
+use handoff::config::{CompactionConfig, FsyncPolicy, Tokenizer};
+use handoff::conversation::{ConversationId, Tracked, Tracker};
+use handoff::dialect::ChatRequest;
+use handoff::metrics::Metrics;
+use handoff::projection::project_view;
+use handoff::store::{DiskStore, Store, Writer};
+use handoff::tokens::Tokens;
+use handoff_plugin_api::{CancellationToken, ModelCallError, ModelClient, ModelInfo, ModelReply};
+use handoff_strategy_extract::Extract;
+use mock_upstream::fixtures::long_conversation;
+use serde_json::{json, Value};
+
+struct NoModel;
+
+impl ModelClient for NoModel {
+    fn complete(&self, _: Value) -> BoxFuture<'_, Result<ModelReply, ModelCallError>> {
+        Box::pin(async { Err(ModelCallError("the deterministic benchmark calls no model".into())) })
+    }
+}
+
+fn benches(c: &mut Criterion) {
+    let (messages, tools) = long_conversation(460_000);
+    let body = json!({"model": "gpt-4o", "messages": messages, "tools": tools}).to_string();
+    let request = ChatRequest::parse(body.as_bytes()).unwrap_or_else(|err| unreachable!("{err}"));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|err| unreachable!("{err}"));
+    let dir = tempfile::tempdir().unwrap_or_else(|err| unreachable!("{err}"));
+    let tokens = Arc::new(Tokens::new());
+    let (tracker, compactor) = runtime.block_on(async {
+        let writer = Writer::start(FsyncPolicy::Batch).unwrap_or_else(|err| unreachable!("{err}"));
+        let store: Arc<dyn Store> = Arc::new(DiskStore::new(dir.path(), writer));
+        let compactor = Compactor {
+            chain: vec![NamedStrategy {
+                name: "extract".into(),
+                strategy: Arc::new(Extract),
+            }],
+            tokens: Arc::clone(&tokens),
+            cancel: CancellationToken::new(),
+            metrics: Arc::new(Metrics::default()),
+        };
+        (Tracker::new(store, 100_000), compactor)
+    });
+    let config = CompactionConfig::default();
+    let model = ModelInfo {
+        model: "gpt-4o".into(),
+        context_window: 128_000,
+        summary_model: "gpt-4o".into(),
+        summary_context_window: 128_000,
+    };
+    let client: Arc<dyn ModelClient> = Arc::new(NoModel);
+    let warm = Tracked::compute(ConversationId::derived(&handoff::digest::bytes_digest(b"warm")), &request);
+    let total = project_view(&request, &warm, &Default::default()).estimate(&tokens, Tokenizer::O200k, 0);
+    eprintln!("history: {} messages, {total} tokens (o200k), {} bytes", request.messages.len(), body.len());
+
+    let serial = AtomicUsize::new(0);
+    c.bench_function("compaction/extract_200k_tokens", |b| {
+        b.iter(|| {
+            let n = serial.fetch_add(1, Ordering::Relaxed);
+            let id = ConversationId::parse(&format!("bench-{n}")).unwrap_or_else(|err| unreachable!("{err}"));
+            let tracked = Tracked::compute(id.clone(), &request);
+            let job = Job {
+                tracker: &tracker,
+                id: &id,
+                request: &request,
+                tracked: &tracked,
+                config: &config,
+                tokenizer: Tokenizer::O200k,
+                reasoning_marker: false,
+                model: model.clone(),
+                input_budget: 128_000 - 8192,
+                threshold: (0.9 * (128_000.0 - 8192.0)) as u64,
+                tools_tokens: 0,
+                reason: Reason::Threshold,
+                seen_generation: None,
+                client: Arc::clone(&client),
+            };
+            runtime
+                .block_on(compactor.compact(&job))
+                .map(|view| view.live_start)
+                .unwrap_or_else(|err| unreachable!("{err}"))
+        })
+    });
+}
+
+criterion_group!(compaction, benches);
+criterion_main!(compaction);
