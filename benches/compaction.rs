@@ -28,7 +28,11 @@ struct NoModel;
 
 impl ModelClient for NoModel {
     fn complete(&self, _: Value) -> BoxFuture<'_, Result<ModelReply, ModelCallError>> {
-        Box::pin(async { Err(ModelCallError("the deterministic benchmark calls no model".into())) })
+        Box::pin(async {
+            Err(ModelCallError(
+                "the deterministic benchmark calls no model".into(),
+            ))
+        })
     }
 }
 
@@ -65,15 +69,24 @@ fn benches(c: &mut Criterion) {
         summary_context_window: 128_000,
     };
     let client: Arc<dyn ModelClient> = Arc::new(NoModel);
-    let warm = Tracked::compute(ConversationId::derived(&handoff::digest::bytes_digest(b"warm")), &request);
-    let total = project_view(&request, &warm, &Default::default()).estimate(&tokens, Tokenizer::O200k, 0);
-    eprintln!("history: {} messages, {total} tokens (o200k), {} bytes", request.messages.len(), body.len());
+    let warm = Tracked::compute(
+        ConversationId::derived(&handoff::digest::bytes_digest(b"warm")),
+        &request,
+    );
+    let total =
+        project_view(&request, &warm, &Default::default()).estimate(&tokens, Tokenizer::O200k, 0);
+    eprintln!(
+        "history: {} messages, {total} tokens (o200k), {} bytes",
+        request.messages.len(),
+        body.len()
+    );
 
     let serial = AtomicUsize::new(0);
     c.bench_function("compaction/extract_200k_tokens", |b| {
         b.iter(|| {
             let n = serial.fetch_add(1, Ordering::Relaxed);
-            let id = ConversationId::parse(&format!("bench-{n}")).unwrap_or_else(|err| unreachable!("{err}"));
+            let id = ConversationId::parse(&format!("bench-{n}"))
+                .unwrap_or_else(|err| unreachable!("{err}"));
             let tracked = Tracked::compute(id.clone(), &request);
             let job = Job {
                 tracker: &tracker,

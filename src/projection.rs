@@ -3,6 +3,7 @@
 //! list into the client's body, so every other byte of the request is unchanged and,
 //! between compactions, each request extends the previous one (prompt caches hit).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -14,9 +15,10 @@ use serde_json::Value;
 use crate::compaction::Adopted;
 use crate::config::Tokenizer;
 use crate::conversation::Tracked;
-use crate::dialect::{check_tool_pairs, ChatRequest, DialectError, Message};
-use crate::digest::{MessageDigest, PrefixDigest};
+use crate::dialect::{check_tool_pairs, ChatRequest, DialectError, Message, Role};
+use crate::digest::{message_digest, MessageDigest, PrefixDigest};
 use crate::tokens::{Tokens, REPLY_PRIMING};
+use handoff_plugin_api::shorten_tool_body;
 
 /// Why a view may not be sent.
 #[derive(Debug, thiserror::Error)]
@@ -50,10 +52,10 @@ pub struct ModelView<'a> {
     pub pinned: Vec<ViewMessage<'a>>,
     /// The compaction in force, if any.
     pub compaction: Option<Arc<Adopted>>,
-    /// The verbatim originals after the covered prefix.
-    pub live: &'a [Message],
+    /// The originals after the covered prefix: verbatim, unless rescued.
+    pub live: Cow<'a, [Message]>,
     /// Digests of `live`.
-    pub live_digests: &'a [MessageDigest],
+    pub live_digests: Cow<'a, [MessageDigest]>,
     /// Index in the non-pinned originals where `live` starts.
     pub live_start: usize,
 }
@@ -79,7 +81,7 @@ impl ModelView<'_> {
             total +=
                 tokens.count_message(tokenizer, &adopted.handoff_digest, &adopted.record.handoff);
         }
-        for (message, digest) in self.live.iter().zip(self.live_digests) {
+        for (message, digest) in self.live.iter().zip(self.live_digests.iter()) {
             total += tokens.count_message(tokenizer, digest, &message.value);
         }
         total
@@ -103,6 +105,41 @@ impl ModelView<'_> {
         Ok(())
     }
 
+    /// `compaction.rescue`: shortens over-long tool bodies in the verbatim part to their
+    /// first and last 2,000 characters, marked. Only the view changes; the originals on
+    /// disk stay whole. Returns whether anything was shortened.
+    pub fn rescue(&mut self) -> bool {
+        let mut changed = false;
+        let mut live = self.live.to_vec();
+        let mut digests = self.live_digests.to_vec();
+        for (message, digest) in live.iter_mut().zip(digests.iter_mut()) {
+            if !matches!(message.role, Role::Tool | Role::Function) {
+                continue;
+            }
+            let Some(text) = message.value.get("content").and_then(Value::as_str) else {
+                continue;
+            };
+            let short = shorten_tool_body(text);
+            if short.len() == text.len() {
+                continue;
+            }
+            let mut value = message.value.clone();
+            value["content"] = Value::String(short);
+            let Ok(raw) = serde_json::value::to_raw_value(&value) else {
+                continue;
+            };
+            *digest = message_digest(&value);
+            message.value = value;
+            message.raw = raw;
+            changed = true;
+        }
+        if changed {
+            self.live = Cow::Owned(live);
+            self.live_digests = Cow::Owned(digests);
+        }
+        changed
+    }
+
     /// The raw messages in order.
     pub fn raw_messages(&self) -> Vec<&RawValue> {
         let mut out: Vec<&RawValue> = self.pinned.iter().map(|m| m.raw).collect();
@@ -114,10 +151,10 @@ impl ModelView<'_> {
         out
     }
 
-    /// The request body with this view as `messages`; the client's bytes when no
-    /// compaction applies.
+    /// The request body with this view as `messages`; the client's bytes when the view
+    /// is the request itself.
     pub fn render_body(&self, body: &Bytes) -> Result<Bytes, ProjectionError> {
-        if self.compaction.is_none() {
+        if self.compaction.is_none() && matches!(self.live, Cow::Borrowed(_)) {
             return Ok(body.clone());
         }
         #[derive(Deserialize)]
@@ -175,8 +212,8 @@ pub fn project_view<'a>(
     ModelView {
         pinned,
         compaction: found,
-        live: &rest[live_start..],
-        live_digests: &tracked.message_digests[live_start..],
+        live: Cow::Borrowed(&rest[live_start..]),
+        live_digests: Cow::Borrowed(&tracked.message_digests[live_start..]),
         live_start,
     }
 }

@@ -537,3 +537,40 @@ async fn manual_compaction_and_the_audit_views() {
     .await;
     assert_eq!(missing.status, 404);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rescue_shortens_an_over_long_tool_body_only_in_the_view() {
+    let (strict, mock) = strict_mock(4096).await;
+    let body = format!("HEAD {} TAIL", "data ".repeat(6000));
+    let messages = vec![
+        json!({"role": "user", "content": "read the log"}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}]}),
+        json!({"role": "tool", "tool_call_id": "c1", "content": body}),
+    ];
+    let strict_proxy = Proxy::start_with(&mock.url(), options(4096, ""));
+    let refused = chat(&strict_proxy, "rescue", &messages).await;
+    assert_eq!(
+        refused.status, 400,
+        "without rescue the last unit cannot fit"
+    );
+    assert!(refused.text().contains("last unit"), "{}", refused.text());
+    assert_eq!(refused.json()["error"]["code"], "context_length_exceeded");
+
+    let proxy = Proxy::start_with(&mock.url(), options(4096, "[compaction]\nrescue = true\n"));
+    let got = chat(&proxy, "rescue", &messages).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let sent = agent_requests(&mock).pop().unwrap().json();
+    let tool = sent["messages"][2]["content"].as_str().unwrap();
+    assert!(
+        tool.starts_with("HEAD")
+            && tool.ends_with("TAIL")
+            && tool.contains("characters omitted by handoff")
+    );
+    assert!(strict.over_window.lock().unwrap().is_empty());
+    let replay = proxy.replay("rescue", None);
+    assert_eq!(
+        replay[2]["content"].as_str().unwrap(),
+        body,
+        "the original stays whole on disk"
+    );
+}

@@ -124,19 +124,36 @@ impl Compactor {
             return Ok(view);
         }
         let mut keep_only_last = false;
+        let mut rescued = false;
         loop {
             let covered_before = view.live_start;
-            let record = self.run_once(job, &view, estimate, keep_only_last).await?;
+            let record = match self.run_once(job, &view, estimate, keep_only_last).await {
+                Err(CompactError::TooLarge { .. })
+                    if job.config.rescue && !rescued && view.rescue() =>
+                {
+                    // compaction.rescue: shortened tool bodies may let the last unit fit.
+                    rescued = true;
+                    estimate = self.count(job, &view);
+                    if estimate <= job.threshold {
+                        return Ok(view);
+                    }
+                    continue;
+                }
+                other => other?,
+            };
             let committed = job.tracker.commit_compaction(job.id, record).await?;
             self.record_metrics(&committed);
             adopted.insert(committed.record.source.prefix_digest, committed);
             view = project_view(job.request, job.tracked, &adopted);
+            if rescued {
+                view.rescue();
+            }
             view.validate()?;
             estimate = self.count(job, &view);
             if estimate <= job.threshold || job.reason == Reason::Manual {
                 return Ok(view);
             }
-            let last_unit = split_into_units(view.live).len() <= 1;
+            let last_unit = split_into_units(&view.live).len() <= 1;
             if keep_only_last || last_unit || view.live_start <= covered_before {
                 return Err(CompactError::TooLarge {
                     detail: format!(
@@ -155,7 +172,7 @@ impl Compactor {
         view: &ModelView<'_>,
         keep_only_last: bool,
     ) -> Result<Plan, CompactError> {
-        let units = split_into_units(view.live);
+        let units = split_into_units(&view.live);
         let unit_tokens: Vec<u64> = units
             .iter()
             .map(|u| {
@@ -195,7 +212,7 @@ impl Compactor {
         let mut chosen = None;
         for step in steps {
             let keep = (job.config.keep_recent * step * job.input_budget as f64) as u64;
-            let Some(cut) = split_at_unit_boundary(view.live, &units, &unit_tokens, keep) else {
+            let Some(cut) = split_at_unit_boundary(&view.live, &units, &unit_tokens, keep) else {
                 break;
             };
             let recent: u64 = units
