@@ -29,6 +29,9 @@ use crate::state::AppState;
 /// Largest upstream error body read to look for a context-length error.
 const MAX_ERROR_BODY: usize = 1024 * 1024;
 
+/// New message text above which tokenising is moved off the async path.
+const BIG_UNCOUNTED: usize = 256 * 1024;
+
 /// How much each reactive retry tightens the budget.
 const REACTIVE_TIGHTEN: f64 = 0.8;
 
@@ -104,7 +107,15 @@ pub async fn handle(
     }
     let mut estimate = None;
     if let Some(budget) = &budget {
-        let local = view.estimate(&state.tokens, budget.tokenizer(), budget.tools_tokens);
+        let uncounted = view.uncounted_bytes(&state.tokens, budget.tokenizer());
+        let local = if uncounted > BIG_UNCOUNTED {
+            // Tokenising hundreds of KB takes tens of ms: let the runtime move other work.
+            tokio::task::block_in_place(|| {
+                view.estimate(&state.tokens, budget.tokenizer(), budget.tools_tokens)
+            })
+        } else {
+            view.estimate(&state.tokens, budget.tokenizer(), budget.tools_tokens)
+        };
         let current = calibrated(
             local,
             tracked.calibration.as_ref(),

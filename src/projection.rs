@@ -87,6 +87,23 @@ impl ModelView<'_> {
         total
     }
 
+    /// Bytes of messages whose token count is not cached yet (an upper bound on the
+    /// tokenising work `estimate` will do).
+    pub fn uncounted_bytes(&self, tokens: &Tokens, tokenizer: Tokenizer) -> usize {
+        let pinned = self
+            .pinned
+            .iter()
+            .filter(|m| !tokens.is_counted(tokenizer, &m.digest))
+            .map(|m| m.raw.get().len());
+        let live = self
+            .live
+            .iter()
+            .zip(self.live_digests.iter())
+            .filter(|(_, d)| !tokens.is_counted(tokenizer, d))
+            .map(|(m, _)| m.raw.get().len());
+        pinned.chain(live).sum()
+    }
+
     /// Checks the view: tool pairs complete, the continuation a user message, the
     /// handoff an assistant message with string content and no tool calls.
     pub fn validate(&self) -> Result<(), ProjectionError> {

@@ -74,6 +74,11 @@ impl Tokens {
         }
     }
 
+    /// True when the message with `digest` has a cached count.
+    pub fn is_counted(&self, tokenizer: Tokenizer, digest: &MessageDigest) -> bool {
+        self.cache.contains_key(&(*digest, tokenizer as u8))
+    }
+
     /// Tokens of a message with known digest, overhead included; cached.
     pub fn count_message(
         &self,

@@ -331,7 +331,8 @@ async fn the_view_is_stable_between_compactions_and_after_a_restart() {
 async fn an_irreducible_request_gets_400_with_the_numbers() {
     let (_strict, mock) = strict_mock(4096).await;
     let proxy = Proxy::start_with(&mock.url(), options(4096, ""));
-    let got = chat(&proxy, "huge", &[big_user(1, 9000)]).await;
+    // About 400 KB of new text: tokenised off the async path (block_in_place).
+    let got = chat(&proxy, "huge", &[big_user(1, 120_000)]).await;
     assert_eq!(got.status, 400);
     assert_eq!(got.json()["error"]["code"], "context_length_exceeded");
     let message = got.json()["error"]["message"].as_str().unwrap().to_owned();
