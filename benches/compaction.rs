@@ -51,10 +51,6 @@ fn benches(c: &mut Criterion) {
         let writer = Writer::start(FsyncPolicy::Batch).unwrap_or_else(|err| unreachable!("{err}"));
         let store: Arc<dyn Store> = Arc::new(DiskStore::new(dir.path(), writer));
         let compactor = Compactor {
-            chain: vec![NamedStrategy {
-                name: "extract".into(),
-                strategy: Arc::new(Extract),
-            }],
             tokens: Arc::clone(&tokens),
             cancel: CancellationToken::new(),
             metrics: Arc::new(Metrics::default()),
@@ -69,6 +65,13 @@ fn benches(c: &mut Criterion) {
         summary_context_window: 128_000,
     };
     let client: Arc<dyn ModelClient> = Arc::new(NoModel);
+    let chain = vec![NamedStrategy {
+        name: "extract".into(),
+        strategy: Arc::new(Extract),
+        timeout: None,
+        summary_model: None,
+        prune: None,
+    }];
     let warm = Tracked::compute(
         ConversationId::derived(&handoff::digest::bytes_digest(b"warm")),
         &request,
@@ -103,6 +106,7 @@ fn benches(c: &mut Criterion) {
                 reason: Reason::Threshold,
                 seen_generation: None,
                 client: Arc::clone(&client),
+                chain: chain.clone(),
             };
             runtime
                 .block_on(compactor.compact(&job))

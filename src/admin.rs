@@ -41,6 +41,16 @@ pub async fn handle(
     if let Err(err) = authorize(state, &request, peer) {
         return reject(log, err);
     }
+    if path == "/handoff/config" {
+        let snap = state.snapshot();
+        let value = json!({
+            "config": crate::config::masked(&snap.config),
+            "loaded_at": snap.loaded_at,
+            "reload": state.reload_status(),
+            "file": state.config_file().map(|p| p.display().to_string()),
+        });
+        return ok_json(log, &value);
+    }
     if path == "/handoff/metrics" {
         log.set_status(StatusCode::OK);
         let mut response = Response::new(crate::body::full(state.metrics.render()));
@@ -104,7 +114,9 @@ async fn compact_now(
         .latest_request_body()
         .ok_or_else(|| ApiError::not_found(format!("no conversation {id}")))?;
     let request = ChatRequest::parse(body.as_bytes()).map_err(ApiError::from)?;
-    let budget = RequestBudget::new(&state.config, &request, &state.tokens).ok_or_else(|| {
+    let snap = state.snapshot();
+    let upstream = snap.upstream_for(&request.model);
+    let budget = RequestBudget::new(&snap.config, &request, &state.tokens).ok_or_else(|| {
         ApiError::invalid_request(
             "compaction_unavailable",
             format!(
@@ -122,11 +134,12 @@ async fn compact_now(
     let mut client_headers = headers.clone();
     client_headers.remove(header::CONTENT_LENGTH);
     let job = Job {
+        chain: snap.registry.select(&snap.config, &request.model, None),
         tracker: &state.tracker,
         id: &id,
         request: &request,
         tracked: &tracked,
-        config: &state.config.compaction,
+        config: &snap.config.compaction,
         tokenizer: budget.tokenizer(),
         reasoning_marker: budget.model.reasoning_marker,
         model: budget.info.clone(),
@@ -136,7 +149,7 @@ async fn compact_now(
         reason: Reason::Manual,
         seen_generation: None,
         client: Arc::new(UpstreamModelClient::new(
-            state.upstream.clone(),
+            upstream.clone(),
             PathAndQuery::from_static("/v1/chat/completions"),
             client_headers,
         )),
@@ -261,7 +274,8 @@ fn authorize(
     if peer.ip().is_loopback() {
         return Ok(());
     }
-    let Some(token) = state.config.admin.token.as_deref() else {
+    let snap = state.snapshot();
+    let Some(token) = snap.config.admin.token.as_deref() else {
         return Err(ApiError::unauthorized(
             "admin endpoints are served to loopback clients only; set admin.token to open them",
         ));

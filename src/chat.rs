@@ -14,6 +14,7 @@ use crate::access_log::RequestLog;
 use crate::body::{full, ProxyBody};
 use crate::capture::{ReplyCapture, ReplyTarget};
 use crate::compaction::budget::{calibrated, RequestBudget};
+use crate::compaction::chain::NamedStrategy;
 use crate::compaction::model_client::UpstreamModelClient;
 use crate::compaction::reactive::is_context_length_error;
 use crate::compaction::service::{CompactError, Job};
@@ -24,7 +25,8 @@ use crate::error::ApiError;
 use crate::forward::{forward, reject, relay, upstream_request};
 use crate::projection::project_view;
 use crate::relay::Observer;
-use crate::state::AppState;
+use crate::state::{AppState, Snapshot};
+use crate::upstream::Upstream;
 
 /// Largest upstream error body read to look for a context-length error.
 const MAX_ERROR_BODY: usize = 1024 * 1024;
@@ -41,14 +43,21 @@ pub async fn handle(
     request: Request<Incoming>,
     mut log: RequestLog,
 ) -> Response<ProxyBody> {
+    // One snapshot for the whole request: a reload mid-way does not change its config.
+    let snap = state.snapshot();
     let (mut parts, body) = request.into_parts();
-    let bytes = match read_body(body, state.config.limits.max_body_bytes, &parts.headers).await {
+    let bytes = match read_body(body, snap.config.limits.max_body_bytes, &parts.headers).await {
         Ok(bytes) => bytes,
         Err(err) => return reject(log, err),
     };
     let chat = match ChatRequest::parse(&bytes) {
         Ok(chat) => chat,
         Err(err) => return reject(log, err.into()),
+    };
+    let upstream = snap.upstream_for(&chat.model);
+    let chain = match strategy_override(&snap, &parts.headers) {
+        Ok(name) => snap.registry.select(&snap.config, &chat.model, name),
+        Err(err) => return reject(log, err),
     };
     let header = match parts.headers.get(CONVERSATION_HEADER).map(|v| v.to_str()) {
         None => None,
@@ -86,7 +95,7 @@ pub async fn handle(
 
     let tracked = match state.tracker.track(id.clone(), &chat).await {
         Ok(tracked) => tracked,
-        Err(err) if state.config.store.required => {
+        Err(err) if snap.config.store.required => {
             tracing::error!(conversation = %id, error = %err, "refusing the request: its originals cannot be stored");
             return reject(
                 log,
@@ -95,10 +104,10 @@ pub async fn handle(
         }
         Err(err) => {
             tracing::warn!(conversation = %id, error = %err, "forwarding untracked: store.required is false");
-            return forward(&state.upstream, parts, full(bytes), log, None).await;
+            return forward(upstream, parts, full(bytes), log, None).await;
         }
     };
-    let budget = RequestBudget::new(&state.config, &chat, &state.tokens);
+    let budget = RequestBudget::new(&snap.config, &chat, &state.tokens);
     let mut view = project_view(&chat, &tracked, &tracked.compactions);
     if let Err(err) = view.validate() {
         // Never send an invalid view; the client's own request is always valid to send.
@@ -124,16 +133,17 @@ pub async fn handle(
         );
         if current > budget.threshold {
             tracing::info!(conversation = %id, estimate = current, threshold = budget.threshold, "over the trigger; compacting");
-            let job = job(
+            let job = Context {
                 state,
-                &parts,
-                &chat,
-                &tracked,
+                snap: &snap,
+                upstream,
+                parts: &parts,
+                chat: &chat,
+                tracked: &tracked,
                 budget,
-                budget.threshold,
-                Reason::Threshold,
-                view.generation(),
-            );
+                chain: &chain,
+            }
+            .job(budget.threshold, Reason::Threshold, view.generation());
             match state.compactor.compact(&job).await {
                 Ok(compacted) => view = compacted,
                 Err(err) => return compaction_failed(log, err),
@@ -149,7 +159,7 @@ pub async fn handle(
             Err(err) => return reject(log, ApiError::internal(err.to_string())),
         };
         let request = match upstream_request(
-            &state.upstream,
+            upstream,
             parts.method.clone(),
             &parts.uri,
             parts.headers.clone(),
@@ -160,7 +170,7 @@ pub async fn handle(
         };
         tracing::debug!(conversation = %id, generation = ?view.generation(), "sending the view upstream");
         let sent = tokio::time::Instant::now();
-        let response = match state.upstream.send(request).await {
+        let response = match upstream.send(request).await {
             Ok(response) => response,
             Err(err) => {
                 tracing::warn!(error = %err, "upstream request failed");
@@ -171,7 +181,7 @@ pub async fn handle(
 
         let reactive = budget
             .as_ref()
-            .filter(|_| retries < state.config.compaction.max_retries);
+            .filter(|_| retries < snap.config.compaction.max_retries);
         if let Some(budget) = reactive.filter(|_| response.status().is_client_error()) {
             // Nothing has reached the client yet: the error can still be turned into a retry.
             let (head, incoming) = response.into_parts();
@@ -192,16 +202,17 @@ pub async fn handle(
             let tightened =
                 (budget.threshold as f64 * REACTIVE_TIGHTEN.powi(retries as i32)) as u64;
             tracing::warn!(conversation = %id, retry = retries, threshold = tightened, "upstream reported context length exceeded; compacting and retrying");
-            let job = job(
+            let job = Context {
                 state,
-                &parts,
-                &chat,
-                &tracked,
+                snap: &snap,
+                upstream,
+                parts: &parts,
+                chat: &chat,
+                tracked: &tracked,
                 budget,
-                tightened,
-                Reason::ContextLengthExceeded,
-                view.generation(),
-            );
+                chain: &chain,
+            }
+            .job(tightened, Reason::ContextLengthExceeded, view.generation());
             match state.compactor.compact(&job).await {
                 Ok(compacted) => {
                     estimate = Some(compacted.estimate(
@@ -226,44 +237,75 @@ pub async fn handle(
             model: chat.model.clone(),
             estimate: estimate.map(|local| (local, view.generation().map(str::to_owned))),
         }));
-        return relay(&state.upstream, response, log, Some(observer));
+        return relay(upstream, response, log, Some(observer));
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn job<'a>(
+/// What a compaction of this request needs to know.
+struct Context<'a> {
     state: &'a AppState,
-    parts: &request::Parts,
+    snap: &'a Snapshot,
+    upstream: &'a Upstream,
+    parts: &'a request::Parts,
     chat: &'a ChatRequest,
     tracked: &'a Tracked,
-    budget: &RequestBudget,
-    threshold: u64,
-    reason: Reason,
-    seen_generation: Option<&str>,
-) -> Job<'a> {
-    let path = parts
-        .uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/v1/chat/completions"));
-    Job {
-        tracker: &state.tracker,
-        id: &tracked.id,
-        request: chat,
-        tracked,
-        config: &state.config.compaction,
-        tokenizer: budget.tokenizer(),
-        reasoning_marker: budget.model.reasoning_marker,
-        model: budget.info.clone(),
-        input_budget: budget.input_budget,
-        threshold,
-        tools_tokens: budget.tools_tokens,
-        reason,
-        seen_generation: seen_generation.map(str::to_owned),
-        client: Arc::new(UpstreamModelClient::new(
-            state.upstream.clone(),
-            path,
-            parts.headers.clone(),
+    budget: &'a RequestBudget,
+    chain: &'a [NamedStrategy],
+}
+
+impl<'a> Context<'a> {
+    fn job(&self, threshold: u64, reason: Reason, seen_generation: Option<&str>) -> Job<'a> {
+        let path = self
+            .parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/v1/chat/completions"));
+        Job {
+            tracker: &self.state.tracker,
+            id: &self.tracked.id,
+            request: self.chat,
+            tracked: self.tracked,
+            config: &self.snap.config.compaction,
+            tokenizer: self.budget.tokenizer(),
+            reasoning_marker: self.budget.model.reasoning_marker,
+            model: self.budget.info.clone(),
+            input_budget: self.budget.input_budget,
+            threshold,
+            tools_tokens: self.budget.tools_tokens,
+            reason,
+            seen_generation: seen_generation.map(str::to_owned),
+            client: Arc::new(UpstreamModelClient::new(
+                self.upstream.clone(),
+                path,
+                self.parts.headers.clone(),
+            )),
+            chain: self.chain.to_vec(),
+        }
+    }
+}
+
+/// The header that picks a strategy for one request.
+pub const STRATEGY_HEADER: &str = "x-handoff-strategy";
+
+/// The strategy a client asked for, if it is on `compaction.request_override_allow`.
+fn strategy_override<'h>(
+    snap: &Snapshot,
+    headers: &'h http::HeaderMap,
+) -> Result<Option<&'h str>, ApiError> {
+    let Some(value) = headers.get(STRATEGY_HEADER) else {
+        return Ok(None);
+    };
+    let allowed = &snap.config.compaction.request_override_allow;
+    match value.to_str() {
+        Ok(name) if allowed.iter().any(|a| a == name) => Ok(Some(name)),
+        _ => Err(ApiError::invalid_request(
+            "strategy_not_allowed",
+            format!(
+                "{STRATEGY_HEADER}: {:?} is not allowed; allowed: [{}] (compaction.request_override_allow)",
+                String::from_utf8_lossy(value.as_bytes()),
+                allowed.join(", ")
+            ),
         )),
     }
 }

@@ -35,6 +35,7 @@ pub mod headers;
 pub mod metrics;
 pub mod projection;
 pub mod relay;
+pub mod reload;
 pub mod router;
 pub mod server;
 pub mod state;

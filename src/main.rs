@@ -186,7 +186,7 @@ fn serve(args: &ConfigArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(handoff::server::serve(config)) {
+    match runtime.block_on(handoff::server::serve(config, args.overrides())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!(error = %err, "handoff stopped");

@@ -35,5 +35,6 @@ pub async fn route(
     let (parts, body) = request.into_parts();
     // Uploads and other bodies stream straight through, never collected.
     let body = body.map_err(Into::into).boxed_unsync();
-    forward(&state.upstream, parts, body, log, None).await
+    let snap = state.snapshot();
+    forward(&snap.upstream, parts, body, log, None).await
 }

@@ -16,7 +16,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::config::Config;
+use crate::config::{Config, Overrides};
+use crate::reload::{spawn_reloader, watch_config_file};
 use crate::router::route;
 use crate::state::AppState;
 
@@ -50,7 +51,7 @@ pub enum ServeError {
 }
 
 /// Runs the proxy until SIGINT or SIGTERM, then drains within `shutdown_grace`.
-pub async fn serve(config: Config) -> Result<(), ServeError> {
+pub async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeError> {
     let tls = match (&config.tls.cert_file, &config.tls.key_file) {
         (Some(cert), Some(key)) => Some(tls_acceptor(cert, key)?),
         _ => None,
@@ -67,13 +68,19 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     })?;
     let grace = config.shutdown_grace;
     let scheme = if tls.is_some() { "https" } else { "http" };
-    let state = Arc::new(AppState::new(config)?);
+    let state = Arc::new(AppState::new(config, overrides)?);
+    let reload = spawn_reloader(Arc::clone(&state));
+    let _watcher = state
+        .config_file()
+        .and_then(|file| watch_config_file(file, reload.clone()));
     tracing::info!(
-        upstream = %state.config.upstream.base_url,
+        upstream = %state.snapshot().config.upstream.base_url,
         "handoff listening on {scheme}://{local}"
     );
 
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(ServeError::Signal)?;
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(ServeError::Signal)?;
     let graceful = GracefulShutdown::new();
     loop {
@@ -89,6 +96,10 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
             },
             _ = tokio::signal::ctrl_c() => break,
             _ = terminate.recv() => break,
+            _ = hangup.recv() => {
+                let _ = reload.try_send("SIGHUP");
+                continue;
+            }
         };
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(error = %err, "set_nodelay failed");

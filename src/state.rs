@@ -1,39 +1,113 @@
-//! What every request handler shares: the config snapshot, the upstream client, the
-//! conversation tracker, token counting, the compactor and the counters.
+//! What every request handler shares. Long-lived parts (the tracker, token counts,
+//! counters) live for the process; everything derived from the config lives in a
+//! [`Snapshot`] that a reload swaps whole. A request loads one snapshot when it starts
+//! and keeps it to the end, so in-flight requests finish on the config they began with.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
+use arc_swap::ArcSwap;
 use handoff_plugin_api::CancellationToken;
+use serde::Serialize;
 
 use crate::compaction::service::Compactor;
-use crate::config::Config;
+use crate::config::{self, Config, Overrides, UpstreamConfig};
 use crate::conversation::Tracker;
 use crate::metrics::Metrics;
 use crate::store::{DiskStore, Store, Writer};
-use crate::strategies::{build_chain, ChainError};
+use crate::strategies::{ChainError, Registry};
 use crate::tokens::Tokens;
 use crate::upstream::{Upstream, UpstreamError};
 
 /// Why the shared state could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
-    /// The upstream client could not be built.
+    /// An upstream client could not be built.
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
     /// The writer thread could not start.
     #[error("cannot start the log writer: {0}")]
     Writer(std::io::Error),
-    /// The strategy chain could not be built.
+    /// The strategy registry could not be built.
     #[error(transparent)]
     Chain(#[from] ChainError),
+    /// The config file could not be loaded.
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+}
+
+/// Everything built from one config.
+pub struct Snapshot {
+    /// The config.
+    pub config: Arc<Config>,
+    /// The default upstream.
+    pub upstream: Upstream,
+    /// Each route's own upstream, index-aligned with `config.routes`.
+    route_upstreams: Vec<Option<Upstream>>,
+    /// The named strategies.
+    pub registry: Registry,
+    /// When it was loaded, RFC 3339.
+    pub loaded_at: String,
+}
+
+impl Snapshot {
+    /// Builds clients and strategies for `config`.
+    pub fn build(config: Config) -> Result<Self, StateError> {
+        let upstream = Upstream::new(&config.upstream)?;
+        let route_upstreams = config
+            .routes
+            .iter()
+            .map(|route| {
+                route
+                    .upstream
+                    .as_ref()
+                    .map(|url| {
+                        Upstream::new(&UpstreamConfig {
+                            base_url: url.clone(),
+                            ..config.upstream.clone()
+                        })
+                    })
+                    .transpose()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let registry = Registry::build(&config)?;
+        Ok(Self {
+            config: Arc::new(config),
+            upstream,
+            route_upstreams,
+            registry,
+            loaded_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+        })
+    }
+
+    /// The upstream for `model`: the first matching route's, else the default.
+    pub fn upstream_for(&self, model: &str) -> &Upstream {
+        self.config
+            .routes
+            .iter()
+            .zip(&self.route_upstreams)
+            .find(|(route, _)| route.matches(model))
+            .and_then(|(_, upstream)| upstream.as_ref())
+            .unwrap_or(&self.upstream)
+    }
+}
+
+/// Reloads so far, for `GET /handoff/config`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReloadStatus {
+    /// Successful reloads.
+    pub reloads: u64,
+    /// Why the last attempt failed, if it did.
+    pub last_error: Option<String>,
+    /// When the last attempt was made.
+    pub last_attempt: Option<String>,
 }
 
 /// Shared by every connection.
 pub struct AppState {
-    /// The effective config.
-    pub config: Arc<Config>,
-    /// The pooled upstream client.
-    pub upstream: Upstream,
+    current: ArcSwap<Snapshot>,
+    overrides: Overrides,
+    reload: Mutex<ReloadStatus>,
     /// Conversation tracking over the store.
     pub tracker: Arc<Tracker>,
     /// Token counting with its cache.
@@ -47,9 +121,8 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Builds the state for `config`; must run inside the tokio runtime.
-    pub fn new(config: Config) -> Result<Self, StateError> {
-        let upstream = Upstream::new(&config.upstream)?;
+    /// Builds the state for `config` (loaded with `overrides`); must run inside tokio.
+    pub fn new(config: Config, overrides: Overrides) -> Result<Self, StateError> {
         let writer = Writer::start(config.store.fsync).map_err(StateError::Writer)?;
         let store: Arc<dyn Store> = Arc::new(DiskStore::new(&config.data_dir, writer));
         let tracker = Arc::new(Tracker::new(store, config.store.cache_capacity));
@@ -60,19 +133,81 @@ impl AppState {
         let metrics = Arc::new(Metrics::default());
         let shutdown = CancellationToken::new();
         let compactor = Compactor {
-            chain: build_chain(&config.compaction)?,
             tokens: Arc::clone(&tokens),
             cancel: shutdown.clone(),
             metrics: Arc::clone(&metrics),
         };
         Ok(Self {
-            config: Arc::new(config),
-            upstream,
+            current: ArcSwap::from_pointee(Snapshot::build(config)?),
+            overrides,
+            reload: Mutex::new(ReloadStatus::default()),
             tracker,
             tokens,
             compactor,
             metrics,
             shutdown,
         })
+    }
+
+    /// The config snapshot in force; hold it for the whole request.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    /// Reloads the config with the same flags: parsed and validated in full, then
+    /// swapped at once; on any error the old snapshot stays and the error is kept.
+    pub fn reload(&self) -> Result<(), String> {
+        let attempt = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+        let result = config::load(&self.overrides)
+            .map_err(StateError::from)
+            .and_then(Snapshot::build);
+        let mut status = self
+            .reload
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        status.last_attempt = Some(attempt);
+        match result {
+            Ok(next) => {
+                let previous = self.snapshot();
+                for (key, changed) in [
+                    ("listen", previous.config.listen != next.config.listen),
+                    ("data_dir", previous.config.data_dir != next.config.data_dir),
+                    (
+                        "store",
+                        format!("{:?}", previous.config.store)
+                            != format!("{:?}", next.config.store),
+                    ),
+                    (
+                        "tls",
+                        format!("{:?}", previous.config.tls) != format!("{:?}", next.config.tls),
+                    ),
+                ] {
+                    if changed {
+                        tracing::warn!(key, "this setting changes only after a restart");
+                    }
+                }
+                self.current.store(Arc::new(next));
+                status.reloads += 1;
+                status.last_error = None;
+                tracing::info!(reloads = status.reloads, "config reloaded");
+                Ok(())
+            }
+            Err(err) => {
+                let message = err.to_string();
+                tracing::error!(error = %message, "config reload refused; the previous config stays in force");
+                status.last_error = Some(message.clone());
+                Err(message)
+            }
+        }
+    }
+
+    /// Reloads so far.
+    pub fn reload_status(&self) -> ReloadStatus {
+        self.reload.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// The config file a reload reads, if any.
+    pub fn config_file(&self) -> Option<std::path::PathBuf> {
+        config::config_file(&self.overrides)
     }
 }

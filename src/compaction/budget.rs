@@ -129,6 +129,7 @@ mod tests {
             tokenizer: Tokenizer::O200k,
             default_output_reserve: reserve,
             reasoning_marker: false,
+            compaction: None,
         }
     }
 

@@ -5,18 +5,100 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use handoff_plugin_api::{AttemptError, FailureReason, Strategy, StrategyInput, Summary};
+use std::collections::HashMap;
+
+use handoff_plugin_api::{
+    AttemptError, FailureReason, Strategy, StrategyInput, Summary, TokenCounter, Unit,
+};
 use serde_json::{json, Map, Value};
 
 use super::record::Attempt;
 
-/// A strategy with its name in the chain.
+/// A strategy with its name in the chain and its own settings.
 #[derive(Clone)]
 pub struct NamedStrategy {
     /// The name used in config and records.
     pub name: String,
     /// The strategy.
     pub strategy: Arc<dyn Strategy>,
+    /// Its time limit; `compaction.summary_timeout` when unset.
+    pub timeout: Option<Duration>,
+    /// Its summary model and that model's window, when it has its own.
+    pub summary_model: Option<(String, Option<u64>)>,
+    /// Tool output kept whole when pruning (tokens); no pruning when unset.
+    pub prune: Option<u64>,
+}
+
+impl NamedStrategy {
+    /// The input this strategy sees: its own summary model, pruned tool output.
+    fn input_for(&self, input: &StrategyInput) -> Option<StrategyInput> {
+        if self.summary_model.is_none() && self.prune.is_none() {
+            return None;
+        }
+        let mut own = input.clone();
+        if let Some((model, window)) = &self.summary_model {
+            own.model.summary_model = model.clone();
+            own.model.summary_context_window = window.unwrap_or(input.model.context_window);
+        }
+        if let Some(keep) = self.prune {
+            own.history = prune_tool_outputs(&input.history, keep, input.tokens.as_ref());
+        }
+        Some(own)
+    }
+}
+
+/// Replaces old tool results by placeholders that keep the tool name and the size;
+/// the newest `keep_tokens` of tool output stay whole.
+pub fn prune_tool_outputs(
+    history: &[Unit],
+    keep_tokens: u64,
+    tokens: &dyn TokenCounter,
+) -> Vec<Unit> {
+    let mut kept = 0;
+    let mut out: Vec<Unit> = history.to_vec();
+    for unit in out.iter_mut().rev() {
+        let names: HashMap<String, String> = unit
+            .messages
+            .iter()
+            .flat_map(|m| {
+                m.get("tool_calls")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter_map(|call| {
+                let id = call.get("id")?.as_str()?.to_owned();
+                let name = call.pointer("/function/name")?.as_str()?.to_owned();
+                Some((id, name))
+            })
+            .collect();
+        for message in unit.messages.iter_mut().rev() {
+            if message.get("role").and_then(Value::as_str) != Some("tool") {
+                continue;
+            }
+            let text = message
+                .get("content")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            let cost = tokens.count_text(&text);
+            if kept + cost <= keep_tokens {
+                kept += cost;
+                continue;
+            }
+            kept = keep_tokens;
+            let id = message
+                .get("tool_call_id")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let name = names.get(id).map_or("tool", String::as_str);
+            message["content"] = json!(format!(
+                "[{name} output pruned by handoff: {} characters]",
+                text.chars().count()
+            ));
+        }
+    }
+    out
 }
 
 /// What a chain run produced.
@@ -46,9 +128,12 @@ pub async fn run_chain(
             break;
         }
         let started = Instant::now();
+        let own = named.input_for(input);
+        let input_for = own.as_ref().unwrap_or(input);
+        let timeout = named.timeout.unwrap_or(timeout);
         let result = tokio::select! {
             () = input.cancel.cancelled() => Err(AttemptError::new(FailureReason::Cancelled, "compaction cancelled")),
-            timed = tokio::time::timeout(timeout, named.strategy.summarize(input)) => match timed {
+            timed = tokio::time::timeout(timeout, named.strategy.summarize(input_for)) => match timed {
                 Ok(result) => result,
                 Err(_) => Err(AttemptError::new(FailureReason::Timeout, format!("no summary within {timeout:?}"))),
             },

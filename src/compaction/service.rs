@@ -82,12 +82,12 @@ pub struct Job<'a> {
     pub seen_generation: Option<String>,
     /// The client for model calls.
     pub client: Arc<dyn ModelClient>,
+    /// The strategies to try, first to last.
+    pub chain: Vec<NamedStrategy>,
 }
 
-/// Runs compactions with a strategy chain.
+/// Runs compactions.
 pub struct Compactor {
-    /// The chain, first to last.
-    pub chain: Vec<NamedStrategy>,
     /// Token counting.
     pub tokens: Arc<Tokens>,
     /// Fired at shutdown.
@@ -277,7 +277,7 @@ impl Compactor {
             client: Arc::clone(&job.client),
             tokens: self.tokens.counter(job.tokenizer),
         };
-        let outcome = run_chain(&self.chain, &input, job.config.summary_timeout).await;
+        let outcome = run_chain(&job.chain, &input, job.config.summary_timeout).await;
         for attempt in outcome.attempts.iter().filter(|a| a.outcome != "ok") {
             self.metrics.add(
                 "handoff_compaction_attempts_failed_total",
@@ -332,7 +332,7 @@ impl Compactor {
             id,
             at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             strategy,
-            chain: self.chain.iter().map(|s| s.name.clone()).collect(),
+            chain: job.chain.iter().map(|s| s.name.clone()).collect(),
             reason: job.reason,
             policy_version: POLICY_VERSION,
             source: RecordSource {

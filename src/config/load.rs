@@ -16,11 +16,125 @@ const EMBEDDED_DEFAULT: &str = include_str!("../../config/handoff.toml");
 /// The file read when no `--config` is given, relative to the working directory.
 const LOCAL_CONFIG: &str = "config/handoff.toml";
 
-/// Strategies that run without a model and so can never fail to produce a handoff.
-const DETERMINISTIC_STRATEGIES: &[&str] = &["extract"];
+/// Strategy kinds that run without a model and so can never fail to produce a handoff.
+const DETERMINISTIC_KINDS: &[&str] = &["extract"];
 
 /// Every strategy kind this build knows.
-const KNOWN_STRATEGIES: &[&str] = &["summarize", "extract"];
+pub const KNOWN_KINDS: &[&str] = &["summarize", "extract", "exec"];
+
+/// The kind of the strategy called `name`: declared, or a built-in used by name.
+pub fn strategy_kind<'a>(config: &'a Config, name: &'a str) -> Option<&'a str> {
+    match config.compaction.strategies.get(name) {
+        Some(declared) => Some(declared.kind.as_str()),
+        None if ["summarize", "extract"].contains(&name) => Some(name),
+        None => None,
+    }
+}
+
+/// Checks a chain at `key`: known names, and a deterministic last strategy.
+fn validate_chain(config: &Config, key: &str, chain: &[String]) -> Result<(), ConfigError> {
+    let Some(last) = chain.last() else {
+        return Err(invalid(key, "a chain needs at least one strategy"));
+    };
+    for (index, name) in chain.iter().enumerate() {
+        if strategy_kind(config, name).is_none() {
+            return Err(invalid(
+                &format!("{key}[{index}]"),
+                format!(
+                    "unknown strategy {name:?}; declare it under [compaction.strategies.{name}]"
+                ),
+            ));
+        }
+    }
+    let last_kind = strategy_kind(config, last).unwrap_or_default();
+    if !DETERMINISTIC_KINDS.contains(&last_kind) {
+        return Err(invalid(
+            key,
+            format!("must end in a deterministic strategy (kind extract); {last:?} is {last_kind}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks strategy kinds, chain names and endings, the override allow-list, and routes.
+fn validate_strategies(config: &Config) -> Result<(), ConfigError> {
+    let compaction = &config.compaction;
+    for (name, strategy) in &compaction.strategies {
+        let key = format!("compaction.strategies.{name}");
+        if !KNOWN_KINDS.contains(&strategy.kind.as_str()) {
+            return Err(invalid(
+                &format!("{key}.kind"),
+                format!(
+                    "unknown kind {:?}; known: {}",
+                    strategy.kind,
+                    KNOWN_KINDS.join(", ")
+                ),
+            ));
+        }
+        if strategy.kind == "exec" && strategy.command.is_empty() {
+            return Err(invalid(
+                &format!("{key}.command"),
+                "an exec strategy needs a command",
+            ));
+        }
+    }
+    if compaction.chain.is_empty() {
+        if strategy_kind(config, &compaction.strategy).is_none() {
+            return Err(invalid(
+                "compaction.strategy",
+                format!("unknown strategy {:?}; known: summarize, extract, or a name under [compaction.strategies]", compaction.strategy),
+            ));
+        }
+        let fallback = strategy_kind(config, &compaction.fallback).unwrap_or_default();
+        if !DETERMINISTIC_KINDS.contains(&fallback) {
+            return Err(invalid(
+                "compaction.fallback",
+                format!(
+                    "{:?} is not deterministic; the fallback must be of kind extract",
+                    compaction.fallback
+                ),
+            ));
+        }
+    }
+    validate_chain(config, "compaction.chain", &compaction.global_chain())?;
+    for (model, entry) in &config.models {
+        if let Some(own) = &entry.compaction {
+            validate_chain(
+                config,
+                &format!("models.\"{model}\".compaction.chain"),
+                &own.chain,
+            )?;
+        }
+    }
+    for (index, route) in config.routes.iter().enumerate() {
+        if let Some(chain) = &route.chain {
+            validate_chain(config, &format!("routes[{index}].chain"), chain)?;
+        }
+        if let Some(url) = &route.upstream {
+            let uri: Uri = url.parse().map_err(|err| {
+                invalid(
+                    &format!("routes[{index}].upstream"),
+                    format!("not a URL: {err}"),
+                )
+            })?;
+            if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
+                return Err(invalid(
+                    &format!("routes[{index}].upstream"),
+                    "must be an http(s) URL with a host",
+                ));
+            }
+        }
+    }
+    for (index, name) in compaction.request_override_allow.iter().enumerate() {
+        if strategy_kind(config, name).is_none() {
+            return Err(invalid(
+                &format!("compaction.request_override_allow[{index}]"),
+                format!("unknown strategy {name:?}"),
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// Why a configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +170,20 @@ pub struct Overrides {
     /// `--data-dir DIR`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data_dir: Option<PathBuf>,
+}
+
+/// The file the config is read from: `--config`, `HANDOFF_CONFIG`, else
+/// `config/handoff.toml` when it exists.
+pub fn config_file(overrides: &Overrides) -> Option<PathBuf> {
+    overrides
+        .config_file
+        .clone()
+        .or_else(|| std::env::var_os("HANDOFF_CONFIG").map(PathBuf::from))
+        .or_else(|| {
+            Path::new(LOCAL_CONFIG)
+                .is_file()
+                .then(|| PathBuf::from(LOCAL_CONFIG))
+        })
 }
 
 /// Loads and validates the effective configuration.
@@ -140,26 +268,7 @@ fn validate(config: &Config) -> Result<(), ConfigError> {
     if !(compaction.keep_recent > 0.0 && compaction.keep_recent < 1.0) {
         return Err(invalid("compaction.keep_recent", "must be in (0, 1)"));
     }
-    if !KNOWN_STRATEGIES.contains(&compaction.strategy.as_str()) {
-        return Err(invalid(
-            "compaction.strategy",
-            format!(
-                "unknown strategy {:?}; known: {}",
-                compaction.strategy,
-                KNOWN_STRATEGIES.join(", ")
-            ),
-        ));
-    }
-    if !DETERMINISTIC_STRATEGIES.contains(&compaction.fallback.as_str()) {
-        return Err(invalid(
-            "compaction.fallback",
-            format!(
-                "{:?} is not deterministic; the fallback must be one of: {}",
-                compaction.fallback,
-                DETERMINISTIC_STRATEGIES.join(", ")
-            ),
-        ));
-    }
+    validate_strategies(config)?;
     for (name, model) in &config.models {
         if model.context_window == 0 {
             return Err(invalid(
@@ -197,6 +306,36 @@ mod tests {
             .extract::<Config>()
             .unwrap_err();
         assert!(err.to_string().contains("trigerr"), "{err}");
+    }
+
+    #[test]
+    fn chains_are_checked_where_they_are_declared() {
+        let parse = |toml: &str| -> Result<Config, ConfigError> {
+            let config: Config = Figment::from(Serialized::defaults(Config::default()))
+                .merge(Toml::string(toml))
+                .extract()
+                .map_err(|err| ConfigError::Parse(Box::new(err)))?;
+            validate(&config).map(|()| config)
+        };
+        let ok = parse(
+            "[compaction]\nchain = [\"cheap\", \"summarize\", \"extract\"]\n[compaction.strategies.cheap]\nkind = \"summarize\"\nmodel = \"gpt-4o-mini\"\n",
+        );
+        assert!(ok.is_ok(), "{ok:?}");
+        let err = |toml: &str| parse(toml).unwrap_err().to_string();
+        assert!(
+            err("[compaction]\nchain = [\"nope\", \"extract\"]\n").contains("compaction.chain[0]")
+        );
+        assert!(err("[compaction]\nchain = [\"summarize\"]\n").contains("deterministic"));
+        assert!(err("[compaction.strategies.x]\nkind = \"magic\"\n")
+            .contains("compaction.strategies.x.kind"));
+        assert!(err("[compaction.strategies.x]\nkind = \"exec\"\n").contains("needs a command"));
+        assert!(
+            err("[[routes]]\nmatch = \"gpt*\"\nchain = [\"summarize\"]\n")
+                .contains("routes[0].chain")
+        );
+        assert!(err("[models.m]\ncontext_window = 10\n[models.m.compaction]\nchain = [\"zzz\", \"extract\"]\n").contains("models.\"m\".compaction.chain[0]"));
+        assert!(err("[compaction]\nrequest_override_allow = [\"ghost\"]\n")
+            .contains("request_override_allow[0]"));
     }
 
     #[test]

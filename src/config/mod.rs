@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use load::{load, ConfigError, Overrides};
+pub use load::{config_file, load, strategy_kind, ConfigError, Overrides, KNOWN_KINDS};
 pub use mask::masked;
 
 /// The whole effective configuration, as one validated snapshot.
@@ -43,6 +43,52 @@ pub struct Config {
     pub models: BTreeMap<String, ModelConfig>,
     /// When and how conversations are compacted.
     pub compaction: CompactionConfig,
+    /// Per-model-pattern upstream and chain, first match wins.
+    pub routes: Vec<RouteConfig>,
+}
+
+/// A route: requests whose model matches `match` use this upstream and chain.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Model pattern; `*` matches any run of characters, e.g. `gpt-4o*`.
+    #[serde(rename = "match")]
+    pub pattern: String,
+    /// Upstream base URL for these models; `upstream.base_url` when unset.
+    #[serde(default)]
+    pub upstream: Option<String>,
+    /// Strategy chain for these models; the model's or the global one when unset.
+    #[serde(default)]
+    pub chain: Option<Vec<String>>,
+}
+
+impl RouteConfig {
+    /// True when `model` matches the pattern (`*` is the only wildcard).
+    pub fn matches(&self, model: &str) -> bool {
+        wildcard_match(&self.pattern, model)
+    }
+}
+
+/// `*`-only glob matching: `gpt-4o*`, `*-instruct`, `meta-llama/*-70B-*`.
+fn wildcard_match(pattern: &str, text: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let Some(first) = parts.next() else {
+        return text.is_empty();
+    };
+    let Some(mut rest) = text.strip_prefix(first) else {
+        return false;
+    };
+    let pieces: Vec<&str> = parts.collect();
+    let Some((last, middle)) = pieces.split_last() else {
+        return rest.is_empty();
+    };
+    for piece in middle {
+        match rest.find(piece) {
+            Some(at) => rest = &rest[at + piece.len()..],
+            None => return false,
+        }
+    }
+    rest.ends_with(last)
 }
 
 impl Default for Config {
@@ -59,6 +105,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             models: BTreeMap::new(),
             compaction: CompactionConfig::default(),
+            routes: Vec::new(),
         }
     }
 }
@@ -230,6 +277,61 @@ pub struct ModelConfig {
     /// The upstream needs `reasoning_content` on assistant messages.
     #[serde(default)]
     pub reasoning_marker: bool,
+    /// Compaction settings for this model only.
+    #[serde(default)]
+    pub compaction: Option<ModelCompactionConfig>,
+}
+
+/// `[models."<m>".compaction]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelCompactionConfig {
+    /// The chain for this model.
+    pub chain: Vec<String>,
+}
+
+/// `[compaction.strategies.<name>]`: a named strategy instance.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StrategyConfig {
+    /// `summarize`, `extract` or `exec`.
+    pub kind: String,
+    /// summarize: the model that writes the handoff.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// summarize: prompt template file.
+    #[serde(default)]
+    pub prompt_file: Option<PathBuf>,
+    /// summarize: fields merged into the summary request.
+    #[serde(default)]
+    pub request_extra: serde_json::Map<String, serde_json::Value>,
+    /// Time allowed for one attempt; `compaction.summary_timeout` when unset.
+    #[serde(default, with = "humantime_serde")]
+    pub timeout: Option<Duration>,
+    /// exec: the program and its arguments; no shell is involved.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// exec: environment variables passed through (all others are cleared).
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// exec: largest stdout accepted.
+    #[serde(default = "default_exec_output")]
+    pub max_output_bytes: usize,
+    /// Replace old tool results by placeholders before this strategy runs.
+    #[serde(default)]
+    pub prune: Option<PruneConfig>,
+}
+
+fn default_exec_output() -> usize {
+    1024 * 1024
+}
+
+/// Tool-output pruning: old tool results become placeholders with tool name and size.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PruneConfig {
+    /// The newest tool output kept whole, in tokens.
+    pub keep_recent_tokens: u64,
 }
 
 /// Compaction policy.
@@ -259,6 +361,26 @@ pub struct CompactionConfig {
     pub max_retries: u32,
     /// Shorten over-long tool bodies in the recent part when nothing else fits.
     pub rescue: bool,
+    /// The strategies to try, in order; `[strategy, fallback]` when empty.
+    pub chain: Vec<String>,
+    /// Named strategy instances.
+    pub strategies: BTreeMap<String, StrategyConfig>,
+    /// Strategy names a client may pick with `x-handoff-strategy`.
+    pub request_override_allow: Vec<String>,
+}
+
+impl CompactionConfig {
+    /// The global chain: `chain`, or the `strategy` / `fallback` shorthand.
+    pub fn global_chain(&self) -> Vec<String> {
+        if !self.chain.is_empty() {
+            return self.chain.clone();
+        }
+        let mut chain = vec![self.strategy.clone()];
+        if self.fallback != self.strategy {
+            chain.push(self.fallback.clone());
+        }
+        chain
+    }
 }
 
 impl Default for CompactionConfig {
@@ -275,6 +397,30 @@ impl Default for CompactionConfig {
             prompt_file: None,
             max_retries: 2,
             rescue: false,
+            chain: Vec::new(),
+            strategies: BTreeMap::new(),
+            request_override_allow: Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_patterns_match_with_stars() {
+        let route = |p: &str| RouteConfig {
+            pattern: p.into(),
+            upstream: None,
+            chain: None,
+        };
+        assert!(route("gpt-4o*").matches("gpt-4o-mini"));
+        assert!(route("gpt-4o*").matches("gpt-4o"));
+        assert!(!route("gpt-4o*").matches("gpt-4.1"));
+        assert!(route("*-instruct").matches("qwen-7b-instruct"));
+        assert!(route("meta-llama/*-70B-*").matches("meta-llama/Llama-3.3-70B-Instruct"));
+        assert!(route("exact").matches("exact"));
+        assert!(!route("exact").matches("exactly"));
     }
 }

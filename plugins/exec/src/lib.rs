@@ -1,0 +1,186 @@
+//! The `exec` strategy: runs a program in any language. It gets one JSON document on
+//! stdin and answers one on stdout (protocol version 1, `docs/plugins.md`). No shell is
+//! involved, the environment is cleared but for an allow-list, and the child is killed
+//! when the host's time limit drops the attempt.
+
+#![forbid(unsafe_code)]
+
+use std::process::Stdio;
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use handoff_plugin_api::{AttemptError, FailureReason, Strategy, StrategyInput, Summary};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+
+/// The protocol version sent as `version` and expected back.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Characters of stderr quoted in a failure.
+const STDERR_SHOWN: usize = 500;
+
+/// A strategy backed by an external program.
+#[derive(Debug, Clone)]
+pub struct Exec {
+    command: Vec<String>,
+    env: Vec<String>,
+    max_output_bytes: usize,
+}
+
+impl Exec {
+    /// `command[0]` with `command[1..]` as arguments; only the variables named in `env`
+    /// are passed through.
+    pub fn new(command: Vec<String>, env: Vec<String>, max_output_bytes: usize) -> Self {
+        Self {
+            command,
+            env,
+            max_output_bytes,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Answer {
+    #[serde(default)]
+    summary: Option<String>,
+    #[serde(default)]
+    usage: Option<Value>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+/// The stdin document of protocol version 1.
+pub fn request_document(input: &StrategyInput) -> Value {
+    json!({
+        "version": PROTOCOL_VERSION,
+        "conversation_id": input.conversation_id,
+        "model": input.model.model,
+        "window": input.model.context_window,
+        "summary_model": input.model.summary_model,
+        "summary_window": input.model.summary_context_window,
+        "budgets": {
+            "input_budget": input.budgets.input_budget,
+            "handoff_tokens": input.budgets.handoff_tokens,
+        },
+        "history": input.history.iter().map(|u| &u.messages).collect::<Vec<_>>(),
+        "retained_recent_messages": input.retained_recent_messages,
+        "previous_handoff": input.previous_handoff,
+    })
+}
+
+fn failed(message: String) -> AttemptError {
+    AttemptError::new(FailureReason::Failed, message)
+}
+
+impl Exec {
+    async fn run(&self, input: &StrategyInput) -> Result<Summary, AttemptError> {
+        let (program, args) = self
+            .command
+            .split_first()
+            .ok_or_else(|| failed("exec strategy has no command".into()))?;
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for name in &self.env {
+            if let Some(value) = std::env::var_os(name) {
+                command.env(name, value);
+            }
+        }
+        let mut child = command
+            .spawn()
+            .map_err(|err| failed(format!("cannot start {program}: {err}")))?;
+        let document =
+            serde_json::to_vec(&request_document(input)).map_err(|err| failed(err.to_string()))?;
+        let mut stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| failed("no stdin".into()))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| failed("no stdout".into()))?;
+        let stderr = child
+            .stderr
+            .take()
+            .ok_or_else(|| failed("no stderr".into()))?;
+        let limit = self.max_output_bytes as u64;
+        // Written and read at once: a plugin may answer before it has read everything.
+        let write = async move {
+            let written = stdin.write_all(&document).await;
+            drop(stdin);
+            written
+        };
+        let read = async move {
+            let mut out = Vec::new();
+            stdout
+                .take(limit + 1)
+                .read_to_end(&mut out)
+                .await
+                .map(|_| out)
+        };
+        let read_err = async move {
+            let mut err = Vec::new();
+            let _ = stderr.take(64 * 1024).read_to_end(&mut err).await;
+            err
+        };
+        let (written, out, err) = tokio::join!(write, read, read_err);
+        let out = out.map_err(|e| failed(format!("reading stdout: {e}")))?;
+        if out.len() as u64 > limit {
+            let _ = child.kill().await;
+            return Err(failed(format!("output larger than {limit} bytes")));
+        }
+        let status = child
+            .wait()
+            .await
+            .map_err(|e| failed(format!("waiting for {program}: {e}")))?;
+        let stderr_tail: String = String::from_utf8_lossy(&err)
+            .chars()
+            .take(STDERR_SHOWN)
+            .collect();
+        if !status.success() {
+            return Err(failed(format!(
+                "{program} exited with {status}: {}",
+                stderr_tail.trim()
+            )));
+        }
+        if let Err(e) = written {
+            return Err(failed(format!("writing stdin: {e}")));
+        }
+        let answer: Answer = serde_json::from_slice(&out)
+            .map_err(|e| failed(format!("stdout is not a protocol answer: {e}")))?;
+        if let Some(error) = answer.error {
+            return Err(failed(format!("plugin error: {error}")).with_usage(answer.usage));
+        }
+        match answer.summary {
+            Some(text) if !text.trim().is_empty() => Ok(Summary {
+                text,
+                usage: answer.usage,
+            }),
+            _ => Err(AttemptError::new(
+                FailureReason::EmptySummary,
+                "the plugin returned no summary",
+            )
+            .with_usage(answer.usage)),
+        }
+    }
+}
+
+impl Strategy for Exec {
+    fn kind(&self) -> &'static str {
+        "exec"
+    }
+
+    fn summarize<'a>(
+        &'a self,
+        input: &'a StrategyInput,
+    ) -> BoxFuture<'a, Result<Summary, AttemptError>> {
+        self.run(input).boxed()
+    }
+}
