@@ -8,21 +8,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use mock_upstream::{MockUpstream, Reply};
+use support::scenario::python;
 use support::Proxy;
-
-/// The venv's python, made by scripts/test.sh; `PYTHON_FOR_TESTS` overrides it.
-pub fn python() -> PathBuf {
-    if let Some(path) = std::env::var_os("PYTHON_FOR_TESTS") {
-        return path.into();
-    }
-    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    assert!(
-        venv.exists(),
-        "{} is missing: run scripts/test.sh, which installs tests/requirements.txt into .venv",
-        venv.display()
-    );
-    venv
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_sdk_works_streamed_and_not_and_sees_cuts() {

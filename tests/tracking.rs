@@ -13,22 +13,10 @@ use std::time::Duration;
 use mock_upstream::{agent_reply, MockUpstream, Reply};
 use serde_json::{json, Value};
 use support::client::{self, request};
+use support::scenario::python;
 use support::{canonical, read_tree, Proxy, ProxyOptions};
 
 const CHAT: &str = "/v1/chat/completions";
-
-fn python() -> PathBuf {
-    if let Some(path) = std::env::var_os("PYTHON_FOR_TESTS") {
-        return path.into();
-    }
-    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    assert!(
-        venv.exists(),
-        "{} is missing: run scripts/test.sh",
-        venv.display()
-    );
-    venv
-}
 
 async fn agent_mock() -> MockUpstream {
     let serial = Arc::new(AtomicUsize::new(0));

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod client;
+pub mod scenario;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -58,20 +59,7 @@ impl Proxy {
             .clone()
             .unwrap_or_else(|| dir.path().join("data"));
         let config_path = dir.path().join("handoff.toml");
-        let config = format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = {data:?}\nshutdown_grace = \"5s\"\n\n{extra}\n",
-            data = data_dir.display().to_string(),
-            extra = options.extra_toml,
-        );
-        let config = if config.contains("[upstream]") {
-            config.replacen(
-                "[upstream]",
-                &format!("[upstream]\nbase_url = {upstream:?}"),
-                1,
-            )
-        } else {
-            format!("{config}\n[upstream]\nbase_url = {upstream:?}\n")
-        };
+        let config = render_config(upstream, &data_dir, &options.extra_toml);
         std::fs::write(&config_path, config).expect("write config");
         Self::spawn(dir, config_path, data_dir, &options)
     }
@@ -156,6 +144,20 @@ impl Proxy {
     /// The temp folder holding config and (by default) data.
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// Replaces the config file (a running proxy reloads it).
+    pub fn rewrite_config(&self, upstream: &str, extra: &str) {
+        let text = render_config(upstream, &self.data_dir, extra);
+        // Write then rename, as editors do, so the proxy never reads a half-written file.
+        let temporary = self.config_path.with_extension("toml.tmp");
+        std::fs::write(&temporary, text).expect("write config");
+        std::fs::rename(&temporary, &self.config_path).expect("replace config");
+    }
+
+    /// Writes `text` as the config file, as is (e.g. an invalid one).
+    pub fn write_raw_config(&self, text: &str) {
+        std::fs::write(&self.config_path, text).expect("write config");
     }
 
     /// Kills the proxy with SIGKILL and waits for it, as a crash would.
@@ -260,6 +262,23 @@ impl Drop for Proxy {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// The test config: a random port, the data folder, `extra`, and the upstream.
+pub fn render_config(upstream: &str, data_dir: &Path, extra: &str) -> String {
+    let config = format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = {data:?}\nshutdown_grace = \"5s\"\n\n{extra}\n",
+        data = data_dir.display().to_string(),
+    );
+    if config.contains("[upstream]") {
+        config.replacen(
+            "[upstream]",
+            &format!("[upstream]\nbase_url = {upstream:?}"),
+            1,
+        )
+    } else {
+        format!("{config}\n[upstream]\nbase_url = {upstream:?}\n")
     }
 }
 

@@ -1,0 +1,119 @@
+//! A compaction scenario kit: the strict provider, configs with small windows, and a
+//! driver that plays user turns until a compaction is recorded.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use mock_upstream::strict::Strict;
+use mock_upstream::{MockUpstream, Recorded};
+use serde_json::{json, Value};
+
+use super::client::{self, request};
+use super::{Proxy, ProxyOptions};
+
+/// The chat-completions path.
+pub const CHAT: &str = "/v1/chat/completions";
+
+/// Summaries by a 16k model (so a 4k conversation's history fits), timing out after 1 s.
+pub const SUMMARY_16K_1S: &str =
+    "[compaction]\nsummary_model = \"strict-16k\"\nsummary_timeout = \"1s\"\n";
+
+pub fn python() -> PathBuf {
+    if let Some(path) = std::env::var_os("PYTHON_FOR_TESTS") {
+        return path.into();
+    }
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    assert!(
+        venv.exists(),
+        "{} is missing: run scripts/test.sh",
+        venv.display()
+    );
+    venv
+}
+
+pub async fn strict_mock(window: u64) -> (Arc<Strict>, MockUpstream) {
+    let strict = Strict::new(window);
+    let responder = Arc::clone(&strict);
+    let mock = MockUpstream::with(move |req| responder.answer(req)).await;
+    (strict, mock)
+}
+
+pub fn options(window: u64, extra: &str) -> ProxyOptions {
+    ProxyOptions {
+        extra_toml: format!("[models.\"strict\"]\ncontext_window = {window}\n[models.\"strict-16k\"]\ncontext_window = 16384\n{extra}\n"),
+        ..ProxyOptions::default()
+    }
+}
+
+pub fn records(proxy: &Proxy, id: &str) -> Vec<Value> {
+    let path = proxy
+        .data_dir()
+        .join(format!("conversations/{id}/compactions.jsonl"));
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+pub fn agent_requests(mock: &MockUpstream) -> Vec<Recorded> {
+    mock.requests()
+        .into_iter()
+        .filter(|r| {
+            !r.json()["messages"][0]["content"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with(mock_upstream::strict::SUMMARY_PROMPT_START)
+        })
+        .collect()
+}
+
+/// A user turn of about `tokens` tokens that states fact `n`.
+pub fn big_user(n: usize, tokens: usize) -> Value {
+    let filler: Vec<String> = (0..tokens / 2).map(|i| format!("w{i}")).collect();
+    json!({"role": "user", "content": format!("FACT-{n:03} {}", filler.join(" "))})
+}
+
+pub async fn chat(proxy: &Proxy, id: &str, messages: &[Value]) -> client::Whole {
+    client::send(request(
+        "POST",
+        &format!("{}{CHAT}", proxy.url()),
+        &[
+            ("content-type", "application/json"),
+            ("x-handoff-conversation-id", id),
+            ("authorization", "Bearer sk-x"),
+        ],
+        json!({"model": "strict", "messages": messages}).to_string(),
+    ))
+    .await
+}
+
+/// Plays user turns of `tokens` tokens until a compaction is recorded; returns the history.
+pub async fn drive_until_compaction(
+    proxy: &Proxy,
+    id: &str,
+    tokens: usize,
+    limit: usize,
+) -> Vec<Value> {
+    let mut messages = vec![json!({"role": "system", "content": "be brief"})];
+    for n in 0..limit {
+        messages.push(big_user(n, tokens));
+        let got = chat(proxy, id, &messages).await;
+        assert_eq!(got.status, 200, "turn {n}: {}", got.text());
+        let reply = got.json()["choices"][0]["message"].clone();
+        if reply.get("tool_calls").is_some() {
+            let call = reply["tool_calls"][0]["id"].as_str().unwrap().to_owned();
+            messages.push(reply);
+            messages.push(json!({"role": "tool", "tool_call_id": call, "content": "ok"}));
+            let got = chat(proxy, id, &messages).await;
+            assert_eq!(got.status, 200, "turn {n}: {}", got.text());
+            messages.push(got.json()["choices"][0]["message"].clone());
+        } else {
+            messages.push(reply);
+        }
+        if !records(proxy, id).is_empty() {
+            return messages;
+        }
+    }
+    panic!("no compaction after {limit} turns");
+}
