@@ -97,12 +97,15 @@ impl Registry {
                     settings.env.clone(),
                     settings.max_output_bytes,
                 )),
-                other => {
-                    return Err(ChainError::UnknownKind {
-                        name: name.to_owned(),
-                        kind: other.to_owned(),
-                    })
-                }
+                other => match crate::kinds::factory(other) {
+                    Some(factory) => factory(settings),
+                    None => {
+                        return Err(ChainError::UnknownKind {
+                            name: name.to_owned(),
+                            kind: other.to_owned(),
+                        })
+                    }
+                },
             };
             let summary_model = settings.model.clone().map(|model| {
                 let window = config.model(&model).map(|m| m.context_window);
@@ -143,7 +146,7 @@ impl Registry {
     ) -> Vec<NamedStrategy> {
         if let Some(name) = override_name {
             let mut names = vec![name.to_owned()];
-            if strategy_kind(config, name) != Some("extract") {
+            if !strategy_kind(config, name).is_some_and(crate::kinds::is_deterministic) {
                 names.extend(self.global.last().cloned());
             }
             return self.chain(&names);

@@ -186,3 +186,50 @@ pub fn sum_usage(attempts: &[Attempt]) -> Value {
     }
     Value::Object(total)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Words;
+    impl TokenCounter for Words {
+        fn count_text(&self, text: &str) -> u64 {
+            text.split_whitespace().count() as u64
+        }
+        fn count_message(&self, message: &Value) -> u64 {
+            self.count_text(&message.to_string())
+        }
+    }
+
+    fn unit(id: &str, name: &str, output_words: usize) -> Unit {
+        Unit {
+            messages: vec![
+                json!({"role": "assistant", "tool_calls": [{"id": id, "type": "function", "function": {"name": name, "arguments": "{}"}}]}),
+                json!({"role": "tool", "tool_call_id": id, "content": "word ".repeat(output_words)}),
+            ],
+        }
+    }
+
+    #[test]
+    fn pruning_keeps_the_newest_tool_output_and_names_the_rest() {
+        let history = vec![
+            unit("a", "grep", 100),
+            unit("b", "cat", 100),
+            unit("c", "ls", 100),
+        ];
+        let pruned = prune_tool_outputs(&history, 150, &Words);
+        assert_eq!(pruned[2], history[2], "the newest output stays whole");
+        assert_eq!(
+            pruned[1].messages[1]["content"],
+            "[cat output pruned by handoff: 500 characters]"
+        );
+        assert_eq!(
+            pruned[0].messages[1]["content"],
+            "[grep output pruned by handoff: 500 characters]"
+        );
+        assert_eq!(
+            pruned[0].messages[0], history[0].messages[0],
+            "calls and their arguments are kept"
+        );
+    }
+}

@@ -9,18 +9,13 @@ use http::Uri;
 use serde::Serialize;
 
 use super::Config;
+use crate::kinds;
 
 /// The documented default config, compiled in so that `handoff serve` needs no file.
 const EMBEDDED_DEFAULT: &str = include_str!("../../config/handoff.toml");
 
 /// The file read when no `--config` is given, relative to the working directory.
 const LOCAL_CONFIG: &str = "config/handoff.toml";
-
-/// Strategy kinds that run without a model and so can never fail to produce a handoff.
-const DETERMINISTIC_KINDS: &[&str] = &["extract"];
-
-/// Every strategy kind this build knows.
-pub const KNOWN_KINDS: &[&str] = &["summarize", "extract", "exec"];
 
 /// The kind of the strategy called `name`: declared, or a built-in used by name.
 pub fn strategy_kind<'a>(config: &'a Config, name: &'a str) -> Option<&'a str> {
@@ -47,7 +42,7 @@ fn validate_chain(config: &Config, key: &str, chain: &[String]) -> Result<(), Co
         }
     }
     let last_kind = strategy_kind(config, last).unwrap_or_default();
-    if !DETERMINISTIC_KINDS.contains(&last_kind) {
+    if !kinds::is_deterministic(last_kind) {
         return Err(invalid(
             key,
             format!("must end in a deterministic strategy (kind extract); {last:?} is {last_kind}"),
@@ -61,13 +56,13 @@ fn validate_strategies(config: &Config) -> Result<(), ConfigError> {
     let compaction = &config.compaction;
     for (name, strategy) in &compaction.strategies {
         let key = format!("compaction.strategies.{name}");
-        if !KNOWN_KINDS.contains(&strategy.kind.as_str()) {
+        if !kinds::is_known(&strategy.kind) {
             return Err(invalid(
                 &format!("{key}.kind"),
                 format!(
                     "unknown kind {:?}; known: {}",
                     strategy.kind,
-                    KNOWN_KINDS.join(", ")
+                    kinds::known().join(", ")
                 ),
             ));
         }
@@ -86,7 +81,7 @@ fn validate_strategies(config: &Config) -> Result<(), ConfigError> {
             ));
         }
         let fallback = strategy_kind(config, &compaction.fallback).unwrap_or_default();
-        if !DETERMINISTIC_KINDS.contains(&fallback) {
+        if !kinds::is_deterministic(fallback) {
             return Err(invalid(
                 "compaction.fallback",
                 format!(

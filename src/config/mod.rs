@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use load::{config_file, load, strategy_kind, ConfigError, Overrides, KNOWN_KINDS};
+pub use load::{config_file, load, strategy_kind, ConfigError, Overrides};
 pub use mask::masked;
 
 /// The whole effective configuration, as one validated snapshot.

@@ -184,3 +184,120 @@ impl Strategy for Exec {
         self.run(input).boxed()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use handoff_plugin_api::{
+        Budgets, CancellationToken, ModelCallError, ModelClient, ModelInfo, ModelReply,
+        TokenCounter, Unit,
+    };
+
+    use super::*;
+
+    const SCHEMA: &str = include_str!("../../../docs/plugin-protocol.schema.json");
+
+    struct NoModel;
+    impl ModelClient for NoModel {
+        fn complete(&self, _: Value) -> BoxFuture<'_, Result<ModelReply, ModelCallError>> {
+            Box::pin(async { Err(ModelCallError("unused".into())) })
+        }
+    }
+    struct Bytes4;
+    impl TokenCounter for Bytes4 {
+        fn count_text(&self, text: &str) -> u64 {
+            text.len() as u64 / 4
+        }
+        fn count_message(&self, message: &Value) -> u64 {
+            message.to_string().len() as u64 / 4
+        }
+    }
+
+    fn input() -> StrategyInput {
+        StrategyInput {
+            conversation_id: "c".into(),
+            history: vec![Unit {
+                messages: vec![json!({"role": "user", "content": "deploy"})],
+            }],
+            retained_recent_messages: vec![json!({"role": "user", "content": "now"})],
+            previous_handoff: Some("before".into()),
+            model: ModelInfo {
+                model: "m".into(),
+                context_window: 8000,
+                summary_model: "s".into(),
+                summary_context_window: 4000,
+            },
+            budgets: Budgets {
+                input_budget: 7000,
+                handoff_tokens: 800,
+            },
+            cancel: CancellationToken::new(),
+            client: Arc::new(NoModel),
+            tokens: Arc::new(Bytes4),
+        }
+    }
+
+    #[test]
+    fn the_request_document_has_every_field_the_schema_requires() {
+        let schema: Value = serde_json::from_str(SCHEMA).unwrap();
+        let document = request_document(&input());
+        let request = &schema["$defs"]["request"];
+        for field in request["required"].as_array().unwrap() {
+            assert!(
+                document.get(field.as_str().unwrap()).is_some(),
+                "missing {field}"
+            );
+        }
+        for field in request["properties"]["budgets"]["required"]
+            .as_array()
+            .unwrap()
+        {
+            assert!(
+                document["budgets"].get(field.as_str().unwrap()).is_some(),
+                "missing budgets.{field}"
+            );
+        }
+        assert_eq!(
+            document["version"],
+            request["properties"]["version"]["const"]
+        );
+        assert_eq!(document["history"][0][0]["content"], "deploy");
+    }
+
+    #[tokio::test]
+    async fn a_plugin_answer_becomes_the_summary_and_an_error_a_failed_attempt() {
+        let echo = |answer: &str| {
+            Exec::new(
+                vec![
+                    "sh".into(),
+                    "-c".into(),
+                    format!("cat > /dev/null; printf '%s' '{answer}'"),
+                ],
+                vec![],
+                1024,
+            )
+        };
+        let ok = echo(r#"{"summary": "from the plugin", "usage": {"prompt_tokens": 3}}"#)
+            .run(&input())
+            .await
+            .unwrap();
+        assert_eq!(ok.text, "from the plugin");
+        assert_eq!(ok.usage, Some(json!({"prompt_tokens": 3})));
+        let err = echo(r#"{"error": "nope"}"#)
+            .run(&input())
+            .await
+            .unwrap_err();
+        assert!(err.message.contains("nope"));
+        let empty = echo(r#"{"summary": "  "}"#)
+            .run(&input())
+            .await
+            .unwrap_err();
+        assert_eq!(empty.reason, FailureReason::EmptySummary);
+        let missing = Exec::new(vec!["/no/such/program".into()], vec![], 1024)
+            .run(&input())
+            .await
+            .unwrap_err();
+        assert!(missing.message.contains("cannot start"));
+    }
+}
