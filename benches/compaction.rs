@@ -71,6 +71,7 @@ fn benches(c: &mut Criterion) {
         timeout: None,
         summary_model: None,
         prune: None,
+        handoff_tokens: None,
     }];
     let warm = Tracked::compute(
         ConversationId::derived(&handoff::digest::bytes_digest(b"warm")),

@@ -68,6 +68,7 @@ impl Registry {
             env: Vec::new(),
             max_output_bytes: 0,
             prune: None,
+            handoff_tokens: None,
         };
         let builtin_extract = StrategyConfig {
             kind: "extract".into(),
@@ -119,6 +120,7 @@ impl Registry {
                     timeout: settings.timeout,
                     summary_model,
                     prune: settings.prune.map(|p| p.keep_recent_tokens),
+                    handoff_tokens: settings.handoff_tokens,
                 },
             );
         }

@@ -171,7 +171,7 @@ async fn models_and_routes_choose_their_chain_and_upstream() {
     let (strict, mock) = strict_mock(4096).await;
     let (routed_strict, routed) = strict_mock(4096).await;
     let extra = format!(
-        "[models.\"strict\".compaction]\nchain = [\"extract\"]\n[models.\"rt-4k\"]\ncontext_window = 4096\n[compaction]\nsummary_model = \"strict-16k\"\n[[routes]]\nmatch = \"rt-*\"\nupstream = {:?}\nchain = [\"quick\", \"extract\"]\n[compaction.strategies.quick]\nkind = \"summarize\"\nmodel = \"strict-16k\"\n",
+        "[models.\"strict\".compaction]\nchain = [\"extract\"]\n[models.\"rt-4k\"]\ncontext_window = 4096\n[compaction]\nsummary_model = \"strict-16k\"\n[[routes]]\nmatch = \"rt-*\"\nupstream = {:?}\nchain = [\"quick\", \"extract\"]\n[compaction.strategies.quick]\nkind = \"summarize\"\nmodel = \"strict-16k\"\nhandoff_tokens = 50\n",
         routed.url()
     );
     let proxy = support::Proxy::start_with(&mock.url(), options(4096, &extra));
@@ -204,7 +204,26 @@ async fn models_and_routes_choose_their_chain_and_upstream() {
         1,
         "the route's upstream wrote the summary"
     );
-    assert!(!routed.requests().is_empty());
+    let summary_request = routed
+        .requests()
+        .into_iter()
+        .find(|r| {
+            r.json()["messages"][0]["content"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("You are writing a handoff")
+        })
+        .unwrap();
+    assert_eq!(
+        summary_request.json()["max_tokens"],
+        50,
+        "the strategy's own handoff budget"
+    );
+    assert_eq!(
+        summary_request.json()["model"],
+        "strict-16k",
+        "the strategy's own model"
+    );
 }
 
 fn chain_config(chain: &str) -> String {

@@ -27,15 +27,20 @@ pub struct NamedStrategy {
     pub summary_model: Option<(String, Option<u64>)>,
     /// Tool output kept whole when pruning (tokens); no pruning when unset.
     pub prune: Option<u64>,
+    /// Its own, smaller, handoff budget in tokens.
+    pub handoff_tokens: Option<u64>,
 }
 
 impl NamedStrategy {
     /// The input this strategy sees: its own summary model, pruned tool output.
     fn input_for(&self, input: &StrategyInput) -> Option<StrategyInput> {
-        if self.summary_model.is_none() && self.prune.is_none() {
+        if self.summary_model.is_none() && self.prune.is_none() && self.handoff_tokens.is_none() {
             return None;
         }
         let mut own = input.clone();
+        if let Some(limit) = self.handoff_tokens {
+            own.budgets.handoff_tokens = own.budgets.handoff_tokens.min(limit);
+        }
         if let Some((model, window)) = &self.summary_model {
             own.model.summary_model = model.clone();
             own.model.summary_context_window = window.unwrap_or(input.model.context_window);

@@ -320,6 +320,10 @@ pub struct StrategyConfig {
     /// Replace old tool results by placeholders before this strategy runs.
     #[serde(default)]
     pub prune: Option<PruneConfig>,
+    /// Largest handoff this strategy may write, in tokens; `min(8192, window/10)` when
+    /// unset (and never more than that).
+    #[serde(default)]
+    pub handoff_tokens: Option<u64>,
 }
 
 fn default_exec_output() -> usize {

@@ -67,7 +67,9 @@ impl Summarize {
                 .map(|m| input.tokens.count_message(m))
                 .sum::<u64>();
             if measured <= allowance {
-                return Ok(self.request_body(input, messages, Self::output_budget(window)));
+                // A strategy may be given a smaller handoff budget than the seed's reserve.
+                let output = Self::output_budget(window).min(input.budgets.handoff_tokens.max(1));
+                return Ok(self.request_body(input, messages, output));
             }
         }
         Err(AttemptError::new(
@@ -286,7 +288,7 @@ mod precheck_tests {
             },
             budgets: Budgets {
                 input_budget: window,
-                handoff_tokens: 100,
+                handoff_tokens: 5000,
             },
             cancel: CancellationToken::new(),
             client: Arc::new(Never),
