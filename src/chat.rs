@@ -108,6 +108,15 @@ pub async fn handle(
         }
     };
     let budget = RequestBudget::new(&snap.config, &chat, &state.tokens);
+    let context = Context {
+        state,
+        snap: &snap,
+        upstream,
+        parts: &parts,
+        chat: &chat,
+        tracked: &tracked,
+        chain: &chain,
+    };
     let mut view = project_view(&chat, &tracked, &tracked.compactions);
     if let Err(err) = view.validate() {
         // Never send an invalid view; the client's own request is always valid to send.
@@ -133,17 +142,12 @@ pub async fn handle(
         );
         if current > budget.threshold {
             tracing::info!(conversation = %id, estimate = current, threshold = budget.threshold, "over the trigger; compacting");
-            let job = Context {
-                state,
-                snap: &snap,
-                upstream,
-                parts: &parts,
-                chat: &chat,
-                tracked: &tracked,
+            let job = context.job(
                 budget,
-                chain: &chain,
-            }
-            .job(budget.threshold, Reason::Threshold, view.generation());
+                budget.threshold,
+                Reason::Threshold,
+                view.generation(),
+            );
             match state.compactor.compact(&job).await {
                 Ok(compacted) => view = compacted,
                 Err(err) => return compaction_failed(log, err),
@@ -202,17 +206,12 @@ pub async fn handle(
             let tightened =
                 (budget.threshold as f64 * REACTIVE_TIGHTEN.powi(retries as i32)) as u64;
             tracing::warn!(conversation = %id, retry = retries, threshold = tightened, "upstream reported context length exceeded; compacting and retrying");
-            let job = Context {
-                state,
-                snap: &snap,
-                upstream,
-                parts: &parts,
-                chat: &chat,
-                tracked: &tracked,
+            let job = context.job(
                 budget,
-                chain: &chain,
-            }
-            .job(tightened, Reason::ContextLengthExceeded, view.generation());
+                tightened,
+                Reason::ContextLengthExceeded,
+                view.generation(),
+            );
             match state.compactor.compact(&job).await {
                 Ok(compacted) => {
                     estimate = Some(compacted.estimate(
@@ -249,12 +248,17 @@ struct Context<'a> {
     parts: &'a request::Parts,
     chat: &'a ChatRequest,
     tracked: &'a Tracked,
-    budget: &'a RequestBudget,
     chain: &'a [NamedStrategy],
 }
 
 impl<'a> Context<'a> {
-    fn job(&self, threshold: u64, reason: Reason, seen_generation: Option<&str>) -> Job<'a> {
+    fn job(
+        &self,
+        budget: &RequestBudget,
+        threshold: u64,
+        reason: Reason,
+        seen_generation: Option<&str>,
+    ) -> Job<'a> {
         let path = self
             .parts
             .uri
@@ -267,12 +271,12 @@ impl<'a> Context<'a> {
             request: self.chat,
             tracked: self.tracked,
             config: &self.snap.config.compaction,
-            tokenizer: self.budget.tokenizer(),
-            reasoning_marker: self.budget.model.reasoning_marker,
-            model: self.budget.info.clone(),
-            input_budget: self.budget.input_budget,
+            tokenizer: budget.tokenizer(),
+            reasoning_marker: budget.model.reasoning_marker,
+            model: budget.info.clone(),
+            input_budget: budget.input_budget,
             threshold,
-            tools_tokens: self.budget.tools_tokens,
+            tools_tokens: budget.tools_tokens,
             reason,
             seen_generation: seen_generation.map(str::to_owned),
             client: Arc::new(UpstreamModelClient::new(

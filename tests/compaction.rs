@@ -4,8 +4,6 @@
 
 mod support;
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,24 +19,8 @@ use support::{Proxy, ProxyOptions};
 async fn a_40_turn_sdk_agent_in_16k_never_sees_an_error() {
     let (strict, mock) = strict_mock(16_384).await;
     let proxy = Proxy::start_with(&mock.url(), options(16_384, ""));
-    let url = proxy.url();
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/openai_compacting_agent.py");
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(python())
-            .arg(script)
-            .arg("40")
-            .env("HANDOFF_URL", url)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        output.status.success(),
-        "the agent saw an error:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    // run_client fails the test if the agent saw any error.
+    run_client(&proxy, "openai_compacting_agent.py", &["40"]).await;
 
     assert!(
         strict.over_window.lock().unwrap().is_empty(),

@@ -3,12 +3,10 @@
 
 mod support;
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use mock_upstream::{MockUpstream, Reply};
-use support::scenario::python;
+use support::scenario::run_client;
 use support::Proxy;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -26,24 +24,7 @@ async fn openai_sdk_works_streamed_and_not_and_sees_cuts() {
     .await;
     let proxy = Proxy::start(&mock.url());
 
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/openai_roundtrip.py");
-    let url = proxy.url();
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(python())
-            .arg(script)
-            .env("HANDOFF_URL", url)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let got: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let got = run_client(&proxy, "openai_roundtrip.py", &[]).await;
 
     assert_eq!(got["plain"], "Hello!");
     assert_eq!(got["finish"], "stop");

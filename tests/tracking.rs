@@ -5,7 +5,6 @@ mod support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +12,7 @@ use std::time::Duration;
 use mock_upstream::{agent_reply, MockUpstream, Reply};
 use serde_json::{json, Value};
 use support::client::{self, request};
-use support::scenario::python;
+use support::scenario::run_client;
 use support::{canonical, read_tree, Proxy, ProxyOptions};
 
 const CHAT: &str = "/v1/chat/completions";
@@ -43,24 +42,7 @@ fn user(text: &str) -> Value {
 async fn three_hundred_sdk_requests_replay_exactly() {
     let mock = agent_mock().await;
     let proxy = Proxy::start(&mock.url());
-    let url = proxy.url();
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/openai_agent.py");
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(python())
-            .arg(script)
-            .arg("300")
-            .env("HANDOFF_URL", url)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let client_side: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let client_side = run_client(&proxy, "openai_agent.py", &["300"]).await;
     assert_eq!(mock.requests().len(), 300);
 
     let conversations = proxy.conversations();

@@ -10,35 +10,14 @@ import sys
 
 from openai import OpenAI
 
+from chat_turn import ask
+
 requests = int(sys.argv[1])
 client = OpenAI(base_url=os.environ["HANDOFF_URL"] + "/v1", api_key="sk-agent-secret-key", max_retries=0)
 messages = [{"role": "system", "content": "You are an agent. Today is day 1."}]
 turn = 0
 
 
-def ask(stream):
-    if not stream:
-        reply = client.chat.completions.create(model="gpt-4o", messages=messages, tools=TOOLS)
-        return reply.choices[0].message.model_dump(exclude_none=True)
-    content, calls = None, {}
-    for chunk in client.chat.completions.create(model="gpt-4o", messages=messages, tools=TOOLS, stream=True):
-        if not chunk.choices:
-            continue
-        delta = chunk.choices[0].delta
-        if delta.content:
-            content = (content or "") + delta.content
-        for call in delta.tool_calls or []:
-            slot = calls.setdefault(call.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
-            if call.id:
-                slot["id"] = call.id
-            if call.function and call.function.name:
-                slot["function"]["name"] += call.function.name
-            if call.function and call.function.arguments:
-                slot["function"]["arguments"] += call.function.arguments
-    message = {"role": "assistant", "content": content}
-    if calls:
-        message["tool_calls"] = [calls[i] for i in sorted(calls)]
-    return message
 
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
@@ -53,7 +32,7 @@ for i in range(requests):
     # Agents often rewrite their system prompt every turn; the conversation must hold.
     messages[0] = {"role": "system", "content": f"You are an agent. Today is day {i + 1}."}
     final_request = json.loads(json.dumps(messages))
-    reply = ask(stream=i % 2 == 1)
+    reply = ask(client, "gpt-4o", messages, TOOLS, stream=i % 2 == 1)
     messages.append(reply)
 
 json.dump({"request": final_request, "reply": reply}, sys.stdout)

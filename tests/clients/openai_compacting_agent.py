@@ -10,6 +10,8 @@ import sys
 
 from openai import OpenAI
 
+from chat_turn import ask
+
 turns = int(sys.argv[1])
 client = OpenAI(
     base_url=os.environ["HANDOFF_URL"] + "/v1",
@@ -22,36 +24,13 @@ messages = [{"role": "system", "content": "You are a meticulous agent."}]
 FILLER = " ".join(f"row{i} value={i * 7 % 13}" for i in range(300))
 
 
-def ask(stream):
-    if not stream:
-        reply = client.chat.completions.create(model="strict-16k", messages=messages, tools=TOOLS)
-        return reply.choices[0].message.model_dump(exclude_none=True)
-    content, calls = None, {}
-    for chunk in client.chat.completions.create(model="strict-16k", messages=messages, tools=TOOLS, stream=True):
-        if not chunk.choices:
-            continue
-        delta = chunk.choices[0].delta
-        if delta.content:
-            content = (content or "") + delta.content
-        for call in delta.tool_calls or []:
-            slot = calls.setdefault(call.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
-            if call.id:
-                slot["id"] = call.id
-            if call.function and call.function.name:
-                slot["function"]["name"] += call.function.name
-            if call.function and call.function.arguments:
-                slot["function"]["arguments"] += call.function.arguments
-    message = {"role": "assistant", "content": content}
-    if calls:
-        message["tool_calls"] = [calls[i] for i in sorted(calls)]
-    return message
 
 
 requests = 0
 for turn in range(1, turns + 1):
     messages.append({"role": "user", "content": f"Step {turn}. Remember FACT-{turn:03d} exactly. Then look it up."})
     while True:
-        reply = ask(stream=requests % 2 == 1)
+        reply = ask(client, "strict-16k", messages, TOOLS, stream=requests % 2 == 1)
         requests += 1
         messages.append(reply)
         if "tool_calls" not in reply:

@@ -31,6 +31,32 @@ pub fn python() -> PathBuf {
     venv
 }
 
+/// Runs `tests/clients/SCRIPT ARGS` against `proxy` with the venv's python; the
+/// script must succeed and print one JSON document, which is returned.
+pub async fn run_client(proxy: &Proxy, script: &str, args: &[&str]) -> Value {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/clients")
+        .join(script);
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let url = proxy.url();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python())
+            .arg(&script)
+            .args(&args)
+            .env("HANDOFF_URL", url)
+            .output()
+            .expect("run the python client")
+    })
+    .await
+    .expect("client task");
+    assert!(
+        output.status.success(),
+        "the client failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("the client prints JSON")
+}
+
 pub async fn strict_mock(window: u64) -> (Arc<Strict>, MockUpstream) {
     let strict = Strict::new(window);
     let responder = Arc::clone(&strict);

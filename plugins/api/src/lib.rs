@@ -10,6 +10,7 @@
 
 mod attempt;
 mod shorten;
+pub mod testing;
 
 use std::sync::Arc;
 
@@ -20,6 +21,20 @@ use serde_json::Value;
 pub use attempt::{AttemptError, FailureReason};
 pub use shorten::{cap_head_tail, shorten_tool_body, TOOL_BODY_HEAD, TOOL_BODY_TAIL};
 pub use tokio_util::sync::CancellationToken;
+
+/// The text a model reads in a message's `content`: the string, or the text parts of
+/// an array joined by newlines (other parts are skipped).
+pub fn content_text(message: &Value) -> String {
+    match message.get("content") {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
 
 /// One unit of conversation: a user message, or an assistant message with every tool
 /// result that answers its calls. A cut never falls inside a unit.

@@ -189,30 +189,12 @@ impl Strategy for Exec {
 mod tests {
     use std::sync::Arc;
 
-    use handoff_plugin_api::{
-        Budgets, CancellationToken, ModelCallError, ModelClient, ModelInfo, ModelReply,
-        TokenCounter, Unit,
-    };
+    use handoff_plugin_api::testing::{BytesPerFour, NoModel};
+    use handoff_plugin_api::{Budgets, CancellationToken, ModelInfo, Unit};
 
     use super::*;
 
     const SCHEMA: &str = include_str!("../../../docs/plugin-protocol.schema.json");
-
-    struct NoModel;
-    impl ModelClient for NoModel {
-        fn complete(&self, _: Value) -> BoxFuture<'_, Result<ModelReply, ModelCallError>> {
-            Box::pin(async { Err(ModelCallError("unused".into())) })
-        }
-    }
-    struct Bytes4;
-    impl TokenCounter for Bytes4 {
-        fn count_text(&self, text: &str) -> u64 {
-            text.len() as u64 / 4
-        }
-        fn count_message(&self, message: &Value) -> u64 {
-            message.to_string().len() as u64 / 4
-        }
-    }
 
     fn input() -> StrategyInput {
         StrategyInput {
@@ -234,7 +216,7 @@ mod tests {
             },
             cancel: CancellationToken::new(),
             client: Arc::new(NoModel),
-            tokens: Arc::new(Bytes4),
+            tokens: Arc::new(BytesPerFour),
         }
     }
 

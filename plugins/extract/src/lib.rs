@@ -8,7 +8,9 @@
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use handoff_plugin_api::{cap_head_tail, AttemptError, Strategy, StrategyInput, Summary};
+use handoff_plugin_api::{
+    cap_head_tail, content_text, AttemptError, Strategy, StrategyInput, Summary,
+};
 use serde_json::Value;
 
 /// Share of the budget, in percent, for each part.
@@ -46,18 +48,6 @@ impl Strategy for Extract {
     }
 }
 
-fn text_of(message: &Value) -> String {
-    match message.get("content") {
-        Some(Value::String(text)) => text.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
-    }
-}
-
 /// Characters that fit `tokens`, at a conservative 3 characters per token.
 fn chars_for(tokens: u64) -> usize {
     usize::try_from(tokens.saturating_mul(3)).unwrap_or(usize::MAX)
@@ -91,8 +81,13 @@ pub fn extract_handoff(input: &StrategyInput) -> String {
     let last_assistant = messages
         .iter()
         .rev()
-        .find(|m| m["role"] == "assistant" && !text_of(m).trim().is_empty())
-        .map(|m| cap(&text_of(m), chars_for(budget * LAST_ASSISTANT_SHARE / 100)));
+        .find(|m| m["role"] == "assistant" && !content_text(m).trim().is_empty())
+        .map(|m| {
+            cap(
+                &content_text(m),
+                chars_for(budget * LAST_ASSISTANT_SHARE / 100),
+            )
+        });
 
     // What is left after the other parts goes to the user's own words.
     let used = input.tokens.count_text(&out)
@@ -121,7 +116,7 @@ fn user_messages(input: &StrategyInput, messages: &[&Value], budget: u64) -> Str
     let users: Vec<String> = messages
         .iter()
         .filter(|m| m["role"] == "user")
-        .map(|m| text_of(m))
+        .map(|m| content_text(m))
         .collect();
     let mut kept: Vec<String> = Vec::new();
     let mut spent = 0;
@@ -173,7 +168,7 @@ fn tool_calls(messages: &[&Value]) -> String {
             let result = messages[index + 1..]
                 .iter()
                 .find(|m| m["role"] == "tool" && m["tool_call_id"] == id)
-                .map(|m| text_of(m));
+                .map(|m| content_text(m));
             let outcome = match result {
                 None => "no result",
                 Some(text) if looks_like_error(&text) => "error",
@@ -200,30 +195,11 @@ fn looks_like_error(text: &str) -> bool {
 mod tests {
     use std::sync::Arc;
 
-    use futures_util::future::BoxFuture;
-    use handoff_plugin_api::{
-        Budgets, CancellationToken, ModelCallError, ModelClient, ModelInfo, ModelReply,
-        TokenCounter, Unit,
-    };
+    use handoff_plugin_api::testing::{BytesPerFour, NoModel};
+    use handoff_plugin_api::{Budgets, CancellationToken, ModelInfo, Unit};
     use serde_json::json;
 
     use super::*;
-
-    struct Chars;
-    impl TokenCounter for Chars {
-        fn count_text(&self, text: &str) -> u64 {
-            text.len() as u64 / 4
-        }
-        fn count_message(&self, message: &Value) -> u64 {
-            self.count_text(&message.to_string())
-        }
-    }
-    struct Never;
-    impl ModelClient for Never {
-        fn complete(&self, _: Value) -> BoxFuture<'_, Result<ModelReply, ModelCallError>> {
-            Box::pin(async { Err(ModelCallError("not called".into())) })
-        }
-    }
 
     fn input(users: usize, handoff_tokens: u64) -> StrategyInput {
         let mut history = Vec::new();
@@ -259,8 +235,8 @@ mod tests {
                 handoff_tokens,
             },
             cancel: CancellationToken::new(),
-            client: Arc::new(Never),
-            tokens: Arc::new(Chars),
+            client: Arc::new(NoModel),
+            tokens: Arc::new(BytesPerFour),
         }
     }
 

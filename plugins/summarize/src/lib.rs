@@ -237,32 +237,10 @@ mod tests {
 mod precheck_tests {
     use std::sync::Arc;
 
-    use futures_util::future::BoxFuture;
-    use handoff_plugin_api::{
-        Budgets, CancellationToken, ModelCallError, ModelClient, ModelInfo, ModelReply,
-        TokenCounter, Unit,
-    };
+    use handoff_plugin_api::testing::{BytesPerFour, NoModel};
+    use handoff_plugin_api::{Budgets, CancellationToken, ModelInfo, Unit};
 
     use super::*;
-
-    struct Chars;
-    impl TokenCounter for Chars {
-        fn count_text(&self, text: &str) -> u64 {
-            text.len() as u64 / 4
-        }
-        fn count_message(&self, message: &Value) -> u64 {
-            message["content"]
-                .as_str()
-                .map_or(0, |t| t.len() as u64 / 4)
-                + 4
-        }
-    }
-    struct Never;
-    impl ModelClient for Never {
-        fn complete(&self, _: Value) -> BoxFuture<'_, Result<ModelReply, ModelCallError>> {
-            Box::pin(async { Err(ModelCallError("not called".into())) })
-        }
-    }
 
     fn input(window: u64, user_text: &str, tool_body: &str, arguments: &str) -> StrategyInput {
         StrategyInput {
@@ -291,8 +269,8 @@ mod precheck_tests {
                 handoff_tokens: 5000,
             },
             cancel: CancellationToken::new(),
-            client: Arc::new(Never),
-            tokens: Arc::new(Chars),
+            client: Arc::new(NoModel),
+            tokens: Arc::new(BytesPerFour),
         }
     }
 

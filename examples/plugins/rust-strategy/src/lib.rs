@@ -88,30 +88,11 @@ pub fn register() {
 mod tests {
     use std::sync::Arc;
 
-    use futures_util::future::BoxFuture;
-    use handoff_plugin_api::{
-        Budgets, CancellationToken, ModelCallError, ModelClient, ModelInfo, ModelReply,
-        TokenCounter, Unit,
-    };
+    use handoff_plugin_api::testing::{BytesPerFour, NoModel};
+    use handoff_plugin_api::{Budgets, CancellationToken, ModelInfo, Unit};
     use serde_json::json;
 
     use super::*;
-
-    struct NoModel;
-    impl ModelClient for NoModel {
-        fn complete(&self, _: Value) -> BoxFuture<'_, Result<ModelReply, ModelCallError>> {
-            Box::pin(async { Err(ModelCallError("unused".into())) })
-        }
-    }
-    struct Bytes4;
-    impl TokenCounter for Bytes4 {
-        fn count_text(&self, text: &str) -> u64 {
-            text.len() as u64 / 4
-        }
-        fn count_message(&self, message: &Value) -> u64 {
-            message.to_string().len() as u64 / 4
-        }
-    }
 
     #[test]
     fn keeps_the_opening_and_the_newest_requests() {
@@ -137,7 +118,7 @@ mod tests {
             },
             cancel: CancellationToken::new(),
             client: Arc::new(NoModel),
-            tokens: Arc::new(Bytes4),
+            tokens: Arc::new(BytesPerFour),
         };
         let summary = futures_util::FutureExt::now_or_never(FirstAndLast.summarize(&input))
             .unwrap()
