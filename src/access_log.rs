@@ -5,7 +5,11 @@
 
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use http::{Method, StatusCode};
+
+use crate::metrics::Metrics;
 
 /// How a response body ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +46,8 @@ pub struct RequestLog {
     bytes: u64,
     outcome: Outcome,
     conversation: Option<String>,
+    head_at: Option<Duration>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl RequestLog {
@@ -56,7 +62,15 @@ impl RequestLog {
             bytes: 0,
             outcome: Outcome::ClientGone,
             conversation: None,
+            head_at: None,
+            metrics: None,
         }
+    }
+
+    /// Reports this request's overhead to `metrics` when it ends.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// When the request began.
@@ -67,6 +81,7 @@ impl RequestLog {
     /// Records the status sent to the client.
     pub fn set_status(&mut self, status: StatusCode) {
         self.status = Some(status);
+        self.head_at = Some(self.started.elapsed());
     }
 
     /// Records the time from sending upstream to the response head.
@@ -97,6 +112,11 @@ impl RequestLog {
 
 impl Drop for RequestLog {
     fn drop(&mut self) {
+        if let (Some(metrics), Some(head), Some(upstream)) =
+            (&self.metrics, self.head_at, self.upstream_time)
+        {
+            metrics.observe_overhead(head.saturating_sub(upstream).as_secs_f64());
+        }
         let total_ms = self.started.elapsed().as_secs_f64() * 1000.0;
         let upstream_ms = self.upstream_time.map(|t| t.as_secs_f64() * 1000.0);
         tracing::info!(

@@ -7,10 +7,16 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 
-/// The proxy's counters.
-#[derive(Default)]
+/// Upper bounds, in seconds, of the overhead histogram's buckets.
+const OVERHEAD_BUCKETS: [f64; 12] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+/// The proxy's counters, and the histogram of its own overhead.
+#[derive(Debug, Default)]
 pub struct Metrics {
     counters: Mutex<BTreeMap<(&'static str, String), f64>>,
+    overhead: Mutex<[u64; OVERHEAD_BUCKETS.len() + 1]>,
 }
 
 /// Help text of each metric.
@@ -76,6 +82,19 @@ impl Metrics {
         }
     }
 
+    /// Records one request's overhead: the time to its response head minus the time the
+    /// upstream took to send its head (TensorZero's measure).
+    pub fn observe_overhead(&self, seconds: f64) {
+        let bucket = OVERHEAD_BUCKETS
+            .iter()
+            .position(|bound| seconds <= *bound)
+            .unwrap_or(OVERHEAD_BUCKETS.len());
+        if let Ok(mut counts) = self.overhead.lock() {
+            counts[bucket] += 1;
+        }
+        self.add("handoff_overhead_seconds_sum", &[], seconds);
+    }
+
     /// The current value of `name{labels}` (0 if never set).
     pub fn get(&self, name: &'static str, pairs: &[(&str, &str)]) -> f64 {
         self.counters
@@ -97,6 +116,31 @@ impl Metrics {
                 let _ = writeln!(out, "{metric}{labels} {value}");
             }
         }
+        let sum = counters
+            .get(&("handoff_overhead_seconds_sum", String::new()))
+            .copied()
+            .unwrap_or(0.0);
+        drop(counters);
+        let counts = self.overhead.lock().map(|c| *c).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "# HELP handoff_overhead_seconds Time spent in the proxy itself: response head time minus upstream head time.\n# TYPE handoff_overhead_seconds histogram"
+        );
+        let mut cumulative = 0;
+        for (bound, count) in OVERHEAD_BUCKETS.iter().zip(counts.iter()) {
+            cumulative += count;
+            let _ = writeln!(
+                out,
+                "handoff_overhead_seconds_bucket{{le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        cumulative += counts[OVERHEAD_BUCKETS.len()];
+        let _ = writeln!(
+            out,
+            "handoff_overhead_seconds_bucket{{le=\"+Inf\"}} {cumulative}"
+        );
+        let _ = writeln!(out, "handoff_overhead_seconds_sum {sum}");
+        let _ = writeln!(out, "handoff_overhead_seconds_count {cumulative}");
         out
     }
 }

@@ -2,6 +2,7 @@
 //! pipeline, or plain pass-through for every other path.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use http::{Method, Request, Response};
 use http_body_util::BodyExt;
@@ -24,7 +25,8 @@ pub async fn route(
     let log = RequestLog::start(
         request.method().clone(),
         loggable_target(uri.path(), uri.query()),
-    );
+    )
+    .with_metrics(Arc::clone(&state.metrics));
     let path = uri.path();
     if path == "/handoff" || path.starts_with("/handoff/") {
         return admin::handle(state, request, peer, log).await;

@@ -406,6 +406,14 @@ async fn manual_compaction_and_the_audit_views() {
             .contains("handoff_compactions_total{strategy=\"summarize\",outcome=\"committed\"} 1"),
         "{metrics}"
     );
+    // Every proxied request lands in the overhead histogram.
+    let count: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("handoff_overhead_seconds_count "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(count >= 2, "{metrics}");
+
     let missing = client::send(request(
         "POST",
         &format!("{}/handoff/conversations/nope/compact", proxy.url()),
