@@ -19,7 +19,7 @@ pub struct ConversationSummary {
     pub last_seen: Option<String>,
     /// Originals in the log (client and upstream).
     pub messages: usize,
-    /// Requests seen.
+    /// Requests that added originals (an exact repeat adds nothing to the log).
     pub requests: usize,
     /// Branches (tips of the tree).
     pub branches: usize,

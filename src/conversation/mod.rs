@@ -244,6 +244,19 @@ impl Tracker {
                 choice: None,
             })));
         }
+        if known == rest.len() && lines.is_empty() {
+            // A retry or a repeat adds nothing to the log: no write, and the lock is brief.
+            return Ok(Tracked {
+                id,
+                pinned_len,
+                pinned_digests,
+                message_digests,
+                new_messages: 0,
+                prefix,
+                compactions: state.compactions.clone(),
+                calibration: state.calibration.clone(),
+            });
+        }
         lines.push(Line::now(Entry::Request(RequestLine {
             model: request.model.clone(),
             head: prefix.last().copied(),

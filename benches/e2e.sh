@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# End-to-end benchmark: the same mock upstream reached directly, through handoff,
+# through nginx (reverse proxy, proxy_buffering off, upstream keepalive) and through
+# the LiteLLM proxy, interleaved and repeated; medians and ratios are printed as a
+# Markdown table. Load comes from wrk.
+#
+#   benches/e2e.sh [--duration SECONDS] [--rounds N] [--no-litellm] [--smoke]
+#
+# Needs: wrk and nginx-light (Debian), and for LiteLLM `pip install 'litellm[proxy]'`
+# in $LITELLM_VENV (default .bench-venv, created when missing). --smoke runs every step
+# for one second without LiteLLM, to keep the harness from rotting (CI does this).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=10 ROUNDS=3 LITELLM=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --duration) DURATION=$2; shift ;;
+    --rounds) ROUNDS=$2; shift ;;
+    --no-litellm) LITELLM=0 ;;
+    --smoke) DURATION=1 ROUNDS=1 LITELLM=0 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+command -v wrk >/dev/null || { echo "wrk is missing: apt-get install wrk" >&2; exit 1; }
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || { echo "nginx is missing: apt-get install nginx-light" >&2; exit 1; }
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; "$NGINX" -c "$WORK/nginx.conf" -s stop 2>/dev/null || true; rm -rf "$WORK"; }
+trap cleanup EXIT
+UP=18000 HO=18001 NG=18002 LL=18003
+
+cargo build --release --quiet --bin handoff -p handoff
+cargo build --release --quiet --bin bench-upstream -p mock-upstream
+python3 benches/e2e/bodies.py "$WORK"
+
+wait_port() { for _ in $(seq 1 300); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 did not open" >&2; exit 1; }
+
+target/release/bench-upstream "127.0.0.1:$UP" 2>/dev/null & PIDS+=($!)
+cat > "$WORK/handoff.toml" <<TOML
+listen = "127.0.0.1:$HO"
+data_dir = "$WORK/data"
+[upstream]
+base_url = "http://127.0.0.1:$UP"
+[log]
+level = "warn"
+[models."bench-model"]
+context_window = 1000000
+TOML
+target/release/handoff serve --config "$WORK/handoff.toml" 2>"$WORK/handoff.log" & HANDOFF_PID=$!; PIDS+=($HANDOFF_PID)
+
+mkdir -p "$WORK/nginx"
+cat > "$WORK/nginx.conf" <<NGINX
+worker_processes auto;
+pid $WORK/nginx.pid;
+error_log $WORK/nginx-error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx; proxy_temp_path $WORK/nginx;
+  fastcgi_temp_path $WORK/nginx; uwsgi_temp_path $WORK/nginx; scgi_temp_path $WORK/nginx;
+  client_max_body_size 64m;
+  upstream mock { server 127.0.0.1:$UP; keepalive 64; }
+  server {
+    listen 127.0.0.1:$NG;
+    location / {
+      proxy_pass http://mock;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+      tcp_nodelay on;
+    }
+  }
+}
+NGINX
+"$NGINX" -c "$WORK/nginx.conf"
+
+if [ "$LITELLM" = 1 ]; then
+  VENV=${LITELLM_VENV:-.bench-venv}
+  [ -x "$VENV/bin/litellm" ] || { python3 -m venv "$VENV"; "$VENV/bin/pip" install --quiet 'litellm[proxy]'; }
+  cat > "$WORK/litellm.yaml" <<YAML
+model_list:
+  - model_name: bench-model
+    litellm_params: {model: openai/bench-model, api_base: "http://127.0.0.1:$UP/v1", api_key: sk-bench}
+YAML
+  "$VENV/bin/litellm" --config "$WORK/litellm.yaml" --host 127.0.0.1 --port "$LL" --num_workers 1 >"$WORK/litellm.log" 2>&1 & PIDS+=($!)
+fi
+for port in $UP $HO $NG; do wait_port "$port"; done
+[ "$LITELLM" = 1 ] && wait_port "$LL"
+sleep 1
+
+# wrk → "rps p50_ms p99_ms"
+run_wrk() { # url connections body [conversation]
+  local out
+  out=$(BODY="$3" CONVERSATION="${4:-}" wrk -t2 -c"$2" -d"${DURATION}s" --timeout 10s --latency -s benches/e2e/post.lua "$1")
+  python3 - "$out" <<'PY'
+import re, sys
+text = sys.argv[1]
+def ms(v):
+    n, unit = float(re.match(r"[\d.]+", v).group()), re.sub(r"[\d.]", "", v)
+    return n * {"us": 0.001, "ms": 1, "s": 1000, "m": 60000}[unit]
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+p = dict(re.findall(r"^\s+(50|99)%\s+(\S+)", text, re.M))
+errors = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+print(rps, ms(p["50"]), ms(p["99"]), errors.group(1) if errors else 0)
+PY
+}
+
+TARGETS=(direct handoff nginx)
+[ "$LITELLM" = 1 ] && TARGETS+=(litellm)
+declare -A PORT=([direct]=$UP [handoff]=$HO [nginx]=$NG [litellm]=$LL)
+RESULTS="$WORK/results.txt"
+for round in $(seq 1 "$ROUNDS"); do
+  for target in "${TARGETS[@]}"; do
+    echo "small $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/chat/completions" 32 "$WORK/small.json")" >> "$RESULTS"
+  done
+  for target in direct handoff nginx; do
+    echo "long $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/chat/completions" 8 "$WORK/long.json" bench-long)" >> "$RESULTS"
+  done
+  for target in direct handoff nginx; do
+    echo "stream $target $(python3 benches/e2e/stream_probe.py 127.0.0.1 "${PORT[$target]}" 3)" >> "$RESULTS"
+  done
+done
+
+IDLE_RSS=$(ps -o rss= -p "$HANDOFF_PID")
+COUNT=10000 wrk -t2 -c32 -d"$((DURATION < 5 ? DURATION : 5))s" -s benches/e2e/conversations.lua "http://127.0.0.1:$HO" >/dev/null
+FULL_RSS=$(ps -o rss= -p "$HANDOFF_PID")
+TRACKED=$(ls "$WORK/data/conversations" | wc -l)
+OVERHEAD=$(curl -s "http://127.0.0.1:$HO/handoff/metrics" | grep -E '^handoff_overhead_seconds_(sum|count)' | tr '\n' ' ')
+
+python3 - "$RESULTS" "$IDLE_RSS" "$FULL_RSS" "$TRACKED" "$OVERHEAD" "$DURATION" "$ROUNDS" <<'PY'
+import json, statistics, sys
+path, idle, full, tracked, overhead, duration, rounds = sys.argv[1:8]
+rows = {}
+for line in open(path):
+    kind, target, rest = line.split(" ", 2)
+    rows.setdefault((kind, target), []).append(rest.strip())
+med = lambda xs: statistics.median(xs) if xs else float("nan")
+def wrk(kind, target):
+    vals = [list(map(float, r.split())) for r in rows.get((kind, target), [])]
+    return [med([v[i] for v in vals]) for i in range(4)] if vals else None
+print(f"Medians of {rounds} interleaved round(s) of {duration}s each.\n")
+print("| small chat, 32 conn | req/s | p50 ms | p99 ms | non-2xx |")
+print("| --- | ---: | ---: | ---: | ---: |")
+small = {t: wrk("small", t) for t in ["direct", "handoff", "nginx", "litellm"]}
+for t, v in small.items():
+    if v: print(f"| {t} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} | {v[3]:.0f} |")
+h, n, l = small["handoff"], small["nginx"], small["litellm"]
+print(f"\nhandoff/nginx throughput: {h[0]/n[0]:.2f}×" + (f"; handoff/LiteLLM throughput: {h[0]/l[0]:.0f}×" if l else ""))
+print("\n| tracked long conversation (~400 KB), 8 conn | req/s | p50 ms | p99 ms |")
+print("| --- | ---: | ---: | ---: |")
+long = {t: wrk("long", t) for t in ["direct", "handoff", "nginx"]}
+for t, v in long.items():
+    if v: print(f"| {t} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} |")
+print(f"\nhandoff p50 added over nginx (long): {long['handoff'][1] - long['nginx'][1]:.3f} ms")
+print("\n| streaming (64 deltas, 20 ms apart) | TTFB p50 ms | gap p50 ms | gap max ms |")
+print("| --- | ---: | ---: | ---: |")
+stream = {}
+for t in ["direct", "handoff", "nginx"]:
+    got = [json.loads(r) for r in rows.get(("stream", t), [])]
+    if got:
+        stream[t] = [med([g[k] for g in got]) for k in ("ttfb_p50_ms", "gap_p50_ms", "gap_max_ms")]
+        print(f"| {t} | {stream[t][0]:.2f} | {stream[t][1]:.2f} | {stream[t][2]:.2f} |")
+print(f"\nTTFB added by handoff over direct: {stream['handoff'][0] - stream['direct'][0]:.2f} ms")
+print(f"\nhandoff RSS: idle {int(idle)/1024:.1f} MB; with {tracked.strip()} tracked conversations {int(full)/1024:.1f} MB")
+print(f"\noverhead metric: {overhead}")
+PY
