@@ -37,7 +37,7 @@ cargo build --release --quiet --bin handoff -p handoff
 cargo build --release --quiet --bin bench-upstream -p mock-upstream
 python3 benches/e2e/bodies.py "$WORK"
 
-wait_port() { for _ in $(seq 1 300); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 did not open" >&2; exit 1; }
+wait_port() { for _ in $(seq 1 900); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 did not open" >&2; exit 1; }
 
 target/release/bench-upstream "127.0.0.1:$UP" 2>/dev/null & PIDS+=($!)
 cat > "$WORK/handoff.toml" <<TOML
@@ -86,11 +86,13 @@ if [ "$LITELLM" = 1 ]; then
 model_list:
   - model_name: bench-model
     litellm_params: {model: openai/bench-model, api_base: "http://127.0.0.1:$UP/v1", api_key: sk-bench}
+general_settings:
+  master_key: sk-bench
 YAML
-  "$VENV/bin/litellm" --config "$WORK/litellm.yaml" --host 127.0.0.1 --port "$LL" --num_workers 1 >"$WORK/litellm.log" 2>&1 & PIDS+=($!)
+  LITELLM_LOCAL_MODEL_COST_MAP=True "$VENV/bin/litellm" --config "$WORK/litellm.yaml" --host 127.0.0.1 --port "$LL" --num_workers 1 >"$WORK/litellm.log" 2>&1 & PIDS+=($!)
 fi
 for port in $UP $HO $NG; do wait_port "$port"; done
-[ "$LITELLM" = 1 ] && wait_port "$LL"
+if [ "$LITELLM" = 1 ]; then wait_port "$LL"; fi
 sleep 1
 
 # wrk → "rps p50_ms p99_ms"

@@ -126,8 +126,9 @@ pub async fn handle(
     let mut estimate = None;
     if let Some(budget) = &budget {
         let uncounted = view.uncounted_bytes(&state.tokens, budget.tokenizer());
-        let local = if uncounted > BIG_UNCOUNTED {
-            // Tokenising hundreds of KB takes tens of ms: let the runtime move other work.
+        let local = if uncounted > BIG_UNCOUNTED || !state.tokens.is_loaded(budget.tokenizer()) {
+            // Tokenising hundreds of KB, or loading the tokenizer, takes tens of ms or
+            // more: let the runtime move other work off this thread meanwhile.
             tokio::task::block_in_place(|| {
                 view.estimate(&state.tokens, budget.tokenizer(), budget.tools_tokens)
             })

@@ -126,10 +126,8 @@ impl AppState {
         let writer = Writer::start(config.store.fsync).map_err(StateError::Writer)?;
         let store: Arc<dyn Store> = Arc::new(DiskStore::new(&config.data_dir, writer));
         let tracker = Arc::new(Tracker::new(store, config.store.cache_capacity));
+        // The tokenizer tables (tens of MB) load on the first request that needs them.
         let tokens = Arc::new(Tokens::new());
-        let warm = Arc::clone(&tokens);
-        // Loading the tokenizer tables takes a few hundred ms: not on the first request.
-        tokio::task::spawn_blocking(move || warm.warm());
         let metrics = Arc::new(Metrics::default());
         let shutdown = CancellationToken::new();
         let compactor = Compactor {

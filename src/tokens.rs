@@ -43,9 +43,14 @@ impl Tokens {
         }
     }
 
-    /// Loads the default tokenizer's tables (hundreds of ms) before a request needs them.
-    pub fn warm(&self) {
-        self.bpe(Tokenizer::O200k);
+    /// True when counting with `tokenizer` will not first load its tables (hundreds of
+    /// ms and tens of MB, once per process).
+    pub fn is_loaded(&self, tokenizer: Tokenizer) -> bool {
+        match tokenizer {
+            Tokenizer::O200k => self.o200k.get().is_some(),
+            Tokenizer::Cl100k => self.cl100k.get().is_some(),
+            Tokenizer::Estimate => true,
+        }
     }
 
     fn bpe(&self, tokenizer: Tokenizer) -> Option<&CoreBPE> {

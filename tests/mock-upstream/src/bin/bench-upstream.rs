@@ -31,7 +31,8 @@ async fn answer(
         .await
         .map(|c| c.to_bytes())
         .unwrap_or_default();
-    let streaming = body.windows(13).any(|w| w == b"\"stream\":true") || body.windows(14).any(|w| w == b"\"stream\": true");
+    let streaming = body.windows(13).any(|w| w == b"\"stream\":true")
+        || body.windows(14).any(|w| w == b"\"stream\": true");
     if !streaming {
         return Response::builder()
             .header("content-type", "application/json")
