@@ -94,6 +94,7 @@ fi
 for port in $UP $HO $NG; do wait_port "$port"; done
 if [ "$LITELLM" = 1 ]; then wait_port "$LL"; fi
 sleep 1
+IDLE_RSS=$(ps -o rss= -p "$HANDOFF_PID")
 
 # wrk → "rps p50_ms p99_ms"
 run_wrk() { # url connections body [conversation]
@@ -128,15 +129,15 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 
-IDLE_RSS=$(ps -o rss= -p "$HANDOFF_PID")
+LOADED_RSS=$(ps -o rss= -p "$HANDOFF_PID")
 COUNT=10000 wrk -t2 -c32 -d"$((DURATION < 5 ? DURATION : 5))s" -s benches/e2e/conversations.lua "http://127.0.0.1:$HO" >/dev/null
 FULL_RSS=$(ps -o rss= -p "$HANDOFF_PID")
 TRACKED=$(ls "$WORK/data/conversations" | wc -l)
 OVERHEAD=$(curl -s "http://127.0.0.1:$HO/handoff/metrics" | grep -E '^handoff_overhead_seconds_(sum|count)' | tr '\n' ' ')
 
-python3 - "$RESULTS" "$IDLE_RSS" "$FULL_RSS" "$TRACKED" "$OVERHEAD" "$DURATION" "$ROUNDS" <<'PY'
+python3 - "$RESULTS" "$IDLE_RSS" "$FULL_RSS" "$TRACKED" "$OVERHEAD" "$DURATION" "$ROUNDS" "$LOADED_RSS" <<'PY'
 import json, statistics, sys
-path, idle, full, tracked, overhead, duration, rounds = sys.argv[1:8]
+path, idle, full, tracked, overhead, duration, rounds, loaded = sys.argv[1:9]
 rows = {}
 for line in open(path):
     kind, target, rest = line.split(" ", 2)
@@ -168,6 +169,6 @@ for t in ["direct", "handoff", "nginx"]:
         stream[t] = [med([g[k] for g in got]) for k in ("ttfb_p50_ms", "gap_p50_ms", "gap_max_ms")]
         print(f"| {t} | {stream[t][0]:.2f} | {stream[t][1]:.2f} | {stream[t][2]:.2f} |")
 print(f"\nTTFB added by handoff over direct: {stream['handoff'][0] - stream['direct'][0]:.2f} ms")
-print(f"\nhandoff RSS: idle {int(idle)/1024:.1f} MB; with {tracked.strip()} tracked conversations {int(full)/1024:.1f} MB")
+print(f"\nhandoff RSS: idle {int(idle)/1024:.1f} MB; after the load runs {int(loaded)/1024:.1f} MB; with {tracked.strip()} tracked conversations {int(full)/1024:.1f} MB")
 print(f"\noverhead metric: {overhead}")
 PY

@@ -46,21 +46,6 @@ const HELP: &[(&str, &str, &str)] = &[
         "counter",
         "Compaction runs timed.",
     ),
-    (
-        "handoff_requests_total",
-        "counter",
-        "Chat-completion requests by outcome.",
-    ),
-    (
-        "handoff_overhead_seconds_sum",
-        "counter",
-        "Time spent in the proxy itself (total minus upstream).",
-    ),
-    (
-        "handoff_overhead_seconds_count",
-        "counter",
-        "Requests whose overhead was measured.",
-    ),
 ];
 
 fn labels(pairs: &[(&str, &str)]) -> String {

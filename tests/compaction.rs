@@ -113,7 +113,7 @@ async fn summary_failures_fall_back_to_extract_and_record_every_attempt() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn twenty_concurrent_requests_share_one_compaction() {
+async fn thirty_two_concurrent_requests_share_one_compaction() {
     let (strict, mock) = strict_mock(4096).await;
     let proxy = Arc::new(Proxy::start_with(
         &mock.url(),
@@ -127,7 +127,7 @@ async fn twenty_concurrent_requests_share_one_compaction() {
     }
     messages.push(big_user(99, 500));
     let mut tasks = Vec::new();
-    for _ in 0..20 {
+    for _ in 0..32 {
         let proxy = Arc::clone(&proxy);
         let messages = messages.clone();
         tasks.push(tokio::spawn(async move {
