@@ -8,13 +8,17 @@
 //! - [`chat`] reads the body and parses it with [`dialect`], keeping every unknown field;
 //! - [`conversation`] names the conversation, chains the [`digest`]s of its messages and
 //!   appends the new originals to the [`store`] before anything goes upstream;
+//! - [`projection`] builds the model view from adopted compactions; [`tokens`] and
+//!   [`compaction`] shrink it when it would not fit, with the chain that [`strategies`]
+//!   selects (kinds from [`kinds`]);
 //! - [`forward`] sends it through [`upstream`] and relays the answer with [`relay`],
 //!   frame by frame, while [`capture`] logs the reply on the side and [`access_log`]
 //!   writes one line per request.
 //!
 //! [`config`] holds the typed, layered configuration; [`error`] is the one place where a
-//! failure becomes an HTTP answer in the API's own error shape; [`audit`] reads the log
-//! back for people.
+//! failure becomes an HTTP answer in the API's own error shape; [`state`] holds the
+//! config snapshot that [`reload`] swaps; [`audit`] reads the log back for people;
+//! [`metrics`] counts; [`cli`] is the command line.
 
 #![forbid(unsafe_code)]
 
