@@ -34,7 +34,7 @@ impl Default for Tokens {
 }
 
 impl Tokens {
-    /// Empty cache; tokenizers load on first use (or in [`Tokens::warm`]).
+    /// Empty cache; tokenizers load on first use.
     pub fn new() -> Self {
         Self {
             o200k: OnceLock::new(),

@@ -2,7 +2,7 @@
 //! becomes a handoff and the recent units stay verbatim (DESIGN.md section 3).
 //!
 //! - [`budget`]: when to compact, with the calibrated estimate;
-//! - [`unit`] and [`split`]: where to cut, never inside a unit;
+//! - [`mod@unit`] and [`split`]: where to cut, never inside a unit;
 //! - [`chain`]: the strategies tried in order, every attempt recorded;
 //! - [`handoff`]: the continuation + handoff pair;
 //! - [`record`]: the record and the rule that adopts it (record + boundary);

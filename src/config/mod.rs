@@ -1,7 +1,7 @@
 //! The typed configuration: every key of DESIGN.md section 6, with its default.
 //!
 //! The structs deny unknown fields, so a misspelt key fails the load and names the key.
-//! Loading and layering live in [`load`]; masking for display lives in [`mask`].
+//! Loading and layering live in `load.rs`; masking for display lives in `mask.rs`.
 
 mod load;
 mod mask;
