@@ -23,6 +23,7 @@ use crate::dialect::ChatRequest;
 use crate::error::ApiError;
 use crate::forward::reject;
 use crate::state::AppState;
+use crate::store::ConversationLog;
 
 /// Handles a `/handoff/*` request.
 pub async fn handle(
@@ -102,14 +103,7 @@ async fn compact_now(
     id: &str,
     headers: &http::HeaderMap,
 ) -> Result<serde_json::Value, ApiError> {
-    let id = ConversationId::parse(id)
-        .map_err(|err| ApiError::invalid_request("invalid_conversation_id", err.to_string()))?;
-    let log = state
-        .tracker
-        .store()
-        .read(&id)
-        .await
-        .map_err(|err| ApiError::storage(err.to_string()))?;
+    let (id, log) = read_conversation(state, id).await?;
     let body = Tree::new(&log)
         .latest_request_body()
         .ok_or_else(|| ApiError::not_found(format!("no conversation {id}")))?;
@@ -170,6 +164,22 @@ async fn compact_now(
         .map(|adopted| serde_json::to_value(&adopted.record).unwrap_or_default())
         .unwrap_or_default();
     Ok(json!({"conversation": id.to_string(), "compaction": record}))
+}
+
+/// A conversation's log by its (checked) id.
+async fn read_conversation(
+    state: &AppState,
+    id: &str,
+) -> Result<(ConversationId, ConversationLog), ApiError> {
+    let id = ConversationId::parse(id)
+        .map_err(|err| ApiError::invalid_request("invalid_conversation_id", err.to_string()))?;
+    let log = state
+        .tracker
+        .store()
+        .read(&id)
+        .await
+        .map_err(|err| ApiError::storage(err.to_string()))?;
+    Ok((id, log))
 }
 
 /// Largest page of `GET /handoff/conversations`.
@@ -240,14 +250,7 @@ async fn list_conversations(
 
 /// `GET /handoff/conversations/{id}`: the summary and every branch tip.
 async fn conversation(state: &AppState, id: &str) -> Result<serde_json::Value, ApiError> {
-    let id = ConversationId::parse(id)
-        .map_err(|err| ApiError::invalid_request("invalid_conversation_id", err.to_string()))?;
-    let log = state
-        .tracker
-        .store()
-        .read(&id)
-        .await
-        .map_err(|err| ApiError::storage(err.to_string()))?;
+    let (id, log) = read_conversation(state, id).await?;
     if log.lines.is_empty() && log.problems.is_empty() {
         return Err(ApiError::not_found(format!("no conversation {id}")));
     }

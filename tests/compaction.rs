@@ -53,12 +53,7 @@ async fn a_40_turn_sdk_agent_in_16k_never_sees_an_error() {
         40,
         "every original is kept"
     );
-    let verify = proxy.audit(&["verify"]);
-    assert!(
-        verify.status.success(),
-        "{}",
-        String::from_utf8_lossy(&verify.stdout)
-    );
+    proxy.assert_verified(&[]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

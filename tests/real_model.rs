@@ -169,10 +169,5 @@ async fn a_real_model_summarises_and_llama_context_errors_are_recovered() {
         .unwrap()
         .trim()
         .is_empty());
-    let verify = proxy.audit(&["verify", "real"]);
-    assert!(
-        verify.status.success(),
-        "{}",
-        String::from_utf8_lossy(&verify.stdout)
-    );
+    proxy.assert_verified(&["real"]);
 }

@@ -73,12 +73,7 @@ async fn three_hundred_sdk_requests_replay_exactly() {
     let user_messages: Vec<&Value> = replayed.iter().filter(|m| m["role"] == "user").collect();
     assert_eq!(user_messages.len(), 150);
 
-    let verify = proxy.audit(&["verify"]);
-    assert!(
-        verify.status.success(),
-        "{}",
-        String::from_utf8_lossy(&verify.stdout)
-    );
+    proxy.assert_verified(&[]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -204,6 +204,18 @@ impl Proxy {
             .expect("run handoff audit")
     }
 
+    /// Asserts that `audit verify ARGS` finds no problem.
+    pub fn assert_verified(&self, args: &[&str]) {
+        let mut all = vec!["verify"];
+        all.extend_from_slice(args);
+        let verify = self.audit(&all);
+        assert!(
+            verify.status.success(),
+            "audit verify: {}",
+            String::from_utf8_lossy(&verify.stdout)
+        );
+    }
+
     /// `audit list --json`, parsed.
     pub fn conversations(&self) -> Vec<serde_json::Value> {
         let output = self.audit(&["list", "--json"]);

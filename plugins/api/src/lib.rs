@@ -36,6 +36,23 @@ pub fn content_text(message: &Value) -> String {
     }
 }
 
+/// A message's tool calls as `(id, name, arguments)`, missing parts as empty strings.
+pub fn tool_calls(message: &Value) -> impl Iterator<Item = (&str, &str, &str)> {
+    message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|call| {
+            let text = |pointer: &str| call.pointer(pointer).and_then(Value::as_str).unwrap_or("");
+            (
+                text("/id"),
+                text("/function/name"),
+                text("/function/arguments"),
+            )
+        })
+}
+
 /// One unit of conversation: a user message, or an assistant message with every tool
 /// result that answers its calls. A cut never falls inside a unit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

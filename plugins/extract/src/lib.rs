@@ -9,7 +9,8 @@
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use handoff_plugin_api::{
-    cap_head_tail, content_text, AttemptError, Strategy, StrategyInput, Summary,
+    cap_head_tail, content_text, tool_calls as calls_of, AttemptError, Strategy, StrategyInput,
+    Summary,
 };
 use serde_json::Value;
 
@@ -150,21 +151,7 @@ fn user_messages(input: &StrategyInput, messages: &[&Value], budget: u64) -> Str
 fn tool_calls(messages: &[&Value]) -> String {
     let mut out = String::new();
     for (index, message) in messages.iter().enumerate() {
-        for call in message
-            .get("tool_calls")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let id = call.get("id").and_then(Value::as_str).unwrap_or("");
-            let name = call
-                .pointer("/function/name")
-                .and_then(Value::as_str)
-                .unwrap_or("?");
-            let arguments = call
-                .pointer("/function/arguments")
-                .and_then(Value::as_str)
-                .unwrap_or("");
+        for (id, name, arguments) in calls_of(message) {
             let result = messages[index + 1..]
                 .iter()
                 .find(|m| m["role"] == "tool" && m["tool_call_id"] == id)

@@ -1,7 +1,7 @@
 //! The text of the summary request: previous handoff, history, then the recent
 //! messages marked reference only.
 
-use handoff_plugin_api::{shorten_tool_body, StrategyInput};
+use handoff_plugin_api::{shorten_tool_body, tool_calls, StrategyInput};
 use serde_json::Value;
 
 /// How to render.
@@ -85,21 +85,7 @@ fn render_message(message: &Value, options: RenderOptions, out: &mut String) {
             if !text.is_empty() {
                 out.push_str(&format!("[{role}]\n{text}\n\n"));
             }
-            for call in message
-                .get("tool_calls")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                let name = call
-                    .pointer("/function/name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("?");
-                let arguments = call
-                    .pointer("/function/arguments")
-                    .and_then(Value::as_str)
-                    .unwrap_or("");
-                let id = call.get("id").and_then(Value::as_str).unwrap_or("");
+            for (id, name, arguments) in tool_calls(message) {
                 out.push_str(&format!("[{role} calls {name} {id}]\n{arguments}\n\n"));
             }
         }
