@@ -22,7 +22,7 @@ use crate::compaction::Reason;
 use crate::conversation::{identify, Tracked, CONVERSATION_HEADER};
 use crate::dialect::ChatRequest;
 use crate::error::ApiError;
-use crate::forward::{forward, reject, relay, upstream_request};
+use crate::forward::{forward, reject, relay, send_timed, upstream_request};
 use crate::projection::project_view;
 use crate::relay::Observer;
 use crate::state::{AppState, Snapshot};
@@ -174,15 +174,10 @@ pub async fn handle(
             Err(err) => return reject(log, err),
         };
         tracing::debug!(conversation = %id, generation = ?view.generation(), "sending the view upstream");
-        let sent = tokio::time::Instant::now();
-        let response = match upstream.send(request).await {
+        let response = match send_timed(upstream, request, &mut log).await {
             Ok(response) => response,
-            Err(err) => {
-                tracing::warn!(error = %err, "upstream request failed");
-                return reject(log, err.into());
-            }
+            Err(err) => return reject(log, err),
         };
-        log.set_upstream_time(sent.elapsed());
 
         let reactive = budget
             .as_ref()

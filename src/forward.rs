@@ -24,16 +24,25 @@ pub async fn forward(
         Ok(request) => request,
         Err(err) => return reject(log, err),
     };
+    match send_timed(upstream, request, &mut log).await {
+        Ok(response) => relay(upstream, response, log, observer),
+        Err(err) => reject(log, err),
+    }
+}
+
+/// Sends `request` upstream and records how long the response head took.
+pub async fn send_timed(
+    upstream: &Upstream,
+    request: Request<ProxyBody>,
+    log: &mut RequestLog,
+) -> Result<Response<hyper::body::Incoming>, ApiError> {
     let sent = tokio::time::Instant::now();
-    let response = match upstream.send(request).await {
-        Ok(response) => response,
-        Err(err) => {
-            tracing::warn!(error = %err, "upstream request failed");
-            return reject(log, err.into());
-        }
-    };
+    let response = upstream.send(request).await.map_err(|err| {
+        tracing::warn!(error = %err, "upstream request failed");
+        ApiError::from(err)
+    })?;
     log.set_upstream_time(sent.elapsed());
-    relay(upstream, response, log, observer)
+    Ok(response)
 }
 
 /// The request to send upstream: the client's method, path and headers, hop-by-hop and
