@@ -1,14 +1,21 @@
-//! One log line per request: method, target, status, total and upstream time, bytes.
+//! One log line per request: method, target, status, total and upstream time, the
+//! body bytes sent, and how the body ended.
 //!
-//! The line is written when the response body ends (or is dropped), so streamed
-//! responses report their real duration. Targets are masked; headers are never logged.
+//! [`RequestLog::respond`] wraps every response body, so the line is written when the
+//! body really ends (or is dropped): streams report their real duration, and the
+//! outcome and byte count are what the client was sent. Targets are masked; headers
+//! are never logged.
 
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use std::sync::Arc;
+use bytes::Bytes;
+use http::{Method, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
 
-use http::{Method, StatusCode};
-
+use crate::body::{BoxError, ProxyBody};
 use crate::metrics::Metrics;
 
 /// How a response body ended.
@@ -19,18 +26,22 @@ pub enum Outcome {
     /// The upstream closed or broke the stream before its end.
     UpstreamCut,
     /// The upstream went silent for longer than `upstream.read_timeout`.
-    UpstreamIdle,
-    /// The client went away first.
+    Timeout,
+    /// The client went away before the last byte.
     ClientGone,
+    /// handoff cut the body itself, e.g. because the reply could not be logged.
+    Error,
 }
 
 impl Outcome {
-    fn as_str(self) -> &'static str {
+    /// The name written in logs and on incomplete reply lines.
+    pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Complete => "complete",
             Outcome::UpstreamCut => "upstream_cut",
-            Outcome::UpstreamIdle => "upstream_idle_timeout",
+            Outcome::Timeout => "timeout",
             Outcome::ClientGone => "client_gone",
+            Outcome::Error => "error",
         }
     }
 }
@@ -78,10 +89,16 @@ impl RequestLog {
         self.started
     }
 
-    /// Records the status sent to the client.
-    pub fn set_status(&mut self, status: StatusCode) {
-        self.status = Some(status);
+    /// Hands the log to `response`'s body, which writes it when the body ends.
+    pub fn respond(mut self, response: Response<ProxyBody>) -> Response<Logged> {
+        self.status = Some(response.status());
         self.head_at = Some(self.started.elapsed());
+        let (parts, inner) = response.into_parts();
+        if inner.is_end_stream() {
+            // hyper never polls a body that is empty from the start.
+            self.outcome = Outcome::Complete;
+        }
+        Response::from_parts(parts, Logged { inner, log: self })
     }
 
     /// Records the time from sending upstream to the response head.
@@ -94,20 +111,60 @@ impl RequestLog {
         self.conversation = Some(id.to_owned());
     }
 
-    /// Adds body bytes sent to the client.
-    pub fn add_bytes(&mut self, count: usize) {
-        self.bytes += count as u64;
-    }
-
-    /// Records how the body ended.
-    pub fn set_outcome(&mut self, outcome: Outcome) {
-        self.outcome = outcome;
-    }
-
-    /// Total time so far minus upstream time: what the proxy itself cost.
+    /// Total time so far.
     pub fn elapsed(&self) -> Duration {
         self.started.elapsed()
     }
+}
+
+/// A response body that counts what it sends and writes the access line when it ends.
+pub struct Logged {
+    inner: ProxyBody,
+    log: RequestLog,
+}
+
+impl Body for Logged {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.log.bytes += data.len() as u64;
+                }
+                // hyper stops polling a body once it reports its end.
+                if this.inner.is_end_stream() {
+                    this.log.outcome = Outcome::Complete;
+                }
+            }
+            Poll::Ready(Some(Err(err))) => {
+                this.log.outcome = outcome_of(err.as_ref());
+            }
+            Poll::Ready(None) => this.log.outcome = Outcome::Complete,
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The outcome a body error stands for: the relay's errors know; any other is ours.
+fn outcome_of(err: &(dyn std::error::Error + Send + Sync + 'static)) -> Outcome {
+    err.downcast_ref::<crate::relay::RelayError>()
+        .map_or(Outcome::Error, crate::relay::RelayError::outcome)
 }
 
 impl Drop for RequestLog {

@@ -3,11 +3,10 @@
 
 use std::net::SocketAddr;
 
-use http::{header, HeaderValue, Request, Response, StatusCode};
+use http::{header, HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use serde_json::json;
 
-use crate::access_log::RequestLog;
 use crate::audit::{summarize, Tree};
 use crate::body::{json, ProxyBody};
 use std::sync::Arc;
@@ -21,7 +20,6 @@ use crate::compaction::Reason;
 use crate::conversation::{ConversationId, Tracked};
 use crate::dialect::ChatRequest;
 use crate::error::ApiError;
-use crate::forward::reject;
 use crate::state::AppState;
 use crate::store::ConversationLog;
 
@@ -30,17 +28,13 @@ pub async fn handle(
     state: &AppState,
     request: Request<Incoming>,
     peer: SocketAddr,
-    mut log: RequestLog,
 ) -> Response<ProxyBody> {
     let path = request.uri().path();
     if path == "/handoff/health" {
-        return ok_json(
-            log,
-            &json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")}),
-        );
+        return ok_json(&json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")}));
     }
     if let Err(err) = authorize(state, &request, peer) {
-        return reject(log, err);
+        return err.into_response();
     }
     if path == "/handoff/config" {
         let snap = state.snapshot();
@@ -50,10 +44,9 @@ pub async fn handle(
             "reload": state.reload_status(),
             "file": state.config_file().map(|p| p.display().to_string()),
         });
-        return ok_json(log, &value);
+        return ok_json(&value);
     }
     if path == "/handoff/metrics" {
-        log.set_status(StatusCode::OK);
         let mut response = Response::new(crate::body::full(state.metrics.render()));
         response.headers_mut().insert(
             header::CONTENT_TYPE,
@@ -67,16 +60,14 @@ pub async fn handle(
             .and_then(|rest| rest.strip_suffix("/compact"));
         if let Some(id) = compact {
             return match compact_now(state, id, request.headers()).await {
-                Ok(value) => ok_json(log, &value),
-                Err(err) => reject(log, err),
+                Ok(value) => ok_json(&value),
+                Err(err) => err.into_response(),
             };
         }
     }
     if request.method() != http::Method::GET {
-        return reject(
-            log,
-            ApiError::not_found(format!("no {} endpoint at {path}", request.method())),
-        );
+        return ApiError::not_found(format!("no {} endpoint at {path}", request.method()))
+            .into_response();
     }
     let answer = match path.strip_prefix("/handoff/conversations") {
         Some("" | "/") => list_conversations(state, request.uri().query()).await,
@@ -91,8 +82,8 @@ pub async fn handle(
         ))),
     };
     match answer {
-        Ok(value) => ok_json(log, &value),
-        Err(err) => reject(log, err),
+        Ok(value) => ok_json(&value),
+        Err(err) => err.into_response(),
     }
 }
 
@@ -302,8 +293,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// A 200 JSON answer.
-pub fn ok_json(mut log: RequestLog, value: &serde_json::Value) -> Response<ProxyBody> {
-    log.set_status(StatusCode::OK);
+pub fn ok_json(value: &serde_json::Value) -> Response<ProxyBody> {
     let mut response = Response::new(json(value));
     response.headers_mut().insert(
         header::CONTENT_TYPE,

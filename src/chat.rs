@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderValue};
 use http::{request, Request, Response};
 use http_body_util::{BodyExt, Limited};
@@ -22,7 +24,7 @@ use crate::compaction::Reason;
 use crate::conversation::{identify, Tracked, CONVERSATION_HEADER};
 use crate::dialect::ChatRequest;
 use crate::error::ApiError;
-use crate::forward::{forward, reject, relay, send_timed, upstream_request};
+use crate::forward::{forward, is_event_stream, reject, relay, send_timed, upstream_request};
 use crate::projection::project_view;
 use crate::relay::Observer;
 use crate::state::{AppState, Snapshot};
@@ -30,6 +32,9 @@ use crate::upstream::Upstream;
 
 /// Largest upstream error body read to look for a context-length error.
 const MAX_ERROR_BODY: usize = 1024 * 1024;
+
+/// Largest non-streamed reply read (and logged) before it is answered.
+const MAX_JSON_REPLY: usize = 64 * 1024 * 1024;
 
 /// New message text above which tokenising is moved off the async path.
 const BIG_UNCOUNTED: usize = 256 * 1024;
@@ -41,47 +46,41 @@ const REACTIVE_TIGHTEN: f64 = 0.8;
 pub async fn handle(
     state: &AppState,
     request: Request<Incoming>,
-    mut log: RequestLog,
+    log: &mut RequestLog,
 ) -> Response<ProxyBody> {
     // One snapshot for the whole request: a reload mid-way does not change its config.
     let snap = state.snapshot();
     let (mut parts, body) = request.into_parts();
     let bytes = match read_body(body, snap.config.limits.max_body_bytes, &parts.headers).await {
         Ok(bytes) => bytes,
-        Err(err) => return reject(log, err),
+        Err(err) => return reject(err),
     };
     let chat = match ChatRequest::parse(&bytes) {
         Ok(chat) => chat,
-        Err(err) => return reject(log, err.into()),
+        Err(err) => return reject(err),
     };
     let upstream = snap.upstream_for(&chat.model);
     let chain = match strategy_override(&snap, &parts.headers) {
         Ok(name) => snap.registry.select(&snap.config, &chat.model, name),
-        Err(err) => return reject(log, err),
+        Err(err) => return reject(err),
     };
     let header = match parts.headers.get(CONVERSATION_HEADER).map(|v| v.to_str()) {
         None => None,
         Some(Ok(text)) => Some(text),
         Some(Err(_)) => {
-            return reject(
-                log,
-                ApiError::invalid_request(
-                    "invalid_conversation_id",
-                    format!("{CONVERSATION_HEADER} is not visible ASCII"),
-                ),
-            )
+            return reject(ApiError::invalid_request(
+                "invalid_conversation_id",
+                format!("{CONVERSATION_HEADER} is not visible ASCII"),
+            ))
         }
     };
     let id = match identify(header, &chat) {
         Ok(id) => id,
         Err(err) => {
-            return reject(
-                log,
-                ApiError::invalid_request(
-                    "invalid_conversation_id",
-                    format!("{CONVERSATION_HEADER}: {err}"),
-                ),
-            )
+            return reject(ApiError::invalid_request(
+                "invalid_conversation_id",
+                format!("{CONVERSATION_HEADER}: {err}"),
+            ))
         }
     };
     log.set_conversation(id.as_str());
@@ -97,14 +96,13 @@ pub async fn handle(
         Ok(tracked) => tracked,
         Err(err) if snap.config.store.required => {
             tracing::error!(conversation = %id, error = %err, "refusing the request: its originals cannot be stored");
-            return reject(
-                log,
-                ApiError::storage(format!("{err}; the request was not forwarded")),
-            );
+            return reject(ApiError::storage(format!(
+                "{err}; the request was not forwarded"
+            )));
         }
         Err(err) => {
             tracing::warn!(conversation = %id, error = %err, "forwarding untracked: store.required is false");
-            return forward(upstream, parts, full(bytes), log, None).await;
+            return forward(upstream, parts, full(bytes), log).await;
         }
     };
     let budget = RequestBudget::new(&snap.config, &chat, &state.tokens);
@@ -151,7 +149,7 @@ pub async fn handle(
             );
             match state.compactor.compact(&job).await {
                 Ok(compacted) => view = compacted,
-                Err(err) => return compaction_failed(log, err),
+                Err(err) => return compaction_failed(err),
             }
         }
         estimate = Some(view.estimate(&state.tokens, budget.tokenizer(), budget.tools_tokens));
@@ -161,7 +159,7 @@ pub async fn handle(
     loop {
         let body = match view.render_body(&bytes) {
             Ok(body) => body,
-            Err(err) => return reject(log, ApiError::internal(err.to_string())),
+            Err(err) => return reject(ApiError::internal(err.to_string())),
         };
         let request = match upstream_request(
             upstream,
@@ -171,12 +169,12 @@ pub async fn handle(
             full(body),
         ) {
             Ok(request) => request,
-            Err(err) => return reject(log, err),
+            Err(err) => return reject(err),
         };
         tracing::debug!(conversation = %id, generation = ?view.generation(), "sending the view upstream");
-        let response = match send_timed(upstream, request, &mut log).await {
+        let response = match send_timed(upstream, request, log).await {
             Ok(response) => response,
-            Err(err) => return reject(log, err),
+            Err(err) => return reject(err),
         };
 
         let reactive = budget
@@ -188,15 +186,14 @@ pub async fn handle(
             let error_body = match Limited::new(incoming, MAX_ERROR_BODY).collect().await {
                 Ok(collected) => collected.to_bytes(),
                 Err(err) => {
-                    return reject(
-                        log,
-                        ApiError::bad_gateway(format!("reading the upstream error: {err}")),
-                    )
+                    return reject(ApiError::bad_gateway(format!(
+                        "reading the upstream error: {err}"
+                    )))
                 }
             };
             let json: serde_json::Value = serde_json::from_slice(&error_body).unwrap_or_default();
             if !is_context_length_error(&json) {
-                return buffered(log, head, error_body);
+                return buffered(head, error_body);
             }
             retries += 1;
             let tightened =
@@ -220,19 +217,87 @@ pub async fn handle(
                 }
                 Err(err) => {
                     tracing::warn!(conversation = %id, error = %err, "reactive compaction failed; returning the upstream's error");
-                    return buffered(log, head, error_body);
+                    return buffered(head, error_body);
                 }
             }
         }
 
-        let observer: Box<dyn Observer> = Box::new(ReplyCapture::new(ReplyTarget {
+        let target = ReplyTarget {
             tracker: Arc::clone(&state.tracker),
             parent: tracked.head(),
             id: tracked.id.clone(),
             model: chat.model.clone(),
             estimate: estimate.map(|local| (local, view.generation().map(str::to_owned))),
-        }));
-        return relay(upstream, response, log, Some(observer));
+            required: snap.config.store.required,
+            metrics: Arc::clone(&state.metrics),
+        };
+        return if is_event_stream(response.headers()) {
+            let observer: Box<dyn Observer> = Box::new(ReplyCapture::start(target));
+            relay(upstream, response, Some(observer))
+        } else if response.status().is_success() {
+            answer_logged(upstream, response, target).await
+        } else {
+            relay(upstream, response, None)
+        };
+    }
+}
+
+/// Reads a non-streamed reply whole, logs it, and only then answers it: a reply that
+/// cannot be logged while the store is required becomes a 503, not a silent gap.
+async fn answer_logged(
+    upstream: &Upstream,
+    response: Response<Incoming>,
+    target: ReplyTarget,
+) -> Response<ProxyBody> {
+    let (head, incoming) = response.into_parts();
+    let body = match read_reply(incoming, upstream.read_timeout()).await {
+        Ok(body) => body,
+        Err(err) => return err.into_response(),
+    };
+    // Spawned: a client that leaves now must not cancel the log write.
+    let logging = {
+        let body = body.clone();
+        tokio::spawn(async move { target.log_json(&body).await })
+    };
+    match logging.await {
+        Ok(Err(unlogged)) => ApiError::storage(unlogged.to_string()).into_response(),
+        Ok(Ok(())) => buffered(head, body),
+        Err(err) => {
+            tracing::error!(error = %err, "reply capture task failed");
+            buffered(head, body)
+        }
+    }
+}
+
+/// Reads an upstream reply body, giving up when it stalls for `idle` or passes
+/// [`MAX_JSON_REPLY`].
+async fn read_reply(mut body: Incoming, idle: Duration) -> Result<Bytes, ApiError> {
+    let mut out = BytesMut::new();
+    loop {
+        let frame = match tokio::time::timeout(idle, body.frame()).await {
+            Err(_) => {
+                return Err(ApiError::gateway_timeout(format!(
+                    "upstream sent nothing for {idle:?} after {} bytes of its reply",
+                    out.len()
+                )))
+            }
+            Ok(None) => return Ok(out.freeze()),
+            Ok(Some(Err(err))) => {
+                return Err(ApiError::bad_gateway(format!(
+                    "upstream cut its reply after {} bytes: {err}",
+                    out.len()
+                )))
+            }
+            Ok(Some(Ok(frame))) => frame,
+        };
+        if let Some(data) = frame.data_ref() {
+            if out.len() + data.len() > MAX_JSON_REPLY {
+                return Err(ApiError::bad_gateway(format!(
+                    "upstream reply exceeds {MAX_JSON_REPLY} bytes"
+                )));
+            }
+            out.extend_from_slice(data);
+        }
     }
 }
 
@@ -311,7 +376,7 @@ fn strategy_override<'h>(
 }
 
 /// The answer when a needed compaction could not make the request fit.
-fn compaction_failed(log: RequestLog, err: CompactError) -> Response<ProxyBody> {
+fn compaction_failed(err: CompactError) -> Response<ProxyBody> {
     tracing::warn!(error = %err, "compaction failed");
     let api = match &err {
         CompactError::TooLarge { .. } => {
@@ -323,19 +388,13 @@ fn compaction_failed(log: RequestLog, err: CompactError) -> Response<ProxyBody> 
         }
         CompactError::View(_) | CompactError::NoHandoff(_) => ApiError::internal(err.to_string()),
     };
-    reject(log, api)
+    api.into_response()
 }
 
 /// Sends a response whose body was read to inspect it.
-fn buffered(
-    mut log: RequestLog,
-    mut head: http::response::Parts,
-    body: Bytes,
-) -> Response<ProxyBody> {
+fn buffered(mut head: http::response::Parts, body: Bytes) -> Response<ProxyBody> {
     crate::headers::strip_hop_by_hop(&mut head.headers);
     head.headers.remove(header::CONTENT_LENGTH);
-    log.set_status(head.status);
-    log.add_bytes(body.len());
     Response::from_parts(head, full(body))
 }
 

@@ -6,6 +6,21 @@
 //! every echoed reply would fork the conversation.
 //!
 //! `d[0] = H(tag ‖ m[0])`, `d[i] = H(d[i-1] ‖ m[i])`: `d[i]` identifies exactly `m[0..=i]`.
+//!
+//! Some messages come back from clients in another form than the one logged, and no
+//! single digest rule can keep every logged digest while merging them (`{"a": 1}` and
+//! `{"a":1}` were each logged somewhere, with their own digests). So a message digest
+//! never changes, and [`echo_digest`] names the class of forms that count as one
+//! message; the tracker maps an unknown form onto the logged one through it. Its
+//! rules, each forced by a real client:
+//! - `content` that is `null`, `""` or absent on an assistant message with tool calls is
+//!   one form: the openai SDK rebuilds a streamed tool-call reply with `content: null`
+//!   where the stream opened with `"content": ""`, and `model_dump()` writes `null`.
+//! - tool-call `arguments` that are valid JSON compare by their parsed value: agents
+//!   such as opencode parse the model's `{"a": 1}` and send it back as `{"a":1}`.
+//! - a tool call's `index` is left out: stream accumulators (the openai SDK's
+//!   `ChatCompletionStreamState`, hand-written ones) keep the delta's index on the call.
+//!   Its position in `tool_calls` still counts.
 
 use std::fmt;
 
@@ -73,6 +88,48 @@ pub fn message_digest(message: &Value) -> MessageDigest {
     let mut hasher = blake3::Hasher::new();
     hash_canonical(message, &mut hasher);
     Digest(hasher.finalize())
+}
+
+/// The digest of the forms of `message` that clients echo as the same message, for
+/// an assistant message with tool calls; `None` for a message with only one form.
+pub fn echo_digest(message: &Value) -> Option<MessageDigest> {
+    let map = message.as_object()?;
+    if map.get("role").and_then(Value::as_str) != Some("assistant") {
+        return None;
+    }
+    let calls = map
+        .get("tool_calls")?
+        .as_array()
+        .filter(|c| !c.is_empty())?;
+    let mut echo = map.clone();
+    if echo.get("content").and_then(Value::as_str) == Some("") {
+        echo.remove("content");
+    }
+    let calls = calls.iter().map(echo_tool_call).collect();
+    echo.insert("tool_calls".into(), Value::Array(calls));
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(b"handoff/echo/v1");
+    hash_canonical(&Value::Object(echo), &mut hasher);
+    Some(Digest(hasher.finalize()))
+}
+
+fn echo_tool_call(call: &Value) -> Value {
+    let Some(map) = call.as_object() else {
+        return call.clone();
+    };
+    let mut call = map.clone();
+    call.remove("index");
+    if let Some(Value::Object(function)) = call.get_mut("function") {
+        let parsed = function
+            .get("arguments")
+            .and_then(Value::as_str)
+            .and_then(|text| serde_json::from_str::<Value>(text).ok());
+        if let Some(parsed) = parsed {
+            // Tagged, so parsed arguments never equal a string that looks like them.
+            function.insert("arguments".into(), serde_json::json!({"parsed": parsed}));
+        }
+    }
+    Value::Object(call)
 }
 
 /// The digest of raw bytes, e.g. a request's `tools` schemas.
@@ -175,6 +232,45 @@ mod tests {
         assert_eq!(message_digest(&upstream), message_digest(&echoed));
         let edited = json!({"role": "assistant", "content": "hi!"});
         assert_ne!(message_digest(&upstream), message_digest(&edited));
+    }
+
+    #[test]
+    fn echoed_tool_call_forms_share_an_echo_digest_and_keep_their_own() {
+        let logged = json!({"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1, \"b\": [1, 2]}"}}
+        ]});
+        let echoes = [
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"b\":[1,2],\"a\":1}"}}
+            ]}),
+            json!({"role": "assistant", "tool_calls": [
+                {"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1,\"b\":[1,2]}"}}
+            ]}),
+        ];
+        for echo in &echoes {
+            assert_eq!(echo_digest(&logged), echo_digest(echo), "{echo}");
+            assert_ne!(message_digest(&logged), message_digest(echo));
+        }
+        let other = json!({"role": "assistant", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":2,\"b\":[1,2]}"}}
+        ]});
+        assert_ne!(echo_digest(&logged), echo_digest(&other));
+        let text = json!({"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "not json"}}
+        ]});
+        let spaced = json!({"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "not  json"}}
+        ]});
+        assert_ne!(
+            echo_digest(&text),
+            echo_digest(&spaced),
+            "invalid JSON compares as text"
+        );
+        assert_eq!(echo_digest(&json!({"role": "user", "content": "hi"})), None);
+        assert_eq!(
+            echo_digest(&json!({"role": "assistant", "content": "hi"})),
+            None
+        );
     }
 
     #[test]

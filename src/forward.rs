@@ -17,16 +17,15 @@ pub async fn forward(
     upstream: &Upstream,
     parts: request::Parts,
     body: ProxyBody,
-    mut log: RequestLog,
-    observer: Option<Box<dyn Observer>>,
+    log: &mut RequestLog,
 ) -> Response<ProxyBody> {
     let request = match upstream_request(upstream, parts.method, &parts.uri, parts.headers, body) {
         Ok(request) => request,
-        Err(err) => return reject(log, err),
+        Err(err) => return err.into_response(),
     };
-    match send_timed(upstream, request, &mut log).await {
-        Ok(response) => relay(upstream, response, log, observer),
-        Err(err) => reject(log, err),
+    match send_timed(upstream, request, log).await {
+        Ok(response) => relay(upstream, response, None),
+        Err(err) => err.into_response(),
     }
 }
 
@@ -82,8 +81,7 @@ pub fn upstream_request(
 pub fn relay(
     upstream: &Upstream,
     response: Response<hyper::body::Incoming>,
-    mut log: RequestLog,
-    mut observer: Option<Box<dyn Observer>>,
+    observer: Option<Box<dyn Observer>>,
 ) -> Response<ProxyBody> {
     let (mut parts, incoming) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
@@ -97,20 +95,8 @@ pub fn relay(
             .entry(header::CACHE_CONTROL)
             .or_insert(HeaderValue::from_static("no-cache"));
     }
-    log.set_status(parts.status);
-    if let Some(observer) = observer.as_mut() {
-        observer.on_head(&parts);
-    }
-    let body = RelayBody::new(incoming, upstream.read_timeout(), log, observer);
+    let body = RelayBody::new(incoming, upstream.read_timeout(), observer);
     Response::from_parts(parts, body.boxed_unsync())
-}
-
-/// Answers `err` to the client and logs the request with its status.
-pub fn reject(mut log: RequestLog, err: ApiError) -> Response<ProxyBody> {
-    log.set_status(err.status);
-    let response = err.into_response();
-    drop(log);
-    response
 }
 
 /// True for `text/event-stream` responses.
@@ -119,4 +105,9 @@ pub fn is_event_stream(headers: &http::HeaderMap) -> bool {
         .get(header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .is_some_and(|value| value.starts_with("text/event-stream"))
+}
+
+/// Answers `err` in the API's error shape.
+pub fn reject(err: impl Into<ApiError>) -> Response<ProxyBody> {
+    err.into().into_response()
 }

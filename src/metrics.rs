@@ -46,6 +46,11 @@ const HELP: &[(&str, &str, &str)] = &[
         "counter",
         "Compaction runs timed.",
     ),
+    (
+        crate::capture::UNLOGGED_METRIC,
+        "counter",
+        "Replies that did not reach the log, by cause (storage, capture_lag, unreadable).",
+    ),
 ];
 
 fn labels(pairs: &[(&str, &str)]) -> String {

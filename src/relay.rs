@@ -1,10 +1,14 @@
 //! The response body handed to the client: upstream frames pass through as they
-//! arrive, never held back or merged.
+//! arrive, never merged, and held back at one point only, the very end.
 //!
-//! An observer may watch a copy of each frame (reply capture, metrics); it must
-//! never block. A frame that stops coming for `read_timeout`, or a broken upstream
-//! stream, ends the client's body with an error, so the client sees a cut and never a
-//! clean end.
+//! An observer (reply capture) watches a copy of each frame and may say that a frame
+//! ends the reply, e.g. `data: [DONE]`. That frame, or the end of the body when no
+//! frame said so, is released only once the observer's end work (logging the reply)
+//! has finished: a client that closes as soon as it has read the end can no longer
+//! win a race against the log. That work is spawned, so a client that leaves never
+//! cancels it. A frame that stops coming for `read_timeout`, a broken upstream stream,
+//! or a reply that could not be logged ends the client's body with an error, so the
+//! client sees a cut and never a clean end.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,55 +22,90 @@ use hyper::body::Incoming;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Sleep};
 
-use crate::access_log::{Outcome, RequestLog};
+use crate::access_log::Outcome;
 use crate::body::BoxError;
+
+/// What an observer makes of one frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// An ordinary frame: pass it on.
+    Pass,
+    /// The frame that ends the reply: hold it until the observer's end work is done.
+    Last,
+}
+
+/// What an observer's end work yields: `Err` cuts the client's body before its end.
+pub type EndWork = BoxFuture<'static, Result<(), RelayError>>;
 
 /// Watches the frames of one response as they go by.
 pub trait Observer: Send {
-    /// Sees the response head before any frame.
-    fn on_head(&mut self, _parts: &http::response::Parts) {}
     /// Sees a copy of one data frame; must return quickly.
-    fn on_data(&mut self, data: &Bytes);
-    /// Called once with how the body ended. A returned future is spawned, and the
-    /// client sees the end of a complete body only after it finished; it must be
-    /// bounded in time.
-    fn on_end(&mut self, outcome: Outcome) -> Option<BoxFuture<'static, ()>>;
+    fn on_data(&mut self, data: &Bytes) -> Flow;
+    /// Called once with how the body ended. The returned work is spawned and runs to
+    /// its end whatever the client does; for a complete body the client sees the end
+    /// only after it finished. It must be bounded in time.
+    fn on_end(&mut self, outcome: Outcome) -> Option<EndWork>;
 }
 
-/// The upstream stopped sending for longer than `upstream.read_timeout`.
+/// Why the relay ended the client's body with an error.
 #[derive(Debug, thiserror::Error)]
-#[error("upstream sent nothing for {0:?} after {1} bytes; stream cut")]
-pub struct IdleTimeout(Duration, u64);
+pub enum RelayError {
+    /// The upstream broke the stream.
+    #[error("upstream cut the stream after {bytes} bytes: {source}")]
+    UpstreamCut {
+        /// Body bytes relayed before the cut.
+        bytes: u64,
+        /// What hyper saw.
+        source: hyper::Error,
+    },
+    /// The upstream stopped sending for longer than `upstream.read_timeout`.
+    #[error("upstream sent nothing for {idle:?} after {bytes} bytes; stream cut")]
+    Idle {
+        /// The timeout that passed.
+        idle: Duration,
+        /// Body bytes relayed before it.
+        bytes: u64,
+    },
+    /// The reply could not be logged and `store.required` is set.
+    #[error("the reply could not be logged, so the stream is cut before its end: {0}")]
+    Unlogged(String),
+}
 
-/// State that must be settled exactly once, whether the body ends or is dropped.
+impl RelayError {
+    /// How a body that ended with this error ended.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            RelayError::UpstreamCut { .. } => Outcome::UpstreamCut,
+            RelayError::Idle { .. } => Outcome::Timeout,
+            RelayError::Unlogged(_) => Outcome::Error,
+        }
+    }
+}
+
+/// The observer, settled exactly once, whether the body ends or is dropped.
 struct Settle {
-    log: RequestLog,
     observer: Option<Box<dyn Observer>>,
-    bytes: u64,
-    ended: bool,
 }
 
 impl Settle {
-    fn end(&mut self, outcome: Outcome) -> Option<BoxFuture<'static, ()>> {
-        if self.ended {
-            return None;
+    fn end(&mut self, outcome: Outcome) -> Option<EndWork> {
+        self.observer.take()?.on_end(outcome)
+    }
+
+    /// Ends the observer with `outcome` without waiting for its work.
+    fn end_detached(&mut self, outcome: Outcome) {
+        if let Some(work) = self.end(outcome) {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(work);
+            }
         }
-        self.ended = true;
-        self.log.set_outcome(outcome);
-        self.observer
-            .as_mut()
-            .and_then(|observer| observer.on_end(outcome))
     }
 }
 
 impl Drop for Settle {
     fn drop(&mut self) {
         // Dropped before the end: the client disconnected (or the server is stopping).
-        if let Some(pending) = self.end(Outcome::ClientGone) {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(pending);
-            }
-        }
+        self.end_detached(Outcome::ClientGone);
     }
 }
 
@@ -78,42 +117,39 @@ pin_project_lite::pin_project! {
         #[pin]
         idle: Sleep,
         idle_timeout: Duration,
+        bytes: u64,
         settle: Settle,
-        finishing: Option<JoinHandle<()>>,
+        // The observer's end work; `held` (if any) waits for it.
+        finishing: Option<JoinHandle<Result<(), RelayError>>>,
         held: Option<Frame<Bytes>>,
+        // The upstream body ended, or the relay gave up on it.
+        done: bool,
     }
 }
 
 impl RelayBody {
-    /// Relays `inner`, logging through `log` and showing frames to `observer`.
+    /// Relays `inner`, showing its frames to `observer`.
     pub fn new(
         inner: Incoming,
         idle_timeout: Duration,
-        log: RequestLog,
         observer: Option<Box<dyn Observer>>,
     ) -> Self {
-        let mut settle = Settle {
-            log,
-            observer,
-            bytes: 0,
-            ended: false,
-        };
-        // hyper never polls a body that is empty from the start.
-        let finishing = if inner.is_end_stream() {
-            settle.end(Outcome::Complete)
-        } else {
-            None
-        };
-        if let Some(pending) = finishing {
-            tokio::spawn(pending);
+        let mut settle = Settle { observer };
+        let done = inner.is_end_stream();
+        let mut finishing = None;
+        if done {
+            // hyper never polls a body that is empty from the start.
+            finishing = settle.end(Outcome::Complete).map(tokio::spawn);
         }
         Self {
             inner,
             idle: tokio::time::sleep(idle_timeout),
             idle_timeout,
+            bytes: 0,
             settle,
-            finishing: None,
+            finishing,
             held: None,
+            done,
         }
     }
 }
@@ -127,72 +163,87 @@ impl Body for RelayBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
-        if let Some(pending) = this.finishing.as_mut() {
-            // A join error means the observer panicked; the body still ends normally.
-            let _ = ready!(Pin::new(pending).poll(cx));
-            *this.finishing = None;
-            return Poll::Ready(this.held.take().map(Ok));
-        }
-        if this.settle.ended {
-            return Poll::Ready(None);
-        }
-        match this.inner.as_mut().poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                this.idle
-                    .as_mut()
-                    .reset(Instant::now() + *this.idle_timeout);
-                if let Some(data) = frame.data_ref() {
-                    this.settle.bytes += data.len() as u64;
-                    this.settle.log.add_bytes(data.len());
-                    if let Some(observer) = this.settle.observer.as_mut() {
-                        observer.on_data(data);
+        loop {
+            if let Some(pending) = this.finishing.as_mut() {
+                let finished = ready!(Pin::new(pending).poll(cx));
+                *this.finishing = None;
+                match finished {
+                    Ok(Ok(())) => {}
+                    Ok(Err(err)) => {
+                        *this.held = None;
+                        *this.done = true;
+                        return Poll::Ready(Some(Err(Box::new(err))));
+                    }
+                    // The observer's task panicked: a capture failure never breaks the stream.
+                    Err(err) => tracing::error!(error = %err, "reply capture task failed"),
+                }
+                if let Some(frame) = this.held.take() {
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+            }
+            if *this.done {
+                return Poll::Ready(None);
+            }
+            match this.inner.as_mut().poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    this.idle
+                        .as_mut()
+                        .reset(Instant::now() + *this.idle_timeout);
+                    let mut flow = Flow::Pass;
+                    if let Some(data) = frame.data_ref() {
+                        *this.bytes += data.len() as u64;
+                        if let Some(observer) = this.settle.observer.as_mut() {
+                            flow = observer.on_data(data);
+                        }
+                    }
+                    // A sized body is over with its last byte: hyper will not poll for the
+                    // end, so the last frame waits for the observer here too.
+                    *this.done = this.inner.is_end_stream();
+                    if flow == Flow::Last || *this.done {
+                        if let Some(work) = this.settle.end(Outcome::Complete) {
+                            *this.held = Some(frame);
+                            *this.finishing = Some(tokio::spawn(work));
+                            continue;
+                        }
+                    }
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Poll::Ready(Some(Err(source))) => {
+                    *this.done = true;
+                    let err = RelayError::UpstreamCut {
+                        bytes: *this.bytes,
+                        source,
+                    };
+                    tracing::warn!(error = %err, "cutting the client's stream too");
+                    this.settle.end_detached(Outcome::UpstreamCut);
+                    return Poll::Ready(Some(Err(Box::new(err))));
+                }
+                Poll::Ready(None) => {
+                    *this.done = true;
+                    match this.settle.end(Outcome::Complete) {
+                        Some(work) => *this.finishing = Some(tokio::spawn(work)),
+                        None => return Poll::Ready(None),
                     }
                 }
-                // A sized body is over with its last byte: hyper will not poll for the end,
-                // so the end is settled here, and the last frame waits for the observer.
-                if this.inner.is_end_stream() {
-                    if let Some(pending) = this.settle.end(Outcome::Complete) {
-                        *this.held = Some(frame);
-                        *this.finishing = Some(tokio::spawn(pending));
-                        cx.waker().wake_by_ref();
-                        return Poll::Pending;
-                    }
+                Poll::Pending => {
+                    ready!(this.idle.as_mut().poll(cx));
+                    *this.done = true;
+                    let err = RelayError::Idle {
+                        idle: *this.idle_timeout,
+                        bytes: *this.bytes,
+                    };
+                    tracing::warn!(error = %err, "upstream went silent");
+                    this.settle.end_detached(Outcome::Timeout);
+                    return Poll::Ready(Some(Err(Box::new(err))));
                 }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(Some(Err(err))) => {
-                tracing::warn!(
-                    bytes = this.settle.bytes,
-                    error = %err,
-                    "upstream cut the stream; cutting the client's stream too"
-                );
-                this.settle.end(Outcome::UpstreamCut);
-                Poll::Ready(Some(Err(Box::new(err))))
-            }
-            Poll::Ready(None) => match this.settle.end(Outcome::Complete) {
-                None => Poll::Ready(None),
-                Some(pending) => {
-                    // Spawned, not polled in place: hyper may drop a body at any time, and
-                    // a half-run log write would leave the log and the cache disagreeing.
-                    *this.finishing = Some(tokio::spawn(pending));
-                    cx.waker().wake_by_ref();
-                    Poll::Pending
-                }
-            },
-            Poll::Pending => {
-                ready!(this.idle.as_mut().poll(cx));
-                let err = IdleTimeout(*this.idle_timeout, this.settle.bytes);
-                tracing::warn!(error = %err, "upstream went silent");
-                this.settle.end(Outcome::UpstreamIdle);
-                Poll::Ready(Some(Err(Box::new(err))))
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         // Only once settled: hyper stops polling at end-of-stream, and the observer's
-        // end (logging the reply) must still run.
-        self.settle.ended && self.finishing.is_none() && self.held.is_none()
+        // end (logging the reply) must still gate it.
+        self.done && self.finishing.is_none() && self.held.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -15,7 +15,7 @@ use serde_json::Value;
 
 pub use branch::Tree;
 pub use summary::{summarize, ConversationSummary};
-pub use verify::verify_log;
+pub use verify::{incomplete_replies, verify_log};
 
 use crate::compaction::{adopt, Adopted};
 use crate::conversation::{ConversationId, IdError, Tracked};
@@ -131,11 +131,14 @@ impl Audit {
                     let value: Value =
                         serde_json::from_str(message.message.get()).unwrap_or(Value::Null);
                     let role = value.get("role").and_then(Value::as_str).unwrap_or("?");
-                    let usage = message
+                    let mut usage = message
                         .usage
                         .as_ref()
                         .map(|u| format!(" usage={u}"))
                         .unwrap_or_default();
+                    if let Some(cut) = &message.incomplete {
+                        usage.push_str(&format!(" INCOMPLETE ({cut})"));
+                    }
                     writeln!(
                         out,
                         "{}  {:<8} {:<9} {} <- {}  {}{}",
@@ -268,6 +271,7 @@ impl Audit {
             None => self.ids()?,
         };
         let mut total = 0;
+        let mut incomplete = 0;
         for id in &ids {
             let (id, log) = self.read(id.as_str())?;
             let mut problems = verify_log(&log);
@@ -275,12 +279,21 @@ impl Audit {
             for problem in &problems {
                 writeln!(out, "{id}: line {}: {}", problem.line, problem.reason)?;
             }
+            // A reply cut short is a faithful record of what happened, not damage.
+            for (line, cut) in incomplete_replies(&log) {
+                writeln!(out, "{id}: line {line}: note: incomplete reply ({cut})")?;
+                incomplete += 1;
+            }
             total += problems.len();
         }
         if total > 0 {
             return Err(AuditError::Problems(total));
         }
-        writeln!(out, "ok: {} conversation(s) verified", ids.len())?;
+        writeln!(
+            out,
+            "ok: {} conversation(s) verified, {incomplete} incomplete reply(ies)",
+            ids.len()
+        )?;
         Ok(())
     }
 }

@@ -58,6 +58,24 @@ pub fn verify_log(log: &ConversationLog) -> Vec<LineProblem> {
     problems
 }
 
+/// The replies logged incomplete, as (file line, how they were cut).
+pub fn incomplete_replies(log: &ConversationLog) -> Vec<(usize, String)> {
+    log.lines
+        .iter()
+        .zip(line_numbers(log))
+        .filter_map(|(line, number)| match &line.entry {
+            Entry::Message(message) if message.complete == Some(false) => Some((
+                number,
+                message
+                    .incomplete
+                    .clone()
+                    .unwrap_or_else(|| "unknown".into()),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The 1-based file line of each good line: every number not taken by a problem.
 fn line_numbers(log: &ConversationLog) -> impl Iterator<Item = usize> + '_ {
     let bad: HashSet<usize> = log.problems.iter().map(|p| p.line).collect();

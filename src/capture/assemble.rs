@@ -163,7 +163,12 @@ impl StreamAssembler {
             .map(|(index, choice)| {
                 let mut message = Map::new();
                 message.insert("role".into(), json!(choice.role.unwrap_or_else(|| "assistant".into())));
-                message.insert("content".into(), choice.content.map_or(Value::Null, Value::String));
+                // OpenAI's non-streamed shape: a reply that only calls tools has `content:
+                // null`, even when the stream opened with `"content": ""`.
+                let content = choice
+                    .content
+                    .filter(|text| !text.is_empty() || choice.tool_calls.is_empty());
+                message.insert("content".into(), content.map_or(Value::Null, Value::String));
                 if let Some(reasoning) = choice.reasoning {
                     message.insert("reasoning_content".into(), Value::String(reasoning));
                 }
@@ -197,6 +202,25 @@ impl StreamAssembler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tool_call_reply_opened_with_empty_text_has_null_content() {
+        let mut asm = StreamAssembler::default();
+        asm.push(r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#);
+        asm.push(r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]}}]}"#);
+        asm.push(r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#);
+        let choices = asm.finish();
+        assert_eq!(choices[0].message["content"], Value::Null);
+
+        let mut text = StreamAssembler::default();
+        text.push(r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#);
+        text.push(r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#);
+        assert_eq!(
+            text.finish()[0].message["content"],
+            "",
+            "an empty text reply stays text"
+        );
+    }
 
     #[test]
     fn tool_calls_are_joined_by_index_and_text_by_choice() {

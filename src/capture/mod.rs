@@ -1,44 +1,40 @@
-//! Reply capture: watches the upstream's answer go by and logs it as the next
-//! original once it is complete.
+//! Reply capture: the upstream's answer becomes the next original in the log before
+//! the client sees its end.
 //!
-//! Frames are never held back. A streamed answer is copied into a bounded channel and
-//! parsed on the side with eventsource-stream; the end of the response waits only for
-//! the reply to be logged, so a client that sends its next turn at once always finds
-//! the reply already in the log.
+//! A non-streamed reply is read whole, logged, then answered. A streamed reply is
+//! watched frame by frame ([`ReplyCapture`]) and parsed on the side; its last frame is
+//! held by the relay until the reply is logged. A reply cut short (the client left,
+//! the upstream broke or went silent) is still logged with what arrived, marked
+//! incomplete. A reply that cannot be logged is warned about and counted; with
+//! `store.required` the client then gets no clean end.
 
 mod assemble;
+mod stream;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use eventsource_stream::Eventsource;
-use futures_util::future::BoxFuture;
-use futures_util::{stream, FutureExt, StreamExt};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
-use tokio::sync::mpsc;
 
 pub use assemble::{AssembledChoice, StreamAssembler};
+pub use stream::ReplyCapture;
 
 use crate::access_log::Outcome;
 use crate::compaction::budget::Calibration;
-use crate::conversation::{CapturedReply, ConversationId, Tracker};
+use crate::conversation::{CapturedReplies, CapturedReply, ConversationId, Tracker};
 use crate::digest::PrefixDigest;
-use crate::forward::is_event_stream;
-use crate::relay::Observer;
-
-/// Frames buffered for the parser before capture gives up on this reply.
-const FRAME_QUEUE: usize = 4096;
-
-/// Largest non-streamed reply that is captured.
-const MAX_JSON_REPLY: usize = 64 * 1024 * 1024;
+use crate::metrics::Metrics;
+use crate::relay::RelayError;
 
 /// How long the end of a response may wait for its reply to be logged.
 const LOG_DEADLINE: Duration = Duration::from_secs(5);
 
-/// Where a captured reply belongs.
+/// The metric counting replies that did not reach the log.
+pub const UNLOGGED_METRIC: &str = "handoff_replies_unlogged_total";
+
+/// Where a captured reply belongs, and what to do when it cannot be logged.
 pub struct ReplyTarget {
     /// The tracker that logs it.
     pub tracker: Arc<Tracker>,
@@ -50,165 +46,87 @@ pub struct ReplyTarget {
     pub model: String,
     /// The local estimate and generation of the view sent, to calibrate against usage.
     pub estimate: Option<(u64, Option<String>)>,
+    /// `store.required`: a reply that cannot be logged must not end cleanly.
+    pub required: bool,
+    /// Where failures are counted.
+    pub metrics: Arc<Metrics>,
 }
 
-enum Mode {
-    Undecided,
-    Skip,
-    Json(Vec<u8>),
-    Sse {
-        frames: Option<mpsc::Sender<Bytes>>,
-        parsed: tokio::task::JoinHandle<StreamAssembler>,
-        lost: bool,
-    },
-}
-
-/// Observes one chat-completions response and logs its reply.
-pub struct ReplyCapture {
-    target: Option<ReplyTarget>,
-    mode: Mode,
-}
-
-impl ReplyCapture {
-    /// A capture that will log into `target`.
-    pub fn new(target: ReplyTarget) -> Self {
-        Self {
-            target: Some(target),
-            mode: Mode::Undecided,
+impl ReplyTarget {
+    /// Logs `replies`. `Err` only when they could not be logged and the store is
+    /// required; otherwise a failure is warned about, counted, and the reply relayed.
+    pub async fn log(
+        self,
+        replies: Vec<CapturedReply>,
+        usage: Option<Value>,
+        ended: Outcome,
+    ) -> Result<(), RelayError> {
+        if replies.is_empty() {
+            return Ok(());
         }
+        let complete = ended == Outcome::Complete;
+        let calibration =
+            self.estimate
+                .as_ref()
+                .filter(|_| complete)
+                .and_then(|(local, generation)| {
+                    let server = usage.as_ref()?.get("prompt_tokens")?.as_u64()?;
+                    Some(Calibration {
+                        model: self.model.clone(),
+                        generation: generation.clone(),
+                        local: *local,
+                        server,
+                    })
+                });
+        let batch = CapturedReplies {
+            parent: self.parent,
+            model: self.model.clone(),
+            usage,
+            calibration,
+            replies,
+            incomplete: (!complete).then_some(ended),
+        };
+        let written =
+            tokio::time::timeout(LOG_DEADLINE, self.tracker.record_replies(&self.id, batch)).await;
+        let reason = match written {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(err)) => err.to_string(),
+            Err(_) => format!("logging took longer than {LOG_DEADLINE:?}"),
+        };
+        self.unlogged("storage", &reason)
     }
-}
 
-impl Observer for ReplyCapture {
-    fn on_head(&mut self, parts: &http::response::Parts) {
-        self.mode = if !parts.status.is_success() {
-            Mode::Skip
-        } else if is_event_stream(&parts.headers) {
-            let (sender, receiver) = mpsc::channel::<Bytes>(FRAME_QUEUE);
-            Mode::Sse {
-                frames: Some(sender),
-                parsed: tokio::spawn(assemble_stream(receiver)),
-                lost: false,
-            }
+    /// Counts and reports a reply that did not reach the log.
+    fn unlogged(&self, cause: &str, reason: &str) -> Result<(), RelayError> {
+        self.metrics.add(UNLOGGED_METRIC, &[("cause", cause)], 1.0);
+        tracing::warn!(
+            conversation = %self.id,
+            cause,
+            reason,
+            required = self.required,
+            "the reply could not be logged"
+        );
+        if self.required {
+            Err(RelayError::Unlogged(reason.to_owned()))
         } else {
-            Mode::Json(Vec::new())
-        };
-    }
-
-    fn on_data(&mut self, data: &Bytes) {
-        match &mut self.mode {
-            Mode::Json(buffer) => {
-                if buffer.len() + data.len() > MAX_JSON_REPLY {
-                    tracing::warn!("reply larger than {MAX_JSON_REPLY} bytes; not captured");
-                    self.mode = Mode::Skip;
-                } else {
-                    buffer.extend_from_slice(data);
-                }
-            }
-            Mode::Sse { frames, lost, .. } => {
-                // Bytes clones share the buffer; a full queue loses the capture, never the frame.
-                if let Some(sender) = frames {
-                    if sender.try_send(data.clone()).is_err() {
-                        *lost = true;
-                        *frames = None;
-                    }
-                }
-            }
-            Mode::Undecided | Mode::Skip => {}
+            Ok(())
         }
     }
 
-    fn on_end(&mut self, outcome: Outcome) -> Option<BoxFuture<'static, ()>> {
-        let mode = std::mem::replace(&mut self.mode, Mode::Skip);
-        let target = self.target.take()?;
-        if outcome != Outcome::Complete {
-            if let Mode::Sse { parsed, .. } = mode {
-                parsed.abort();
+    /// Logs a non-streamed reply, read whole.
+    pub async fn log_json(self, body: &[u8]) -> Result<(), RelayError> {
+        match replies_from_json(body) {
+            Ok((replies, usage)) => self.log(replies, usage, Outcome::Complete).await,
+            Err(err) => {
+                // Not a chat completion (a proxy's own answer, a new API shape): there is no
+                // reply to log, which is not a storage failure.
+                tracing::warn!(conversation = %self.id, error = %err, "reply is not a chat completion; not logged");
+                self.metrics
+                    .add(UNLOGGED_METRIC, &[("cause", "unreadable")], 1.0);
+                Ok(())
             }
-            tracing::info!(conversation = %target.id, outcome = ?outcome, "reply incomplete; not logged");
-            return None;
-        }
-        let logging = async move {
-            let (replies, usage) = match mode {
-                Mode::Json(buffer) => match replies_from_json(&buffer) {
-                    Ok(found) => found,
-                    Err(err) => {
-                        tracing::warn!(conversation = %target.id, error = %err, "reply is not a chat completion; not logged");
-                        return;
-                    }
-                },
-                Mode::Sse {
-                    frames,
-                    parsed,
-                    lost,
-                } => {
-                    drop(frames);
-                    if lost {
-                        parsed.abort();
-                        tracing::warn!(conversation = %target.id, "reply capture fell behind the stream; not logged");
-                        return;
-                    }
-                    let Ok(assembler) = parsed.await else { return };
-                    replies_from_stream(assembler)
-                }
-                Mode::Undecided | Mode::Skip => return,
-            };
-            if replies.is_empty() {
-                return;
-            }
-            let calibration = target.estimate.as_ref().and_then(|(local, generation)| {
-                let server = usage.as_ref()?.get("prompt_tokens")?.as_u64()?;
-                Some(Calibration {
-                    model: target.model.clone(),
-                    generation: generation.clone(),
-                    local: *local,
-                    server,
-                })
-            });
-            if let Err(err) = target
-                .tracker
-                .record_replies(
-                    &target.id,
-                    target.parent,
-                    &target.model,
-                    usage,
-                    calibration,
-                    replies,
-                )
-                .await
-            {
-                tracing::error!(conversation = %target.id, error = %err, "cannot log the reply");
-            }
-        };
-        Some(
-            async move {
-                if tokio::time::timeout(LOG_DEADLINE, logging).await.is_err() {
-                    tracing::error!(
-                        "logging the reply took longer than {LOG_DEADLINE:?}; response released"
-                    );
-                }
-            }
-            .boxed(),
-        )
-    }
-}
-
-async fn assemble_stream(receiver: mpsc::Receiver<Bytes>) -> StreamAssembler {
-    let frames = stream::unfold(receiver, |mut receiver| async move {
-        receiver
-            .recv()
-            .await
-            .map(|bytes| (Ok::<_, std::convert::Infallible>(bytes), receiver))
-    });
-    let mut events = std::pin::pin!(frames.eventsource());
-    let mut assembler = StreamAssembler::default();
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(event) => assembler.push(&event.data),
-            Err(err) => tracing::debug!(error = %err, "unparseable SSE event"),
         }
     }
-    assembler
 }
 
 #[derive(Deserialize)]
@@ -244,6 +162,7 @@ pub fn replies_from_json(
     Ok((replies, completion.usage))
 }
 
+/// The choices assembled from a stream, in the upstream's non-streamed shape.
 fn replies_from_stream(assembler: StreamAssembler) -> (Vec<CapturedReply>, Option<Value>) {
     let usage = assembler.usage().cloned();
     let replies = assembler

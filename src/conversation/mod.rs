@@ -17,11 +17,13 @@ use tokio::sync::Mutex;
 
 pub use id::{ConversationId, IdError, CONVERSATION_HEADER};
 
+use crate::access_log::Outcome;
 use crate::compaction::budget::Calibration;
 use crate::compaction::{adopt, Adopted, CompactionRecord};
 use crate::dialect::{ChatRequest, Message};
 use crate::digest::{
-    chain, message_digest, pinned_digest, prefix_digests, Digest, MessageDigest, PrefixDigest,
+    chain, echo_digest, message_digest, pinned_digest, prefix_digests, Digest, MessageDigest,
+    PrefixDigest,
 };
 use crate::store::line::{Entry, Line, MessageLine, PinnedLine, RequestLine, Source};
 use crate::store::{ConversationLog, Store, StoreError};
@@ -33,6 +35,9 @@ pub struct ConversationState {
     known: HashSet<PrefixDigest>,
     /// Every pinned set already in the log.
     pinned: HashSet<Digest>,
+    /// Logged messages that clients echo in other forms: `chain(parent, echo digest)`
+    /// to the logged message digest and prefix digest.
+    echoes: HashMap<PrefixDigest, (MessageDigest, PrefixDigest)>,
     /// Adopted compactions by covered prefix.
     compactions: HashMap<PrefixDigest, Arc<Adopted>>,
     /// The last upstream-reported input size and its local estimate.
@@ -49,6 +54,47 @@ pub struct ConversationEntry {
 }
 
 impl ConversationState {
+    /// Remembers a logged message's echo forms, if it has any.
+    fn remember_echo(
+        &mut self,
+        parent: Option<PrefixDigest>,
+        message: &Value,
+        message_digest: MessageDigest,
+        digest: PrefixDigest,
+    ) {
+        if let Some(echo) = echo_digest(message) {
+            self.echoes
+                .entry(chain(parent.as_ref(), &echo))
+                .or_insert((message_digest, digest));
+        }
+    }
+
+    /// How many leading messages of `messages` are logged, mapping echoed forms of
+    /// logged messages onto them (which rewrites `digests` and `prefix` in place).
+    fn known_prefix(
+        &self,
+        messages: &[Message],
+        digests: &mut [MessageDigest],
+        prefix: &mut [PrefixDigest],
+    ) -> usize {
+        let mut known = prefix.partition_point(|d| self.known.contains(d));
+        while let Some(message) = messages.get(known) {
+            let parent = known.checked_sub(1).map(|p| prefix[p]);
+            let logged = echo_digest(&message.value)
+                .and_then(|echo| self.echoes.get(&chain(parent.as_ref(), &echo)));
+            let Some(&(logged_digest, logged_prefix)) = logged else {
+                break;
+            };
+            digests[known] = logged_digest;
+            prefix[known] = logged_prefix;
+            for i in known + 1..prefix.len() {
+                prefix[i] = chain(Some(&prefix[i - 1]), &digests[i]);
+            }
+            known += prefix[known..].partition_point(|d| self.known.contains(d));
+        }
+        known
+    }
+
     /// Rebuilds the state from a log read from disk.
     pub fn from_log(log: &ConversationLog) -> Self {
         let mut state = Self::default();
@@ -56,6 +102,17 @@ impl ConversationState {
             match &line.entry {
                 Entry::Message(message) => {
                     state.known.insert(message.digest);
+                    // Only tool-call messages have echo forms; skip parsing the rest.
+                    if message.message.get().contains("\"tool_calls\"") {
+                        if let Ok(value) = serde_json::from_str::<Value>(message.message.get()) {
+                            state.remember_echo(
+                                message.parent,
+                                &value,
+                                message.message_digest,
+                                message.digest,
+                            );
+                        }
+                    }
                 }
                 Entry::Pinned(pinned) => {
                     state.pinned.insert(pinned.digest);
@@ -136,6 +193,23 @@ pub struct CapturedReply {
     pub choice: u64,
 }
 
+/// The reply choices of one response, ready to be logged.
+#[derive(Debug)]
+pub struct CapturedReplies {
+    /// Chain digest of the request's last message, the replies' parent.
+    pub parent: Option<PrefixDigest>,
+    /// The request's model.
+    pub model: String,
+    /// The upstream's `usage`, if it sent one.
+    pub usage: Option<Value>,
+    /// The calibration this response supports, if any.
+    pub calibration: Option<Calibration>,
+    /// The choices.
+    pub replies: Vec<CapturedReply>,
+    /// How the response ended when it was cut short; `None` when it was complete.
+    pub incomplete: Option<Outcome>,
+}
+
 /// Tracks conversations in a bounded cache over a [`Store`].
 pub struct Tracker {
     store: Arc<dyn Store>,
@@ -212,9 +286,9 @@ impl Tracker {
     ) -> Result<Tracked, StoreError> {
         let pinned_len = pinned_len(&request.messages);
         let (pinned, rest) = request.messages.split_at(pinned_len);
-        let message_digests: Vec<MessageDigest> =
+        let mut message_digests: Vec<MessageDigest> =
             rest.iter().map(|m| message_digest(&m.value)).collect();
-        let prefix = prefix_digests(&message_digests);
+        let mut prefix = prefix_digests(&message_digests);
         let pinned_set = (!pinned.is_empty())
             .then(|| pinned_digest(&pinned.iter().map(|m| &m.value).collect::<Vec<_>>()));
 
@@ -223,7 +297,7 @@ impl Tracker {
         let entry = self.entry(&id).await?;
         let mut state = entry.state.lock().await;
         // Prefix-closed: if d[i] is logged, so is every d[j < i].
-        let known = prefix.partition_point(|d| state.known.contains(d));
+        let known = state.known_prefix(rest, &mut message_digests, &mut prefix);
         let mut lines = Vec::with_capacity(rest.len() - known + 2);
         if let Some(digest) = pinned_set.filter(|d| !state.pinned.contains(d)) {
             lines.push(Line::now(Entry::Pinned(PinnedLine {
@@ -242,7 +316,15 @@ impl Tracker {
                 usage: None,
                 finish_reason: None,
                 choice: None,
+                complete: None,
+                incomplete: None,
             })));
+            state.remember_echo(
+                index.checked_sub(1).map(|p| prefix[p]),
+                &rest[index].value,
+                message_digests[index],
+                prefix[index],
+            );
         }
         if known == rest.len() && lines.is_empty() {
             // A retry or a repeat adds nothing to the log: no write, and the lock is brief.
@@ -281,49 +363,51 @@ impl Tracker {
         })
     }
 
-    /// Logs the upstream's reply choices as the next originals after `parent`.
+    /// Logs the upstream's reply choices as the next originals after their parent.
     pub async fn record_replies(
         &self,
         id: &ConversationId,
-        parent: Option<PrefixDigest>,
-        model: &str,
-        usage: Option<Value>,
-        calibration: Option<Calibration>,
-        replies: Vec<CapturedReply>,
+        batch: CapturedReplies,
     ) -> Result<(), StoreError> {
         let entry = self.entry(id).await?;
         let mut state = entry.state.lock().await;
-        if let Some(calibration) = calibration {
-            state.calibration = Some(calibration);
-        }
-        let mut lines = Vec::with_capacity(replies.len());
-        let mut added = Vec::with_capacity(replies.len());
-        for reply in replies {
+        let parent = batch.parent;
+        let mut lines = Vec::with_capacity(batch.replies.len());
+        let mut added = Vec::with_capacity(batch.replies.len());
+        for reply in batch.replies {
             let value: Value = serde_json::from_str(reply.message.get())?;
             let message_digest = message_digest(&value);
             let digest = chain(parent.as_ref(), &message_digest);
-            if state.known.contains(&digest) || added.contains(&digest) {
+            if state.known.contains(&digest) || added.iter().any(|(d, _, _)| *d == digest) {
                 // The same reply twice (a cached answer, n > 1 with equal choices).
                 continue;
             }
-            added.push(digest);
+            added.push((digest, message_digest, value));
             lines.push(Line::now(Entry::Message(MessageLine {
                 digest,
                 parent,
                 message_digest,
                 source: Source::Upstream,
-                model: model.to_owned(),
+                model: batch.model.clone(),
                 message: reply.message,
-                usage: usage.clone(),
+                usage: batch.usage.clone(),
                 finish_reason: reply.finish_reason,
                 choice: Some(reply.choice),
+                complete: Some(batch.incomplete.is_none()),
+                incomplete: batch.incomplete.map(|o| o.as_str().to_owned()),
             })));
         }
-        if lines.is_empty() {
-            return Ok(());
+        if !lines.is_empty() {
+            self.store.append(id, lines).await?;
         }
-        self.store.append(id, lines).await?;
-        state.known.extend(added);
+        for (digest, message_digest, value) in added {
+            state.known.insert(digest);
+            state.remember_echo(parent, &value, message_digest, digest);
+        }
+        // Only once the reply is logged: calibration describes a request that happened.
+        if let Some(calibration) = batch.calibration {
+            state.calibration = Some(calibration);
+        }
         Ok(())
     }
 

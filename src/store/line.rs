@@ -120,6 +120,13 @@ pub struct MessageLine {
     /// For replies: the choice index when `n > 1`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub choice: Option<u64>,
+    /// For replies: whether the whole reply arrived. Lines written before this field
+    /// existed were always whole replies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub complete: Option<bool>,
+    /// For an incomplete reply: how it was cut (`client_gone`, `upstream_cut`, `timeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<String>,
 }
 
 /// A set of pinned (leading system/developer) messages.
@@ -187,6 +194,8 @@ mod tests {
             usage: None,
             finish_reason: None,
             choice: None,
+            complete: None,
+            incomplete: None,
         }));
         let bytes = encode(&[line]).unwrap();
         let text = String::from_utf8(bytes.clone()).unwrap();

@@ -1,0 +1,165 @@
+//! The observer of a streamed reply: copies frames to a side parser, spots the
+//! frame that ends the reply, and logs what was assembled when the body ends.
+
+use bytes::Bytes;
+use eventsource_stream::Eventsource;
+use futures_util::{stream, FutureExt, StreamExt};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::{replies_from_stream, ReplyTarget, StreamAssembler};
+use crate::access_log::Outcome;
+use crate::relay::{EndWork, Flow, Observer};
+
+/// Frames buffered for the parser before capture gives up on this reply.
+const FRAME_QUEUE: usize = 4096;
+
+/// The event that ends an OpenAI chat stream.
+const DONE: &[u8] = b"[DONE]";
+
+/// Observes one streamed chat-completions response and logs its reply.
+pub struct ReplyCapture {
+    target: Option<ReplyTarget>,
+    frames: Option<mpsc::Sender<Bytes>>,
+    parsed: Option<JoinHandle<StreamAssembler>>,
+    lost: bool,
+    // The end of the previous frame, so a `data: [DONE]` split across frames is seen.
+    carry: Vec<u8>,
+}
+
+impl ReplyCapture {
+    /// Starts the side parser; the reply will be logged into `target`.
+    pub fn start(target: ReplyTarget) -> Self {
+        let (sender, receiver) = mpsc::channel::<Bytes>(FRAME_QUEUE);
+        Self {
+            target: Some(target),
+            frames: Some(sender),
+            parsed: Some(tokio::spawn(assemble_stream(receiver))),
+            lost: false,
+            carry: Vec::new(),
+        }
+    }
+}
+
+impl Observer for ReplyCapture {
+    fn on_data(&mut self, data: &Bytes) -> Flow {
+        // Bytes clones share the buffer; a full queue loses the capture, never the frame.
+        if let Some(sender) = &self.frames {
+            if sender.try_send(data.clone()).is_err() {
+                self.lost = true;
+                self.frames = None;
+            }
+        }
+        let flow = if ends_stream(&self.carry, data) {
+            Flow::Last
+        } else {
+            Flow::Pass
+        };
+        let keep = data.len().min(CARRY);
+        self.carry.clear();
+        self.carry.extend_from_slice(&data[data.len() - keep..]);
+        flow
+    }
+
+    fn on_end(&mut self, outcome: Outcome) -> Option<EndWork> {
+        let target = self.target.take()?;
+        // Closing the channel lets the parser finish with what it has.
+        self.frames = None;
+        let parsed = self.parsed.take()?;
+        let lost = self.lost;
+        Some(
+            async move {
+                if lost {
+                    parsed.abort();
+                    return target.unlogged("capture_lag", "reply capture fell behind the stream");
+                }
+                let assembler = match parsed.await {
+                    Ok(assembler) => assembler,
+                    Err(err) => return target.unlogged("capture_failed", &err.to_string()),
+                };
+                let (replies, usage) = replies_from_stream(assembler);
+                target.log(replies, usage, outcome).await
+            }
+            .boxed(),
+        )
+    }
+}
+
+/// Bytes of the previous frame kept to find an end marker split across frames.
+const CARRY: usize = 16;
+
+/// True when `data` (after `carry`) holds a `data: [DONE]` line.
+///
+/// The marker must start a line: inside a JSON chunk a newline is always escaped, so
+/// a model that writes "data: [DONE]" in its text never ends the capture early.
+fn ends_stream(carry: &[u8], data: &[u8]) -> bool {
+    let joined;
+    let bytes: &[u8] = if carry.is_empty() {
+        data
+    } else {
+        joined = [carry, data].concat();
+        &joined
+    };
+    let mut from = 0;
+    while let Some(at) = find(&bytes[from..], DONE).map(|i| i + from) {
+        let before = &bytes[..at];
+        let field = before
+            .strip_suffix(b" ")
+            .unwrap_or(before)
+            .strip_suffix(b"data:");
+        if let Some(line_start) = field {
+            if line_start.is_empty() || line_start.ends_with(b"\n") || line_start.ends_with(b"\r") {
+                return true;
+            }
+        }
+        from = at + DONE.len();
+    }
+    false
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack
+        .windows(needle.len())
+        .position(|window| window == needle)
+}
+
+async fn assemble_stream(receiver: mpsc::Receiver<Bytes>) -> StreamAssembler {
+    let frames = stream::unfold(receiver, |mut receiver| async move {
+        receiver
+            .recv()
+            .await
+            .map(|bytes| (Ok::<_, std::convert::Infallible>(bytes), receiver))
+    });
+    let mut events = std::pin::pin!(frames.eventsource());
+    let mut assembler = StreamAssembler::default();
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(event) => assembler.push(&event.data),
+            Err(err) => tracing::debug!(error = %err, "unparseable SSE event"),
+        }
+    }
+    assembler
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_done_line_ends_the_stream_even_when_split() {
+        assert!(ends_stream(b"", b"data: [DONE]\n\n"));
+        assert!(ends_stream(b"", b"data: {\"a\":1}\n\ndata:[DONE]\n\n"));
+        assert!(ends_stream(b"{}\n\ndata: [DO", b"NE]\n\n"));
+        assert!(ends_stream(b"}\n\n", b"data: [DONE]"));
+    }
+
+    #[test]
+    fn done_inside_a_chunk_does_not_end_the_stream() {
+        let chunk = br#"data: {"choices":[{"delta":{"content":"data: [DONE]"}}]}"#;
+        assert!(!ends_stream(b"", chunk));
+        assert!(!ends_stream(
+            b"",
+            b"data: {\"content\":\"\\ndata: [DONE]\"}\n\n"
+        ));
+    }
+}
