@@ -1,5 +1,7 @@
 //! Log setup: `tracing` to stderr, text or JSON, filtered by `RUST_LOG` or `log.level`.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogConfig, LogFormat};
@@ -12,6 +14,8 @@ pub fn init(config: &LogConfig) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour codes in a log file or journald make lines unreadable and ungreppable.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(true);
     let installed = match config.format {
         LogFormat::Text => builder.try_init(),

@@ -331,3 +331,28 @@ pub fn closed_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().port()
 }
+
+/// The `message` lines of a conversation's log, parsed, in file order.
+pub fn message_lines(proxy: &Proxy, id: &str) -> Vec<serde_json::Value> {
+    let path = proxy
+        .data_dir()
+        .join("conversations")
+        .join(id)
+        .join("messages.jsonl");
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|line| line["kind"] == "message")
+        .collect()
+}
+
+/// The proxy's access log lines so far.
+pub fn access_lines(proxy: &Proxy) -> Vec<String> {
+    proxy
+        .logs()
+        .lines()
+        .filter(|line| line.contains("handoff::access"))
+        .map(str::to_owned)
+        .collect()
+}

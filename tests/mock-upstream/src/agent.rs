@@ -9,8 +9,23 @@ use serde_json::{json, Value};
 use crate::reply::{chat_stream_frames, Reply};
 use crate::Recorded;
 
+/// How the scripted agent writes its tool calls.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AgentStyle {
+    /// Arguments as Python's `json.dumps` writes them, `{"query": "…"}`, as many
+    /// models do; otherwise compact.
+    pub spaced_arguments: bool,
+    /// Streamed tool calls open with `"content": ""` (vLLM, llama.cpp) rather than `null`.
+    pub empty_text: bool,
+}
+
 /// The next agent step for `request`; `serial` makes ids and texts unique.
 pub fn agent_reply(request: &Recorded, serial: usize) -> Reply {
+    agent_reply_as(request, serial, AgentStyle::default())
+}
+
+/// [`agent_reply`] with tool calls written in `style`.
+pub fn agent_reply_as(request: &Recorded, serial: usize, style: AgentStyle) -> Reply {
     let body = request.json();
     let stream = body["stream"] == true;
     let messages = body["messages"].as_array().cloned().unwrap_or_default();
@@ -33,10 +48,17 @@ pub fn agent_reply(request: &Recorded, serial: usize) -> Reply {
     }
     let id = format!("call_{serial}");
     let question = last["content"].as_str().unwrap_or("").to_owned();
-    let arguments = json!({"query": question}).to_string();
+    let mut arguments = json!({"query": question}).to_string();
+    if style.spaced_arguments {
+        arguments = arguments.replacen("\":", "\": ", 1);
+    }
     if stream {
+        let mut frames = tool_call_frames(&id, "lookup", &arguments);
+        if style.empty_text {
+            frames[0] = frames[0].replace("\"content\":null", "\"content\":\"\"");
+        }
         Reply::Sse {
-            frames: tool_call_frames(&id, "lookup", &arguments),
+            frames,
             gap: Duration::ZERO,
             cut_after: None,
         }

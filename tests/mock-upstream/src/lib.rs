@@ -33,7 +33,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify};
 
-pub use agent::{agent_reply, tool_call_frames};
+pub use agent::{agent_reply, agent_reply_as, tool_call_frames, AgentStyle};
 pub use reply::{chat_completion, chat_stream_frames, Reply};
 
 /// One request as the mock received it.
