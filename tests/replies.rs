@@ -75,14 +75,28 @@ async fn every_streamed_reply_is_logged_before_a_client_that_closes_at_done_sees
     assert_eq!(got.len(), 500);
     assert_eq!(logged.len(), 500, "one conversation per client");
     for (question, replies) in &logged {
-        let n: usize = question.split_whitespace().nth(1).unwrap().trim_end_matches(':').parse().unwrap();
-        assert_eq!(replies.len(), 1, "{question}: logged exactly once: {replies:?}");
+        let n: usize = question
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .trim_end_matches(':')
+            .parse()
+            .unwrap();
+        assert_eq!(
+            replies.len(),
+            1,
+            "{question}: logged exactly once: {replies:?}"
+        );
         let reply = &replies[0];
         assert_eq!(reply["complete"], true, "{reply}");
         let client_saw = &got[n];
         let message = &reply["message"];
         if n % 2 == 0 {
-            assert_eq!(message["content"], Value::Null, "tool-call replies carry content: null");
+            assert_eq!(
+                message["content"],
+                Value::Null,
+                "tool-call replies carry content: null"
+            );
             assert_eq!(message["tool_calls"][0]["id"], format!("call_{n}"));
             assert_eq!(
                 message["tool_calls"][0]["function"]["arguments"],
@@ -111,7 +125,10 @@ async fn a_client_gone_mid_stream_leaves_its_partial_reply_logged_as_incomplete(
     let req = request(
         "POST",
         &format!("{}{CHAT}", proxy.url()),
-        &[("content-type", "application/json"), ("x-handoff-conversation-id", "gone")],
+        &[
+            ("content-type", "application/json"),
+            ("x-handoff-conversation-id", "gone"),
+        ],
         body.to_string(),
     );
     // The role frame and three words, then the client hangs up.
@@ -123,13 +140,22 @@ async fn a_client_gone_mid_stream_leaves_its_partial_reply_logged_as_incomplete(
     assert_eq!(reply["complete"], false, "{reply}");
     assert_eq!(reply["incomplete"], "client_gone");
     let text = reply["message"]["content"].as_str().unwrap();
-    assert!(text.starts_with("w0 w1 w2 "), "what arrived is kept: {text:?}");
+    assert!(
+        text.starts_with("w0 w1 w2 "),
+        "what arrived is kept: {text:?}"
+    );
     assert!(!text.contains("w39"), "the reply was cut: {text:?}");
 
     let verify = proxy.audit(&["verify", "gone"]);
     let out = String::from_utf8_lossy(&verify.stdout);
-    assert!(verify.status.success(), "an incomplete reply is no error: {out}");
-    assert!(out.contains("note: incomplete reply (client_gone)"), "{out}");
+    assert!(
+        verify.status.success(),
+        "an incomplete reply is no error: {out}"
+    );
+    assert!(
+        out.contains("note: incomplete reply (client_gone)"),
+        "{out}"
+    );
 
     let line = wait_for_access(&proxy, "conversation=\"gone\"");
     assert!(line.contains("outcome=\"client_gone\""), "{line}");
@@ -143,7 +169,9 @@ async fn a_client_gone_mid_stream_leaves_its_partial_reply_logged_as_incomplete(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_access_log_reports_what_each_client_was_sent() {
     let mock = MockUpstream::with(|req| {
-        if req.json()["stream"] == true {
+        if req.json()["messages"][0]["content"] == "cut" {
+            Reply::chat_stream(&["Hel", "lo", " there"], Duration::ZERO).cut_at(3)
+        } else if req.json()["stream"] == true {
             Reply::chat_stream(&["Hel", "lo"], Duration::ZERO)
         } else {
             Reply::chat_text("Hello!")
@@ -166,18 +194,53 @@ async fn the_access_log_reports_what_each_client_was_sent() {
     assert_eq!(plain.status, 200);
     let line = wait_for_access(&proxy, "conversation=\"plain\"");
     assert!(line.contains("outcome=\"complete\""), "{line}");
-    assert_eq!(field(&line, "bytes"), plain.body.len().to_string(), "{line}");
+    assert_eq!(
+        field(&line, "bytes"),
+        plain.body.len().to_string(),
+        "{line}"
+    );
 
     let streamed = client::stream(ask("streamed", true), None).await;
     assert!(streamed.error.is_none());
     let line = wait_for_access(&proxy, "conversation=\"streamed\"");
     assert!(line.contains("outcome=\"complete\""), "{line}");
-    assert_eq!(field(&line, "bytes"), streamed.text().len().to_string(), "{line}");
+    assert_eq!(
+        field(&line, "bytes"),
+        streamed.text().len().to_string(),
+        "{line}"
+    );
 
-    let health = client::send(request("GET", &format!("{}/handoff/health", proxy.url()), &[], "")).await;
+    let cut = client::stream(ask("cut", true), None).await;
+    assert!(cut.error.is_some(), "the client sees the cut");
+    let line = wait_for_access(&proxy, "conversation=\"cut\"");
+    assert!(line.contains("outcome=\"upstream_cut\""), "{line}");
+    assert_eq!(
+        field(&line, "bytes"),
+        cut.text().len().to_string(),
+        "{line}"
+    );
+    let reply = wait_for_reply(&proxy, "cut");
+    assert_eq!(reply["complete"], false);
+    assert_eq!(reply["incomplete"], "upstream_cut");
+    assert_eq!(
+        reply["message"]["content"], "Hello",
+        "what arrived before the cut"
+    );
+
+    let health = client::send(request(
+        "GET",
+        &format!("{}/handoff/health", proxy.url()),
+        &[],
+        "",
+    ))
+    .await;
     let line = wait_for_access(&proxy, "path=/handoff/health");
     assert!(line.contains("outcome=\"complete\""), "{line}");
-    assert_eq!(field(&line, "bytes"), health.body.len().to_string(), "{line}");
+    assert_eq!(
+        field(&line, "bytes"),
+        health.body.len().to_string(),
+        "{line}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -205,8 +268,14 @@ async fn replies_echoed_by_the_openai_sdk_keep_one_branch() {
     // Everything the client holds, less its last (unsent) user turn or tool result.
     let sent = messages.len() - 1;
     assert_eq!(lines.len(), sent, "one line per message, no duplicates");
-    let assistants = lines.iter().filter(|l| l["message"]["role"] == "assistant").count();
-    assert_eq!(assistants, 10, "each reply logged once, none again as an echo");
+    let assistants = lines
+        .iter()
+        .filter(|l| l["message"]["role"] == "assistant")
+        .count();
+    assert_eq!(
+        assistants, 10,
+        "each reply logged once, none again as an echo"
+    );
     for pair in lines.windows(2) {
         assert_eq!(pair[1]["parent"], pair[0]["digest"], "the log is one chain");
     }
@@ -221,7 +290,10 @@ async fn replies_echoed_by_the_openai_sdk_keep_one_branch() {
             eprintln!("client {echo}\nlogged {}\n", line["message"]);
         }
     }
-    assert!(echoed_differently >= 5, "only {echoed_differently} echoes differed");
+    assert!(
+        echoed_differently >= 5,
+        "only {echoed_differently} echoes differed"
+    );
     proxy.assert_verified(&[id]);
 }
 
@@ -233,7 +305,10 @@ fn wait_for_reply(proxy: &Proxy, id: &str) -> Value {
         if let Some(reply) = lines.into_iter().find(|l| l["source"] == "upstream") {
             return reply;
         }
-        assert!(std::time::Instant::now() < deadline, "no reply logged for {id}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reply logged for {id}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -245,7 +320,10 @@ fn wait_for_access(proxy: &Proxy, needle: &str) -> String {
         if let Some(line) = access_lines(proxy).into_iter().find(|l| l.contains(needle)) {
             return line;
         }
-        assert!(std::time::Instant::now() < deadline, "no access line with {needle}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no access line with {needle}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -341,18 +419,35 @@ async fn a_reply_that_cannot_be_logged_never_ends_cleanly_while_the_store_is_req
 
     let mut proxy = Proxy::start_with(&mock.url(), options(&disk, ""));
     let plain = client::send(ask(&proxy, "full-json", false)).await;
-    assert_eq!(plain.status, 503, "{}", plain.text());
+    assert_eq!(
+        plain.status, 503,
+        "a reply that is not in the log is not answered"
+    );
     assert_eq!(plain.json()["error"]["type"], "storage_error");
 
     let streamed = client::stream(ask(&proxy, "full-stream", true), None).await;
     assert_eq!(streamed.status, 200);
-    assert!(streamed.error.is_some(), "the stream must be cut, not closed cleanly");
-    assert!(!streamed.text().contains("[DONE]"), "the end is never sent");
-    assert!(streamed.text().contains("lorem ipsum"), "what came before the end was relayed");
-
-    let metrics = client::send(request("GET", &format!("{}/handoff/metrics", proxy.url()), &[], "")).await;
     assert!(
-        metrics.text().contains("handoff_replies_unlogged_total{cause=\"storage\"} 2"),
+        streamed.error.is_some(),
+        "the stream must be cut, not closed cleanly"
+    );
+    assert!(!streamed.text().contains("[DONE]"), "the end is never sent");
+    assert!(
+        streamed.text().contains("lorem ipsum"),
+        "what came before the end was relayed"
+    );
+
+    let metrics = client::send(request(
+        "GET",
+        &format!("{}/handoff/metrics", proxy.url()),
+        &[],
+        "",
+    ))
+    .await;
+    assert!(
+        metrics
+            .text()
+            .contains("handoff_replies_unlogged_total{cause=\"storage\"} 2"),
         "{}",
         metrics.text()
     );
@@ -366,9 +461,17 @@ async fn a_reply_that_cannot_be_logged_never_ends_cleanly_while_the_store_is_req
     assert_eq!(relayed.status, 200);
     assert_eq!(relayed.json()["choices"][0]["message"]["content"], answer);
     proxy.wait_for_log("the reply could not be logged", Duration::from_secs(5));
-    let metrics = client::send(request("GET", &format!("{}/handoff/metrics", proxy.url()), &[], "")).await;
+    let metrics = client::send(request(
+        "GET",
+        &format!("{}/handoff/metrics", proxy.url()),
+        &[],
+        "",
+    ))
+    .await;
     assert!(
-        metrics.text().contains("handoff_replies_unlogged_total{cause=\"storage\"} 1"),
+        metrics
+            .text()
+            .contains("handoff_replies_unlogged_total{cause=\"storage\"} 1"),
         "{}",
         metrics.text()
     );
