@@ -103,6 +103,7 @@ fn benches(c: &mut Criterion) {
                 model: model.clone(),
                 input_budget: 128_000 - 8192,
                 threshold: (0.9 * (128_000.0 - 8192.0)) as u64,
+                scale: Default::default(),
                 tools_tokens: 0,
                 reason: Reason::Threshold,
                 seen_generation: None,

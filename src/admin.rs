@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use http::uri::PathAndQuery;
 
-use crate::compaction::budget::RequestBudget;
+use crate::compaction::budget::{RequestBudget, Scale};
 use crate::compaction::model_client::UpstreamModelClient;
 use crate::compaction::service::{CompactError, Job};
 use crate::compaction::Reason;
@@ -116,6 +116,11 @@ async fn compact_now(
         .compactions(&id)
         .await
         .map_err(|err| ApiError::storage(err.to_string()))?;
+    let calibration = state
+        .tracker
+        .calibration(&id)
+        .await
+        .map_err(|err| ApiError::storage(err.to_string()))?;
     let mut client_headers = headers.clone();
     client_headers.remove(header::CONTENT_LENGTH);
     let job = Job {
@@ -130,6 +135,7 @@ async fn compact_now(
         model: budget.info.clone(),
         input_budget: budget.input_budget,
         threshold: budget.threshold,
+        scale: Scale::new(calibration.as_ref(), &request.model),
         tools_tokens: budget.tools_tokens,
         reason: Reason::Manual,
         seen_generation: None,

@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 use crate::access_log::RequestLog;
 use crate::body::{full, ProxyBody};
 use crate::capture::{ReplyCapture, ReplyTarget};
-use crate::compaction::budget::{calibrated, RequestBudget};
+use crate::compaction::budget::{RequestBudget, Scale};
 use crate::compaction::chain::NamedStrategy;
 use crate::compaction::model_client::UpstreamModelClient;
 use crate::compaction::reactive::is_context_length_error;
@@ -106,6 +106,7 @@ pub async fn handle(
         }
     };
     let budget = RequestBudget::new(&snap.config, &chat, &state.tokens);
+    let scale = Scale::new(tracked.calibration.as_ref(), &chat.model);
     let context = Context {
         state,
         snap: &snap,
@@ -114,6 +115,7 @@ pub async fn handle(
         chat: &chat,
         tracked: &tracked,
         chain: &chain,
+        scale: &scale,
     };
     let mut view = project_view(&chat, &tracked, &tracked.compactions);
     if let Err(err) = view.validate() {
@@ -133,12 +135,7 @@ pub async fn handle(
         } else {
             view.estimate(&state.tokens, budget.tokenizer(), budget.tools_tokens)
         };
-        let current = calibrated(
-            local,
-            tracked.calibration.as_ref(),
-            &chat.model,
-            view.generation(),
-        );
+        let current = scale.view(local, view.generation());
         if current > budget.threshold {
             tracing::info!(conversation = %id, estimate = current, threshold = budget.threshold, "over the trigger; compacting");
             let job = context.job(
@@ -310,6 +307,7 @@ struct Context<'a> {
     chat: &'a ChatRequest,
     tracked: &'a Tracked,
     chain: &'a [NamedStrategy],
+    scale: &'a Scale,
 }
 
 impl<'a> Context<'a> {
@@ -337,6 +335,7 @@ impl<'a> Context<'a> {
             model: budget.info.clone(),
             input_budget: budget.input_budget,
             threshold,
+            scale: self.scale.clone(),
             tools_tokens: budget.tools_tokens,
             reason,
             seen_generation: seen_generation.map(str::to_owned),

@@ -112,8 +112,9 @@ impl Drop for Settle {
 pin_project_lite::pin_project! {
     /// The upstream body, relayed frame by frame.
     pub struct RelayBody {
-        #[pin]
-        inner: Incoming,
+        // `None` once the client's body is over: after the end, or after the frame that
+        // ended the reply, when what is left is drained on the side.
+        inner: Option<Incoming>,
         #[pin]
         idle: Sleep,
         idle_timeout: Duration,
@@ -122,9 +123,21 @@ pin_project_lite::pin_project! {
         // The observer's end work; `held` (if any) waits for it.
         finishing: Option<JoinHandle<Result<(), RelayError>>>,
         held: Option<Frame<Bytes>>,
-        // The upstream body ended, or the relay gave up on it.
-        done: bool,
     }
+}
+
+/// How long the rest of an upstream body after the end of a reply is read, so that
+/// the upstream connection can be reused.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// Reads what the upstream still sends after the reply ended, without holding up the
+/// client; a body read to its end leaves the upstream connection reusable.
+async fn drain(mut rest: Incoming) {
+    use http_body_util::BodyExt;
+    let _ = tokio::time::timeout(DRAIN, async {
+        while let Some(Ok(_)) = rest.frame().await {}
+    })
+    .await;
 }
 
 impl RelayBody {
@@ -135,12 +148,14 @@ impl RelayBody {
         observer: Option<Box<dyn Observer>>,
     ) -> Self {
         let mut settle = Settle { observer };
-        let done = inner.is_end_stream();
         let mut finishing = None;
-        if done {
+        let inner = if inner.is_end_stream() {
             // hyper never polls a body that is empty from the start.
             finishing = settle.end(Outcome::Complete).map(tokio::spawn);
-        }
+            None
+        } else {
+            Some(inner)
+        };
         Self {
             inner,
             idle: tokio::time::sleep(idle_timeout),
@@ -149,7 +164,6 @@ impl RelayBody {
             settle,
             finishing,
             held: None,
-            done,
         }
     }
 }
@@ -171,7 +185,7 @@ impl Body for RelayBody {
                     Ok(Ok(())) => {}
                     Ok(Err(err)) => {
                         *this.held = None;
-                        *this.done = true;
+                        *this.inner = None;
                         return Poll::Ready(Some(Err(Box::new(err))));
                     }
                     // The observer's task panicked: a capture failure never breaks the stream.
@@ -181,10 +195,10 @@ impl Body for RelayBody {
                     return Poll::Ready(Some(Ok(frame)));
                 }
             }
-            if *this.done {
+            let Some(inner) = this.inner.as_mut() else {
                 return Poll::Ready(None);
-            }
-            match this.inner.as_mut().poll_frame(cx) {
+            };
+            match Pin::new(&mut *inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     this.idle
                         .as_mut()
@@ -198,8 +212,13 @@ impl Body for RelayBody {
                     }
                     // A sized body is over with its last byte: hyper will not poll for the
                     // end, so the last frame waits for the observer here too.
-                    *this.done = this.inner.is_end_stream();
-                    if flow == Flow::Last || *this.done {
+                    let ended = inner.is_end_stream();
+                    if flow == Flow::Last || ended {
+                        // The reply is over: the client's body ends with this frame, and
+                        // whatever the upstream still sends is drained on the side.
+                        if let Some(rest) = this.inner.take().filter(|_| !ended) {
+                            tokio::spawn(drain(rest));
+                        }
                         if let Some(work) = this.settle.end(Outcome::Complete) {
                             *this.held = Some(frame);
                             *this.finishing = Some(tokio::spawn(work));
@@ -209,7 +228,7 @@ impl Body for RelayBody {
                     return Poll::Ready(Some(Ok(frame)));
                 }
                 Poll::Ready(Some(Err(source))) => {
-                    *this.done = true;
+                    *this.inner = None;
                     let err = RelayError::UpstreamCut {
                         bytes: *this.bytes,
                         source,
@@ -219,7 +238,7 @@ impl Body for RelayBody {
                     return Poll::Ready(Some(Err(Box::new(err))));
                 }
                 Poll::Ready(None) => {
-                    *this.done = true;
+                    *this.inner = None;
                     match this.settle.end(Outcome::Complete) {
                         Some(work) => *this.finishing = Some(tokio::spawn(work)),
                         None => return Poll::Ready(None),
@@ -227,7 +246,7 @@ impl Body for RelayBody {
                 }
                 Poll::Pending => {
                     ready!(this.idle.as_mut().poll(cx));
-                    *this.done = true;
+                    *this.inner = None;
                     let err = RelayError::Idle {
                         idle: *this.idle_timeout,
                         bytes: *this.bytes,
@@ -243,10 +262,12 @@ impl Body for RelayBody {
     fn is_end_stream(&self) -> bool {
         // Only once settled: hyper stops polling at end-of-stream, and the observer's
         // end (logging the reply) must still gate it.
-        self.done && self.finishing.is_none() && self.held.is_none()
+        self.inner.is_none() && self.finishing.is_none() && self.held.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
     }
 }

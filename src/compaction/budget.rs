@@ -99,23 +99,50 @@ pub struct Calibration {
     pub server: u64,
 }
 
-/// The calibrated estimate of a view whose local count is `local`:
-/// `server + (local − local_then) × clamp(server / local_then, 0.2, 2.0)`, used only
-/// while the model and the compaction generation are the same.
-pub fn calibrated(
-    local: u64,
-    calibration: Option<&Calibration>,
-    model: &str,
-    generation: Option<&str>,
-) -> u64 {
-    let Some(cal) = calibration
-        .filter(|c| c.model == model && c.generation.as_deref() == generation && c.local > 0)
-    else {
-        return local;
-    };
-    let ratio = (cal.server as f64 / cal.local as f64).clamp(0.2, 2.0);
-    let delta = local as f64 - cal.local as f64;
-    (cal.server as f64 + delta * ratio).max(0.0).round() as u64
+/// The one count every compaction decision uses: local tiktoken counts turned into
+/// what the upstream would count. The trigger, the split, the loop guard, the records
+/// and every error message go through it, so a model that counts 1.5× tiktoken is
+/// compacted before it rejects a request, not after.
+#[derive(Debug, Clone, Default)]
+pub struct Scale {
+    anchor: Option<Calibration>,
+    ratio: Option<f64>,
+}
+
+impl Scale {
+    /// The scale the conversation's last calibration supports for `model`; counts stay
+    /// local when there is none (or it was for another model).
+    pub fn new(calibration: Option<&Calibration>, model: &str) -> Self {
+        let anchor = calibration
+            .filter(|c| c.model == model && c.local > 0)
+            .cloned();
+        // Clamped as in the seed's source: a wild report must not make every view huge.
+        let ratio = anchor
+            .as_ref()
+            .map(|c| (c.server as f64 / c.local as f64).clamp(0.2, 2.0));
+        Self { anchor, ratio }
+    }
+
+    /// The upstream's count for `local` tokens of any text.
+    pub fn tokens(&self, local: u64) -> u64 {
+        match self.ratio {
+            Some(ratio) => (local as f64 * ratio).ceil() as u64,
+            None => local,
+        }
+    }
+
+    /// The upstream's count for a view whose local count is `local`. On the view the
+    /// calibration was measured on (same compaction generation) it extends the reported
+    /// size: `server + (local − local_then) × ratio`; on another, it scales.
+    pub fn view(&self, local: u64, generation: Option<&str>) -> u64 {
+        match (&self.anchor, self.ratio) {
+            (Some(cal), Some(ratio)) if cal.generation.as_deref() == generation => {
+                let delta = local as f64 - cal.local as f64;
+                (cal.server as f64 + delta * ratio).max(0.0).round() as u64
+            }
+            _ => self.tokens(local),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -151,25 +178,25 @@ mod tests {
             local: 1000,
             server: 1500,
         };
-        assert_eq!(calibrated(1200, Some(&cal), "m", None), 1500 + 300);
+        let scale = Scale::new(Some(&cal), "m");
+        assert_eq!(scale.view(1200, None), 1500 + 300);
         assert_eq!(
-            calibrated(1200, Some(&cal), "other", None),
-            1200,
-            "another model"
+            scale.view(1200, Some("cmp-1")),
+            1800,
+            "another generation is scaled, not anchored"
         );
-        assert_eq!(
-            calibrated(1200, Some(&cal), "m", Some("cmp-1")),
-            1200,
-            "another generation"
-        );
+        assert_eq!(scale.tokens(100), 150);
+        let other = Scale::new(Some(&cal), "other");
+        assert_eq!(other.view(1200, None), 1200, "another model stays local");
         let wild = Calibration {
             server: 10_000,
             ..cal
         };
         assert_eq!(
-            calibrated(1100, Some(&wild), "m", None),
+            Scale::new(Some(&wild), "m").view(1100, None),
             10_000 + 200,
             "ratio clamped to 2.0"
         );
+        assert_eq!(Scale::default().view(1234, Some("x")), 1234);
     }
 }

@@ -11,6 +11,7 @@ use std::time::{Instant, SystemTime};
 use handoff_plugin_api::{Budgets, CancellationToken, ModelClient, ModelInfo, StrategyInput, Unit};
 use serde_json::json;
 
+use super::budget::Scale;
 use super::chain::{run_chain, sum_usage, NamedStrategy};
 use super::handoff::{continuation_message, handoff_message, needs_reasoning_marker};
 use super::record::{CompactionRecord, Reason, RecordSource, POLICY_VERSION};
@@ -74,6 +75,8 @@ pub struct Job<'a> {
     pub input_budget: u64,
     /// The estimate the view must get under.
     pub threshold: u64,
+    /// Local counts to the upstream's: every number compared or reported goes through it.
+    pub scale: Scale,
     /// Tokens of the `tools` schemas.
     pub tools_tokens: u64,
     /// Why this run.
@@ -102,8 +105,10 @@ struct Plan {
 }
 
 impl Compactor {
+    /// The view's calibrated estimate: the count every decision is made with.
     fn count(&self, job: &Job<'_>, view: &ModelView<'_>) -> u64 {
-        view.estimate(&self.tokens, job.tokenizer, job.tools_tokens)
+        let local = view.estimate(&self.tokens, job.tokenizer, job.tools_tokens);
+        job.scale.view(local, view.generation())
     }
 
     /// Compacts until the view fits under `job.threshold`, or says why it cannot.
@@ -192,14 +197,17 @@ impl Compactor {
             .iter()
             .map(|m| self.tokens.count_message(job.tokenizer, &m.digest, m.value))
             .sum();
+        let scale = |local: u64| job.scale.tokens(local);
         let fixed = pinned + job.tools_tokens + REPLY_PRIMING;
         let last = unit_tokens.last().copied().unwrap_or(0);
-        if fixed + last > job.threshold {
+        if scale(fixed + last) > job.threshold {
             return Err(CompactError::TooLarge {
                 detail: format!(
-                    "pinned messages ({pinned}) + tools ({}) + the last unit ({last}) = {} tokens, over the limit of {} ({} window − reserved output = input budget {}, × trigger {})",
-                    job.tools_tokens,
-                    fixed + last,
+                    "pinned messages ({}) + tools ({}) + the last unit ({}) = {} tokens, over the limit of {} ({} window − reserved output = input budget {}, × trigger {})",
+                    scale(pinned),
+                    scale(job.tools_tokens),
+                    scale(last),
+                    scale(fixed + last),
                     job.threshold,
                     job.model.context_window,
                     job.input_budget,
@@ -221,18 +229,16 @@ impl Compactor {
                 .filter(|(u, _)| u.start >= cut)
                 .map(|(_, t)| t)
                 .sum();
-            chosen = Some(Plan {
-                cut,
-                predicted: fixed + pair + recent,
-            });
-            if fixed + pair + recent <= job.threshold {
+            let predicted = scale(fixed + pair + recent);
+            chosen = Some(Plan { cut, predicted });
+            if predicted <= job.threshold {
                 break;
             }
         }
         chosen.ok_or_else(|| CompactError::TooLarge {
             detail: format!(
-                "nothing left to compact: the view is one unit and {} tokens over the limit of {}",
-                fixed + last,
+                "nothing left to compact: the view is one unit of {} tokens, and with the rest it is over the limit of {}",
+                scale(last),
                 job.threshold
             ),
         })
@@ -370,18 +376,22 @@ impl Compactor {
                     .count_message(job.tokenizer, &view.live_digests[i], &view.live[i].value)
             })
             .sum();
-        record.tokens_after = pinned
-            + job.tools_tokens
-            + REPLY_PRIMING
-            + recent
-            + self.tokens.count_message(
-                job.tokenizer,
-                &adopted.continuation_digest,
-                &record.continuation,
-            )
-            + self
-                .tokens
-                .count_message(job.tokenizer, &adopted.handoff_digest, &record.handoff);
+        record.tokens_after = job.scale.tokens(
+            pinned
+                + job.tools_tokens
+                + REPLY_PRIMING
+                + recent
+                + self.tokens.count_message(
+                    job.tokenizer,
+                    &adopted.continuation_digest,
+                    &record.continuation,
+                )
+                + self.tokens.count_message(
+                    job.tokenizer,
+                    &adopted.handoff_digest,
+                    &record.handoff,
+                ),
+        );
         self.metrics.add(
             "handoff_compaction_duration_seconds_sum",
             &[],

@@ -421,6 +421,16 @@ impl Tracker {
         Ok(state.compactions.clone())
     }
 
+    /// The conversation's last calibration, if a reply reported usage.
+    pub async fn calibration(
+        &self,
+        id: &ConversationId,
+    ) -> Result<Option<Calibration>, StoreError> {
+        let entry = self.entry(id).await?;
+        let state = entry.state.lock().await;
+        Ok(state.calibration.clone())
+    }
+
     /// Commits `record` (record, then boundary) and adopts it.
     pub async fn commit_compaction(
         &self,
