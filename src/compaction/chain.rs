@@ -135,7 +135,9 @@ pub async fn run_chain(
         let started = Instant::now();
         let own = named.input_for(input);
         let input_for = own.as_ref().unwrap_or(input);
-        let timeout = named.timeout.unwrap_or(timeout);
+        // The time limit is per model call: a folding attempt gets it once per call.
+        let calls = named.strategy.max_model_calls(input_for).max(1);
+        let timeout = named.timeout.unwrap_or(timeout) * calls;
         let result = tokio::select! {
             () = input.cancel.cancelled() => Err(AttemptError::new(FailureReason::Cancelled, "compaction cancelled")),
             timed = tokio::time::timeout(timeout, named.strategy.summarize(input_for)) => match timed {
@@ -152,6 +154,7 @@ pub async fn run_chain(
                     reason: None,
                     error: None,
                     usage: summary.usage.clone(),
+                    calls: summary.calls,
                     duration_ms,
                 });
                 return ChainOutcome {
@@ -167,6 +170,7 @@ pub async fn run_chain(
                     reason: Some(reason_name(err.reason)),
                     error: Some(err.message),
                     usage: err.usage,
+                    calls: err.calls,
                     duration_ms,
                 });
             }
@@ -178,18 +182,10 @@ pub async fn run_chain(
     }
 }
 
-/// Adds up the numeric fields of every attempt's usage.
+/// Adds up every attempt's usage.
 pub fn sum_usage(attempts: &[Attempt]) -> Value {
-    let mut total = Map::new();
-    for usage in attempts.iter().filter_map(|a| a.usage.as_ref()) {
-        for (key, value) in usage.as_object().into_iter().flatten() {
-            if let Some(n) = value.as_u64() {
-                let sum = total.get(key).and_then(Value::as_u64).unwrap_or(0) + n;
-                total.insert(key.clone(), json!(sum));
-            }
-        }
-    }
-    Value::Object(total)
+    handoff_plugin_api::sum_usage(attempts.iter().filter_map(|a| a.usage.as_ref()))
+        .unwrap_or_else(|| Value::Object(Map::new()))
 }
 
 #[cfg(test)]

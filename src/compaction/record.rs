@@ -55,9 +55,12 @@ pub struct Attempt {
     /// Failure detail.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// Provider usage, even for a discarded summary.
+    /// Provider usage, even for a discarded summary; summed over every model call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Value>,
+    /// Model calls made (a folding summary makes several).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls: Option<u32>,
     /// Wall time in milliseconds.
     pub duration_ms: u64,
 }

@@ -278,6 +278,7 @@ impl Compactor {
             budgets: Budgets {
                 input_budget: job.input_budget,
                 handoff_tokens: handoff_budget(&job.model),
+                max_calls: job.config.max_summary_calls,
             },
             cancel: cancel.clone(),
             client: Arc::clone(&job.client),

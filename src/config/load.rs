@@ -257,6 +257,12 @@ fn validate(config: &Config) -> Result<(), ConfigError> {
     }
 
     let compaction = &config.compaction;
+    if compaction.max_summary_calls == 0 {
+        return Err(invalid(
+            "compaction.max_summary_calls",
+            "must be at least 1",
+        ));
+    }
     if !(compaction.trigger > 0.0 && compaction.trigger <= 1.0) {
         return Err(invalid("compaction.trigger", "must be in (0, 1]"));
     }

@@ -354,9 +354,12 @@ pub struct CompactionConfig {
     pub fallback: String,
     /// Model that writes summaries; the request's model when unset.
     pub summary_model: Option<String>,
-    /// Time allowed for one summary call.
+    /// Time allowed for one summary call; a folding attempt gets this once per call
+    /// it may make.
     #[serde(with = "humantime_serde")]
     pub summary_timeout: Duration,
+    /// Most model calls one summary attempt may make when it folds a long history.
+    pub max_summary_calls: u32,
     /// Fields merged into every summary request.
     pub summary_request_extra: serde_json::Map<String, serde_json::Value>,
     /// Summary prompt template file; the built-in prompt when unset.
@@ -397,6 +400,7 @@ impl Default for CompactionConfig {
             fallback: "extract".to_owned(),
             summary_model: None,
             summary_timeout: Duration::from_secs(120),
+            max_summary_calls: 8,
             summary_request_extra: serde_json::Map::new(),
             prompt_file: None,
             max_retries: 2,

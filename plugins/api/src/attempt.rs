@@ -33,8 +33,11 @@ pub struct AttemptError {
     pub reason: FailureReason,
     /// What happened, with values.
     pub message: String,
-    /// The provider's usage, when a model was called.
+    /// The provider's usage, when a model was called; summed over every call.
     pub usage: Option<Value>,
+    /// How many model calls were made before it failed, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls: Option<u32>,
 }
 
 impl AttemptError {
@@ -44,12 +47,19 @@ impl AttemptError {
             reason,
             message: message.into(),
             usage: None,
+            calls: None,
         }
     }
 
     /// The same failure, carrying `usage`.
     pub fn with_usage(mut self, usage: Option<Value>) -> Self {
         self.usage = usage;
+        self
+    }
+
+    /// The same failure, after `calls` model calls.
+    pub fn with_calls(mut self, calls: u32) -> Self {
+        self.calls = Some(calls);
         self
     }
 }

@@ -11,6 +11,7 @@
 mod attempt;
 mod shorten;
 pub mod testing;
+mod usage;
 
 use std::sync::Arc;
 
@@ -21,6 +22,7 @@ use serde_json::Value;
 pub use attempt::{AttemptError, FailureReason};
 pub use shorten::{cap_head_tail, shorten_tool_body, TOOL_BODY_HEAD, TOOL_BODY_TAIL};
 pub use tokio_util::sync::CancellationToken;
+pub use usage::sum_usage;
 
 /// The text a model reads in a message's `content`: the string, or the text parts of
 /// an array joined by newlines (other parts are skipped).
@@ -81,6 +83,14 @@ pub struct Budgets {
     pub input_budget: u64,
     /// Largest handoff, in tokens, that leaves room for the recent part.
     pub handoff_tokens: u64,
+    /// Most model calls one attempt may make (`compaction.max_summary_calls`): a
+    /// strategy that folds a long history in several calls stops short of more.
+    #[serde(default = "one_call")]
+    pub max_calls: u32,
+}
+
+fn one_call() -> u32 {
+    1
 }
 
 /// Everything a strategy is given.
@@ -111,8 +121,11 @@ pub struct StrategyInput {
 pub struct Summary {
     /// The handoff text; never empty.
     pub text: String,
-    /// The provider's `usage`, if a model was called.
+    /// The provider's `usage`, if a model was called; summed over every call.
     pub usage: Option<Value>,
+    /// How many model calls it took, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls: Option<u32>,
 }
 
 /// A compaction strategy.
@@ -124,6 +137,13 @@ pub trait Strategy: Send + Sync {
     /// such a strategy may end a chain.
     fn is_deterministic(&self) -> bool {
         false
+    }
+
+    /// The most model calls one attempt on `input` may make. The host bounds an attempt
+    /// by this many times its time limit, so a strategy that folds a long history is
+    /// not cut off for the length of the history alone.
+    fn max_model_calls(&self, _input: &StrategyInput) -> u32 {
+        1
     }
 
     /// Writes the handoff for `input`.

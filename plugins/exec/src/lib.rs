@@ -48,6 +48,8 @@ struct Answer {
     #[serde(default)]
     usage: Option<Value>,
     #[serde(default)]
+    calls: Option<u32>,
+    #[serde(default)]
     error: Option<String>,
 }
 
@@ -63,6 +65,7 @@ pub fn request_document(input: &StrategyInput) -> Value {
         "budgets": {
             "input_budget": input.budgets.input_budget,
             "handoff_tokens": input.budgets.handoff_tokens,
+            "max_calls": input.budgets.max_calls,
         },
         "history": input.history.iter().map(|u| &u.messages).collect::<Vec<_>>(),
         "retained_recent_messages": input.retained_recent_messages,
@@ -162,6 +165,7 @@ impl Exec {
             Some(text) if !text.trim().is_empty() => Ok(Summary {
                 text,
                 usage: answer.usage,
+                calls: answer.calls,
             }),
             _ => Err(AttemptError::new(
                 FailureReason::EmptySummary,
@@ -213,6 +217,7 @@ mod tests {
             budgets: Budgets {
                 input_budget: 7000,
                 handoff_tokens: 800,
+                max_calls: 1,
             },
             cancel: CancellationToken::new(),
             client: Arc::new(NoModel),

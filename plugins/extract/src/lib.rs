@@ -43,6 +43,7 @@ impl Strategy for Extract {
             Ok(Summary {
                 text: extract_handoff(input),
                 usage: None,
+                calls: None,
             })
         }
         .boxed()
@@ -220,6 +221,7 @@ mod tests {
             budgets: Budgets {
                 input_budget: 8000,
                 handoff_tokens,
+                max_calls: 1,
             },
             cancel: CancellationToken::new(),
             client: Arc::new(NoModel),

@@ -1,22 +1,28 @@
 //! The `summarize` strategy: asks a model for a source-bound handoff.
 //!
 //! History and `retained_recent_messages` stay separate in the request; the recent
-//! messages are marked reference only and the prompt forbids copying them. The request
+//! messages are marked reference only and the prompt forbids copying them. A request
 //! must fit the summary model's window with `min(8192, window/10)` output and 5% of the
-//! window as headroom; if it does not, only over-long tool bodies are shortened
-//! (head+tail, marked), and if it still does not fit the attempt fails. User text and
-//! tool arguments are never shortened.
+//! window as headroom. When the whole history does not fit one request, even with
+//! over-long tool bodies shortened (head+tail, marked), it is *folded*: summarised in
+//! parts, each call extending the handoff the previous call wrote ([`fold`]). User text
+//! and tool arguments are never shortened; a single unit that cannot fit, or a fold
+//! that needs more than `max_calls` calls, fails the attempt.
 
 #![forbid(unsafe_code)]
 
+pub mod fold;
 mod render;
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use handoff_plugin_api::{AttemptError, FailureReason, Strategy, StrategyInput, Summary};
+use handoff_plugin_api::{
+    sum_usage, AttemptError, FailureReason, Strategy, StrategyInput, Summary,
+};
 use serde_json::{json, Map, Value};
 
-pub use render::{render_request_text, RenderOptions};
+pub use fold::{plan_parts, Part, Room};
+pub use render::{render_part, render_request_text, Position, RenderOptions};
 
 /// The built-in prompt; `compaction.prompt_file` replaces it.
 pub const DEFAULT_PROMPT: &str = include_str!("../../../config/prompts/summarize.md");
@@ -46,47 +52,57 @@ impl Summarize {
         window.saturating_sub(Self::output_budget(window) + window / 20)
     }
 
-    /// Builds the request body, shortening tool bodies only if the plain one does not fit.
-    pub fn build_request(&self, input: &StrategyInput) -> Result<Value, AttemptError> {
+    /// The parts to summarise, one call each: the whole history in one part when it
+    /// fits (tool bodies shortened if need be), else the fold's parts.
+    pub fn plan(&self, input: &StrategyInput) -> Result<Vec<Part>, AttemptError> {
         let window = input.model.summary_context_window;
         let allowance = Self::input_allowance(window);
-        let mut measured = 0;
+        let system = self.system_message();
+        let prompt = input.tokens.count_message(&system);
         for shorten in [false, true] {
-            let user = render_request_text(
-                input,
-                RenderOptions {
-                    shorten_tool_bodies: shorten,
-                },
-            );
-            let messages = vec![
-                json!({"role": "system", "content": self.prompt}),
-                json!({"role": "user", "content": user}),
-            ];
-            measured = messages
-                .iter()
-                .map(|m| input.tokens.count_message(m))
-                .sum::<u64>();
-            if measured <= allowance {
-                // A strategy may be given a smaller handoff budget than the seed's reserve.
-                let output = Self::output_budget(window).min(input.budgets.handoff_tokens.max(1));
-                return Ok(self.request_body(input, messages, output));
+            let options = RenderOptions {
+                shorten_tool_bodies: shorten,
+            };
+            let user = json!({"role": "user", "content": render_request_text(input, options)});
+            if prompt + input.tokens.count_message(&user) <= allowance {
+                let history = input
+                    .history
+                    .iter()
+                    .map(|unit| render::render_unit(unit, options))
+                    .collect();
+                let recent = (!input.retained_recent_messages.is_empty())
+                    .then(|| render::render_recent(&input.retained_recent_messages, options));
+                return Ok(vec![Part { history, recent }]);
             }
         }
-        Err(AttemptError::new(
-            FailureReason::PrecheckFailed,
-            format!(
-                "summary input is {measured} tokens with tool bodies shortened; {} allows {allowance} (window {window} − output {} − 5% headroom)",
-                input.model.summary_model,
-                Self::output_budget(window)
-            ),
-        ))
+        // The frame of a folding call, and the handoff it carries at its largest: the
+        // previous compaction's, or what a call may write.
+        let frame = json!({"role": "user", "content": render_part(Some(""), "", None, Position { index: 1, count: 2 })});
+        let previous = input
+            .previous_handoff
+            .as_deref()
+            .map_or(0, |text| input.tokens.count_text(text));
+        let running = previous.max(self.output_tokens(input));
+        plan_parts(
+            input,
+            Room {
+                allowance,
+                fixed: prompt + input.tokens.count_message(&frame) + running,
+                max_calls: input.budgets.max_calls.max(1),
+            },
+        )
     }
 
-    fn request_body(&self, input: &StrategyInput, messages: Vec<Value>, output: u64) -> Value {
+    /// The request body of one call.
+    pub fn request_body(&self, input: &StrategyInput, user: String) -> Value {
+        let messages = vec![
+            self.system_message(),
+            json!({"role": "user", "content": user}),
+        ];
         let mut body = Map::new();
         body.insert("model".into(), json!(input.model.summary_model));
         body.insert("messages".into(), json!(messages));
-        body.insert("max_tokens".into(), json!(output));
+        body.insert("max_tokens".into(), json!(self.output_tokens(input)));
         body.insert("stream".into(), json!(false));
         for (key, value) in &self.extra {
             body.insert(key.clone(), value.clone());
@@ -96,6 +112,70 @@ impl Summarize {
             body.remove("max_tokens");
         }
         Value::Object(body)
+    }
+
+    fn system_message(&self) -> Value {
+        json!({"role": "system", "content": self.prompt})
+    }
+
+    /// A strategy may be given a smaller handoff budget than the seed's reserve.
+    fn output_tokens(&self, input: &StrategyInput) -> u64 {
+        Self::output_budget(input.model.summary_context_window)
+            .min(input.budgets.handoff_tokens.max(1))
+    }
+
+    /// Runs one call per part, each extending the handoff of the one before.
+    async fn fold(&self, input: &StrategyInput, parts: Vec<Part>) -> Result<Summary, AttemptError> {
+        let count = parts.len();
+        let mut running = input.previous_handoff.clone();
+        let mut usages: Vec<Value> = Vec::new();
+        for (index, part) in parts.into_iter().enumerate() {
+            let calls = index as u32;
+            if index > 0 && input.cancel.is_cancelled() {
+                return Err(AttemptError::new(
+                    FailureReason::Cancelled,
+                    "compaction cancelled between summary calls",
+                )
+                .with_usage(sum_usage(&usages))
+                .with_calls(calls));
+            }
+            let user = render_part(
+                running.as_deref(),
+                &part.history,
+                part.recent.as_deref(),
+                Position { index, count },
+            );
+            let reply = input
+                .client
+                .complete(self.request_body(input, user))
+                .await
+                .map_err(|err| {
+                    AttemptError::new(FailureReason::HttpError, err.to_string())
+                        .with_usage(sum_usage(&usages))
+                        .with_calls(calls + 1)
+                })?;
+            let at = |err: AttemptError, usages: &[Value]| {
+                let message = if count > 1 {
+                    format!("summary call {} of {count}: {}", index + 1, err.message)
+                } else {
+                    err.message.clone()
+                };
+                let mut all: Vec<&Value> = usages.iter().collect();
+                all.extend(err.usage.as_ref());
+                AttemptError::new(err.reason, message)
+                    .with_usage(sum_usage(all))
+                    .with_calls(calls + 1)
+            };
+            let summary =
+                validate_reply(reply.status, &reply.body).map_err(|err| at(err, &usages))?;
+            usages.extend(summary.usage);
+            running = Some(summary.text);
+        }
+        Ok(Summary {
+            text: running.unwrap_or_default(),
+            usage: sum_usage(&usages),
+            calls: Some(count as u32),
+        })
     }
 }
 
@@ -151,6 +231,7 @@ pub fn validate_reply(status: u16, body: &Value) -> Result<Summary, AttemptError
     Ok(Summary {
         text: text.to_owned(),
         usage,
+        calls: Some(1),
     })
 }
 
@@ -164,15 +245,14 @@ impl Strategy for Summarize {
         input: &'a StrategyInput,
     ) -> BoxFuture<'a, Result<Summary, AttemptError>> {
         async move {
-            let body = self.build_request(input)?;
-            let reply = input
-                .client
-                .complete(body)
-                .await
-                .map_err(|err| AttemptError::new(FailureReason::HttpError, err.to_string()))?;
-            validate_reply(reply.status, &reply.body)
+            let parts = self.plan(input)?;
+            self.fold(input, parts).await
         }
         .boxed()
+    }
+
+    fn max_model_calls(&self, input: &StrategyInput) -> u32 {
+        input.budgets.max_calls.max(1)
     }
 }
 
@@ -267,6 +347,7 @@ mod precheck_tests {
             budgets: Budgets {
                 input_budget: window,
                 handoff_tokens: 5000,
+                max_calls: 8,
             },
             cancel: CancellationToken::new(),
             client: Arc::new(NoModel),
@@ -280,25 +361,194 @@ mod precheck_tests {
         let args = format!("{{\"path\": \"ARG-START{}ARG-END\"}}", "a".repeat(3000));
         let body = format!("BODY-START{}BODY-END", "b".repeat(40_000));
         let summarize = Summarize::new("prompt".into(), Map::new());
+        let input = input(12_000, &user, &body, &args);
         // 40k of tool body does not fit a 12k-token window; shortened it does.
-        let request = summarize
-            .build_request(&input(12_000, &user, &body, &args))
-            .unwrap();
-        let text = request["messages"][1]["content"].as_str().unwrap();
+        let parts = summarize.plan(&input).unwrap();
+        assert_eq!(parts.len(), 1, "one call when the shortened history fits");
+        let text = &parts[0].history;
         assert!(text.contains(&user), "user text was shortened");
         assert!(text.contains(&args), "tool arguments were shortened");
         assert!(text.contains("BODY-START") && text.contains("BODY-END"));
         assert!(text.contains("characters omitted by handoff"));
-        assert!(text.contains("reference_only") && text.contains("RECENT-ONLY"));
-        assert_eq!(request["max_tokens"], 1200);
+        let recent = parts[0].recent.as_deref().unwrap();
+        assert!(recent.contains("reference_only") && recent.contains("RECENT-ONLY"));
+        assert_eq!(
+            summarize.request_body(&input, String::new())["max_tokens"],
+            1200
+        );
     }
 
     #[test]
-    fn input_that_still_does_not_fit_fails_the_precheck() {
+    fn a_unit_that_cannot_fit_one_call_fails_the_precheck() {
         let user = "u".repeat(60_000);
         let err = Summarize::new("prompt".into(), Map::new())
-            .build_request(&input(12_000, &user, "small", "{}"))
+            .plan(&input(12_000, &user, "small", "{}"))
             .unwrap_err();
         assert_eq!(err.reason, FailureReason::PrecheckFailed);
+        assert!(err.message.contains("unit 1 of 2"), "{}", err.message);
+    }
+
+    /// A history of `units` user messages of about `tokens` tokens each.
+    fn long_input(window: u64, units: usize, tokens: usize, max_calls: u32) -> StrategyInput {
+        let mut input = input(window, "x", "small", "{}");
+        input.history = (0..units)
+            .map(|n| Unit {
+                messages: vec![json!({"role": "user", "content": format!("MARK-{n:03} {}", "w".repeat(tokens * 4))})],
+            })
+            .collect();
+        input.budgets.max_calls = max_calls;
+        input
+    }
+
+    #[test]
+    fn a_long_history_is_folded_into_parts_that_each_fit_in_order() {
+        let summarize = Summarize::new("prompt".into(), Map::new());
+        // 40 units of 1,000 tokens against a 16k window: about 3 units' worth per call.
+        let input = long_input(16_000, 40, 1000, 8);
+        let parts = summarize.plan(&input).unwrap();
+        assert!(parts.len() >= 4, "{} parts", parts.len());
+        let joined: String = parts.iter().map(|p| p.history.as_str()).collect();
+        let marks: Vec<usize> = joined.match_indices("MARK-").map(|(i, _)| i).collect();
+        assert_eq!(marks.len(), 40, "every unit once");
+        assert!(joined.contains("MARK-000") && joined.contains("MARK-039"));
+        for (index, part) in parts.iter().enumerate() {
+            let user = render_part(
+                Some(&"h ".repeat(1600)),
+                &part.history,
+                part.recent.as_deref(),
+                Position {
+                    index,
+                    count: parts.len(),
+                },
+            );
+            let body = summarize.request_body(&input, user);
+            let measured: u64 = body["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| input.tokens.count_message(m))
+                .sum();
+            assert!(
+                measured <= Summarize::input_allowance(16_000),
+                "part {index} is {measured} tokens"
+            );
+        }
+        assert!(
+            parts.last().unwrap().recent.is_some(),
+            "the recent messages go with the last part"
+        );
+        assert!(parts[..parts.len() - 1].iter().all(|p| p.recent.is_none()));
+    }
+
+    #[test]
+    fn a_fold_past_max_calls_fails_the_precheck_with_the_count_needed() {
+        let summarize = Summarize::new("prompt".into(), Map::new());
+        let err = summarize
+            .plan(&long_input(16_000, 40, 1000, 2))
+            .unwrap_err();
+        assert_eq!(err.reason, FailureReason::PrecheckFailed);
+        let needed = summarize
+            .plan(&long_input(16_000, 40, 1000, 100))
+            .unwrap()
+            .len();
+        assert!(
+            err.message
+                .contains(&format!("needs {needed} summary calls"))
+                && err.message.contains("allows 2"),
+            "{}",
+            err.message
+        );
+    }
+
+    /// Answers each call with the marks it was shown, and fails call `fail_at` (1-based).
+    struct Folder {
+        calls: std::sync::Mutex<Vec<String>>,
+        fail_at: usize,
+    }
+
+    impl handoff_plugin_api::ModelClient for Folder {
+        fn complete(
+            &self,
+            body: Value,
+        ) -> BoxFuture<'_, Result<handoff_plugin_api::ModelReply, handoff_plugin_api::ModelCallError>>
+        {
+            let user = body["messages"][1]["content"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned();
+            let mut calls = self.calls.lock().unwrap();
+            calls.push(user.clone());
+            let n = calls.len();
+            let marks: Vec<&str> = user
+                .split_whitespace()
+                .filter(|w| w.starts_with("MARK-"))
+                .collect();
+            let status = if n == self.fail_at { 500 } else { 200 };
+            let reply = json!({
+                "choices": [{"message": {"role": "assistant", "content": format!("## Goal\n{}", marks.join(" "))}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 100 * n, "completion_tokens": 10}
+            });
+            Box::pin(async move {
+                Ok(handoff_plugin_api::ModelReply {
+                    status,
+                    body: reply,
+                })
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn each_call_extends_the_running_handoff_and_usage_adds_up() {
+        let summarize = Summarize::new("prompt".into(), Map::new());
+        let mut input = long_input(16_000, 40, 1000, 8);
+        let client = Arc::new(Folder {
+            calls: Default::default(),
+            fail_at: 0,
+        });
+        input.client = client.clone();
+        let summary = summarize.summarize(&input).await.unwrap();
+        let calls = client.calls.lock().unwrap().clone();
+        let n = calls.len();
+        assert!(n >= 4);
+        assert_eq!(summary.calls, Some(n as u32));
+        for mark in (0..40).map(|m| format!("MARK-{m:03}")) {
+            assert!(summary.text.contains(&mark), "{mark} lost in the fold");
+        }
+        assert!(!calls[0].starts_with("<running_handoff>"));
+        for call in &calls[1..] {
+            assert!(
+                call.starts_with("<running_handoff>\n## Goal\nMARK-000"),
+                "{}",
+                &call[..80]
+            );
+            assert!(call.contains("You are extending a running handoff"));
+        }
+        let prompt: u64 = (1..=n as u64).map(|k| 100 * k).sum();
+        assert_eq!(
+            summary.usage,
+            Some(json!({"prompt_tokens": prompt, "completion_tokens": 10 * n}))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_call_fails_the_attempt_with_its_calls_and_summed_usage() {
+        let summarize = Summarize::new("prompt".into(), Map::new());
+        let mut input = long_input(16_000, 40, 1000, 8);
+        input.client = Arc::new(Folder {
+            calls: Default::default(),
+            fail_at: 2,
+        });
+        let err = summarize.summarize(&input).await.unwrap_err();
+        assert_eq!(err.reason, FailureReason::HttpError);
+        assert_eq!(err.calls, Some(2));
+        assert_eq!(
+            err.usage,
+            Some(json!({"prompt_tokens": 300, "completion_tokens": 20}))
+        );
+        assert!(
+            err.message.starts_with("summary call 2 of"),
+            "{}",
+            err.message
+        );
     }
 }

@@ -71,7 +71,11 @@ impl Strategy for FirstAndLast {
                     ));
                 }
             }
-            Ok(Summary { text, usage: None })
+            Ok(Summary {
+                text,
+                usage: None,
+                calls: None,
+            })
         }
         .boxed()
     }
@@ -115,6 +119,7 @@ mod tests {
             budgets: Budgets {
                 input_budget: 7000,
                 handoff_tokens: 800,
+                max_calls: 1,
             },
             cancel: CancellationToken::new(),
             client: Arc::new(NoModel),
