@@ -88,8 +88,12 @@ async fn summary_failures_fall_back_to_extract_and_record_every_attempt() {
             record["handoff"]["content"]
                 .as_str()
                 .unwrap()
-                .contains("FACT-000"),
-            "extract keeps user text"
+                .contains("## User messages (verbatim, oldest first)\n[")
+                && record["handoff"]["content"]
+                    .as_str()
+                    .unwrap()
+                    .contains("- FACT-"),
+            "extract keeps user text, newest first, and says what it left out: {record}"
         );
         assert!(strict.over_window.lock().unwrap().is_empty());
         let metrics = client::send(request(

@@ -1,8 +1,9 @@
 //! The `extract` strategy: a handoff built from the history itself, with no model, so
 //! it can never fail. It keeps the previous handoff, every user message verbatim as far
-//! as the budget allows (newest first when it must choose, saying how many it left
-//! out), the tool calls made with their outcome, and the last assistant message. Each
-//! part is capped head+tail with a visible mark.
+//! as the budget allows, each tool call with its outcome and the first and last lines
+//! of its result (where facts tend to sit: a status line, a total, an id), and the last
+//! assistant message. When it must choose it keeps the newest, and it says how much it
+//! left out. Each part is capped head+tail with a visible mark.
 
 #![forbid(unsafe_code)]
 
@@ -15,12 +16,21 @@ use handoff_plugin_api::{
 use serde_json::Value;
 
 /// Share of the budget, in percent, for each part.
-const PREVIOUS_SHARE: u64 = 30;
-const TOOLS_SHARE: u64 = 15;
+const PREVIOUS_SHARE: u64 = 25;
 const LAST_ASSISTANT_SHARE: u64 = 10;
+/// Share of the budget, in percent, that tool results keep however long the user's
+/// messages are.
+const TOOLS_FLOOR: u64 = 15;
 
 /// Characters of a tool call's arguments shown.
 const ARGUMENTS_SHOWN: usize = 200;
+
+/// Lines kept from the start and from the end of a tool result.
+const RESULT_HEAD_LINES: usize = 2;
+const RESULT_TAIL_LINES: usize = 2;
+
+/// Characters kept of one kept line of a tool result.
+const RESULT_LINE_CHARS: usize = 240;
 
 /// The deterministic fallback.
 #[derive(Debug, Default)]
@@ -79,7 +89,6 @@ pub fn extract_handoff(input: &StrategyInput) -> String {
         out.push('\n');
     }
 
-    let tools = tool_calls(&messages);
     let last_assistant = messages
         .iter()
         .rev()
@@ -91,20 +100,30 @@ pub fn extract_handoff(input: &StrategyInput) -> String {
             )
         });
 
-    // What is left after the other parts goes to the user's own words.
+    // The user's own words come first; tool results get what they leave, and never
+    // less than their floor.
     let used = input.tokens.count_text(&out)
-        + input.tokens.count_text(&tools)
         + last_assistant
             .as_deref()
             .map_or(0, |t| input.tokens.count_text(t));
-    let user_budget = budget.saturating_sub(used).max(budget / 4);
-    out.push_str(&user_messages(input, &messages, user_budget));
-
-    if !tools.is_empty() {
-        out.push_str("\n## Tool calls made\n");
-        out.push_str(&cap(&tools, chars_for(budget * TOOLS_SHARE / 100)));
-        out.push('\n');
-    }
+    let rest = budget.saturating_sub(used);
+    let entries = tool_entries(&messages);
+    let tools_whole: u64 = entries
+        .iter()
+        .map(|e| input.tokens.count_text(&e.call) + input.tokens.count_text(&e.result))
+        .sum();
+    let tools_floor = tools_whole.min(budget * TOOLS_FLOOR / 100);
+    let users = user_messages(
+        input,
+        &messages,
+        rest.saturating_sub(tools_floor).max(budget / 4),
+    );
+    let tools_budget = rest
+        .saturating_sub(input.tokens.count_text(&users))
+        .max(tools_floor);
+    let tools = tool_section(input, &entries, tools_budget);
+    out.push_str(&users);
+    out.push_str(&tools);
     if let Some(last) = last_assistant {
         out.push_str("\n## Last assistant message\n");
         out.push_str(&last);
@@ -148,26 +167,98 @@ fn user_messages(input: &StrategyInput, messages: &[&Value], budget: u64) -> Str
     out
 }
 
-/// One line per tool call: name, shortened arguments, ok or error.
-fn tool_calls(messages: &[&Value]) -> String {
-    let mut out = String::new();
+/// One tool call: the line naming it and its outcome, and the kept lines of its result.
+struct ToolEntry {
+    call: String,
+    result: String,
+}
+
+/// Every tool call of `messages`, oldest first.
+fn tool_entries(messages: &[&Value]) -> Vec<ToolEntry> {
+    let mut entries = Vec::new();
     for (index, message) in messages.iter().enumerate() {
         for (id, name, arguments) in calls_of(message) {
             let result = messages[index + 1..]
                 .iter()
                 .find(|m| m["role"] == "tool" && m["tool_call_id"] == id)
                 .map(|m| content_text(m));
-            let outcome = match result {
+            let outcome = match &result {
                 None => "no result",
-                Some(text) if looks_like_error(&text) => "error",
+                Some(text) if looks_like_error(text) => "error",
                 Some(_) => "ok",
             };
-            out.push_str(&format!(
-                "- {name}({}) -> {outcome}\n",
-                cap(arguments, ARGUMENTS_SHOWN)
-            ));
+            entries.push(ToolEntry {
+                call: format!(
+                    "- {name}({}) -> {outcome}\n",
+                    cap(arguments, ARGUMENTS_SHOWN)
+                ),
+                result: result.as_deref().map(result_edges).unwrap_or_default(),
+            });
         }
     }
+    entries
+}
+
+/// The first and last lines of a tool result, each capped, with what was left out marked.
+fn result_edges(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let quote = |line: &str| format!("  | {}\n", cap(line, RESULT_LINE_CHARS));
+    let mut out = String::new();
+    if lines.len() <= RESULT_HEAD_LINES + RESULT_TAIL_LINES {
+        lines.iter().for_each(|l| out.push_str(&quote(l)));
+        return out;
+    }
+    lines[..RESULT_HEAD_LINES]
+        .iter()
+        .for_each(|l| out.push_str(&quote(l)));
+    out.push_str(&format!(
+        "  | [... {} lines omitted by handoff ...]\n",
+        lines.len() - RESULT_HEAD_LINES - RESULT_TAIL_LINES
+    ));
+    lines[lines.len() - RESULT_TAIL_LINES..]
+        .iter()
+        .for_each(|l| out.push_str(&quote(l)));
+    out
+}
+
+/// The tool section within `budget` tokens: newest calls first, each with its result's
+/// edges while they fit, then the bare call line, then nothing; with counts of both.
+fn tool_section(input: &StrategyInput, entries: &[ToolEntry], budget: u64) -> String {
+    if entries.is_empty() {
+        return String::new();
+    }
+    let mut kept: Vec<String> = Vec::new();
+    let mut spent = 0;
+    let (mut results_left_out, mut calls_left_out) = (0, 0);
+    for entry in entries.iter().rev() {
+        let whole = format!("{}{}", entry.call, entry.result);
+        let whole_cost = input.tokens.count_text(&whole);
+        let call_cost = input.tokens.count_text(&entry.call);
+        if spent + whole_cost <= budget {
+            spent += whole_cost;
+            kept.push(whole);
+        } else if spent + call_cost <= budget {
+            spent += call_cost;
+            results_left_out += usize::from(!entry.result.is_empty());
+            kept.push(entry.call.clone());
+        } else {
+            calls_left_out += 1;
+        }
+    }
+    kept.reverse();
+    let mut out =
+        String::from("\n## Tool calls and results (first and last lines, oldest first)\n");
+    if calls_left_out > 0 {
+        out.push_str(&format!(
+            "[{calls_left_out} earlier tool call(s) left out for space; the originals are kept in handoff's log]\n"
+        ));
+    }
+    if results_left_out > 0 {
+        out.push_str(&format!(
+            "[{results_left_out} older tool result(s) shown as the call only, for space]\n"
+        ));
+    }
+    kept.iter().for_each(|k| out.push_str(k));
     out
 }
 
@@ -239,8 +330,8 @@ mod tests {
                 "user message {n} not verbatim"
             );
         }
-        assert!(text.contains("grep({\"q\": \"needle\"}) -> error"));
-        assert!(text.contains("grep({\"q\": \"needle\"}) -> ok"));
+        assert!(text.contains("grep({\"q\": \"needle\"}) -> error\n  | Error: no such file"));
+        assert!(text.contains("grep({\"q\": \"needle\"}) -> ok\n  | found"));
         assert!(text.contains("LAST ASSISTANT WORDS"));
         assert!(!text.contains("left out"));
     }
@@ -254,5 +345,43 @@ mod tests {
         );
         assert!(!text.contains("request 0:"));
         assert!(text.contains("earlier user message(s) left out"));
+    }
+
+    #[test]
+    fn tool_results_keep_their_first_and_last_lines_newest_first() {
+        let mut input = input(1, 600);
+        let body = |n: usize| {
+            let middle: Vec<String> = (0..50)
+                .map(|i| format!("filler line {i} {}", "z".repeat(60)))
+                .collect();
+            format!(
+                "HEAD-{n} status ok\nsecond {n}\n{}\npenultimate {n}\nTAIL-{n} total 42",
+                middle.join("\n")
+            )
+        };
+        input.history = (0..30)
+            .map(|n| Unit {
+                messages: vec![
+                    json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("t{n}"), "type": "function", "function": {"name": "read", "arguments": "{}"}}]}),
+                    json!({"role": "tool", "tool_call_id": format!("t{n}"), "content": body(n)}),
+                ],
+            })
+            .collect();
+        let text = extract_handoff(&input);
+        assert!(text.contains("  | HEAD-29 status ok\n  | second 29\n  | [... 50 lines omitted by handoff ...]\n  | penultimate 29\n  | TAIL-29 total 42"), "{text}");
+        assert!(
+            !text.contains("filler line"),
+            "the middle of results is left out"
+        );
+        assert!(
+            !text.contains("HEAD-0 "),
+            "the oldest results give way first"
+        );
+        assert!(text.contains("left out for space") || text.contains("shown as the call only"));
+        assert!(
+            input.tokens.count_text(&text) <= 1500 + 200,
+            "{}",
+            input.tokens.count_text(&text)
+        );
     }
 }
