@@ -80,12 +80,13 @@ impl Llama {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
-            let ready = tokio::time::timeout(
-                Duration::from_secs(2),
-                client::send(request("GET", &format!("{url}/health"), &[], "")),
-            )
-            .await;
-            if ready.is_ok_and(|r| r.status == 200) {
+            // Spawned: a server that dies mid-answer makes the helper panic, which here
+            // only means "not ready yet".
+            let health = request("GET", &format!("{url}/health"), &[], "");
+            let ready =
+                tokio::time::timeout(Duration::from_secs(2), tokio::spawn(client::send(health)))
+                    .await;
+            if ready.is_ok_and(|r| r.is_ok_and(|r| r.status == 200)) {
                 break;
             }
             assert!(
