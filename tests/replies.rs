@@ -256,6 +256,7 @@ async fn replies_echoed_by_the_openai_sdk_keep_one_branch() {
     let style = AgentStyle {
         spaced_arguments: true,
         empty_text: true,
+        ..Default::default()
     };
     let mock = MockUpstream::with(move |req| {
         agent_reply_as(req, serial.fetch_add(1, Ordering::SeqCst), style)

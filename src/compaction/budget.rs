@@ -1,7 +1,7 @@
 //! The token budget: how much input a request may use, when to compact, and the
 //! estimate calibrated by what the upstream reports.
 
-use handoff_plugin_api::ModelInfo;
+use handoff_plugin_api::{ModelInfo, TokenCounter};
 
 use crate::config::{Config, ModelConfig, Tokenizer};
 use crate::dialect::ChatRequest;
@@ -142,6 +142,25 @@ impl Scale {
             }
             _ => self.tokens(local),
         }
+    }
+}
+
+/// A strategy's token counter that counts as the upstream does: summary requests
+/// to the conversation's own model must fit what that model counts, not tiktoken.
+pub struct ScaledCounter {
+    /// The local counter.
+    pub inner: std::sync::Arc<dyn TokenCounter>,
+    /// The conversation's scale.
+    pub scale: Scale,
+}
+
+impl TokenCounter for ScaledCounter {
+    fn count_text(&self, text: &str) -> u64 {
+        self.scale.tokens(self.inner.count_text(text))
+    }
+
+    fn count_message(&self, message: &serde_json::Value) -> u64 {
+        self.scale.tokens(self.inner.count_message(message))
     }
 }
 

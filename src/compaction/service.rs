@@ -8,10 +8,12 @@
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use handoff_plugin_api::{Budgets, CancellationToken, ModelClient, ModelInfo, StrategyInput, Unit};
+use handoff_plugin_api::{
+    Budgets, CancellationToken, ModelClient, ModelInfo, StrategyInput, TokenCounter, Unit,
+};
 use serde_json::json;
 
-use super::budget::Scale;
+use super::budget::{Scale, ScaledCounter};
 use super::chain::{run_chain, sum_usage, NamedStrategy};
 use super::handoff::{continuation_message, handoff_message, needs_reasoning_marker};
 use super::record::{CompactionRecord, Reason, RecordSource, POLICY_VERSION};
@@ -282,7 +284,7 @@ impl Compactor {
             },
             cancel: cancel.clone(),
             client: Arc::clone(&job.client),
-            tokens: self.tokens.counter(job.tokenizer),
+            tokens: self.summary_counter(job),
         };
         let outcome = run_chain(&job.chain, &input, job.config.summary_timeout).await;
         for attempt in outcome.attempts.iter().filter(|a| a.outcome != "ok") {
@@ -401,6 +403,19 @@ impl Compactor {
         self.metrics
             .add("handoff_compaction_duration_seconds_count", &[], 1.0);
         Ok(record)
+    }
+
+    /// The counter strategies plan summary requests with: calibrated when the summary
+    /// model is the conversation's own, whose counting the calibration measured.
+    fn summary_counter(&self, job: &Job<'_>) -> Arc<dyn TokenCounter> {
+        let local = self.tokens.counter(job.tokenizer);
+        if job.model.summary_model != job.model.model {
+            return local;
+        }
+        Arc::new(ScaledCounter {
+            inner: local,
+            scale: job.scale.clone(),
+        })
     }
 
     fn record_metrics(&self, committed: &Adopted) {

@@ -1,6 +1,6 @@
 //! The `extract` strategy: a handoff built from the history itself, with no model, so
 //! it can never fail. It keeps the previous handoff, every user message verbatim as far
-//! as the budget allows, each tool call with its outcome and the first and last lines
+//! as the budget allows, each tool call with its outcome and the first and last line
 //! of its result (where facts tend to sit: a status line, a total, an id), and the last
 //! assistant message. When it must choose it keeps the newest, and it says how much it
 //! left out. Each part is capped head+tail with a visible mark.
@@ -15,22 +15,26 @@ use handoff_plugin_api::{
 };
 use serde_json::Value;
 
-/// Share of the budget, in percent, for each part.
-const PREVIOUS_SHARE: u64 = 25;
+/// Share of the budget, in percent, of the last assistant message.
 const LAST_ASSISTANT_SHARE: u64 = 10;
+/// Share of the budget, in percent, that the previous handoff keeps at least.
+const PREVIOUS_FLOOR: u64 = 20;
 /// Share of the budget, in percent, that tool results keep however long the user's
 /// messages are.
 const TOOLS_FLOOR: u64 = 15;
+
+/// How an extract handoff starts.
+const PREAMBLE: &str = "# Handoff (deterministic extract)\n\nThis handoff was built from the conversation itself, without a model.\n";
 
 /// Characters of a tool call's arguments shown.
 const ARGUMENTS_SHOWN: usize = 200;
 
 /// Lines kept from the start and from the end of a tool result.
-const RESULT_HEAD_LINES: usize = 2;
-const RESULT_TAIL_LINES: usize = 2;
+const RESULT_HEAD_LINES: usize = 1;
+const RESULT_TAIL_LINES: usize = 1;
 
 /// Characters kept of one kept line of a tool result.
-const RESULT_LINE_CHARS: usize = 240;
+const RESULT_LINE_CHARS: usize = 200;
 
 /// The deterministic fallback.
 #[derive(Debug, Default)]
@@ -74,20 +78,13 @@ fn cap(text: &str, chars: usize) -> String {
 /// Builds the deterministic handoff text.
 pub fn extract_handoff(input: &StrategyInput) -> String {
     let budget = input.budgets.handoff_tokens.max(256);
+    let count = |text: &str| input.tokens.count_text(text);
     let messages: Vec<&Value> = input
         .history
         .iter()
         .flat_map(|u| u.messages.iter())
         .collect();
-    let mut out = String::from(
-        "# Handoff (deterministic extract)\n\nThis handoff was built from the conversation itself, without a model.\n",
-    );
-
-    if let Some(previous) = &input.previous_handoff {
-        out.push_str("\n## Previous handoff\n");
-        out.push_str(&cap(previous, chars_for(budget * PREVIOUS_SHARE / 100)));
-        out.push('\n');
-    }
+    let mut out = String::from(PREAMBLE);
 
     let last_assistant = messages
         .iter()
@@ -99,29 +96,40 @@ pub fn extract_handoff(input: &StrategyInput) -> String {
                 chars_for(budget * LAST_ASSISTANT_SHARE / 100),
             )
         });
-
-    // The user's own words come first; tool results get what they leave, and never
-    // less than their floor.
-    let used = input.tokens.count_text(&out)
-        + last_assistant
-            .as_deref()
-            .map_or(0, |t| input.tokens.count_text(t));
-    let rest = budget.saturating_sub(used);
     let entries = tool_entries(&messages);
     let tools_whole: u64 = entries
         .iter()
-        .map(|e| input.tokens.count_text(&e.call) + input.tokens.count_text(&e.result))
+        .map(|e| count(&e.call) + count(&e.result))
         .sum();
+    // Each part is sure of a floor; above it, the user's own words come first, then
+    // the tool results of this history, and the previous handoff (which repeated
+    // compactions would otherwise shrink to nothing) gets all that is left.
     let tools_floor = tools_whole.min(budget * TOOLS_FLOOR / 100);
+    let previous_floor = input
+        .previous_handoff
+        .as_deref()
+        .map_or(0, |p| count(p).min(budget * PREVIOUS_FLOOR / 100));
+    let fixed = count(&out) + last_assistant.as_deref().map_or(0, count);
+    let rest = budget.saturating_sub(fixed);
     let users = user_messages(
         input,
         &messages,
-        rest.saturating_sub(tools_floor).max(budget / 4),
+        rest.saturating_sub(tools_floor + previous_floor)
+            .max(budget / 4),
     );
-    let tools_budget = rest
-        .saturating_sub(input.tokens.count_text(&users))
-        .max(tools_floor);
-    let tools = tool_section(input, &entries, tools_budget);
+    let rest = rest.saturating_sub(count(&users));
+    let tools = tool_section(
+        input,
+        &entries,
+        rest.saturating_sub(previous_floor).max(tools_floor),
+    );
+    let rest = rest.saturating_sub(count(&tools)).max(previous_floor);
+
+    if let Some(previous) = &input.previous_handoff {
+        out.push_str("\n## Previous handoff\n");
+        out.push_str(&cap(without_preamble(previous), chars_for(rest)));
+        out.push('\n');
+    }
     out.push_str(&users);
     out.push_str(&tools);
     if let Some(last) = last_assistant {
@@ -130,6 +138,14 @@ pub fn extract_handoff(input: &StrategyInput) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The previous handoff without the preamble of an extract handoff: after a run of
+/// fallbacks the preambles would nest, and the cap would keep them instead of facts.
+fn without_preamble(previous: &str) -> &str {
+    previous
+        .strip_prefix(PREAMBLE)
+        .map_or(previous, str::trim_start)
 }
 
 /// Every user message verbatim, newest kept first when the budget is short.
@@ -368,7 +384,7 @@ mod tests {
             })
             .collect();
         let text = extract_handoff(&input);
-        assert!(text.contains("  | HEAD-29 status ok\n  | second 29\n  | [... 50 lines omitted by handoff ...]\n  | penultimate 29\n  | TAIL-29 total 42"), "{text}");
+        assert!(text.contains("  | HEAD-29 status ok\n  | [... 52 lines omitted by handoff ...]\n  | TAIL-29 total 42"), "{text}");
         assert!(
             !text.contains("filler line"),
             "the middle of results is left out"

@@ -17,6 +17,9 @@ pub struct AgentStyle {
     pub spaced_arguments: bool,
     /// Streamed tool calls open with `"content": ""` (vLLM, llama.cpp) rather than `null`.
     pub empty_text: bool,
+    /// Answers after a tool result are a short line, not an echo of the result, so the
+    /// tool's facts live in the tool messages only.
+    pub brief_answers: bool,
 }
 
 /// The next agent step for `request`; `serial` makes ids and texts unique.
@@ -31,10 +34,14 @@ pub fn agent_reply_as(request: &Recorded, serial: usize, style: AgentStyle) -> R
     let messages = body["messages"].as_array().cloned().unwrap_or_default();
     let last = messages.last().cloned().unwrap_or(Value::Null);
     if last["role"] == "tool" {
-        let text = format!(
-            "answer {serial} after {}",
-            last["content"].as_str().unwrap_or("")
-        );
+        let text = if style.brief_answers {
+            format!("answer {serial}: the record is noted")
+        } else {
+            format!(
+                "answer {serial} after {}",
+                last["content"].as_str().unwrap_or("")
+            )
+        };
         return if stream {
             let half = text.len() / 2;
             Reply::Sse {

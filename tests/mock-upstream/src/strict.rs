@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tiktoken_rs::CoreBPE;
 
-use crate::agent::agent_reply;
+use crate::agent::{agent_reply_as, AgentStyle};
 use crate::{Recorded, Reply};
 
 /// How the summariser answers.
@@ -29,11 +29,17 @@ pub enum SummaryMode {
     Slow,
     /// Reasoning only, no text.
     ReasoningOnly,
+    /// A proper summary, but HTTP 500 on this summary call (1-based, counted over the
+    /// provider's life).
+    FailCall(usize),
 }
 
 /// The strict provider's state, shared with the test.
 pub struct Strict {
     window: u64,
+    scale: f64,
+    style: Mutex<AgentStyle>,
+    summary_padding: AtomicUsize,
     serial: AtomicUsize,
     summary_mode: Mutex<SummaryMode>,
     /// Requests refused for size, with their count.
@@ -42,6 +48,8 @@ pub struct Strict {
     pub broken_pairs: Mutex<Vec<String>>,
     /// Summary requests received.
     pub summaries: AtomicUsize,
+    /// The user message of every summary request, with its input tokens.
+    pub summary_inputs: Mutex<Vec<(String, u64)>>,
 }
 
 fn bpe() -> Option<&'static CoreBPE> {
@@ -55,14 +63,37 @@ pub const SUMMARY_PROMPT_START: &str = "You are writing a handoff";
 impl Strict {
     /// A provider with a `window`-token context.
     pub fn new(window: u64) -> Arc<Self> {
+        Self::scaled(window, 1.0)
+    }
+
+    /// A provider that counts `scale` times what its tokenizer counts, as many
+    /// non-OpenAI models count more tokens than tiktoken for the same text.
+    pub fn scaled(window: u64, scale: f64) -> Arc<Self> {
         Arc::new(Self {
             window,
+            scale,
+            style: Mutex::new(AgentStyle::default()),
+            summary_padding: AtomicUsize::new(0),
             serial: AtomicUsize::new(0),
             summary_mode: Mutex::new(SummaryMode::Good),
             over_window: Mutex::new(Vec::new()),
             broken_pairs: Mutex::new(Vec::new()),
             summaries: AtomicUsize::new(0),
+            summary_inputs: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Switches how the agent writes its answers.
+    pub fn set_style(&self, style: AgentStyle) {
+        if let Ok(mut current) = self.style.lock() {
+            *current = style;
+        }
+    }
+
+    /// Makes each good summary about `words` words longer, as a real model's handoff
+    /// of a long history is (the mock's own is a short list of facts).
+    pub fn set_summary_padding(&self, words: usize) {
+        self.summary_padding.store(words, Ordering::SeqCst);
     }
 
     /// Switches how summaries are answered.
@@ -102,7 +133,7 @@ impl Strict {
             }
             return Reply::error(400, "invalid_request_error", &reason);
         }
-        let tokens = Self::count(&body);
+        let tokens = (Self::count(&body) as f64 * self.scale).ceil() as u64;
         let output = body["max_tokens"]
             .as_u64()
             .or(body["max_completion_tokens"].as_u64())
@@ -126,15 +157,22 @@ impl Strict {
         let serial = self.serial.fetch_add(1, Ordering::SeqCst);
         let system = body["messages"][0]["content"].as_str().unwrap_or("");
         if system.starts_with(SUMMARY_PROMPT_START) {
-            self.summaries.fetch_add(1, Ordering::SeqCst);
-            let mode = self
-                .summary_mode
-                .lock()
-                .map(|m| *m)
-                .unwrap_or(SummaryMode::Good);
-            return summary_reply(&body, mode, tokens);
+            let call = self.summaries.fetch_add(1, Ordering::SeqCst) + 1;
+            if let Ok(mut inputs) = self.summary_inputs.lock() {
+                let user = body["messages"][1]["content"].as_str().unwrap_or("");
+                inputs.push((user.to_owned(), tokens));
+            }
+            let mode = match self.summary_mode.lock().map(|m| *m) {
+                Ok(SummaryMode::FailCall(n)) if n == call => SummaryMode::ServerError,
+                Ok(SummaryMode::FailCall(_)) => SummaryMode::Good,
+                Ok(mode) => mode,
+                Err(_) => SummaryMode::Good,
+            };
+            let padding = self.summary_padding.load(Ordering::SeqCst);
+            return summary_reply(&body, mode, tokens, padding);
         }
-        with_usage(agent_reply(request, serial), tokens)
+        let style = self.style.lock().map(|s| *s).unwrap_or_default();
+        with_usage(agent_reply_as(request, serial, style), tokens)
     }
 }
 
@@ -148,7 +186,7 @@ fn with_usage(reply: Reply, prompt_tokens: u64) -> Reply {
     }
 }
 
-fn summary_reply(body: &Value, mode: SummaryMode, prompt_tokens: u64) -> Reply {
+fn summary_reply(body: &Value, mode: SummaryMode, prompt_tokens: u64, padding: usize) -> Reply {
     let input = body["messages"][1]["content"].as_str().unwrap_or("");
     let mut facts: Vec<&str> = input
         .split(|c: char| c.is_whitespace() || c == '"' || c == ',')
@@ -161,12 +199,14 @@ fn summary_reply(body: &Value, mode: SummaryMode, prompt_tokens: u64) -> Reply {
         json!({"id": "chatcmpl-sum", "object": "chat.completion", "model": "mock-model",
                "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": usage})
     };
+    let detail: Vec<String> = (0..padding).map(|i| format!("d{i}")).collect();
     let text = format!(
-        "## Goal\nKeep helping the user.\n## Completed work\nTurns summarised.\n## Key tool results\nRemembered facts: {}\n",
+        "## Goal\nKeep helping the user.\n## Completed work\nTurns summarised. {}\n## Key tool results\nRemembered facts: {}\n",
+        detail.join(" "),
         facts.join(" ")
     );
     match mode {
-        SummaryMode::Good => Reply::json(completion(
+        SummaryMode::Good | SummaryMode::FailCall(_) => Reply::json(completion(
             json!({"role": "assistant", "content": text}),
             "stop",
         )),
