@@ -29,6 +29,40 @@ enum Command {
         #[command(subcommand)]
         command: AuditCommand,
     },
+    /// Replay recorded conversations through compaction offline, to choose a strategy
+    /// on data; writes nothing into the data dir.
+    Eval(EvalArgs),
+}
+
+#[derive(Args)]
+struct EvalArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// A conversation of the data dir to replay (repeatable); all when omitted.
+    #[arg(long = "conversation", value_name = "ID")]
+    conversations: Vec<String>,
+    /// A JSON conversation file (`{"tools", "messages"}`) to replay (repeatable).
+    #[arg(long = "file", value_name = "FILE")]
+    files: Vec<PathBuf>,
+    /// The strategy chain, e.g. summarize,extract; the config's when omitted.
+    #[arg(long, value_delimiter = ',')]
+    chain: Option<Vec<String>>,
+    /// The context window of the replayed models, in tokens.
+    #[arg(long)]
+    window: Option<u64>,
+    /// The model that writes summaries.
+    #[arg(long)]
+    summary_model: Option<String>,
+    /// Facts to look for, as a regex: recall is the share of its matches in the
+    /// originals still in the final view.
+    #[arg(long)]
+    probe: Option<String>,
+    /// The model named in requests replayed from files.
+    #[arg(long, default_value = "gpt-4o")]
+    file_model: String,
+    /// One JSON document instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -108,7 +142,94 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve(&args),
         Command::CheckConfig(args) => check_config(&args),
         Command::Audit { command } => audit(command),
+        Command::Eval(args) => eval(args),
     }
+}
+
+fn eval(args: EvalArgs) -> ExitCode {
+    let config = match load(&args.config) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    let probe = match args.probe.as_deref().map(regex::Regex::new).transpose() {
+        Ok(probe) => probe,
+        Err(err) => {
+            eprintln!("handoff eval: --probe: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let options = crate::eval::EvalOptions {
+        // --data-dir (or the config's data_dir) is read only when named explicitly or
+        // when no file is given.
+        data_dir: (args.config.data_dir.is_some() || args.files.is_empty())
+            .then(|| config.data_dir.clone()),
+        conversations: args.conversations,
+        files: args.files,
+        chain: args.chain,
+        window: args.window,
+        summary_model: args.summary_model,
+        upstream: args.config.upstream.clone(),
+        probe,
+        file_model: args.file_model,
+    };
+    if rustls::crypto::ring::default_provider()
+        .install_default()
+        .is_err()
+    {
+        tracing::debug!("a rustls crypto provider was already installed");
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("handoff eval: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let replays = match crate::eval::load(&options) {
+        Ok(replays) => replays,
+        Err(err) => {
+            eprintln!("handoff eval: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let steps: usize = replays.iter().map(|r| r.steps.len()).sum();
+    let bar = progress_bar(steps as u64);
+    let tick = || bar.inc(1);
+    let reports = runtime.block_on(crate::eval::evaluate(config, &options, &replays, &tick));
+    bar.finish_and_clear();
+    let reports = match reports {
+        Ok(reports) => reports,
+        Err(err) => {
+            eprintln!("handoff eval: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match crate::eval::write_report(&reports, args.json, &mut std::io::stdout().lock()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("handoff eval: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A progress bar on stderr, drawn only when stderr is a terminal.
+fn progress_bar(length: u64) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(length);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{bar:40} {pos}/{len} requests, {elapsed} ({eta} left)",
+    ) {
+        bar.set_style(style);
+    }
+    bar
 }
 
 fn audit(command: AuditCommand) -> ExitCode {

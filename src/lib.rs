@@ -18,7 +18,8 @@
 //! [`config`] holds the typed, layered configuration; [`error`] is the one place where a
 //! failure becomes an HTTP answer in the API's own error shape; [`state`] holds the
 //! config snapshot that [`reload`] swaps; [`audit`] reads the log back for people;
-//! [`metrics`] counts; [`cli`] is the command line.
+//! [`metrics`] counts; [`eval`] replays recorded conversations offline to compare
+//! strategies; [`cli`] is the command line.
 
 #![forbid(unsafe_code)]
 
@@ -35,6 +36,7 @@ pub mod conversation;
 pub mod dialect;
 pub mod digest;
 pub mod error;
+pub mod eval;
 pub mod forward;
 pub mod headers;
 pub mod kinds;

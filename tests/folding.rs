@@ -282,3 +282,104 @@ async fn an_upstream_counting_one_and_a_half_tiktoken_never_rejects_a_request() 
     }
     assert!(got["requests"].as_u64().unwrap() >= 40);
 }
+
+/// Runs `handoff eval ARGS --config <proxy's config> --json`; returns the report.
+fn eval(proxy: &Proxy, args: &[&str]) -> Value {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_handoff"))
+        .arg("eval")
+        .args(args)
+        .arg("--config")
+        .arg(proxy.config_path())
+        .arg("--json")
+        .current_dir(proxy.dir())
+        .env_remove("HANDOFF_CONFIG")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "handoff eval: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eval_replays_a_live_run_to_the_same_figures_and_writes_nothing() {
+    for chain in ["extract", "summarize,extract"] {
+        let strict = Strict::new(4096);
+        let mock = strict_agent(Arc::clone(&strict)).await;
+        let proxy = Proxy::start_with(
+            &mock.url(),
+            options(
+                4096,
+                &format!(
+                    "[compaction]\nchain = {:?}\n",
+                    chain.split(',').collect::<Vec<_>>()
+                ),
+            ),
+        );
+        let mut messages = vec![json!({"role": "system", "content": "be brief"})];
+        for n in 0..14 {
+            messages.push(support::scenario::big_user(n, 400));
+            let got = support::scenario::chat(&proxy, "live", &messages).await;
+            assert_eq!(got.status, 200, "{}", got.text());
+            messages.push(got.json()["choices"][0]["message"].clone());
+            if let Some(call) = messages.last().unwrap()["tool_calls"][0]["id"].as_str() {
+                messages.push(json!({"role": "tool", "tool_call_id": call, "content": format!("FACT-r{n:02} found")}));
+                let got = support::scenario::chat(&proxy, "live", &messages).await;
+                messages.push(got.json()["choices"][0]["message"].clone());
+            }
+        }
+        let live = records(&proxy, "live");
+        assert!(live.len() >= 2, "{chain}: {} live compactions", live.len());
+        let before = support::read_tree(&proxy.data_dir());
+
+        let report = eval(
+            &proxy,
+            &["--upstream", &mock.url(), "--probe", "FACT-[0-9a-z]+"],
+        );
+
+        assert_eq!(
+            support::read_tree(&proxy.data_dir()),
+            before,
+            "the data dir is untouched"
+        );
+        let replayed = &report["conversations"][0];
+        assert_eq!(replayed["name"], "live");
+        let figures: Vec<(u64, u64)> = replayed["compactions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["tokens_before"].as_u64().unwrap(),
+                    c["tokens_after"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        let live_figures: Vec<(u64, u64)> = live
+            .iter()
+            .map(|r| {
+                (
+                    r["tokens_before"].as_u64().unwrap(),
+                    r["tokens_after"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        eprintln!("{chain}: live {live_figures:?}, eval {figures:?}");
+        assert_eq!(
+            figures, live_figures,
+            "{chain}: eval and the live run compact alike"
+        );
+        let strategies: Vec<&Value> = live.iter().map(|r| &r["strategy"]).collect();
+        let replayed_strategies: Vec<&Value> = replayed["compactions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| &c["strategy"])
+            .collect();
+        assert_eq!(replayed_strategies, strategies, "{chain}");
+        assert!(replayed["recall"]["matches"].as_u64().unwrap() >= 14);
+        assert_eq!(report["total"]["compactions"], live.len());
+    }
+}

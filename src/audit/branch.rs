@@ -83,6 +83,13 @@ impl<'a> Tree<'a> {
         Some(path)
     }
 
+    /// The pinned messages of the set with `digest`.
+    pub fn pinned(&self, digest: &Digest) -> Option<Vec<&'a RawValue>> {
+        self.pinned
+            .get(digest)
+            .map(|pinned| pinned.messages.iter().map(AsRef::as_ref).collect())
+    }
+
     /// The pinned messages of the latest request whose history lies on the branch.
     pub fn pinned_for(&self, branch: &[&MessageLine]) -> Vec<&'a RawValue> {
         let on_branch: HashSet<PrefixDigest> = branch.iter().map(|m| m.digest).collect();

@@ -4,6 +4,7 @@
 
 mod disk;
 pub mod line;
+mod memory;
 mod writer;
 
 use futures_util::future::BoxFuture;
@@ -12,6 +13,7 @@ pub use disk::{
     list_ids, read_conversation, read_log_file, ConversationLog, DiskStore, LineProblem,
     COMPACTIONS_FILE, MESSAGES_FILE,
 };
+pub use memory::MemoryStore;
 pub use writer::Writer;
 
 use crate::compaction::CompactionRecord;

@@ -1,0 +1,391 @@
+//! `handoff eval`: choose a strategy on data, offline. Each recorded conversation's
+//! requests are replayed in order through the same tracking, projection and compaction
+//! the proxy runs, with the chain and window asked for, into a store in memory: the
+//! data dir is only read, and no client is involved. Summary calls go to `--upstream`
+//! when one is given; without it, model strategies fail and the chain falls back.
+//!
+//! Like the proxy, a replayed request is calibrated by the usage its logged reply
+//! reported, so on the same settings a replay makes the same compactions as the live
+//! run. Tools are not in the log: requests from a data dir are replayed without them.
+
+mod report;
+pub mod source;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use handoff_plugin_api::{CancellationToken, ModelCallError, ModelClient, ModelReply};
+use http::uri::PathAndQuery;
+use http::HeaderMap;
+use serde::Serialize;
+use serde_json::Value;
+
+pub use report::write_report;
+pub use source::{Replay, Step};
+
+use crate::compaction::budget::{Calibration, RequestBudget, Scale};
+use crate::compaction::model_client::UpstreamModelClient;
+use crate::compaction::service::{Compactor, Job};
+use crate::compaction::Reason;
+use crate::config::{Config, ModelConfig};
+use crate::conversation::{CapturedReplies, ConversationId, Tracker};
+use crate::dialect::ChatRequest;
+use crate::metrics::Metrics;
+use crate::projection::project_view;
+use crate::state::{Snapshot, StateError};
+use crate::store::{MemoryStore, Store};
+use crate::tokens::Tokens;
+
+/// Why an evaluation could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    /// A conversation could not be loaded.
+    #[error(transparent)]
+    Source(#[from] source::SourceError),
+    /// The strategies or the upstream client could not be built.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// Nothing was given to replay.
+    #[error("nothing to replay: give --data-dir or --file")]
+    Nothing,
+}
+
+/// What to replay and how.
+#[derive(Debug, Clone, Default)]
+pub struct EvalOptions {
+    /// A data dir to read conversations from.
+    pub data_dir: Option<PathBuf>,
+    /// Its conversations to replay; all when empty.
+    pub conversations: Vec<String>,
+    /// JSON conversation files to replay.
+    pub files: Vec<PathBuf>,
+    /// The strategy chain; the config's when unset.
+    pub chain: Option<Vec<String>>,
+    /// The context window of every model replayed (and of the summary model).
+    pub window: Option<u64>,
+    /// The summary model; the config's (else the request's) when unset.
+    pub summary_model: Option<String>,
+    /// Where summary calls go; none are made when unset.
+    pub upstream: Option<String>,
+    /// Facts to look for: `recall` is the share of its matches in the originals that
+    /// the final view still holds.
+    pub probe: Option<regex::Regex>,
+    /// The model of requests replayed from files.
+    pub file_model: String,
+}
+
+/// The figures of one compaction.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompactionFigures {
+    /// The strategy that wrote the handoff.
+    pub strategy: String,
+    /// Why it ran.
+    pub reason: Reason,
+    /// Estimated input before.
+    pub tokens_before: u64,
+    /// Estimated input after.
+    pub tokens_after: u64,
+    /// Model calls of all its attempts.
+    pub calls: u32,
+}
+
+/// How many probe matches of the originals the final view keeps.
+#[derive(Debug, Clone, Serialize)]
+pub struct Recall {
+    /// Distinct matches in the originals.
+    pub matches: usize,
+    /// Those still in the final view.
+    pub kept: usize,
+    /// `kept / matches`.
+    pub share: f64,
+}
+
+/// The result of one conversation.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConversationReport {
+    /// The conversation id or file name.
+    pub name: String,
+    /// Requests replayed.
+    pub requests: usize,
+    /// Each compaction, in order.
+    pub compactions: Vec<CompactionFigures>,
+    /// Summary model calls, over every attempt.
+    pub summary_calls: u64,
+    /// What those calls cost, summed.
+    pub usage: Option<Value>,
+    /// Failed attempts by reason.
+    pub failed: BTreeMap<String, u64>,
+    /// The probe's recall, when a probe was given.
+    pub recall: Option<Recall>,
+    /// Requests that could not be replayed, and why.
+    pub errors: Vec<String>,
+}
+
+/// Answers every summary call with an error: without `--upstream` there is no model.
+struct NoUpstream;
+
+impl ModelClient for NoUpstream {
+    fn complete(
+        &self,
+        _body: Value,
+    ) -> futures_util::future::BoxFuture<'_, Result<ModelReply, ModelCallError>> {
+        Box::pin(async {
+            Err(ModelCallError(
+                "handoff eval was given no --upstream to send summary calls to".into(),
+            ))
+        })
+    }
+}
+
+/// The conversations `options` names.
+pub fn load(options: &EvalOptions) -> Result<Vec<Replay>, EvalError> {
+    let mut replays = Vec::new();
+    if let Some(dir) = &options.data_dir {
+        replays.extend(source::from_data_dir(dir, &options.conversations)?);
+    }
+    for file in &options.files {
+        replays.push(source::from_file(file, &options.file_model)?);
+    }
+    if replays.is_empty() && options.data_dir.is_none() {
+        return Err(EvalError::Nothing);
+    }
+    Ok(replays)
+}
+
+/// The config with the evaluation's chain, windows and summary model.
+fn eval_config(mut config: Config, options: &EvalOptions, replays: &[Replay]) -> Config {
+    if let Some(chain) = &options.chain {
+        config.compaction.chain = chain.clone();
+    }
+    if let Some(model) = &options.summary_model {
+        config.compaction.summary_model = Some(model.clone());
+    }
+    if let Some(url) = &options.upstream {
+        config.upstream.base_url = url.clone();
+    }
+    config.compaction.enabled = true;
+    if let Some(window) = options.window {
+        let mut models: Vec<String> = replays
+            .iter()
+            .flat_map(|r| &r.steps)
+            .filter_map(|s| serde_json::from_slice::<Value>(&s.body).ok())
+            .filter_map(|b| b["model"].as_str().map(str::to_owned))
+            .collect();
+        models.extend(options.summary_model.clone());
+        for model in models {
+            let entry = config.models.entry(model).or_insert_with(|| ModelConfig {
+                context_window: window,
+                tokenizer: Default::default(),
+                default_output_reserve: None,
+                reasoning_marker: false,
+                compaction: None,
+            });
+            entry.context_window = window;
+        }
+    }
+    config
+}
+
+/// Replays `replays` with `config` adjusted by `options`; `progress` is called after
+/// each request.
+pub async fn evaluate(
+    config: Config,
+    options: &EvalOptions,
+    replays: &[Replay],
+    progress: &(dyn Fn() + Sync),
+) -> Result<Vec<ConversationReport>, EvalError> {
+    let config = eval_config(config, options, replays);
+    let snapshot = Snapshot::build(config)?;
+    let tokens = Arc::new(Tokens::new());
+    let compactor = Compactor {
+        tokens: Arc::clone(&tokens),
+        cancel: CancellationToken::new(),
+        metrics: Arc::new(Metrics::default()),
+    };
+    let client: Arc<dyn ModelClient> = if options.upstream.is_some() {
+        let mut headers = HeaderMap::new();
+        if let Some(value) = std::env::var("OPENAI_API_KEY")
+            .ok()
+            .and_then(|key| format!("Bearer {key}").parse().ok())
+        {
+            headers.insert(http::header::AUTHORIZATION, value);
+        }
+        Arc::new(UpstreamModelClient::new(
+            snapshot.upstream.clone(),
+            PathAndQuery::from_static("/v1/chat/completions"),
+            headers,
+        ))
+    } else {
+        Arc::new(NoUpstream)
+    };
+    let mut reports = Vec::with_capacity(replays.len());
+    for replay in replays {
+        reports.push(
+            replay_one(
+                &snapshot, &tokens, &compactor, &client, options, replay, progress,
+            )
+            .await,
+        );
+    }
+    Ok(reports)
+}
+
+async fn replay_one(
+    snapshot: &Snapshot,
+    tokens: &Arc<Tokens>,
+    compactor: &Compactor,
+    client: &Arc<dyn ModelClient>,
+    options: &EvalOptions,
+    replay: &Replay,
+    progress: &(dyn Fn() + Sync),
+) -> ConversationReport {
+    let store = Arc::new(MemoryStore::default());
+    let tracker = Tracker::new(Arc::clone(&store) as Arc<dyn Store>, 4);
+    let id = ConversationId::parse(&replay.name)
+        .or_else(|_| ConversationId::parse("eval"))
+        .unwrap_or_else(|_| ConversationId::derived(&crate::digest::bytes_digest(b"eval")));
+    let mut errors = Vec::new();
+    let mut final_view = String::new();
+    for (index, step) in replay.steps.iter().enumerate() {
+        progress();
+        match replay_step(snapshot, tokens, compactor, client, &tracker, &id, step).await {
+            Ok(view) => final_view = view,
+            Err(err) => errors.push(format!("request {}: {err}", index + 1)),
+        }
+    }
+    let records = store
+        .read(&id)
+        .await
+        .map(|log| log.compactions)
+        .unwrap_or_default();
+    let attempts = records.iter().flat_map(|r| &r.attempts);
+    let mut failed = BTreeMap::new();
+    for attempt in attempts.clone().filter(|a| a.outcome != "ok") {
+        let reason = attempt.reason.clone().unwrap_or_else(|| "failed".into());
+        *failed.entry(reason).or_insert(0) += 1;
+    }
+    let usage = handoff_plugin_api::sum_usage(attempts.clone().filter_map(|a| a.usage.as_ref()));
+    ConversationReport {
+        name: replay.name.clone(),
+        requests: replay.steps.len(),
+        compactions: records
+            .iter()
+            .map(|r| CompactionFigures {
+                strategy: r.strategy.clone(),
+                reason: r.reason,
+                tokens_before: r.tokens_before,
+                tokens_after: r.tokens_after,
+                calls: r.attempts.iter().filter_map(|a| a.calls).sum(),
+            })
+            .collect(),
+        summary_calls: attempts.filter_map(|a| a.calls).map(u64::from).sum(),
+        usage,
+        failed,
+        recall: options
+            .probe
+            .as_ref()
+            .map(|probe| recall(probe, &replay.originals, &final_view)),
+        errors,
+    }
+}
+
+/// One request: tracked, projected, compacted when over the trigger, and its logged
+/// reply logged again (calibrating the next). Returns the view's text.
+async fn replay_step(
+    snapshot: &Snapshot,
+    tokens: &Arc<Tokens>,
+    compactor: &Compactor,
+    client: &Arc<dyn ModelClient>,
+    tracker: &Tracker,
+    id: &ConversationId,
+    step: &Step,
+) -> Result<String, String> {
+    let chat = ChatRequest::parse(&step.body).map_err(|err| err.to_string())?;
+    let tracked = tracker
+        .track(id.clone(), &chat)
+        .await
+        .map_err(|err| err.to_string())?;
+    let mut view = project_view(&chat, &tracked, &tracked.compactions);
+    if view.validate().is_err() {
+        view = project_view(&chat, &tracked, &Default::default());
+    }
+    let config = &snapshot.config;
+    let mut local = None;
+    if let Some(budget) = RequestBudget::new(config, &chat, tokens) {
+        let scale = Scale::new(tracked.calibration.as_ref(), &chat.model);
+        let estimate = view.estimate(tokens, budget.tokenizer(), budget.tools_tokens);
+        if scale.view(estimate, view.generation()) > budget.threshold {
+            let job = Job {
+                tracker,
+                id,
+                request: &chat,
+                tracked: &tracked,
+                config: &config.compaction,
+                tokenizer: budget.tokenizer(),
+                reasoning_marker: budget.model.reasoning_marker,
+                model: budget.info.clone(),
+                input_budget: budget.input_budget,
+                threshold: budget.threshold,
+                scale,
+                tools_tokens: budget.tools_tokens,
+                reason: Reason::Threshold,
+                seen_generation: view.generation().map(str::to_owned),
+                client: Arc::clone(client),
+                chain: snapshot.registry.select(config, &chat.model, None),
+            };
+            view = compactor
+                .compact(&job)
+                .await
+                .map_err(|err| err.to_string())?;
+        }
+        local = Some(view.estimate(tokens, budget.tokenizer(), budget.tools_tokens));
+    }
+    let text = view
+        .raw_messages()
+        .iter()
+        .map(|m| m.get())
+        .collect::<Vec<_>>()
+        .join("\n");
+    if let Some((reply, usage)) = &step.reply {
+        let server = usage
+            .as_ref()
+            .and_then(|u| u.get("prompt_tokens"))
+            .and_then(Value::as_u64);
+        let calibration = local.zip(server).map(|(local, server)| Calibration {
+            model: chat.model.clone(),
+            generation: view.generation().map(str::to_owned),
+            local,
+            server,
+        });
+        let batch = CapturedReplies {
+            parent: tracked.head(),
+            model: chat.model.clone(),
+            usage: usage.clone(),
+            calibration,
+            replies: vec![reply.clone()],
+            incomplete: None,
+        };
+        tracker
+            .record_replies(id, batch)
+            .await
+            .map_err(|err| err.to_string())?;
+    }
+    Ok(text)
+}
+
+/// The share of `probe`'s distinct matches in `originals` that `view` still holds.
+pub fn recall(probe: &regex::Regex, originals: &str, view: &str) -> Recall {
+    let matches: std::collections::BTreeSet<&str> =
+        probe.find_iter(originals).map(|m| m.as_str()).collect();
+    let kept = matches.iter().filter(|m| view.contains(*m)).count();
+    Recall {
+        matches: matches.len(),
+        kept,
+        share: if matches.is_empty() {
+            1.0
+        } else {
+            kept as f64 / matches.len() as f64
+        },
+    }
+}

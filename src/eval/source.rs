@@ -1,0 +1,196 @@
+//! What `handoff eval` replays: each recorded request of a data dir's conversations,
+//! rebuilt from the log, or the requests a client would have made for a JSON
+//! conversation file (`{"tools", "messages"}`, as under `shared/data/conversations`).
+
+use std::path::Path;
+
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+use crate::audit::Tree;
+use crate::conversation::{CapturedReply, ConversationId};
+use crate::store::line::Source;
+use crate::store::{list_ids, read_conversation, DiskStore, MESSAGES_FILE};
+
+/// Why a conversation could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// A file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A conversation file is not the expected JSON.
+    #[error("{path} is not a conversation file: {reason}")]
+    Shape {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An id given with --conversation is not valid.
+    #[error("invalid conversation id: {0}")]
+    Id(#[from] crate::conversation::IdError),
+}
+
+/// One request to replay, and the reply the upstream gave it, if it was logged.
+pub struct Step {
+    /// The chat-completions body.
+    pub body: Vec<u8>,
+    /// The logged reply, to log again (it may carry the usage that calibrates).
+    pub reply: Option<(CapturedReply, Option<Value>)>,
+}
+
+/// A conversation to replay.
+pub struct Replay {
+    /// Its name in the report: the conversation id or the file name.
+    pub name: String,
+    /// Its requests, in order.
+    pub steps: Vec<Step>,
+    /// Every original's text, where the probe's matches are looked for.
+    pub originals: String,
+}
+
+/// The recorded conversations of `data_dir`: `ids`, or all when empty.
+pub fn from_data_dir(data_dir: &Path, ids: &[String]) -> Result<Vec<Replay>, SourceError> {
+    let root = DiskStore::conversations_dir(data_dir);
+    let read_err = |source| SourceError::Read {
+        path: root.display().to_string(),
+        source,
+    };
+    let ids: Vec<ConversationId> = if ids.is_empty() {
+        list_ids(&root, None, usize::MAX).map_err(read_err)?
+    } else {
+        ids.iter()
+            .map(|id| ConversationId::parse(id))
+            .collect::<Result<_, _>>()?
+    };
+    let mut replays = Vec::with_capacity(ids.len());
+    for id in ids {
+        let path = root.join(id.as_str()).join(MESSAGES_FILE);
+        let log = read_conversation(&path).map_err(|source| SourceError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let tree = Tree::new(&log);
+        let mut steps = Vec::new();
+        for request in tree.requests() {
+            let branch = match request.head {
+                Some(head) => match tree.branch(&head) {
+                    Some(branch) => branch,
+                    None => continue,
+                },
+                None => Vec::new(),
+            };
+            let messages: Vec<&RawValue> = request
+                .pinned
+                .and_then(|digest| tree.pinned(&digest))
+                .unwrap_or_default()
+                .into_iter()
+                .chain(branch.iter().map(|m| m.message.as_ref()))
+                .collect();
+            let reply = tree
+                .messages()
+                .iter()
+                .find(|m| {
+                    m.parent == request.head
+                        && m.source == Source::Upstream
+                        && m.complete != Some(false)
+                })
+                .map(|m| {
+                    (
+                        CapturedReply {
+                            message: m.message.clone(),
+                            finish_reason: m.finish_reason.clone(),
+                            choice: m.choice.unwrap_or(0),
+                        },
+                        m.usage.clone(),
+                    )
+                });
+            steps.push(Step {
+                body: chat_body(&request.model, &messages, None),
+                reply,
+            });
+        }
+        let originals = tree
+            .messages()
+            .iter()
+            .map(|m| m.message.get())
+            .collect::<Vec<_>>()
+            .join("\n");
+        replays.push(Replay {
+            name: id.to_string(),
+            steps,
+            originals,
+        });
+    }
+    Ok(replays)
+}
+
+/// A conversation file, replayed as its client would have sent it: one request before
+/// each assistant message, and one with every message.
+pub fn from_file(path: &Path, model: &str) -> Result<Replay, SourceError> {
+    let shape = |reason: &str| SourceError::Shape {
+        path: path.display().to_string(),
+        reason: reason.to_owned(),
+    };
+    let bytes = std::fs::read(path).map_err(|source| SourceError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let file: Value = serde_json::from_slice(&bytes).map_err(|err| shape(&err.to_string()))?;
+    let messages = file["messages"]
+        .as_array()
+        .ok_or_else(|| shape("no \"messages\" array"))?;
+    let raw: Vec<Box<RawValue>> = messages
+        .iter()
+        .map(serde_json::value::to_raw_value)
+        .collect::<Result<_, _>>()
+        .map_err(|err| shape(&err.to_string()))?;
+    let tools = file.get("tools").filter(|t| !t.is_null());
+    let mut steps = Vec::new();
+    for (index, message) in messages.iter().enumerate() {
+        if message["role"] == "assistant" && index > 0 {
+            let sent: Vec<&RawValue> = raw[..index].iter().map(AsRef::as_ref).collect();
+            steps.push(Step {
+                body: chat_body(model, &sent, tools),
+                reply: None,
+            });
+        }
+    }
+    let all: Vec<&RawValue> = raw.iter().map(AsRef::as_ref).collect();
+    steps.push(Step {
+        body: chat_body(model, &all, tools),
+        reply: None,
+    });
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    Ok(Replay {
+        name,
+        steps,
+        originals: messages
+            .iter()
+            .map(Value::to_string)
+            .collect::<Vec<_>>()
+            .join("\n"),
+    })
+}
+
+fn chat_body(model: &str, messages: &[&RawValue], tools: Option<&Value>) -> Vec<u8> {
+    let list: Vec<&str> = messages.iter().map(|m| m.get()).collect();
+    let mut body = format!(
+        "{{\"model\":{},\"messages\":[{}]",
+        json!(model),
+        list.join(",")
+    );
+    if let Some(tools) = tools {
+        body.push_str(&format!(",\"tools\":{tools}"));
+    }
+    body.push('}');
+    body.into_bytes()
+}

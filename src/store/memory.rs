@@ -1,0 +1,82 @@
+//! A store that keeps everything in memory: for `handoff eval`, which replays
+//! conversations through compaction and must write nothing to disk.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+
+use super::line::{Entry, Line};
+use super::{ConversationLog, Store, StoreError};
+use crate::compaction::CompactionRecord;
+use crate::conversation::ConversationId;
+
+/// Conversations held in memory, lost with the process.
+#[derive(Default)]
+pub struct MemoryStore {
+    conversations: Mutex<BTreeMap<ConversationId, ConversationLog>>,
+}
+
+impl MemoryStore {
+    fn with<T>(
+        &self,
+        id: &ConversationId,
+        change: impl FnOnce(&mut ConversationLog) -> T,
+    ) -> Result<T, StoreError> {
+        let mut conversations = self.conversations.lock().map_err(|_| StoreError::Write {
+            id: id.to_string(),
+            source: std::io::Error::other("the memory store's lock is poisoned"),
+        })?;
+        Ok(change(conversations.entry(id.clone()).or_default()))
+    }
+}
+
+impl Store for MemoryStore {
+    fn append(
+        &self,
+        id: &ConversationId,
+        lines: Vec<Line>,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        let result = self.with(id, |log| log.lines.extend(lines));
+        async move { result }.boxed()
+    }
+
+    fn read(&self, id: &ConversationId) -> BoxFuture<'_, Result<ConversationLog, StoreError>> {
+        let result = self.with(id, |log| log.clone());
+        async move { result }.boxed()
+    }
+
+    fn commit_compaction(
+        &self,
+        id: &ConversationId,
+        record: CompactionRecord,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        let result = self.with(id, |log| {
+            log.lines
+                .push(Line::now(Entry::CompactBoundary(record.boundary())));
+            log.compactions.push(record);
+        });
+        async move { result }.boxed()
+    }
+
+    fn list(
+        &self,
+        after: Option<String>,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<ConversationId>, StoreError>> {
+        let ids = self
+            .conversations
+            .lock()
+            .map(|conversations| {
+                conversations
+                    .keys()
+                    .filter(|id| after.as_deref().is_none_or(|after| id.as_str() > after))
+                    .take(limit)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        async move { Ok(ids) }.boxed()
+    }
+}
