@@ -40,6 +40,7 @@ pub struct Strict {
     scale: f64,
     style: Mutex<AgentStyle>,
     summary_padding: AtomicUsize,
+    keep_digit_words: std::sync::atomic::AtomicBool,
     serial: AtomicUsize,
     summary_mode: Mutex<SummaryMode>,
     /// Requests refused for size, with their count.
@@ -74,6 +75,7 @@ impl Strict {
             scale,
             style: Mutex::new(AgentStyle::default()),
             summary_padding: AtomicUsize::new(0),
+            keep_digit_words: std::sync::atomic::AtomicBool::new(false),
             serial: AtomicUsize::new(0),
             summary_mode: Mutex::new(SummaryMode::Good),
             over_window: Mutex::new(Vec::new()),
@@ -94,6 +96,12 @@ impl Strict {
     /// of a long history is (the mock's own is a short list of facts).
     pub fn set_summary_padding(&self, words: usize) {
         self.summary_padding.store(words, Ordering::SeqCst);
+    }
+
+    /// Makes good summaries keep every word with a digit in it too (ids, numbers,
+    /// amounts), as a perfect summariser of real tool output would.
+    pub fn set_keep_digit_words(&self, keep: bool) {
+        self.keep_digit_words.store(keep, Ordering::SeqCst);
     }
 
     /// Switches how summaries are answered.
@@ -169,7 +177,8 @@ impl Strict {
                 Err(_) => SummaryMode::Good,
             };
             let padding = self.summary_padding.load(Ordering::SeqCst);
-            return summary_reply(&body, mode, tokens, padding);
+            let digits = self.keep_digit_words.load(Ordering::SeqCst);
+            return summary_reply(&body, mode, tokens, padding, digits);
         }
         let style = self.style.lock().map(|s| *s).unwrap_or_default();
         with_usage(agent_reply_as(request, serial, style), tokens)
@@ -186,11 +195,24 @@ fn with_usage(reply: Reply, prompt_tokens: u64) -> Reply {
     }
 }
 
-fn summary_reply(body: &Value, mode: SummaryMode, prompt_tokens: u64, padding: usize) -> Reply {
+fn summary_reply(
+    body: &Value,
+    mode: SummaryMode,
+    prompt_tokens: u64,
+    padding: usize,
+    digit_words: bool,
+) -> Reply {
     let input = body["messages"][1]["content"].as_str().unwrap_or("");
+    // Only the history and the handoff so far: the recent messages are reference only.
+    let input = input
+        .split("<retained_recent_messages")
+        .next()
+        .unwrap_or(input);
     let mut facts: Vec<&str> = input
         .split(|c: char| c.is_whitespace() || c == '"' || c == ',')
-        .filter(|w| w.starts_with("FACT-"))
+        .filter(|w| {
+            w.starts_with("FACT-") || (digit_words && w.chars().any(|c| c.is_ascii_digit()))
+        })
         .collect();
     facts.sort_unstable();
     facts.dedup();
