@@ -172,21 +172,9 @@ fn eval(args: EvalArgs) -> ExitCode {
         probe,
         file_model: args.file_model,
     };
-    if rustls::crypto::ring::default_provider()
-        .install_default()
-        .is_err()
-    {
-        tracing::debug!("a rustls crypto provider was already installed");
-    }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("handoff eval: cannot start the runtime: {err}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let replays = match crate::eval::load(&options) {
         Ok(replays) => replays,
@@ -215,6 +203,24 @@ fn eval(args: EvalArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The multi-threaded runtime, with rustls's process-wide crypto provider installed
+/// (ring, the one we build with).
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    if rustls::crypto::ring::default_provider()
+        .install_default()
+        .is_err()
+    {
+        tracing::debug!("a rustls crypto provider was already installed");
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| {
+            eprintln!("handoff: cannot start the runtime: {err}");
+            ExitCode::FAILURE
+        })
 }
 
 /// A progress bar on stderr, drawn only when stderr is a terminal.
@@ -292,22 +298,9 @@ fn serve(args: &ConfigArgs) -> ExitCode {
         Err(code) => return code,
     };
     crate::telemetry::init(&config.log);
-    // rustls needs one process-wide crypto provider; ring is the one we build with.
-    if rustls::crypto::ring::default_provider()
-        .install_default()
-        .is_err()
-    {
-        tracing::debug!("a rustls crypto provider was already installed");
-    }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("handoff: cannot start the runtime: {err}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     match runtime.block_on(crate::server::serve(config, args.overrides())) {
         Ok(()) => ExitCode::SUCCESS,

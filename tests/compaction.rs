@@ -96,17 +96,11 @@ async fn summary_failures_fall_back_to_extract_and_record_every_attempt() {
             "extract keeps user text, newest first, and says what it left out: {record}"
         );
         assert!(strict.over_window.lock().unwrap().is_empty());
-        let metrics = client::send(request(
-            "GET",
-            &format!("{}/handoff/metrics", proxy.url()),
-            &[],
-            "",
-        ))
-        .await;
+        let metrics = proxy.metrics().await;
         assert!(
-            metrics.text().contains(&format!("reason=\"{reason}\"")),
+            metrics.contains(&format!("reason=\"{reason}\"")),
             "{}",
-            metrics.text()
+            metrics
         );
     }
 }
@@ -392,14 +386,7 @@ async fn manual_compaction_and_the_audit_views() {
     let sent = agent_requests(&mock).pop().unwrap().json();
     assert_eq!(sent["messages"][2]["content"], view[2]["content"]);
 
-    let metrics = client::send(request(
-        "GET",
-        &format!("{}/handoff/metrics", proxy.url()),
-        &[],
-        "",
-    ))
-    .await
-    .text();
+    let metrics = proxy.metrics().await;
     assert!(
         metrics
             .contains("handoff_compactions_total{strategy=\"summarize\",outcome=\"committed\"} 1"),

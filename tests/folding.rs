@@ -11,8 +11,8 @@ use std::sync::Arc;
 use mock_upstream::strict::{Strict, SummaryMode};
 use mock_upstream::{AgentStyle, MockUpstream};
 use serde_json::{json, Value};
-use support::client::{self, request};
-use support::scenario::{agent_requests, options, records, run_client, CHAT};
+use support::client;
+use support::scenario::{agent_requests, chat_as, options, records, run_client};
 use support::Proxy;
 
 /// The strict provider, playing an agent that answers briefly after tool results and
@@ -49,17 +49,7 @@ fn long_history(turns: usize, tokens: usize) -> Vec<Value> {
 }
 
 async fn send_history(proxy: &Proxy, id: &str, messages: &[Value]) -> client::Whole {
-    client::send(request(
-        "POST",
-        &format!("{}{CHAT}", proxy.url()),
-        &[
-            ("content-type", "application/json"),
-            ("x-handoff-conversation-id", id),
-            ("authorization", "Bearer sk-x"),
-        ],
-        json!({"model": "strict-16k", "messages": messages}).to_string(),
-    ))
-    .await
+    chat_as(proxy, id, "strict-16k", messages).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -445,19 +445,11 @@ async fn a_reply_that_cannot_be_logged_never_ends_cleanly_while_the_store_is_req
         "what came before the end was relayed"
     );
 
-    let metrics = client::send(request(
-        "GET",
-        &format!("{}/handoff/metrics", proxy.url()),
-        &[],
-        "",
-    ))
-    .await;
+    let metrics = proxy.metrics().await;
     assert!(
-        metrics
-            .text()
-            .contains("handoff_replies_unlogged_total{cause=\"storage\"} 2"),
+        metrics.contains("handoff_replies_unlogged_total{cause=\"storage\"} 2"),
         "{}",
-        metrics.text()
+        metrics
     );
     assert!(proxy.logs().contains("the reply could not be logged"));
     proxy.kill9();
@@ -469,18 +461,10 @@ async fn a_reply_that_cannot_be_logged_never_ends_cleanly_while_the_store_is_req
     assert_eq!(relayed.status, 200);
     assert_eq!(relayed.json()["choices"][0]["message"]["content"], answer);
     proxy.wait_for_log("the reply could not be logged", Duration::from_secs(5));
-    let metrics = client::send(request(
-        "GET",
-        &format!("{}/handoff/metrics", proxy.url()),
-        &[],
-        "",
-    ))
-    .await;
+    let metrics = proxy.metrics().await;
     assert!(
-        metrics
-            .text()
-            .contains("handoff_replies_unlogged_total{cause=\"storage\"} 1"),
+        metrics.contains("handoff_replies_unlogged_total{cause=\"storage\"} 1"),
         "{}",
-        metrics.text()
+        metrics
     );
 }

@@ -219,159 +219,173 @@ pub async fn evaluate(
     } else {
         Arc::new(NoUpstream)
     };
+    let replayer = Replayer {
+        snapshot,
+        tokens,
+        compactor,
+        client,
+    };
     let mut reports = Vec::with_capacity(replays.len());
     for replay in replays {
-        reports.push(
-            replay_one(
-                &snapshot, &tokens, &compactor, &client, options, replay, progress,
-            )
-            .await,
-        );
+        reports.push(replayer.replay(options, replay, progress).await);
     }
     Ok(reports)
 }
 
-async fn replay_one(
-    snapshot: &Snapshot,
-    tokens: &Arc<Tokens>,
-    compactor: &Compactor,
-    client: &Arc<dyn ModelClient>,
-    options: &EvalOptions,
-    replay: &Replay,
-    progress: &(dyn Fn() + Sync),
-) -> ConversationReport {
-    let store = Arc::new(MemoryStore::default());
-    let tracker = Tracker::new(Arc::clone(&store) as Arc<dyn Store>, 4);
-    let id = ConversationId::parse(&replay.name)
-        .or_else(|_| ConversationId::parse("eval"))
-        .unwrap_or_else(|_| ConversationId::derived(&crate::digest::bytes_digest(b"eval")));
-    let mut errors = Vec::new();
-    let mut final_view = String::new();
-    for (index, step) in replay.steps.iter().enumerate() {
-        progress();
-        match replay_step(snapshot, tokens, compactor, client, &tracker, &id, step).await {
-            Ok(view) => final_view = view,
-            Err(err) => errors.push(format!("request {}: {err}", index + 1)),
-        }
-    }
-    let records = store
-        .read(&id)
-        .await
-        .map(|log| log.compactions)
-        .unwrap_or_default();
-    let attempts = records.iter().flat_map(|r| &r.attempts);
-    let mut failed = BTreeMap::new();
-    for attempt in attempts.clone().filter(|a| a.outcome != "ok") {
-        let reason = attempt.reason.clone().unwrap_or_else(|| "failed".into());
-        *failed.entry(reason).or_insert(0) += 1;
-    }
-    let usage = handoff_plugin_api::sum_usage(attempts.clone().filter_map(|a| a.usage.as_ref()));
-    ConversationReport {
-        name: replay.name.clone(),
-        requests: replay.steps.len(),
-        compactions: records
-            .iter()
-            .map(|r| CompactionFigures {
-                strategy: r.strategy.clone(),
-                reason: r.reason,
-                tokens_before: r.tokens_before,
-                tokens_after: r.tokens_after,
-                calls: r.attempts.iter().filter_map(|a| a.calls).sum(),
-            })
-            .collect(),
-        summary_calls: attempts.filter_map(|a| a.calls).map(u64::from).sum(),
-        usage,
-        failed,
-        recall: options
-            .probe
-            .as_ref()
-            .map(|probe| recall(probe, &replay.originals, &final_view)),
-        errors,
-    }
+/// What every replayed request shares: the config, token counts, the compactor and
+/// the summary client.
+struct Replayer {
+    snapshot: Snapshot,
+    tokens: Arc<Tokens>,
+    compactor: Compactor,
+    client: Arc<dyn ModelClient>,
 }
 
-/// One request: tracked, projected, compacted when over the trigger, and its logged
-/// reply logged again (calibrating the next). Returns the view's text.
-async fn replay_step(
-    snapshot: &Snapshot,
-    tokens: &Arc<Tokens>,
-    compactor: &Compactor,
-    client: &Arc<dyn ModelClient>,
-    tracker: &Tracker,
-    id: &ConversationId,
-    step: &Step,
-) -> Result<String, String> {
-    let chat = ChatRequest::parse(&step.body).map_err(|err| err.to_string())?;
-    let tracked = tracker
-        .track(id.clone(), &chat)
-        .await
-        .map_err(|err| err.to_string())?;
-    let mut view = project_view(&chat, &tracked, &tracked.compactions);
-    if view.validate().is_err() {
-        view = project_view(&chat, &tracked, &Default::default());
+impl Replayer {
+    /// Replays one conversation into a fresh in-memory store and reports it.
+    async fn replay(
+        &self,
+        options: &EvalOptions,
+        replay: &Replay,
+        progress: &(dyn Fn() + Sync),
+    ) -> ConversationReport {
+        let store = Arc::new(MemoryStore::default());
+        let tracker = Tracker::new(Arc::clone(&store) as Arc<dyn Store>, 4);
+        let id = ConversationId::parse(&replay.name)
+            .or_else(|_| ConversationId::parse("eval"))
+            .unwrap_or_else(|_| ConversationId::derived(&crate::digest::bytes_digest(b"eval")));
+        let mut errors = Vec::new();
+        let mut final_view = String::new();
+        for (index, step) in replay.steps.iter().enumerate() {
+            progress();
+            match self.step(&tracker, &id, step).await {
+                Ok(view) => final_view = view,
+                Err(err) => errors.push(format!("request {}: {err}", index + 1)),
+            }
+        }
+        let records = store
+            .read(&id)
+            .await
+            .map(|log| log.compactions)
+            .unwrap_or_default();
+        let attempts = records.iter().flat_map(|r| &r.attempts);
+        let mut failed = BTreeMap::new();
+        for attempt in attempts.clone().filter(|a| a.outcome != "ok") {
+            let reason = attempt.reason.clone().unwrap_or_else(|| "failed".into());
+            *failed.entry(reason).or_insert(0) += 1;
+        }
+        let usage =
+            handoff_plugin_api::sum_usage(attempts.clone().filter_map(|a| a.usage.as_ref()));
+        ConversationReport {
+            name: replay.name.clone(),
+            requests: replay.steps.len(),
+            compactions: records
+                .iter()
+                .map(|r| CompactionFigures {
+                    strategy: r.strategy.clone(),
+                    reason: r.reason,
+                    tokens_before: r.tokens_before,
+                    tokens_after: r.tokens_after,
+                    calls: r.attempts.iter().filter_map(|a| a.calls).sum(),
+                })
+                .collect(),
+            summary_calls: attempts.filter_map(|a| a.calls).map(u64::from).sum(),
+            usage,
+            failed,
+            recall: options
+                .probe
+                .as_ref()
+                .map(|probe| recall(probe, &replay.originals, &final_view)),
+            errors,
+        }
     }
-    let config = &snapshot.config;
-    let mut local = None;
-    if let Some(budget) = RequestBudget::new(config, &chat, tokens) {
-        let scale = Scale::new(tracked.calibration.as_ref(), &chat.model);
-        let estimate = view.estimate(tokens, budget.tokenizer(), budget.tools_tokens);
-        if scale.view(estimate, view.generation()) > budget.threshold {
-            let job = Job {
-                tracker,
-                id,
-                request: &chat,
-                tracked: &tracked,
-                config: &config.compaction,
-                tokenizer: budget.tokenizer(),
-                reasoning_marker: budget.model.reasoning_marker,
-                model: budget.info.clone(),
-                input_budget: budget.input_budget,
-                threshold: budget.threshold,
-                scale,
-                tools_tokens: budget.tools_tokens,
-                reason: Reason::Threshold,
-                seen_generation: view.generation().map(str::to_owned),
-                client: Arc::clone(client),
-                chain: snapshot.registry.select(config, &chat.model, None),
+
+    /// One request: tracked, projected, compacted when over the trigger, and its logged
+    /// reply logged again (calibrating the next). Returns the view's text.
+    async fn step(
+        &self,
+        tracker: &Tracker,
+        id: &ConversationId,
+        step: &Step,
+    ) -> Result<String, String> {
+        let Self {
+            snapshot,
+            tokens,
+            compactor,
+            client,
+        } = self;
+        let chat = ChatRequest::parse(&step.body).map_err(|err| err.to_string())?;
+        let tracked = tracker
+            .track(id.clone(), &chat)
+            .await
+            .map_err(|err| err.to_string())?;
+        let mut view = project_view(&chat, &tracked, &tracked.compactions);
+        if view.validate().is_err() {
+            view = project_view(&chat, &tracked, &Default::default());
+        }
+        let config = &snapshot.config;
+        let mut local = None;
+        if let Some(budget) = RequestBudget::new(config, &chat, tokens) {
+            let scale = Scale::new(tracked.calibration.as_ref(), &chat.model);
+            let estimate = view.estimate(tokens, budget.tokenizer(), budget.tools_tokens);
+            if scale.view(estimate, view.generation()) > budget.threshold {
+                let job = Job {
+                    tracker,
+                    id,
+                    request: &chat,
+                    tracked: &tracked,
+                    config: &config.compaction,
+                    tokenizer: budget.tokenizer(),
+                    reasoning_marker: budget.model.reasoning_marker,
+                    model: budget.info.clone(),
+                    input_budget: budget.input_budget,
+                    threshold: budget.threshold,
+                    scale,
+                    tools_tokens: budget.tools_tokens,
+                    reason: Reason::Threshold,
+                    seen_generation: view.generation().map(str::to_owned),
+                    client: Arc::clone(client),
+                    chain: snapshot.registry.select(config, &chat.model, None),
+                };
+                view = compactor
+                    .compact(&job)
+                    .await
+                    .map_err(|err| err.to_string())?;
+            }
+            local = Some(view.estimate(tokens, budget.tokenizer(), budget.tools_tokens));
+        }
+        let text = view
+            .raw_messages()
+            .iter()
+            .map(|m| m.get())
+            .collect::<Vec<_>>()
+            .join("\n");
+        if let Some((reply, usage)) = &step.reply {
+            let server = usage
+                .as_ref()
+                .and_then(|u| u.get("prompt_tokens"))
+                .and_then(Value::as_u64);
+            let calibration = local.zip(server).map(|(local, server)| Calibration {
+                model: chat.model.clone(),
+                generation: view.generation().map(str::to_owned),
+                local,
+                server,
+            });
+            let batch = CapturedReplies {
+                parent: tracked.head(),
+                model: chat.model.clone(),
+                usage: usage.clone(),
+                calibration,
+                replies: vec![reply.clone()],
+                incomplete: None,
             };
-            view = compactor
-                .compact(&job)
+            tracker
+                .record_replies(id, batch)
                 .await
                 .map_err(|err| err.to_string())?;
         }
-        local = Some(view.estimate(tokens, budget.tokenizer(), budget.tools_tokens));
+        Ok(text)
     }
-    let text = view
-        .raw_messages()
-        .iter()
-        .map(|m| m.get())
-        .collect::<Vec<_>>()
-        .join("\n");
-    if let Some((reply, usage)) = &step.reply {
-        let server = usage
-            .as_ref()
-            .and_then(|u| u.get("prompt_tokens"))
-            .and_then(Value::as_u64);
-        let calibration = local.zip(server).map(|(local, server)| Calibration {
-            model: chat.model.clone(),
-            generation: view.generation().map(str::to_owned),
-            local,
-            server,
-        });
-        let batch = CapturedReplies {
-            parent: tracked.head(),
-            model: chat.model.clone(),
-            usage: usage.clone(),
-            calibration,
-            replies: vec![reply.clone()],
-            incomplete: None,
-        };
-        tracker
-            .record_replies(id, batch)
-            .await
-            .map_err(|err| err.to_string())?;
-    }
-    Ok(text)
 }
 
 /// The share of `probe`'s distinct matches in `originals` that `view` still holds.

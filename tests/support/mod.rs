@@ -250,6 +250,18 @@ impl Proxy {
         self.data_dir.clone()
     }
 
+    /// `GET /handoff/metrics`, as text.
+    pub async fn metrics(&self) -> String {
+        client::send(client::request(
+            "GET",
+            &format!("{}/handoff/metrics", self.url()),
+            &[],
+            "",
+        ))
+        .await
+        .text()
+    }
+
     /// Waits until the logs contain `needle`.
     pub fn wait_for_log(&self, needle: &str, timeout: Duration) {
         let deadline = std::time::Instant::now() + timeout;

@@ -101,6 +101,11 @@ pub fn big_user(n: usize, tokens: usize) -> Value {
 }
 
 pub async fn chat(proxy: &Proxy, id: &str, messages: &[Value]) -> client::Whole {
+    chat_as(proxy, id, "strict", messages).await
+}
+
+/// One non-streamed request of `model` in conversation `id`.
+pub async fn chat_as(proxy: &Proxy, id: &str, model: &str, messages: &[Value]) -> client::Whole {
     client::send(request(
         "POST",
         &format!("{}{CHAT}", proxy.url()),
@@ -109,7 +114,7 @@ pub async fn chat(proxy: &Proxy, id: &str, messages: &[Value]) -> client::Whole 
             ("x-handoff-conversation-id", id),
             ("authorization", "Bearer sk-x"),
         ],
-        json!({"model": "strict", "messages": messages}).to_string(),
+        json!({"model": model, "messages": messages}).to_string(),
     ))
     .await
 }
