@@ -228,7 +228,7 @@ pub async fn handle(
             required: snap.config.store.required,
             metrics: Arc::clone(&state.metrics),
         };
-        return if is_event_stream(response.headers()) {
+        return if is_event_stream(response.headers()) && response.status().is_success() {
             let observer: Box<dyn Observer> = Box::new(ReplyCapture::start(target));
             relay(upstream, response, Some(observer))
         } else if response.status().is_success() {
