@@ -18,6 +18,7 @@ use handoff::dialect::ChatRequest;
 use handoff::metrics::Metrics;
 use handoff::projection::project_view;
 use handoff::store::{DiskStore, Store, Writer};
+use handoff::tenant::TenantId;
 use handoff::tokens::Tokens;
 use handoff_plugin_api::{CancellationToken, ModelCallError, ModelClient, ModelInfo, ModelReply};
 use handoff_strategy_extract::Extract;
@@ -74,7 +75,7 @@ fn benches(c: &mut Criterion) {
         handoff_tokens: None,
     }];
     let warm = Tracked::compute(
-        ConversationId::derived(&handoff::digest::bytes_digest(b"warm")),
+        ConversationId::derived(TenantId::legacy(), &handoff::digest::bytes_digest(b"warm")),
         &request,
     );
     let total =
@@ -89,7 +90,7 @@ fn benches(c: &mut Criterion) {
     c.bench_function("compaction/extract_200k_tokens", |b| {
         b.iter(|| {
             let n = serial.fetch_add(1, Ordering::Relaxed);
-            let id = ConversationId::parse(&format!("bench-{n}"))
+            let id = ConversationId::parse(TenantId::legacy(), &format!("bench-{n}"))
                 .unwrap_or_else(|err| unreachable!("{err}"));
             let tracked = Tracked::compute(id.clone(), &request);
             let job = Job {

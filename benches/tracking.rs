@@ -12,6 +12,7 @@ use handoff::conversation::{identify, Tracker};
 use handoff::dialect::ChatRequest;
 use handoff::digest::{message_digest, prefix_digests};
 use handoff::store::{DiskStore, Store, Writer};
+use handoff::tenant::TenantId;
 use mock_upstream::fixtures::long_conversation;
 use serde_json::json;
 
@@ -54,7 +55,8 @@ fn benches(c: &mut Criterion) {
         let store: Arc<dyn Store> = Arc::new(DiskStore::new(dir.path(), writer));
         Arc::new(Tracker::new(store, 1000))
     });
-    let id = identify(None, &request).unwrap_or_else(|err| unreachable!("{err}"));
+    let id =
+        identify(TenantId::legacy(), None, &request).unwrap_or_else(|err| unreachable!("{err}"));
     runtime
         .block_on(tracker.track(id.clone(), &request))
         .unwrap_or_else(|err| unreachable!("{err}"));

@@ -21,7 +21,9 @@ use crate::conversation::{ConversationId, Tracked};
 use crate::dialect::ChatRequest;
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::store::layout::{find, resolve, ResolveError};
 use crate::store::ConversationLog;
+use crate::tenant::TenantId;
 
 /// Handles a `/handoff/*` request.
 pub async fn handle(
@@ -59,7 +61,8 @@ pub async fn handle(
             .strip_prefix("/handoff/conversations/")
             .and_then(|rest| rest.strip_suffix("/compact"));
         if let Some(id) = compact {
-            return match compact_now(state, id, request.headers()).await {
+            let tenant = query_param(request.uri().query(), "tenant");
+            return match compact_now(state, id, tenant.as_deref(), request.headers()).await {
                 Ok(value) => ok_json(&value),
                 Err(err) => err.into_response(),
             };
@@ -72,7 +75,10 @@ pub async fn handle(
     let answer = match path.strip_prefix("/handoff/conversations") {
         Some("" | "/") => list_conversations(state, request.uri().query()).await,
         Some(rest) => match rest.strip_prefix('/') {
-            Some(id) if !id.contains('/') => conversation(state, id).await,
+            Some(id) if !id.contains('/') => {
+                let tenant = query_param(request.uri().query(), "tenant");
+                conversation(state, id, tenant.as_deref()).await
+            }
             _ => Err(ApiError::not_found(format!(
                 "no handoff endpoint at {path}"
             ))),
@@ -92,9 +98,10 @@ pub async fn handle(
 async fn compact_now(
     state: &AppState,
     id: &str,
+    tenant: Option<&str>,
     headers: &http::HeaderMap,
 ) -> Result<serde_json::Value, ApiError> {
-    let (id, log) = read_conversation(state, id).await?;
+    let (id, log) = read_conversation(state, id, tenant).await?;
     let body = Tree::new(&log)
         .latest_request_body()
         .ok_or_else(|| ApiError::not_found(format!("no conversation {id}")))?;
@@ -160,16 +167,20 @@ async fn compact_now(
         .as_ref()
         .map(|adopted| serde_json::to_value(&adopted.record).unwrap_or_default())
         .unwrap_or_default();
-    Ok(json!({"conversation": id.to_string(), "compaction": record}))
+    Ok(
+        json!({"conversation": id.to_string(), "tenant": id.tenant().to_string(), "compaction": record}),
+    )
 }
 
-/// A conversation's log by its (checked) id.
+/// A conversation's log by its (checked) id and tenant; the tenant is needed only
+/// when the id exists under several.
 async fn read_conversation(
     state: &AppState,
     id: &str,
+    tenant: Option<&str>,
 ) -> Result<(ConversationId, ConversationLog), ApiError> {
-    let id = ConversationId::parse(id)
-        .map_err(|err| ApiError::invalid_request("invalid_conversation_id", err.to_string()))?;
+    let data_dir = state.snapshot().config.data_dir.clone();
+    let id = resolve(&data_dir, id, tenant).map_err(resolve_error)?;
     let log = state
         .tracker
         .store()
@@ -177,6 +188,29 @@ async fn read_conversation(
         .await
         .map_err(|err| ApiError::storage(err.to_string()))?;
     Ok((id, log))
+}
+
+fn resolve_error(err: ResolveError) -> ApiError {
+    match err {
+        ResolveError::Unknown { .. } => ApiError::not_found(err.to_string()),
+        ResolveError::Ambiguous { .. } => {
+            ApiError::invalid_request("ambiguous_conversation", err.to_string())
+        }
+        ResolveError::Id(_) => {
+            ApiError::invalid_request("invalid_conversation_id", err.to_string())
+        }
+        ResolveError::Tenant(_) => ApiError::invalid_request("invalid_tenant", err.to_string()),
+        ResolveError::Io(_) => ApiError::storage(err.to_string()),
+    }
+}
+
+/// The value of `name` in a query string (ids and tenants need no decoding).
+fn query_param(query: Option<&str>, name: &str) -> Option<String> {
+    query?
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value.to_owned())
 }
 
 /// Largest page of `GET /handoff/conversations`.
@@ -189,6 +223,7 @@ async fn list_conversations(
 ) -> Result<serde_json::Value, ApiError> {
     let mut limit = 50;
     let mut after = None;
+    let mut tenant = None;
     for pair in query
         .unwrap_or_default()
         .split('&')
@@ -207,24 +242,23 @@ async fn list_conversations(
                         )
                     })?;
             }
-            Some(("after", value)) => {
-                after = Some(
-                    ConversationId::parse(value)
-                        .map_err(|err| {
-                            ApiError::invalid_request(
-                                "invalid_conversation_id",
-                                format!("after: {err}"),
-                            )
-                        })?
-                        .to_string(),
-                );
+            Some(("after", value)) => after = Some(value.to_owned()),
+            Some(("tenant", value)) => {
+                tenant =
+                    Some(TenantId::parse(value).map_err(|err| {
+                        ApiError::invalid_request("invalid_tenant", err.to_string())
+                    })?);
             }
             _ => {}
         }
     }
+    let data_dir = state.snapshot().config.data_dir.clone();
+    let after = after
+        .map(|cursor| list_cursor(&data_dir, &cursor, tenant.as_ref()))
+        .transpose()?;
     let store = state.tracker.store();
     let mut ids = store
-        .list(after, limit + 1)
+        .list(tenant, after, limit + 1)
         .await
         .map_err(|err| ApiError::storage(err.to_string()))?;
     let has_more = ids.len() > limit;
@@ -242,12 +276,39 @@ async fn list_conversations(
         "data": data,
         "has_more": has_more,
         "last_id": ids.last().map(ToString::to_string),
+        "next_after": ids.last().filter(|_| has_more).map(|id| format!("{}/{id}", id.tenant())),
     }))
 }
 
+/// The `after` cursor: `TENANT/ID`, or an id of `tenant` (or of the one tenant that has it).
+fn list_cursor(
+    data_dir: &std::path::Path,
+    cursor: &str,
+    tenant: Option<&TenantId>,
+) -> Result<ConversationId, ApiError> {
+    let invalid =
+        |err: String| ApiError::invalid_request("invalid_cursor", format!("after: {err}"));
+    if let Some((tenant, id)) = cursor.split_once('/') {
+        let tenant = TenantId::parse(tenant).map_err(|err| invalid(err.to_string()))?;
+        return ConversationId::parse(tenant, id).map_err(|err| invalid(err.to_string()));
+    }
+    let tenant = match tenant {
+        Some(tenant) => tenant.clone(),
+        None => find(data_dir, cursor)
+            .map_err(|err| ApiError::storage(err.to_string()))?
+            .first()
+            .map_or_else(TenantId::legacy, |id| id.tenant().clone()),
+    };
+    ConversationId::parse(tenant, cursor).map_err(|err| invalid(err.to_string()))
+}
+
 /// `GET /handoff/conversations/{id}`: the summary and every branch tip.
-async fn conversation(state: &AppState, id: &str) -> Result<serde_json::Value, ApiError> {
-    let (id, log) = read_conversation(state, id).await?;
+async fn conversation(
+    state: &AppState,
+    id: &str,
+    tenant: Option<&str>,
+) -> Result<serde_json::Value, ApiError> {
+    let (id, log) = read_conversation(state, id, tenant).await?;
     if log.lines.is_empty() && log.problems.is_empty() {
         return Err(ApiError::not_found(format!("no conversation {id}")));
     }

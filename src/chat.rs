@@ -28,6 +28,7 @@ use crate::forward::{forward, is_event_stream, reject, relay, send_timed, upstre
 use crate::projection::project_view;
 use crate::relay::Observer;
 use crate::state::{AppState, Snapshot};
+use crate::tenant::credential;
 use crate::upstream::Upstream;
 
 /// Largest upstream error body read to look for a context-length error.
@@ -74,7 +75,8 @@ pub async fn handle(
             ))
         }
     };
-    let id = match identify(header, &chat) {
+    let tenant = state.secret.tenant_for(credential(&parts.headers));
+    let id = match identify(tenant, header, &chat) {
         Ok(id) => id,
         Err(err) => {
             return reject(ApiError::invalid_request(

@@ -81,6 +81,9 @@ enum AuditCommand {
         config: ConfigArgs,
         /// Conversation id.
         id: String,
+        /// Its tenant; needed only when the id exists under several.
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// The originals of the latest branch (or of --branch) as a JSON array.
     Replay {
@@ -88,6 +91,9 @@ enum AuditCommand {
         config: ConfigArgs,
         /// Conversation id.
         id: String,
+        /// Its tenant; needed only when the id exists under several.
+        #[arg(long)]
+        tenant: Option<String>,
         /// Digest of the branch's last message.
         #[arg(long)]
         branch: Option<String>,
@@ -98,6 +104,9 @@ enum AuditCommand {
         config: ConfigArgs,
         /// Conversation id.
         id: String,
+        /// Its tenant; needed only when the id exists under several.
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// Check JSON, digests, chain and torn lines; exits non-zero on any problem.
     Verify {
@@ -105,6 +114,9 @@ enum AuditCommand {
         config: ConfigArgs,
         /// Conversation id; all when omitted.
         id: Option<String>,
+        /// Its tenant; needed only when the id exists under several.
+        #[arg(long)]
+        tenant: Option<String>,
     },
 }
 
@@ -254,10 +266,14 @@ fn audit(command: AuditCommand) -> ExitCode {
     let mut out = std::io::stdout().lock();
     let result = match &command {
         AuditCommand::List { json, .. } => audit.list(*json, &mut out),
-        AuditCommand::Show { id, .. } => audit.show(id, &mut out),
-        AuditCommand::Replay { id, branch, .. } => audit.replay(id, branch.as_deref(), &mut out),
-        AuditCommand::View { id, .. } => audit.view(id, &mut out),
-        AuditCommand::Verify { id, .. } => audit.verify(id.as_deref(), &mut out),
+        AuditCommand::Show { id, tenant, .. } => audit.show(id, tenant.as_deref(), &mut out),
+        AuditCommand::Replay {
+            id, tenant, branch, ..
+        } => audit.replay(id, tenant.as_deref(), branch.as_deref(), &mut out),
+        AuditCommand::View { id, tenant, .. } => audit.view(id, tenant.as_deref(), &mut out),
+        AuditCommand::Verify { id, tenant, .. } => {
+            audit.verify(id.as_deref(), tenant.as_deref(), &mut out)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

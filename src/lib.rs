@@ -50,5 +50,6 @@ pub mod state;
 pub mod store;
 pub mod strategies;
 pub mod telemetry;
+pub mod tenant;
 pub mod tokens;
 pub mod upstream;

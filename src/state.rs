@@ -14,8 +14,10 @@ use crate::compaction::service::Compactor;
 use crate::config::{self, Config, Overrides, UpstreamConfig};
 use crate::conversation::Tracker;
 use crate::metrics::Metrics;
+use crate::store::layout::{migrate_legacy_layout, MigrationError};
 use crate::store::{DiskStore, Store, Writer};
 use crate::strategies::{ChainError, Registry};
+use crate::tenant::{ServerSecret, SECRET_FILE};
 use crate::tokens::Tokens;
 use crate::upstream::{Upstream, UpstreamError};
 
@@ -34,6 +36,17 @@ pub enum StateError {
     /// The config file could not be loaded.
     #[error(transparent)]
     Config(#[from] config::ConfigError),
+    /// The server secret could not be read or created.
+    #[error("cannot read or create the server secret {path}: {source}")]
+    Secret {
+        /// The file.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A pre-tenant data dir could not be moved to the tenant `legacy`.
+    #[error(transparent)]
+    Migration(#[from] MigrationError),
 }
 
 /// Everything built from one config.
@@ -118,11 +131,25 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Fired at shutdown: running compactions stop and commit nothing.
     pub shutdown: CancellationToken,
+    /// The key that turns credentials into tenants; never logged.
+    pub secret: ServerSecret,
 }
 
 impl AppState {
     /// Builds the state for `config` (loaded with `overrides`); must run inside tokio.
     pub fn new(config: Config, overrides: Overrides) -> Result<Self, StateError> {
+        if migrate_legacy_layout(&config.data_dir)? {
+            tracing::info!(
+                data_dir = %config.data_dir.display(),
+                "moved the conversations of a pre-tenant data dir to tenants/legacy/"
+            );
+        }
+        let secret = ServerSecret::load_or_create(&config.data_dir).map_err(|source| {
+            StateError::Secret {
+                path: config.data_dir.join(SECRET_FILE).display().to_string(),
+                source,
+            }
+        })?;
         let writer = Writer::start(config.store.fsync).map_err(StateError::Writer)?;
         let store: Arc<dyn Store> = Arc::new(DiskStore::new(&config.data_dir, writer));
         let tracker = Arc::new(Tracker::new(store, config.store.cache_capacity));
@@ -144,6 +171,7 @@ impl AppState {
             compactor,
             metrics,
             shutdown,
+            secret,
         })
     }
 

@@ -290,7 +290,11 @@ async fn a_crash_during_the_summary_call_leaves_a_consistent_state() {
         client::send(request(
             "POST",
             &url,
-            &[("x-handoff-conversation-id", "crash")],
+            // The same credential as the turns that follow: the same tenant.
+            &[
+                ("x-handoff-conversation-id", "crash"),
+                ("authorization", "Bearer sk-x"),
+            ],
             body,
         ))
         .await

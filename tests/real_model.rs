@@ -157,15 +157,12 @@ async fn a_real_model_summarises_and_llama_context_errors_are_recovered() {
     assert_eq!(got.status, 200, "{}", got.text());
     assert!(got.json()["choices"][0]["message"]["content"].is_string());
 
-    let records: Vec<Value> = std::fs::read_to_string(
-        proxy
-            .data_dir()
-            .join("conversations/real/compactions.jsonl"),
-    )
-    .unwrap()
-    .lines()
-    .map(|l| serde_json::from_str(l).unwrap())
-    .collect();
+    let records: Vec<Value> =
+        std::fs::read_to_string(proxy.conversation_dir("real").join("compactions.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
     assert!(!records.is_empty());
     let record = &records[0];
     assert_eq!(record["reason"], "context_length_exceeded", "{record}");

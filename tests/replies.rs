@@ -15,10 +15,9 @@ use support::{access_lines, message_lines, Proxy};
 
 /// The user text of a conversation's first message, and its upstream replies.
 fn replies_by_question(proxy: &Proxy) -> Vec<(String, Vec<Value>)> {
-    let root = proxy.data_dir().join("conversations");
     let mut out = Vec::new();
-    for entry in std::fs::read_dir(root).unwrap().flatten() {
-        let id = entry.file_name().to_string_lossy().into_owned();
+    for dir in proxy.conversation_dirs() {
+        let id = dir.file_name().unwrap().to_string_lossy().into_owned();
         let lines = message_lines(proxy, &id);
         let question = lines
             .iter()
@@ -393,8 +392,8 @@ impl Drop for SmallDisk {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_that_cannot_be_logged_never_ends_cleanly_while_the_store_is_required() {
-    // A short question fits in the 8 KB left; its 18 KB answer does not.
-    let Some(disk) = SmallDisk::mount(8 * 1024) else {
+    // The secret and two short questions fit in the 12 KB left; an 18 KB answer does not.
+    let Some(disk) = SmallDisk::mount(12 * 1024) else {
         return;
     };
     let answer = "lorem ipsum dolor sit amet ".repeat(700);
@@ -455,7 +454,7 @@ async fn a_reply_that_cannot_be_logged_never_ends_cleanly_while_the_store_is_req
     proxy.kill9();
 
     // Not required: the reply is relayed, and the failure still counted and warned about.
-    let disk = SmallDisk::mount(8 * 1024).unwrap();
+    let disk = SmallDisk::mount(12 * 1024).unwrap();
     let proxy = Proxy::start_with(&mock.url(), options(&disk, "[store]\nrequired = false\n"));
     let relayed = client::send(ask(&proxy, "relayed", false)).await;
     assert_eq!(relayed.status, 200);

@@ -285,7 +285,7 @@ async fn a_torn_last_line_is_reported_and_the_conversation_goes_on() {
     messages.push(got.json()["choices"][0]["message"].clone());
     messages.push(user("second"));
 
-    let log = proxy.data_dir().join("conversations/torn/messages.jsonl");
+    let log = proxy.conversation_dir("torn").join("messages.jsonl");
     let mut bytes = std::fs::read(&log).unwrap();
     bytes.extend_from_slice(br#"{"v":1,"at":"2026-01-01T00:00:00Z","kind":"message","dig"#);
     std::fs::write(&log, &bytes).unwrap();
@@ -324,11 +324,16 @@ async fn bad_conversation_ids_get_400_and_write_nothing() {
             .contains("conversation id"));
     }
     assert!(mock.requests().is_empty());
-    let written: Vec<PathBuf> = read_tree(proxy.dir()).into_iter().map(|(p, _)| p).collect();
+    let mut written: Vec<PathBuf> = read_tree(proxy.dir()).into_iter().map(|(p, _)| p).collect();
+    written.sort();
+    let mut expected = vec![
+        proxy.config_path().to_owned(),
+        proxy.data_dir().join("secret"),
+    ];
+    expected.sort();
     assert_eq!(
-        written,
-        vec![proxy.config_path().to_owned()],
-        "nothing but the config may exist"
+        written, expected,
+        "nothing but the config and the server secret (made at start) may exist"
     );
 }
 
@@ -343,12 +348,12 @@ async fn an_unwritable_store_refuses_with_503_unless_optional() {
             .status,
         200
     );
-    let before = std::fs::read(proxy.data_dir().join("conversations/kept/messages.jsonl")).unwrap();
+    let before = std::fs::read(proxy.conversation_dir("kept").join("messages.jsonl")).unwrap();
 
     // Root ignores permission bits, so break the store in a way root cannot write through:
     // the log of a new conversation would need a folder where a file now stands.
     std::fs::write(
-        proxy.data_dir().join("conversations/blocked"),
+        proxy.conversation_dir("kept").with_file_name("blocked"),
         b"not a folder",
     )
     .unwrap();
@@ -366,7 +371,7 @@ async fn an_unwritable_store_refuses_with_503_unless_optional() {
         "an unlogged request must not go upstream"
     );
     assert_eq!(
-        std::fs::read(proxy.data_dir().join("conversations/kept/messages.jsonl")).unwrap(),
+        std::fs::read(proxy.conversation_dir("kept").join("messages.jsonl")).unwrap(),
         before
     );
     assert!(proxy.audit(&["verify", "kept"]).status.success());
@@ -430,7 +435,7 @@ async fn files_are_private_and_hold_no_credentials() {
         let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "{}", path.display());
     }
-    let dir_mode = std::fs::metadata(proxy.data_dir().join("conversations"))
+    let dir_mode = std::fs::metadata(proxy.data_dir().join("tenants"))
         .unwrap()
         .permissions()
         .mode()

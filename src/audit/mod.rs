@@ -18,27 +18,20 @@ pub use summary::{summarize, ConversationSummary};
 pub use verify::{incomplete_replies, verify_log};
 
 use crate::compaction::{adopt, Adopted};
-use crate::conversation::{ConversationId, IdError, Tracked};
+use crate::conversation::{ConversationId, Tracked};
 use crate::dialect::ChatRequest;
 use crate::digest::Digest;
 use crate::projection::project_view;
+use crate::store::layout::{conversation_dir, list_ids, resolve, ResolveError, MESSAGES_FILE};
 use crate::store::line::Entry;
-use crate::store::{read_conversation, ConversationLog, DiskStore};
+use crate::store::{read_conversation, ConversationLog};
 
 /// Why an audit command failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
-    /// The id is not a valid conversation id.
-    #[error("invalid conversation id: {0}")]
-    Id(#[from] IdError),
-    /// No such conversation in the data folder.
-    #[error("no conversation {id} under {dir}")]
-    Unknown {
-        /// The id.
-        id: String,
-        /// The conversations folder.
-        dir: String,
-    },
+    /// The conversation could not be found, or was named ambiguously.
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
     /// The branch digest is unknown or not a digest.
     #[error("no branch ending at {0}")]
     Branch(String),
@@ -53,43 +46,43 @@ pub enum AuditError {
     Problems(usize),
 }
 
-/// Read-only access to a data folder.
+/// Read-only access to a data folder. A conversation is named by its id, and by its
+/// tenant (`--tenant`) only when the id exists under several.
 pub struct Audit {
-    root: PathBuf,
+    data_dir: PathBuf,
 }
 
 impl Audit {
     /// Audits the conversations under `data_dir`.
     pub fn new(data_dir: &Path) -> Self {
         Self {
-            root: DiskStore::conversations_dir(data_dir),
+            data_dir: data_dir.to_owned(),
         }
     }
 
-    fn read(&self, id: &str) -> Result<(ConversationId, ConversationLog), AuditError> {
-        let id = ConversationId::parse(id)?;
-        let path = self
-            .root
-            .join(id.as_str())
-            .join(crate::store::MESSAGES_FILE);
-        if !path.is_file() {
-            return Err(AuditError::Unknown {
-                id: id.to_string(),
-                dir: self.root.display().to_string(),
-            });
-        }
-        let log = read_conversation(&path)?;
-        Ok((id, log))
+    fn read(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<(ConversationId, ConversationLog), AuditError> {
+        let id = resolve(&self.data_dir, id, tenant)?;
+        Ok((id.clone(), self.read_id(&id)?))
+    }
+
+    fn read_id(&self, id: &ConversationId) -> Result<ConversationLog, AuditError> {
+        Ok(read_conversation(
+            &conversation_dir(&self.data_dir, id).join(MESSAGES_FILE),
+        )?)
     }
 
     fn ids(&self) -> Result<Vec<ConversationId>, AuditError> {
-        Ok(crate::store::list_ids(&self.root, None, usize::MAX)?)
+        Ok(list_ids(&self.data_dir, None, None, usize::MAX)?)
     }
 
     /// `audit list`: one conversation per line, or one JSON object per line.
     pub fn list(&self, json: bool, out: &mut dyn Write) -> Result<(), AuditError> {
         for id in self.ids()? {
-            let (id, log) = self.read(id.as_str())?;
+            let log = self.read_id(&id)?;
             let summary = summarize(&id, &log);
             if json {
                 serde_json::to_writer(&mut *out, &summary)?;
@@ -97,8 +90,9 @@ impl Audit {
             } else {
                 writeln!(
                     out,
-                    "{}  first={} last={} messages={} requests={} branches={} compactions={} models={}",
+                    "{}  tenant={} first={} last={} messages={} requests={} branches={} compactions={} models={}",
                     summary.id,
+                    summary.tenant,
                     summary.first_seen.as_deref().unwrap_or("-"),
                     summary.last_seen.as_deref().unwrap_or("-"),
                     summary.messages,
@@ -113,8 +107,13 @@ impl Audit {
     }
 
     /// `audit show`: a readable timeline of every line.
-    pub fn show(&self, id: &str, out: &mut dyn Write) -> Result<(), AuditError> {
-        let (id, log) = self.read(id)?;
+    pub fn show(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        out: &mut dyn Write,
+    ) -> Result<(), AuditError> {
+        let (id, log) = self.read(id, tenant)?;
         let summary = summarize(&id, &log);
         writeln!(
             out,
@@ -217,10 +216,11 @@ impl Audit {
     pub fn replay(
         &self,
         id: &str,
+        tenant: Option<&str>,
         branch: Option<&str>,
         out: &mut dyn Write,
     ) -> Result<(), AuditError> {
-        let (_, log) = self.read(id)?;
+        let (_, log) = self.read(id, tenant)?;
         let tree = Tree::new(&log);
         let tip = match branch {
             Some(text) => {
@@ -243,8 +243,13 @@ impl Audit {
     }
 
     /// `audit view`: the model view the next request would be sent with, as JSON.
-    pub fn view(&self, id: &str, out: &mut dyn Write) -> Result<(), AuditError> {
-        let (id, log) = self.read(id)?;
+    pub fn view(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        out: &mut dyn Write,
+    ) -> Result<(), AuditError> {
+        let (id, log) = self.read(id, tenant)?;
         let tree = Tree::new(&log);
         let Some(body) = tree.latest_request_body() else {
             writeln!(out, "[]")?;
@@ -265,15 +270,21 @@ impl Audit {
     }
 
     /// `audit verify`: checks one conversation or all; fails if any problem is found.
-    pub fn verify(&self, id: Option<&str>, out: &mut dyn Write) -> Result<(), AuditError> {
+    pub fn verify(
+        &self,
+        id: Option<&str>,
+        tenant: Option<&str>,
+        out: &mut dyn Write,
+    ) -> Result<(), AuditError> {
         let ids = match id {
-            Some(id) => vec![ConversationId::parse(id)?],
+            Some(id) => vec![resolve(&self.data_dir, id, tenant)?],
             None => self.ids()?,
         };
         let mut total = 0;
         let mut incomplete = 0;
         for id in &ids {
-            let (id, log) = self.read(id.as_str())?;
+            let log = self.read_id(id)?;
+            let id = format!("{}/{id}", id.tenant());
             let mut problems = verify_log(&log);
             problems.extend(crate::compaction::record::compaction_problems(&log));
             for problem in &problems {

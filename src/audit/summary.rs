@@ -13,6 +13,8 @@ use crate::store::ConversationLog;
 pub struct ConversationSummary {
     /// The id.
     pub id: String,
+    /// The tenant it belongs to.
+    pub tenant: String,
     /// Time of the first line.
     pub first_seen: Option<String>,
     /// Time of the last line.
@@ -42,6 +44,7 @@ pub fn summarize(id: &ConversationId, log: &ConversationLog) -> ConversationSumm
         .collect();
     ConversationSummary {
         id: id.to_string(),
+        tenant: id.tenant().to_string(),
         first_seen: log.lines.first().map(|l| l.at.clone()),
         last_seen: log.lines.last().map(|l| l.at.clone()),
         messages: tree.messages().len(),

@@ -1,9 +1,11 @@
 //! Conversation ids: the client's `x-handoff-conversation-id`, or one derived from the
-//! first non-pinned message. An id is also a folder name, so it is checked strictly.
+//! first non-pinned message, always within a tenant. An id is also a folder name, so
+//! it is checked strictly.
 
 use std::fmt;
 
 use crate::digest::Digest;
+use crate::tenant::TenantId;
 
 /// The header a client sends to name its conversation.
 pub const CONVERSATION_HEADER: &str = "x-handoff-conversation-id";
@@ -22,13 +24,17 @@ pub enum IdError {
     DotsOnly,
 }
 
-/// A validated conversation id, safe to use as a folder name.
+/// A validated conversation id within its tenant, safe to use as a folder name. Two
+/// tenants' conversations of the same name are different conversations.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ConversationId(String);
+pub struct ConversationId {
+    tenant: TenantId,
+    name: String,
+}
 
 impl ConversationId {
     /// Checks `text` against `[A-Za-z0-9._-]{1,128}`, dots-only names excluded.
-    pub fn parse(text: &str) -> Result<Self, IdError> {
+    pub fn parse(tenant: TenantId, text: &str) -> Result<Self, IdError> {
         let length = text.chars().count();
         if length == 0 || length > 128 {
             return Err(IdError::Length(length));
@@ -42,23 +48,34 @@ impl ConversationId {
         if text.chars().all(|c| c == '.') {
             return Err(IdError::DotsOnly);
         }
-        Ok(Self(text.to_owned()))
+        Ok(Self {
+            tenant,
+            name: text.to_owned(),
+        })
     }
 
     /// The id a conversation gets from the digest of its first non-pinned message.
-    pub fn derived(first: &Digest) -> Self {
-        Self(format!("c-{}", first.short(32)))
+    pub fn derived(tenant: TenantId, first: &Digest) -> Self {
+        Self {
+            tenant,
+            name: format!("c-{}", first.short(32)),
+        }
     }
 
-    /// The id as text.
+    /// The id as text, without its tenant.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.name
+    }
+
+    /// The tenant the conversation belongs to.
+    pub fn tenant(&self) -> &TenantId {
+        &self.tenant
     }
 }
 
 impl fmt::Display for ConversationId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.name)
     }
 }
 
@@ -68,11 +85,18 @@ mod tests {
 
     #[test]
     fn ids_that_could_escape_or_break_paths_are_refused() {
+        let t = TenantId::legacy;
         for bad in ["", "../x", "a b", "..", ".", "a/b", "é", &"x".repeat(129)] {
-            assert!(ConversationId::parse(bad).is_err(), "{bad:?} was accepted");
+            assert!(
+                ConversationId::parse(t(), bad).is_err(),
+                "{bad:?} was accepted"
+            );
         }
         for good in ["a", "conv-1.2_3", &"x".repeat(128), "..a"] {
-            assert!(ConversationId::parse(good).is_ok(), "{good:?} was refused");
+            assert!(
+                ConversationId::parse(t(), good).is_ok(),
+                "{good:?} was refused"
+            );
         }
     }
 }

@@ -27,6 +27,7 @@ use crate::digest::{
 };
 use crate::store::line::{Entry, Line, MessageLine, PinnedLine, RequestLine, Source};
 use crate::store::{ConversationLog, Store, StoreError};
+use crate::tenant::TenantId;
 
 /// What the tracker remembers of one conversation.
 #[derive(Debug, Default)]
@@ -224,10 +225,14 @@ pub fn pinned_len(messages: &[Message]) -> usize {
         .count()
 }
 
-/// The conversation id: the header if given (and valid), else derived.
-pub fn identify(header: Option<&str>, request: &ChatRequest) -> Result<ConversationId, IdError> {
+/// The conversation id within `tenant`: the header if given (and valid), else derived.
+pub fn identify(
+    tenant: TenantId,
+    header: Option<&str>,
+    request: &ChatRequest,
+) -> Result<ConversationId, IdError> {
     if let Some(text) = header {
-        return ConversationId::parse(text);
+        return ConversationId::parse(tenant, text);
     }
     let pinned = pinned_len(&request.messages);
     let first = request
@@ -236,7 +241,7 @@ pub fn identify(header: Option<&str>, request: &ChatRequest) -> Result<Conversat
         .or_else(|| request.messages.first())
         .map(|m| message_digest(&m.value))
         .unwrap_or_else(|| message_digest(&Value::Null));
-    Ok(ConversationId::derived(&first))
+    Ok(ConversationId::derived(tenant, &first))
 }
 
 impl Tracker {

@@ -35,6 +35,7 @@ use crate::metrics::Metrics;
 use crate::projection::project_view;
 use crate::state::{Snapshot, StateError};
 use crate::store::{MemoryStore, Store};
+use crate::tenant::TenantId;
 use crate::tokens::Tokens;
 
 /// Why an evaluation could not run.
@@ -251,9 +252,10 @@ impl Replayer {
     ) -> ConversationReport {
         let store = Arc::new(MemoryStore::default());
         let tracker = Tracker::new(Arc::clone(&store) as Arc<dyn Store>, 4);
-        let id = ConversationId::parse(&replay.name)
-            .or_else(|_| ConversationId::parse("eval"))
-            .unwrap_or_else(|_| ConversationId::derived(&crate::digest::bytes_digest(b"eval")));
+        let tenant = replay.tenant.clone().unwrap_or_else(TenantId::legacy);
+        let id = ConversationId::parse(tenant.clone(), &replay.name).unwrap_or_else(|_| {
+            ConversationId::derived(tenant, &crate::digest::bytes_digest(replay.name.as_bytes()))
+        });
         let mut errors = Vec::new();
         let mut final_view = String::new();
         for (index, step) in replay.steps.iter().enumerate() {

@@ -9,8 +9,10 @@ use serde_json::{json, Value};
 
 use crate::audit::Tree;
 use crate::conversation::{CapturedReply, ConversationId};
+use crate::store::layout::{conversation_dir, list_ids, resolve, ResolveError, MESSAGES_FILE};
 use crate::store::line::Source;
-use crate::store::{list_ids, read_conversation, DiskStore, MESSAGES_FILE};
+use crate::store::read_conversation;
+use crate::tenant::TenantId;
 
 /// Why a conversation could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -31,9 +33,9 @@ pub enum SourceError {
         /// What is wrong.
         reason: String,
     },
-    /// An id given with --conversation is not valid.
-    #[error("invalid conversation id: {0}")]
-    Id(#[from] crate::conversation::IdError),
+    /// A conversation given with --conversation could not be found.
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
 }
 
 /// One request to replay, and the reply the upstream gave it, if it was logged.
@@ -48,6 +50,8 @@ pub struct Step {
 pub struct Replay {
     /// Its name in the report: the conversation id or the file name.
     pub name: String,
+    /// The tenant of a recorded conversation.
+    pub tenant: Option<TenantId>,
     /// Its requests, in order.
     pub steps: Vec<Step>,
     /// Every original's text, where the probe's matches are looked for.
@@ -56,21 +60,19 @@ pub struct Replay {
 
 /// The recorded conversations of `data_dir`: `ids`, or all when empty.
 pub fn from_data_dir(data_dir: &Path, ids: &[String]) -> Result<Vec<Replay>, SourceError> {
-    let root = DiskStore::conversations_dir(data_dir);
-    let read_err = |source| SourceError::Read {
-        path: root.display().to_string(),
-        source,
-    };
     let ids: Vec<ConversationId> = if ids.is_empty() {
-        list_ids(&root, None, usize::MAX).map_err(read_err)?
+        list_ids(data_dir, None, None, usize::MAX).map_err(|source| SourceError::Read {
+            path: data_dir.display().to_string(),
+            source,
+        })?
     } else {
         ids.iter()
-            .map(|id| ConversationId::parse(id))
+            .map(|id| resolve(data_dir, id, None))
             .collect::<Result<_, _>>()?
     };
     let mut replays = Vec::with_capacity(ids.len());
     for id in ids {
-        let path = root.join(id.as_str()).join(MESSAGES_FILE);
+        let path = conversation_dir(data_dir, &id).join(MESSAGES_FILE);
         let log = read_conversation(&path).map_err(|source| SourceError::Read {
             path: path.display().to_string(),
             source,
@@ -123,6 +125,7 @@ pub fn from_data_dir(data_dir: &Path, ids: &[String]) -> Result<Vec<Replay>, Sou
             .join("\n");
         replays.push(Replay {
             name: id.to_string(),
+            tenant: Some(id.tenant().clone()),
             steps,
             originals,
         });
@@ -172,6 +175,7 @@ pub fn from_file(path: &Path, model: &str) -> Result<Replay, SourceError> {
     );
     Ok(Replay {
         name,
+        tenant: None,
         steps,
         originals: messages
             .iter()

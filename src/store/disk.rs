@@ -1,5 +1,5 @@
-//! The local-disk store: `data_dir/conversations/<id>/messages.jsonl`, appended by the
-//! writer thread, read on demand. Start-up reads nothing.
+//! The local-disk store: one folder per conversation ([`super::layout`]), appended by
+//! the writer thread, read on demand. Start-up reads nothing.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -7,16 +7,12 @@ use std::path::{Path, PathBuf};
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
+use super::layout::{conversation_dir, list_ids, COMPACTIONS_FILE, MESSAGES_FILE};
 use super::line::{encode, Entry, Line, FORMAT_VERSION};
 use super::{Store, StoreError, Writer};
 use crate::compaction::CompactionRecord;
 use crate::conversation::ConversationId;
-
-/// File name of a conversation's message log.
-pub const MESSAGES_FILE: &str = "messages.jsonl";
-
-/// File name of a conversation's compaction records.
-pub const COMPACTIONS_FILE: &str = "compactions.jsonl";
+use crate::tenant::TenantId;
 
 /// A line that could not be used, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,7 +38,7 @@ pub struct ConversationLog {
 
 /// The embedded store: one folder per conversation.
 pub struct DiskStore {
-    root: PathBuf,
+    data_dir: PathBuf,
     writer: Writer,
 }
 
@@ -50,22 +46,17 @@ impl DiskStore {
     /// A store under `data_dir`, writing through `writer`.
     pub fn new(data_dir: &Path, writer: Writer) -> Self {
         Self {
-            root: data_dir.join("conversations"),
+            data_dir: data_dir.to_owned(),
             writer,
         }
     }
 
-    /// The folder holding all conversations.
-    pub fn conversations_dir(data_dir: &Path) -> PathBuf {
-        data_dir.join("conversations")
-    }
-
     fn messages_path(&self, id: &ConversationId) -> PathBuf {
-        self.root.join(id.as_str()).join(MESSAGES_FILE)
+        conversation_dir(&self.data_dir, id).join(MESSAGES_FILE)
     }
 
     fn compactions_path(&self, id: &ConversationId) -> PathBuf {
-        self.root.join(id.as_str()).join(COMPACTIONS_FILE)
+        conversation_dir(&self.data_dir, id).join(COMPACTIONS_FILE)
     }
 }
 
@@ -135,13 +126,16 @@ impl Store for DiskStore {
 
     fn list(
         &self,
-        after: Option<String>,
+        tenant: Option<TenantId>,
+        after: Option<ConversationId>,
         limit: usize,
     ) -> BoxFuture<'_, Result<Vec<ConversationId>, StoreError>> {
-        let root = self.root.clone();
+        let data_dir = self.data_dir.clone();
         async move {
-            let listed =
-                tokio::task::spawn_blocking(move || list_ids(&root, after.as_deref(), limit)).await;
+            let listed = tokio::task::spawn_blocking(move || {
+                list_ids(&data_dir, tenant.as_ref(), after.as_ref(), limit)
+            })
+            .await;
             listed
                 .map_err(|join| std::io::Error::other(join.to_string()))
                 .and_then(|inner| inner)
@@ -152,33 +146,6 @@ impl Store for DiskStore {
         }
         .boxed()
     }
-}
-
-/// Conversation folders under `root` in name order, after `after`, at most `limit`.
-pub fn list_ids(
-    root: &Path,
-    after: Option<&str>,
-    limit: usize,
-) -> std::io::Result<Vec<ConversationId>> {
-    let entries = match std::fs::read_dir(root) {
-        Ok(entries) => entries,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(err) => return Err(err),
-    };
-    let mut ids: Vec<ConversationId> = entries
-        .filter_map(Result::ok)
-        .filter(|entry| entry.path().join(MESSAGES_FILE).is_file())
-        .filter_map(|entry| {
-            entry
-                .file_name()
-                .to_str()
-                .and_then(|name| ConversationId::parse(name).ok())
-        })
-        .filter(|id| after.is_none_or(|after| id.as_str() > after))
-        .collect();
-    ids.sort();
-    ids.truncate(limit);
-    Ok(ids)
 }
 
 /// Reads a conversation from its `messages.jsonl` path and the records beside it.

@@ -11,6 +11,7 @@ use super::line::{Entry, Line};
 use super::{ConversationLog, Store, StoreError};
 use crate::compaction::CompactionRecord;
 use crate::conversation::ConversationId;
+use crate::tenant::TenantId;
 
 /// Conversations held in memory, lost with the process.
 #[derive(Default)]
@@ -62,7 +63,8 @@ impl Store for MemoryStore {
 
     fn list(
         &self,
-        after: Option<String>,
+        tenant: Option<TenantId>,
+        after: Option<ConversationId>,
         limit: usize,
     ) -> BoxFuture<'_, Result<Vec<ConversationId>, StoreError>> {
         let ids = self
@@ -71,7 +73,8 @@ impl Store for MemoryStore {
             .map(|conversations| {
                 conversations
                     .keys()
-                    .filter(|id| after.as_deref().is_none_or(|after| id.as_str() > after))
+                    .filter(|id| tenant.as_ref().is_none_or(|t| id.tenant() == t))
+                    .filter(|id| after.as_ref().is_none_or(|after| *id > after))
                     .take(limit)
                     .cloned()
                     .collect()

@@ -1,23 +1,23 @@
 //! Where originals live. The [`Store`] trait has the operations a shared backend
-//! (PostgreSQL, DESIGN.md section 8) would also provide; [`DiskStore`] is the
-//! embedded default: one folder per conversation under `data_dir/conversations/`.
+//! (PostgreSQL) would also provide; [`DiskStore`] is the embedded default: one folder
+//! per conversation under `data_dir/tenants/<tenant>/conversations/`.
 
 mod disk;
+pub mod layout;
 pub mod line;
 mod memory;
 mod writer;
 
 use futures_util::future::BoxFuture;
 
-pub use disk::{
-    list_ids, read_conversation, read_log_file, ConversationLog, DiskStore, LineProblem,
-    COMPACTIONS_FILE, MESSAGES_FILE,
-};
+pub use disk::{read_conversation, read_log_file, ConversationLog, DiskStore, LineProblem};
+pub use layout::{COMPACTIONS_FILE, MESSAGES_FILE};
 pub use memory::MemoryStore;
 pub use writer::Writer;
 
 use crate::compaction::CompactionRecord;
 use crate::conversation::ConversationId;
+use crate::tenant::TenantId;
 use line::Line;
 
 /// Why the store could not do what was asked.
@@ -65,10 +65,12 @@ pub trait Store: Send + Sync {
         record: CompactionRecord,
     ) -> BoxFuture<'_, Result<(), StoreError>>;
 
-    /// Conversation ids in name order, after `after`, at most `limit`.
+    /// Conversations in (tenant, id) order, of `tenant` or of all, after `after`, at
+    /// most `limit`.
     fn list(
         &self,
-        after: Option<String>,
+        tenant: Option<TenantId>,
+        after: Option<ConversationId>,
         limit: usize,
     ) -> BoxFuture<'_, Result<Vec<ConversationId>, StoreError>>;
 }

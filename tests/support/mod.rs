@@ -250,6 +250,45 @@ impl Proxy {
         self.data_dir.clone()
     }
 
+    /// The folder of conversation `id` in whichever tenant holds it; a path that does
+    /// not exist when none does yet.
+    pub fn conversation_dir(&self, id: &str) -> PathBuf {
+        let found: Vec<PathBuf> = self
+            .conversation_dirs()
+            .into_iter()
+            .filter(|dir| dir.file_name().is_some_and(|name| name == id))
+            .collect();
+        assert!(
+            found.len() <= 1,
+            "{id} exists under several tenants: {found:?}"
+        );
+        found
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| self.data_dir.join("tenants/-/conversations").join(id))
+    }
+
+    /// Every conversation folder, of every tenant.
+    pub fn conversation_dirs(&self) -> Vec<PathBuf> {
+        let mut dirs = Vec::new();
+        for tenant in std::fs::read_dir(self.data_dir.join("tenants"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let conversations = tenant.path().join("conversations");
+            for entry in std::fs::read_dir(conversations)
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                dirs.push(entry.path());
+            }
+        }
+        dirs.sort();
+        dirs
+    }
+
     /// `GET /handoff/metrics`, as text.
     pub async fn metrics(&self) -> String {
         client::send(client::request(
@@ -346,11 +385,7 @@ pub fn closed_port() -> u16 {
 
 /// The `message` lines of a conversation's log, parsed, in file order.
 pub fn message_lines(proxy: &Proxy, id: &str) -> Vec<serde_json::Value> {
-    let path = proxy
-        .data_dir()
-        .join("conversations")
-        .join(id)
-        .join("messages.jsonl");
+    let path = proxy.conversation_dir(id).join("messages.jsonl");
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()

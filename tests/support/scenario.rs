@@ -72,9 +72,7 @@ pub fn options(window: u64, extra: &str) -> ProxyOptions {
 }
 
 pub fn records(proxy: &Proxy, id: &str) -> Vec<Value> {
-    let path = proxy
-        .data_dir()
-        .join(format!("conversations/{id}/compactions.jsonl"));
+    let path = proxy.conversation_dir(id).join("compactions.jsonl");
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()

@@ -1,0 +1,184 @@
+//! Tenants: who a request belongs to. Every conversation is scoped by its tenant, so
+//! two callers whose conversations open with the same message never share tracking,
+//! compactions, calibration or views.
+//!
+//! A tenant is the matching proxy key's name when `[[auth.keys]]` is configured, and
+//! otherwise `t-` + 16 hex digits of HMAC-SHA256(server secret, credential): the
+//! credential never appears in it, and without the secret it cannot be guessed.
+
+use std::fmt;
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+/// The file under `data_dir` that holds the server secret.
+pub const SECRET_FILE: &str = "secret";
+
+/// The tenant that conversations logged before tenants existed are moved to.
+pub const LEGACY: &str = "legacy";
+
+/// Why a tenant name was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TenantError {
+    /// Not 1 to 64 characters of `[A-Za-z0-9._-]`, or dots only.
+    #[error("tenant must be 1 to 64 characters of A-Z, a-z, 0-9, '.', '_' and '-', not dots only; got {0:?}")]
+    Invalid(String),
+}
+
+/// A validated tenant name, safe to use as a folder name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TenantId(String);
+
+impl TenantId {
+    /// Checks `text` against `[A-Za-z0-9._-]{1,64}`, dots-only names excluded.
+    pub fn parse(text: &str) -> Result<Self, TenantError> {
+        let valid = (1..=64).contains(&text.len())
+            && text
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+            && !text.chars().all(|c| c == '.');
+        if valid {
+            Ok(Self(text.to_owned()))
+        } else {
+            Err(TenantError::Invalid(text.chars().take(80).collect()))
+        }
+    }
+
+    /// The tenant of conversations logged before tenants existed.
+    pub fn legacy() -> Self {
+        Self(LEGACY.to_owned())
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for TenantId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The server's secret: the key of the HMAC that turns credentials into tenants.
+#[derive(Clone)]
+pub struct ServerSecret([u8; 32]);
+
+impl fmt::Debug for ServerSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ServerSecret(…)")
+    }
+}
+
+impl ServerSecret {
+    /// A secret from known bytes (tests, a shared backend).
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// Reads `<data_dir>/secret`, creating it (0600, 32 random bytes) on first start.
+    pub fn load_or_create(data_dir: &Path) -> std::io::Result<Self> {
+        let path = data_dir.join(SECRET_FILE);
+        match std::fs::File::open(&path) {
+            Ok(mut file) => {
+                let mut bytes = [0u8; 32];
+                file.read_exact(&mut bytes)?;
+                return Ok(Self(bytes));
+            }
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => return Err(err),
+        }
+        let mut bytes = [0u8; 32];
+        std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+        std::fs::create_dir_all(data_dir)?;
+        // create_new: two processes starting at once must not each write their own.
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+        {
+            Ok(mut file) => {
+                file.write_all(&bytes)?;
+                file.sync_all()?;
+                Ok(Self(bytes))
+            }
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
+                Self::load_or_create(data_dir)
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    /// The tenant of a caller presenting `credential` (an `Authorization` or
+    /// `x-api-key` value, or `anonymous`).
+    pub fn tenant_for(&self, credential: &[u8]) -> TenantId {
+        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&self.0) else {
+            // HMAC takes keys of any length; this branch cannot be reached.
+            return TenantId::legacy();
+        };
+        mac.update(credential);
+        let digest = mac.finalize().into_bytes();
+        let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+        TenantId(format!("t-{hex}"))
+    }
+}
+
+/// The credential a request presents: `Authorization`, else `x-api-key`, else
+/// `anonymous`.
+pub fn credential(headers: &http::HeaderMap) -> &[u8] {
+    headers
+        .get(http::header::AUTHORIZATION)
+        .or_else(|| headers.get("x-api-key"))
+        .map_or(b"anonymous".as_slice(), |value| value.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenants_are_stable_per_credential_and_hide_it() {
+        let secret = ServerSecret::from_bytes([7; 32]);
+        let a = secret.tenant_for(b"Bearer sk-alpha");
+        assert_eq!(a, secret.tenant_for(b"Bearer sk-alpha"));
+        assert_ne!(a, secret.tenant_for(b"Bearer sk-beta"));
+        assert!(
+            a.as_str().starts_with("t-") && a.as_str().len() == 18,
+            "{a}"
+        );
+        assert!(!a.as_str().contains("alpha"));
+        let other = ServerSecret::from_bytes([8; 32]);
+        assert_ne!(
+            a,
+            other.tenant_for(b"Bearer sk-alpha"),
+            "the secret keys it"
+        );
+    }
+
+    #[test]
+    fn the_secret_is_created_once_with_0600() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let first = ServerSecret::load_or_create(dir.path()).unwrap();
+        let again = ServerSecret::load_or_create(dir.path()).unwrap();
+        assert_eq!(first.0, again.0);
+        let mode = std::fs::metadata(dir.path().join(SECRET_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn tenant_names_that_could_escape_paths_are_refused() {
+        for bad in ["", "..", "a/b", "a b", &"x".repeat(65)] {
+            assert!(TenantId::parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(TenantId::parse("team-a").is_ok());
+    }
+}
