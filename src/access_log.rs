@@ -57,6 +57,7 @@ pub struct RequestLog {
     bytes: u64,
     outcome: Outcome,
     conversation: Option<String>,
+    tenant: Option<String>,
     head_at: Option<Duration>,
     metrics: Option<Arc<Metrics>>,
 }
@@ -73,6 +74,7 @@ impl RequestLog {
             bytes: 0,
             outcome: Outcome::ClientGone,
             conversation: None,
+            tenant: None,
             head_at: None,
             metrics: None,
         }
@@ -104,6 +106,11 @@ impl RequestLog {
     /// Records the time from sending upstream to the response head.
     pub fn set_upstream_time(&mut self, elapsed: Duration) {
         self.upstream_time = Some(elapsed);
+    }
+
+    /// Records the tenant the request was admitted as.
+    pub fn set_tenant(&mut self, tenant: &str) {
+        self.tenant = Some(tenant.to_owned());
     }
 
     /// Records the conversation this request belongs to.
@@ -185,6 +192,7 @@ impl Drop for RequestLog {
             upstream_ms = upstream_ms.map(|ms| format!("{ms:.2}")),
             bytes = self.bytes,
             outcome = self.outcome.as_str(),
+            tenant = self.tenant.as_deref(),
             conversation = self.conversation.as_deref(),
             "request"
         );

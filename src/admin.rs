@@ -25,6 +25,10 @@ use crate::store::layout::{find, resolve, ResolveError};
 use crate::store::ConversationLog;
 use crate::tenant::TenantId;
 
+/// The header that carries the upstream credential of a manual compaction (the
+/// request's own `Authorization` is the admin token).
+pub const UPSTREAM_AUTHORIZATION: &str = "x-handoff-upstream-authorization";
+
 /// Handles a `/handoff/*` request.
 pub async fn handle(
     state: &AppState,
@@ -128,8 +132,25 @@ async fn compact_now(
         .calibration(&id)
         .await
         .map_err(|err| ApiError::storage(err.to_string()))?;
-    let mut client_headers = headers.clone();
-    client_headers.remove(header::CONTENT_LENGTH);
+    // The caller's Authorization is the admin token: it must never go upstream.
+    let mut client_headers = http::HeaderMap::new();
+    if let Some(value) = snap
+        .credentials
+        .upstream_authorization()
+        .or_else(|| headers.get(UPSTREAM_AUTHORIZATION))
+    {
+        client_headers.insert(header::AUTHORIZATION, value.clone());
+    }
+    for name in [
+        "anthropic-version",
+        "anthropic-beta",
+        "openai-organization",
+        "openai-project",
+    ] {
+        if let Some(value) = headers.get(name) {
+            client_headers.insert(name, value.clone());
+        }
+    }
     let job = Job {
         chain: snap.registry.select(&snap.config, &request.model, None),
         tracker: &state.tracker,
@@ -326,33 +347,71 @@ async fn conversation(
     Ok(value)
 }
 
-/// Loopback peers pass; others need `Authorization: Bearer <admin.token>`.
+/// The admin rule: `Authorization: Bearer <admin.token>`, or a loopback peer that
+/// names a local host and sends no `Origin` of another. A browser on this machine can
+/// reach loopback too, so the `Host` check stops DNS rebinding and the `Origin` check
+/// stops cross-site requests; everything else gets 403.
 fn authorize(
     state: &AppState,
     request: &Request<Incoming>,
     peer: SocketAddr,
 ) -> Result<(), ApiError> {
-    if peer.ip().is_loopback() {
-        return Ok(());
-    }
     let snap = state.snapshot();
-    let Some(token) = snap.config.admin.token.as_deref() else {
-        return Err(ApiError::unauthorized(
-            "admin endpoints are served to loopback clients only; set admin.token to open them",
-        ));
-    };
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.strip_prefix("Bearer "));
-    if presented.is_some_and(|p| constant_time_eq(p.as_bytes(), token.as_bytes())) {
+    if let (Some(token), Some(presented)) = (snap.config.admin.token.as_deref(), presented) {
+        if constant_time_eq(presented.as_bytes(), token.as_bytes()) {
+            return Ok(());
+        }
+        return Err(ApiError::forbidden("wrong admin bearer token"));
+    }
+    let host = request
+        .uri()
+        .authority()
+        .map(|a| a.host().to_owned())
+        .or_else(|| {
+            request
+                .headers()
+                .get(header::HOST)
+                .and_then(|v| v.to_str().ok())
+                .map(host_of)
+        });
+    let origin_is_local = request.headers().get(header::ORIGIN).map(|v| {
+        v.to_str()
+            .ok()
+            .and_then(|o| o.split_once("://"))
+            .is_some_and(|(_, rest)| is_local_host(&host_of(rest)))
+    });
+    let local = peer.ip().is_loopback()
+        && host.as_deref().is_some_and(is_local_host)
+        && origin_is_local.unwrap_or(true);
+    if local {
         Ok(())
     } else {
-        Err(ApiError::unauthorized(
-            "missing or wrong admin bearer token",
+        Err(ApiError::forbidden(
+            "admin endpoints answer Authorization: Bearer <admin.token>, or loopback clients addressing localhost without a foreign Origin",
         ))
     }
+}
+
+/// The host part of a `Host` value or of an origin's authority: no port, no path.
+fn host_of(authority: &str) -> String {
+    let authority = authority.split('/').next().unwrap_or(authority);
+    if let Some(rest) = authority.strip_prefix('[') {
+        return format!("[{}]", rest.split(']').next().unwrap_or(rest));
+    }
+    authority
+        .split(':')
+        .next()
+        .unwrap_or(authority)
+        .to_ascii_lowercase()
+}
+
+fn is_local_host(host: &str) -> bool {
+    matches!(host, "localhost" | "127.0.0.1" | "[::1]" | "::1")
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

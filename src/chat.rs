@@ -13,6 +13,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
 use crate::access_log::RequestLog;
+use crate::auth::Admission;
 use crate::body::{full, ProxyBody};
 use crate::capture::{ReplyCapture, ReplyTarget};
 use crate::compaction::budget::{RequestBudget, Scale};
@@ -28,7 +29,6 @@ use crate::forward::{forward, is_event_stream, reject, relay, send_timed, upstre
 use crate::projection::project_view;
 use crate::relay::Observer;
 use crate::state::{AppState, Snapshot};
-use crate::tenant::credential;
 use crate::upstream::Upstream;
 
 /// Largest upstream error body read to look for a context-length error.
@@ -46,11 +46,11 @@ const REACTIVE_TIGHTEN: f64 = 0.8;
 /// Handles `POST …/chat/completions`.
 pub async fn handle(
     state: &AppState,
+    snap: Arc<Snapshot>,
     request: Request<Incoming>,
     log: &mut RequestLog,
+    admission: Admission,
 ) -> Response<ProxyBody> {
-    // One snapshot for the whole request: a reload mid-way does not change its config.
-    let snap = state.snapshot();
     let (mut parts, body) = request.into_parts();
     let bytes = match read_body(body, snap.config.limits.max_body_bytes, &parts.headers).await {
         Ok(bytes) => bytes,
@@ -75,8 +75,10 @@ pub async fn handle(
             ))
         }
     };
-    let tenant = state.secret.tenant_for(credential(&parts.headers));
-    let id = match identify(tenant, header, &chat) {
+    if let Err(err) = admission.check_model(&chat.model) {
+        return err.into_response();
+    }
+    let id = match identify(admission.tenant, header, &chat) {
         Ok(id) => id,
         Err(err) => {
             return reject(ApiError::invalid_request(
@@ -93,6 +95,7 @@ pub async fn handle(
     );
     // A compacted body has another length; hyper sets the right one from the body itself.
     parts.headers.remove(header::CONTENT_LENGTH);
+    snap.credentials.rewrite(&mut parts.headers);
 
     let tracked = match state.tracker.track(id.clone(), &chat).await {
         Ok(tracked) => tracked,

@@ -313,6 +313,10 @@ fn serve(args: &ConfigArgs) -> ExitCode {
         Ok(config) => config,
         Err(code) => return code,
     };
+    if let Err(err) = config::check_serve(&config) {
+        eprintln!("handoff: {err}");
+        return ExitCode::from(2);
+    }
     crate::telemetry::init(&config.log);
     let runtime = match runtime() {
         Ok(runtime) => runtime,

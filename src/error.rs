@@ -22,6 +22,8 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// What went wrong, with the values that explain it.
     pub message: String,
+    /// Seconds to wait before retrying, sent as `Retry-After`.
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -36,7 +38,50 @@ impl ApiError {
             kind,
             code,
             message,
+            retry_after: None,
         }
+    }
+
+    /// 401 for a missing or unknown proxy key.
+    pub fn invalid_api_key(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            Some("invalid_api_key"),
+            message.into(),
+        )
+    }
+
+    /// 403 for a model outside the key's allow-list.
+    pub fn model_not_allowed(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "invalid_request_error",
+            Some("model_not_allowed"),
+            message.into(),
+        )
+    }
+
+    /// 403 for an admin request that is neither authenticated nor local.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            Some("forbidden"),
+            message.into(),
+        )
+    }
+
+    /// 429 with `Retry-After` when a key's rate limit is hit.
+    pub fn rate_limited(message: impl Into<String>, retry_after: std::time::Duration) -> Self {
+        let mut err = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            Some("rate_limit_exceeded"),
+            message.into(),
+        );
+        err.retry_after = Some(retry_after.as_secs_f64().ceil().max(1.0) as u64);
+        err
     }
 
     /// 400 for a request the client must fix.
@@ -150,6 +195,11 @@ impl ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
         response
     }
 }

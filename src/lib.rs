@@ -26,6 +26,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod audit;
+pub mod auth;
 pub mod body;
 pub mod capture;
 pub mod chat;

@@ -42,12 +42,31 @@ async fn dispatch(
     if path == "/handoff" || path.starts_with("/handoff/") {
         return admin::handle(state, request, peer).await;
     }
+    // One snapshot for the whole request: a reload mid-way does not change its config.
+    let snap = state.snapshot();
+    // The body's size is the estimate rate limits count before anything is read.
+    let estimated_tokens = request
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(0, |bytes| bytes / 4);
+    let admission = match snap.credentials.admit(
+        &state.secret,
+        &state.limiter,
+        request.headers(),
+        estimated_tokens,
+    ) {
+        Ok(admission) => admission,
+        Err(err) => return err.into_response(),
+    };
+    log.set_tenant(admission.tenant.as_str());
     if request.method() == Method::POST && path.ends_with("/chat/completions") {
-        return chat::handle(state, request, log).await;
+        return chat::handle(state, snap, request, log, admission).await;
     }
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
+    snap.credentials.rewrite(&mut parts.headers);
     // Uploads and other bodies stream straight through, never collected.
     let body = body.map_err(Into::into).boxed_unsync();
-    let snap = state.snapshot();
     forward(&snap.upstream, parts, body, log).await
 }

@@ -10,6 +10,7 @@ use arc_swap::ArcSwap;
 use handoff_plugin_api::CancellationToken;
 use serde::Serialize;
 
+use crate::auth::{Credentials, KeyError, RateLimiter};
 use crate::compaction::service::Compactor;
 use crate::config::{self, Config, Overrides, UpstreamConfig};
 use crate::conversation::Tracker;
@@ -44,6 +45,9 @@ pub enum StateError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A key's variable is unset.
+    #[error(transparent)]
+    Keys(#[from] KeyError),
     /// A pre-tenant data dir could not be moved to the tenant `legacy`.
     #[error(transparent)]
     Migration(#[from] MigrationError),
@@ -59,6 +63,8 @@ pub struct Snapshot {
     route_upstreams: Vec<Option<Upstream>>,
     /// The named strategies.
     pub registry: Registry,
+    /// Proxy keys and the upstream key.
+    pub credentials: Credentials,
     /// When it was loaded, RFC 3339.
     pub loaded_at: String,
 }
@@ -84,11 +90,13 @@ impl Snapshot {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let registry = Registry::build(&config)?;
+        let credentials = Credentials::build(&config)?;
         Ok(Self {
             config: Arc::new(config),
             upstream,
             route_upstreams,
             registry,
+            credentials,
             loaded_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
         })
     }
@@ -133,6 +141,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// The key that turns credentials into tenants; never logged.
     pub secret: ServerSecret,
+    /// Per-key rate limits, kept across reloads.
+    pub limiter: RateLimiter,
 }
 
 impl AppState {
@@ -172,6 +182,7 @@ impl AppState {
             metrics,
             shutdown,
             secret,
+            limiter: RateLimiter::default(),
         })
     }
 

@@ -341,7 +341,10 @@ async fn manual_compaction_and_the_audit_views() {
     let got = client::send(request(
         "POST",
         &format!("{}/handoff/conversations/manual/compact", proxy.url()),
-        &[("authorization", "Bearer sk-x")],
+        &[
+            ("authorization", "Bearer not-for-the-upstream"),
+            ("x-handoff-upstream-authorization", "Bearer sk-x"),
+        ],
         "",
     ))
     .await;
@@ -352,7 +355,7 @@ async fn manual_compaction_and_the_audit_views() {
     let summary_request = mock.requests().pop().unwrap();
     assert_eq!(
         summary_request.headers["authorization"], "Bearer sk-x",
-        "the caller's credentials are used"
+        "the upstream credential named for the upstream is used, never the admin request's own"
     );
 
     let view = proxy.audit(&["view", "manual"]);

@@ -256,6 +256,14 @@ fn validate(config: &Config) -> Result<(), ConfigError> {
         return Err(invalid("limits.max_body_bytes", "must be above 0"));
     }
 
+    if config.admin.token.as_deref().is_some_and(str::is_empty) {
+        return Err(invalid(
+            "admin.token",
+            "is empty; remove it or set a token (an empty one would open the admin API)",
+        ));
+    }
+    validate_keys(config)?;
+
     let compaction = &config.compaction;
     if compaction.max_summary_calls == 0 {
         return Err(invalid(
@@ -277,6 +285,66 @@ fn validate(config: &Config) -> Result<(), ConfigError> {
                 "must be above 0",
             ));
         }
+    }
+    Ok(())
+}
+
+/// Checks `[[auth.keys]]`: tenant-safe unique names, one way to recognise each key.
+fn validate_keys(config: &Config) -> Result<(), ConfigError> {
+    let mut names = std::collections::HashSet::new();
+    for (index, key) in config.auth.keys.iter().enumerate() {
+        let at = format!("auth.keys[{index}]");
+        crate::tenant::TenantId::parse(&key.name)
+            .map_err(|err| invalid(&format!("{at}.name"), err.to_string()))?;
+        if !names.insert(key.name.as_str()) {
+            return Err(invalid(
+                &format!("{at}.name"),
+                format!("{:?} is used twice", key.name),
+            ));
+        }
+        match (&key.sha256, &key.key_env) {
+            (Some(hex), None) => {
+                if hex.len() != 64 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+                    return Err(invalid(
+                        &format!("{at}.sha256"),
+                        "must be 64 hex digits (sha256sum of the key)",
+                    ));
+                }
+            }
+            (None, Some(_)) => {}
+            _ => return Err(invalid(&at, "set exactly one of sha256 and key_env")),
+        }
+    }
+    Ok(())
+}
+
+/// Checks what only `serve` needs: the variables keys come from, and that a listener
+/// reachable from other hosts is not left open by mistake.
+pub fn check_serve(config: &Config) -> Result<(), ConfigError> {
+    let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.is_empty());
+    for (index, key) in config.auth.keys.iter().enumerate() {
+        if let Some(name) = key.key_env.as_deref().filter(|n| !set(n)) {
+            return Err(invalid(
+                &format!("auth.keys[{index}].key_env"),
+                format!("the variable {name} is not set"),
+            ));
+        }
+    }
+    if let Some(name) = config.upstream.api_key_env.as_deref().filter(|n| !set(n)) {
+        return Err(invalid(
+            "upstream.api_key_env",
+            format!("the variable {name} is not set"),
+        ));
+    }
+    let open = config.auth.keys.is_empty() && config.admin.token.is_none();
+    if open && !config.listen.ip().is_loopback() && !config.auth.allow_open {
+        return Err(invalid(
+            "listen",
+            format!(
+                "{} is reachable from other hosts, and neither auth.keys nor admin.token is set; set one of them, or auth.allow_open = true to serve it open",
+                config.listen
+            ),
+        ));
     }
     Ok(())
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use load::{config_file, load, strategy_kind, ConfigError, Overrides};
+pub use load::{check_serve, config_file, load, strategy_kind, ConfigError, Overrides};
 pub use mask::masked;
 
 /// The whole effective configuration, as one validated snapshot.
@@ -37,6 +37,8 @@ pub struct Config {
     pub log: LogConfig,
     /// Access to the `/handoff/*` admin endpoints.
     pub admin: AdminConfig,
+    /// Proxy keys: who may use the proxy, and as which tenant.
+    pub auth: AuthConfig,
     /// Durability of the on-disk store.
     pub store: StoreConfig,
     /// Per-model facts, keyed by model name or name prefix.
@@ -102,6 +104,7 @@ impl Default for Config {
             tls: TlsConfig::default(),
             log: LogConfig::default(),
             admin: AdminConfig::default(),
+            auth: AuthConfig::default(),
             store: StoreConfig::default(),
             models: BTreeMap::new(),
             compaction: CompactionConfig::default(),
@@ -138,6 +141,9 @@ pub struct UpstreamConfig {
     /// Time allowed for the response head, and between two body frames.
     #[serde(with = "humantime_serde")]
     pub read_timeout: Duration,
+    /// A variable holding the upstream API key: sent as `Authorization: Bearer …` in
+    /// place of the client's credentials.
+    pub api_key_env: Option<String>,
 }
 
 impl Default for UpstreamConfig {
@@ -146,6 +152,7 @@ impl Default for UpstreamConfig {
             base_url: "https://api.openai.com".to_owned(),
             connect_timeout: Duration::from_secs(10),
             read_timeout: Duration::from_secs(600),
+            api_key_env: None,
         }
     }
 }
@@ -212,6 +219,40 @@ impl Default for LogConfig {
 pub struct AdminConfig {
     /// Bearer token that opens `/handoff/*` to non-loopback clients.
     pub token: Option<String>,
+}
+
+/// Proxy keys. With none configured every caller is served, and its tenant is derived
+/// from its credential.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// The keys callers must present (`Authorization: Bearer` or `x-api-key`).
+    pub keys: Vec<KeyConfig>,
+    /// Serve a non-loopback listener with neither keys nor an admin token.
+    pub allow_open: bool,
+}
+
+/// One proxy key: its tenant name, how to recognise it, and its limits.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyConfig {
+    /// The key's tenant.
+    pub name: String,
+    /// Hex SHA-256 of the key; the key itself is never stored.
+    #[serde(default)]
+    pub sha256: Option<String>,
+    /// Or: a variable holding the key.
+    #[serde(default)]
+    pub key_env: Option<String>,
+    /// Models the key may use; all when empty.
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// Requests per minute.
+    #[serde(default)]
+    pub rpm: Option<u32>,
+    /// Estimated input tokens per minute.
+    #[serde(default)]
+    pub tpm: Option<u64>,
 }
 
 /// When appended lines are fsynced.

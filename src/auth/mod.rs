@@ -1,0 +1,238 @@
+//! Who may use the proxy, as which tenant, and with which upstream credential.
+//!
+//! With `[[auth.keys]]` configured, every request to the upstream must present one of
+//! them (`Authorization: Bearer` or `x-api-key`); its name is the tenant, and its
+//! model allow-list and rate limits apply. Without keys, every caller is served and
+//! its tenant is derived from its credential. Either way, when `upstream.api_key_env`
+//! is set the upstream sees that key only: a client's key never goes upstream then.
+//! Keys are compared by SHA-256, so the config never holds one.
+
+mod limit;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::header::{self, HeaderMap, HeaderValue};
+use sha2::{Digest, Sha256};
+
+pub use limit::{Exceeded, RateLimiter};
+
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::tenant::{credential, ServerSecret, TenantId};
+
+/// Why the key table could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// A key's or the upstream's variable is unset.
+    #[error("{key}: the variable {variable} is not set")]
+    Unset {
+        /// The config key.
+        key: String,
+        /// The variable.
+        variable: String,
+    },
+    /// A value cannot be sent as a header.
+    #[error("{0}: the key is not a valid header value")]
+    Header(String),
+}
+
+/// One proxy key, as the config describes it.
+#[derive(Debug)]
+pub struct ProxyKey {
+    /// Its tenant.
+    pub tenant: TenantId,
+    /// Models it may use; all when empty.
+    pub models: Vec<String>,
+    /// Requests per minute.
+    pub rpm: Option<u32>,
+    /// Estimated input tokens per minute.
+    pub tpm: Option<u64>,
+}
+
+impl ProxyKey {
+    /// True when the key may use `model`.
+    pub fn allows(&self, model: &str) -> bool {
+        self.models.is_empty() || self.models.iter().any(|m| m == model)
+    }
+}
+
+/// The credentials of one config: the proxy keys by digest, and the upstream key.
+#[derive(Debug, Default)]
+pub struct Credentials {
+    keys: HashMap<[u8; 32], Arc<ProxyKey>>,
+    upstream: Option<HeaderValue>,
+}
+
+impl Credentials {
+    /// Builds the table from `config`, reading the variables it names.
+    pub fn build(config: &Config) -> Result<Self, KeyError> {
+        let read = |key: String, variable: &str| {
+            std::env::var(variable)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| KeyError::Unset {
+                    key,
+                    variable: variable.to_owned(),
+                })
+        };
+        let mut keys = HashMap::new();
+        for (index, key) in config.auth.keys.iter().enumerate() {
+            let digest = match (&key.sha256, &key.key_env) {
+                (Some(hex), _) => from_hex(hex),
+                (None, Some(variable)) => {
+                    let value = read(format!("auth.keys[{index}].key_env"), variable)?;
+                    Some(Sha256::digest(value.as_bytes()).into())
+                }
+                (None, None) => None,
+            };
+            let (Some(digest), Ok(tenant)) = (digest, TenantId::parse(&key.name)) else {
+                continue; // refused by config validation already
+            };
+            keys.insert(
+                digest,
+                Arc::new(ProxyKey {
+                    tenant,
+                    models: key.models.clone(),
+                    rpm: key.rpm,
+                    tpm: key.tpm,
+                }),
+            );
+        }
+        let upstream = match &config.upstream.api_key_env {
+            Some(variable) => {
+                let value = read("upstream.api_key_env".into(), variable)?;
+                let mut header = HeaderValue::try_from(format!("Bearer {value}"))
+                    .map_err(|_| KeyError::Header("upstream.api_key_env".into()))?;
+                header.set_sensitive(true);
+                Some(header)
+            }
+            None => None,
+        };
+        Ok(Self { keys, upstream })
+    }
+
+    /// True when callers must present a proxy key.
+    pub fn requires_keys(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    /// The `Authorization` value the upstream gets in place of the client's, if any.
+    pub fn upstream_authorization(&self) -> Option<&HeaderValue> {
+        self.upstream.as_ref()
+    }
+
+    /// Who a request is: its proxy key (checked against rate limits) and tenant.
+    pub fn admit(
+        &self,
+        secret: &ServerSecret,
+        limiter: &RateLimiter,
+        headers: &HeaderMap,
+        estimated_tokens: u64,
+    ) -> Result<Admission, ApiError> {
+        if !self.requires_keys() {
+            return Ok(Admission {
+                tenant: secret.tenant_for(credential(headers)),
+                key: None,
+            });
+        }
+        let presented = presented_key(headers).ok_or_else(|| {
+            ApiError::invalid_api_key(
+                "no API key: send your handoff key as Authorization: Bearer <key> or x-api-key",
+            )
+        })?;
+        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        let key = self.keys.get(&digest).ok_or_else(|| {
+            ApiError::invalid_api_key("incorrect API key provided; this proxy does not know it")
+        })?;
+        limiter
+            .admit(
+                key.tenant.as_str(),
+                key.rpm,
+                key.tpm,
+                estimated_tokens,
+                Instant::now(),
+            )
+            .map_err(|hit| {
+                ApiError::rate_limited(
+                    format!(
+                        "rate limit of key {} reached: {} {} per minute; retry in {:.1} s",
+                        key.tenant,
+                        hit.per_minute,
+                        if hit.limit == "rpm" {
+                            "requests"
+                        } else {
+                            "input tokens"
+                        },
+                        hit.retry_after.as_secs_f64()
+                    ),
+                    hit.retry_after,
+                )
+            })?;
+        Ok(Admission {
+            tenant: key.tenant.clone(),
+            key: Some(Arc::clone(key)),
+        })
+    }
+
+    /// Replaces the client's credentials by the upstream key when one is configured,
+    /// and drops them when they were a proxy key: neither may reach the upstream.
+    pub fn rewrite(&self, headers: &mut HeaderMap) {
+        if self.upstream.is_some() || self.requires_keys() {
+            headers.remove(header::AUTHORIZATION);
+            headers.remove("x-api-key");
+        }
+        if let Some(value) = &self.upstream {
+            headers.insert(header::AUTHORIZATION, value.clone());
+        }
+    }
+}
+
+/// A request that may go on: its tenant, and the proxy key it presented.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    /// The tenant its conversations belong to.
+    pub tenant: TenantId,
+    /// The key, when keys are configured.
+    pub key: Option<Arc<ProxyKey>>,
+}
+
+impl Admission {
+    /// 403 when the key may not use `model`.
+    pub fn check_model(&self, model: &str) -> Result<(), ApiError> {
+        match &self.key {
+            Some(key) if !key.allows(model) => Err(ApiError::model_not_allowed(format!(
+                "key {} may not use model {model:?}; allowed: [{}]",
+                key.tenant,
+                key.models.join(", ")
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The key a request presents: the `Authorization: Bearer` token, else `x-api-key`.
+fn presented_key(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+}
+
+fn from_hex(hex: &str) -> Option<[u8; 32]> {
+    let mut out = [0u8; 32];
+    if hex.len() != 64 {
+        return None;
+    }
+    for (slot, pair) in out.iter_mut().zip(hex.as_bytes().chunks(2)) {
+        *slot = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(out)
+}
