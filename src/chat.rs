@@ -97,6 +97,20 @@ pub async fn handle(
     parts.headers.remove(header::CONTENT_LENGTH);
     snap.credentials.rewrite(&mut parts.headers);
 
+    let budget = RequestBudget::new(&snap.config, &chat, &state.tokens);
+    if let Some(budget) = budget.as_ref().filter(|b| b.input_budget == 0) {
+        // A reserve as large as the window leaves nothing to compact into: refusing
+        // beats a compaction that a client's max_tokens alone would force.
+        return reject(ApiError::invalid_request(
+            "context_length_exceeded",
+            format!(
+                "max_tokens/max_completion_tokens ({}) leaves no room for input in the {} tokens of {:?}",
+                chat.max_output.unwrap_or_default(),
+                budget.model.context_window,
+                chat.model
+            ),
+        ));
+    }
     let tracked = match state.tracker.track(id.clone(), &chat).await {
         Ok(tracked) => tracked,
         Err(err) if snap.config.store.required => {
@@ -110,7 +124,6 @@ pub async fn handle(
             return forward(upstream, parts, full(bytes), log).await;
         }
     };
-    let budget = RequestBudget::new(&snap.config, &chat, &state.tokens);
     let scale = Scale::new(tracked.calibration.as_ref(), &chat.model);
     let context = Context {
         state,

@@ -43,6 +43,7 @@ pub mod headers;
 pub mod kinds;
 pub mod metrics;
 pub mod projection;
+pub mod redact;
 pub mod relay;
 pub mod reload;
 pub mod router;

@@ -74,7 +74,7 @@ pub async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeErro
         .config_file()
         .and_then(|file| watch_config_file(file, reload.clone()));
     tracing::info!(
-        upstream = %state.snapshot().config.upstream.base_url,
+        upstream = %crate::redact::shown_url(&state.snapshot().config.upstream.base_url),
         "handoff listening on {scheme}://{local}"
     );
 

@@ -73,6 +73,8 @@ pub struct Upstream {
     client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
     scheme: Scheme,
     authority: Authority,
+    // Host and port only: the authority may carry credentials, which no error shows.
+    shown: String,
     prefix: String,
     connect_timeout: Duration,
     read_timeout: Duration,
@@ -82,7 +84,7 @@ impl Upstream {
     /// Builds the client for `config`.
     pub fn new(config: &UpstreamConfig) -> Result<Self, UpstreamError> {
         let bad = |reason: String| UpstreamError::BadTarget {
-            target: config.base_url.clone(),
+            target: crate::redact::shown_url(&config.base_url).into_owned(),
             reason,
         };
         let base: Uri = config
@@ -113,10 +115,15 @@ impl Upstream {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .build(https);
+        let shown = match authority.port() {
+            Some(port) => format!("{}:{port}", authority.host()),
+            None => authority.host().to_owned(),
+        };
         Ok(Self {
             client,
             scheme,
             authority,
+            shown,
             prefix,
             connect_timeout: config.connect_timeout,
             read_timeout: config.read_timeout,
@@ -150,16 +157,16 @@ impl Upstream {
     ) -> Result<Response<Incoming>, UpstreamError> {
         match tokio::time::timeout(self.read_timeout, self.client.request(request)).await {
             Err(_) => Err(UpstreamError::ReadTimeout {
-                authority: self.authority.to_string(),
+                authority: self.shown.clone(),
                 timeout: self.read_timeout,
             }),
             Ok(Ok(response)) => Ok(response),
             Ok(Err(err)) if is_timeout(&err) => Err(UpstreamError::ConnectTimeout {
-                authority: self.authority.to_string(),
+                authority: self.shown.clone(),
                 timeout: self.connect_timeout,
             }),
             Ok(Err(err)) => Err(UpstreamError::Unreachable {
-                authority: self.authority.to_string(),
+                authority: self.shown.clone(),
                 reason: innermost(&err),
             }),
         }

@@ -22,6 +22,7 @@ use crate::conversation::{ConversationId, Tracked};
 use crate::dialect::ChatRequest;
 use crate::digest::Digest;
 use crate::projection::project_view;
+use crate::redact::strip_controls;
 use crate::store::layout::{conversation_dir, list_ids, resolve, ResolveError, MESSAGES_FILE};
 use crate::store::line::Entry;
 use crate::store::{read_conversation, ConversationLog};
@@ -168,7 +169,7 @@ impl Audit {
                     out,
                     "{}  request  model={} stream={} new={} head={}",
                     line.at,
-                    request.model,
+                    strip_controls(&request.model),
                     request.stream,
                     request.new_messages,
                     request.head.map_or("-".to_owned(), |h| h.short(12))
@@ -320,12 +321,13 @@ fn preview(message: &Value) -> String {
             .join(" "),
         _ => String::new(),
     };
-    let calls: Vec<&str> = message
+    let calls: Vec<String> = message
         .get("tool_calls")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
         .filter_map(|c| c.pointer("/function/name").and_then(Value::as_str))
+        .map(|name| strip_controls(name).into_owned())
         .collect();
     let mut shown: String = text
         .chars()

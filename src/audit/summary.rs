@@ -39,7 +39,7 @@ pub fn summarize(id: &ConversationId, log: &ConversationLog) -> ConversationSumm
     let models: BTreeSet<String> = tree
         .requests()
         .iter()
-        .map(|r| r.model.clone())
+        .map(|r| crate::redact::strip_controls(&r.model).into_owned())
         .filter(|m| !m.is_empty())
         .collect();
     ConversationSummary {

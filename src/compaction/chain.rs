@@ -163,12 +163,15 @@ pub async fn run_chain(
                 };
             }
             Err(err) => {
-                tracing::warn!(strategy = %named.name, reason = ?err.reason, error = %err.message, "compaction attempt failed");
+                // Upstream errors quote key fragments ("Incorrect API key provided: sk-…"):
+                // they reach the log, the record and admin answers only scrubbed.
+                let message = crate::redact::scrub_secrets(&err.message).into_owned();
+                tracing::warn!(strategy = %named.name, reason = ?err.reason, error = %message, "compaction attempt failed");
                 attempts.push(Attempt {
                     strategy: named.name.clone(),
                     outcome: "failed".into(),
                     reason: Some(reason_name(err.reason)),
-                    error: Some(err.message),
+                    error: Some(message),
                     usage: err.usage,
                     calls: err.calls,
                     duration_ms,

@@ -4,6 +4,7 @@
 use serde_json::Value;
 
 use super::Config;
+use crate::redact::{looks_like_secret, mask_url_userinfo};
 
 const MASK: &str = "********";
 
@@ -15,7 +16,7 @@ pub fn masked(config: &Config) -> Value {
 }
 
 fn is_secret_key(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
+    let key = key.to_ascii_lowercase().replace('-', "_");
     key == "token"
         || key.ends_with("_token")
         || key.contains("api_key")
@@ -23,6 +24,7 @@ fn is_secret_key(key: &str) -> bool {
         || key.contains("secret")
         || key.contains("password")
         || key == "authorization"
+        || key == "sha256"
 }
 
 fn mask_value(value: &mut Value) {
@@ -38,20 +40,15 @@ fn mask_value(value: &mut Value) {
         }
         Value::Array(items) => items.iter_mut().for_each(mask_value),
         Value::String(text) => {
-            if let Some(clean) = mask_url_userinfo(text) {
+            // By value too: a key pasted under an innocent name is still a key.
+            if looks_like_secret(text) {
+                *text = MASK.to_owned();
+            } else if let Some(clean) = mask_url_userinfo(text) {
                 *text = clean;
             }
         }
         _ => {}
     }
-}
-
-/// `https://user:pass@host/x` becomes `https://********@host/x`.
-fn mask_url_userinfo(text: &str) -> Option<String> {
-    let (scheme, rest) = text.split_once("://")?;
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let at = rest[..authority_end].rfind('@')?;
-    Some(format!("{scheme}://{MASK}{}", &rest[at..]))
 }
 
 #[cfg(test)]
@@ -67,10 +64,23 @@ mod tests {
             .compaction
             .summary_request_extra
             .insert("api_key".into(), "sk-extra".into());
+        config
+            .compaction
+            .summary_request_extra
+            .insert("api-key".into(), "plain-value-1".into());
+        config
+            .compaction
+            .summary_request_extra
+            .insert("user".into(), "sk-ant-api03-pasted".into());
         let text = masked(&config).to_string();
         assert!(!text.contains("hunter2"), "{text}");
         assert!(!text.contains("sk-live"), "{text}");
         assert!(!text.contains("sk-extra"), "{text}");
+        assert!(
+            !text.contains("plain-value-1"),
+            "masked by key name: {text}"
+        );
+        assert!(!text.contains("sk-ant-api03"), "masked by value: {text}");
         assert!(text.contains("example.com/v1"), "{text}");
     }
 }

@@ -1,0 +1,100 @@
+//! Keeping secrets and terminal tricks out of what handoff writes for people: error
+//! texts that quote key fragments (an upstream's 401 does), URLs with credentials, and
+//! client-set strings carrying control characters.
+
+use std::borrow::Cow;
+use std::sync::OnceLock;
+
+use regex::Regex;
+
+/// What a scrubbed secret is replaced by.
+pub const REDACTED: &str = "[redacted]";
+
+fn key_pattern() -> Option<&'static Regex> {
+    static PATTERN: OnceLock<Option<Regex>> = OnceLock::new();
+    PATTERN
+        .get_or_init(|| {
+            // Provider key shapes (sk-…, sk-ant-…, sk-proj-…, xai-…, gsk_…, AIza…, hf_…),
+            // masked ones included (sk-proj-****abcd), and bearer tokens of any shape.
+            Regex::new(
+                r"(?i)\bbearer\s+[^\s,;]+|\b(?:sk|pk|rk|xai|gsk|hf|key)[-_][A-Za-z0-9_*\-.]{4,}|\bAIza[0-9A-Za-z_\-]{10,}",
+            )
+            .ok()
+        })
+        .as_ref()
+}
+
+/// `text` with every key-shaped token replaced by [`REDACTED`].
+pub fn scrub_secrets(text: &str) -> Cow<'_, str> {
+    match key_pattern() {
+        Some(pattern) => pattern.replace_all(text, REDACTED),
+        None => Cow::Borrowed(text),
+    }
+}
+
+/// True when `text` looks like a credential: masked by value wherever it appears.
+pub fn looks_like_secret(text: &str) -> bool {
+    key_pattern().is_some_and(|p| p.find(text).is_some_and(|m| m.start() == 0))
+}
+
+/// `https://user:pass@host/x` as `https://********@host/x`; `None` without userinfo.
+pub fn mask_url_userinfo(text: &str) -> Option<String> {
+    let (scheme, rest) = text.split_once("://")?;
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let at = rest[..authority_end].rfind('@')?;
+    Some(format!("{scheme}://********{}", &rest[at..]))
+}
+
+/// A URL as it may be shown: credentials masked.
+pub fn shown_url(text: &str) -> Cow<'_, str> {
+    mask_url_userinfo(text).map_or(Cow::Borrowed(text), Cow::Owned)
+}
+
+/// `text` without terminal control characters (escape sequences, bells, CRs), so a
+/// client-set model or tool name cannot rewrite what `audit` prints.
+pub fn strip_controls(text: &str) -> Cow<'_, str> {
+    if text.chars().any(char::is_control) {
+        Cow::Owned(text.chars().filter(|c| !c.is_control()).collect())
+    } else {
+        Cow::Borrowed(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_fragments_of_upstream_errors_are_scrubbed() {
+        let text = "Incorrect API key provided: sk-proj-****************abcd. You can find your key at https://platform.openai.com";
+        let clean = scrub_secrets(text);
+        assert!(
+            !clean.contains("abcd") && clean.contains(REDACTED),
+            "{clean}"
+        );
+        assert!(clean.contains("platform.openai.com"));
+        assert_eq!(
+            scrub_secrets("Authorization: Bearer abc.def-123 rejected"),
+            format!("Authorization: {REDACTED} rejected")
+        );
+        assert_eq!(
+            scrub_secrets("no secrets, task-force 7"),
+            "no secrets, task-force 7"
+        );
+        assert!(looks_like_secret("sk-ant-api03-xyz1234"));
+        assert!(!looks_like_secret("gpt-4o"));
+    }
+
+    #[test]
+    fn urls_lose_their_credentials_and_names_their_controls() {
+        assert_eq!(
+            shown_url("https://me:sk-live@example.com/v1"),
+            "https://********@example.com/v1"
+        );
+        assert_eq!(
+            shown_url("https://example.com/v1"),
+            "https://example.com/v1"
+        );
+        assert_eq!(strip_controls("gpt\u{1b}[2J-4o\r"), "gpt[2J-4o");
+    }
+}
