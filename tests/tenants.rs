@@ -415,3 +415,77 @@ fn unsafe_configs_refuse_to_start() {
         "{said}"
     );
 }
+
+/// Copies `from` into `to`, recursively.
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_dir_from_before_tenants_moves_to_the_legacy_tenant() {
+    // Written by the binary of the previous main (two conversations, replies included).
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pre-tenant-data");
+    let data = tempfile::tempdir().unwrap();
+    copy_tree(&fixture, data.path());
+    let before: Vec<Vec<u8>> = read_tree(&data.path().join("conversations"))
+        .into_iter()
+        .map(|(_, bytes)| bytes)
+        .collect();
+
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let options = || ProxyOptions {
+        data_dir: Some(data.path().to_owned()),
+        ..Default::default()
+    };
+    // Read-only tools see an unmigrated data dir as the tenant legacy, and move nothing.
+    let listed = std::process::Command::new(env!("CARGO_BIN_EXE_handoff"))
+        .args(["audit", "list", "--json", "--data-dir"])
+        .arg(data.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(
+        text.lines().all(|l| l.contains("\"tenant\":\"legacy\"")),
+        "{text}"
+    );
+    assert!(data.path().join("conversations").is_dir());
+
+    let proxy = Proxy::start_with(&mock.url(), options());
+    proxy.wait_for_log(
+        "moved the conversations of a pre-tenant data dir",
+        Duration::from_secs(5),
+    );
+    assert!(!data.path().join("conversations").exists());
+    let moved = data.path().join("tenants/legacy/conversations");
+    let after: Vec<Vec<u8>> = read_tree(&moved)
+        .into_iter()
+        .map(|(_, bytes)| bytes)
+        .collect();
+    assert_eq!(after.len(), before.len());
+    assert!(
+        before.iter().all(|b| after.contains(b)),
+        "every file moved byte for byte"
+    );
+
+    let listed = proxy.conversations();
+    assert_eq!(listed.len(), 2);
+    assert!(listed.iter().all(|c| c["tenant"] == "legacy"), "{listed:?}");
+    proxy.assert_verified(&[]);
+    let replay = proxy.replay("old-1", None);
+    assert_eq!(
+        replay.len(),
+        5,
+        "pinned, two questions and both replies: {replay:?}"
+    );
+    assert_eq!(replay[3]["content"], "second question");
+}
