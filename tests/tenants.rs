@@ -489,3 +489,44 @@ async fn a_data_dir_from_before_tenants_moves_to_the_legacy_tenant() {
     );
     assert_eq!(replay[3]["content"], "second question");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_reload_with_the_config() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let key = |name: &str, secret: &str| {
+        format!(
+            "[[auth.keys]]\nname = \"{name}\"\nsha256 = \"{}\"\n",
+            sha256_hex(secret)
+        )
+    };
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: key("first", "hk-first-key-000"),
+            ..Default::default()
+        },
+    );
+    let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    let with = |secret: &'static str| [("authorization", format!("Bearer {secret}"))];
+    let send = |secret: &'static str| {
+        let headers = with(secret);
+        let proxy = &proxy;
+        let chat = chat.clone();
+        async move {
+            let headers: Vec<(&str, &str)> =
+                headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            ask(proxy, &headers, &chat).await.status
+        }
+    };
+    assert_eq!(send("hk-first-key-000").await, 200);
+    assert_eq!(send("hk-second-key-00").await, 401);
+
+    proxy.rewrite_config(&mock.url(), &key("second", "hk-second-key-00"));
+    proxy.wait_for_log("config reloaded", Duration::from_secs(10));
+    assert_eq!(send("hk-second-key-00").await, 200, "the new key works");
+    assert_eq!(
+        send("hk-first-key-000").await,
+        401,
+        "the removed key does not"
+    );
+}
