@@ -132,7 +132,7 @@ done
 LOADED_RSS=$(ps -o rss= -p "$HANDOFF_PID")
 COUNT=10000 wrk -t2 -c32 -d"$((DURATION < 5 ? DURATION : 5))s" -s benches/e2e/conversations.lua "http://127.0.0.1:$HO" >/dev/null
 FULL_RSS=$(ps -o rss= -p "$HANDOFF_PID")
-TRACKED=$(ls "$WORK/data/conversations" | wc -l)
+TRACKED=$(find "$WORK/data/tenants" -mindepth 3 -maxdepth 3 -type d | wc -l)
 OVERHEAD=$(curl -s "http://127.0.0.1:$HO/handoff/metrics" | grep -E '^handoff_overhead_seconds_(sum|count)' | tr '\n' ' ')
 
 python3 - "$RESULTS" "$IDLE_RSS" "$FULL_RSS" "$TRACKED" "$OVERHEAD" "$DURATION" "$ROUNDS" "$LOADED_RSS" <<'PY'
