@@ -12,21 +12,10 @@ use mock_upstream::strict::Strict;
 use mock_upstream::{MockUpstream, Reply};
 use serde_json::{json, Value};
 use support::client::{self, request};
-use support::scenario::{big_user, options, CHAT};
+use support::scenario::{big_user, options};
 use support::{read_tree, Proxy, ProxyOptions};
 
-/// One chat request of `model` with `headers`.
-async fn ask(proxy: &Proxy, headers: &[(&str, &str)], body: &Value) -> client::Whole {
-    let mut all = vec![("content-type", "application/json")];
-    all.extend_from_slice(headers);
-    client::send(request(
-        "POST",
-        &format!("{}{CHAT}", proxy.url()),
-        &all,
-        body.to_string(),
-    ))
-    .await
-}
+use support::scenario::post_chat as ask;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_credentials_with_the_same_opening_never_share_a_conversation() {

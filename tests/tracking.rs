@@ -15,24 +15,12 @@ use support::client::{self, request};
 use support::scenario::run_client;
 use support::{canonical, read_tree, Proxy, ProxyOptions};
 
-const CHAT: &str = "/v1/chat/completions";
-
 async fn agent_mock() -> MockUpstream {
     let serial = Arc::new(AtomicUsize::new(0));
     MockUpstream::with(move |req| agent_reply(req, serial.fetch_add(1, Ordering::SeqCst))).await
 }
 
-async fn post(proxy: &Proxy, headers: &[(&str, &str)], body: &Value) -> support::client::Whole {
-    let mut all = vec![("content-type", "application/json")];
-    all.extend_from_slice(headers);
-    client::send(request(
-        "POST",
-        &format!("{}{CHAT}", proxy.url()),
-        &all,
-        body.to_string(),
-    ))
-    .await
-}
+use support::scenario::post_chat as post;
 
 fn user(text: &str) -> Value {
     json!({"role": "user", "content": text})

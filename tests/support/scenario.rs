@@ -102,6 +102,19 @@ pub async fn chat(proxy: &Proxy, id: &str, messages: &[Value]) -> client::Whole 
     chat_as(proxy, id, "strict", messages).await
 }
 
+/// A chat-completions POST of `body` with `headers` (and a JSON content type).
+pub async fn post_chat(proxy: &Proxy, headers: &[(&str, &str)], body: &Value) -> client::Whole {
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    client::send(request(
+        "POST",
+        &format!("{}{CHAT}", proxy.url()),
+        &all,
+        body.to_string(),
+    ))
+    .await
+}
+
 /// One non-streamed request of `model` in conversation `id`.
 pub async fn chat_as(proxy: &Proxy, id: &str, model: &str, messages: &[Value]) -> client::Whole {
     client::send(request(
