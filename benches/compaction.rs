@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use futures_util::future::BoxFuture;
+use handoff::compaction::budget::RequestBudget;
 use handoff::compaction::chain::NamedStrategy;
 use handoff::compaction::service::{Compactor, Job};
-use handoff::compaction::Reason;
-use handoff::config::{CompactionConfig, FsyncPolicy, Tokenizer};
+use handoff::config::{Config, FsyncPolicy, ModelConfig, Tokenizer};
 use handoff::conversation::{ConversationId, Tracked, Tracker};
 use handoff::dialect::ChatRequest;
 use handoff::metrics::Metrics;
@@ -20,7 +20,7 @@ use handoff::projection::project_view;
 use handoff::store::{DiskStore, Store, Writer};
 use handoff::tenant::TenantId;
 use handoff::tokens::Tokens;
-use handoff_plugin_api::{CancellationToken, ModelCallError, ModelClient, ModelInfo, ModelReply};
+use handoff_plugin_api::{CancellationToken, ModelCallError, ModelClient, ModelReply};
 use handoff_strategy_extract::Extract;
 use mock_upstream::fixtures::long_conversation;
 use serde_json::{json, Value};
@@ -58,13 +58,19 @@ fn benches(c: &mut Criterion) {
         };
         (Tracker::new(store, 100_000), compactor)
     });
-    let config = CompactionConfig::default();
-    let model = ModelInfo {
-        model: "gpt-4o".into(),
-        context_window: 128_000,
-        summary_model: "gpt-4o".into(),
-        summary_context_window: 128_000,
-    };
+    let mut config = Config::default();
+    config.models.insert(
+        "gpt-4o".into(),
+        ModelConfig {
+            context_window: 128_000,
+            tokenizer: Tokenizer::O200k,
+            default_output_reserve: None,
+            reasoning_marker: false,
+            compaction: None,
+        },
+    );
+    let budget = RequestBudget::new(&config, &request, &tokens)
+        .unwrap_or_else(|| unreachable!("gpt-4o has a window"));
     let client: Arc<dyn ModelClient> = Arc::new(NoModel);
     let chain = vec![NamedStrategy {
         name: "extract".into(),
@@ -93,24 +99,15 @@ fn benches(c: &mut Criterion) {
             let id = ConversationId::parse(TenantId::legacy(), &format!("bench-{n}"))
                 .unwrap_or_else(|err| unreachable!("{err}"));
             let tracked = Tracked::compute(id.clone(), &request);
-            let job = Job {
-                tracker: &tracker,
-                id: &id,
-                request: &request,
-                tracked: &tracked,
-                config: &config,
-                tokenizer: Tokenizer::O200k,
-                reasoning_marker: false,
-                model: model.clone(),
-                input_budget: 128_000 - 8192,
-                threshold: (0.9 * (128_000.0 - 8192.0)) as u64,
-                scale: Default::default(),
-                tools_tokens: 0,
-                reason: Reason::Threshold,
-                seen_generation: None,
-                client: Arc::clone(&client),
-                chain: chain.clone(),
-            };
+            let job = Job::new(
+                &tracker,
+                &request,
+                &tracked,
+                &config.compaction,
+                &budget,
+                Arc::clone(&client),
+                chain.clone(),
+            );
             runtime
                 .block_on(compactor.compact(&job))
                 .map(|view| view.live_start)

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use http::uri::PathAndQuery;
 
-use crate::compaction::budget::{RequestBudget, Scale};
+use crate::compaction::budget::RequestBudget;
 use crate::compaction::model_client::UpstreamModelClient;
 use crate::compaction::service::{CompactError, Job};
 use crate::compaction::Reason;
@@ -151,28 +151,23 @@ async fn compact_now(
             client_headers.insert(name, value.clone());
         }
     }
-    let job = Job {
-        chain: snap.registry.select(&snap.config, &request.model, None),
-        tracker: &state.tracker,
-        id: &id,
-        request: &request,
-        tracked: &tracked,
-        config: &snap.config.compaction,
-        tokenizer: budget.tokenizer(),
-        reasoning_marker: budget.model.reasoning_marker,
-        model: budget.info.clone(),
-        input_budget: budget.input_budget,
-        threshold: budget.threshold,
-        scale: Scale::new(calibration.as_ref(), &request.model),
-        tools_tokens: budget.tools_tokens,
-        reason: Reason::Manual,
-        seen_generation: None,
-        client: Arc::new(UpstreamModelClient::new(
-            upstream.clone(),
-            PathAndQuery::from_static("/v1/chat/completions"),
-            client_headers,
-        )),
-    };
+    tracked.calibration = calibration;
+    let client = Arc::new(UpstreamModelClient::new(
+        upstream.clone(),
+        PathAndQuery::from_static("/v1/chat/completions"),
+        client_headers,
+    ));
+    let chain = snap.registry.select(&snap.config, &request.model, None);
+    let mut job = Job::new(
+        &state.tracker,
+        &request,
+        &tracked,
+        &snap.config.compaction,
+        &budget,
+        client,
+        chain,
+    );
+    job.reason = Reason::Manual;
     let view = state
         .compactor
         .compact(&job)

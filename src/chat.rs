@@ -133,7 +133,6 @@ pub async fn handle(
         chat: &chat,
         tracked: &tracked,
         chain: &chain,
-        scale: &scale,
     };
     let mut view = project_view(&chat, &tracked, &tracked.compactions);
     if let Err(err) = view.validate() {
@@ -325,7 +324,6 @@ struct Context<'a> {
     chat: &'a ChatRequest,
     tracked: &'a Tracked,
     chain: &'a [NamedStrategy],
-    scale: &'a Scale,
 }
 
 impl<'a> Context<'a> {
@@ -342,28 +340,24 @@ impl<'a> Context<'a> {
             .path_and_query()
             .cloned()
             .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/v1/chat/completions"));
-        Job {
-            tracker: &self.state.tracker,
-            id: &self.tracked.id,
-            request: self.chat,
-            tracked: self.tracked,
-            config: &self.snap.config.compaction,
-            tokenizer: budget.tokenizer(),
-            reasoning_marker: budget.model.reasoning_marker,
-            model: budget.info.clone(),
-            input_budget: budget.input_budget,
-            threshold,
-            scale: self.scale.clone(),
-            tools_tokens: budget.tools_tokens,
-            reason,
-            seen_generation: seen_generation.map(str::to_owned),
-            client: Arc::new(UpstreamModelClient::new(
-                self.upstream.clone(),
-                path,
-                self.parts.headers.clone(),
-            )),
-            chain: self.chain.to_vec(),
-        }
+        let client = Arc::new(UpstreamModelClient::new(
+            self.upstream.clone(),
+            path,
+            self.parts.headers.clone(),
+        ));
+        let mut job = Job::new(
+            &self.state.tracker,
+            self.chat,
+            self.tracked,
+            &self.snap.config.compaction,
+            budget,
+            client,
+            self.chain.to_vec(),
+        );
+        job.threshold = threshold;
+        job.reason = reason;
+        job.seen_generation = seen_generation.map(str::to_owned);
+        job
     }
 }
 

@@ -13,7 +13,7 @@ use handoff_plugin_api::{
 };
 use serde_json::json;
 
-use super::budget::{Scale, ScaledCounter};
+use super::budget::{RequestBudget, Scale, ScaledCounter};
 use super::chain::{run_chain, sum_usage, NamedStrategy};
 use super::handoff::{continuation_message, handoff_message, needs_reasoning_marker};
 use super::record::{CompactionRecord, Reason, RecordSource, POLICY_VERSION};
@@ -89,6 +89,40 @@ pub struct Job<'a> {
     pub client: Arc<dyn ModelClient>,
     /// The strategies to try, first to last.
     pub chain: Vec<NamedStrategy>,
+}
+
+impl<'a> Job<'a> {
+    /// A proactive job (reason `threshold`, the budget's threshold) for `request`; a
+    /// caller changes `threshold`, `reason` or `seen_generation` for another kind of run.
+    /// The scale comes from the conversation's calibration in `tracked`.
+    pub fn new(
+        tracker: &'a Tracker,
+        request: &'a ChatRequest,
+        tracked: &'a Tracked,
+        config: &'a CompactionConfig,
+        budget: &RequestBudget,
+        client: Arc<dyn ModelClient>,
+        chain: Vec<NamedStrategy>,
+    ) -> Self {
+        Self {
+            tracker,
+            id: &tracked.id,
+            request,
+            tracked,
+            config,
+            tokenizer: budget.tokenizer(),
+            reasoning_marker: budget.model.reasoning_marker,
+            model: budget.info.clone(),
+            input_budget: budget.input_budget,
+            threshold: budget.threshold,
+            scale: Scale::new(tracked.calibration.as_ref(), &request.model),
+            tools_tokens: budget.tools_tokens,
+            reason: Reason::Threshold,
+            seen_generation: None,
+            client,
+            chain,
+        }
+    }
 }
 
 /// Runs compactions.

@@ -331,24 +331,16 @@ impl Replayer {
             let scale = Scale::new(tracked.calibration.as_ref(), &chat.model);
             let estimate = view.estimate(tokens, budget.tokenizer(), budget.tools_tokens);
             if scale.view(estimate, view.generation()) > budget.threshold {
-                let job = Job {
+                let mut job = Job::new(
                     tracker,
-                    id,
-                    request: &chat,
-                    tracked: &tracked,
-                    config: &config.compaction,
-                    tokenizer: budget.tokenizer(),
-                    reasoning_marker: budget.model.reasoning_marker,
-                    model: budget.info.clone(),
-                    input_budget: budget.input_budget,
-                    threshold: budget.threshold,
-                    scale,
-                    tools_tokens: budget.tools_tokens,
-                    reason: Reason::Threshold,
-                    seen_generation: view.generation().map(str::to_owned),
-                    client: Arc::clone(client),
-                    chain: snapshot.registry.select(config, &chat.model, None),
-                };
+                    &chat,
+                    &tracked,
+                    &config.compaction,
+                    &budget,
+                    Arc::clone(client),
+                    snapshot.registry.select(config, &chat.model, None),
+                );
+                job.seen_generation = view.generation().map(str::to_owned);
                 view = compactor
                     .compact(&job)
                     .await
