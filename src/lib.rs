@@ -3,30 +3,40 @@
 //!
 //! A request travels through the modules in this order:
 //! - [`server`] accepts the connection (HTTP/1.1 or h2, `TCP_NODELAY`);
-//! - [`router`] sends `/handoff/*` to [`admin`], chat completions to [`chat`], and every
-//!   other path straight to [`forward`];
+//! - [`router`] sends `/handoff/*` to [`admin`]; every other request is admitted by
+//!   [`auth`] as a [`tenant`], then chat completions go to [`chat`] and every other path
+//!   straight to [`forward`];
 //! - [`chat`] reads the body and parses it with [`dialect`], keeping every unknown field;
-//! - [`conversation`] names the conversation, chains the [`digest`]s of its messages and
-//!   appends the new originals to the [`store`] before anything goes upstream;
-//! - [`projection`] builds the model view from adopted compactions; [`tokens`] and
+//! - [`conversation`] names the conversation within its tenant, chains the [`digest`]s of
+//!   its messages and appends the new originals to the [`store`] before anything goes
+//!   upstream;
+//! - [`projection`] builds the model view from the compactions [`adoption`] accepts;
+//!   [`tokens`] and
 //!   [`compaction`] shrink it when it would not fit, with the chain that [`strategies`]
 //!   selects (kinds from [`kinds`]);
 //! - [`forward`] sends it through [`upstream`] and relays the answer with [`relay`],
 //!   frame by frame, while [`capture`] logs the reply on the side and [`access_log`]
 //!   writes one line per request.
 //!
+//! [`base`] is the leaf vocabulary every layer shares (ids, digests, log lines, records,
+//! calibration); the store imports nothing above it and no compaction code.
 //! [`config`] holds the typed, layered configuration; [`error`] is the one place where a
 //! failure becomes an HTTP answer in the API's own error shape; [`state`] holds the
 //! config snapshot that [`reload`] swaps; [`audit`] reads the log back for people;
-//! [`metrics`] counts; [`eval`] replays recorded conversations offline to compare
+//! [`metrics`] counts; [`redact`] keeps secrets out of what people read; [`eval`] replays recorded conversations offline to compare
 //! strategies; [`cli`] is the command line.
 
 #![forbid(unsafe_code)]
 
+/// Digests live in [`base`]; this path is kept for users of the library.
+pub use base::digest;
+
 pub mod access_log;
 pub mod admin;
+pub mod adoption;
 pub mod audit;
 pub mod auth;
+pub mod base;
 pub mod body;
 pub mod capture;
 pub mod chat;
@@ -35,7 +45,6 @@ pub mod compaction;
 pub mod config;
 pub mod conversation;
 pub mod dialect;
-pub mod digest;
 pub mod error;
 pub mod eval;
 pub mod forward;

@@ -7,6 +7,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 
+/// The counter of replies that did not reach the log, by cause.
+pub const REPLIES_UNLOGGED: &str = "handoff_replies_unlogged_total";
+
 /// Upper bounds, in seconds, of the overhead histogram's buckets.
 const OVERHEAD_BUCKETS: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
@@ -47,7 +50,7 @@ const HELP: &[(&str, &str, &str)] = &[
         "Compaction runs timed.",
     ),
     (
-        crate::capture::UNLOGGED_METRIC,
+        REPLIES_UNLOGGED,
         "counter",
         "Replies that did not reach the log, by cause (storage, capture_lag, unreadable).",
     ),

@@ -12,11 +12,11 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::compaction::Adopted;
+use crate::adoption::Adopted;
+use crate::base::digest::{message_digest, MessageDigest, PrefixDigest};
 use crate::config::Tokenizer;
 use crate::conversation::Tracked;
 use crate::dialect::{check_tool_pairs, ChatRequest, DialectError, Message, Role};
-use crate::digest::{message_digest, MessageDigest, PrefixDigest};
 use crate::tokens::{Tokens, REPLY_PRIMING};
 use handoff_plugin_api::shorten_tool_body;
 

@@ -22,7 +22,7 @@ use hyper::body::Incoming;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Sleep};
 
-use crate::access_log::Outcome;
+use crate::base::outcome::Outcome;
 use crate::body::BoxError;
 
 /// What an observer makes of one frame.

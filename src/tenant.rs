@@ -7,6 +7,8 @@
 //! credential never appears in it, and without the secret it cannot be guessed.
 
 use std::fmt;
+
+pub use crate::base::tenant::{TenantError, TenantId, LEGACY};
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -16,53 +18,6 @@ use sha2::Sha256;
 
 /// The file under `data_dir` that holds the server secret.
 pub const SECRET_FILE: &str = "secret";
-
-/// The tenant that conversations logged before tenants existed are moved to.
-pub const LEGACY: &str = "legacy";
-
-/// Why a tenant name was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum TenantError {
-    /// Not 1 to 64 characters of `[A-Za-z0-9._-]`, or dots only.
-    #[error("tenant must be 1 to 64 characters of A-Z, a-z, 0-9, '.', '_' and '-', not dots only; got {0:?}")]
-    Invalid(String),
-}
-
-/// A validated tenant name, safe to use as a folder name.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TenantId(String);
-
-impl TenantId {
-    /// Checks `text` against `[A-Za-z0-9._-]{1,64}`, dots-only names excluded.
-    pub fn parse(text: &str) -> Result<Self, TenantError> {
-        let valid = (1..=64).contains(&text.len())
-            && text
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-            && !text.chars().all(|c| c == '.');
-        if valid {
-            Ok(Self(text.to_owned()))
-        } else {
-            Err(TenantError::Invalid(text.chars().take(80).collect()))
-        }
-    }
-
-    /// The tenant of conversations logged before tenants existed.
-    pub fn legacy() -> Self {
-        Self(LEGACY.to_owned())
-    }
-
-    /// The name as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for TenantId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
 
 /// The server's secret: the key of the HMAC that turns credentials into tenants.
 #[derive(Clone)]
@@ -124,7 +79,7 @@ impl ServerSecret {
         mac.update(credential);
         let digest = mac.finalize().into_bytes();
         let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-        TenantId(format!("t-{hex}"))
+        TenantId::derived(&hex)
     }
 }
 
@@ -172,13 +127,5 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
-    }
-
-    #[test]
-    fn tenant_names_that_could_escape_paths_are_refused() {
-        for bad in ["", "..", "a/b", "a b", &"x".repeat(65)] {
-            assert!(TenantId::parse(bad).is_err(), "{bad:?}");
-        }
-        assert!(TenantId::parse("team-a").is_ok());
     }
 }

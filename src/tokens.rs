@@ -8,8 +8,8 @@ use handoff_plugin_api::TokenCounter;
 use serde_json::Value;
 use tiktoken_rs::CoreBPE;
 
+use crate::base::digest::{message_digest, Digest, MessageDigest};
 use crate::config::Tokenizer;
-use crate::digest::{message_digest, Digest, MessageDigest};
 
 /// Tokens every message costs beyond its text (role, separators), per OpenAI's guide.
 pub const MESSAGE_OVERHEAD: u64 = 4;

@@ -4,8 +4,8 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::value::RawValue;
 
-use crate::digest::{Digest, PrefixDigest};
-use crate::store::line::{Entry, MessageLine, PinnedLine, RequestLine};
+use crate::base::digest::{Digest, PrefixDigest};
+use crate::base::line::{Entry, MessageLine, PinnedLine, RequestLine};
 use crate::store::ConversationLog;
 
 /// Message lines by digest, plus the order they were written in.

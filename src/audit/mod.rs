@@ -17,14 +17,14 @@ pub use branch::Tree;
 pub use summary::{summarize, ConversationSummary};
 pub use verify::{incomplete_replies, verify_log};
 
+use crate::base::digest::Digest;
+use crate::base::line::Entry;
 use crate::compaction::{adopt, Adopted};
 use crate::conversation::{ConversationId, Tracked};
 use crate::dialect::ChatRequest;
-use crate::digest::Digest;
 use crate::projection::project_view;
 use crate::redact::strip_controls;
 use crate::store::layout::{conversation_dir, list_ids, resolve, ResolveError, MESSAGES_FILE};
-use crate::store::line::Entry;
 use crate::store::{read_conversation, ConversationLog};
 
 /// Why an audit command failed.
@@ -287,7 +287,7 @@ impl Audit {
             let log = self.read_id(id)?;
             let id = format!("{}/{id}", id.tenant());
             let mut problems = verify_log(&log);
-            problems.extend(crate::compaction::record::compaction_problems(&log));
+            problems.extend(crate::adoption::compaction_problems(&log));
             for problem in &problems {
                 writeln!(out, "{id}: line {}: {}", problem.line, problem.reason)?;
             }

@@ -5,8 +5,8 @@ use std::collections::HashSet;
 
 use serde_json::Value;
 
-use crate::digest::{chain, message_digest};
-use crate::store::line::Entry;
+use crate::base::digest::{chain, message_digest};
+use crate::base::line::Entry;
 use crate::store::{ConversationLog, LineProblem};
 
 /// The problems of one conversation's log, in line order.

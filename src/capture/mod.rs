@@ -21,18 +21,15 @@ use serde_json::Value;
 pub use assemble::{AssembledChoice, StreamAssembler};
 pub use stream::ReplyCapture;
 
-use crate::access_log::Outcome;
+use crate::base::digest::PrefixDigest;
+use crate::base::outcome::Outcome;
 use crate::compaction::budget::Calibration;
 use crate::conversation::{CapturedReplies, CapturedReply, ConversationId, Tracker};
-use crate::digest::PrefixDigest;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, REPLIES_UNLOGGED};
 use crate::relay::RelayError;
 
 /// How long the end of a response may wait for its reply to be logged.
 const LOG_DEADLINE: Duration = Duration::from_secs(5);
-
-/// The metric counting replies that did not reach the log.
-pub const UNLOGGED_METRIC: &str = "handoff_replies_unlogged_total";
 
 /// Where a captured reply belongs, and what to do when it cannot be logged.
 pub struct ReplyTarget {
@@ -98,7 +95,7 @@ impl ReplyTarget {
 
     /// Counts and reports a reply that did not reach the log.
     fn unlogged(&self, cause: &str, reason: &str) -> Result<(), RelayError> {
-        self.metrics.add(UNLOGGED_METRIC, &[("cause", cause)], 1.0);
+        self.metrics.add(REPLIES_UNLOGGED, &[("cause", cause)], 1.0);
         tracing::warn!(
             conversation = %self.id,
             cause,
@@ -122,7 +119,7 @@ impl ReplyTarget {
                 // reply to log, which is not a storage failure.
                 tracing::warn!(conversation = %self.id, error = %err, "reply is not a chat completion; not logged");
                 self.metrics
-                    .add(UNLOGGED_METRIC, &[("cause", "unreadable")], 1.0);
+                    .add(REPLIES_UNLOGGED, &[("cause", "unreadable")], 1.0);
                 Ok(())
             }
         }

@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::{replies_from_stream, ReplyTarget, StreamAssembler};
-use crate::access_log::Outcome;
+use crate::base::outcome::Outcome;
 use crate::relay::{EndWork, Flow, Observer};
 
 /// Frames buffered for the parser before capture gives up on this reply.

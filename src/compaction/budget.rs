@@ -3,9 +3,10 @@
 
 use handoff_plugin_api::{ModelInfo, TokenCounter};
 
+pub use crate::base::calibration::Calibration;
+use crate::base::digest::bytes_digest;
 use crate::config::{Config, ModelConfig, Tokenizer};
 use crate::dialect::ChatRequest;
-use crate::digest::bytes_digest;
 use crate::tokens::Tokens;
 
 /// The budget of one request: known only when compaction is on and the model's window
@@ -84,19 +85,6 @@ pub fn input_budget(model: &ModelConfig, reserved: u64) -> u64 {
 /// The estimate above which a view is compacted: `trigger × input_budget`.
 pub fn threshold(trigger: f64, input_budget: u64) -> u64 {
     (trigger * input_budget as f64) as u64
-}
-
-/// The last upstream-reported input size, and the local estimate of the same view.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Calibration {
-    /// Model of the request.
-    pub model: String,
-    /// The compaction the view was built on (`None`: no compaction).
-    pub generation: Option<String>,
-    /// Local estimate of that view.
-    pub local: u64,
-    /// `usage.prompt_tokens` the upstream reported for it.
-    pub server: u64,
 }
 
 /// The one count every compaction decision uses: local tiktoken counts turned into

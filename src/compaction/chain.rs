@@ -12,7 +12,7 @@ use handoff_plugin_api::{
 };
 use serde_json::{json, Map, Value};
 
-use super::record::Attempt;
+use crate::base::record::Attempt;
 
 /// A strategy with its name in the chain and its own settings.
 #[derive(Clone)]

@@ -5,7 +5,8 @@
 //! - [`mod@unit`] and [`split`]: where to cut, never inside a unit;
 //! - [`chain`]: the strategies tried in order, every attempt recorded;
 //! - [`handoff`]: the continuation + handoff pair;
-//! - [`record`]: the record and the rule that adopts it (record + boundary);
+//! - the record and the rule that adopts it (record + boundary) live in
+//!   [`crate::base::record`] and [`crate::adoption`], below this layer;
 //! - [`service`]: one run, single flight per conversation, the loop guard;
 //! - [`reactive`]: recognising an upstream context-length error.
 //!
@@ -17,46 +18,9 @@ pub mod chain;
 pub mod handoff;
 pub mod model_client;
 pub mod reactive;
-pub mod record;
 pub mod service;
 pub mod split;
 pub mod unit;
 
-use serde_json::value::RawValue;
-
-pub use record::{adopt, Adoption, CompactionRecord, Reason};
-
-use crate::digest::{message_digest, MessageDigest};
-
-/// An adopted compaction, with its pair pre-serialised for the hot path.
-#[derive(Debug)]
-pub struct Adopted {
-    /// The record.
-    pub record: CompactionRecord,
-    /// The continuation, as sent upstream.
-    pub continuation: Box<RawValue>,
-    /// The handoff, as sent upstream.
-    pub handoff: Box<RawValue>,
-    /// Digest of the continuation (token-count cache key).
-    pub continuation_digest: MessageDigest,
-    /// Digest of the handoff (token-count cache key).
-    pub handoff_digest: MessageDigest,
-}
-
-impl Adopted {
-    /// Prepares `record` for projection.
-    pub fn new(record: CompactionRecord) -> Result<Self, serde_json::Error> {
-        Ok(Self {
-            continuation: serde_json::value::to_raw_value(&record.continuation)?,
-            handoff: serde_json::value::to_raw_value(&record.handoff)?,
-            continuation_digest: message_digest(&record.continuation),
-            handoff_digest: message_digest(&record.handoff),
-            record,
-        })
-    }
-
-    /// Non-pinned originals the compaction covers.
-    pub fn covered(&self) -> usize {
-        self.record.source.end_exclusive
-    }
-}
+pub use crate::adoption::{adopt, Adopted, Adoption};
+pub use crate::base::record::{CompactionRecord, Reason};

@@ -16,16 +16,16 @@ use serde_json::json;
 use super::budget::{RequestBudget, Scale, ScaledCounter};
 use super::chain::{run_chain, sum_usage, NamedStrategy};
 use super::handoff::{continuation_message, handoff_message, needs_reasoning_marker};
-use super::record::{CompactionRecord, Reason, RecordSource, POLICY_VERSION};
 use super::split::split_at_unit_boundary;
 use super::unit::split_into_units;
 use super::Adopted;
+use crate::base::line::FORMAT_VERSION;
+use crate::base::record::{CompactionRecord, Reason, RecordSource, POLICY_VERSION};
 use crate::config::{CompactionConfig, Tokenizer};
 use crate::conversation::{ConversationId, Tracked, Tracker};
 use crate::dialect::ChatRequest;
 use crate::metrics::Metrics;
 use crate::projection::{project_view, ModelView, ProjectionError};
-use crate::store::line::FORMAT_VERSION;
 use crate::store::StoreError;
 use crate::tokens::{Tokens, MESSAGE_OVERHEAD, REPLY_PRIMING};
 

@@ -6,8 +6,6 @@
 //! overwritten. The known prefix digests of each conversation are cached in a bounded
 //! moka cache and rebuilt from disk on a miss; start-up reads nothing.
 
-mod id;
-
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -15,17 +13,18 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::sync::Mutex;
 
-pub use id::{ConversationId, IdError, CONVERSATION_HEADER};
+pub use crate::base::id::{ConversationId, IdError, CONVERSATION_HEADER};
 
-use crate::access_log::Outcome;
-use crate::compaction::budget::Calibration;
-use crate::compaction::{adopt, Adopted, CompactionRecord};
-use crate::dialect::{ChatRequest, Message};
-use crate::digest::{
+use crate::adoption::{adopt, Adopted};
+use crate::base::calibration::Calibration;
+use crate::base::digest::{
     chain, echo_digest, message_digest, pinned_digest, prefix_digests, Digest, MessageDigest,
     PrefixDigest,
 };
-use crate::store::line::{Entry, Line, MessageLine, PinnedLine, RequestLine, Source};
+use crate::base::line::{Entry, Line, MessageLine, PinnedLine, RequestLine, Source};
+use crate::base::outcome::Outcome;
+use crate::base::record::CompactionRecord;
+use crate::dialect::{ChatRequest, Message};
 use crate::store::{ConversationLog, Store, StoreError};
 use crate::tenant::TenantId;
 

@@ -254,7 +254,10 @@ impl Replayer {
         let tracker = Tracker::new(Arc::clone(&store) as Arc<dyn Store>, 4);
         let tenant = replay.tenant.clone().unwrap_or_else(TenantId::legacy);
         let id = ConversationId::parse(tenant.clone(), &replay.name).unwrap_or_else(|_| {
-            ConversationId::derived(tenant, &crate::digest::bytes_digest(replay.name.as_bytes()))
+            ConversationId::derived(
+                tenant,
+                &crate::base::digest::bytes_digest(replay.name.as_bytes()),
+            )
         });
         let mut errors = Vec::new();
         let mut final_view = String::new();

@@ -8,9 +8,9 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::audit::Tree;
+use crate::base::line::Source;
 use crate::conversation::{CapturedReply, ConversationId};
 use crate::store::layout::{conversation_dir, list_ids, resolve, ResolveError, MESSAGES_FILE};
-use crate::store::line::Source;
 use crate::store::read_conversation;
 use crate::tenant::TenantId;
 

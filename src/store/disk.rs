@@ -8,11 +8,11 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
 use super::layout::{conversation_dir, list_ids, COMPACTIONS_FILE, MESSAGES_FILE};
-use super::line::{encode, Entry, Line, FORMAT_VERSION};
 use super::{Store, StoreError, Writer};
-use crate::compaction::CompactionRecord;
-use crate::conversation::ConversationId;
-use crate::tenant::TenantId;
+use crate::base::id::ConversationId;
+use crate::base::line::{encode, Entry, Line, FORMAT_VERSION};
+use crate::base::record::CompactionRecord;
+use crate::base::tenant::TenantId;
 
 /// A line that could not be used, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,8 +8,8 @@
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-use crate::conversation::ConversationId;
-use crate::tenant::{TenantId, LEGACY};
+use crate::base::id::ConversationId;
+use crate::base::tenant::{TenantId, LEGACY};
 
 /// Folder of all tenants.
 pub const TENANTS_DIR: &str = "tenants";
@@ -168,10 +168,10 @@ pub fn migrate_legacy_layout(data_dir: &Path) -> Result<bool, MigrationError> {
 pub enum ResolveError {
     /// The id is not valid.
     #[error("invalid conversation id: {0}")]
-    Id(#[from] crate::conversation::IdError),
+    Id(#[from] crate::base::id::IdError),
     /// The tenant is not valid.
     #[error("invalid tenant: {0}")]
-    Tenant(#[from] crate::tenant::TenantError),
+    Tenant(#[from] crate::base::tenant::TenantError),
     /// No such conversation.
     #[error("no conversation {id}{} under {data_dir}", tenant.as_ref().map(|t| format!(" of tenant {t}")).unwrap_or_default())]
     Unknown {

@@ -7,11 +7,11 @@ use std::sync::Mutex;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
-use super::line::{Entry, Line};
 use super::{ConversationLog, Store, StoreError};
-use crate::compaction::CompactionRecord;
-use crate::conversation::ConversationId;
-use crate::tenant::TenantId;
+use crate::base::id::ConversationId;
+use crate::base::line::{Entry, Line};
+use crate::base::record::CompactionRecord;
+use crate::base::tenant::TenantId;
 
 /// Conversations held in memory, lost with the process.
 #[derive(Default)]

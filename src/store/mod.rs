@@ -4,21 +4,22 @@
 
 mod disk;
 pub mod layout;
-pub mod line;
 mod memory;
 mod writer;
 
 use futures_util::future::BoxFuture;
 
+/// The line format, kept here for callers of the store's API.
+pub use crate::base::line;
 pub use disk::{read_conversation, read_log_file, ConversationLog, DiskStore, LineProblem};
 pub use layout::{COMPACTIONS_FILE, MESSAGES_FILE};
 pub use memory::MemoryStore;
 pub use writer::Writer;
 
-use crate::compaction::CompactionRecord;
-use crate::conversation::ConversationId;
-use crate::tenant::TenantId;
-use line::Line;
+use crate::base::id::ConversationId;
+use crate::base::line::Line;
+use crate::base::record::CompactionRecord;
+use crate::base::tenant::TenantId;
 
 /// Why the store could not do what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +55,7 @@ pub trait Store: Send + Sync {
     ) -> BoxFuture<'_, Result<(), StoreError>>;
 
     /// Reads a conversation's whole log and its compaction records (find by digest
-    /// works on the result: [`crate::compaction::adopt`] keys records by prefix digest);
+    /// works on the result: the adoption rule keys records by prefix digest);
     /// an unknown conversation reads as empty.
     fn read(&self, id: &ConversationId) -> BoxFuture<'_, Result<ConversationLog, StoreError>>;
 

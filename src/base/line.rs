@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::digest::{Digest, MessageDigest, PrefixDigest};
+use super::digest::{Digest, MessageDigest, PrefixDigest};
 
 /// Version written on every line; readers refuse lines from a newer version.
 pub const FORMAT_VERSION: u32 = 1;
@@ -177,7 +177,7 @@ pub fn encode(lines: &[Line]) -> Result<Vec<u8>, serde_json::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::digest::{chain, message_digest};
+    use crate::base::digest::{chain, message_digest};
 
     #[test]
     fn a_message_line_round_trips_with_its_raw_message() {

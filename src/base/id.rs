@@ -4,8 +4,8 @@
 
 use std::fmt;
 
-use crate::digest::Digest;
-use crate::tenant::TenantId;
+use super::digest::Digest;
+use super::tenant::TenantId;
 
 /// The header a client sends to name its conversation.
 pub const CONVERSATION_HEADER: &str = "x-handoff-conversation-id";
