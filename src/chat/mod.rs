@@ -1,0 +1,407 @@
+//! The chat-completions pipeline, as named stages over one [`Exchange`]:
+//!
+//! 1. **admit**: read the body (bounded), parse it, check the client's headers, the
+//!    model against the proxy key, and the reserve against the window;
+//! 2. **identify**: the conversation, within the request's tenant;
+//! 3. **track**: log the new originals before anything goes upstream;
+//! 4. **fit**: project the model view, and compact it when it passes the trigger;
+//! 5. **send**: forward it, and on a context-length answer compact tighter and retry;
+//! 6. **reply**: relay the answer while the reply is logged ([`reply`]).
+//!
+//! Each stage returns `Result<_, Halt>`; [`handle`] is the one place where a halt
+//! becomes the client's answer.
+
+mod admit;
+mod reply;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::uri::PathAndQuery;
+use http::{request, Request, Response};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+
+pub use admit::STRATEGY_HEADER;
+
+use crate::access_log::RequestLog;
+use crate::auth::Admission;
+use crate::body::{full, ProxyBody};
+use crate::capture::ReplyTarget;
+use crate::compaction::budget::{RequestBudget, Scale};
+use crate::compaction::chain::NamedStrategy;
+use crate::compaction::model_client::UpstreamModelClient;
+use crate::compaction::reactive::is_context_length_error;
+use crate::compaction::service::{CompactError, Job};
+use crate::compaction::Reason;
+use crate::conversation::{identify, ConversationId, Tracked, CONVERSATION_HEADER};
+use crate::dialect::ChatRequest;
+use crate::error::ApiError;
+use crate::forward::{forward, send_timed, upstream_request};
+use crate::projection::{project_view, ModelView};
+use crate::state::{AppState, Snapshot};
+use crate::upstream::Upstream;
+
+/// Largest upstream error body read to look for a context-length error.
+const MAX_ERROR_BODY: usize = 1024 * 1024;
+
+/// New message text above which tokenising is moved off the async path.
+const BIG_UNCOUNTED: usize = 256 * 1024;
+
+/// How much each reactive retry tightens the budget.
+const REACTIVE_TIGHTEN: f64 = 0.8;
+
+/// Why a stage ended the request early.
+enum Halt {
+    /// An error, answered in the API's shape.
+    Error(ApiError),
+    /// A complete answer (an upstream error passed on, an untracked forward).
+    Respond(Box<Response<ProxyBody>>),
+}
+
+impl From<ApiError> for Halt {
+    fn from(err: ApiError) -> Self {
+        Halt::Error(err)
+    }
+}
+
+/// Handles `POST …/chat/completions`.
+pub async fn handle(
+    state: &AppState,
+    snap: Arc<Snapshot>,
+    request: Request<Incoming>,
+    log: &mut RequestLog,
+    admission: Admission,
+) -> Response<ProxyBody> {
+    match run(state, snap, request, log, admission).await {
+        Ok(response) => response,
+        Err(Halt::Respond(response)) => *response,
+        Err(Halt::Error(err)) => err.into_response(),
+    }
+}
+
+async fn run(
+    state: &AppState,
+    snap: Arc<Snapshot>,
+    request: Request<Incoming>,
+    log: &mut RequestLog,
+    admission: Admission,
+) -> Result<Response<ProxyBody>, Halt> {
+    let mut exchange = Exchange::admit(state, snap, request, &admission).await?;
+    let id = exchange.identify(admission)?;
+    log.set_conversation(id.as_str());
+    let Some(tracked) = exchange.track(id).await? else {
+        // store.required is false and the log failed: the request goes as it came.
+        let upstream = exchange.upstream().clone();
+        let Exchange { parts, body, .. } = exchange;
+        return Ok(forward(&upstream, parts, full(body), log).await);
+    };
+    exchange.tracked = Some(tracked);
+    let fitted = exchange.fit().await?;
+    exchange.send(fitted, log).await
+}
+
+/// One chat request, and what each stage learned about it.
+struct Exchange<'s> {
+    state: &'s AppState,
+    /// The config snapshot for the whole request: a reload mid-way changes nothing.
+    snap: Arc<Snapshot>,
+    /// The request head, with the headers as the upstream will get them.
+    parts: request::Parts,
+    /// The body exactly as the client sent it.
+    body: Bytes,
+    /// The parsed request.
+    chat: ChatRequest,
+    /// The strategies a compaction of this request tries.
+    chain: Vec<NamedStrategy>,
+    /// The window budget, when compaction applies to this model.
+    budget: Option<RequestBudget>,
+    /// Digests and adopted compactions, once tracked.
+    tracked: Option<Tracked>,
+}
+
+/// A view that fits, and its local estimate (for calibration against usage).
+struct Fitted<'e> {
+    view: ModelView<'e>,
+    estimate: Option<u64>,
+}
+
+impl<'s> Exchange<'s> {
+    /// Stage 1: reads and checks everything the request carries.
+    async fn admit(
+        state: &'s AppState,
+        snap: Arc<Snapshot>,
+        request: Request<Incoming>,
+        admission: &Admission,
+    ) -> Result<Self, Halt> {
+        let (mut parts, body) = request.into_parts();
+        let body =
+            admit::read_body(body, snap.config.limits.max_body_bytes, &parts.headers).await?;
+        let chat = ChatRequest::parse(&body).map_err(ApiError::from)?;
+        let chosen = admit::strategy_override(&snap, &parts.headers)?;
+        let chain = snap.registry.select(&snap.config, &chat.model, chosen);
+        admission.check_model(&chat.model)?;
+        let budget = RequestBudget::new(&snap.config, &chat, &state.tokens);
+        if let Some(budget) = budget.as_ref().filter(|b| b.input_budget == 0) {
+            // A reserve as large as the window leaves nothing to compact into: refusing
+            // beats a compaction that a client's max_tokens alone would force.
+            return Err(ApiError::invalid_request(
+                "context_length_exceeded",
+                format!(
+                    "max_tokens/max_completion_tokens ({}) leaves no room for input in the {} tokens of {:?}",
+                    chat.max_output.unwrap_or_default(),
+                    budget.model.context_window,
+                    chat.model
+                ),
+            )
+            .into());
+        }
+        // The reply is read on the side (tracking, usage); a compressed body could not be.
+        parts.headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+        // A compacted body has another length; hyper sets the right one from the body.
+        parts.headers.remove(header::CONTENT_LENGTH);
+        snap.credentials.rewrite(&mut parts.headers);
+        Ok(Self {
+            state,
+            snap,
+            parts,
+            body,
+            chat,
+            chain,
+            budget,
+            tracked: None,
+        })
+    }
+
+    /// Stage 2: the conversation, from the client's header or derived, in its tenant.
+    fn identify(&self, admission: Admission) -> Result<ConversationId, ApiError> {
+        let header = match self.parts.headers.get(CONVERSATION_HEADER) {
+            None => None,
+            Some(value) => Some(value.to_str().map_err(|_| {
+                ApiError::invalid_request(
+                    "invalid_conversation_id",
+                    format!("{CONVERSATION_HEADER} is not visible ASCII"),
+                )
+            })?),
+        };
+        identify(admission.tenant, header, &self.chat).map_err(|err| {
+            ApiError::invalid_request(
+                "invalid_conversation_id",
+                format!("{CONVERSATION_HEADER}: {err}"),
+            )
+        })
+    }
+
+    /// Stage 3: logs the new originals; `None` when they could not be logged and the
+    /// store is not required.
+    async fn track(&self, id: ConversationId) -> Result<Option<Tracked>, Halt> {
+        match self.state.tracker.track(id.clone(), &self.chat).await {
+            Ok(tracked) => Ok(Some(tracked)),
+            Err(err) if self.snap.config.store.required => {
+                tracing::error!(conversation = %id, error = %err, "refusing the request: its originals cannot be stored");
+                Err(ApiError::storage(format!("{err}; the request was not forwarded")).into())
+            }
+            Err(err) => {
+                tracing::warn!(conversation = %id, error = %err, "forwarding untracked: store.required is false");
+                Ok(None)
+            }
+        }
+    }
+
+    fn tracked(&self) -> Result<&Tracked, ApiError> {
+        self.tracked
+            .as_ref()
+            .ok_or_else(|| ApiError::internal("the request was not tracked"))
+    }
+
+    fn upstream(&self) -> &Upstream {
+        self.snap.upstream_for(&self.chat.model)
+    }
+
+    /// Stage 4: the view to send, compacted when it passes the trigger.
+    async fn fit(&self) -> Result<Fitted<'_>, Halt> {
+        let tracked = self.tracked()?;
+        let tokens = &self.state.tokens;
+        let mut view = project_view(&self.chat, tracked, &tracked.compactions);
+        if let Err(err) = view.validate() {
+            // Never send an invalid view; the client's own request is always valid to send.
+            tracing::error!(conversation = %tracked.id, error = %err, "projected view is invalid; sending the request uncompacted");
+            view = project_view(&self.chat, tracked, &Default::default());
+        }
+        let Some(budget) = &self.budget else {
+            return Ok(Fitted {
+                view,
+                estimate: None,
+            });
+        };
+        let uncounted = view.uncounted_bytes(tokens, budget.tokenizer());
+        let local = if uncounted > BIG_UNCOUNTED || !tokens.is_loaded(budget.tokenizer()) {
+            // Tokenising hundreds of KB, or loading the tokenizer, takes tens of ms or
+            // more: let the runtime move other work off this thread meanwhile.
+            tokio::task::block_in_place(|| {
+                view.estimate(tokens, budget.tokenizer(), budget.tools_tokens)
+            })
+        } else {
+            view.estimate(tokens, budget.tokenizer(), budget.tools_tokens)
+        };
+        let scale = Scale::new(tracked.calibration.as_ref(), &self.chat.model);
+        let current = scale.view(local, view.generation());
+        if current > budget.threshold {
+            tracing::info!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, "over the trigger; compacting");
+            let job = self.job(
+                budget,
+                budget.threshold,
+                Reason::Threshold,
+                view.generation(),
+            )?;
+            view = self
+                .state
+                .compactor
+                .compact(&job)
+                .await
+                .map_err(compaction_failed)?;
+        }
+        let estimate = Some(view.estimate(tokens, budget.tokenizer(), budget.tools_tokens));
+        Ok(Fitted { view, estimate })
+    }
+
+    /// Stage 5: sends the view; a context-length answer, while nothing has reached the
+    /// client, becomes a tighter compaction and a retry. Then stage 6 answers.
+    async fn send(
+        &self,
+        fitted: Fitted<'_>,
+        log: &mut RequestLog,
+    ) -> Result<Response<ProxyBody>, Halt> {
+        let Fitted {
+            mut view,
+            mut estimate,
+        } = fitted;
+        let tracked = self.tracked()?;
+        let upstream = self.upstream();
+        let mut retries = 0;
+        loop {
+            let body = view
+                .render_body(&self.body)
+                .map_err(|err| ApiError::internal(err.to_string()))?;
+            let request = upstream_request(
+                upstream,
+                self.parts.method.clone(),
+                &self.parts.uri,
+                self.parts.headers.clone(),
+                full(body),
+            )?;
+            tracing::debug!(conversation = %tracked.id, generation = ?view.generation(), "sending the view upstream");
+            let response = send_timed(upstream, request, log).await?;
+
+            let reactive = self
+                .budget
+                .as_ref()
+                .filter(|_| retries < self.snap.config.compaction.max_retries);
+            if let Some(budget) = reactive.filter(|_| response.status().is_client_error()) {
+                let (head, incoming) = response.into_parts();
+                let error_body = Limited::new(incoming, MAX_ERROR_BODY)
+                    .collect()
+                    .await
+                    .map_err(|err| {
+                        ApiError::bad_gateway(format!("reading the upstream error: {err}"))
+                    })?
+                    .to_bytes();
+                let json: serde_json::Value =
+                    serde_json::from_slice(&error_body).unwrap_or_default();
+                if !is_context_length_error(&json) {
+                    return Err(Halt::Respond(Box::new(reply::buffered(head, error_body))));
+                }
+                retries += 1;
+                let tightened =
+                    (budget.threshold as f64 * REACTIVE_TIGHTEN.powi(retries as i32)) as u64;
+                tracing::warn!(conversation = %tracked.id, retry = retries, threshold = tightened, "upstream reported context length exceeded; compacting and retrying");
+                let job = self.job(
+                    budget,
+                    tightened,
+                    Reason::ContextLengthExceeded,
+                    view.generation(),
+                )?;
+                match self.state.compactor.compact(&job).await {
+                    Ok(compacted) => {
+                        estimate = Some(compacted.estimate(
+                            &self.state.tokens,
+                            budget.tokenizer(),
+                            budget.tools_tokens,
+                        ));
+                        view = compacted;
+                        continue;
+                    }
+                    Err(err) => {
+                        tracing::warn!(conversation = %tracked.id, error = %err, "reactive compaction failed; returning the upstream's error");
+                        return Err(Halt::Respond(Box::new(reply::buffered(head, error_body))));
+                    }
+                }
+            }
+
+            let target = ReplyTarget {
+                tracker: Arc::clone(&self.state.tracker),
+                parent: tracked.head(),
+                id: tracked.id.clone(),
+                model: self.chat.model.clone(),
+                estimate: estimate.map(|local| (local, view.generation().map(str::to_owned))),
+                required: self.snap.config.store.required,
+                metrics: Arc::clone(&self.state.metrics),
+            };
+            return Ok(reply::answer(upstream, response, target).await);
+        }
+    }
+
+    /// The compaction job of this request: the one place a chat request builds one.
+    fn job(
+        &self,
+        budget: &RequestBudget,
+        threshold: u64,
+        reason: Reason,
+        seen_generation: Option<&str>,
+    ) -> Result<Job<'_>, ApiError> {
+        let path = self
+            .parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/v1/chat/completions"));
+        let client = Arc::new(UpstreamModelClient::new(
+            self.upstream().clone(),
+            path,
+            self.parts.headers.clone(),
+        ));
+        let mut job = Job::new(
+            &self.state.tracker,
+            &self.chat,
+            self.tracked()?,
+            &self.snap.config.compaction,
+            budget,
+            client,
+            self.chain.clone(),
+        );
+        job.threshold = threshold;
+        job.reason = reason;
+        job.seen_generation = seen_generation.map(str::to_owned);
+        Ok(job)
+    }
+}
+
+/// The answer when a needed compaction could not make the request fit.
+fn compaction_failed(err: CompactError) -> Halt {
+    tracing::warn!(error = %err, "compaction failed");
+    let api = match &err {
+        CompactError::TooLarge { .. } => {
+            ApiError::invalid_request("context_length_exceeded", err.to_string())
+        }
+        CompactError::Store(_) => ApiError::storage(err.to_string()),
+        CompactError::Cancelled => {
+            ApiError::unavailable("handoff is shutting down; retry the request")
+        }
+        CompactError::View(_) | CompactError::NoHandoff(_) => ApiError::internal(err.to_string()),
+    };
+    Halt::Error(api)
+}

@@ -1,0 +1,104 @@
+//! The last stage: the upstream's answer goes to the client, and its reply to the log.
+//! A streamed reply is relayed frame by frame with the capture watching; a
+//! non-streamed one is read whole and logged before it is answered; an error is
+//! relayed as it is.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header;
+use http::Response;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use crate::body::{full, ProxyBody};
+use crate::capture::{ReplyCapture, ReplyTarget};
+use crate::error::ApiError;
+use crate::forward::{is_event_stream, relay};
+use crate::relay::Observer;
+use crate::upstream::Upstream;
+
+/// Largest non-streamed reply read (and logged) before it is answered.
+const MAX_JSON_REPLY: usize = 64 * 1024 * 1024;
+
+/// Answers `response`, logging its reply into `target` on the way.
+pub async fn answer(
+    upstream: &Upstream,
+    response: Response<Incoming>,
+    target: ReplyTarget,
+) -> Response<ProxyBody> {
+    if !response.status().is_success() {
+        return relay(upstream, response, None);
+    }
+    if is_event_stream(response.headers()) {
+        let observer: Box<dyn Observer> = Box::new(ReplyCapture::start(target));
+        return relay(upstream, response, Some(observer));
+    }
+    answer_logged(upstream, response, target).await
+}
+
+/// Reads a non-streamed reply whole, logs it, and only then answers it: a reply that
+/// cannot be logged while the store is required becomes a 503, not a silent gap.
+async fn answer_logged(
+    upstream: &Upstream,
+    response: Response<Incoming>,
+    target: ReplyTarget,
+) -> Response<ProxyBody> {
+    let (head, incoming) = response.into_parts();
+    let body = match read_reply(incoming, upstream.read_timeout()).await {
+        Ok(body) => body,
+        Err(err) => return err.into_response(),
+    };
+    // Spawned: a client that leaves now must not cancel the log write.
+    let logging = {
+        let body = body.clone();
+        tokio::spawn(async move { target.log_json(&body).await })
+    };
+    match logging.await {
+        Ok(Err(unlogged)) => ApiError::storage(unlogged.to_string()).into_response(),
+        Ok(Ok(())) => buffered(head, body),
+        Err(err) => {
+            tracing::error!(error = %err, "reply capture task failed");
+            buffered(head, body)
+        }
+    }
+}
+
+/// Reads an upstream reply body, giving up when it stalls for `idle` or passes
+/// [`MAX_JSON_REPLY`].
+async fn read_reply(mut body: Incoming, idle: Duration) -> Result<Bytes, ApiError> {
+    let mut out = BytesMut::new();
+    loop {
+        let frame = match tokio::time::timeout(idle, body.frame()).await {
+            Err(_) => {
+                return Err(ApiError::gateway_timeout(format!(
+                    "upstream sent nothing for {idle:?} after {} bytes of its reply",
+                    out.len()
+                )))
+            }
+            Ok(None) => return Ok(out.freeze()),
+            Ok(Some(Err(err))) => {
+                return Err(ApiError::bad_gateway(format!(
+                    "upstream cut its reply after {} bytes: {err}",
+                    out.len()
+                )))
+            }
+            Ok(Some(Ok(frame))) => frame,
+        };
+        if let Some(data) = frame.data_ref() {
+            if out.len() + data.len() > MAX_JSON_REPLY {
+                return Err(ApiError::bad_gateway(format!(
+                    "upstream reply exceeds {MAX_JSON_REPLY} bytes"
+                )));
+            }
+            out.extend_from_slice(data);
+        }
+    }
+}
+
+/// Sends a response whose body was read to inspect it.
+pub fn buffered(mut head: http::response::Parts, body: Bytes) -> Response<ProxyBody> {
+    crate::headers::strip_hop_by_hop(&mut head.headers);
+    head.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(head, full(body))
+}
