@@ -1,5 +1,6 @@
 //! Compaction: when a request would overflow the model's window, the old history
-//! becomes a handoff and the recent units stay verbatim (DESIGN.md section 3).
+//! becomes a handoff and the recent units stay verbatim (`docs/architecture.md`,
+//! "Compaction").
 //!
 //! - [`budget`]: when to compact, with the calibrated estimate;
 //! - [`mod@unit`] and [`split`]: where to cut, never inside a unit;

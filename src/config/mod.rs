@@ -1,4 +1,4 @@
-//! The typed configuration: every key of DESIGN.md section 6, with its default.
+//! The typed configuration: every key documented in `config/handoff.toml`, with its default.
 //!
 //! The structs deny unknown fields, so a misspelt key fails the load and names the key.
 //! Loading and layering live in `load.rs`; masking for display lives in `mask.rs`.
