@@ -29,25 +29,21 @@ use crate::access_log::RequestLog;
 use crate::auth::Admission;
 use crate::body::{full, ProxyBody};
 use crate::capture::ReplyTarget;
-use crate::compaction::budget::{RequestBudget, Scale};
+use crate::compaction::budget::RequestBudget;
 use crate::compaction::chain::NamedStrategy;
 use crate::compaction::model_client::UpstreamModelClient;
 use crate::compaction::reactive::is_context_length_error;
-use crate::compaction::service::{CompactError, Job};
+use crate::compaction::service::{CompactError, Fitted, Job};
 use crate::compaction::Reason;
 use crate::conversation::{identify, ConversationId, Tracked, CONVERSATION_HEADER};
 use crate::dialect::ChatRequest;
 use crate::error::ApiError;
 use crate::forward::{forward, send_timed, upstream_request};
-use crate::projection::{project_view, ModelView};
 use crate::state::{AppState, Snapshot};
 use crate::upstream::Upstream;
 
 /// Largest upstream error body read to look for a context-length error.
 const MAX_ERROR_BODY: usize = 1024 * 1024;
-
-/// New message text above which tokenising is moved off the async path.
-const BIG_UNCOUNTED: usize = 256 * 1024;
 
 /// How much each reactive retry tightens the budget.
 const REACTIVE_TIGHTEN: f64 = 0.8;
@@ -119,12 +115,6 @@ struct Exchange<'s> {
     budget: Option<RequestBudget>,
     /// Digests and adopted compactions, once tracked.
     tracked: Option<Tracked>,
-}
-
-/// A view that fits, and its local estimate (for calibration against usage).
-struct Fitted<'e> {
-    view: ModelView<'e>,
-    estimate: Option<u64>,
 }
 
 impl<'s> Exchange<'s> {
@@ -225,48 +215,20 @@ impl<'s> Exchange<'s> {
     /// Stage 4: the view to send, compacted when it passes the trigger.
     async fn fit(&self) -> Result<Fitted<'_>, Halt> {
         let tracked = self.tracked()?;
-        let tokens = &self.state.tokens;
-        let mut view = project_view(&self.chat, tracked, &tracked.compactions);
-        if let Err(err) = view.validate() {
-            // Never send an invalid view; the client's own request is always valid to send.
-            tracing::error!(conversation = %tracked.id, error = %err, "projected view is invalid; sending the request uncompacted");
-            view = project_view(&self.chat, tracked, &Default::default());
-        }
-        let Some(budget) = &self.budget else {
-            return Ok(Fitted {
-                view,
-                estimate: None,
-            });
-        };
-        let uncounted = view.uncounted_bytes(tokens, budget.tokenizer());
-        let local = if uncounted > BIG_UNCOUNTED || !tokens.is_loaded(budget.tokenizer()) {
-            // Tokenising hundreds of KB, or loading the tokenizer, takes tens of ms or
-            // more: let the runtime move other work off this thread meanwhile.
-            tokio::task::block_in_place(|| {
-                view.estimate(tokens, budget.tokenizer(), budget.tools_tokens)
+        let budget = self.budget.as_ref();
+        self.state
+            .compactor
+            .fit(&self.chat, tracked, budget, |budget, generation| {
+                self.job(
+                    tracked,
+                    budget,
+                    budget.threshold,
+                    Reason::Threshold,
+                    generation,
+                )
             })
-        } else {
-            view.estimate(tokens, budget.tokenizer(), budget.tools_tokens)
-        };
-        let scale = Scale::new(tracked.calibration.as_ref(), &self.chat.model);
-        let current = scale.view(local, view.generation());
-        if current > budget.threshold {
-            tracing::info!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, "over the trigger; compacting");
-            let job = self.job(
-                budget,
-                budget.threshold,
-                Reason::Threshold,
-                view.generation(),
-            )?;
-            view = self
-                .state
-                .compactor
-                .compact(&job)
-                .await
-                .map_err(compaction_failed)?;
-        }
-        let estimate = Some(view.estimate(tokens, budget.tokenizer(), budget.tools_tokens));
-        Ok(Fitted { view, estimate })
+            .await
+            .map_err(compaction_failed)
     }
 
     /// Stage 5: sends the view; a context-length answer, while nothing has reached the
@@ -320,11 +282,12 @@ impl<'s> Exchange<'s> {
                     (budget.threshold as f64 * REACTIVE_TIGHTEN.powi(retries as i32)) as u64;
                 tracing::warn!(conversation = %tracked.id, retry = retries, threshold = tightened, "upstream reported context length exceeded; compacting and retrying");
                 let job = self.job(
+                    tracked,
                     budget,
                     tightened,
                     Reason::ContextLengthExceeded,
                     view.generation(),
-                )?;
+                );
                 match self.state.compactor.compact(&job).await {
                     Ok(compacted) => {
                         estimate = Some(compacted.estimate(
@@ -356,13 +319,14 @@ impl<'s> Exchange<'s> {
     }
 
     /// The compaction job of this request: the one place a chat request builds one.
-    fn job(
-        &self,
+    fn job<'e>(
+        &'e self,
+        tracked: &'e Tracked,
         budget: &RequestBudget,
         threshold: u64,
         reason: Reason,
         seen_generation: Option<&str>,
-    ) -> Result<Job<'_>, ApiError> {
+    ) -> Job<'e> {
         let path = self
             .parts
             .uri
@@ -377,7 +341,7 @@ impl<'s> Exchange<'s> {
         let mut job = Job::new(
             &self.state.tracker,
             &self.chat,
-            self.tracked()?,
+            tracked,
             &self.snap.config.compaction,
             budget,
             client,
@@ -386,7 +350,7 @@ impl<'s> Exchange<'s> {
         job.threshold = threshold;
         job.reason = reason;
         job.seen_generation = seen_generation.map(str::to_owned);
-        Ok(job)
+        job
     }
 }
 

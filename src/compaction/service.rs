@@ -140,11 +140,67 @@ struct Plan {
     predicted: u64,
 }
 
+/// A view that fits, and its local estimate (to calibrate against the usage the
+/// upstream reports for it).
+pub struct Fitted<'a> {
+    /// The view to send.
+    pub view: ModelView<'a>,
+    /// Its local estimate; `None` when the model has no budget.
+    pub estimate: Option<u64>,
+}
+
+/// New message text above which tokenising is moved off the async path.
+const BIG_UNCOUNTED: usize = 256 * 1024;
+
 impl Compactor {
     /// The view's calibrated estimate: the count every decision is made with.
     fn count(&self, job: &Job<'_>, view: &ModelView<'_>) -> u64 {
         let local = view.estimate(&self.tokens, job.tokenizer, job.tools_tokens);
         job.scale.view(local, view.generation())
+    }
+
+    /// The proactive path every caller shares (the proxy, `handoff eval`): the view
+    /// from the adopted compactions, compacted when its calibrated estimate passes the
+    /// trigger. `job` builds the compaction job, from the budget and the view's
+    /// generation, only when one is needed.
+    pub async fn fit<'a>(
+        &self,
+        request: &'a ChatRequest,
+        tracked: &'a Tracked,
+        budget: Option<&RequestBudget>,
+        job: impl FnOnce(&RequestBudget, Option<&str>) -> Job<'a>,
+    ) -> Result<Fitted<'a>, CompactError> {
+        let mut view = project_view(request, tracked, &tracked.compactions);
+        if let Err(err) = view.validate() {
+            // Never send an invalid view; the client's own request is always valid to send.
+            tracing::error!(conversation = %tracked.id, error = %err, "projected view is invalid; sending the request uncompacted");
+            view = project_view(request, tracked, &Default::default());
+        }
+        let Some(budget) = budget else {
+            return Ok(Fitted {
+                view,
+                estimate: None,
+            });
+        };
+        let tokens = &self.tokens;
+        let uncounted = view.uncounted_bytes(tokens, budget.tokenizer());
+        let local = if uncounted > BIG_UNCOUNTED || !tokens.is_loaded(budget.tokenizer()) {
+            // Tokenising hundreds of KB, or loading the tokenizer, takes tens of ms or
+            // more: let the runtime move other work off this thread meanwhile.
+            tokio::task::block_in_place(|| {
+                view.estimate(tokens, budget.tokenizer(), budget.tools_tokens)
+            })
+        } else {
+            view.estimate(tokens, budget.tokenizer(), budget.tools_tokens)
+        };
+        let scale = Scale::new(tracked.calibration.as_ref(), &request.model);
+        let current = scale.view(local, view.generation());
+        if current > budget.threshold {
+            tracing::info!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, "over the trigger; compacting");
+            view = self.compact(&job(budget, view.generation())).await?;
+        }
+        let estimate = Some(view.estimate(tokens, budget.tokenizer(), budget.tools_tokens));
+        Ok(Fitted { view, estimate })
     }
 
     /// Compacts until the view fits under `job.threshold`, or says why it cannot.

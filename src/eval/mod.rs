@@ -24,7 +24,7 @@ use serde_json::Value;
 pub use report::write_report;
 pub use source::{Replay, Step};
 
-use crate::compaction::budget::{Calibration, RequestBudget, Scale};
+use crate::compaction::budget::{Calibration, RequestBudget};
 use crate::compaction::model_client::UpstreamModelClient;
 use crate::compaction::service::{Compactor, Job};
 use crate::compaction::Reason;
@@ -32,7 +32,6 @@ use crate::config::{Config, ModelConfig};
 use crate::conversation::{CapturedReplies, ConversationId, Tracker};
 use crate::dialect::ChatRequest;
 use crate::metrics::Metrics;
-use crate::projection::project_view;
 use crate::state::{Snapshot, StateError};
 use crate::store::{MemoryStore, Store};
 use crate::tenant::TenantId;
@@ -324,33 +323,25 @@ impl Replayer {
             .track(id.clone(), &chat)
             .await
             .map_err(|err| err.to_string())?;
-        let mut view = project_view(&chat, &tracked, &tracked.compactions);
-        if view.validate().is_err() {
-            view = project_view(&chat, &tracked, &Default::default());
-        }
         let config = &snapshot.config;
-        let mut local = None;
-        if let Some(budget) = RequestBudget::new(config, &chat, tokens) {
-            let scale = Scale::new(tracked.calibration.as_ref(), &chat.model);
-            let estimate = view.estimate(tokens, budget.tokenizer(), budget.tools_tokens);
-            if scale.view(estimate, view.generation()) > budget.threshold {
+        let budget = RequestBudget::new(config, &chat, tokens);
+        let fitted = compactor
+            .fit(&chat, &tracked, budget.as_ref(), |budget, generation| {
                 let mut job = Job::new(
                     tracker,
                     &chat,
                     &tracked,
                     &config.compaction,
-                    &budget,
+                    budget,
                     Arc::clone(client),
                     snapshot.registry.select(config, &chat.model, None),
                 );
-                job.seen_generation = view.generation().map(str::to_owned);
-                view = compactor
-                    .compact(&job)
-                    .await
-                    .map_err(|err| err.to_string())?;
-            }
-            local = Some(view.estimate(tokens, budget.tokenizer(), budget.tools_tokens));
-        }
+                job.seen_generation = generation.map(str::to_owned);
+                job
+            })
+            .await
+            .map_err(|err| err.to_string())?;
+        let (view, local) = (fitted.view, fitted.estimate);
         let text = view
             .raw_messages()
             .iter()
