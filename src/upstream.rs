@@ -221,4 +221,25 @@ mod tests {
             "https://api.openai.com/v1/models?limit=2"
         );
     }
+
+    #[tokio::test]
+    async fn errors_never_show_the_credentials_of_the_base_url() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let up = upstream(&format!("http://user:sk-in-url-secret@127.0.0.1:{port}"));
+        let request = Request::builder()
+            .uri(up.target(None).unwrap())
+            .body(crate::body::full(""))
+            .unwrap();
+        let err = up.send(request).await.unwrap_err();
+        let shown = ApiError::from(err).message;
+        assert!(shown.contains(&format!("127.0.0.1:{port}")), "{shown}");
+        assert!(
+            !shown.contains("sk-in-url-secret") && !shown.contains("user:"),
+            "{shown}"
+        );
+    }
 }

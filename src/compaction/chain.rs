@@ -236,4 +236,64 @@ mod tests {
             "calls and their arguments are kept"
         );
     }
+
+    /// A strategy that fails the way a provider's 401 reads.
+    struct Refused;
+    impl Strategy for Refused {
+        fn kind(&self) -> &'static str {
+            "refused"
+        }
+        fn summarize<'a>(
+            &'a self,
+            _input: &'a StrategyInput,
+        ) -> futures_util::future::BoxFuture<'a, Result<Summary, AttemptError>> {
+            Box::pin(async {
+                Err(AttemptError::new(
+                    FailureReason::HttpError,
+                    "upstream answered 401: Incorrect API key provided: sk-proj-****************wxyz.",
+                ))
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn attempt_errors_are_recorded_without_key_fragments() {
+        use handoff_plugin_api::testing::{BytesPerFour, NoModel};
+        use handoff_plugin_api::{Budgets, CancellationToken, ModelInfo};
+        let input = StrategyInput {
+            conversation_id: "c".into(),
+            history: vec![],
+            retained_recent_messages: vec![],
+            previous_handoff: None,
+            model: ModelInfo {
+                model: "m".into(),
+                context_window: 8000,
+                summary_model: "m".into(),
+                summary_context_window: 8000,
+            },
+            budgets: Budgets {
+                input_budget: 8000,
+                handoff_tokens: 800,
+                max_calls: 1,
+            },
+            cancel: CancellationToken::new(),
+            client: Arc::new(NoModel),
+            tokens: Arc::new(BytesPerFour),
+        };
+        let chain = [NamedStrategy {
+            name: "refused".into(),
+            strategy: Arc::new(Refused),
+            timeout: None,
+            summary_model: None,
+            prune: None,
+            handoff_tokens: None,
+        }];
+        let outcome = run_chain(&chain, &input, Duration::from_secs(1)).await;
+        let error = outcome.attempts[0].error.as_deref().unwrap();
+        assert!(
+            !error.contains("wxyz") && error.contains("[redacted]"),
+            "{error}"
+        );
+        assert!(error.contains("upstream answered 401"), "{error}");
+    }
 }
