@@ -118,8 +118,9 @@ impl Audit {
         let summary = summarize(&id, &log);
         writeln!(
             out,
-            "conversation {}: {} messages, {} requests, {} branches, models {}",
+            "conversation {} (tenant {}): {} messages, {} requests, {} branches, models {}",
             summary.id,
+            summary.tenant,
             summary.messages,
             summary.requests,
             summary.branches,
