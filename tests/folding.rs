@@ -377,3 +377,57 @@ async fn eval_replays_a_live_run_to_the_same_figures_and_writes_nothing() {
         assert_eq!(report["total"]["compactions"], live.len());
     }
 }
+
+#[test]
+fn eval_replays_a_conversation_file_as_the_readme_shows() {
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/conversations/bfcl_multi_turn_long_context_120.json");
+    let dir = tempfile::tempdir().unwrap();
+    let run = |json: bool| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_handoff"));
+        command
+            .args(["eval", "--file"])
+            .arg(&file)
+            .args([
+                "--chain",
+                "extract",
+                "--window",
+                "8192",
+                "--probe",
+                "[0-9]{2,}",
+            ])
+            .current_dir(dir.path())
+            .env_remove("HANDOFF_CONFIG");
+        if json {
+            command.arg("--json");
+        }
+        command.output().unwrap()
+    };
+    let table = run(false);
+    assert!(
+        table.status.success(),
+        "{}",
+        String::from_utf8_lossy(&table.stderr)
+    );
+    let table = String::from_utf8_lossy(&table.stdout);
+    // The README's worked example, line for line.
+    let readme =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+            .unwrap();
+    for line in table.lines() {
+        assert!(readme.contains(line.trim_end()), "README lacks: {line}");
+    }
+    let report: Value = serde_json::from_slice(&run(true).stdout).unwrap();
+    let conversation = &report["conversations"][0];
+    assert_eq!(conversation["requests"], 5);
+    assert_eq!(conversation["compactions"][0]["strategy"], "extract");
+    assert!(conversation["errors"][0]
+        .as_str()
+        .unwrap()
+        .contains("cannot fit"));
+    assert_eq!(report["total"]["compactions"], 1);
+    assert!(
+        dir.path().read_dir().unwrap().next().is_none(),
+        "eval wrote nothing"
+    );
+}
