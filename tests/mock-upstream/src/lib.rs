@@ -13,6 +13,7 @@
 //! ```
 
 mod agent;
+pub mod anthropic;
 pub mod fixtures;
 mod reply;
 pub mod strict;
