@@ -196,7 +196,12 @@ async fn read_conversation(
     tenant: Option<&str>,
 ) -> Result<(ConversationId, ConversationLog), ApiError> {
     let data_dir = state.snapshot().config.data_dir.clone();
-    let id = resolve(&data_dir, id, tenant).map_err(resolve_error)?;
+    let (name, tenant) = (id.to_owned(), tenant.map(str::to_owned));
+    // Finding an id across tenants reads folders: off the runtime's threads.
+    let id = tokio::task::spawn_blocking(move || resolve(&data_dir, &name, tenant.as_deref()))
+        .await
+        .map_err(|err| ApiError::internal(err.to_string()))?
+        .map_err(resolve_error)?;
     let log = state
         .tracker
         .store()
@@ -269,9 +274,20 @@ async fn list_conversations(
         }
     }
     let data_dir = state.snapshot().config.data_dir.clone();
-    let after = after
-        .map(|cursor| list_cursor(&data_dir, &cursor, tenant.as_ref()))
-        .transpose()?;
+    let after = match after {
+        Some(cursor) => {
+            let filter = tenant.clone();
+            // A bare id is looked up across tenants, which reads folders.
+            Some(
+                tokio::task::spawn_blocking(move || {
+                    list_cursor(&data_dir, &cursor, filter.as_ref())
+                })
+                .await
+                .map_err(|err| ApiError::internal(err.to_string()))??,
+            )
+        }
+        None => None,
+    };
     let store = state.tracker.store();
     let mut ids = store
         .list(tenant, after, limit + 1)
