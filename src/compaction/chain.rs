@@ -258,28 +258,7 @@ mod tests {
 
     #[tokio::test]
     async fn attempt_errors_are_recorded_without_key_fragments() {
-        use handoff_plugin_api::testing::{BytesPerFour, NoModel};
-        use handoff_plugin_api::{Budgets, CancellationToken, ModelInfo};
-        let input = StrategyInput {
-            conversation_id: "c".into(),
-            history: vec![],
-            retained_recent_messages: vec![],
-            previous_handoff: None,
-            model: ModelInfo {
-                model: "m".into(),
-                context_window: 8000,
-                summary_model: "m".into(),
-                summary_context_window: 8000,
-            },
-            budgets: Budgets {
-                input_budget: 8000,
-                handoff_tokens: 800,
-                max_calls: 1,
-            },
-            cancel: CancellationToken::new(),
-            client: Arc::new(NoModel),
-            tokens: Arc::new(BytesPerFour),
-        };
+        let input = handoff_plugin_api::testing::input(vec![], 8000, 800);
         let chain = [NamedStrategy {
             name: "refused".into(),
             strategy: Arc::new(Refused),

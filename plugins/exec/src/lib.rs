@@ -191,37 +191,24 @@ impl Strategy for Exec {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use handoff_plugin_api::testing::{BytesPerFour, NoModel};
-    use handoff_plugin_api::{Budgets, CancellationToken, ModelInfo, Unit};
+    use handoff_plugin_api::{testing, Unit};
 
     use super::*;
 
     const SCHEMA: &str = include_str!("../../../docs/plugin-protocol.schema.json");
 
     fn input() -> StrategyInput {
-        StrategyInput {
-            conversation_id: "c".into(),
-            history: vec![Unit {
+        {
+            let history = vec![Unit {
                 messages: vec![json!({"role": "user", "content": "deploy"})],
-            }],
-            retained_recent_messages: vec![json!({"role": "user", "content": "now"})],
-            previous_handoff: Some("before".into()),
-            model: ModelInfo {
-                model: "m".into(),
-                context_window: 8000,
-                summary_model: "s".into(),
-                summary_context_window: 4000,
-            },
-            budgets: Budgets {
-                input_budget: 7000,
-                handoff_tokens: 800,
-                max_calls: 1,
-            },
-            cancel: CancellationToken::new(),
-            client: Arc::new(NoModel),
-            tokens: Arc::new(BytesPerFour),
+            }];
+            let mut input = testing::input(history, 8000, 800);
+            input.retained_recent_messages = vec![json!({"role": "user", "content": "now"})];
+            input.previous_handoff = Some("before".into());
+            input.model.summary_model = "s".into();
+            input.model.summary_context_window = 4000;
+            input.budgets.input_budget = 7000;
+            input
         }
     }
 

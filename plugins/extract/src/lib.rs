@@ -288,10 +288,7 @@ fn looks_like_error(text: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use handoff_plugin_api::testing::{BytesPerFour, NoModel};
-    use handoff_plugin_api::{Budgets, CancellationToken, ModelInfo, Unit};
+    use handoff_plugin_api::{testing, Unit};
     use serde_json::json;
 
     use super::*;
@@ -314,25 +311,10 @@ mod tests {
         history.push(Unit {
             messages: vec![json!({"role": "assistant", "content": "LAST ASSISTANT WORDS"})],
         });
-        StrategyInput {
-            conversation_id: "c".into(),
-            history,
-            retained_recent_messages: vec![],
-            previous_handoff: Some("PREVIOUS HANDOFF".into()),
-            model: ModelInfo {
-                model: "m".into(),
-                context_window: 8000,
-                summary_model: "m".into(),
-                summary_context_window: 8000,
-            },
-            budgets: Budgets {
-                input_budget: 8000,
-                handoff_tokens,
-                max_calls: 1,
-            },
-            cancel: CancellationToken::new(),
-            client: Arc::new(NoModel),
-            tokens: Arc::new(BytesPerFour),
+        {
+            let mut input = testing::input(history, 8000, handoff_tokens);
+            input.previous_handoff = Some("PREVIOUS HANDOFF".into());
+            input
         }
     }
 

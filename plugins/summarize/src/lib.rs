@@ -317,15 +317,13 @@ mod tests {
 mod precheck_tests {
     use std::sync::Arc;
 
-    use handoff_plugin_api::testing::{BytesPerFour, NoModel};
-    use handoff_plugin_api::{Budgets, CancellationToken, ModelInfo, Unit};
+    use handoff_plugin_api::{testing, Unit};
 
     use super::*;
 
     fn input(window: u64, user_text: &str, tool_body: &str, arguments: &str) -> StrategyInput {
-        StrategyInput {
-            conversation_id: "c".into(),
-            history: vec![
+        {
+            let history = vec![
                 Unit {
                     messages: vec![json!({"role": "user", "content": user_text})],
                 },
@@ -335,23 +333,12 @@ mod precheck_tests {
                         json!({"role": "tool", "tool_call_id": "t1", "content": tool_body}),
                     ],
                 },
-            ],
-            retained_recent_messages: vec![json!({"role": "user", "content": "RECENT-ONLY"})],
-            previous_handoff: None,
-            model: ModelInfo {
-                model: "m".into(),
-                context_window: window,
-                summary_model: "m".into(),
-                summary_context_window: window,
-            },
-            budgets: Budgets {
-                input_budget: window,
-                handoff_tokens: 5000,
-                max_calls: 8,
-            },
-            cancel: CancellationToken::new(),
-            client: Arc::new(NoModel),
-            tokens: Arc::new(BytesPerFour),
+            ];
+            let mut input = testing::input(history, window, 5000);
+            input.retained_recent_messages =
+                vec![json!({"role": "user", "content": "RECENT-ONLY"})];
+            input.budgets.max_calls = 8;
+            input
         }
     }
 

@@ -90,10 +90,7 @@ pub fn register() {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use handoff_plugin_api::testing::{BytesPerFour, NoModel};
-    use handoff_plugin_api::{Budgets, CancellationToken, ModelInfo, Unit};
+    use handoff_plugin_api::Unit;
     use serde_json::json;
 
     use super::*;
@@ -105,25 +102,10 @@ mod tests {
                 messages: vec![json!({"role": "user", "content": format!("request {n}")})],
             })
             .collect();
-        let input = StrategyInput {
-            conversation_id: "c".into(),
-            history,
-            retained_recent_messages: vec![],
-            previous_handoff: None,
-            model: ModelInfo {
-                model: "m".into(),
-                context_window: 8000,
-                summary_model: "m".into(),
-                summary_context_window: 8000,
-            },
-            budgets: Budgets {
-                input_budget: 7000,
-                handoff_tokens: 800,
-                max_calls: 1,
-            },
-            cancel: CancellationToken::new(),
-            client: Arc::new(NoModel),
-            tokens: Arc::new(BytesPerFour),
+        let input = {
+            let mut input = handoff_plugin_api::testing::input(history, 8000, 800);
+            input.budgets.input_budget = 7000;
+            input
         };
         let summary = futures_util::FutureExt::now_or_never(FirstAndLast.summarize(&input))
             .unwrap()
