@@ -18,7 +18,7 @@ use crate::compaction::model_client::UpstreamModelClient;
 use crate::compaction::service::{CompactError, Job};
 use crate::compaction::Reason;
 use crate::conversation::{ConversationId, Tracked};
-use crate::dialect::ChatRequest;
+use crate::dialect::DialectKind;
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::layout::{find, resolve, ResolveError};
@@ -28,6 +28,10 @@ use crate::tenant::TenantId;
 /// The header that carries the upstream credential of a manual compaction (the
 /// request's own `Authorization` is the admin token).
 pub const UPSTREAM_AUTHORIZATION: &str = "x-handoff-upstream-authorization";
+
+/// The header that carries the upstream `x-api-key` for a manual compaction of an
+/// Anthropic conversation.
+pub const UPSTREAM_API_KEY: &str = "x-handoff-upstream-api-key";
 
 /// Handles a `/handoff/*` request.
 pub async fn handle(
@@ -106,12 +110,17 @@ async fn compact_now(
     headers: &http::HeaderMap,
 ) -> Result<serde_json::Value, ApiError> {
     let (id, log) = read_conversation(state, id, tenant).await?;
-    let body = Tree::new(&log)
+    let tree = Tree::new(&log);
+    let body = tree
         .latest_request_body()
         .ok_or_else(|| ApiError::not_found(format!("no conversation {id}")))?;
-    let request = ChatRequest::parse(body.as_bytes()).map_err(ApiError::from)?;
+    let request = tree
+        .dialect()
+        .get()
+        .parse(body.as_bytes())
+        .map_err(ApiError::from)?;
     let snap = state.snapshot();
-    let upstream = snap.upstream_for(&request.model);
+    let upstream = snap.upstream_in(request.dialect, &request.model);
     let budget = RequestBudget::new(&snap.config, &request, &state.tokens).ok_or_else(|| {
         ApiError::invalid_request(
             "compaction_unavailable",
@@ -134,12 +143,16 @@ async fn compact_now(
         .map_err(|err| ApiError::storage(err.to_string()))?;
     // The caller's Authorization is the admin token: it must never go upstream.
     let mut client_headers = http::HeaderMap::new();
-    if let Some(value) = snap
-        .credentials
-        .upstream_authorization()
-        .or_else(|| headers.get(UPSTREAM_AUTHORIZATION))
-    {
+    if let Some(value) = headers.get(UPSTREAM_AUTHORIZATION) {
         client_headers.insert(header::AUTHORIZATION, value.clone());
+    }
+    if let Some(value) = headers.get(UPSTREAM_API_KEY) {
+        client_headers.insert("x-api-key", value.clone());
+    }
+    if snap.credentials.upstream_authorization().is_some() {
+        // The configured upstream key wins, where the dialect expects it.
+        snap.credentials
+            .rewrite(&mut client_headers, request.dialect);
     }
     for name in [
         "anthropic-version",
@@ -152,11 +165,17 @@ async fn compact_now(
         }
     }
     tracked.calibration = calibration;
-    let client = Arc::new(UpstreamModelClient::new(
-        upstream.clone(),
-        PathAndQuery::from_static("/v1/chat/completions"),
-        client_headers,
-    ));
+    let path = match request.dialect {
+        DialectKind::OpenAiChat => "/v1/chat/completions",
+        DialectKind::Anthropic => "/v1/messages",
+    };
+    let client = request
+        .dialect()
+        .summary_client(Arc::new(UpstreamModelClient::new(
+            upstream.clone(),
+            PathAndQuery::from_static(path),
+            client_headers,
+        )));
     let chain = snap.registry.select(&snap.config, &request.model, None);
     let mut job = Job::new(
         &state.tracker,

@@ -1,14 +1,15 @@
-//! The one place where a failure becomes an HTTP answer, in OpenAI's error shape:
-//! `{"error": {"message", "type", "param", "code"}}`.
+//! The one place where a failure becomes an HTTP answer, in the shape of the API the
+//! client speaks: OpenAI's `{"error": {"message", "type", "param", "code"}}` by default,
+//! Anthropic's `{"type": "error", "error": {"type", "message"}}` on its paths.
 //!
 //! Other modules return their own typed errors and convert them into [`ApiError`];
 //! none of them builds an error response by hand.
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
-use serde_json::json;
 
 use crate::body::{full, ProxyBody};
+use crate::dialect::DialectKind;
 
 /// An error answered to the client.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -174,21 +175,19 @@ impl ApiError {
         )
     }
 
-    /// The error as the JSON body a client SDK expects.
+    /// The error as the JSON body an OpenAI SDK expects.
     pub fn to_json(&self) -> serde_json::Value {
-        json!({
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": null,
-                "code": self.code,
-            }
-        })
+        DialectKind::OpenAiChat.get().error_json(self)
     }
 
-    /// The error as a complete HTTP response.
+    /// The error as a complete HTTP response, in OpenAI's shape.
     pub fn into_response(self) -> Response<ProxyBody> {
-        let body = Bytes::from(self.to_json().to_string());
+        self.into_response_for(DialectKind::OpenAiChat)
+    }
+
+    /// The error as a complete HTTP response, in `dialect`'s error shape.
+    pub fn into_response_for(self, dialect: DialectKind) -> Response<ProxyBody> {
+        let body = Bytes::from(dialect.get().error_json(&self).to_string());
         let mut response = Response::new(full(body));
         *response.status_mut() = self.status;
         response.headers_mut().insert(

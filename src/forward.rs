@@ -6,6 +6,7 @@ use http::{request, Request, Response, Version};
 
 use crate::access_log::RequestLog;
 use crate::body::ProxyBody;
+use crate::dialect::DialectKind;
 use crate::error::ApiError;
 use crate::headers::strip_hop_by_hop;
 use crate::relay::{Observer, RelayBody};
@@ -19,13 +20,14 @@ pub async fn forward(
     body: ProxyBody,
     log: &mut RequestLog,
 ) -> Response<ProxyBody> {
+    let dialect = DialectKind::for_path(parts.uri.path());
     let request = match upstream_request(upstream, parts.method, &parts.uri, parts.headers, body) {
         Ok(request) => request,
-        Err(err) => return err.into_response(),
+        Err(err) => return err.into_response_for(dialect),
     };
     match send_timed(upstream, request, log).await {
         Ok(response) => relay(upstream, response, None),
-        Err(err) => err.into_response(),
+        Err(err) => err.into_response_for(dialect),
     }
 }
 

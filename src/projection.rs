@@ -16,7 +16,7 @@ use crate::adoption::Adopted;
 use crate::base::digest::{message_digest, MessageDigest, PrefixDigest};
 use crate::config::Tokenizer;
 use crate::conversation::Tracked;
-use crate::dialect::{check_tool_pairs, ChatRequest, DialectError, Message, Role};
+use crate::dialect::{ChatRequest, DialectError, DialectKind, Message, Role};
 use crate::tokens::{Tokens, REPLY_PRIMING};
 use handoff_plugin_api::shorten_tool_body;
 
@@ -48,6 +48,8 @@ pub struct ViewMessage<'a> {
 /// The message list actually sent upstream.
 #[derive(Debug)]
 pub struct ModelView<'a> {
+    /// The request's wire format.
+    pub dialect: DialectKind,
     /// Pinned messages of this request.
     pub pinned: Vec<ViewMessage<'a>>,
     /// The compaction in force, if any.
@@ -58,6 +60,8 @@ pub struct ModelView<'a> {
     pub live_digests: Cow<'a, [MessageDigest]>,
     /// Index in the non-pinned originals where `live` starts.
     pub live_start: usize,
+    /// The pair as one message, when the dialect cannot send it as two before `live`.
+    pub joined: Option<Box<RawValue>>,
 }
 
 impl ModelView<'_> {
@@ -107,10 +111,15 @@ impl ModelView<'_> {
     /// Checks the view: tool pairs complete, the continuation a user message, the
     /// handoff an assistant message with string content and no tool calls.
     pub fn validate(&self) -> Result<(), ProjectionError> {
-        check_tool_pairs(self.live.iter())?;
+        self.dialect.get().check_pairs(&self.live)?;
         if let Some(adopted) = &self.compaction {
             adopted.record.check().map_err(ProjectionError::Shape)?;
-            if !adopted.record.handoff["content"].is_string() {
+            let content = &adopted.record.handoff["content"];
+            let shaped = match self.dialect {
+                DialectKind::OpenAiChat => content.is_string(),
+                DialectKind::Anthropic => content.is_string() || content.is_array(),
+            };
+            if !shaped {
                 return Err(ProjectionError::Shape(
                     "handoff content is not a string".into(),
                 ));
@@ -157,12 +166,20 @@ impl ModelView<'_> {
         changed
     }
 
-    /// The raw messages in order.
+    /// The raw messages of the body's `messages`, in order: pinned ones only where the
+    /// dialect keeps them there.
     pub fn raw_messages(&self) -> Vec<&RawValue> {
-        let mut out: Vec<&RawValue> = self.pinned.iter().map(|m| m.raw).collect();
-        if let Some(adopted) = &self.compaction {
-            out.push(&adopted.continuation);
-            out.push(&adopted.handoff);
+        let mut out: Vec<&RawValue> = Vec::with_capacity(self.pinned.len() + self.live.len() + 2);
+        if self.dialect.get().pins_in_messages() {
+            out.extend(self.pinned.iter().map(|m| m.raw));
+        }
+        match (&self.compaction, &self.joined) {
+            (Some(_), Some(joined)) => out.push(joined),
+            (Some(adopted), None) => {
+                out.push(&adopted.continuation);
+                out.push(&adopted.handoff);
+            }
+            (None, _) => {}
         }
         out.extend(self.live.iter().map(|m| m.raw.as_ref()));
         out
@@ -226,7 +243,19 @@ pub fn project_view<'a>(
             .cloned()
     });
     let live_start = found.as_ref().map_or(0, |a| a.covered());
+    let dialect = request.dialect;
+    let joined = found.as_ref().and_then(|adopted| {
+        let next = rest.get(live_start)?;
+        let value = dialect.get().joined_pair(
+            &adopted.record.continuation,
+            &adopted.record.handoff,
+            next,
+        )?;
+        serde_json::value::to_raw_value(&value).ok()
+    });
     ModelView {
+        dialect,
+        joined,
         pinned,
         compaction: found,
         live: Cow::Borrowed(&rest[live_start..]),

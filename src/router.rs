@@ -10,6 +10,7 @@ use hyper::body::Incoming;
 
 use crate::access_log::{Logged, RequestLog};
 use crate::body::ProxyBody;
+use crate::dialect::DialectKind;
 use crate::forward::forward;
 use crate::headers::loggable_target;
 use crate::state::AppState;
@@ -51,6 +52,8 @@ async fn dispatch(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
         .map_or(0, |bytes| bytes / 4);
+    // Every answer on a dialect's paths, errors included, is in that dialect's shape.
+    let dialect = DialectKind::for_path(path);
     let admission = match snap.credentials.admit(
         &state.secret,
         &state.limiter,
@@ -58,15 +61,17 @@ async fn dispatch(
         estimated_tokens,
     ) {
         Ok(admission) => admission,
-        Err(err) => return err.into_response(),
+        Err(err) => return err.into_response_for(dialect),
     };
     log.set_tenant(admission.tenant.as_str());
-    if request.method() == Method::POST && path.ends_with("/chat/completions") {
-        return chat::handle(state, snap, request, log, admission).await;
+    if request.method() == Method::POST {
+        if let Some(tracking) = DialectKind::tracking(path) {
+            return chat::handle(state, snap, request, log, admission, tracking).await;
+        }
     }
     let (mut parts, body) = request.into_parts();
-    snap.credentials.rewrite(&mut parts.headers);
-    // Uploads and other bodies stream straight through, never collected.
+    snap.credentials.rewrite(&mut parts.headers, dialect);
+    // Uploads and other bodies (count_tokens, models) stream straight through.
     let body = body.map_err(Into::into).boxed_unsync();
-    forward(&snap.upstream, parts, body, log).await
+    forward(snap.dialect_upstream(dialect), parts, body, log).await
 }

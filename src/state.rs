@@ -14,6 +14,7 @@ use crate::auth::{Credentials, KeyError, RateLimiter};
 use crate::compaction::service::Compactor;
 use crate::config::{self, Config, Overrides, UpstreamConfig};
 use crate::conversation::Tracker;
+use crate::dialect::DialectKind;
 use crate::metrics::Metrics;
 use crate::store::layout::{migrate_legacy_layout, MigrationError};
 use crate::store::{DiskStore, Store, Writer};
@@ -61,6 +62,8 @@ pub struct Snapshot {
     pub upstream: Upstream,
     /// Each route's own upstream, index-aligned with `config.routes`.
     route_upstreams: Vec<Option<Upstream>>,
+    /// `dialects.anthropic.base_url`'s upstream, when set.
+    anthropic_upstream: Option<Upstream>,
     /// The named strategies.
     pub registry: Registry,
     /// Proxy keys and the upstream key.
@@ -89,16 +92,49 @@ impl Snapshot {
                     .transpose()
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let anthropic_upstream = config
+            .dialects
+            .anthropic
+            .base_url
+            .as_ref()
+            .map(|url| {
+                Upstream::new(&UpstreamConfig {
+                    base_url: url.clone(),
+                    ..config.upstream.clone()
+                })
+            })
+            .transpose()?;
         let registry = Registry::build(&config)?;
         let credentials = Credentials::build(&config)?;
         Ok(Self {
             config: Arc::new(config),
             upstream,
             route_upstreams,
+            anthropic_upstream,
             registry,
             credentials,
             loaded_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
         })
+    }
+
+    /// The upstream for a request of `dialect` that is not routed by model (e.g.
+    /// `count_tokens`): the dialect's own base URL, else the default.
+    pub fn dialect_upstream(&self, dialect: DialectKind) -> &Upstream {
+        match dialect {
+            DialectKind::Anthropic => self.anthropic_upstream.as_ref().unwrap_or(&self.upstream),
+            DialectKind::OpenAiChat => &self.upstream,
+        }
+    }
+
+    /// The upstream for `model` in `dialect`: a matching route's, else the dialect's.
+    pub fn upstream_in(&self, dialect: DialectKind, model: &str) -> &Upstream {
+        self.config
+            .routes
+            .iter()
+            .zip(&self.route_upstreams)
+            .find(|(route, _)| route.matches(model))
+            .and_then(|(_, upstream)| upstream.as_ref())
+            .unwrap_or_else(|| self.dialect_upstream(dialect))
     }
 
     /// The upstream for `model`: the first matching route's, else the default.

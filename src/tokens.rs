@@ -154,11 +154,7 @@ pub fn message_text(message: &Value) -> String {
         Some(Value::String(content)) => push(content),
         Some(Value::Array(parts)) => {
             for part in parts {
-                match part.get("text").and_then(Value::as_str) {
-                    Some(part_text) => push(part_text),
-                    // Images and audio: a fixed allowance, not their base64 bytes.
-                    None => push("[non-text part: counted as 85 tokens] ".repeat(8).as_str()),
-                }
+                push_part(part, &mut push);
             }
         }
         _ => {}
@@ -182,6 +178,37 @@ pub fn message_text(message: &Value) -> String {
         );
     }
     text
+}
+
+/// One content part or block: its text, an Anthropic block's payload, or a fixed
+/// allowance for media (never their base64 bytes).
+fn push_part(part: &Value, push: &mut impl FnMut(&str)) {
+    if let Some(text) = part.get("text").and_then(Value::as_str) {
+        return push(text);
+    }
+    let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
+    match kind {
+        "thinking" => push(part.get("thinking").and_then(Value::as_str).unwrap_or("")),
+        "redacted_thinking" => push(part.get("data").and_then(Value::as_str).unwrap_or("")),
+        "tool_use" | "server_tool_use" => {
+            push(part.get("name").and_then(Value::as_str).unwrap_or(""));
+            push(&part.get("input").map_or_else(String::new, Value::to_string));
+        }
+        "tool_result" => match part.get("content") {
+            Some(Value::String(text)) => push(text),
+            Some(Value::Array(inner)) => {
+                for block in inner {
+                    push_part(block, push);
+                }
+            }
+            _ => {}
+        },
+        "image" | "document" | "image_url" | "input_audio" | "file" => {
+            push("[non-text part: counted as 85 tokens] ".repeat(8).as_str())
+        }
+        // Server tool results and kinds handoff does not know: their JSON, as sent.
+        _ => push(&part.to_string()),
+    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use serde_json::value::RawValue;
 
 use crate::base::digest::{Digest, PrefixDigest};
 use crate::base::line::{Entry, MessageLine, PinnedLine, RequestLine};
+use crate::dialect::DialectKind;
 use crate::store::ConversationLog;
 
 /// Message lines by digest, plus the order they were written in.
@@ -107,22 +108,70 @@ impl<'a> Tree<'a> {
     /// it: the latest request's model and pinned messages, then every original.
     pub fn latest_request_body(&self) -> Option<String> {
         let tip = self.latest_tip()?;
-        let mut messages = self.replay(&tip)?;
+        let dialect = self.dialect();
+        let branch = self.branch(&tip)?;
+        let mut messages: Vec<&RawValue> = branch.iter().map(|m| m.message.as_ref()).collect();
         // A reply that calls tools waits for the client's results: not yet a request.
         let pending_calls = messages.last().is_some_and(|last| {
-            serde_json::from_str::<serde_json::Value>(last.get())
-                .is_ok_and(|m| m["tool_calls"].as_array().is_some_and(|c| !c.is_empty()))
+            serde_json::from_str::<serde_json::Value>(last.get()).is_ok_and(|m| {
+                m["tool_calls"].as_array().is_some_and(|c| !c.is_empty())
+                    || m["content"]
+                        .as_array()
+                        .is_some_and(|blocks| blocks.iter().any(|b| b["type"] == "tool_use"))
+            })
         });
         if pending_calls {
             messages.pop();
         }
-        let model = self.requests.last().map_or("", |r| r.model.as_str());
-        let list: Vec<&str> = messages.iter().map(|m| m.get()).collect();
-        Some(format!(
-            "{{\"model\":{},\"messages\":[{}]}}",
-            serde_json::Value::String(model.to_owned()),
-            list.join(",")
-        ))
+        let model = serde_json::Value::String(
+            self.requests
+                .last()
+                .map_or("", |r| r.model.as_str())
+                .to_owned(),
+        );
+        let pinned = self.pinned_for(&branch);
+        let list = |messages: &[&RawValue]| {
+            messages
+                .iter()
+                .map(|m| m.get())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        Some(match dialect {
+            DialectKind::OpenAiChat => {
+                let mut all = pinned;
+                all.extend(messages);
+                format!("{{\"model\":{model},\"messages\":[{}]}}", list(&all))
+            }
+            DialectKind::Anthropic => {
+                // The pinned message stands for the top-level `system`.
+                let system = pinned
+                    .first()
+                    .and_then(|m| serde_json::from_str::<serde_json::Value>(m.get()).ok())
+                    .map(|m| m["content"].clone())
+                    .unwrap_or(serde_json::Value::Null);
+                format!(
+                    "{{\"model\":{model},\"system\":{system},\"messages\":[{}]}}",
+                    list(&messages)
+                )
+            }
+        })
+    }
+
+    /// The client's wire format, from its latest request.
+    pub fn dialect(&self) -> DialectKind {
+        DialectKind::from_name(self.requests.last().and_then(|r| r.dialect.as_deref()))
+    }
+
+    /// The client's own message list ending at `tip`, as it would send it: pinned
+    /// messages first where the dialect keeps them in the list (OpenAI), then every
+    /// original of the branch.
+    pub fn client_messages(&self, tip: &PrefixDigest) -> Option<Vec<&'a RawValue>> {
+        if self.dialect().get().pins_in_messages() {
+            return self.replay(tip);
+        }
+        let branch = self.branch(tip)?;
+        Some(branch.iter().map(|m| m.message.as_ref()).collect())
     }
 
     /// The replayable history ending at `tip`: pinned, then every original of the branch.

@@ -21,7 +21,6 @@ use crate::base::digest::Digest;
 use crate::base::line::Entry;
 use crate::compaction::{adopt, Adopted};
 use crate::conversation::{ConversationId, Tracked};
-use crate::dialect::ChatRequest;
 use crate::projection::project_view;
 use crate::redact::strip_controls;
 use crate::store::layout::{conversation_dir, list_ids, resolve, ResolveError, MESSAGES_FILE};
@@ -118,9 +117,10 @@ impl Audit {
         let summary = summarize(&id, &log);
         writeln!(
             out,
-            "conversation {} (tenant {}): {} messages, {} requests, {} branches, models {}",
+            "conversation {} (tenant {}, dialect {}): {} messages, {} requests, {} branches, models {}",
             summary.id,
             summary.tenant,
+            Tree::new(&log).dialect().name(),
             summary.messages,
             summary.requests,
             summary.branches,
@@ -237,7 +237,7 @@ impl Audit {
             },
         };
         let messages = tree
-            .replay(&tip)
+            .client_messages(&tip)
             .ok_or_else(|| AuditError::Branch(tip.to_hex()))?;
         serde_json::to_writer_pretty(&mut *out, &messages)?;
         writeln!(out)?;
@@ -257,7 +257,10 @@ impl Audit {
             writeln!(out, "[]")?;
             return Ok(());
         };
-        let request = ChatRequest::parse(body.as_bytes())
+        let request = tree
+            .dialect()
+            .get()
+            .parse(body.as_bytes())
             .map_err(|err| AuditError::Branch(err.to_string()))?;
         let tracked = Tracked::compute(id, &request);
         let adopted: HashMap<_, _> = adopt(&log)

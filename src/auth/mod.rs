@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 pub use limit::{Exceeded, RateLimiter};
 
 use crate::config::Config;
+use crate::dialect::DialectKind;
 use crate::error::ApiError;
 use crate::tenant::{credential, ServerSecret, TenantId};
 
@@ -63,6 +64,8 @@ impl ProxyKey {
 pub struct Credentials {
     keys: HashMap<[u8; 32], Arc<ProxyKey>>,
     upstream: Option<HeaderValue>,
+    /// The same key as Anthropic's `x-api-key` wants it (no `Bearer `).
+    upstream_api_key: Option<HeaderValue>,
 }
 
 impl Credentials {
@@ -100,17 +103,27 @@ impl Credentials {
                 }),
             );
         }
-        let upstream = match &config.upstream.api_key_env {
+        let (upstream, upstream_api_key) = match &config.upstream.api_key_env {
             Some(variable) => {
                 let value = read("upstream.api_key_env".into(), variable)?;
-                let mut header = HeaderValue::try_from(format!("Bearer {value}"))
-                    .map_err(|_| KeyError::Header("upstream.api_key_env".into()))?;
-                header.set_sensitive(true);
-                Some(header)
+                let sensitive = |text: String| {
+                    let mut header = HeaderValue::try_from(text)
+                        .map_err(|_| KeyError::Header("upstream.api_key_env".into()))?;
+                    header.set_sensitive(true);
+                    Ok::<_, KeyError>(header)
+                };
+                (
+                    Some(sensitive(format!("Bearer {value}"))?),
+                    Some(sensitive(value)?),
+                )
             }
-            None => None,
+            None => (None, None),
         };
-        Ok(Self { keys, upstream })
+        Ok(Self {
+            keys,
+            upstream,
+            upstream_api_key,
+        })
     }
 
     /// True when callers must present a proxy key.
@@ -178,13 +191,21 @@ impl Credentials {
 
     /// Replaces the client's credentials by the upstream key when one is configured,
     /// and drops them when they were a proxy key: neither may reach the upstream.
-    pub fn rewrite(&self, headers: &mut HeaderMap) {
+    /// The upstream key goes where `dialect` expects it: `Authorization: Bearer` for
+    /// OpenAI, `x-api-key` for Anthropic.
+    pub fn rewrite(&self, headers: &mut HeaderMap, dialect: DialectKind) {
         if self.upstream.is_some() || self.requires_keys() {
             headers.remove(header::AUTHORIZATION);
             headers.remove("x-api-key");
         }
-        if let Some(value) = &self.upstream {
-            headers.insert(header::AUTHORIZATION, value.clone());
+        match (dialect, &self.upstream, &self.upstream_api_key) {
+            (DialectKind::Anthropic, _, Some(key)) => {
+                headers.insert("x-api-key", key.clone());
+            }
+            (_, Some(value), _) => {
+                headers.insert(header::AUTHORIZATION, value.clone());
+            }
+            _ => {}
         }
     }
 }

@@ -141,6 +141,10 @@ pub struct PinnedLine {
 /// One request seen by the proxy.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RequestLine {
+    /// The client's wire format when it is not OpenAI chat (`anthropic`); absent on
+    /// lines written before dialects, which were all OpenAI chat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dialect: Option<String>,
     /// The requested model.
     pub model: String,
     /// Chain digest of the request's last non-pinned message.

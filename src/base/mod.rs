@@ -9,4 +9,5 @@ pub mod id;
 pub mod line;
 pub mod outcome;
 pub mod record;
+pub mod reply;
 pub mod tenant;

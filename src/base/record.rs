@@ -108,10 +108,15 @@ impl CompactionRecord {
 
     /// The handoff's text.
     pub fn handoff_text(&self) -> &str {
-        self.handoff
-            .get("content")
-            .and_then(Value::as_str)
-            .unwrap_or("")
+        match self.handoff.get("content") {
+            Some(Value::String(text)) => text,
+            // Anthropic: the handoff is one text block.
+            Some(Value::Array(blocks)) => blocks
+                .iter()
+                .find_map(|b| b.get("text").and_then(Value::as_str))
+                .unwrap_or(""),
+            _ => "",
+        }
     }
 
     /// Checks the pair's shape: a user continuation and an assistant handoff with

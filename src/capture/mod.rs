@@ -8,23 +8,20 @@
 //! incomplete. A reply that cannot be logged is warned about and counted; with
 //! `store.required` the client then gets no clean end.
 
-mod assemble;
 mod stream;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
-use serde_json::value::RawValue;
 use serde_json::Value;
 
-pub use assemble::{AssembledChoice, StreamAssembler};
 pub use stream::ReplyCapture;
 
 use crate::base::digest::PrefixDigest;
 use crate::base::outcome::Outcome;
 use crate::compaction::budget::Calibration;
 use crate::conversation::{CapturedReplies, CapturedReply, ConversationId, Tracker};
+use crate::dialect::DialectKind;
 use crate::metrics::{Metrics, REPLIES_UNLOGGED};
 use crate::relay::RelayError;
 
@@ -41,6 +38,8 @@ pub struct ReplyTarget {
     pub parent: Option<PrefixDigest>,
     /// The request's model.
     pub model: String,
+    /// The wire format of the reply.
+    pub dialect: DialectKind,
     /// The local estimate and generation of the view sent, to calibrate against usage.
     pub estimate: Option<(u64, Option<String>)>,
     /// `store.required`: a reply that cannot be logged must not end cleanly.
@@ -67,7 +66,7 @@ impl ReplyTarget {
                 .as_ref()
                 .filter(|_| complete)
                 .and_then(|(local, generation)| {
-                    let server = usage.as_ref()?.get("prompt_tokens")?.as_u64()?;
+                    let server = self.dialect.get().input_tokens(usage.as_ref()?)?;
                     Some(Calibration {
                         model: self.model.clone(),
                         generation: generation.clone(),
@@ -112,67 +111,16 @@ impl ReplyTarget {
 
     /// Logs a non-streamed reply, read whole.
     pub async fn log_json(self, body: &[u8]) -> Result<(), RelayError> {
-        match replies_from_json(body) {
+        match self.dialect.get().replies_from_json(body) {
             Ok((replies, usage)) => self.log(replies, usage, Outcome::Complete).await,
             Err(err) => {
-                // Not a chat completion (a proxy's own answer, a new API shape): there is no
+                // Not a reply of the dialect (a proxy's own answer, a new API shape): there is no
                 // reply to log, which is not a storage failure.
-                tracing::warn!(conversation = %self.id, error = %err, "reply is not a chat completion; not logged");
+                tracing::warn!(conversation = %self.id, error = %err, "reply is not readable in its dialect; not logged");
                 self.metrics
                     .add(REPLIES_UNLOGGED, &[("cause", "unreadable")], 1.0);
                 Ok(())
             }
         }
     }
-}
-
-#[derive(Deserialize)]
-struct Completion {
-    choices: Vec<CompletionChoice>,
-    #[serde(default)]
-    usage: Option<Value>,
-}
-
-#[derive(Deserialize)]
-struct CompletionChoice {
-    #[serde(default)]
-    index: u64,
-    message: Box<RawValue>,
-    #[serde(default)]
-    finish_reason: Option<String>,
-}
-
-/// The choices of a non-streamed completion, each message exactly as sent.
-pub fn replies_from_json(
-    body: &[u8],
-) -> Result<(Vec<CapturedReply>, Option<Value>), serde_json::Error> {
-    let completion: Completion = serde_json::from_slice(body)?;
-    let replies = completion
-        .choices
-        .into_iter()
-        .map(|choice| CapturedReply {
-            message: choice.message,
-            finish_reason: choice.finish_reason,
-            choice: choice.index,
-        })
-        .collect();
-    Ok((replies, completion.usage))
-}
-
-/// The choices assembled from a stream, in the upstream's non-streamed shape.
-fn replies_from_stream(assembler: StreamAssembler) -> (Vec<CapturedReply>, Option<Value>) {
-    let usage = assembler.usage().cloned();
-    let replies = assembler
-        .finish()
-        .into_iter()
-        .filter_map(|choice| {
-            let message = serde_json::value::to_raw_value(&choice.message).ok()?;
-            Some(CapturedReply {
-                message,
-                finish_reason: choice.finish_reason,
-                choice: choice.index,
-            })
-        })
-        .collect();
-    (replies, usage)
 }

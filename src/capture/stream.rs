@@ -7,21 +7,20 @@ use futures_util::{stream, FutureExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::{replies_from_stream, ReplyTarget, StreamAssembler};
+use super::ReplyTarget;
 use crate::base::outcome::Outcome;
+use crate::dialect::{StreamEnd, StreamReply};
 use crate::relay::{EndWork, Flow, Observer};
 
 /// Frames buffered for the parser before capture gives up on this reply.
 const FRAME_QUEUE: usize = 4096;
 
-/// The event that ends an OpenAI chat stream.
-const DONE: &[u8] = b"[DONE]";
-
 /// Observes one streamed chat-completions response and logs its reply.
 pub struct ReplyCapture {
     target: Option<ReplyTarget>,
     frames: Option<mpsc::Sender<Bytes>>,
-    parsed: Option<JoinHandle<StreamAssembler>>,
+    parsed: Option<JoinHandle<Box<dyn StreamReply>>>,
+    end: StreamEnd,
     lost: bool,
     // The end of the previous frame, so a `data: [DONE]` split across frames is seen.
     carry: Vec<u8>,
@@ -31,10 +30,13 @@ impl ReplyCapture {
     /// Starts the side parser; the reply will be logged into `target`.
     pub fn start(target: ReplyTarget) -> Self {
         let (sender, receiver) = mpsc::channel::<Bytes>(FRAME_QUEUE);
+        let dialect = target.dialect.get();
+        let assembler = dialect.stream_reply();
         Self {
+            end: dialect.stream_end(),
             target: Some(target),
             frames: Some(sender),
-            parsed: Some(tokio::spawn(assemble_stream(receiver))),
+            parsed: Some(tokio::spawn(assemble_stream(receiver, assembler))),
             lost: false,
             carry: Vec::new(),
         }
@@ -50,7 +52,7 @@ impl Observer for ReplyCapture {
                 self.frames = None;
             }
         }
-        let flow = if ends_stream(&self.carry, data) {
+        let flow = if ends_stream(self.end, &self.carry, data) {
             Flow::Last
         } else {
             Flow::Pass
@@ -77,7 +79,7 @@ impl Observer for ReplyCapture {
                     Ok(assembler) => assembler,
                     Err(err) => return target.unlogged("capture_failed", &err.to_string()),
                 };
-                let (replies, usage) = replies_from_stream(assembler);
+                let (replies, usage) = assembler.finish();
                 target.log(replies, usage, outcome).await
             }
             .boxed(),
@@ -86,13 +88,14 @@ impl Observer for ReplyCapture {
 }
 
 /// Bytes of the previous frame kept to find an end marker split across frames.
-const CARRY: usize = 16;
+const CARRY: usize = 32;
 
-/// True when `data` (after `carry`) holds a `data: [DONE]` line.
+/// True when `data` (after `carry`) holds the dialect's end line (`data: [DONE]`,
+/// `event: message_stop`).
 ///
 /// The marker must start a line: inside a JSON chunk a newline is always escaped, so
 /// a model that writes "data: [DONE]" in its text never ends the capture early.
-fn ends_stream(carry: &[u8], data: &[u8]) -> bool {
+fn ends_stream(end: StreamEnd, carry: &[u8], data: &[u8]) -> bool {
     let joined;
     let bytes: &[u8] = if carry.is_empty() {
         data
@@ -101,18 +104,18 @@ fn ends_stream(carry: &[u8], data: &[u8]) -> bool {
         &joined
     };
     let mut from = 0;
-    while let Some(at) = find(&bytes[from..], DONE).map(|i| i + from) {
+    while let Some(at) = find(&bytes[from..], end.value).map(|i| i + from) {
         let before = &bytes[..at];
         let field = before
             .strip_suffix(b" ")
             .unwrap_or(before)
-            .strip_suffix(b"data:");
+            .strip_suffix(end.field);
         if let Some(line_start) = field {
             if line_start.is_empty() || line_start.ends_with(b"\n") || line_start.ends_with(b"\r") {
                 return true;
             }
         }
-        from = at + DONE.len();
+        from = at + end.value.len();
     }
     false
 }
@@ -123,7 +126,10 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
         .position(|window| window == needle)
 }
 
-async fn assemble_stream(receiver: mpsc::Receiver<Bytes>) -> StreamAssembler {
+async fn assemble_stream(
+    receiver: mpsc::Receiver<Bytes>,
+    mut assembler: Box<dyn StreamReply>,
+) -> Box<dyn StreamReply> {
     let frames = stream::unfold(receiver, |mut receiver| async move {
         receiver
             .recv()
@@ -131,10 +137,9 @@ async fn assemble_stream(receiver: mpsc::Receiver<Bytes>) -> StreamAssembler {
             .map(|bytes| (Ok::<_, std::convert::Infallible>(bytes), receiver))
     });
     let mut events = std::pin::pin!(frames.eventsource());
-    let mut assembler = StreamAssembler::default();
     while let Some(event) = events.next().await {
         match event {
-            Ok(event) => assembler.push(&event.data),
+            Ok(event) => assembler.push(&event.event, &event.data),
             Err(err) => tracing::debug!(error = %err, "unparseable SSE event"),
         }
     }
@@ -144,20 +149,59 @@ async fn assemble_stream(receiver: mpsc::Receiver<Bytes>) -> StreamAssembler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::DialectKind;
+
+    const OPENAI: StreamEnd = StreamEnd {
+        field: b"data:",
+        value: b"[DONE]",
+    };
+
+    #[test]
+    fn message_stop_ends_an_anthropic_stream_even_when_split() {
+        let end = DialectKind::Anthropic.get().stream_end();
+        assert!(ends_stream(
+            end,
+            b"",
+            b"event: message_stop
+data: {}
+
+"
+        ));
+        assert!(ends_stream(
+            end,
+            b"\n\nevent: messa",
+            b"ge_stop
+data: {}
+
+"
+        ));
+        assert!(!ends_stream(
+            end,
+            b"",
+            b"data: {\"text\":\"event: message_stop\"}
+
+"
+        ));
+    }
 
     #[test]
     fn the_done_line_ends_the_stream_even_when_split() {
-        assert!(ends_stream(b"", b"data: [DONE]\n\n"));
-        assert!(ends_stream(b"", b"data: {\"a\":1}\n\ndata:[DONE]\n\n"));
-        assert!(ends_stream(b"{}\n\ndata: [DO", b"NE]\n\n"));
-        assert!(ends_stream(b"}\n\n", b"data: [DONE]"));
+        assert!(ends_stream(OPENAI, b"", b"data: [DONE]\n\n"));
+        assert!(ends_stream(
+            OPENAI,
+            b"",
+            b"data: {\"a\":1}\n\ndata:[DONE]\n\n"
+        ));
+        assert!(ends_stream(OPENAI, b"{}\n\ndata: [DO", b"NE]\n\n"));
+        assert!(ends_stream(OPENAI, b"}\n\n", b"data: [DONE]"));
     }
 
     #[test]
     fn done_inside_a_chunk_does_not_end_the_stream() {
         let chunk = br#"data: {"choices":[{"delta":{"content":"data: [DONE]"}}]}"#;
-        assert!(!ends_stream(b"", chunk));
+        assert!(!ends_stream(OPENAI, b"", chunk));
         assert!(!ends_stream(
+            OPENAI,
             b"",
             b"data: {\"content\":\"\\ndata: [DONE]\"}\n\n"
         ));

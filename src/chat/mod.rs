@@ -32,13 +32,12 @@ use crate::capture::ReplyTarget;
 use crate::compaction::budget::RequestBudget;
 use crate::compaction::chain::NamedStrategy;
 use crate::compaction::model_client::UpstreamModelClient;
-use crate::compaction::reactive::is_context_length_error;
 use crate::compaction::service::{CompactError, Fitted, Job};
 use crate::compaction::Reason;
 use crate::conversation::{identify, ConversationId, Tracked, CONVERSATION_HEADER};
-use crate::dialect::ChatRequest;
+use crate::dialect::{ChatRequest, DialectKind};
 use crate::error::ApiError;
-use crate::forward::{forward, send_timed, upstream_request};
+use crate::forward::{forward, is_event_stream, send_timed, upstream_request};
 use crate::state::{AppState, Snapshot};
 use crate::upstream::Upstream;
 
@@ -62,18 +61,19 @@ impl From<ApiError> for Halt {
     }
 }
 
-/// Handles `POST …/chat/completions`.
+/// Handles a tracked request of `dialect` (`POST …/chat/completions`, `/v1/messages`).
 pub async fn handle(
     state: &AppState,
     snap: Arc<Snapshot>,
     request: Request<Incoming>,
     log: &mut RequestLog,
     admission: Admission,
+    dialect: DialectKind,
 ) -> Response<ProxyBody> {
-    match run(state, snap, request, log, admission).await {
+    match run(state, snap, request, log, admission, dialect).await {
         Ok(response) => response,
         Err(Halt::Respond(response)) => *response,
-        Err(Halt::Error(err)) => err.into_response(),
+        Err(Halt::Error(err)) => err.into_response_for(dialect),
     }
 }
 
@@ -83,8 +83,9 @@ async fn run(
     request: Request<Incoming>,
     log: &mut RequestLog,
     admission: Admission,
+    dialect: DialectKind,
 ) -> Result<Response<ProxyBody>, Halt> {
-    let mut exchange = Exchange::admit(state, snap, request, &admission).await?;
+    let mut exchange = Exchange::admit(state, snap, request, &admission, dialect).await?;
     let id = exchange.identify(admission)?;
     log.set_conversation(id.as_str());
     let Some(tracked) = exchange.track(id).await? else {
@@ -124,11 +125,12 @@ impl<'s> Exchange<'s> {
         snap: Arc<Snapshot>,
         request: Request<Incoming>,
         admission: &Admission,
+        dialect: DialectKind,
     ) -> Result<Self, Halt> {
         let (mut parts, body) = request.into_parts();
         let body =
             admit::read_body(body, snap.config.limits.max_body_bytes, &parts.headers).await?;
-        let chat = ChatRequest::parse(&body).map_err(ApiError::from)?;
+        let chat = dialect.get().parse(&body).map_err(ApiError::from)?;
         let chosen = admit::strategy_override(&snap, &parts.headers)?;
         let chain = snap.registry.select(&snap.config, &chat.model, chosen);
         admission.check_model(&chat.model)?;
@@ -139,7 +141,7 @@ impl<'s> Exchange<'s> {
             return Err(ApiError::invalid_request(
                 "context_length_exceeded",
                 format!(
-                    "max_tokens/max_completion_tokens ({}) leaves no room for input in the {} tokens of {:?}",
+                    "max_tokens ({}) leaves no room for input in the {} tokens of {:?}",
                     chat.max_output.unwrap_or_default(),
                     budget.model.context_window,
                     chat.model
@@ -154,7 +156,7 @@ impl<'s> Exchange<'s> {
         );
         // A compacted body has another length; hyper sets the right one from the body.
         parts.headers.remove(header::CONTENT_LENGTH);
-        snap.credentials.rewrite(&mut parts.headers);
+        snap.credentials.rewrite(&mut parts.headers, dialect);
         Ok(Self {
             state,
             snap,
@@ -209,7 +211,7 @@ impl<'s> Exchange<'s> {
     }
 
     fn upstream(&self) -> &Upstream {
-        self.snap.upstream_for(&self.chat.model)
+        self.snap.upstream_in(self.chat.dialect, &self.chat.model)
     }
 
     /// Stage 4: the view to send, compacted when it passes the trigger.
@@ -263,58 +265,93 @@ impl<'s> Exchange<'s> {
                 .budget
                 .as_ref()
                 .filter(|_| retries < self.snap.config.compaction.max_retries);
-            if let Some(budget) = reactive.filter(|_| response.status().is_client_error()) {
-                let (head, incoming) = response.into_parts();
-                let error_body = Limited::new(incoming, MAX_ERROR_BODY)
-                    .collect()
-                    .await
-                    .map_err(|err| {
-                        ApiError::bad_gateway(format!("reading the upstream error: {err}"))
-                    })?
-                    .to_bytes();
-                let json: serde_json::Value =
-                    serde_json::from_slice(&error_body).unwrap_or_default();
-                if !is_context_length_error(&json) {
+            let dialect = self.chat.dialect();
+            let (head, error_body) = match self.inspect(response).await? {
+                // An error that is not about the window goes back to the client as it came.
+                Inspected::Refused(head, body) if !dialect.is_overflow(&json_of(&body)) => {
+                    return Err(Halt::Respond(Box::new(reply::buffered(head, body))));
+                }
+                Inspected::Refused(head, body) => (head, body),
+                Inspected::Read(head, body) if dialect.reply_overflowed(&json_of(&body)) => {
+                    (head, body)
+                }
+                Inspected::Read(head, body) => {
+                    let target = self.target(tracked, estimate, &view);
+                    return Ok(reply::answer_read(head, body, target).await);
+                }
+                Inspected::Streaming(response) => {
+                    let target = self.target(tracked, estimate, &view);
+                    return Ok(reply::answer(upstream, response, target).await);
+                }
+            };
+            let Some(budget) = reactive else {
+                return Err(Halt::Respond(Box::new(reply::buffered(head, error_body))));
+            };
+            retries += 1;
+            let tightened =
+                (budget.threshold as f64 * REACTIVE_TIGHTEN.powi(retries as i32)) as u64;
+            tracing::warn!(conversation = %tracked.id, retry = retries, threshold = tightened, "upstream reported context length exceeded; compacting and retrying");
+            let job = self.job(
+                tracked,
+                budget,
+                tightened,
+                Reason::ContextLengthExceeded,
+                view.generation(),
+            );
+            match self.state.compactor.compact(&job).await {
+                Ok(compacted) => {
+                    estimate = Some(compacted.estimate(
+                        &self.state.tokens,
+                        budget.tokenizer(),
+                        budget.tools_tokens,
+                    ));
+                    view = compacted;
+                }
+                Err(err) => {
+                    tracing::warn!(conversation = %tracked.id, error = %err, "reactive compaction failed; returning the upstream's error");
                     return Err(Halt::Respond(Box::new(reply::buffered(head, error_body))));
                 }
-                retries += 1;
-                let tightened =
-                    (budget.threshold as f64 * REACTIVE_TIGHTEN.powi(retries as i32)) as u64;
-                tracing::warn!(conversation = %tracked.id, retry = retries, threshold = tightened, "upstream reported context length exceeded; compacting and retrying");
-                let job = self.job(
-                    tracked,
-                    budget,
-                    tightened,
-                    Reason::ContextLengthExceeded,
-                    view.generation(),
-                );
-                match self.state.compactor.compact(&job).await {
-                    Ok(compacted) => {
-                        estimate = Some(compacted.estimate(
-                            &self.state.tokens,
-                            budget.tokenizer(),
-                            budget.tools_tokens,
-                        ));
-                        view = compacted;
-                        continue;
-                    }
-                    Err(err) => {
-                        tracing::warn!(conversation = %tracked.id, error = %err, "reactive compaction failed; returning the upstream's error");
-                        return Err(Halt::Respond(Box::new(reply::buffered(head, error_body))));
-                    }
-                }
             }
+        }
+    }
 
-            let target = ReplyTarget {
-                tracker: Arc::clone(&self.state.tracker),
-                parent: tracked.head(),
-                id: tracked.id.clone(),
-                model: self.chat.model.clone(),
-                estimate: estimate.map(|local| (local, view.generation().map(str::to_owned))),
-                required: self.snap.config.store.required,
-                metrics: Arc::clone(&self.state.metrics),
-            };
-            return Ok(reply::answer(upstream, response, target).await);
+    /// Reads what must be read of an answer before deciding on it: an error body, and a
+    /// whole non-streamed reply (logged before it is answered anyway).
+    async fn inspect(&self, response: Response<Incoming>) -> Result<Inspected, Halt> {
+        let status = response.status();
+        if status.is_client_error() {
+            let (head, incoming) = response.into_parts();
+            let body = Limited::new(incoming, MAX_ERROR_BODY)
+                .collect()
+                .await
+                .map_err(|err| ApiError::bad_gateway(format!("reading the upstream error: {err}")))?
+                .to_bytes();
+            return Ok(Inspected::Refused(head, body));
+        }
+        if !status.is_success() || is_event_stream(response.headers()) {
+            return Ok(Inspected::Streaming(response));
+        }
+        let (head, incoming) = response.into_parts();
+        let body = reply::read_reply(incoming, self.upstream().read_timeout()).await?;
+        Ok(Inspected::Read(head, body))
+    }
+
+    /// Where this request's reply is logged.
+    fn target(
+        &self,
+        tracked: &Tracked,
+        estimate: Option<u64>,
+        view: &crate::projection::ModelView<'_>,
+    ) -> ReplyTarget {
+        ReplyTarget {
+            tracker: Arc::clone(&self.state.tracker),
+            parent: tracked.head(),
+            id: tracked.id.clone(),
+            model: self.chat.model.clone(),
+            dialect: self.chat.dialect,
+            estimate: estimate.map(|local| (local, view.generation().map(str::to_owned))),
+            required: self.snap.config.store.required,
+            metrics: Arc::clone(&self.state.metrics),
         }
     }
 
@@ -333,11 +370,12 @@ impl<'s> Exchange<'s> {
             .path_and_query()
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/v1/chat/completions"));
-        let client = Arc::new(UpstreamModelClient::new(
+        let raw = Arc::new(UpstreamModelClient::new(
             self.upstream().clone(),
             path,
             self.parts.headers.clone(),
         ));
+        let client = self.chat.dialect().summary_client(raw);
         let mut job = Job::new(
             &self.state.tracker,
             &self.chat,
@@ -352,6 +390,20 @@ impl<'s> Exchange<'s> {
         job.seen_generation = seen_generation.map(str::to_owned);
         job
     }
+}
+
+/// An upstream answer, read as far as deciding on it needs.
+enum Inspected {
+    /// A 4xx and its body.
+    Refused(http::response::Parts, Bytes),
+    /// A whole non-streamed success.
+    Read(http::response::Parts, Bytes),
+    /// A stream or a 5xx, relayed as it arrives.
+    Streaming(Response<Incoming>),
+}
+
+fn json_of(body: &Bytes) -> serde_json::Value {
+    serde_json::from_slice(body).unwrap_or_default()
 }
 
 /// The answer when a needed compaction could not make the request fit.

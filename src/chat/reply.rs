@@ -34,28 +34,29 @@ pub async fn answer(
         let observer: Box<dyn Observer> = Box::new(ReplyCapture::start(target));
         return relay(upstream, response, Some(observer));
     }
-    answer_logged(upstream, response, target).await
+    let dialect = target.dialect;
+    let (head, incoming) = response.into_parts();
+    match read_reply(incoming, upstream.read_timeout()).await {
+        Ok(body) => answer_read(head, body, target).await,
+        Err(err) => err.into_response_for(dialect),
+    }
 }
 
-/// Reads a non-streamed reply whole, logs it, and only then answers it: a reply that
+/// Logs a non-streamed reply read whole, and only then answers it: a reply that
 /// cannot be logged while the store is required becomes a 503, not a silent gap.
-async fn answer_logged(
-    upstream: &Upstream,
-    response: Response<Incoming>,
+pub async fn answer_read(
+    head: http::response::Parts,
+    body: Bytes,
     target: ReplyTarget,
 ) -> Response<ProxyBody> {
-    let (head, incoming) = response.into_parts();
-    let body = match read_reply(incoming, upstream.read_timeout()).await {
-        Ok(body) => body,
-        Err(err) => return err.into_response(),
-    };
+    let dialect = target.dialect;
     // Spawned: a client that leaves now must not cancel the log write.
     let logging = {
         let body = body.clone();
         tokio::spawn(async move { target.log_json(&body).await })
     };
     match logging.await {
-        Ok(Err(unlogged)) => ApiError::storage(unlogged.to_string()).into_response(),
+        Ok(Err(unlogged)) => ApiError::storage(unlogged.to_string()).into_response_for(dialect),
         Ok(Ok(())) => buffered(head, body),
         Err(err) => {
             tracing::error!(error = %err, "reply capture task failed");
@@ -66,7 +67,7 @@ async fn answer_logged(
 
 /// Reads an upstream reply body, giving up when it stalls for `idle` or passes
 /// [`MAX_JSON_REPLY`].
-async fn read_reply(mut body: Incoming, idle: Duration) -> Result<Bytes, ApiError> {
+pub async fn read_reply(mut body: Incoming, idle: Duration) -> Result<Bytes, ApiError> {
     let mut out = BytesMut::new();
     loop {
         let frame = match tokio::time::timeout(idle, body.frame()).await {

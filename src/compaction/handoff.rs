@@ -1,9 +1,9 @@
 //! The handoff pair that replaces the history: a fixed user continuation message and
-//! the assistant handoff message.
+//! the assistant handoff message, each in the request's dialect.
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use crate::dialect::{Message, Role};
+use crate::dialect::{DialectKind, Message, Role};
 
 /// The continuation: tells the model how to read what follows.
 pub const CONTINUATION: &str = "Continue from the compacted state. The earlier part of this conversation was compacted by handoff: the assistant message that follows is its handoff and the source of prior context, and the messages after it are the most recent ones, verbatim.";
@@ -14,17 +14,14 @@ pub const REASONING_MARKER: &str =
     "[handoff: earlier reasoning was compacted; see the handoff text]";
 
 /// The user continuation message.
-pub fn continuation_message() -> Value {
-    json!({"role": "user", "content": CONTINUATION})
+pub fn continuation_message(dialect: DialectKind) -> Value {
+    dialect.get().continuation()
 }
 
-/// The assistant handoff message, with the marker when `reasoning_marker` is set.
-pub fn handoff_message(text: &str, reasoning_marker: bool) -> Value {
-    if reasoning_marker {
-        json!({"role": "assistant", "content": text, "reasoning_content": REASONING_MARKER})
-    } else {
-        json!({"role": "assistant", "content": text})
-    }
+/// The assistant handoff message, with the marker when `reasoning_marker` is set and
+/// the dialect allows one.
+pub fn handoff_message(dialect: DialectKind, text: &str, reasoning_marker: bool) -> Value {
+    dialect.get().handoff(text, reasoning_marker)
 }
 
 /// True when the handoff needs the marker: configured for the model, or the request's
@@ -55,9 +52,12 @@ mod tests {
         assert!(!needs_reasoning_marker(false, &plain.messages));
         assert!(needs_reasoning_marker(true, &plain.messages));
         assert!(needs_reasoning_marker(false, &reasoning.messages));
-        let with = handoff_message("summary", true);
+        let with = handoff_message(DialectKind::OpenAiChat, "summary", true);
         assert_eq!(with["reasoning_content"], REASONING_MARKER);
-        assert!(handoff_message("summary", false)
+        assert!(handoff_message(DialectKind::OpenAiChat, "summary", false)
+            .get("reasoning_content")
+            .is_none());
+        assert!(handoff_message(DialectKind::Anthropic, "summary", true)
             .get("reasoning_content")
             .is_none());
     }

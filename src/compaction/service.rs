@@ -308,11 +308,14 @@ impl Compactor {
             });
         }
         let pair = handoff_budget(&job.model) + 2 * MESSAGE_OVERHEAD + 64;
+        let dialect = job.request.dialect();
         let steps: &[f64] = if keep_only_last { &[0.0] } else { &KEEP_STEPS };
         let mut chosen = None;
         for step in steps {
             let keep = (job.config.keep_recent * step * job.input_budget as f64) as u64;
-            let Some(cut) = split_at_unit_boundary(&view.live, &units, &unit_tokens, keep) else {
+            let allowed = |at: usize| dialect.may_cut_at(job.request, &view.live, at);
+            let Some(cut) = split_at_unit_boundary(&view.live, &units, &unit_tokens, keep, allowed)
+            else {
                 break;
             };
             let recent: u64 = units
@@ -345,12 +348,14 @@ impl Compactor {
     ) -> Result<CompactionRecord, CompactError> {
         let started = Instant::now();
         let plan = self.plan(job, view, keep_only_last)?;
+        // Strategies read the neutral form, whatever the wire format.
+        let dialect = job.request.dialect();
         let history: Vec<Unit> = split_into_units(&view.live[..plan.cut])
             .iter()
             .map(|u| Unit {
                 messages: view.live[u.start..u.end]
                     .iter()
-                    .map(|m| m.value.clone())
+                    .flat_map(|m| dialect.neutral(&m.value))
                     .collect(),
             })
             .collect();
@@ -360,8 +365,9 @@ impl Compactor {
             history,
             retained_recent_messages: view.live[plan.cut..]
                 .iter()
-                .map(|m| m.value.clone())
+                .flat_map(|m| dialect.neutral(&m.value))
                 .collect(),
+            dialect: job.request.dialect.name().to_owned(),
             previous_handoff: view
                 .compaction
                 .as_ref()
@@ -445,8 +451,8 @@ impl Compactor {
                 history_digest: history_hasher.finalize().to_hex().to_string(),
                 previous_compaction: view.compaction.as_ref().map(|a| a.record.id.clone()),
             },
-            continuation: continuation_message(),
-            handoff: handoff_message(&summary.text, marker),
+            continuation: continuation_message(job.request.dialect),
+            handoff: handoff_message(job.request.dialect, &summary.text, marker),
             tokens_before: before,
             tokens_after: plan.predicted,
             usage: if usage.as_object().is_some_and(|u| u.is_empty()) {

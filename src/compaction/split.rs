@@ -9,12 +9,14 @@ use crate::dialect::{Message, Role};
 ///
 /// The last unit is always kept. The recent part prefers to start at a user message:
 /// when the kept units start with an assistant turn, the cut moves forward to the next
-/// user message if there is one.
+/// user message if there is one. A start the dialect refuses (`allowed`, e.g. an open
+/// tool loop whose thinking would be cut away) moves the cut back, keeping more.
 pub fn split_at_unit_boundary(
     messages: &[Message],
     units: &[UnitSpan],
     unit_tokens: &[u64],
     keep_tokens: u64,
+    allowed: impl Fn(usize) -> bool,
 ) -> Option<usize> {
     let last = units.len().checked_sub(1)?;
     if last == 0 {
@@ -32,6 +34,9 @@ pub fn split_at_unit_boundary(
         {
             first_kept = user;
         }
+    }
+    while !allowed(units[first_kept].start) {
+        first_kept = first_kept.checked_sub(1).filter(|&u| u > 0)?;
     }
     Some(units[first_kept].start)
 }
@@ -69,7 +74,7 @@ mod tests {
         let starts: Vec<usize> = units.iter().map(|u| u.start).collect();
         let tokens = vec![10; units.len()];
         for keep in 0..300 {
-            let cut = split_at_unit_boundary(&m, &units, &tokens, keep).unwrap();
+            let cut = split_at_unit_boundary(&m, &units, &tokens, keep, |_| true).unwrap();
             assert!(starts.contains(&cut), "cut {cut} is inside a unit");
             assert!(cut > 0 && cut < m.len());
             assert_eq!(
@@ -86,19 +91,33 @@ mod tests {
         let units = split_into_units(&m);
         let tokens = vec![10; units.len()];
         // 10 units of 10 tokens: 40 keeps the last turn (3 units) and the final user message.
-        let cut = split_at_unit_boundary(&m, &units, &tokens, 40).unwrap();
+        let cut = split_at_unit_boundary(&m, &units, &tokens, 40, |_| true).unwrap();
         assert_eq!(cut, 8, "q2 onward fits in 40 tokens");
         // 30 would start at q2's tool call: the cut moves forward to the next user message.
-        let cut = split_at_unit_boundary(&m, &units, &tokens, 30).unwrap();
+        let cut = split_at_unit_boundary(&m, &units, &tokens, 30, |_| true).unwrap();
         assert_eq!(cut, 12);
-        let cut = split_at_unit_boundary(&m, &units, &tokens, 0).unwrap();
+        let cut = split_at_unit_boundary(&m, &units, &tokens, 0, |_| true).unwrap();
         assert_eq!(
             cut,
             units.last().unwrap().start,
             "the last unit is always kept"
         );
         assert_eq!(
-            split_at_unit_boundary(&m[..1], &units[..1], &tokens[..1], 0),
+            split_at_unit_boundary(&m[..1], &units[..1], &tokens[..1], 0, |_| true),
+            None
+        );
+    }
+
+    #[test]
+    fn a_refused_start_moves_the_cut_back() {
+        let m = agent_turns(3);
+        let units = split_into_units(&m);
+        let tokens = vec![10; units.len()];
+        let free = split_at_unit_boundary(&m, &units, &tokens, 0, |_| true).unwrap();
+        let moved = split_at_unit_boundary(&m, &units, &tokens, 0, |at| at < free).unwrap();
+        assert!(moved < free && moved > 0, "{moved} vs {free}");
+        assert_eq!(
+            split_at_unit_boundary(&m, &units, &tokens, 0, |_| false),
             None
         );
     }

@@ -47,6 +47,24 @@ pub struct Config {
     pub compaction: CompactionConfig,
     /// Per-model-pattern upstream and chain, first match wins.
     pub routes: Vec<RouteConfig>,
+    /// Per-wire-format settings.
+    pub dialects: DialectsConfig,
+}
+
+/// Per-wire-format settings.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DialectsConfig {
+    /// Anthropic Messages (`/v1/messages`).
+    pub anthropic: DialectConfig,
+}
+
+/// One wire format's settings.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DialectConfig {
+    /// Its upstream base URL; `upstream.base_url` when unset.
+    pub base_url: Option<String>,
 }
 
 /// A route: requests whose model matches `match` use this upstream and chain.
@@ -109,6 +127,7 @@ impl Default for Config {
             models: BTreeMap::new(),
             compaction: CompactionConfig::default(),
             routes: Vec::new(),
+            dialects: DialectsConfig::default(),
         }
     }
 }

@@ -9,11 +9,11 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::sync::Mutex;
 
 pub use crate::base::id::{ConversationId, IdError, CONVERSATION_HEADER};
+pub use crate::base::reply::CapturedReply;
 
 use crate::adoption::{adopt, Adopted};
 use crate::base::calibration::Calibration;
@@ -24,7 +24,7 @@ use crate::base::digest::{
 use crate::base::line::{Entry, Line, MessageLine, PinnedLine, RequestLine, Source};
 use crate::base::outcome::Outcome;
 use crate::base::record::CompactionRecord;
-use crate::dialect::{ChatRequest, Message};
+use crate::dialect::{ChatRequest, DialectKind, Message};
 use crate::store::{ConversationLog, Store, StoreError};
 use crate::tenant::TenantId;
 
@@ -182,17 +182,6 @@ impl Tracked {
     }
 }
 
-/// One reply choice captured from the upstream.
-#[derive(Debug, Clone)]
-pub struct CapturedReply {
-    /// The assistant message as the upstream produced it.
-    pub message: Box<RawValue>,
-    /// `finish_reason`.
-    pub finish_reason: Option<String>,
-    /// The choice index.
-    pub choice: u64,
-}
-
 /// The reply choices of one response, ready to be logged.
 #[derive(Debug)]
 pub struct CapturedReplies {
@@ -240,6 +229,12 @@ pub fn identify(
         .or_else(|| request.messages.first())
         .map(|m| message_digest(&m.value))
         .unwrap_or_else(|| message_digest(&Value::Null));
+    // Another dialect with the same opening is another conversation: its handoffs
+    // have another shape. OpenAI chat keeps the ids it always had.
+    let first = match request.dialect {
+        DialectKind::OpenAiChat => first,
+        other => message_digest(&serde_json::json!([other.name(), first.to_hex()])),
+    };
     Ok(ConversationId::derived(tenant, &first))
 }
 
@@ -344,6 +339,8 @@ impl Tracker {
             });
         }
         lines.push(Line::now(Entry::Request(RequestLine {
+            dialect: (request.dialect != DialectKind::OpenAiChat)
+                .then(|| request.dialect.name().to_owned()),
             model: request.model.clone(),
             head: prefix.last().copied(),
             pinned: pinned_set,

@@ -98,6 +98,9 @@ fn one_call() -> u32 {
 pub struct StrategyInput {
     /// The conversation.
     pub conversation_id: String,
+    /// The client's wire format (`openai`, `anthropic`). Messages are always in the
+    /// neutral (chat-completions) form; this says where they came from.
+    pub dialect: String,
     /// The history being compacted, oldest first; a previous handoff is not in it.
     pub history: Vec<Unit>,
     /// The newest messages, kept verbatim by the host: reference only.

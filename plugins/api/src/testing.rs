@@ -39,6 +39,7 @@ impl TokenCounter for BytesPerFour {
 pub fn input(history: Vec<Unit>, window: u64, handoff_tokens: u64) -> StrategyInput {
     StrategyInput {
         conversation_id: "c".into(),
+        dialect: "openai".into(),
         history,
         retained_recent_messages: Vec::new(),
         previous_handoff: None,

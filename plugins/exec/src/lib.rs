@@ -58,6 +58,7 @@ pub fn request_document(input: &StrategyInput) -> Value {
     json!({
         "version": PROTOCOL_VERSION,
         "conversation_id": input.conversation_id,
+        "dialect": input.dialect,
         "model": input.model.model,
         "window": input.model.context_window,
         "summary_model": input.model.summary_model,

@@ -1,0 +1,448 @@
+//! Anthropic's Messages API (`POST /v1/messages`).
+//!
+//! Every content block is kept exactly as sent, kinds handoff does not know included.
+//! The top-level `system` is pinned: it is tracked as one system message
+//! `{"role":"system","content":<system as sent>}` and never leaves the body's own
+//! `system` field. An assistant `tool_use` turn and the next user message's
+//! `tool_result` blocks form one unit. Roles must alternate, so when the recent part
+//! opens with an assistant turn the handoff pair travels as one user message.
+
+mod assemble;
+mod summary;
+
+use std::sync::Arc;
+
+use handoff_plugin_api::ModelClient;
+use http::StatusCode;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+use super::{
+    ChatRequest, Dialect, DialectError, DialectKind, Message, Role, StreamEnd, StreamReply,
+};
+use crate::base::reply::CapturedReply;
+use crate::compaction::handoff::CONTINUATION;
+use crate::error::ApiError;
+
+const API: &str = "Messages API";
+
+/// The continuation when the handoff shares its user message: the text block after
+/// this one is the handoff.
+pub const CONTINUATION_JOINED: &str = "Continue from the compacted state. The earlier part of this conversation was compacted by handoff: the text that follows in this message is its handoff and the source of prior context, and the messages after this one are the most recent ones, verbatim.";
+
+/// Anthropic Messages.
+pub struct AnthropicMessages;
+
+#[derive(Deserialize)]
+struct Wire {
+    #[serde(default)]
+    model: Option<String>,
+    messages: Vec<Box<RawValue>>,
+    #[serde(default)]
+    system: Option<Box<RawValue>>,
+    #[serde(default)]
+    tools: Option<Box<RawValue>>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    thinking: Option<Value>,
+}
+
+fn block_type(block: &Value) -> &str {
+    block.get("type").and_then(Value::as_str).unwrap_or("")
+}
+
+fn content_blocks(message: &Value) -> &[Value] {
+    message
+        .get("content")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+/// The pinned message standing for a top-level `system`: its bytes kept inside.
+fn system_message(raw: &RawValue) -> Result<Option<Message>, DialectError> {
+    let value: Value = serde_json::from_str(raw.get()).map_err(|e| DialectError::json(API, e))?;
+    let empty = match &value {
+        Value::Null => true,
+        Value::String(text) => text.is_empty(),
+        Value::Array(blocks) => blocks.is_empty(),
+        _ => false,
+    };
+    if empty {
+        return Ok(None);
+    }
+    let text = format!(r#"{{"role":"system","content":{}}}"#, raw.get());
+    let raw = RawValue::from_string(text).map_err(|e| DialectError::json(API, e))?;
+    Ok(Some(Message {
+        role: Role::System,
+        value: json!({"role": "system", "content": value}),
+        raw,
+    }))
+}
+
+impl Dialect for AnthropicMessages {
+    fn kind(&self) -> DialectKind {
+        DialectKind::Anthropic
+    }
+
+    fn parse(&self, body: &[u8]) -> Result<ChatRequest, DialectError> {
+        let wire: Wire =
+            serde_json::from_slice(body).map_err(|err| DialectError::json(API, err))?;
+        let conversation = wire
+            .messages
+            .into_iter()
+            .enumerate()
+            .map(|(index, raw)| {
+                Message::from_raw(
+                    index,
+                    raw,
+                    API,
+                    |role| matches!(role, Role::User | Role::Assistant),
+                    "user, assistant",
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.check_pairs(&conversation)?;
+        let mut messages = Vec::with_capacity(conversation.len() + 1);
+        if let Some(system) = wire.system.as_deref() {
+            messages.extend(system_message(system)?);
+        }
+        messages.extend(conversation);
+        let thinking = wire
+            .thinking
+            .as_ref()
+            .and_then(|t| t.get("type"))
+            .and_then(Value::as_str)
+            .is_some_and(|kind| kind != "disabled");
+        Ok(ChatRequest {
+            dialect: DialectKind::Anthropic,
+            model: wire.model.unwrap_or_default(),
+            messages,
+            tools: wire.tools,
+            stream: wire.stream.unwrap_or(false),
+            max_output: wire.max_tokens,
+            thinking,
+        })
+    }
+
+    /// Each `tool_use` is answered by a `tool_result` block at the start of the very
+    /// next user message, and every `tool_result` answers one.
+    fn check_pairs(&self, messages: &[Message]) -> Result<(), DialectError> {
+        let mut pending: Vec<&str> = Vec::new();
+        let mut pending_from = 0;
+        for (index, message) in messages.iter().enumerate() {
+            match message.role {
+                Role::User => {
+                    let blocks = content_blocks(&message.value);
+                    let leading = blocks
+                        .iter()
+                        .take_while(|b| block_type(b) == "tool_result")
+                        .count();
+                    if blocks[leading..]
+                        .iter()
+                        .any(|b| block_type(b) == "tool_result")
+                    {
+                        return Err(DialectError::Shape {
+                            index,
+                            rule: "tool_result blocks must come before any other content".into(),
+                        });
+                    }
+                    for id in message.answered_ids() {
+                        let Some(at) = pending.iter().position(|p| *p == id) else {
+                            return Err(DialectError::OrphanToolResult {
+                                index,
+                                id: id.to_owned(),
+                            });
+                        };
+                        pending.swap_remove(at);
+                    }
+                }
+                Role::Assistant => {}
+                _ => continue,
+            }
+            if !pending.is_empty() {
+                return Err(DialectError::UnansweredToolCalls {
+                    index: pending_from,
+                    ids: pending.iter().map(|s| (*s).to_owned()).collect(),
+                });
+            }
+            if message.role == Role::Assistant {
+                pending = message.tool_call_ids().collect();
+                pending_from = index;
+            }
+        }
+        if pending.is_empty() {
+            Ok(())
+        } else {
+            Err(DialectError::UnansweredToolCalls {
+                index: pending_from,
+                ids: pending.iter().map(|s| (*s).to_owned()).collect(),
+            })
+        }
+    }
+
+    /// With extended thinking, the assistant turn of a tool loop still open must keep
+    /// its thinking blocks: a cut may not leave that loop opening with an assistant
+    /// message that has none (signatures cannot be forged, so none is invented).
+    fn may_cut_at(&self, request: &ChatRequest, messages: &[Message], at: usize) -> bool {
+        let Some(first) = messages.get(at) else {
+            return true;
+        };
+        if !request.thinking || first.role != Role::Assistant {
+            return true;
+        }
+        let opens_with_thinking = content_blocks(&first.value)
+            .first()
+            .is_some_and(|b| matches!(block_type(b), "thinking" | "redacted_thinking"));
+        let loop_closes = messages[at + 1..]
+            .iter()
+            .any(|m| m.role == Role::User && !m.is_tool_answer());
+        opens_with_thinking || loop_closes
+    }
+
+    fn continuation(&self) -> Value {
+        json!({"role": "user", "content": [{"type": "text", "text": CONTINUATION}]})
+    }
+
+    fn handoff(&self, text: &str, _reasoning_marker: bool) -> Value {
+        json!({"role": "assistant", "content": [{"type": "text", "text": text}]})
+    }
+
+    fn joined_pair(&self, _continuation: &Value, handoff: &Value, next: &Message) -> Option<Value> {
+        if next.role != Role::Assistant {
+            return None;
+        }
+        let mut content = vec![json!({"type": "text", "text": CONTINUATION_JOINED})];
+        match handoff.get("content") {
+            Some(Value::String(text)) => content.push(json!({"type": "text", "text": text})),
+            Some(Value::Array(blocks)) => content.extend(blocks.iter().cloned()),
+            _ => {}
+        }
+        Some(json!({"role": "user", "content": content}))
+    }
+
+    fn pins_in_messages(&self) -> bool {
+        false
+    }
+
+    fn error_json(&self, err: &ApiError) -> Value {
+        let kind = match err.status {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::FORBIDDEN => "permission_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
+            status if status.is_client_error() => "invalid_request_error",
+            _ => "api_error",
+        };
+        let message = match err.code {
+            Some(code) => format!("{} ({code})", err.message),
+            None => err.message.clone(),
+        };
+        json!({"type": "error", "error": {"type": kind, "message": message}})
+    }
+
+    fn is_overflow(&self, body: &Value) -> bool {
+        let message = body
+            .pointer("/error/message")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        message.contains("prompt is too long")
+            || message.contains("exceed context limit")
+            || crate::compaction::reactive::is_context_length_error(body)
+    }
+
+    fn reply_overflowed(&self, reply: &Value) -> bool {
+        reply.get("stop_reason").and_then(Value::as_str) == Some("model_context_window_exceeded")
+    }
+
+    fn replies_from_json(
+        &self,
+        body: &[u8],
+    ) -> Result<(Vec<CapturedReply>, Option<Value>), serde_json::Error> {
+        assemble::replies_from_json(body)
+    }
+
+    fn stream_reply(&self) -> Box<dyn StreamReply> {
+        Box::<assemble::MessageAssembler>::default()
+    }
+
+    fn stream_end(&self) -> StreamEnd {
+        StreamEnd {
+            field: b"event:",
+            value: b"message_stop",
+        }
+    }
+
+    /// Cached input counts too: the window holds all of it.
+    fn input_tokens(&self, usage: &Value) -> Option<u64> {
+        let field = |name: &str| usage.get(name).and_then(Value::as_u64);
+        let input = field("input_tokens")?;
+        Some(
+            input
+                + field("cache_read_input_tokens").unwrap_or(0)
+                + field("cache_creation_input_tokens").unwrap_or(0),
+        )
+    }
+
+    fn neutral(&self, message: &Value) -> Vec<Value> {
+        neutral(message)
+    }
+
+    fn summary_client(&self, raw: Arc<dyn ModelClient>) -> Arc<dyn ModelClient> {
+        Arc::new(summary::MessagesSummaryClient::new(raw))
+    }
+}
+
+/// The text of a `tool_result`'s content: a string, or its text blocks.
+fn result_text(block: &Value) -> String {
+    let text = match block.get("content") {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(|p| match p.get("text").and_then(Value::as_str) {
+                Some(text) => text.to_owned(),
+                None => format!("[{}]", block_type(p)),
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    };
+    if block.get("is_error").and_then(Value::as_bool) == Some(true) {
+        format!("[error] {text}")
+    } else {
+        text
+    }
+}
+
+/// A Messages message in the chat shape strategies read: text joined, `tool_use` as
+/// `tool_calls`, each `tool_result` as a `tool` message; thinking is left out (it is
+/// the model's, not the conversation's) and other blocks are named, not inlined.
+fn neutral(message: &Value) -> Vec<Value> {
+    let role = message
+        .get("role")
+        .and_then(Value::as_str)
+        .unwrap_or("user");
+    let blocks: Vec<Value> = match message.get("content") {
+        Some(Value::String(text)) => vec![json!({"type": "text", "text": text})],
+        Some(Value::Array(blocks)) => blocks.clone(),
+        _ => Vec::new(),
+    };
+    let mut out = Vec::new();
+    let mut text: Vec<String> = Vec::new();
+    let mut calls = Vec::new();
+    for block in &blocks {
+        match block_type(block) {
+            "text" => text.push(
+                block
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
+            ),
+            "thinking" | "redacted_thinking" => {}
+            "tool_use" => calls.push(json!({
+                "id": block.get("id").cloned().unwrap_or(Value::Null),
+                "type": "function",
+                "function": {
+                    "name": block.get("name").cloned().unwrap_or(Value::Null),
+                    "arguments": block.get("input").map_or_else(String::new, Value::to_string),
+                },
+            })),
+            "tool_result" => out.push(json!({
+                "role": "tool",
+                "tool_call_id": block.get("tool_use_id").cloned().unwrap_or(Value::Null),
+                "content": result_text(block),
+            })),
+            other => text.push(format!("[{other}]")),
+        }
+    }
+    if role == "assistant" {
+        let mut neutral = json!({"role": "assistant", "content": text.join("\n")});
+        if !calls.is_empty() {
+            neutral["tool_calls"] = Value::Array(calls);
+        }
+        out.push(neutral);
+    } else if !text.is_empty() {
+        out.push(json!({"role": role, "content": text.join("\n")}));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: Value) -> Result<ChatRequest, DialectError> {
+        AnthropicMessages.parse(body.to_string().as_bytes())
+    }
+
+    #[test]
+    fn system_is_pinned_and_blocks_are_kept() {
+        let request = parse(json!({"model": "claude", "max_tokens": 10, "system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "x_new": 1}]}]})).unwrap();
+        assert_eq!(request.messages.len(), 2);
+        assert_eq!(request.messages[0].role, Role::System);
+        assert!(request.messages[0].raw.get().contains("cache_control"));
+        assert!(request.messages[1].raw.get().contains("x_new"));
+        assert_eq!(request.max_output, Some(10));
+    }
+
+    #[test]
+    fn tool_pairs_follow_the_messages_rules() {
+        let ok = json!({"messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "r"}, {"type": "text", "text": "more"}]}]});
+        parse(ok).unwrap();
+        let orphan = json!({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t9", "content": "r"}]}]});
+        assert!(matches!(
+            parse(orphan),
+            Err(DialectError::OrphanToolResult { .. })
+        ));
+        let late = json!({"messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+            {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "tool_result", "tool_use_id": "t1", "content": "r"}]}]});
+        assert!(matches!(parse(late), Err(DialectError::Shape { .. })));
+        let unknown = json!({"messages": [{"role": "system", "content": "x"}]});
+        assert!(matches!(
+            parse(unknown),
+            Err(DialectError::UnknownRole { .. })
+        ));
+    }
+
+    #[test]
+    fn neutral_form_splits_results_and_calls() {
+        let assistant = json!({"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "hmm", "signature": "sig"},
+            {"type": "text", "text": "checking"},
+            {"type": "tool_use", "id": "t1", "name": "grep", "input": {"q": "x"}}]});
+        let out = neutral(&assistant);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0]["content"], "checking");
+        assert_eq!(
+            out[0]["tool_calls"][0]["function"]["arguments"],
+            r#"{"q":"x"}"#
+        );
+        let user = json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "found"}], "is_error": true},
+            {"type": "text", "text": "thanks"}]});
+        let out = neutral(&user);
+        assert_eq!(
+            out[0],
+            json!({"role": "tool", "tool_call_id": "t1", "content": "[error] found"})
+        );
+        assert_eq!(out[1], json!({"role": "user", "content": "thanks"}));
+    }
+
+    #[test]
+    fn usage_counts_cached_input() {
+        let usage = json!({"input_tokens": 10, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 5, "output_tokens": 3});
+        assert_eq!(AnthropicMessages.input_tokens(&usage), Some(115));
+    }
+}

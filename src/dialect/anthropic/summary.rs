@@ -1,0 +1,131 @@
+//! Summary calls for Anthropic conversations: strategies write chat-completions
+//! bodies; this client sends them as Messages requests (system messages become the
+//! top-level `system`) with the client's own `x-api-key`, `anthropic-version` and
+//! `anthropic-beta`, and reads the answer back as a chat completion.
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use handoff_plugin_api::{content_text, ModelCallError, ModelClient, ModelReply};
+use serde_json::{json, Map, Value};
+
+/// `max_tokens` is required by the Messages API; used when a strategy sent none.
+const DEFAULT_MAX_TOKENS: u64 = 4096;
+
+/// Translates chat-completions summary calls to the Messages API.
+pub struct MessagesSummaryClient {
+    raw: Arc<dyn ModelClient>,
+}
+
+impl MessagesSummaryClient {
+    /// Wraps `raw`, which posts to the Messages endpoint with the client's headers.
+    pub fn new(raw: Arc<dyn ModelClient>) -> Self {
+        Self { raw }
+    }
+}
+
+/// A chat-completions body as a Messages body.
+fn to_messages(body: &Value) -> Value {
+    let mut system = Vec::new();
+    let mut messages: Vec<Value> = Vec::new();
+    for message in body["messages"].as_array().into_iter().flatten() {
+        let text = content_text(message);
+        match message["role"].as_str().unwrap_or("user") {
+            "system" | "developer" => system.push(text),
+            role => {
+                let role = if role == "assistant" {
+                    "assistant"
+                } else {
+                    "user"
+                };
+                match messages.last_mut() {
+                    // Roles must alternate: a second turn of one role joins the first.
+                    Some(last) if last["role"] == role => {
+                        let joined =
+                            format!("{}\n\n{text}", last["content"].as_str().unwrap_or(""));
+                        last["content"] = Value::String(joined);
+                    }
+                    _ => messages.push(json!({"role": role, "content": text})),
+                }
+            }
+        }
+    }
+    let mut out = Map::new();
+    out.insert("model".into(), body["model"].clone());
+    out.insert(
+        "max_tokens".into(),
+        json!(body["max_tokens"].as_u64().unwrap_or(DEFAULT_MAX_TOKENS)),
+    );
+    if !system.is_empty() {
+        out.insert("system".into(), json!(system.join("\n\n")));
+    }
+    out.insert("messages".into(), Value::Array(messages));
+    Value::Object(out)
+}
+
+/// A Messages answer as a chat completion; errors pass through as they are.
+fn to_completion(status: u16, body: Value) -> Value {
+    if !(200..300).contains(&status) || body.get("content").is_none() {
+        return body;
+    }
+    let text = content_text(&body);
+    let finish = match body["stop_reason"].as_str() {
+        Some("end_turn" | "stop_sequence") => "stop",
+        Some("max_tokens") => "length",
+        Some(other) => other,
+        None => "stop",
+    };
+    let usage = &body["usage"];
+    let field = |name: &str| usage[name].as_u64().unwrap_or(0);
+    let prompt = field("input_tokens")
+        + field("cache_read_input_tokens")
+        + field("cache_creation_input_tokens");
+    json!({
+        "object": "chat.completion",
+        "model": body["model"],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": field("output_tokens"), "total_tokens": prompt + field("output_tokens")},
+    })
+}
+
+impl ModelClient for MessagesSummaryClient {
+    fn complete(&self, body: Value) -> BoxFuture<'_, Result<ModelReply, ModelCallError>> {
+        async move {
+            let reply = self.raw.complete(to_messages(&body)).await?;
+            Ok(ModelReply {
+                status: reply.status,
+                body: to_completion(reply.status, reply.body),
+            })
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_summary_request_round_trips_through_the_messages_shape() {
+        let chat = json!({"model": "claude", "max_tokens": 500, "stream": false, "messages": [
+            {"role": "system", "content": "You write handoffs."},
+            {"role": "user", "content": "history"}]});
+        let messages = to_messages(&chat);
+        assert_eq!(messages["system"], "You write handoffs.");
+        assert_eq!(
+            messages["messages"],
+            json!([{"role": "user", "content": "history"}])
+        );
+        assert_eq!(messages["max_tokens"], 500);
+        let answer = json!({"model": "claude", "content": [{"type": "text", "text": "## Goal"}], "stop_reason": "end_turn",
+            "usage": {"input_tokens": 7, "output_tokens": 3, "cache_read_input_tokens": 2}});
+        let completion = to_completion(200, answer);
+        assert_eq!(completion["choices"][0]["message"]["content"], "## Goal");
+        assert_eq!(completion["choices"][0]["finish_reason"], "stop");
+        assert_eq!(completion["usage"]["prompt_tokens"], 9);
+        let error =
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "busy"}});
+        assert_eq!(to_completion(529, error.clone()), error);
+    }
+}

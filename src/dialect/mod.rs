@@ -1,0 +1,199 @@
+//! Wire formats. Each [`Dialect`] reads its API's requests into dialect-neutral
+//! [`Message`]s (keeping every message's raw bytes), and owns everything else that
+//! depends on the format: tool pairing, the handoff pair's shape, errors, overflow
+//! detection, reply assembly, usage, and summary calls. The pipeline, tracking and
+//! compaction only ever see the neutral form.
+
+pub mod anthropic;
+mod message;
+pub mod openai;
+
+use std::sync::Arc;
+
+use handoff_plugin_api::ModelClient;
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+pub use message::{DialectError, Message, Role};
+pub use openai::check_tool_pairs;
+
+use crate::base::reply::CapturedReply;
+use crate::error::ApiError;
+
+/// The wire formats handoff understands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum DialectKind {
+    /// OpenAI chat completions, `POST …/chat/completions`.
+    #[default]
+    OpenAiChat,
+    /// Anthropic Messages, `POST …/v1/messages`.
+    Anthropic,
+}
+
+impl DialectKind {
+    /// The implementation.
+    pub fn get(self) -> &'static dyn Dialect {
+        match self {
+            DialectKind::OpenAiChat => &openai::OpenAiChat,
+            DialectKind::Anthropic => &anthropic::AnthropicMessages,
+        }
+    }
+
+    /// The name used in logs, records and the exec protocol.
+    pub fn name(self) -> &'static str {
+        match self {
+            DialectKind::OpenAiChat => "openai",
+            DialectKind::Anthropic => "anthropic",
+        }
+    }
+
+    /// The dialect named `name` in a log line; unknown names read as OpenAI chat.
+    pub fn from_name(name: Option<&str>) -> Self {
+        match name {
+            Some("anthropic") => DialectKind::Anthropic,
+            _ => DialectKind::OpenAiChat,
+        }
+    }
+
+    /// The dialect whose error shape answers a request for `path` (every path, so a
+    /// 401 on `/v1/messages` is already in Anthropic's shape).
+    pub fn for_path(path: &str) -> Self {
+        if path.ends_with("/v1/messages") || path.contains("/v1/messages/") {
+            DialectKind::Anthropic
+        } else {
+            DialectKind::OpenAiChat
+        }
+    }
+
+    /// The dialect that tracks `POST path`, if one does.
+    pub fn tracking(path: &str) -> Option<Self> {
+        if path.ends_with("/chat/completions") {
+            Some(DialectKind::OpenAiChat)
+        } else if path.ends_with("/v1/messages") {
+            Some(DialectKind::Anthropic)
+        } else {
+            None
+        }
+    }
+}
+
+/// The fields of a request that the proxy acts on, in any dialect.
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    /// The wire format it came in.
+    pub dialect: DialectKind,
+    /// The requested model; empty when the client sent none.
+    pub model: String,
+    /// Pinned messages first (OpenAI's leading system messages, Anthropic's top-level
+    /// `system` as one system message), then the conversation in order.
+    pub messages: Vec<Message>,
+    /// The `tools` schemas, raw.
+    pub tools: Option<Box<RawValue>>,
+    /// True when the client asked for SSE.
+    pub stream: bool,
+    /// The reserved output: `max_completion_tokens`, `max_tokens`.
+    pub max_output: Option<u64>,
+    /// True when extended thinking is on (Anthropic), which constrains the cut.
+    pub thinking: bool,
+}
+
+impl ChatRequest {
+    /// Parses an OpenAI chat-completions body (the log's own format).
+    pub fn parse(body: &[u8]) -> Result<Self, DialectError> {
+        openai::OpenAiChat.parse(body)
+    }
+
+    /// The dialect implementation.
+    pub fn dialect(&self) -> &'static dyn Dialect {
+        self.dialect.get()
+    }
+}
+
+/// A streamed reply being reassembled from its SSE events.
+pub trait StreamReply: Send {
+    /// Feeds one event: its `event:` name (empty if none) and its `data`.
+    fn push(&mut self, event: &str, data: &str);
+
+    /// The assembled replies and the usage, in the non-streamed shape.
+    fn finish(self: Box<Self>) -> (Vec<CapturedReply>, Option<Value>);
+}
+
+/// The line that ends a stream: `field: value` at the start of a line.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamEnd {
+    /// The SSE field, e.g. `data:`.
+    pub field: &'static [u8],
+    /// Its value, e.g. `[DONE]`.
+    pub value: &'static [u8],
+}
+
+/// One wire format.
+pub trait Dialect: Send + Sync {
+    /// Which one this is.
+    fn kind(&self) -> DialectKind;
+
+    /// Parses and checks a request body; the error says where it went wrong.
+    fn parse(&self, body: &[u8]) -> Result<ChatRequest, DialectError>;
+
+    /// Checks the API's tool pairing rules over `messages` (no pinned ones).
+    fn check_pairs(&self, messages: &[Message]) -> Result<(), DialectError>;
+
+    /// True when `messages[at]` may open the verbatim part after a handoff.
+    fn may_cut_at(&self, _request: &ChatRequest, _messages: &[Message], _at: usize) -> bool {
+        true
+    }
+
+    /// The user continuation message of a handoff pair.
+    fn continuation(&self) -> Value;
+
+    /// The assistant handoff message; `reasoning_marker` only where the API allows one.
+    fn handoff(&self, text: &str, reasoning_marker: bool) -> Value;
+
+    /// The pair as one message, when it may not stand as two before `next` (roles must
+    /// alternate); `None` when the two messages go as they are.
+    fn joined_pair(
+        &self,
+        _continuation: &Value,
+        _handoff: &Value,
+        _next: &Message,
+    ) -> Option<Value> {
+        None
+    }
+
+    /// True when pinned messages are part of `messages` (not a top-level field).
+    fn pins_in_messages(&self) -> bool;
+
+    /// handoff's own error, in the API's error shape.
+    fn error_json(&self, err: &ApiError) -> Value;
+
+    /// True when an error body says the input exceeded the model's window.
+    fn is_overflow(&self, body: &Value) -> bool;
+
+    /// True when a successful, non-streamed reply stopped because the window was full.
+    fn reply_overflowed(&self, _reply: &Value) -> bool {
+        false
+    }
+
+    /// The replies of a non-streamed response, each message exactly as sent, and usage.
+    fn replies_from_json(
+        &self,
+        body: &[u8],
+    ) -> Result<(Vec<CapturedReply>, Option<Value>), serde_json::Error>;
+
+    /// A fresh assembler for a streamed response.
+    fn stream_reply(&self) -> Box<dyn StreamReply>;
+
+    /// The line that ends a streamed response.
+    fn stream_end(&self) -> StreamEnd;
+
+    /// The input tokens the upstream counted, from its `usage`.
+    fn input_tokens(&self, usage: &Value) -> Option<u64>;
+
+    /// A message in the neutral form strategies read (OpenAI chat shape); one wire
+    /// message may become several (Anthropic tool results become `tool` messages).
+    fn neutral(&self, message: &Value) -> Vec<Value>;
+
+    /// The summary client: `raw` posts JSON to the request's path with the client's
+    /// headers; strategies always speak chat completions to what this returns.
+    fn summary_client(&self, raw: Arc<dyn ModelClient>) -> Arc<dyn ModelClient>;
+}

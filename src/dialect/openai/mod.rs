@@ -1,0 +1,291 @@
+//! The OpenAI chat-completions dialect: the typed fields the proxy needs, read
+//! without losing a byte of the rest.
+//!
+//! Each message keeps its raw JSON, so the log and the upstream get exactly what the
+//! client sent, unknown fields included. Requests the provider would reject anyway
+//! (unknown roles, broken tool pairs) are refused here with the provider's error shape.
+
+mod assemble;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use handoff_plugin_api::ModelClient;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+pub use assemble::{AssembledChoice, StreamAssembler};
+
+use super::{
+    ChatRequest, Dialect, DialectError, DialectKind, Message, Role, StreamEnd, StreamReply,
+};
+use crate::base::reply::CapturedReply;
+use crate::error::ApiError;
+
+const API: &str = "chat-completions";
+const ROLES: &str = "system, developer, user, assistant, tool, function";
+
+#[derive(Deserialize)]
+struct Wire {
+    #[serde(default)]
+    model: Option<String>,
+    messages: Vec<Box<RawValue>>,
+    #[serde(default)]
+    tools: Option<Box<RawValue>>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    max_completion_tokens: Option<u64>,
+}
+
+/// OpenAI chat completions.
+pub struct OpenAiChat;
+
+impl Dialect for OpenAiChat {
+    fn kind(&self) -> DialectKind {
+        DialectKind::OpenAiChat
+    }
+
+    fn parse(&self, body: &[u8]) -> Result<ChatRequest, DialectError> {
+        let wire: Wire =
+            serde_json::from_slice(body).map_err(|err| DialectError::json(API, err))?;
+        let messages = wire
+            .messages
+            .into_iter()
+            .enumerate()
+            .map(|(index, raw)| Message::from_raw(index, raw, API, |_| true, ROLES))
+            .collect::<Result<Vec<_>, _>>()?;
+        check_tool_pairs(&messages)?;
+        Ok(ChatRequest {
+            dialect: DialectKind::OpenAiChat,
+            model: wire.model.unwrap_or_default(),
+            messages,
+            tools: wire.tools,
+            stream: wire.stream.unwrap_or(false),
+            max_output: wire.max_completion_tokens.or(wire.max_tokens),
+            thinking: false,
+        })
+    }
+
+    fn check_pairs(&self, messages: &[Message]) -> Result<(), DialectError> {
+        check_tool_pairs(messages)
+    }
+
+    fn continuation(&self) -> Value {
+        json!({"role": "user", "content": crate::compaction::handoff::CONTINUATION})
+    }
+
+    fn handoff(&self, text: &str, reasoning_marker: bool) -> Value {
+        if reasoning_marker {
+            json!({"role": "assistant", "content": text, "reasoning_content": crate::compaction::handoff::REASONING_MARKER})
+        } else {
+            json!({"role": "assistant", "content": text})
+        }
+    }
+
+    fn pins_in_messages(&self) -> bool {
+        true
+    }
+
+    fn error_json(&self, err: &ApiError) -> Value {
+        json!({
+            "error": {
+                "message": err.message,
+                "type": err.kind,
+                "param": null,
+                "code": err.code,
+            }
+        })
+    }
+
+    fn is_overflow(&self, body: &Value) -> bool {
+        crate::compaction::reactive::is_context_length_error(body)
+    }
+
+    fn replies_from_json(
+        &self,
+        body: &[u8],
+    ) -> Result<(Vec<CapturedReply>, Option<Value>), serde_json::Error> {
+        replies_from_json(body)
+    }
+
+    fn stream_reply(&self) -> Box<dyn StreamReply> {
+        Box::<StreamAssembler>::default()
+    }
+
+    fn stream_end(&self) -> StreamEnd {
+        StreamEnd {
+            field: b"data:",
+            value: b"[DONE]",
+        }
+    }
+
+    fn input_tokens(&self, usage: &Value) -> Option<u64> {
+        usage.get("prompt_tokens")?.as_u64()
+    }
+
+    fn neutral(&self, message: &Value) -> Vec<Value> {
+        vec![message.clone()]
+    }
+
+    fn summary_client(&self, raw: Arc<dyn ModelClient>) -> Arc<dyn ModelClient> {
+        raw
+    }
+}
+
+#[derive(Deserialize)]
+struct Completion {
+    choices: Vec<CompletionChoice>,
+    #[serde(default)]
+    usage: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct CompletionChoice {
+    #[serde(default)]
+    index: u64,
+    message: Box<RawValue>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+/// The choices of a non-streamed completion, each message exactly as sent.
+pub fn replies_from_json(
+    body: &[u8],
+) -> Result<(Vec<CapturedReply>, Option<Value>), serde_json::Error> {
+    let completion: Completion = serde_json::from_slice(body)?;
+    let replies = completion
+        .choices
+        .into_iter()
+        .map(|choice| CapturedReply {
+            message: choice.message,
+            finish_reason: choice.finish_reason,
+            choice: choice.index,
+        })
+        .collect();
+    Ok((replies, completion.usage))
+}
+
+impl StreamReply for StreamAssembler {
+    fn push(&mut self, _event: &str, data: &str) {
+        StreamAssembler::push(self, data);
+    }
+
+    fn finish(self: Box<Self>) -> (Vec<CapturedReply>, Option<Value>) {
+        let usage = self.usage().cloned();
+        let replies = StreamAssembler::finish(*self)
+            .into_iter()
+            .filter_map(|choice| {
+                let message = serde_json::value::to_raw_value(&choice.message).ok()?;
+                Some(CapturedReply {
+                    message,
+                    finish_reason: choice.finish_reason,
+                    choice: choice.index,
+                })
+            })
+            .collect();
+        (replies, usage)
+    }
+}
+
+/// Checks OpenAI's pairing rule: every tool result answers a call of the assistant
+/// message before it, and every call is answered before the next non-tool message.
+pub fn check_tool_pairs<'a>(
+    messages: impl IntoIterator<Item = &'a Message>,
+) -> Result<(), DialectError> {
+    let mut pending: Vec<String> = Vec::new();
+    let mut pending_from = 0;
+    let unanswered = |index: usize, ids: &[String]| DialectError::UnansweredToolCalls {
+        index,
+        ids: ids.to_vec(),
+    };
+    for (index, message) in messages.into_iter().enumerate() {
+        match message.role {
+            Role::Tool => {
+                let id = message.tool_call_id().unwrap_or_default();
+                let Some(at) = pending.iter().position(|p| p == id) else {
+                    return Err(DialectError::OrphanToolResult {
+                        index,
+                        id: id.to_owned(),
+                    });
+                };
+                pending.swap_remove(at);
+            }
+            _ => {
+                if !pending.is_empty() {
+                    return Err(unanswered(pending_from, &pending));
+                }
+                if message.role == Role::Assistant {
+                    let mut seen = HashSet::new();
+                    pending = message
+                        .tool_call_ids()
+                        .filter(|id| seen.insert(*id))
+                        .map(str::to_owned)
+                        .collect();
+                    pending_from = index;
+                }
+            }
+        }
+    }
+    if pending.is_empty() {
+        Ok(())
+    } else {
+        Err(unanswered(pending_from, &pending))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<ChatRequest, DialectError> {
+        OpenAiChat.parse(json.as_bytes())
+    }
+
+    #[test]
+    fn unknown_fields_survive_in_the_raw_message() {
+        let req = parse(r#"{"model":"m","messages":[{"role":"user","content":"hi","x_extra":{"b":1,"a":2}}],"stream":true,"max_tokens":7}"#).unwrap();
+        assert_eq!(
+            req.messages[0].raw.get(),
+            r#"{"role":"user","content":"hi","x_extra":{"b":1,"a":2}}"#
+        );
+        assert!(req.stream);
+        assert_eq!(req.max_output, Some(7));
+    }
+
+    #[test]
+    fn malformed_json_reports_the_position() {
+        let err = parse("{\"messages\": [\n  {\"role\": \"user\",}\n]}").unwrap_err();
+        assert!(err.to_string().contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn unknown_role_is_named() {
+        let err = parse(r#"{"messages":[{"role":"wizard","content":"x"}]}"#).unwrap_err();
+        assert!(err.to_string().contains("messages[0].role"), "{err}");
+        assert!(err.to_string().contains("wizard"), "{err}");
+    }
+
+    #[test]
+    fn tool_pairs_must_be_complete() {
+        let ok = r#"{"messages":[{"role":"user","content":"x"},
+            {"role":"assistant","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},
+            {"role":"tool","tool_call_id":"a","content":"1"},{"role":"user","content":"y"}]}"#;
+        parse(ok).unwrap();
+        let orphan = r#"{"messages":[{"role":"user","content":"x"},{"role":"tool","tool_call_id":"zz","content":"1"}]}"#;
+        assert!(matches!(
+            parse(orphan),
+            Err(DialectError::OrphanToolResult { index: 1, .. })
+        ));
+        let unanswered = r#"{"messages":[{"role":"user","content":"x"},
+            {"role":"assistant","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},
+            {"role":"user","content":"y"}]}"#;
+        assert!(matches!(
+            parse(unanswered),
+            Err(DialectError::UnansweredToolCalls { index: 1, .. })
+        ));
+    }
+}
