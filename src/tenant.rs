@@ -6,6 +6,7 @@
 //! otherwise `t-` + 16 hex digits of HMAC-SHA256(server secret, credential): the
 //! credential never appears in it, and without the secret it cannot be guessed.
 
+use std::borrow::Cow;
 use std::fmt;
 
 pub use crate::base::tenant::{TenantError, TenantId, LEGACY};
@@ -83,18 +84,32 @@ impl ServerSecret {
     }
 }
 
-/// The credential a request presents: `Authorization`, else `x-api-key`, else
-/// `anonymous`.
-pub fn credential(headers: &http::HeaderMap) -> &[u8] {
-    headers
-        .get(http::header::AUTHORIZATION)
-        .or_else(|| headers.get("x-api-key"))
-        .map_or(b"anonymous".as_slice(), |value| value.as_bytes())
+/// The credential a request presents: `Authorization`, else `x-api-key` read as the
+/// `Bearer` value it stands for, else `anonymous`. One key is one tenant whichever
+/// header carries it: Anthropic's SDKs send `x-api-key` or `Authorization: Bearer`.
+pub fn credential(headers: &http::HeaderMap) -> Cow<'_, [u8]> {
+    if let Some(value) = headers.get(http::header::AUTHORIZATION) {
+        return Cow::Borrowed(value.as_bytes());
+    }
+    match headers.get("x-api-key") {
+        Some(key) => Cow::Owned([b"Bearer ".as_slice(), key.as_bytes()].concat()),
+        None => Cow::Borrowed(b"anonymous".as_slice()),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_is_one_tenant_in_either_header() {
+        let mut bearer = http::HeaderMap::new();
+        bearer.insert(http::header::AUTHORIZATION, "Bearer sk-1".parse().unwrap());
+        let mut api_key = http::HeaderMap::new();
+        api_key.insert("x-api-key", "sk-1".parse().unwrap());
+        assert_eq!(credential(&bearer), credential(&api_key));
+        assert_eq!(&*credential(&http::HeaderMap::new()), b"anonymous");
+    }
 
     #[test]
     fn tenants_are_stable_per_credential_and_hide_it() {

@@ -146,7 +146,7 @@ impl Credentials {
     ) -> Result<Admission, ApiError> {
         if !self.requires_keys() {
             return Ok(Admission {
-                tenant: secret.tenant_for(credential(headers)),
+                tenant: secret.tenant_for(&credential(headers)),
                 key: None,
             });
         }

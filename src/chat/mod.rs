@@ -288,8 +288,10 @@ impl<'s> Exchange<'s> {
                 return Err(Halt::Respond(Box::new(reply::buffered(head, error_body))));
             };
             retries += 1;
-            let tightened =
-                (budget.threshold as f64 * REACTIVE_TIGHTEN.powi(retries as i32)) as u64;
+            // The view that was refused was under the trigger, or it would have been
+            // compacted: tighten from its size, not from a window that proved wrong.
+            let refused_at = estimate.map_or(budget.threshold, |sent| sent.min(budget.threshold));
+            let tightened = (refused_at as f64 * REACTIVE_TIGHTEN.powi(retries as i32)) as u64;
             tracing::warn!(conversation = %tracked.id, retry = retries, threshold = tightened, "upstream reported context length exceeded; compacting and retrying");
             let job = self.job(
                 tracked,

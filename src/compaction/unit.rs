@@ -1,5 +1,5 @@
 //! Units: a user message, or an assistant message with every tool result that answers
-//! its calls. A cut inside a unit would send a tool result without its call, or a call
+//! its calls (tool messages, or the next user message's `tool_result` blocks). A cut inside a unit would send a tool result without its call, or a call
 //! without its result, and providers answer that with a 400.
 
 use std::collections::HashSet;
@@ -24,11 +24,14 @@ pub fn split_into_units(messages: &[Message]) -> Vec<UnitSpan> {
         index += 1;
         if messages[start].role == Role::Assistant {
             let calls: HashSet<&str> = messages[start].tool_call_ids().collect();
+            // Tool results (OpenAI `tool` messages, an Anthropic user message of
+            // `tool_result` blocks) that answer this turn's calls.
             while index < messages.len()
-                && matches!(messages[index].role, Role::Tool | Role::Function)
+                && messages[index].is_tool_answer()
                 && messages[index]
-                    .tool_call_id()
-                    .is_none_or(|id| calls.contains(id))
+                    .answered_ids()
+                    .iter()
+                    .all(|id| calls.contains(id))
             {
                 index += 1;
             }
@@ -72,5 +75,24 @@ mod tests {
                 UnitSpan { start: 5, end: 6 }
             ]
         );
+    }
+
+    #[test]
+    fn an_anthropic_tool_use_and_the_next_users_results_form_one_unit() {
+        use crate::dialect::DialectKind;
+        let body = json!({"messages": [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x"}, {"type": "text", "text": "and?"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "done"}]},
+            {"role": "user", "content": "b"}
+        ]});
+        let m = DialectKind::Anthropic
+            .get()
+            .parse(body.to_string().as_bytes())
+            .unwrap()
+            .messages;
+        let starts: Vec<usize> = split_into_units(&m).iter().map(|u| u.start).collect();
+        assert_eq!(starts, vec![0, 1, 3, 4]);
     }
 }

@@ -14,7 +14,7 @@
 //!   texts.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,6 +32,8 @@ pub struct StrictAnthropic {
     pub refused: Mutex<Vec<String>>,
     /// Summary requests received.
     pub summaries: AtomicUsize,
+    /// When set, summary requests get a 529 `overloaded_error`.
+    pub fail_summaries: AtomicBool,
 }
 
 /// An error in the Messages API's shape.
@@ -63,6 +65,7 @@ impl StrictAnthropic {
             serial: AtomicUsize::new(0),
             refused: Mutex::new(Vec::new()),
             summaries: AtomicUsize::new(0),
+            fail_summaries: AtomicBool::new(false),
         })
     }
 
@@ -98,6 +101,9 @@ impl StrictAnthropic {
         };
         let blocks = if system.starts_with(SUMMARY_PROMPT_START) {
             self.summaries.fetch_add(1, Ordering::SeqCst);
+            if self.fail_summaries.load(Ordering::SeqCst) {
+                return error(529, "overloaded_error", "Overloaded");
+            }
             vec![json!({"type": "text", "text": summary_text(&body)})]
         } else {
             agent_blocks(&body, serial)

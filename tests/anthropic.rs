@@ -1,0 +1,234 @@
+//! Anthropic's Messages API end to end: the official `anthropic` SDK through the real
+//! binary, against a strict Messages provider that refuses what the real API refuses.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use mock_upstream::anthropic::StrictAnthropic;
+use mock_upstream::strict::SUMMARY_PROMPT_START;
+use mock_upstream::{MockUpstream, Recorded};
+use serde_json::{json, Value};
+use support::client::{self, request};
+use support::scenario::{records, run_client};
+use support::{canonical, Proxy, ProxyOptions};
+
+const WINDOW: u64 = 8000;
+const ID: &str = "claude-agent";
+
+async fn strict_anthropic(window: u64) -> (Arc<StrictAnthropic>, MockUpstream) {
+    let strict = StrictAnthropic::new(window);
+    let responder = Arc::clone(&strict);
+    let mock = MockUpstream::with(move |req| responder.answer(req)).await;
+    (strict, mock)
+}
+
+fn options(data: &std::path::Path, window: u64) -> ProxyOptions {
+    ProxyOptions {
+        extra_toml: format!(
+            "[models.\"claude-mock\"]\ncontext_window = {window}\ntokenizer = \"estimate\"\n"
+        ),
+        data_dir: Some(data.to_owned()),
+        ..ProxyOptions::default()
+    }
+}
+
+fn is_summary(request: &Recorded) -> bool {
+    let system = request.json()["system"].clone();
+    system
+        .as_str()
+        .is_some_and(|s| s.starts_with(SUMMARY_PROMPT_START))
+}
+
+fn agent_requests(mock: &MockUpstream) -> Vec<Recorded> {
+    mock.requests()
+        .into_iter()
+        .filter(|r| r.target.starts_with("/v1/messages") && !is_summary(r))
+        .collect()
+}
+
+/// Refusals that are not about the window: a structural error reached the provider.
+fn structural_refusals(strict: &StrictAnthropic) -> Vec<String> {
+    strict
+        .refused
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| !r.contains("prompt is too long") && !r.contains("exceed context limit"))
+        .cloned()
+        .collect()
+}
+
+async fn run_agent(proxy: &Proxy, state: &std::path::Path, first: u32, last: u32) -> Value {
+    let state = state.to_str().unwrap().to_owned();
+    run_client(
+        proxy,
+        "anthropic_agent.py",
+        &[&state, &first.to_string(), &last.to_string()],
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sdk_agent_compacts_with_summarize_then_extract_across_a_restart() {
+    let (strict, mock) = strict_anthropic(WINDOW).await;
+    let data = tempfile::tempdir().unwrap();
+    let state = data.path().join("client-state.json");
+    let mut proxy = Proxy::start_with(&mock.url(), options(data.path(), WINDOW));
+
+    // Phase 1: long enough to compact at least once, with summaries.
+    run_agent(&proxy, &state, 1, 16).await;
+    let first = records(&proxy, ID);
+    assert!(!first.is_empty(), "no compaction in 16 turns");
+    assert!(
+        first.iter().all(|r| r["strategy"] == "summarize"),
+        "{first:?}"
+    );
+    assert!(
+        first[0]["handoff"]["content"][0]["type"] == "text",
+        "the handoff is an Anthropic message: {}",
+        first[0]["handoff"]
+    );
+
+    // Restart: the same request gets the same view, rebuilt from disk.
+    let before = agent_requests(&mock).pop().unwrap();
+    let sent = before.json().to_string();
+    assert!(
+        sent.contains("FACT-001"),
+        "FACT-001 was lost in the summary"
+    );
+    assert!(
+        !sent.contains("Step 1. Remember"),
+        "the first turn should be compacted away"
+    );
+    proxy.kill9();
+    let proxy = Proxy::start_with(&mock.url(), options(data.path(), WINDOW));
+    // The client's own last request: its messages without the answer it got.
+    let mut history: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    history.pop();
+    let mut again = before.json();
+    again["messages"] = Value::Array(history);
+    let resent = client::send(request(
+        "POST",
+        &format!("{}/v1/messages", proxy.url()),
+        &[
+            ("x-api-key", "sk-ant-agent-test"),
+            ("anthropic-version", "2023-06-01"),
+            ("x-handoff-conversation-id", ID),
+        ],
+        again.to_string(),
+    ))
+    .await;
+    assert_eq!(resent.status, 200, "{}", resent.text());
+    let after = agent_requests(&mock).pop().unwrap();
+    assert_eq!(
+        after.json()["messages"],
+        before.json()["messages"],
+        "the view after a restart differs"
+    );
+
+    // Phase 2: summaries fail, so the chain falls back to extract.
+    strict.fail_summaries.store(true, Ordering::SeqCst);
+    let done = run_agent(&proxy, &state, 17, 34).await;
+    let all = records(&proxy, ID);
+    let extracted: Vec<&Value> = all.iter().filter(|r| r["strategy"] == "extract").collect();
+    assert!(!extracted.is_empty(), "no extract compaction: {all:?}");
+    assert_eq!(extracted[0]["attempts"][0]["strategy"], "summarize");
+    assert_eq!(extracted[0]["attempts"][0]["outcome"], "failed");
+
+    assert!(
+        structural_refusals(&strict).is_empty(),
+        "invalid Messages requests reached the provider: {:?}",
+        structural_refusals(&strict)
+    );
+    // Every view: system unchanged at the top level, roles alternating, never ending
+    // with an assistant turn (the strict provider checks all of that per request).
+    for sent in agent_requests(&mock) {
+        let body = sent.json();
+        assert_eq!(body["system"][0]["text"], "You are a meticulous agent.");
+        assert!(body["messages"][0]["role"] == "user");
+    }
+
+    // The log holds every original, exactly as the client sent it.
+    let replay = proxy.replay(ID, None);
+    let expected = done["replay"].as_array().unwrap();
+    // The client's list ends with the final answer, which the log has as the reply.
+    assert_eq!(replay.len(), expected.len(), "replay length");
+    for (got, want) in replay.iter().zip(expected) {
+        assert_eq!(canonical(got), canonical(want));
+    }
+    let show = String::from_utf8(proxy.audit(&["show", ID]).stdout).unwrap();
+    // SDK echoes of streamed and non-streamed replies join the chain: the only branch
+    // is the regenerated answer of the request resent after the restart.
+    assert!(show.contains("dialect anthropic"), "{show}");
+    let head = show.lines().next().unwrap();
+    assert!(head.contains(" 2 branches"), "{head}");
+    assert!(head.contains(&format!("{} messages", 34 * 4 + 1)), "{head}");
+    proxy.assert_verified(&[]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overflow_answer_is_compacted_and_retried_and_errors_use_anthropics_shape() {
+    // The provider's window is smaller than the configured one: only its refusal can
+    // tell handoff that the request is too long.
+    let (strict, mock) = strict_anthropic(3000).await;
+    let data = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start_with(&mock.url(), options(data.path(), 6000));
+    let filler: String = (0..600).map(|i| format!("w{i} ")).collect();
+    let mut messages = Vec::new();
+    for n in 0..6 {
+        messages.push(json!({"role": "user", "content": format!("FACT-{n:03} {filler}")}));
+        messages.push(json!({"role": "assistant", "content": [{"type": "text", "text": "noted"}]}));
+    }
+    messages.push(json!({"role": "user", "content": "what were the facts?"}));
+    let url = format!("{}/v1/messages", proxy.url());
+    let headers = [
+        ("x-api-key", "sk-ant-overflow"),
+        ("anthropic-version", "2023-06-01"),
+        ("x-handoff-conversation-id", "overflow"),
+    ];
+    let body = json!({"model": "claude-mock", "max_tokens": 100, "messages": messages});
+    let got = client::send(request("POST", &url, &headers, body.to_string())).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert!(strict.refused.lock().unwrap()[0].contains("prompt is too long"));
+    let records = records(&proxy, "overflow");
+    assert_eq!(records[0]["reason"], "context_length_exceeded");
+
+    // handoff's own errors on this path are in Anthropic's shape.
+    for (bad, kind) in [
+        ("{\"messages\": [", "invalid_request_error"),
+        (
+            r#"{"model":"claude-mock","messages":[{"role":"tool","content":"x"}]}"#,
+            "invalid_request_error",
+        ),
+        (
+            r#"{"model":"claude-mock","messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_x","content":"1"}]}]}"#,
+            "invalid_request_error",
+        ),
+    ] {
+        let got = client::send(request("POST", &url, &headers, bad.to_owned())).await;
+        assert_eq!(got.status, 400, "{bad}");
+        let json: Value = serde_json::from_str(&got.text()).unwrap();
+        assert_eq!(json["type"], "error", "{json}");
+        assert_eq!(json["error"]["type"], kind, "{json}");
+        assert!(json["error"]["message"].as_str().unwrap().len() > 10);
+    }
+
+    // count_tokens passes through untouched.
+    let count = json!({"model": "claude-mock", "messages": [{"role": "user", "content": "hi"}]});
+    let before = mock.requests().len();
+    let _ = client::send(request(
+        "POST",
+        &format!("{url}/count_tokens"),
+        &headers,
+        count.to_string(),
+    ))
+    .await;
+    let seen = mock.requests();
+    assert_eq!(seen.len(), before + 1);
+    assert_eq!(seen[before].target, "/v1/messages/count_tokens");
+    assert_eq!(seen[before].json(), count);
+}
