@@ -1,6 +1,7 @@
 //! Sending a request upstream and shaping the answer for the client: hop-by-hop
 //! headers stripped both ways, `Host` rewritten, SSE marked unbuffered.
 
+use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{request, Request, Response, Version};
 
@@ -85,7 +86,18 @@ pub fn relay(
     response: Response<hyper::body::Incoming>,
     observer: Option<Box<dyn Observer>>,
 ) -> Response<ProxyBody> {
-    let (mut parts, incoming) = response.into_parts();
+    let (parts, incoming) = response.into_parts();
+    relay_after(upstream, parts, Bytes::new(), incoming, observer)
+}
+
+/// Like [`relay`], for a body whose first bytes (`opening`) were already read.
+pub fn relay_after(
+    upstream: &Upstream,
+    mut parts: http::response::Parts,
+    opening: Bytes,
+    incoming: hyper::body::Incoming,
+    observer: Option<Box<dyn Observer>>,
+) -> Response<ProxyBody> {
     strip_hop_by_hop(&mut parts.headers);
     if is_event_stream(&parts.headers) {
         // Tells nginx-style proxies in front of us not to buffer the stream either.
@@ -97,7 +109,7 @@ pub fn relay(
             .entry(header::CACHE_CONTROL)
             .or_insert(HeaderValue::from_static("no-cache"));
     }
-    let body = RelayBody::new(incoming, upstream.read_timeout(), observer);
+    let body = RelayBody::after(opening, incoming, upstream.read_timeout(), observer);
     Response::from_parts(parts, body.boxed_unsync())
 }
 

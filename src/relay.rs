@@ -123,6 +123,8 @@ pin_project_lite::pin_project! {
         // The observer's end work; `held` (if any) waits for it.
         finishing: Option<JoinHandle<Result<(), RelayError>>>,
         held: Option<Frame<Bytes>>,
+        // Bytes already read from `inner` (a peek at the stream's opening), sent first.
+        prefix: Option<Bytes>,
     }
 }
 
@@ -147,9 +149,20 @@ impl RelayBody {
         idle_timeout: Duration,
         observer: Option<Box<dyn Observer>>,
     ) -> Self {
+        Self::after(Bytes::new(), inner, idle_timeout, observer)
+    }
+
+    /// Relays `prefix` (bytes already read from `inner`), then the rest of `inner`.
+    pub fn after(
+        prefix: Bytes,
+        inner: Incoming,
+        idle_timeout: Duration,
+        observer: Option<Box<dyn Observer>>,
+    ) -> Self {
         let mut settle = Settle { observer };
         let mut finishing = None;
-        let inner = if inner.is_end_stream() {
+        let prefix = (!prefix.is_empty()).then_some(prefix);
+        let inner = if inner.is_end_stream() && prefix.is_none() {
             // hyper never polls a body that is empty from the start.
             finishing = settle.end(Outcome::Complete).map(tokio::spawn);
             None
@@ -164,6 +177,7 @@ impl RelayBody {
             settle,
             finishing,
             held: None,
+            prefix,
         }
     }
 }
@@ -195,10 +209,14 @@ impl Body for RelayBody {
                     return Poll::Ready(Some(Ok(frame)));
                 }
             }
-            let Some(inner) = this.inner.as_mut() else {
-                return Poll::Ready(None);
+            let polled = match this.prefix.take() {
+                Some(bytes) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
+                None => match this.inner.as_mut() {
+                    Some(inner) => Pin::new(inner).poll_frame(cx),
+                    None => return Poll::Ready(None),
+                },
             };
-            match Pin::new(&mut *inner).poll_frame(cx) {
+            match polled {
                 Poll::Ready(Some(Ok(frame))) => {
                     this.idle
                         .as_mut()
@@ -212,7 +230,7 @@ impl Body for RelayBody {
                     }
                     // A sized body is over with its last byte: hyper will not poll for the
                     // end, so the last frame waits for the observer here too.
-                    let ended = inner.is_end_stream();
+                    let ended = this.inner.as_ref().is_none_or(Incoming::is_end_stream);
                     if flow == Flow::Last || ended {
                         // The reply is over: the client's body ends with this frame, and
                         // whatever the upstream still sends is drained on the side.

@@ -232,3 +232,66 @@ async fn an_overflow_answer_is_compacted_and_retried_and_errors_use_anthropics_s
     assert_eq!(seen[before].target, "/v1/messages/count_tokens");
     assert_eq!(seen[before].json(), count);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overflow_event_opening_a_stream_is_compacted_and_retried() {
+    // Like a provider that only learns the length once streaming: the stream opens
+    // with `message_start` and then an `error` event.
+    let strict = StrictAnthropic::new(3000);
+    let responder = Arc::clone(&strict);
+    let mock = MockUpstream::with(move |req| {
+        let body = req.json();
+        let input = mock_upstream::anthropic::count(&body);
+        if body["stream"] == true && input > 3000 && !is_summary(req) {
+            let start = json!({"type": "message_start", "message": {"id": "msg_x", "type": "message", "role": "assistant",
+                "content": [], "model": "claude-mock", "stop_reason": null, "usage": {"input_tokens": 0, "output_tokens": 0}}});
+            let error = json!({"type": "error", "error": {"type": "invalid_request_error",
+                "message": format!("prompt is too long: {input} tokens > 3000 maximum")}});
+            return mock_upstream::Reply::Sse {
+                frames: vec![
+                    format!("event: message_start\ndata: {start}\n\n"),
+                    format!("event: error\ndata: {error}\n\n"),
+                ],
+                gap: std::time::Duration::from_millis(5),
+                cut_after: None,
+            };
+        }
+        responder.answer(req)
+    })
+    .await;
+    let data = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start_with(&mock.url(), options(data.path(), 6000));
+    let filler: String = (0..600).map(|i| format!("w{i} ")).collect();
+    let mut messages = Vec::new();
+    for n in 0..6 {
+        messages.push(json!({"role": "user", "content": format!("FACT-{n:03} {filler}")}));
+        messages.push(json!({"role": "assistant", "content": "noted"}));
+    }
+    messages.push(json!({"role": "user", "content": "what were the facts?"}));
+    let body =
+        json!({"model": "claude-mock", "max_tokens": 100, "stream": true, "messages": messages});
+    let got = client::send(request(
+        "POST",
+        &format!("{}/v1/messages", proxy.url()),
+        &[
+            ("x-api-key", "sk-ant-stream"),
+            ("x-handoff-conversation-id", "stream-overflow"),
+        ],
+        body.to_string(),
+    ))
+    .await;
+    assert_eq!(got.status, 200);
+    let text = got.text();
+    assert!(text.contains("event: message_stop"), "{text}");
+    assert!(
+        !text.contains("event: error"),
+        "the client saw the refused attempt: {text}"
+    );
+    let records = records(&proxy, "stream-overflow");
+    assert_eq!(records[0]["reason"], "context_length_exceeded");
+    // The reply of the retried stream is logged.
+    let lines = support::message_lines(&proxy, "stream-overflow");
+    let reply = lines.last().unwrap();
+    assert_eq!(reply["source"], "upstream");
+    assert_eq!(reply["complete"], true);
+}

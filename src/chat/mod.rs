@@ -16,11 +16,12 @@ mod reply;
 
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{request, Request, Response};
 use http_body_util::{BodyExt, Limited};
+use hyper::body::Body;
 use hyper::body::Incoming;
 
 pub use admit::STRATEGY_HEADER;
@@ -35,7 +36,7 @@ use crate::compaction::model_client::UpstreamModelClient;
 use crate::compaction::service::{CompactError, Fitted, Job};
 use crate::compaction::Reason;
 use crate::conversation::{identify, ConversationId, Tracked, CONVERSATION_HEADER};
-use crate::dialect::{ChatRequest, DialectKind};
+use crate::dialect::{stream_opening, ChatRequest, DialectKind, Opening};
 use crate::error::ApiError;
 use crate::forward::{forward, is_event_stream, send_timed, upstream_request};
 use crate::state::{AppState, Snapshot};
@@ -279,7 +280,22 @@ impl<'s> Exchange<'s> {
                     let target = self.target(tracked, estimate, &view);
                     return Ok(reply::answer_read(head, body, target).await);
                 }
-                Inspected::Streaming(response) => {
+                Inspected::Stream {
+                    head,
+                    opening,
+                    rest,
+                    overflowed,
+                } => {
+                    if overflowed && reactive.is_some() {
+                        // Nothing reached the client yet: the rest is dropped, not relayed.
+                        drop(rest);
+                        (head, opening)
+                    } else {
+                        let target = self.target(tracked, estimate, &view);
+                        return Ok(reply::answer_stream(upstream, head, opening, rest, target));
+                    }
+                }
+                Inspected::Passed(response) => {
                     let target = self.target(tracked, estimate, &view);
                     return Ok(reply::answer(upstream, response, target).await);
                 }
@@ -330,12 +346,61 @@ impl<'s> Exchange<'s> {
                 .to_bytes();
             return Ok(Inspected::Refused(head, body));
         }
-        if !status.is_success() || is_event_stream(response.headers()) {
-            return Ok(Inspected::Streaming(response));
+        if !status.is_success() {
+            return Ok(Inspected::Passed(response));
+        }
+        if is_event_stream(response.headers()) {
+            let (head, rest) = response.into_parts();
+            return self.open_stream(head, rest).await;
         }
         let (head, incoming) = response.into_parts();
         let body = reply::read_reply(incoming, self.upstream().read_timeout()).await?;
         Ok(Inspected::Read(head, body))
+    }
+
+    /// Reads a stream's opening, up to its first output event: an overflow error there
+    /// can still be retried, because nothing has reached the client.
+    async fn open_stream(
+        &self,
+        head: http::response::Parts,
+        mut rest: Incoming,
+    ) -> Result<Inspected, Halt> {
+        let dialect = self.chat.dialect();
+        let idle = self.upstream().read_timeout();
+        let mut opening = BytesMut::new();
+        let overflowed = loop {
+            match stream_opening(dialect, &opening) {
+                Opening::Overflow => break true,
+                Opening::Relay => break false,
+                Opening::NeedMore if rest.is_end_stream() => break false,
+                Opening::NeedMore => {}
+            }
+            let frame = match tokio::time::timeout(idle, rest.frame()).await {
+                Err(_) => {
+                    return Err(ApiError::gateway_timeout(format!(
+                        "upstream sent nothing for {idle:?} after opening its stream"
+                    ))
+                    .into())
+                }
+                Ok(None) => break false,
+                Ok(Some(Err(err))) => {
+                    return Err(ApiError::bad_gateway(format!(
+                        "upstream cut its stream at the start: {err}"
+                    ))
+                    .into())
+                }
+                Ok(Some(Ok(frame))) => frame,
+            };
+            if let Some(data) = frame.data_ref() {
+                opening.extend_from_slice(data);
+            }
+        };
+        Ok(Inspected::Stream {
+            head,
+            opening: opening.freeze(),
+            rest,
+            overflowed,
+        })
     }
 
     /// Where this request's reply is logged.
@@ -400,8 +465,15 @@ enum Inspected {
     Refused(http::response::Parts, Bytes),
     /// A whole non-streamed success.
     Read(http::response::Parts, Bytes),
-    /// A stream or a 5xx, relayed as it arrives.
-    Streaming(Response<Incoming>),
+    /// A stream, its opening read: relayed from there unless it opened with an overflow.
+    Stream {
+        head: http::response::Parts,
+        opening: Bytes,
+        rest: Incoming,
+        overflowed: bool,
+    },
+    /// A 5xx, relayed as it arrives.
+    Passed(Response<Incoming>),
 }
 
 fn json_of(body: &Bytes) -> serde_json::Value {

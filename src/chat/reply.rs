@@ -14,7 +14,7 @@ use hyper::body::Incoming;
 use crate::body::{full, ProxyBody};
 use crate::capture::{ReplyCapture, ReplyTarget};
 use crate::error::ApiError;
-use crate::forward::{is_event_stream, relay};
+use crate::forward::{is_event_stream, relay, relay_after};
 use crate::relay::Observer;
 use crate::upstream::Upstream;
 
@@ -40,6 +40,18 @@ pub async fn answer(
         Ok(body) => answer_read(head, body, target).await,
         Err(err) => err.into_response_for(dialect),
     }
+}
+
+/// Relays a stream whose `opening` was already read, logging its reply on the way.
+pub fn answer_stream(
+    upstream: &Upstream,
+    head: http::response::Parts,
+    opening: Bytes,
+    rest: Incoming,
+    target: ReplyTarget,
+) -> Response<ProxyBody> {
+    let observer: Box<dyn Observer> = Box::new(ReplyCapture::start(target));
+    relay_after(upstream, head, opening, rest, Some(observer))
 }
 
 /// Logs a non-streamed reply read whole, and only then answers it: a reply that

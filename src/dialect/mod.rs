@@ -127,6 +127,61 @@ pub struct StreamEnd {
     pub value: &'static [u8],
 }
 
+/// What the opening bytes of a streamed answer say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opening {
+    /// An error event says the input exceeded the window; nothing else was sent.
+    Overflow,
+    /// Output (or another error) began: relay it.
+    Relay,
+    /// Only preamble so far: read more.
+    NeedMore,
+}
+
+/// Most bytes of a stream's opening read before it is relayed regardless.
+const OPENING_LIMIT: usize = 64 * 1024;
+
+/// Reads the complete SSE events in `head`: an overflow error before any output is an
+/// [`Opening::Overflow`]; the first output event, or any other error, is
+/// [`Opening::Relay`].
+pub fn stream_opening(dialect: &dyn Dialect, head: &[u8]) -> Opening {
+    let text = String::from_utf8_lossy(head);
+    let normalized = text.replace("\r\n", "\n");
+    let mut events: Vec<&str> = normalized.split("\n\n").collect();
+    // The last piece is an event still arriving (empty when `head` ends an event).
+    events.pop();
+    for event in events {
+        let data: Vec<&str> = event
+            .lines()
+            .filter_map(|line| line.strip_prefix("data:"))
+            .map(|d| d.strip_prefix(' ').unwrap_or(d))
+            .collect();
+        if data.is_empty() {
+            continue;
+        }
+        let Ok(json) = serde_json::from_str::<Value>(&data.join("\n")) else {
+            return Opening::Relay;
+        };
+        let is_error = json.get("error").is_some_and(|e| !e.is_null())
+            || json.get("type").and_then(Value::as_str) == Some("error");
+        if is_error {
+            return if dialect.is_overflow(&json) {
+                Opening::Overflow
+            } else {
+                Opening::Relay
+            };
+        }
+        if !dialect.stream_preamble(&json) {
+            return Opening::Relay;
+        }
+    }
+    if head.len() > OPENING_LIMIT {
+        Opening::Relay
+    } else {
+        Opening::NeedMore
+    }
+}
+
 /// One wire format.
 pub trait Dialect: Send + Sync {
     /// Which one this is.
@@ -168,6 +223,13 @@ pub trait Dialect: Send + Sync {
 
     /// True when an error body says the input exceeded the model's window.
     fn is_overflow(&self, body: &Value) -> bool;
+
+    /// True for a streamed event that comes before any output (Anthropic's
+    /// `message_start`, `ping`): the opening of a stream is read past these to see
+    /// whether it is an overflow error.
+    fn stream_preamble(&self, _event: &Value) -> bool {
+        false
+    }
 
     /// True when a successful, non-streamed reply stopped because the window was full.
     fn reply_overflowed(&self, _reply: &Value) -> bool {

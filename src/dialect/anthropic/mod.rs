@@ -256,6 +256,13 @@ impl Dialect for AnthropicMessages {
             || crate::compaction::reactive::is_context_length_error(body)
     }
 
+    fn stream_preamble(&self, event: &Value) -> bool {
+        matches!(
+            event.get("type").and_then(Value::as_str),
+            Some("message_start" | "ping")
+        )
+    }
+
     fn reply_overflowed(&self, reply: &Value) -> bool {
         reply.get("stop_reason").and_then(Value::as_str) == Some("model_context_window_exceeded")
     }
@@ -438,6 +445,31 @@ mod tests {
             json!({"role": "tool", "tool_call_id": "t1", "content": "[error] found"})
         );
         assert_eq!(out[1], json!({"role": "user", "content": "thanks"}));
+    }
+
+    #[test]
+    fn an_error_event_before_any_output_is_an_overflow() {
+        use crate::dialect::{stream_opening, Opening};
+        let start = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\nevent: ping\ndata: {\"type\":\"ping\"}\n\n";
+        assert_eq!(
+            stream_opening(&AnthropicMessages, start.as_bytes()),
+            Opening::NeedMore
+        );
+        let overflow = format!("{start}event: error\ndata: {{\"type\":\"error\",\"error\":{{\"type\":\"invalid_request_error\",\"message\":\"prompt is too long: 9 tokens > 5 maximum\"}}}}\n\n");
+        assert_eq!(
+            stream_opening(&AnthropicMessages, overflow.as_bytes()),
+            Opening::Overflow
+        );
+        let output = format!("{start}event: content_block_start\ndata: {{\"type\":\"content_block_start\",\"index\":0}}\n\n");
+        assert_eq!(
+            stream_opening(&AnthropicMessages, output.as_bytes()),
+            Opening::Relay
+        );
+        let busy = format!("{start}event: error\ndata: {{\"type\":\"error\",\"error\":{{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}}}\n\n");
+        assert_eq!(
+            stream_opening(&AnthropicMessages, busy.as_bytes()),
+            Opening::Relay
+        );
     }
 
     #[test]
