@@ -473,6 +473,47 @@ mod tests {
     }
 
     #[test]
+    fn with_thinking_the_open_loop_keeps_its_thinking_turn() {
+        let tool = |id: &str, thinking: bool| {
+            let mut content = vec![json!({"type": "tool_use", "id": id, "name": "f", "input": {}})];
+            if thinking {
+                content.insert(
+                    0,
+                    json!({"type": "thinking", "thinking": "t", "signature": "s"}),
+                );
+            }
+            json!({"role": "assistant", "content": content})
+        };
+        let result = |id: &str| json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": "r"}]});
+        let messages = json!([
+            {"role": "user", "content": "first task"},
+            tool("a", true), result("a"),
+            {"role": "assistant", "content": "done"},
+            {"role": "user", "content": "second task"},
+            tool("b", true), result("b"),
+            tool("c", false), result("c"),
+        ]);
+        let body = |thinking: bool| {
+            let mut body = json!({"model": "claude", "max_tokens": 10, "messages": messages});
+            if thinking {
+                body["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
+            }
+            parse(body).unwrap()
+        };
+        let on = body(true);
+        let m = &on.messages;
+        // Closed loop: any assistant start is fine.
+        assert!(AnthropicMessages.may_cut_at(&on, m, 1));
+        // The open loop's first turn carries its thinking: it may open the recent part.
+        assert!(AnthropicMessages.may_cut_at(&on, m, 5));
+        // Its later turn has none: cutting there would drop the loop's thinking.
+        assert!(!AnthropicMessages.may_cut_at(&on, m, 7));
+        assert!(AnthropicMessages.may_cut_at(&on, m, 4));
+        let off = body(false);
+        assert!(AnthropicMessages.may_cut_at(&off, &off.messages, 7));
+    }
+
+    #[test]
     fn usage_counts_cached_input() {
         let usage = json!({"input_tokens": 10, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 5, "output_tokens": 3});
         assert_eq!(AnthropicMessages.input_tokens(&usage), Some(115));
