@@ -14,33 +14,12 @@ use hyper::body::Incoming;
 use crate::body::{full, ProxyBody};
 use crate::capture::{ReplyCapture, ReplyTarget};
 use crate::error::ApiError;
-use crate::forward::{is_event_stream, relay, relay_after};
+use crate::forward::relay_after;
 use crate::relay::Observer;
 use crate::upstream::Upstream;
 
 /// Largest non-streamed reply read (and logged) before it is answered.
 const MAX_JSON_REPLY: usize = 64 * 1024 * 1024;
-
-/// Answers `response`, logging its reply into `target` on the way.
-pub async fn answer(
-    upstream: &Upstream,
-    response: Response<Incoming>,
-    target: ReplyTarget,
-) -> Response<ProxyBody> {
-    if !response.status().is_success() {
-        return relay(upstream, response, None);
-    }
-    if is_event_stream(response.headers()) {
-        let observer: Box<dyn Observer> = Box::new(ReplyCapture::start(target));
-        return relay(upstream, response, Some(observer));
-    }
-    let dialect = target.dialect;
-    let (head, incoming) = response.into_parts();
-    match read_reply(incoming, upstream.read_timeout()).await {
-        Ok(body) => answer_read(head, body, target).await,
-        Err(err) => err.into_response_for(dialect),
-    }
-}
 
 /// Relays a stream whose `opening` was already read, logging its reply on the way.
 pub fn answer_stream(

@@ -1,0 +1,238 @@
+//! Stage 5: the view goes upstream, and the answer is read as far as deciding on it
+//! needs. A context-length answer that reached no client byte (an error body, a reply
+//! that stopped for the window, an error event opening a stream) becomes a tighter
+//! compaction and a retry; anything else goes on to stage 6.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use http::Response;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::{Body, Incoming};
+
+use super::{reply, Exchange, Halt};
+use crate::access_log::RequestLog;
+use crate::body::{full, ProxyBody};
+use crate::capture::ReplyTarget;
+use crate::compaction::service::Fitted;
+use crate::compaction::Reason;
+use crate::conversation::Tracked;
+use crate::dialect::{stream_opening, Opening};
+use crate::error::ApiError;
+use crate::forward::{is_event_stream, relay, send_timed, upstream_request};
+use crate::projection::ModelView;
+
+/// Largest upstream error body read to look for a context-length error.
+const MAX_ERROR_BODY: usize = 1024 * 1024;
+
+/// How much each reactive retry tightens the budget.
+const REACTIVE_TIGHTEN: f64 = 0.8;
+
+impl Exchange<'_> {
+    /// Stage 5: sends the view; a context-length answer, while nothing has reached the
+    /// client, becomes a tighter compaction and a retry. Then stage 6 answers.
+    pub(super) async fn send(
+        &self,
+        fitted: Fitted<'_>,
+        log: &mut RequestLog,
+    ) -> Result<Response<ProxyBody>, Halt> {
+        let Fitted {
+            mut view,
+            mut estimate,
+        } = fitted;
+        let tracked = self.tracked()?;
+        let upstream = self.upstream();
+        let mut retries = 0;
+        loop {
+            let body = view
+                .render_body(&self.body)
+                .map_err(|err| ApiError::internal(err.to_string()))?;
+            let request = upstream_request(
+                upstream,
+                self.parts.method.clone(),
+                &self.parts.uri,
+                self.parts.headers.clone(),
+                full(body),
+            )?;
+            tracing::debug!(conversation = %tracked.id, generation = ?view.generation(), "sending the view upstream");
+            let response = send_timed(upstream, request, log).await?;
+
+            let reactive = self
+                .budget
+                .as_ref()
+                .filter(|_| retries < self.snap.config.compaction.max_retries);
+            let dialect = self.chat.dialect();
+            let (head, error_body) = match self.inspect(response).await? {
+                // An error that is not about the window goes back to the client as it came.
+                Inspected::Refused(head, body) if !dialect.is_overflow(&json_of(&body)) => {
+                    return Err(Halt::Respond(Box::new(reply::buffered(head, body))));
+                }
+                Inspected::Refused(head, body) => (head, body),
+                Inspected::Read(head, body) if dialect.reply_overflowed(&json_of(&body)) => {
+                    (head, body)
+                }
+                Inspected::Read(head, body) => {
+                    let target = self.target(tracked, estimate, &view);
+                    return Ok(reply::answer_read(head, body, target).await);
+                }
+                Inspected::Stream {
+                    head,
+                    opening,
+                    rest,
+                    overflowed,
+                } => {
+                    if overflowed && reactive.is_some() {
+                        // Nothing reached the client yet: the rest is dropped, not relayed.
+                        drop(rest);
+                        (head, opening)
+                    } else {
+                        let target = self.target(tracked, estimate, &view);
+                        return Ok(reply::answer_stream(upstream, head, opening, rest, target));
+                    }
+                }
+                // A 5xx: no reply to log, relayed as it arrives.
+                Inspected::Passed(response) => return Ok(relay(upstream, response, None)),
+            };
+            let Some(budget) = reactive else {
+                return Err(Halt::Respond(Box::new(reply::buffered(head, error_body))));
+            };
+            retries += 1;
+            // The view that was refused was under the trigger, or it would have been
+            // compacted: tighten from its size, not from a window that proved wrong.
+            let refused_at = estimate.map_or(budget.threshold, |sent| sent.min(budget.threshold));
+            let tightened = (refused_at as f64 * REACTIVE_TIGHTEN.powi(retries as i32)) as u64;
+            tracing::warn!(conversation = %tracked.id, retry = retries, threshold = tightened, "upstream reported context length exceeded; compacting and retrying");
+            let job = self.job(
+                tracked,
+                budget,
+                tightened,
+                Reason::ContextLengthExceeded,
+                view.generation(),
+            );
+            match self.state.compactor.compact(&job).await {
+                Ok(compacted) => {
+                    estimate = Some(compacted.estimate(
+                        &self.state.tokens,
+                        budget.tokenizer(),
+                        budget.tools_tokens,
+                    ));
+                    view = compacted;
+                }
+                Err(err) => {
+                    tracing::warn!(conversation = %tracked.id, error = %err, "reactive compaction failed; returning the upstream's error");
+                    return Err(Halt::Respond(Box::new(reply::buffered(head, error_body))));
+                }
+            }
+        }
+    }
+
+    /// Reads what must be read of an answer before deciding on it: an error body, and a
+    /// whole non-streamed reply (logged before it is answered anyway).
+    async fn inspect(&self, response: Response<Incoming>) -> Result<Inspected, Halt> {
+        let status = response.status();
+        if status.is_client_error() {
+            let (head, incoming) = response.into_parts();
+            let body = Limited::new(incoming, MAX_ERROR_BODY)
+                .collect()
+                .await
+                .map_err(|err| ApiError::bad_gateway(format!("reading the upstream error: {err}")))?
+                .to_bytes();
+            return Ok(Inspected::Refused(head, body));
+        }
+        if !status.is_success() {
+            return Ok(Inspected::Passed(response));
+        }
+        if is_event_stream(response.headers()) {
+            let (head, rest) = response.into_parts();
+            return self.open_stream(head, rest).await;
+        }
+        let (head, incoming) = response.into_parts();
+        let body = reply::read_reply(incoming, self.upstream().read_timeout()).await?;
+        Ok(Inspected::Read(head, body))
+    }
+
+    /// Reads a stream's opening, up to its first output event: an overflow error there
+    /// can still be retried, because nothing has reached the client.
+    async fn open_stream(
+        &self,
+        head: http::response::Parts,
+        mut rest: Incoming,
+    ) -> Result<Inspected, Halt> {
+        let dialect = self.chat.dialect();
+        let idle = self.upstream().read_timeout();
+        let mut opening = BytesMut::new();
+        let overflowed = loop {
+            match stream_opening(dialect, &opening) {
+                Opening::Overflow => break true,
+                Opening::Relay => break false,
+                Opening::NeedMore if rest.is_end_stream() => break false,
+                Opening::NeedMore => {}
+            }
+            let frame = match tokio::time::timeout(idle, rest.frame()).await {
+                Err(_) => {
+                    return Err(ApiError::gateway_timeout(format!(
+                        "upstream sent nothing for {idle:?} after opening its stream"
+                    ))
+                    .into())
+                }
+                Ok(None) => break false,
+                Ok(Some(Err(err))) => {
+                    return Err(ApiError::bad_gateway(format!(
+                        "upstream cut its stream at the start: {err}"
+                    ))
+                    .into())
+                }
+                Ok(Some(Ok(frame))) => frame,
+            };
+            if let Some(data) = frame.data_ref() {
+                opening.extend_from_slice(data);
+            }
+        };
+        Ok(Inspected::Stream {
+            head,
+            opening: opening.freeze(),
+            rest,
+            overflowed,
+        })
+    }
+
+    /// Where this request's reply is logged.
+    fn target(
+        &self,
+        tracked: &Tracked,
+        estimate: Option<u64>,
+        view: &ModelView<'_>,
+    ) -> ReplyTarget {
+        ReplyTarget {
+            tracker: Arc::clone(&self.state.tracker),
+            parent: tracked.head(),
+            id: tracked.id.clone(),
+            model: self.chat.model.clone(),
+            dialect: self.chat.dialect,
+            estimate: estimate.map(|local| (local, view.generation().map(str::to_owned))),
+            required: self.snap.config.store.required,
+            metrics: Arc::clone(&self.state.metrics),
+        }
+    }
+}
+
+/// An upstream answer, read as far as deciding on it needs.
+enum Inspected {
+    /// A 4xx and its body.
+    Refused(http::response::Parts, Bytes),
+    /// A whole non-streamed success.
+    Read(http::response::Parts, Bytes),
+    /// A stream, its opening read: relayed from there unless it opened with an overflow.
+    Stream {
+        head: http::response::Parts,
+        opening: Bytes,
+        rest: Incoming,
+        overflowed: bool,
+    },
+    /// A 5xx, relayed as it arrives.
+    Passed(Response<Incoming>),
+}
+
+fn json_of(body: &Bytes) -> serde_json::Value {
+    serde_json::from_slice(body).unwrap_or_default()
+}
