@@ -168,6 +168,14 @@ async fn an_sdk_agent_compacts_with_summarize_then_extract_across_a_restart() {
     assert!(head.contains(" 2 branches"), "{head}");
     assert!(head.contains(&format!("{} messages", 34 * 4 + 1)), "{head}");
     proxy.assert_verified(&[]);
+
+    // The key (sent as Authorization by the SDK, as x-api-key by the resend) is never
+    // written, in the log of originals or in the proxy's own logs.
+    for (path, bytes) in support::read_tree(&proxy.data_dir()) {
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(!text.contains("sk-ant-agent-test"), "key in {}", path.display());
+    }
+    assert!(!proxy.logs().contains("sk-ant-agent-test"), "key in the logs");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
