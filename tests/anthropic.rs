@@ -173,9 +173,16 @@ async fn an_sdk_agent_compacts_with_summarize_then_extract_across_a_restart() {
     // written, in the log of originals or in the proxy's own logs.
     for (path, bytes) in support::read_tree(&proxy.data_dir()) {
         let text = String::from_utf8_lossy(&bytes);
-        assert!(!text.contains("sk-ant-agent-test"), "key in {}", path.display());
+        assert!(
+            !text.contains("sk-ant-agent-test"),
+            "key in {}",
+            path.display()
+        );
     }
-    assert!(!proxy.logs().contains("sk-ant-agent-test"), "key in the logs");
+    assert!(
+        !proxy.logs().contains("sk-ant-agent-test"),
+        "key in the logs"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
