@@ -18,7 +18,6 @@ use crate::compaction::model_client::UpstreamModelClient;
 use crate::compaction::service::{CompactError, Job};
 use crate::compaction::Reason;
 use crate::conversation::{ConversationId, Tracked};
-use crate::dialect::DialectKind;
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::layout::{find, resolve, ResolveError};
@@ -165,15 +164,11 @@ async fn compact_now(
         }
     }
     tracked.calibration = calibration;
-    let path = match request.dialect {
-        DialectKind::OpenAiChat => "/v1/chat/completions",
-        DialectKind::Anthropic => "/v1/messages",
-    };
     let client = request
         .dialect()
         .summary_client(Arc::new(UpstreamModelClient::new(
             upstream.clone(),
-            PathAndQuery::from_static(path),
+            PathAndQuery::from_static(request.dialect().path()),
             client_headers,
         )));
     let chain = snap.registry.select(&snap.config, &request.model, None);

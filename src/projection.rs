@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -50,6 +49,8 @@ pub struct ViewMessage<'a> {
 pub struct ModelView<'a> {
     /// The request's wire format.
     pub dialect: DialectKind,
+    /// How many leading pinned messages stand for top-level fields: not in the list.
+    pub top_level: usize,
     /// Pinned messages of this request.
     pub pinned: Vec<ViewMessage<'a>>,
     /// The compaction in force, if any.
@@ -117,7 +118,9 @@ impl ModelView<'_> {
             let content = &adopted.record.handoff["content"];
             let shaped = match self.dialect {
                 DialectKind::OpenAiChat => content.is_string(),
-                DialectKind::Anthropic => content.is_string() || content.is_array(),
+                DialectKind::Anthropic | DialectKind::Responses => {
+                    content.is_string() || content.is_array()
+                }
             };
             if !shaped {
                 return Err(ProjectionError::Shape(
@@ -170,9 +173,7 @@ impl ModelView<'_> {
     /// dialect keeps them there.
     pub fn raw_messages(&self) -> Vec<&RawValue> {
         let mut out: Vec<&RawValue> = Vec::with_capacity(self.pinned.len() + self.live.len() + 2);
-        if self.dialect.get().pins_in_messages() {
-            out.extend(self.pinned.iter().map(|m| m.raw));
-        }
+        out.extend(self.pinned.iter().skip(self.top_level).map(|m| m.raw));
         match (&self.compaction, &self.joined) {
             (Some(_), Some(joined)) => out.push(joined),
             (Some(adopted), None) => {
@@ -185,21 +186,21 @@ impl ModelView<'_> {
         out
     }
 
-    /// The request body with this view as `messages`; the client's bytes when the view
-    /// is the request itself.
+    /// The request body with this view as its list (`messages`, `input`); the client's
+    /// bytes when the view is the request itself.
     pub fn render_body(&self, body: &Bytes) -> Result<Bytes, ProjectionError> {
         if self.compaction.is_none() && matches!(self.live, Cow::Borrowed(_)) {
             return Ok(body.clone());
         }
-        #[derive(Deserialize)]
-        struct Span<'b> {
-            #[serde(borrow)]
-            messages: &'b RawValue,
-        }
-        let span: Span<'_> = serde_json::from_slice(body).map_err(ProjectionError::Body)?;
-        // The borrowed RawValue points into `body`; its offset is where the array starts.
-        let start = span.messages.get().as_ptr() as usize - body.as_ptr() as usize;
-        let end = start + span.messages.get().len();
+        let fields: HashMap<String, &RawValue> =
+            serde_json::from_slice(body).map_err(ProjectionError::Body)?;
+        let field = self.dialect.get().list_field();
+        let list = fields
+            .get(field)
+            .ok_or_else(|| ProjectionError::Shape(format!("the request body has no {field:?}")))?;
+        // The borrowed RawValue points into `body`; its offset is where the list starts.
+        let start = list.get().as_ptr() as usize - body.as_ptr() as usize;
+        let end = start + list.get().len();
         let messages = self.raw_messages();
         let size: usize = messages.iter().map(|m| m.get().len() + 1).sum();
         let mut out = Vec::with_capacity(body.len() - (end - start) + size + 2);
@@ -255,6 +256,7 @@ pub fn project_view<'a>(
     });
     ModelView {
         dialect,
+        top_level: request.top_level,
         joined,
         pinned,
         compaction: found,

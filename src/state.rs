@@ -122,7 +122,7 @@ impl Snapshot {
     pub fn dialect_upstream(&self, dialect: DialectKind) -> &Upstream {
         match dialect {
             DialectKind::Anthropic => self.anthropic_upstream.as_ref().unwrap_or(&self.upstream),
-            DialectKind::OpenAiChat => &self.upstream,
+            DialectKind::OpenAiChat | DialectKind::Responses => &self.upstream,
         }
     }
 

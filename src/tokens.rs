@@ -147,8 +147,35 @@ pub fn message_text(message: &Value) -> String {
             text.push('\n');
         }
     };
-    for key in ["role", "name", "tool_call_id", "reasoning_content"] {
+    // Chat fields, then the Responses item fields that carry text the model reads.
+    for key in [
+        "role",
+        "name",
+        "tool_call_id",
+        "reasoning_content",
+        "call_id",
+        "arguments",
+        "input",
+        "encrypted_content",
+    ] {
         push(message.get(key).and_then(Value::as_str).unwrap_or(""));
+    }
+    match message.get("output") {
+        Some(Value::String(output)) => push(output),
+        Some(Value::Array(parts)) => {
+            for part in parts {
+                push_part(part, &mut push);
+            }
+        }
+        _ => {}
+    }
+    for part in message
+        .get("summary")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        push_part(part, &mut push);
     }
     match message.get("content") {
         Some(Value::String(content)) => push(content),

@@ -104,8 +104,9 @@ impl<'a> Tree<'a> {
             .unwrap_or_default()
     }
 
-    /// A chat-completions body for the latest branch as its next request would carry
-    /// it: the latest request's model and pinned messages, then every original.
+    /// A body in the conversation's dialect for the latest branch, as its next request
+    /// would carry it: the latest request's model and pinned messages, then every
+    /// original.
     pub fn latest_request_body(&self) -> Option<String> {
         let tip = self.latest_tip()?;
         let dialect = self.dialect();
@@ -118,6 +119,10 @@ impl<'a> Tree<'a> {
                     || m["content"]
                         .as_array()
                         .is_some_and(|blocks| blocks.iter().any(|b| b["type"] == "tool_use"))
+                    || matches!(
+                        m["type"].as_str(),
+                        Some("function_call" | "custom_tool_call")
+                    )
             })
         });
         if pending_calls {
@@ -130,32 +135,19 @@ impl<'a> Tree<'a> {
                 .to_owned(),
         );
         let pinned = self.pinned_for(&branch);
-        let list = |messages: &[&RawValue]| {
-            messages
-                .iter()
-                .map(|m| m.get())
-                .collect::<Vec<_>>()
-                .join(",")
-        };
-        Some(match dialect {
-            DialectKind::OpenAiChat => {
-                let mut all = pinned;
-                all.extend(messages);
-                format!("{{\"model\":{model},\"messages\":[{}]}}", list(&all))
+        let (top, listed) = pinned.split_at(self.top_level().min(pinned.len()));
+        let list: Vec<&str> = listed.iter().chain(&messages).map(|m| m.get()).collect();
+        let field = dialect.get().list_field();
+        let mut body = format!("{{\"model\":{model},\"{field}\":[{}]", list.join(","));
+        // A pinned message that stands for a top-level field goes back into it.
+        let top_field = dialect.get().top_level_field();
+        if let (Some(name), Some(first)) = (top_field, top.first()) {
+            if let Ok(message) = serde_json::from_str::<serde_json::Value>(first.get()) {
+                body.push_str(&format!(",\"{name}\":{}", message["content"]));
             }
-            DialectKind::Anthropic => {
-                // The pinned message stands for the top-level `system`.
-                let system = pinned
-                    .first()
-                    .and_then(|m| serde_json::from_str::<serde_json::Value>(m.get()).ok())
-                    .map(|m| m["content"].clone())
-                    .unwrap_or(serde_json::Value::Null);
-                format!(
-                    "{{\"model\":{model},\"system\":{system},\"messages\":[{}]}}",
-                    list(&messages)
-                )
-            }
-        })
+        }
+        body.push('}');
+        Some(body)
     }
 
     /// The client's wire format, from its latest request.
@@ -167,11 +159,19 @@ impl<'a> Tree<'a> {
     /// messages first where the dialect keeps them in the list (OpenAI), then every
     /// original of the branch.
     pub fn client_messages(&self, tip: &PrefixDigest) -> Option<Vec<&'a RawValue>> {
-        if self.dialect().get().pins_in_messages() {
-            return self.replay(tip);
-        }
-        let branch = self.branch(tip)?;
-        Some(branch.iter().map(|m| m.message.as_ref()).collect())
+        let top_level = self.top_level();
+        let mut out = self.replay(tip)?;
+        let pinned = self.pinned_for(&self.branch(tip)?).len();
+        out.drain(..top_level.min(pinned));
+        Some(out)
+    }
+
+    /// How many leading pinned messages stand for top-level fields in the latest request.
+    fn top_level(&self) -> usize {
+        self.requests
+            .last()
+            .and_then(|r| r.top_level)
+            .unwrap_or_default()
     }
 
     /// The replayable history ending at `tip`: pinned, then every original of the branch.

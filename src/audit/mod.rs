@@ -168,12 +168,17 @@ impl Audit {
                 )?,
                 Entry::Request(request) => writeln!(
                     out,
-                    "{}  request  model={} stream={} new={} head={}",
+                    "{}  request  model={} stream={} new={} head={}{}",
                     line.at,
                     strip_controls(&request.model),
                     request.stream,
                     request.new_messages,
-                    request.head.map_or("-".to_owned(), |h| h.short(12))
+                    request.head.map_or("-".to_owned(), |h| h.short(12)),
+                    if request.server_held == Some(true) {
+                        "  SERVER-HELD (history kept by the upstream; never rewritten)"
+                    } else {
+                        ""
+                    }
                 )?,
             }
         }

@@ -145,6 +145,14 @@ pub struct RequestLine {
     /// lines written before dialects, which were all OpenAI chat.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dialect: Option<String>,
+    /// How many leading pinned messages stand for top-level fields (Anthropic's
+    /// `system`, Responses' `instructions`) rather than list items.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_level: Option<usize>,
+    /// True when the upstream holds the conversation (Responses'
+    /// `previous_response_id`): logged, never rewritten.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_held: Option<bool>,
     /// The requested model.
     pub model: String,
     /// Chain digest of the request's last non-pinned message.

@@ -1,6 +1,7 @@
 //! A reply captured from the upstream, in the shape every dialect reduces it to.
 
 use serde_json::value::RawValue;
+use serde_json::Value;
 
 /// One reply choice captured from the upstream.
 #[derive(Debug, Clone)]
@@ -11,4 +12,19 @@ pub struct CapturedReply {
     pub finish_reason: Option<String>,
     /// The choice index.
     pub choice: u64,
+}
+
+/// What a dialect reads out of one response.
+#[derive(Debug, Default)]
+pub struct Assembled {
+    /// The replies: alternative choices, or consecutive items (`sequence`).
+    pub replies: Vec<CapturedReply>,
+    /// The upstream's `usage`, if it sent one.
+    pub usage: Option<Value>,
+    /// True when the replies follow one another (Responses output items), each the
+    /// parent of the next; false when they are alternatives (chat `n > 1`).
+    pub sequence: bool,
+    /// The upstream's id of the response, where later requests may name it
+    /// (Responses' `previous_response_id`).
+    pub response_id: Option<String>,
 }

@@ -13,14 +13,13 @@ mod stream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
-
 pub use stream::ReplyCapture;
 
 use crate::base::digest::PrefixDigest;
 use crate::base::outcome::Outcome;
+use crate::base::reply::Assembled;
 use crate::compaction::budget::Calibration;
-use crate::conversation::{CapturedReplies, CapturedReply, ConversationId, Tracker};
+use crate::conversation::{CapturedReplies, ConversationId, Tracker};
 use crate::dialect::DialectKind;
 use crate::metrics::{Metrics, REPLIES_UNLOGGED};
 use crate::relay::RelayError;
@@ -51,12 +50,13 @@ pub struct ReplyTarget {
 impl ReplyTarget {
     /// Logs `replies`. `Err` only when they could not be logged and the store is
     /// required; otherwise a failure is warned about, counted, and the reply relayed.
-    pub async fn log(
-        self,
-        replies: Vec<CapturedReply>,
-        usage: Option<Value>,
-        ended: Outcome,
-    ) -> Result<(), RelayError> {
+    pub async fn log(self, assembled: Assembled, ended: Outcome) -> Result<(), RelayError> {
+        let Assembled {
+            replies,
+            usage,
+            sequence,
+            response_id,
+        } = assembled;
         if replies.is_empty() {
             return Ok(());
         }
@@ -80,6 +80,8 @@ impl ReplyTarget {
             usage,
             calibration,
             replies,
+            sequence,
+            response_id,
             incomplete: (!complete).then_some(ended),
         };
         let written =
@@ -112,7 +114,7 @@ impl ReplyTarget {
     /// Logs a non-streamed reply, read whole.
     pub async fn log_json(self, body: &[u8]) -> Result<(), RelayError> {
         match self.dialect.get().replies_from_json(body) {
-            Ok((replies, usage)) => self.log(replies, usage, Outcome::Complete).await,
+            Ok(assembled) => self.log(assembled, Outcome::Complete).await,
             Err(err) => {
                 // Not a reply of the dialect (a proxy's own answer, a new API shape): there is no
                 // reply to log, which is not a storage failure.

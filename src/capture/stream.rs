@@ -79,8 +79,7 @@ impl Observer for ReplyCapture {
                     Ok(assembler) => assembler,
                     Err(err) => return target.unlogged("capture_failed", &err.to_string()),
                 };
-                let (replies, usage) = assembler.finish();
-                target.log(replies, usage, outcome).await
+                target.log(assembler.finish(), outcome).await
             }
             .boxed(),
         )
@@ -103,21 +102,29 @@ fn ends_stream(end: StreamEnd, carry: &[u8], data: &[u8]) -> bool {
         joined = [carry, data].concat();
         &joined
     };
-    let mut from = 0;
-    while let Some(at) = find(&bytes[from..], end.value).map(|i| i + from) {
-        let before = &bytes[..at];
-        let field = before
-            .strip_suffix(b" ")
-            .unwrap_or(before)
-            .strip_suffix(end.field);
-        if let Some(line_start) = field {
-            if line_start.is_empty() || line_start.ends_with(b"\n") || line_start.ends_with(b"\r") {
-                return true;
+    end.values.iter().any(|value| {
+        let mut from = 0;
+        while let Some(at) = find(&bytes[from..], value).map(|i| i + from) {
+            let before = &bytes[..at];
+            let field = before
+                .strip_suffix(b" ")
+                .unwrap_or(before)
+                .strip_suffix(end.field);
+            let after = bytes.get(at + value.len());
+            // The value is the whole rest of its line (`response.completed`, not a prefix).
+            let whole = after.is_none_or(|b| *b == b'\n' || *b == b'\r');
+            if let Some(line_start) = field {
+                let at_line_start = line_start.is_empty()
+                    || line_start.ends_with(b"\n")
+                    || line_start.ends_with(b"\r");
+                if at_line_start && whole {
+                    return true;
+                }
             }
+            from = at + value.len();
         }
-        from = at + end.value.len();
-    }
-    false
+        false
+    })
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
@@ -153,7 +160,7 @@ mod tests {
 
     const OPENAI: StreamEnd = StreamEnd {
         field: b"data:",
-        value: b"[DONE]",
+        values: &[b"[DONE]"],
     };
 
     #[test]

@@ -24,6 +24,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{request, Request, Response};
+use handoff_plugin_api::ModelClient;
 use hyper::body::Incoming;
 
 pub use admit::STRATEGY_HEADER;
@@ -40,6 +41,7 @@ use crate::conversation::{identify, ConversationId, Tracked, CONVERSATION_HEADER
 use crate::dialect::{ChatRequest, DialectKind};
 use crate::error::ApiError;
 use crate::forward::forward;
+use crate::config::ModelApi;
 use crate::state::{AppState, Snapshot};
 use crate::upstream::Upstream;
 
@@ -130,7 +132,10 @@ impl<'s> Exchange<'s> {
         let chosen = admit::strategy_override(&snap, &parts.headers)?;
         let chain = snap.registry.select(&snap.config, &chat.model, chosen);
         admission.check_model(&chat.model)?;
-        let budget = RequestBudget::new(&snap.config, &chat, &state.tokens);
+        // A server-held conversation is the upstream's to manage: never rewritten.
+        let budget = (!chat.server_held)
+            .then(|| RequestBudget::new(&snap.config, &chat, &state.tokens))
+            .flatten();
         if let Some(budget) = budget.as_ref().filter(|b| b.input_budget == 0) {
             // A reserve as large as the window leaves nothing to compact into: refusing
             // beats a compaction that a client's max_tokens alone would force.
@@ -176,6 +181,19 @@ impl<'s> Exchange<'s> {
                 )
             })?),
         };
+        if let (None, Some(continues)) = (header, &self.chat.continues) {
+            // A stateful Responses request joins the conversation that logged the
+            // response it continues; else it gets one named after what it continues.
+            if let Some(id) = self
+                .state
+                .tracker
+                .conversation_of_response(&admission.tenant, continues)
+            {
+                return Ok(id);
+            }
+            let digest = crate::base::digest::message_digest(&serde_json::json!(continues));
+            return Ok(ConversationId::derived(admission.tenant, &digest));
+        }
         identify(admission.tenant, header, &self.chat).map_err(|err| {
             ApiError::invalid_request(
                 "invalid_conversation_id",
@@ -238,18 +256,29 @@ impl<'s> Exchange<'s> {
         reason: Reason,
         seen_generation: Option<&str>,
     ) -> Job<'e> {
-        let path = self
-            .parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/v1/chat/completions"));
-        let raw = Arc::new(UpstreamModelClient::new(
+        let dialect = self.chat.dialect();
+        // `[models."M"] api = "chat"`: the summary model speaks chat completions even
+        // when the conversation does not.
+        let chat_summary = self
+            .snap
+            .config
+            .model(&budget.info.summary_model)
+            .is_some_and(|m| m.api == Some(ModelApi::Chat));
+        let path = match self.parts.uri.path_and_query() {
+            _ if chat_summary => PathAndQuery::from_static("/v1/chat/completions"),
+            Some(path) => path.clone(),
+            None => PathAndQuery::from_static(dialect.path()),
+        };
+        let raw: Arc<dyn ModelClient> = Arc::new(UpstreamModelClient::new(
             self.upstream().clone(),
             path,
             self.parts.headers.clone(),
         ));
-        let client = self.chat.dialect().summary_client(raw);
+        let client = if chat_summary {
+            raw
+        } else {
+            dialect.summary_client(raw)
+        };
         let mut job = Job::new(
             &self.state.tracker,
             &self.chat,

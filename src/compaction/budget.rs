@@ -164,6 +164,7 @@ mod tests {
             default_output_reserve: reserve,
             reasoning_marker: false,
             compaction: None,
+            api: None,
         }
     }
 

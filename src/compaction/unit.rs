@@ -1,6 +1,9 @@
-//! Units: a user message, or an assistant message with every tool result that answers
-//! its calls (tool messages, or the next user message's `tool_result` blocks). A cut inside a unit would send a tool result without its call, or a call
-//! without its result, and providers answer that with a 400.
+//! Units: a user message, or an assistant turn with every tool result that answers its
+//! calls. A turn is one message (OpenAI, Anthropic) or consecutive items (Responses:
+//! `function_call` items, then their outputs), and a `reasoning` item is glued to the
+//! item after it. A cut inside a unit would send a result without its call, a call
+//! without its result, or reasoning without its item, and providers answer each with
+//! a 400.
 
 use std::collections::HashSet;
 
@@ -21,24 +24,39 @@ pub fn split_into_units(messages: &[Message]) -> Vec<UnitSpan> {
     let mut index = 0;
     while index < messages.len() {
         let start = index;
-        index += 1;
-        if messages[start].role == Role::Assistant {
-            let calls: HashSet<&str> = messages[start].tool_call_ids().collect();
-            // Tool results (OpenAI `tool` messages, an Anthropic user message of
-            // `tool_result` blocks) that answer this turn's calls.
-            while index < messages.len()
-                && messages[index].is_tool_answer()
-                && messages[index]
-                    .answered_ids()
-                    .iter()
-                    .all(|id| calls.contains(id))
-            {
-                index += 1;
-            }
+        index = unit_end(messages, start);
+        // Reasoning binds to what follows it: the unit takes the next one too.
+        while index < messages.len() && messages[index - 1].glues_to_next() {
+            index = unit_end(messages, index);
         }
         units.push(UnitSpan { start, end: index });
     }
     units
+}
+
+/// One past the last message of the unit starting at `start` (before gluing).
+fn unit_end(messages: &[Message], start: usize) -> usize {
+    let mut index = start + 1;
+    if messages[start].role != Role::Assistant {
+        return index;
+    }
+    let mut calls: HashSet<&str> = messages[start].tool_call_ids().collect();
+    let mut answered: HashSet<&str> = HashSet::new();
+    while let Some(next) = messages.get(index) {
+        let pending = calls.iter().any(|id| !answered.contains(id));
+        let answers_this_turn =
+            next.is_tool_answer() && next.answered_ids().iter().all(|id| calls.contains(id));
+        // More calls of the same turn (Responses sends one item per call, and its
+        // reasoning) while earlier calls still wait for their outputs.
+        let same_turn = pending && next.role == Role::Assistant && !next.is_text_message();
+        if !(answers_this_turn || same_turn) {
+            break;
+        }
+        calls.extend(next.tool_call_ids());
+        answered.extend(next.answered_ids());
+        index += 1;
+    }
+    index
 }
 
 #[cfg(test)]
@@ -94,5 +112,28 @@ mod tests {
             .messages;
         let starts: Vec<usize> = split_into_units(&m).iter().map(|u| u.start).collect();
         assert_eq!(starts, vec![0, 1, 3, 4]);
+    }
+
+    #[test]
+    fn responses_calls_outputs_and_reasoning_stay_together() {
+        use crate::dialect::DialectKind;
+        let body = json!({"model": "m", "input": [
+            {"role": "user", "content": "a"},
+            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "x"},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "1"},
+            {"type": "function_call_output", "call_id": "c2", "output": "2"},
+            {"type": "reasoning", "id": "rs_2", "summary": []},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
+            {"role": "user", "content": "b"}
+        ]});
+        let m = DialectKind::Responses
+            .get()
+            .parse(body.to_string().as_bytes())
+            .unwrap()
+            .messages;
+        let starts: Vec<usize> = split_into_units(&m).iter().map(|u| u.start).collect();
+        assert_eq!(starts, vec![0, 1, 6, 8]);
     }
 }

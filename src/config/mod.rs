@@ -340,6 +340,18 @@ pub struct ModelConfig {
     /// Compaction settings for this model only.
     #[serde(default)]
     pub compaction: Option<ModelCompactionConfig>,
+    /// The API handoff's own summary calls use with this model when it is the summary
+    /// model; the conversation's own API when unset.
+    #[serde(default)]
+    pub api: Option<ModelApi>,
+}
+
+/// An API a model can be called with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelApi {
+    /// Chat completions.
+    Chat,
 }
 
 /// `[models."<m>".compaction]`.

@@ -193,8 +193,12 @@ pub struct CapturedReplies {
     pub usage: Option<Value>,
     /// The calibration this response supports, if any.
     pub calibration: Option<Calibration>,
-    /// The choices.
+    /// The choices, or consecutive items when `sequence`.
     pub replies: Vec<CapturedReply>,
+    /// True when each reply follows the one before (Responses output items).
+    pub sequence: bool,
+    /// The upstream's id of the response, for `previous_response_id` lookups.
+    pub response_id: Option<String>,
     /// How the response ended when it was cut short; `None` when it was complete.
     pub incomplete: Option<Outcome>,
 }
@@ -203,6 +207,9 @@ pub struct CapturedReplies {
 pub struct Tracker {
     store: Arc<dyn Store>,
     cache: moka::future::Cache<ConversationId, Arc<ConversationEntry>>,
+    /// Responses' response ids to the conversation that logged them, so a stateful
+    /// request (`previous_response_id`) joins its conversation. In memory only.
+    responses: moka::sync::Cache<(TenantId, String), ConversationId>,
 }
 
 /// The number of leading system/developer messages.
@@ -244,7 +251,18 @@ impl Tracker {
         Self {
             store,
             cache: moka::future::Cache::new(capacity),
+            responses: moka::sync::Cache::new(capacity.saturating_mul(4)),
         }
+    }
+
+    /// The conversation that logged the response `response_id`, if this process saw it.
+    pub fn conversation_of_response(
+        &self,
+        tenant: &TenantId,
+        response_id: &str,
+    ) -> Option<ConversationId> {
+        self.responses
+            .get(&(tenant.clone(), response_id.to_owned()))
     }
 
     /// The store behind this tracker.
@@ -341,6 +359,8 @@ impl Tracker {
         lines.push(Line::now(Entry::Request(RequestLine {
             dialect: (request.dialect != DialectKind::OpenAiChat)
                 .then(|| request.dialect.name().to_owned()),
+            top_level: (request.top_level > 0).then_some(request.top_level),
+            server_held: request.server_held.then_some(true),
             model: request.model.clone(),
             head: prefix.last().copied(),
             pinned: pinned_set,
@@ -372,21 +392,29 @@ impl Tracker {
     ) -> Result<(), StoreError> {
         let entry = self.entry(id).await?;
         let mut state = entry.state.lock().await;
-        let parent = batch.parent;
+        if let Some(response) = &batch.response_id {
+            self.responses
+                .insert((id.tenant().clone(), response.clone()), id.clone());
+        }
+        let mut parent = batch.parent;
         let mut lines = Vec::with_capacity(batch.replies.len());
         let mut added = Vec::with_capacity(batch.replies.len());
         for reply in batch.replies {
             let value: Value = serde_json::from_str(reply.message.get())?;
             let message_digest = message_digest(&value);
             let digest = chain(parent.as_ref(), &message_digest);
-            if state.known.contains(&digest) || added.iter().any(|(d, _, _)| *d == digest) {
+            let this_parent = parent;
+            if batch.sequence {
+                parent = Some(digest);
+            }
+            if state.known.contains(&digest) || added.iter().any(|(d, _, _, _)| *d == digest) {
                 // The same reply twice (a cached answer, n > 1 with equal choices).
                 continue;
             }
-            added.push((digest, message_digest, value));
+            added.push((digest, message_digest, value, this_parent));
             lines.push(Line::now(Entry::Message(MessageLine {
                 digest,
-                parent,
+                parent: this_parent,
                 message_digest,
                 source: Source::Upstream,
                 model: batch.model.clone(),
@@ -401,7 +429,7 @@ impl Tracker {
         if !lines.is_empty() {
             self.store.append(id, lines).await?;
         }
-        for (digest, message_digest, value) in added {
+        for (digest, message_digest, value, parent) in added {
             state.known.insert(digest);
             state.remember_echo(parent, &value, message_digest, digest);
         }

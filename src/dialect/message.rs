@@ -164,8 +164,23 @@ impl Message {
         Ok(Self { role, value, raw })
     }
 
+    /// The Responses item type (`function_call`, `reasoning`, …), if it has one.
+    pub fn item_type(&self) -> Option<&str> {
+        self.value.get("type").and_then(Value::as_str)
+    }
+
+    /// True for a Responses `reasoning` item, which must travel with the item after it.
+    pub fn glues_to_next(&self) -> bool {
+        self.item_type() == Some("reasoning")
+    }
+
+    /// True for a message of text (any dialect), as opposed to a call or a reasoning item.
+    pub fn is_text_message(&self) -> bool {
+        matches!(self.item_type(), None | Some("message"))
+    }
+
     /// The ids of the tools this message calls: OpenAI `tool_calls`, Anthropic
-    /// `tool_use` blocks.
+    /// `tool_use` blocks, a Responses `function_call`/`custom_tool_call` item.
     pub fn tool_call_ids(&self) -> impl Iterator<Item = &str> {
         let openai = self
             .value
@@ -176,7 +191,10 @@ impl Message {
             .filter_map(|call| call.get("id").and_then(Value::as_str));
         let anthropic = blocks(&self.value, "tool_use")
             .filter_map(|block| block.get("id").and_then(Value::as_str));
-        openai.chain(anthropic)
+        let item = matches!(self.item_type(), Some("function_call" | "custom_tool_call"))
+            .then(|| self.value.get("call_id").and_then(Value::as_str))
+            .flatten();
+        openai.chain(anthropic).chain(item)
     }
 
     /// True for an assistant message that calls tools.
@@ -193,6 +211,12 @@ impl Message {
     /// `tool_use_id` of each Anthropic `tool_result` block.
     pub fn answered_ids(&self) -> Vec<&str> {
         let mut ids: Vec<&str> = self.tool_call_id().into_iter().collect();
+        if matches!(
+            self.item_type(),
+            Some("function_call_output" | "custom_tool_call_output")
+        ) {
+            ids.extend(self.value.get("call_id").and_then(Value::as_str));
+        }
         ids.extend(
             blocks(&self.value, "tool_result")
                 .filter_map(|block| block.get("tool_use_id").and_then(Value::as_str)),

@@ -7,6 +7,7 @@
 pub mod anthropic;
 mod message;
 pub mod openai;
+pub mod responses;
 
 use std::sync::Arc;
 
@@ -17,7 +18,7 @@ use serde_json::Value;
 pub use message::{DialectError, Message, Role};
 pub use openai::check_tool_pairs;
 
-use crate::base::reply::CapturedReply;
+use crate::base::reply::Assembled;
 use crate::error::ApiError;
 
 /// The wire formats handoff understands.
@@ -28,6 +29,8 @@ pub enum DialectKind {
     OpenAiChat,
     /// Anthropic Messages, `POST …/v1/messages`.
     Anthropic,
+    /// OpenAI Responses, `POST …/v1/responses`.
+    Responses,
 }
 
 impl DialectKind {
@@ -36,6 +39,7 @@ impl DialectKind {
         match self {
             DialectKind::OpenAiChat => &openai::OpenAiChat,
             DialectKind::Anthropic => &anthropic::AnthropicMessages,
+            DialectKind::Responses => &responses::OpenAiResponses,
         }
     }
 
@@ -44,6 +48,7 @@ impl DialectKind {
         match self {
             DialectKind::OpenAiChat => "openai",
             DialectKind::Anthropic => "anthropic",
+            DialectKind::Responses => "responses",
         }
     }
 
@@ -51,6 +56,7 @@ impl DialectKind {
     pub fn from_name(name: Option<&str>) -> Self {
         match name {
             Some("anthropic") => DialectKind::Anthropic,
+            Some("responses") => DialectKind::Responses,
             _ => DialectKind::OpenAiChat,
         }
     }
@@ -71,6 +77,8 @@ impl DialectKind {
             Some(DialectKind::OpenAiChat)
         } else if path.ends_with("/v1/messages") {
             Some(DialectKind::Anthropic)
+        } else if path.ends_with("/v1/responses") {
+            Some(DialectKind::Responses)
         } else {
             None
         }
@@ -87,6 +95,15 @@ pub struct ChatRequest {
     /// Pinned messages first (OpenAI's leading system messages, Anthropic's top-level
     /// `system` as one system message), then the conversation in order.
     pub messages: Vec<Message>,
+    /// How many leading pinned messages stand for top-level fields (`system`,
+    /// `instructions`): tracked and counted, never rendered into the list.
+    pub top_level: usize,
+    /// True when the upstream holds the conversation (`previous_response_id`,
+    /// `conversation`): tracked and logged, never rewritten.
+    pub server_held: bool,
+    /// What a server-held request continues: its `previous_response_id`, else its
+    /// `conversation` id.
+    pub continues: Option<String>,
     /// The `tools` schemas, raw.
     pub tools: Option<Box<RawValue>>,
     /// True when the client asked for SSE.
@@ -115,16 +132,17 @@ pub trait StreamReply: Send {
     fn push(&mut self, event: &str, data: &str);
 
     /// The assembled replies and the usage, in the non-streamed shape.
-    fn finish(self: Box<Self>) -> (Vec<CapturedReply>, Option<Value>);
+    fn finish(self: Box<Self>) -> Assembled;
 }
 
-/// The line that ends a stream: `field: value` at the start of a line.
+/// The lines that end a stream: `field: value` at the start of a line, for any of
+/// `values`.
 #[derive(Debug, Clone, Copy)]
 pub struct StreamEnd {
     /// The SSE field, e.g. `data:`.
     pub field: &'static [u8],
-    /// Its value, e.g. `[DONE]`.
-    pub value: &'static [u8],
+    /// Its values, e.g. `[DONE]`.
+    pub values: &'static [&'static [u8]],
 }
 
 /// What the opening bytes of a streamed answer say.
@@ -162,17 +180,9 @@ pub fn stream_opening(dialect: &dyn Dialect, head: &[u8]) -> Opening {
         let Ok(json) = serde_json::from_str::<Value>(&data.join("\n")) else {
             return Opening::Relay;
         };
-        let is_error = json.get("error").is_some_and(|e| !e.is_null())
-            || json.get("type").and_then(Value::as_str) == Some("error");
-        if is_error {
-            return if dialect.is_overflow(&json) {
-                Opening::Overflow
-            } else {
-                Opening::Relay
-            };
-        }
-        if !dialect.stream_preamble(&json) {
-            return Opening::Relay;
+        match dialect.opening_event(&json) {
+            Opening::NeedMore => {}
+            decided => return decided,
         }
     }
     if head.len() > OPENING_LIMIT {
@@ -186,6 +196,9 @@ pub fn stream_opening(dialect: &dyn Dialect, head: &[u8]) -> Opening {
 pub trait Dialect: Send + Sync {
     /// Which one this is.
     fn kind(&self) -> DialectKind;
+
+    /// The path a request of this dialect is posted to, for calls handoff makes itself.
+    fn path(&self) -> &'static str;
 
     /// Parses and checks a request body; the error says where it went wrong.
     fn parse(&self, body: &[u8]) -> Result<ChatRequest, DialectError>;
@@ -215,8 +228,16 @@ pub trait Dialect: Send + Sync {
         None
     }
 
-    /// True when pinned messages are part of `messages` (not a top-level field).
-    fn pins_in_messages(&self) -> bool;
+    /// The top-level field a leading pinned message stands for (`system`,
+    /// `instructions`), if the dialect has one.
+    fn top_level_field(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The body field that holds the message list (`messages`, `input`).
+    fn list_field(&self) -> &'static str {
+        "messages"
+    }
 
     /// handoff's own error, in the API's error shape.
     fn error_json(&self, err: &ApiError) -> Value;
@@ -224,11 +245,21 @@ pub trait Dialect: Send + Sync {
     /// True when an error body says the input exceeded the model's window.
     fn is_overflow(&self, body: &Value) -> bool;
 
-    /// True for a streamed event that comes before any output (Anthropic's
-    /// `message_start`, `ping`): the opening of a stream is read past these to see
-    /// whether it is an overflow error.
-    fn stream_preamble(&self, _event: &Value) -> bool {
-        false
+    /// What one event at the opening of a stream says: an error event is an overflow
+    /// or not; a preamble event (Anthropic's `message_start`, `ping`) needs more;
+    /// anything else is output.
+    fn opening_event(&self, event: &Value) -> Opening {
+        let is_error = event.get("error").is_some_and(|e| !e.is_null())
+            || event.get("type").and_then(Value::as_str) == Some("error");
+        if is_error {
+            if self.is_overflow(event) {
+                Opening::Overflow
+            } else {
+                Opening::Relay
+            }
+        } else {
+            Opening::Relay
+        }
     }
 
     /// True when a successful, non-streamed reply stopped because the window was full.
@@ -237,10 +268,7 @@ pub trait Dialect: Send + Sync {
     }
 
     /// The replies of a non-streamed response, each message exactly as sent, and usage.
-    fn replies_from_json(
-        &self,
-        body: &[u8],
-    ) -> Result<(Vec<CapturedReply>, Option<Value>), serde_json::Error>;
+    fn replies_from_json(&self, body: &[u8]) -> Result<Assembled, serde_json::Error>;
 
     /// A fresh assembler for a streamed response.
     fn stream_reply(&self) -> Box<dyn StreamReply>;

@@ -180,6 +180,7 @@ fn eval_config(mut config: Config, options: &EvalOptions, replays: &[Replay]) ->
                 default_output_reserve: None,
                 reasoning_marker: false,
                 compaction: None,
+                api: None,
             });
             entry.context_window = window;
         }
@@ -366,6 +367,8 @@ impl Replayer {
                 calibration,
                 replies: vec![reply.clone()],
                 incomplete: None,
+                sequence: false,
+                response_id: None,
             };
             tracker
                 .record_replies(id, batch)

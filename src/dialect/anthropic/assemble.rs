@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use crate::base::reply::CapturedReply;
+use crate::base::reply::{Assembled, CapturedReply};
 use crate::dialect::StreamReply;
 
 #[derive(Deserialize)]
@@ -22,22 +22,21 @@ struct Reply<'a> {
 }
 
 /// The reply of a non-streamed message, its content blocks byte for byte.
-pub fn replies_from_json(
-    body: &[u8],
-) -> Result<(Vec<CapturedReply>, Option<Value>), serde_json::Error> {
+pub fn replies_from_json(body: &[u8]) -> Result<Assembled, serde_json::Error> {
     let reply: Reply<'_> = serde_json::from_slice(body)?;
     let message = RawValue::from_string(format!(
         r#"{{"role":"assistant","content":{}}}"#,
         reply.content.get()
     ))?;
-    Ok((
-        vec![CapturedReply {
+    Ok(Assembled {
+        replies: vec![CapturedReply {
             message,
             finish_reason: reply.stop_reason,
             choice: 0,
         }],
-        reply.usage,
-    ))
+        usage: reply.usage,
+        ..Assembled::default()
+    })
 }
 
 /// One content block being built, and the `input_json_delta` text of a tool call.
@@ -125,7 +124,7 @@ impl StreamReply for MessageAssembler {
         }
     }
 
-    fn finish(self: Box<Self>) -> (Vec<CapturedReply>, Option<Value>) {
+    fn finish(self: Box<Self>) -> Assembled {
         let Self {
             started,
             blocks,
@@ -134,7 +133,10 @@ impl StreamReply for MessageAssembler {
         } = *self;
         let usage = (!usage.is_empty()).then_some(Value::Object(usage));
         if !started {
-            return (Vec::new(), usage);
+            return Assembled {
+                usage,
+                ..Assembled::default()
+            };
         }
         let content: Vec<Value> = blocks
             .into_values()
@@ -157,7 +159,11 @@ impl StreamReply for MessageAssembler {
             })
             .into_iter()
             .collect();
-        (replies, usage)
+        Assembled {
+            replies,
+            usage,
+            ..Assembled::default()
+        }
     }
 }
 
@@ -181,7 +187,7 @@ mod tests {
         ] {
             assembler.push("", data);
         }
-        let (replies, usage) = assembler.finish();
+        let Assembled { replies, usage, .. } = assembler.finish();
         let message: Value = serde_json::from_str(replies[0].message.get()).unwrap();
         assert_eq!(
             message,
@@ -199,7 +205,7 @@ mod tests {
     #[test]
     fn a_json_reply_keeps_its_bytes() {
         let body = br#"{"id":"m","content":[{"type":"text","text":"hi","citations":null}],"stop_reason":"end_turn","usage":{"input_tokens":3}}"#;
-        let (replies, usage) = replies_from_json(body).unwrap();
+        let Assembled { replies, usage, .. } = replies_from_json(body).unwrap();
         assert_eq!(
             replies[0].message.get(),
             r#"{"role":"assistant","content":[{"type":"text","text":"hi","citations":null}]}"#

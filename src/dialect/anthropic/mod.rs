@@ -20,9 +20,9 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::{
-    ChatRequest, Dialect, DialectError, DialectKind, Message, Role, StreamEnd, StreamReply,
+    ChatRequest, Dialect, DialectError, DialectKind, Message, Opening, Role, StreamEnd, StreamReply,
 };
-use crate::base::reply::CapturedReply;
+use crate::base::reply::Assembled;
 use crate::compaction::handoff::CONTINUATION;
 use crate::error::ApiError;
 
@@ -89,6 +89,10 @@ impl Dialect for AnthropicMessages {
         DialectKind::Anthropic
     }
 
+    fn path(&self) -> &'static str {
+        "/v1/messages"
+    }
+
     fn parse(&self, body: &[u8]) -> Result<ChatRequest, DialectError> {
         let wire: Wire =
             serde_json::from_slice(body).map_err(|err| DialectError::json(API, err))?;
@@ -111,6 +115,7 @@ impl Dialect for AnthropicMessages {
         if let Some(system) = wire.system.as_deref() {
             messages.extend(system_message(system)?);
         }
+        let top_level = messages.len();
         messages.extend(conversation);
         let thinking = wire
             .thinking
@@ -126,6 +131,9 @@ impl Dialect for AnthropicMessages {
             stream: wire.stream.unwrap_or(false),
             max_output: wire.max_tokens,
             thinking,
+            top_level,
+            server_held: false,
+            continues: None,
         })
     }
 
@@ -204,6 +212,10 @@ impl Dialect for AnthropicMessages {
         opens_with_thinking || loop_closes
     }
 
+    fn top_level_field(&self) -> Option<&'static str> {
+        Some("system")
+    }
+
     fn continuation(&self) -> Value {
         json!({"role": "user", "content": [{"type": "text", "text": CONTINUATION}]})
     }
@@ -223,10 +235,6 @@ impl Dialect for AnthropicMessages {
             _ => {}
         }
         Some(json!({"role": "user", "content": content}))
-    }
-
-    fn pins_in_messages(&self) -> bool {
-        false
     }
 
     fn error_json(&self, err: &ApiError) -> Value {
@@ -257,21 +265,19 @@ impl Dialect for AnthropicMessages {
             || crate::compaction::reactive::is_context_length_error(body)
     }
 
-    fn stream_preamble(&self, event: &Value) -> bool {
-        matches!(
-            event.get("type").and_then(Value::as_str),
-            Some("message_start" | "ping")
-        )
+    fn opening_event(&self, event: &Value) -> Opening {
+        match event.get("type").and_then(Value::as_str) {
+            Some("message_start" | "ping") => Opening::NeedMore,
+            Some("error") if self.is_overflow(event) => Opening::Overflow,
+            _ => Opening::Relay,
+        }
     }
 
     fn reply_overflowed(&self, reply: &Value) -> bool {
         reply.get("stop_reason").and_then(Value::as_str) == Some("model_context_window_exceeded")
     }
 
-    fn replies_from_json(
-        &self,
-        body: &[u8],
-    ) -> Result<(Vec<CapturedReply>, Option<Value>), serde_json::Error> {
+    fn replies_from_json(&self, body: &[u8]) -> Result<Assembled, serde_json::Error> {
         assemble::replies_from_json(body)
     }
 
@@ -282,7 +288,7 @@ impl Dialect for AnthropicMessages {
     fn stream_end(&self) -> StreamEnd {
         StreamEnd {
             field: b"event:",
-            value: b"message_stop",
+            values: &[b"message_stop"],
         }
     }
 

@@ -20,7 +20,7 @@ pub use assemble::{AssembledChoice, StreamAssembler};
 use super::{
     ChatRequest, Dialect, DialectError, DialectKind, Message, Role, StreamEnd, StreamReply,
 };
-use crate::base::reply::CapturedReply;
+use crate::base::reply::{Assembled, CapturedReply};
 use crate::error::ApiError;
 
 const API: &str = "chat-completions";
@@ -49,6 +49,10 @@ impl Dialect for OpenAiChat {
         DialectKind::OpenAiChat
     }
 
+    fn path(&self) -> &'static str {
+        "/v1/chat/completions"
+    }
+
     fn parse(&self, body: &[u8]) -> Result<ChatRequest, DialectError> {
         let wire: Wire =
             serde_json::from_slice(body).map_err(|err| DialectError::json(API, err))?;
@@ -67,6 +71,9 @@ impl Dialect for OpenAiChat {
             stream: wire.stream.unwrap_or(false),
             max_output: wire.max_completion_tokens.or(wire.max_tokens),
             thinking: false,
+            top_level: 0,
+            server_held: false,
+            continues: None,
         })
     }
 
@@ -86,10 +93,6 @@ impl Dialect for OpenAiChat {
         }
     }
 
-    fn pins_in_messages(&self) -> bool {
-        true
-    }
-
     fn error_json(&self, err: &ApiError) -> Value {
         json!({
             "error": {
@@ -105,10 +108,7 @@ impl Dialect for OpenAiChat {
         crate::compaction::reactive::is_context_length_error(body)
     }
 
-    fn replies_from_json(
-        &self,
-        body: &[u8],
-    ) -> Result<(Vec<CapturedReply>, Option<Value>), serde_json::Error> {
+    fn replies_from_json(&self, body: &[u8]) -> Result<Assembled, serde_json::Error> {
         replies_from_json(body)
     }
 
@@ -119,7 +119,7 @@ impl Dialect for OpenAiChat {
     fn stream_end(&self) -> StreamEnd {
         StreamEnd {
             field: b"data:",
-            value: b"[DONE]",
+            values: &[b"[DONE]"],
         }
     }
 
@@ -153,9 +153,7 @@ struct CompletionChoice {
 }
 
 /// The choices of a non-streamed completion, each message exactly as sent.
-pub fn replies_from_json(
-    body: &[u8],
-) -> Result<(Vec<CapturedReply>, Option<Value>), serde_json::Error> {
+pub fn replies_from_json(body: &[u8]) -> Result<Assembled, serde_json::Error> {
     let completion: Completion = serde_json::from_slice(body)?;
     let replies = completion
         .choices
@@ -166,7 +164,11 @@ pub fn replies_from_json(
             choice: choice.index,
         })
         .collect();
-    Ok((replies, completion.usage))
+    Ok(Assembled {
+        replies,
+        usage: completion.usage,
+        ..Assembled::default()
+    })
 }
 
 impl StreamReply for StreamAssembler {
@@ -174,7 +176,7 @@ impl StreamReply for StreamAssembler {
         StreamAssembler::push(self, data);
     }
 
-    fn finish(self: Box<Self>) -> (Vec<CapturedReply>, Option<Value>) {
+    fn finish(self: Box<Self>) -> Assembled {
         let usage = self.usage().cloned();
         let replies = StreamAssembler::finish(*self)
             .into_iter()
@@ -187,7 +189,11 @@ impl StreamReply for StreamAssembler {
                 })
             })
             .collect();
-        (replies, usage)
+        Assembled {
+            replies,
+            usage,
+            ..Assembled::default()
+        }
     }
 }
 

@@ -1,0 +1,387 @@
+//! OpenAI's Responses API (`POST /v1/responses`).
+//!
+//! A stateless request (the full `input`, no `previous_response_id` or
+//! `conversation`) is tracked and compacted like chat. Every item is kept exactly as
+//! sent, kinds handoff does not know included. `instructions` is pinned: it is tracked
+//! as one system message `{"role":"system","content":<instructions as sent>}` and never
+//! leaves the body's own field. A `function_call` and its output are one unit, and a
+//! `reasoning` item is glued to the item after it. A stateful request is logged and
+//! passed through, never rewritten: the upstream holds its history.
+
+mod assemble;
+mod summary;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use handoff_plugin_api::ModelClient;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+use super::{
+    ChatRequest, Dialect, DialectError, DialectKind, Message, Opening, Role, StreamEnd,
+    StreamReply,
+};
+use crate::base::reply::Assembled;
+use crate::compaction::handoff::CONTINUATION;
+use crate::compaction::reactive::is_context_length_error;
+use crate::error::ApiError;
+
+const API: &str = "Responses API";
+
+/// OpenAI Responses.
+pub struct OpenAiResponses;
+
+#[derive(Deserialize)]
+struct Wire {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    input: Option<Box<RawValue>>,
+    #[serde(default)]
+    instructions: Option<Box<RawValue>>,
+    #[serde(default)]
+    tools: Option<Box<RawValue>>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    max_output_tokens: Option<u64>,
+    #[serde(default)]
+    previous_response_id: Option<String>,
+    #[serde(default)]
+    conversation: Option<Value>,
+}
+
+/// The item's role: a message's own, the model's for its calls and reasoning, a
+/// tool's for call outputs.
+fn item_role(index: usize, item: &Value) -> Result<Role, DialectError> {
+    if let Some(role) = item.get("role") {
+        let text = role.as_str().unwrap_or_default();
+        return match Role::parse(text) {
+            Some(role @ (Role::User | Role::Assistant | Role::System | Role::Developer)) => {
+                Ok(role)
+            }
+            _ => Err(DialectError::UnknownRole {
+                index,
+                role: text.to_owned(),
+                expected: "user, assistant, system, developer",
+            }),
+        };
+    }
+    let kind = item.get("type").and_then(Value::as_str).unwrap_or("");
+    Ok(if kind.ends_with("_output") {
+        Role::Tool
+    } else {
+        Role::Assistant
+    })
+}
+
+/// The `input` as items: a string is one user message.
+fn items(input: Option<&RawValue>) -> Result<Vec<Message>, DialectError> {
+    let Some(input) = input else {
+        return Ok(Vec::new());
+    };
+    if input.get().trim_start().starts_with('"') {
+        let raw = RawValue::from_string(format!(r#"{{"role":"user","content":{}}}"#, input.get()))
+            .map_err(|e| DialectError::json(API, e))?;
+        let value = serde_json::from_str(raw.get()).map_err(|e| DialectError::json(API, e))?;
+        return Ok(vec![Message {
+            role: Role::User,
+            value,
+            raw,
+        }]);
+    }
+    let list: Vec<Box<RawValue>> =
+        serde_json::from_str(input.get()).map_err(|e| DialectError::json(API, e))?;
+    list.into_iter()
+        .enumerate()
+        .map(|(index, raw)| {
+            let value: Value =
+                serde_json::from_str(raw.get()).map_err(|e| DialectError::json(API, e))?;
+            if !value.is_object() {
+                return Err(DialectError::NotAnObject { index });
+            }
+            Ok(Message {
+                role: item_role(index, &value)?,
+                value,
+                raw,
+            })
+        })
+        .collect()
+}
+
+impl Dialect for OpenAiResponses {
+    fn kind(&self) -> DialectKind {
+        DialectKind::Responses
+    }
+
+    fn path(&self) -> &'static str {
+        "/v1/responses"
+    }
+
+    fn parse(&self, body: &[u8]) -> Result<ChatRequest, DialectError> {
+        let wire: Wire =
+            serde_json::from_slice(body).map_err(|err| DialectError::json(API, err))?;
+        let server_held = wire.previous_response_id.is_some()
+            || wire.conversation.as_ref().is_some_and(|c| !c.is_null());
+        let input = items(wire.input.as_deref())?;
+        if !server_held {
+            // With a stored history, outputs answer calls the client never sent.
+            self.check_pairs(&input)?;
+        }
+        let mut messages = Vec::with_capacity(input.len() + 1);
+        if let Some(instructions) = wire.instructions.as_deref() {
+            if !matches!(instructions.get(), "null" | "\"\"") {
+                let raw = RawValue::from_string(format!(
+                    r#"{{"role":"system","content":{}}}"#,
+                    instructions.get()
+                ))
+                .map_err(|e| DialectError::json(API, e))?;
+                let value = serde_json::from_str(raw.get()).map_err(|e| DialectError::json(API, e))?;
+                messages.push(Message {
+                    role: Role::System,
+                    value,
+                    raw,
+                });
+            }
+        }
+        let top_level = messages.len();
+        messages.extend(input);
+        Ok(ChatRequest {
+            dialect: DialectKind::Responses,
+            model: wire.model.unwrap_or_default(),
+            messages,
+            tools: wire.tools,
+            stream: wire.stream.unwrap_or(false),
+            max_output: wire.max_output_tokens,
+            thinking: false,
+            top_level,
+            server_held,
+            continues: wire.previous_response_id.or_else(|| {
+                let conversation = wire.conversation?;
+                let id = conversation.get("id").unwrap_or(&conversation);
+                id.as_str().map(str::to_owned)
+            }),
+        })
+    }
+
+    /// Every output answers a call sent before it, every call gets its output, and a
+    /// `reasoning` item is never last: the API refuses each.
+    fn check_pairs(&self, messages: &[Message]) -> Result<(), DialectError> {
+        let mut calls: Vec<(usize, &str)> = Vec::new();
+        let mut answered: HashSet<&str> = HashSet::new();
+        for (index, message) in messages.iter().enumerate() {
+            for id in message.answered_ids() {
+                if !calls.iter().any(|(_, call)| *call == id) {
+                    return Err(DialectError::OrphanToolResult {
+                        index,
+                        id: id.to_owned(),
+                    });
+                }
+                answered.insert(id);
+            }
+            calls.extend(message.tool_call_ids().map(|id| (index, id)));
+        }
+        if let Some((index, _)) = calls.iter().find(|(_, id)| !answered.contains(id)) {
+            return Err(DialectError::UnansweredToolCalls {
+                index: *index,
+                ids: calls
+                    .iter()
+                    .filter(|(_, id)| !answered.contains(id))
+                    .map(|(_, id)| (*id).to_owned())
+                    .collect(),
+            });
+        }
+        if let Some(last) = messages.last().filter(|m| m.glues_to_next()) {
+            return Err(DialectError::Shape {
+                index: messages.len() - 1,
+                rule: format!(
+                    "item {} of type 'reasoning' was provided without its required following item",
+                    last.value.get("id").unwrap_or(&Value::Null)
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn continuation(&self) -> Value {
+        json!({"role": "user", "content": CONTINUATION})
+    }
+
+    fn handoff(&self, text: &str, _reasoning_marker: bool) -> Value {
+        json!({"role": "assistant", "content": [{"type": "output_text", "text": text, "annotations": []}]})
+    }
+
+    fn top_level_field(&self) -> Option<&'static str> {
+        Some("instructions")
+    }
+
+    fn list_field(&self) -> &'static str {
+        "input"
+    }
+
+    fn error_json(&self, err: &ApiError) -> Value {
+        DialectKind::OpenAiChat.get().error_json(err)
+    }
+
+    fn is_overflow(&self, body: &Value) -> bool {
+        is_context_length_error(body)
+            || body
+                .pointer("/response/error")
+                .is_some_and(is_context_length_error)
+    }
+
+    fn opening_event(&self, event: &Value) -> Opening {
+        match event.get("type").and_then(Value::as_str) {
+            Some("response.created" | "response.in_progress" | "response.queued") => {
+                Opening::NeedMore
+            }
+            Some("error" | "response.failed") if self.is_overflow(event) => Opening::Overflow,
+            _ => Opening::Relay,
+        }
+    }
+
+    fn reply_overflowed(&self, reply: &Value) -> bool {
+        reply.get("status").and_then(Value::as_str) == Some("failed")
+            && reply.get("error").is_some_and(is_context_length_error)
+    }
+
+    fn replies_from_json(&self, body: &[u8]) -> Result<Assembled, serde_json::Error> {
+        assemble::replies_from_json(body)
+    }
+
+    fn stream_reply(&self) -> Box<dyn StreamReply> {
+        Box::<assemble::ResponseAssembler>::default()
+    }
+
+    fn stream_end(&self) -> StreamEnd {
+        StreamEnd {
+            field: b"event:",
+            values: &[
+                b"response.completed",
+                b"response.incomplete",
+                b"response.failed",
+            ],
+        }
+    }
+
+    fn input_tokens(&self, usage: &Value) -> Option<u64> {
+        usage.get("input_tokens")?.as_u64()
+    }
+
+    fn neutral(&self, message: &Value) -> Vec<Value> {
+        neutral(message).into_iter().collect()
+    }
+
+    fn summary_client(&self, raw: Arc<dyn ModelClient>) -> Arc<dyn ModelClient> {
+        Arc::new(summary::ResponsesSummaryClient::new(raw))
+    }
+}
+
+/// The text of a message's or an output's content: a string, or its text parts.
+fn text_of(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(|p| match p.get("text").and_then(Value::as_str) {
+                Some(text) => text.to_owned(),
+                None => format!("[{}]", p.get("type").and_then(Value::as_str).unwrap_or("part")),
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// An item in the chat shape strategies read: messages as text, calls as
+/// `tool_calls`, outputs as `tool` messages; reasoning is left out (it is the model's,
+/// and encrypted), and other kinds are named.
+fn neutral(item: &Value) -> Option<Value> {
+    let field = |name: &str| item.get(name).cloned().unwrap_or(Value::Null);
+    if let Some(role) = item.get("role").and_then(Value::as_str) {
+        return Some(json!({"role": role, "content": text_of(item.get("content"))}));
+    }
+    match item.get("type").and_then(Value::as_str).unwrap_or("") {
+        "reasoning" => None,
+        kind @ ("function_call" | "custom_tool_call") => {
+            let arguments = if kind == "function_call" {
+                field("arguments")
+            } else {
+                field("input")
+            };
+            Some(json!({"role": "assistant", "content": null, "tool_calls": [{
+                "id": field("call_id"), "type": "function",
+                "function": {"name": field("name"), "arguments": arguments.as_str().unwrap_or("")},
+            }]}))
+        }
+        "function_call_output" | "custom_tool_call_output" => Some(json!({
+            "role": "tool", "tool_call_id": field("call_id"), "content": text_of(item.get("output")),
+        })),
+        other => Some(json!({"role": "assistant", "content": format!("[{other}]")})),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: Value) -> Result<ChatRequest, DialectError> {
+        OpenAiResponses.parse(body.to_string().as_bytes())
+    }
+
+    #[test]
+    fn instructions_are_pinned_and_items_kept() {
+        let request = parse(json!({"model": "m", "instructions": "be brief", "input": [
+            {"role": "user", "content": "hi"},
+            {"type": "item_reference", "id": "msg_1"},
+            {"type": "compaction", "encrypted_content": "zzz"},
+        ]}))
+        .unwrap();
+        assert_eq!(request.top_level, 1);
+        assert_eq!(request.messages.len(), 4);
+        assert_eq!(request.messages[0].role, Role::System);
+        assert!(request.messages[3].raw.get().contains("zzz"));
+        let short = parse(json!({"model": "m", "input": "hello"})).unwrap();
+        assert_eq!(short.messages[0].value, json!({"role": "user", "content": "hello"}));
+    }
+
+    #[test]
+    fn pairing_and_reasoning_rules() {
+        let orphan = json!({"input": [{"type": "function_call_output", "call_id": "c9", "output": "x"}]});
+        assert!(matches!(parse(orphan), Err(DialectError::OrphanToolResult { .. })));
+        let unanswered = json!({"input": [{"role": "user", "content": "q"},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]});
+        assert!(matches!(parse(unanswered), Err(DialectError::UnansweredToolCalls { .. })));
+        let dangling = json!({"input": [{"role": "user", "content": "q"}, {"type": "reasoning", "id": "rs_1", "summary": []}]});
+        assert!(matches!(parse(dangling), Err(DialectError::Shape { .. })));
+        let stateful = json!({"previous_response_id": "resp_1", "input": [{"type": "function_call_output", "call_id": "c9", "output": "x"}]});
+        assert!(parse(stateful).unwrap().server_held);
+    }
+
+    #[test]
+    fn overflow_is_seen_in_all_three_styles() {
+        let status = json!({"error": {"message": "Your input exceeds the context window of this model.", "type": "invalid_request_error", "code": "context_length_exceeded"}});
+        assert!(OpenAiResponses.is_overflow(&status));
+        let event = json!({"type": "error", "code": "context_length_exceeded", "message": "too long", "sequence_number": 2});
+        assert_eq!(OpenAiResponses.opening_event(&event), Opening::Overflow);
+        let failed = json!({"type": "response.failed", "response": {"status": "failed", "error": {"code": "context_length_exceeded", "message": "too long"}}});
+        assert_eq!(OpenAiResponses.opening_event(&failed), Opening::Overflow);
+        let created = json!({"type": "response.created", "response": {}});
+        assert_eq!(OpenAiResponses.opening_event(&created), Opening::NeedMore);
+        let server = json!({"type": "response.failed", "response": {"error": {"code": "server_error"}}});
+        assert_eq!(OpenAiResponses.opening_event(&server), Opening::Relay);
+    }
+
+    #[test]
+    fn neutral_form_of_items() {
+        let call = json!({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{\"a\":1}", "id": "fc_1"});
+        assert_eq!(neutral(&call).unwrap()["tool_calls"][0]["id"], "c1");
+        let output = json!({"type": "function_call_output", "call_id": "c1", "output": "42"});
+        assert_eq!(neutral(&output).unwrap(), json!({"role": "tool", "tool_call_id": "c1", "content": "42"}));
+        assert!(neutral(&json!({"type": "reasoning", "summary": []})).is_none());
+        let message = json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi"}]});
+        assert_eq!(neutral(&message).unwrap()["content"], "hi");
+    }
+}
