@@ -67,6 +67,7 @@ fn benches(c: &mut Criterion) {
             default_output_reserve: None,
             reasoning_marker: false,
             compaction: None,
+            api: None,
         },
     );
     let budget = RequestBudget::new(&config, &request, &tokens)

@@ -21,10 +21,10 @@ mod send;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use handoff_plugin_api::ModelClient;
 use http::header::{self, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{request, Request, Response};
-use handoff_plugin_api::ModelClient;
 use hyper::body::Incoming;
 
 pub use admit::STRATEGY_HEADER;
@@ -37,11 +37,11 @@ use crate::compaction::chain::NamedStrategy;
 use crate::compaction::model_client::UpstreamModelClient;
 use crate::compaction::service::{CompactError, Fitted, Job};
 use crate::compaction::Reason;
+use crate::config::ModelApi;
 use crate::conversation::{identify, ConversationId, Tracked, CONVERSATION_HEADER};
 use crate::dialect::{ChatRequest, DialectKind};
 use crate::error::ApiError;
 use crate::forward::forward;
-use crate::config::ModelApi;
 use crate::state::{AppState, Snapshot};
 use crate::upstream::Upstream;
 

@@ -79,7 +79,10 @@ impl StreamReply for ResponseAssembler {
                 }
             }
             "response.output_item.done" => {
-                let index = event.get("output_index").and_then(Value::as_u64).unwrap_or(0);
+                let index = event
+                    .get("output_index")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0);
                 if let Some(item) = event.get("item") {
                     self.done.insert(index, item.clone());
                 }
@@ -130,14 +133,21 @@ mod tests {
             assembled.replies[0].message.get(),
             r#"{"type":"reasoning","id":"rs_1","summary":[]}"#
         );
-        assert_eq!(assembled.replies[1].finish_reason.as_deref(), Some("completed"));
+        assert_eq!(
+            assembled.replies[1].finish_reason.as_deref(),
+            Some("completed")
+        );
     }
 
     #[test]
     fn a_stream_is_read_from_its_final_event_or_its_finished_items() {
         let item = json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi"}]});
         let mut cut: Box<dyn StreamReply> = Box::<ResponseAssembler>::default();
-        cut.push("", &json!({"type": "response.output_item.done", "output_index": 0, "item": item}).to_string());
+        cut.push(
+            "",
+            &json!({"type": "response.output_item.done", "output_index": 0, "item": item})
+                .to_string(),
+        );
         let partial = cut.finish();
         assert_eq!(partial.replies.len(), 1);
         let mut whole: Box<dyn StreamReply> = Box::<ResponseAssembler>::default();

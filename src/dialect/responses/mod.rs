@@ -20,8 +20,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::{
-    ChatRequest, Dialect, DialectError, DialectKind, Message, Opening, Role, StreamEnd,
-    StreamReply,
+    ChatRequest, Dialect, DialectError, DialectKind, Message, Opening, Role, StreamEnd, StreamReply,
 };
 use crate::base::reply::Assembled;
 use crate::compaction::handoff::CONTINUATION;
@@ -138,7 +137,8 @@ impl Dialect for OpenAiResponses {
                     instructions.get()
                 ))
                 .map_err(|e| DialectError::json(API, e))?;
-                let value = serde_json::from_str(raw.get()).map_err(|e| DialectError::json(API, e))?;
+                let value =
+                    serde_json::from_str(raw.get()).map_err(|e| DialectError::json(API, e))?;
                 messages.push(Message {
                     role: Role::System,
                     value,
@@ -287,7 +287,10 @@ fn text_of(content: Option<&Value>) -> String {
             .iter()
             .map(|p| match p.get("text").and_then(Value::as_str) {
                 Some(text) => text.to_owned(),
-                None => format!("[{}]", p.get("type").and_then(Value::as_str).unwrap_or("part")),
+                None => format!(
+                    "[{}]",
+                    p.get("type").and_then(Value::as_str).unwrap_or("part")
+                ),
             })
             .collect::<Vec<_>>()
             .join("\n"),
@@ -311,10 +314,12 @@ fn neutral(item: &Value) -> Option<Value> {
             } else {
                 field("input")
             };
-            Some(json!({"role": "assistant", "content": null, "tool_calls": [{
-                "id": field("call_id"), "type": "function",
-                "function": {"name": field("name"), "arguments": arguments.as_str().unwrap_or("")},
-            }]}))
+            Some(
+                json!({"role": "assistant", "content": null, "tool_calls": [{
+                    "id": field("call_id"), "type": "function",
+                    "function": {"name": field("name"), "arguments": arguments.as_str().unwrap_or("")},
+                }]}),
+            )
         }
         "function_call_output" | "custom_tool_call_output" => Some(json!({
             "role": "tool", "tool_call_id": field("call_id"), "content": text_of(item.get("output")),
@@ -344,16 +349,26 @@ mod tests {
         assert_eq!(request.messages[0].role, Role::System);
         assert!(request.messages[3].raw.get().contains("zzz"));
         let short = parse(json!({"model": "m", "input": "hello"})).unwrap();
-        assert_eq!(short.messages[0].value, json!({"role": "user", "content": "hello"}));
+        assert_eq!(
+            short.messages[0].value,
+            json!({"role": "user", "content": "hello"})
+        );
     }
 
     #[test]
     fn pairing_and_reasoning_rules() {
-        let orphan = json!({"input": [{"type": "function_call_output", "call_id": "c9", "output": "x"}]});
-        assert!(matches!(parse(orphan), Err(DialectError::OrphanToolResult { .. })));
+        let orphan =
+            json!({"input": [{"type": "function_call_output", "call_id": "c9", "output": "x"}]});
+        assert!(matches!(
+            parse(orphan),
+            Err(DialectError::OrphanToolResult { .. })
+        ));
         let unanswered = json!({"input": [{"role": "user", "content": "q"},
             {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]});
-        assert!(matches!(parse(unanswered), Err(DialectError::UnansweredToolCalls { .. })));
+        assert!(matches!(
+            parse(unanswered),
+            Err(DialectError::UnansweredToolCalls { .. })
+        ));
         let dangling = json!({"input": [{"role": "user", "content": "q"}, {"type": "reasoning", "id": "rs_1", "summary": []}]});
         assert!(matches!(parse(dangling), Err(DialectError::Shape { .. })));
         let stateful = json!({"previous_response_id": "resp_1", "input": [{"type": "function_call_output", "call_id": "c9", "output": "x"}]});
@@ -370,7 +385,8 @@ mod tests {
         assert_eq!(OpenAiResponses.opening_event(&failed), Opening::Overflow);
         let created = json!({"type": "response.created", "response": {}});
         assert_eq!(OpenAiResponses.opening_event(&created), Opening::NeedMore);
-        let server = json!({"type": "response.failed", "response": {"error": {"code": "server_error"}}});
+        let server =
+            json!({"type": "response.failed", "response": {"error": {"code": "server_error"}}});
         assert_eq!(OpenAiResponses.opening_event(&server), Opening::Relay);
     }
 
@@ -379,7 +395,10 @@ mod tests {
         let call = json!({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{\"a\":1}", "id": "fc_1"});
         assert_eq!(neutral(&call).unwrap()["tool_calls"][0]["id"], "c1");
         let output = json!({"type": "function_call_output", "call_id": "c1", "output": "42"});
-        assert_eq!(neutral(&output).unwrap(), json!({"role": "tool", "tool_call_id": "c1", "content": "42"}));
+        assert_eq!(
+            neutral(&output).unwrap(),
+            json!({"role": "tool", "tool_call_id": "c1", "content": "42"})
+        );
         assert!(neutral(&json!({"type": "reasoning", "summary": []})).is_none());
         let message = json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi"}]});
         assert_eq!(neutral(&message).unwrap()["content"], "hi");

@@ -65,7 +65,10 @@ fn to_completion(status: u16, body: Value) -> Value {
         return body;
     }
     let finish = match body["status"].as_str() {
-        Some("incomplete") => match body.pointer("/incomplete_details/reason").and_then(Value::as_str) {
+        Some("incomplete") => match body
+            .pointer("/incomplete_details/reason")
+            .and_then(Value::as_str)
+        {
             Some("max_output_tokens") => "length",
             Some(other) => other,
             None => "length",
@@ -108,7 +111,10 @@ mod tests {
             {"role": "user", "content": "history"}]});
         let request = to_responses(&chat);
         assert_eq!(request["instructions"], "You write handoffs.");
-        assert_eq!(request["input"], json!([{"role": "user", "content": "history"}]));
+        assert_eq!(
+            request["input"],
+            json!([{"role": "user", "content": "history"}])
+        );
         assert_eq!(request["max_output_tokens"], 700);
         assert_eq!(request["store"], false);
         let answer = json!({"model": "gpt-5", "status": "completed", "output": [
@@ -120,6 +126,9 @@ mod tests {
         assert_eq!(completion["choices"][0]["finish_reason"], "stop");
         assert_eq!(completion["usage"]["prompt_tokens"], 11);
         let cut = json!({"status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}, "output": []});
-        assert_eq!(to_completion(200, cut)["choices"][0]["finish_reason"], "length");
+        assert_eq!(
+            to_completion(200, cut)["choices"][0]["finish_reason"],
+            "length"
+        );
     }
 }

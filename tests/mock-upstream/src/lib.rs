@@ -16,6 +16,7 @@ mod agent;
 pub mod anthropic;
 pub mod fixtures;
 mod reply;
+pub mod responses;
 pub mod strict;
 
 use std::convert::Infallible;

@@ -1,0 +1,249 @@
+//! OpenAI's Responses API end to end: the official openai SDK's `client.responses`
+//! through the real binary, against a strict Responses provider.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::sync::Arc;
+
+use mock_upstream::responses::{OverflowStyle, StrictResponses};
+use mock_upstream::strict::SUMMARY_PROMPT_START;
+use mock_upstream::{MockUpstream, Recorded};
+use serde_json::{json, Value};
+use support::client::{self, request};
+use support::scenario::{records, run_client};
+use support::{canonical, Proxy, ProxyOptions};
+
+const ID: &str = "responses-agent";
+
+async fn strict_responses(window: u64) -> (Arc<StrictResponses>, MockUpstream) {
+    let strict = StrictResponses::new(window);
+    let responder = Arc::clone(&strict);
+    let mock = MockUpstream::with(move |req| responder.answer(req)).await;
+    (strict, mock)
+}
+
+fn options(data: &std::path::Path, window: u64) -> ProxyOptions {
+    ProxyOptions {
+        extra_toml: format!(
+            "[models.\"gpt-mock\"]\ncontext_window = {window}\ntokenizer = \"estimate\"\n"
+        ),
+        data_dir: Some(data.to_owned()),
+        ..ProxyOptions::default()
+    }
+}
+
+fn is_summary(request: &Recorded) -> bool {
+    request.json()["instructions"]
+        .as_str()
+        .is_some_and(|s| s.starts_with(SUMMARY_PROMPT_START))
+}
+
+fn agent_requests(mock: &MockUpstream) -> Vec<Recorded> {
+    mock.requests()
+        .into_iter()
+        .filter(|r| r.target == "/v1/responses" && !is_summary(r))
+        .collect()
+}
+
+/// Refusals that are not about the window: an invalid request reached the provider.
+fn structural_refusals(strict: &StrictResponses) -> Vec<String> {
+    strict
+        .refused
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| !r.contains("exceeds the context window"))
+        .cloned()
+        .collect()
+}
+
+async fn run_agent(proxy: &Proxy, state: &std::path::Path, first: u32, last: u32) -> Value {
+    let state = state.to_str().unwrap().to_owned();
+    run_client(
+        proxy,
+        "openai_responses_agent.py",
+        &[&state, &first.to_string(), &last.to_string()],
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateless_sdk_agent_compacts_and_survives_a_restart() {
+    let (strict, mock) = strict_responses(8000).await;
+    let data = tempfile::tempdir().unwrap();
+    let state = data.path().join("client-state.json");
+    let mut proxy = Proxy::start_with(&mock.url(), options(data.path(), 8000));
+
+    run_agent(&proxy, &state, 1, 16).await;
+    let first = records(&proxy, ID);
+    assert!(!first.is_empty(), "no compaction in 16 turns");
+    assert_eq!(first[0]["strategy"], "summarize", "{}", first[0]);
+    assert_eq!(
+        first[0]["handoff"]["content"][0]["type"], "output_text",
+        "the handoff is a Responses message: {}",
+        first[0]["handoff"]
+    );
+    assert!(strict.summaries.load(std::sync::atomic::Ordering::SeqCst) > 0);
+
+    // Restart: the client's own last request gets the same view, rebuilt from disk.
+    let before = agent_requests(&mock).pop().unwrap();
+    let sent = before.json();
+    assert_eq!(sent["instructions"], "You are a meticulous agent.");
+    assert!(sent.to_string().contains("FACT-001"), "FACT-001 was lost");
+    assert!(!sent.to_string().contains("Step 1. Remember"));
+    proxy.kill9();
+    let proxy = Proxy::start_with(&mock.url(), options(data.path(), 8000));
+    let mut items: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    items.pop(); // the final answer, which came after that request
+    let mut again = sent.clone();
+    again["input"] = Value::Array(items);
+    let resent = client::send(request(
+        "POST",
+        &format!("{}/v1/responses", proxy.url()),
+        &[
+            ("authorization", "Bearer sk-responses-agent-test"),
+            ("x-handoff-conversation-id", ID),
+        ],
+        again.to_string(),
+    ))
+    .await;
+    assert_eq!(resent.status, 200, "{}", resent.text());
+    let after = agent_requests(&mock).pop().unwrap();
+    assert_eq!(
+        after.json()["input"],
+        sent["input"],
+        "the view after a restart differs"
+    );
+
+    let done = run_agent(&proxy, &state, 17, 28).await;
+    assert!(
+        records(&proxy, ID).len() > first.len(),
+        "no compaction after the restart"
+    );
+    assert!(
+        structural_refusals(&strict).is_empty(),
+        "invalid Responses requests reached the provider: {:?}",
+        structural_refusals(&strict)
+    );
+    // The log holds every item exactly as the client sent it, reasoning included.
+    let replay = proxy.replay(ID, None);
+    let expected = done["replay"].as_array().unwrap();
+    assert_eq!(replay.len(), expected.len(), "replay length");
+    for (got, want) in replay.iter().zip(expected) {
+        assert_eq!(canonical(got), canonical(want));
+    }
+    let show = String::from_utf8(proxy.audit(&["show", ID]).stdout).unwrap();
+    let head = show.lines().next().unwrap();
+    assert!(head.contains("dialect responses"), "{head}");
+    // Output items echoed by the SDK join the chain: the only branch is the
+    // regenerated answer of the resent request.
+    assert!(head.contains(" 2 branches"), "{head}");
+    proxy.assert_verified(&[]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_overflow_style_is_compacted_and_retried() {
+    let filler: String = (0..600).map(|i| format!("w{i} ")).collect();
+    let mut input = Vec::new();
+    for n in 0..6 {
+        input.push(json!({"role": "user", "content": format!("FACT-{n:03} {filler}")}));
+        input.push(json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "noted", "annotations": []}]}));
+    }
+    input.push(json!({"role": "user", "content": "what were the facts?"}));
+    for (style, stream) in [
+        (OverflowStyle::Status, false),
+        (OverflowStyle::StreamError, true),
+        (OverflowStyle::Failed, true),
+        (OverflowStyle::Failed, false),
+    ] {
+        let (strict, mock) = strict_responses(3000).await;
+        strict.set_style(style);
+        let data = tempfile::tempdir().unwrap();
+        let proxy = Proxy::start_with(&mock.url(), options(data.path(), 6000));
+        let body = json!({"model": "gpt-mock", "input": input, "stream": stream, "store": false});
+        let got = client::send(request(
+            "POST",
+            &format!("{}/v1/responses", proxy.url()),
+            &[
+                ("authorization", "Bearer sk-overflow"),
+                ("x-handoff-conversation-id", "overflow"),
+            ],
+            body.to_string(),
+        ))
+        .await;
+        let text = got.text();
+        assert_eq!(got.status, 200, "{style:?}: {text}");
+        if stream {
+            assert!(
+                text.contains("event: response.completed"),
+                "{style:?}: {text}"
+            );
+            assert!(
+                !text.contains("context_length_exceeded"),
+                "{style:?}: {text}"
+            );
+        } else {
+            let json: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(json["status"], "completed", "{style:?}: {json}");
+        }
+        assert!(
+            !strict.refused.lock().unwrap().is_empty(),
+            "{style:?}: never refused"
+        );
+        let records = records(&proxy, "overflow");
+        assert_eq!(records[0]["reason"], "context_length_exceeded", "{style:?}");
+        let lines = support::message_lines(&proxy, "overflow");
+        assert_eq!(
+            lines.last().unwrap()["source"],
+            "upstream",
+            "{style:?}: reply not logged"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_previous_response_id_chain_passes_through_unchanged() {
+    let (_strict, mock) = strict_responses(100_000).await;
+    let data = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start_with(&mock.url(), options(data.path(), 100_000));
+    let got = run_client(&proxy, "openai_responses_chain.py", &[]).await;
+    assert!(got["text"].as_str().unwrap().starts_with("answer"), "{got}");
+    let seen: Vec<Recorded> = mock.requests();
+    let second = seen.last().unwrap().json();
+    assert_eq!(second["previous_response_id"], got["first"]);
+    assert_eq!(
+        second["input"],
+        json!([{"type": "function_call_output", "call_id": second["input"][0]["call_id"], "output": "777 is lucky"}]),
+        "a stateful request must reach the upstream as sent"
+    );
+    // Both requests are in one conversation, the second marked server-held.
+    let conversations = proxy.conversations();
+    assert_eq!(conversations.len(), 1, "{conversations:?}");
+    let id = conversations[0]["id"].as_str().unwrap().to_owned();
+    let show = String::from_utf8(proxy.audit(&["show", &id]).stdout).unwrap();
+    assert_eq!(show.matches("SERVER-HELD").count(), 1, "{show}");
+
+    // The other Responses paths pass through; handoff's own errors use OpenAI's shape.
+    let url = format!("{}/v1/responses", proxy.url());
+    let auth = [("authorization", "Bearer sk-chain-test")];
+    for path in ["/input_tokens", "/compact"] {
+        let before = mock.requests().len();
+        let body = json!({"model": "gpt-mock", "input": "hi"}).to_string();
+        let _ = client::send(request("POST", &format!("{url}{path}"), &auth, body)).await;
+        assert_eq!(
+            mock.requests()[before].target,
+            format!("/v1/responses{path}")
+        );
+    }
+    for bad in [
+        "{\"input\": [".to_owned(),
+        json!({"model": "gpt-mock", "input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]}).to_string(),
+    ] {
+        let got = client::send(request("POST", &url, &auth, bad.clone())).await;
+        assert_eq!(got.status, 400, "{bad}");
+        let json: Value = serde_json::from_str(&got.text()).unwrap();
+        assert_eq!(json["error"]["type"], "invalid_request_error", "{json}");
+    }
+}
