@@ -224,6 +224,27 @@ async fn a_previous_response_id_chain_passes_through_unchanged() {
     let id = conversations[0]["id"].as_str().unwrap().to_owned();
     let show = String::from_utf8(proxy.audit(&["show", &id]).stdout).unwrap();
     assert_eq!(show.matches("SERVER-HELD").count(), 1, "{show}");
+    // The stateful request's items continue the response it names: one chain.
+    assert!(
+        show.lines().next().unwrap().contains(" 1 branches"),
+        "{show}"
+    );
+    let kinds: Vec<String> = proxy
+        .replay(&id, None)
+        .iter()
+        .map(|item| item["type"].as_str().unwrap_or("message").to_owned())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "message",
+            "reasoning",
+            "function_call",
+            "function_call_output",
+            "message"
+        ]
+    );
+    proxy.assert_verified(&[]);
 
     // The other Responses paths pass through; handoff's own errors use OpenAI's shape.
     let url = format!("{}/v1/responses", proxy.url());

@@ -150,9 +150,18 @@ pub fn chain(parent: Option<&PrefixDigest>, message: &MessageDigest) -> PrefixDi
 
 /// The chain digests of `digests`, in order.
 pub fn prefix_digests(digests: &[MessageDigest]) -> Vec<PrefixDigest> {
+    prefix_digests_after(None, digests)
+}
+
+/// The chain digests of `digests` continuing the prefix `base` (a server-held
+/// conversation's new items continue the response they follow).
+pub fn prefix_digests_after(
+    base: Option<PrefixDigest>,
+    digests: &[MessageDigest],
+) -> Vec<PrefixDigest> {
     let mut out: Vec<PrefixDigest> = Vec::with_capacity(digests.len());
     for digest in digests {
-        let next = chain(out.last(), digest);
+        let next = chain(out.last().or(base.as_ref()), digest);
         out.push(next);
     }
     out

@@ -31,6 +31,7 @@ pub use admit::STRATEGY_HEADER;
 
 use crate::access_log::RequestLog;
 use crate::auth::Admission;
+use crate::base::digest::PrefixDigest;
 use crate::body::{full, ProxyBody};
 use crate::compaction::budget::RequestBudget;
 use crate::compaction::chain::NamedStrategy;
@@ -84,9 +85,9 @@ async fn run(
     dialect: DialectKind,
 ) -> Result<Response<ProxyBody>, Halt> {
     let mut exchange = Exchange::admit(state, snap, request, &admission, dialect).await?;
-    let id = exchange.identify(admission)?;
+    let (id, base) = exchange.identify(admission)?;
     log.set_conversation(id.as_str());
-    let Some(tracked) = exchange.track(id).await? else {
+    let Some(tracked) = exchange.track(id, base).await? else {
         // store.required is false and the log failed: the request goes as it came.
         let upstream = exchange.upstream().clone();
         let Exchange { parts, body, .. } = exchange;
@@ -171,7 +172,12 @@ impl<'s> Exchange<'s> {
     }
 
     /// Stage 2: the conversation, from the client's header or derived, in its tenant.
-    fn identify(&self, admission: Admission) -> Result<ConversationId, ApiError> {
+    /// A server-held request that continues a logged response also gets the prefix it
+    /// continues.
+    fn identify(
+        &self,
+        admission: Admission,
+    ) -> Result<(ConversationId, Option<PrefixDigest>), ApiError> {
         let header = match self.parts.headers.get(CONVERSATION_HEADER) {
             None => None,
             Some(value) => Some(value.to_str().map_err(|_| {
@@ -181,31 +187,51 @@ impl<'s> Exchange<'s> {
                 )
             })?),
         };
-        if let (None, Some(continues)) = (header, &self.chat.continues) {
-            // A stateful Responses request joins the conversation that logged the
-            // response it continues; else it gets one named after what it continues.
-            if let Some(id) = self
-                .state
+        // A stateful Responses request continues a response this process logged: it
+        // joins that conversation, after that response.
+        let continued = self.chat.continues.as_deref().and_then(|response| {
+            self.state
                 .tracker
-                .conversation_of_response(&admission.tenant, continues)
-            {
-                return Ok(id);
-            }
-            let digest = crate::base::digest::message_digest(&serde_json::json!(continues));
-            return Ok(ConversationId::derived(admission.tenant, &digest));
-        }
-        identify(admission.tenant, header, &self.chat).map_err(|err| {
+                .conversation_of_response(&admission.tenant, response)
+        });
+        let invalid = |err: crate::conversation::IdError| {
             ApiError::invalid_request(
                 "invalid_conversation_id",
                 format!("{CONVERSATION_HEADER}: {err}"),
             )
-        })
+        };
+        if let Some(text) = header {
+            let id = ConversationId::parse(admission.tenant, text).map_err(invalid)?;
+            let base = continued
+                .filter(|(found, _)| *found == id)
+                .and_then(|(_, base)| base);
+            return Ok((id, base));
+        }
+        if let Some(found) = continued {
+            return Ok(found);
+        }
+        if let Some(continues) = &self.chat.continues {
+            // Continuing a response this process never saw: a conversation named after it.
+            let digest = crate::base::digest::message_digest(&serde_json::json!(continues));
+            return Ok((ConversationId::derived(admission.tenant, &digest), None));
+        }
+        let id = identify(admission.tenant, None, &self.chat).map_err(invalid)?;
+        Ok((id, None))
     }
 
     /// Stage 3: logs the new originals; `None` when they could not be logged and the
     /// store is not required.
-    async fn track(&self, id: ConversationId) -> Result<Option<Tracked>, Halt> {
-        match self.state.tracker.track(id.clone(), &self.chat).await {
+    async fn track(
+        &self,
+        id: ConversationId,
+        base: Option<PrefixDigest>,
+    ) -> Result<Option<Tracked>, Halt> {
+        match self
+            .state
+            .tracker
+            .track_after(id.clone(), &self.chat, base)
+            .await
+        {
             Ok(tracked) => Ok(Some(tracked)),
             Err(err) if self.snap.config.store.required => {
                 tracing::error!(conversation = %id, error = %err, "refusing the request: its originals cannot be stored");

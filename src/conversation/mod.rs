@@ -18,8 +18,8 @@ pub use crate::base::reply::CapturedReply;
 use crate::adoption::{adopt, Adopted};
 use crate::base::calibration::Calibration;
 use crate::base::digest::{
-    chain, echo_digest, message_digest, pinned_digest, prefix_digests, Digest, MessageDigest,
-    PrefixDigest,
+    chain, echo_digest, message_digest, pinned_digest, prefix_digests, prefix_digests_after,
+    Digest, MessageDigest, PrefixDigest,
 };
 use crate::base::line::{Entry, Line, MessageLine, PinnedLine, RequestLine, Source};
 use crate::base::outcome::Outcome;
@@ -209,7 +209,7 @@ pub struct Tracker {
     cache: moka::future::Cache<ConversationId, Arc<ConversationEntry>>,
     /// Responses' response ids to the conversation that logged them, so a stateful
     /// request (`previous_response_id`) joins its conversation. In memory only.
-    responses: moka::sync::Cache<(TenantId, String), ConversationId>,
+    responses: moka::sync::Cache<(TenantId, String), (ConversationId, Option<PrefixDigest>)>,
 }
 
 /// The number of leading system/developer messages.
@@ -255,12 +255,13 @@ impl Tracker {
         }
     }
 
-    /// The conversation that logged the response `response_id`, if this process saw it.
+    /// The conversation that logged the response `response_id`, and the prefix that
+    /// ends with it, if this process saw it.
     pub fn conversation_of_response(
         &self,
         tenant: &TenantId,
         response_id: &str,
-    ) -> Option<ConversationId> {
+    ) -> Option<(ConversationId, Option<PrefixDigest>)> {
         self.responses
             .get(&(tenant.clone(), response_id.to_owned()))
     }
@@ -301,11 +302,22 @@ impl Tracker {
         id: ConversationId,
         request: &ChatRequest,
     ) -> Result<Tracked, StoreError> {
+        self.track_after(id, request, None).await
+    }
+
+    /// Logs the request's new originals as continuing the prefix `base` (a server-held
+    /// request's items follow the response they continue), or from the root.
+    pub async fn track_after(
+        &self,
+        id: ConversationId,
+        request: &ChatRequest,
+        base: Option<PrefixDigest>,
+    ) -> Result<Tracked, StoreError> {
         let pinned_len = pinned_len(&request.messages);
         let (pinned, rest) = request.messages.split_at(pinned_len);
         let mut message_digests: Vec<MessageDigest> =
             rest.iter().map(|m| message_digest(&m.value)).collect();
-        let mut prefix = prefix_digests(&message_digests);
+        let mut prefix = prefix_digests_after(base, &message_digests);
         let pinned_set = (!pinned.is_empty())
             .then(|| pinned_digest(&pinned.iter().map(|m| &m.value).collect::<Vec<_>>()));
 
@@ -325,7 +337,7 @@ impl Tracker {
         for index in known..rest.len() {
             lines.push(Line::now(Entry::Message(MessageLine {
                 digest: prefix[index],
-                parent: index.checked_sub(1).map(|p| prefix[p]),
+                parent: index.checked_sub(1).map(|p| prefix[p]).or(base),
                 message_digest: message_digests[index],
                 source: Source::Client,
                 model: request.model.clone(),
@@ -337,7 +349,7 @@ impl Tracker {
                 incomplete: None,
             })));
             state.remember_echo(
-                index.checked_sub(1).map(|p| prefix[p]),
+                index.checked_sub(1).map(|p| prefix[p]).or(base),
                 &rest[index].value,
                 message_digests[index],
                 prefix[index],
@@ -392,10 +404,6 @@ impl Tracker {
     ) -> Result<(), StoreError> {
         let entry = self.entry(id).await?;
         let mut state = entry.state.lock().await;
-        if let Some(response) = &batch.response_id {
-            self.responses
-                .insert((id.tenant().clone(), response.clone()), id.clone());
-        }
         let mut parent = batch.parent;
         let mut lines = Vec::with_capacity(batch.replies.len());
         let mut added = Vec::with_capacity(batch.replies.len());
@@ -432,6 +440,12 @@ impl Tracker {
         for (digest, message_digest, value, parent) in added {
             state.known.insert(digest);
             state.remember_echo(parent, &value, message_digest, digest);
+        }
+        if let Some(response) = batch.response_id {
+            // `parent` is now the last item of the response: what a follow-up continues.
+            let head = if batch.sequence { parent } else { batch.parent };
+            self.responses
+                .insert((id.tenant().clone(), response), (id.clone(), head));
         }
         // Only once the reply is logged: calibration describes a request that happened.
         if let Some(calibration) = batch.calibration {
