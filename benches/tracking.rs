@@ -38,7 +38,7 @@ fn benches(c: &mut Criterion) {
             let digests: Vec<_> = request
                 .messages
                 .iter()
-                .map(|m| message_digest(&m.value))
+                .map(|m| message_digest(m.value()))
                 .collect();
             prefix_digests(&digests)
         })

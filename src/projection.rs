@@ -12,7 +12,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::adoption::Adopted;
-use crate::base::digest::{message_digest, MessageDigest, PrefixDigest};
+use crate::base::digest::{MessageDigest, PrefixDigest};
 use crate::config::Tokenizer;
 use crate::conversation::Tracked;
 use crate::dialect::{ChatRequest, DialectError, DialectKind, Message, Role};
@@ -38,8 +38,8 @@ pub enum ProjectionError {
 pub struct ViewMessage<'a> {
     /// The bytes sent upstream.
     pub raw: &'a RawValue,
-    /// The parsed message.
-    pub value: &'a Value,
+    /// The message.
+    pub message: &'a Message,
     /// Its digest, the token-count cache key.
     pub digest: MessageDigest,
 }
@@ -75,7 +75,7 @@ impl ModelView<'_> {
     pub fn estimate(&self, tokens: &Tokens, tokenizer: Tokenizer, tools_tokens: u64) -> u64 {
         let mut total = tools_tokens + REPLY_PRIMING;
         for m in &self.pinned {
-            total += tokens.count_message(tokenizer, &m.digest, m.value);
+            total += tokens.count_lazy(tokenizer, &m.digest, || m.message.value());
         }
         if let Some(adopted) = &self.compaction {
             total += tokens.count_message(
@@ -87,7 +87,7 @@ impl ModelView<'_> {
                 tokens.count_message(tokenizer, &adopted.handoff_digest, &adopted.record.handoff);
         }
         for (message, digest) in self.live.iter().zip(self.live_digests.iter()) {
-            total += tokens.count_message(tokenizer, digest, &message.value);
+            total += tokens.count_lazy(tokenizer, digest, || message.value());
         }
         total
     }
@@ -145,21 +145,21 @@ impl ModelView<'_> {
             if !matches!(message.role, Role::Tool | Role::Function) {
                 continue;
             }
-            let Some(text) = message.value.get("content").and_then(Value::as_str) else {
+            let Some(text) = message.value().get("content").and_then(Value::as_str) else {
                 continue;
             };
             let short = shorten_tool_body(text);
             if short.len() == text.len() {
                 continue;
             }
-            let mut value = message.value.clone();
+            let mut value = message.value().clone();
             value["content"] = Value::String(short);
             let Ok(raw) = serde_json::value::to_raw_value(&value) else {
                 continue;
             };
-            *digest = message_digest(&value);
-            message.value = value;
-            message.raw = raw;
+            let shortened = Message::parsed(message.role, raw, value);
+            *digest = shortened.digest();
+            *message = shortened;
             changed = true;
         }
         if changed {
@@ -231,7 +231,7 @@ pub fn project_view<'a>(
         .zip(&tracked.pinned_digests)
         .map(|(m, digest)| ViewMessage {
             raw: &m.raw,
-            value: &m.value,
+            message: m,
             digest: *digest,
         })
         .collect();

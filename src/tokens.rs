@@ -101,6 +101,21 @@ impl Tokens {
         count
     }
 
+    /// Like [`Tokens::count_message`], reading the message only on a cache miss: a
+    /// message seen before is counted without being parsed.
+    pub fn count_lazy<'v>(
+        &self,
+        tokenizer: Tokenizer,
+        digest: &MessageDigest,
+        message: impl FnOnce() -> &'v Value,
+    ) -> u64 {
+        let key = (*digest, tokenizer as u8);
+        if let Some(count) = self.cache.get(&key) {
+            return u64::from(count);
+        }
+        self.count_message(tokenizer, digest, message())
+    }
+
     /// Tokens of raw text known by `digest` (e.g. the `tools` schemas); cached.
     pub fn count_raw(&self, tokenizer: Tokenizer, digest: &Digest, text: &str) -> u64 {
         let key = (*digest, tokenizer as u8);

@@ -30,7 +30,7 @@ pub fn needs_reasoning_marker(configured: bool, messages: &[Message]) -> bool {
     configured
         || messages.iter().any(|m| {
             m.role == Role::Assistant
-                && m.value
+                && m.value()
                     .get("reasoning_content")
                     .is_some_and(|r| !r.is_null())
         })

@@ -275,11 +275,10 @@ impl Compactor {
             .map(|u| {
                 (u.start..u.end)
                     .map(|i| {
-                        self.tokens.count_message(
-                            job.tokenizer,
-                            &view.live_digests[i],
-                            &view.live[i].value,
-                        )
+                        self.tokens
+                            .count_lazy(job.tokenizer, &view.live_digests[i], || {
+                                view.live[i].value()
+                            })
                     })
                     .sum()
             })
@@ -287,7 +286,10 @@ impl Compactor {
         let pinned: u64 = view
             .pinned
             .iter()
-            .map(|m| self.tokens.count_message(job.tokenizer, &m.digest, m.value))
+            .map(|m| {
+                self.tokens
+                    .count_lazy(job.tokenizer, &m.digest, || m.message.value())
+            })
             .sum();
         let scale = |local: u64| job.scale.tokens(local);
         let fixed = pinned + job.tools_tokens + REPLY_PRIMING;
@@ -355,7 +357,7 @@ impl Compactor {
             .map(|u| Unit {
                 messages: view.live[u.start..u.end]
                     .iter()
-                    .flat_map(|m| dialect.neutral(&m.value))
+                    .flat_map(|m| dialect.neutral(m.value()))
                     .collect(),
             })
             .collect();
@@ -365,7 +367,7 @@ impl Compactor {
             history,
             retained_recent_messages: view.live[plan.cut..]
                 .iter()
-                .flat_map(|m| dialect.neutral(&m.value))
+                .flat_map(|m| dialect.neutral(m.value()))
                 .collect(),
             dialect: job.request.dialect.name().to_owned(),
             previous_handoff: view
@@ -467,12 +469,17 @@ impl Compactor {
         let pinned: u64 = view
             .pinned
             .iter()
-            .map(|m| self.tokens.count_message(job.tokenizer, &m.digest, m.value))
+            .map(|m| {
+                self.tokens
+                    .count_lazy(job.tokenizer, &m.digest, || m.message.value())
+            })
             .sum();
         let recent: u64 = (plan.cut..view.live.len())
             .map(|i| {
                 self.tokens
-                    .count_message(job.tokenizer, &view.live_digests[i], &view.live[i].value)
+                    .count_lazy(job.tokenizer, &view.live_digests[i], || {
+                        view.live[i].value()
+                    })
             })
             .sum();
         record.tokens_after = job.scale.tokens(

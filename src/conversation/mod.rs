@@ -80,7 +80,11 @@ impl ConversationState {
         let mut known = prefix.partition_point(|d| self.known.contains(d));
         while let Some(message) = messages.get(known) {
             let parent = known.checked_sub(1).map(|p| prefix[p]);
-            let logged = echo_digest(&message.value)
+            // Only tool-call messages have echo forms: others are not even parsed.
+            let logged = message
+                .has_tool_calls()
+                .then(|| echo_digest(message.value()))
+                .flatten()
                 .and_then(|echo| self.echoes.get(&chain(parent.as_ref(), &echo)));
             let Some(&(logged_digest, logged_prefix)) = logged else {
                 break;
@@ -162,12 +166,11 @@ impl Tracked {
     pub fn compute(id: ConversationId, request: &ChatRequest) -> Self {
         let pinned_len = pinned_len(&request.messages);
         let (pinned, rest) = request.messages.split_at(pinned_len);
-        let message_digests: Vec<MessageDigest> =
-            rest.iter().map(|m| message_digest(&m.value)).collect();
+        let message_digests: Vec<MessageDigest> = rest.iter().map(Message::digest).collect();
         Self {
             id,
             pinned_len,
-            pinned_digests: pinned.iter().map(|m| message_digest(&m.value)).collect(),
+            pinned_digests: pinned.iter().map(Message::digest).collect(),
             prefix: prefix_digests(&message_digests),
             message_digests,
             new_messages: 0,
@@ -234,7 +237,7 @@ pub fn identify(
         .messages
         .get(pinned)
         .or_else(|| request.messages.first())
-        .map(|m| message_digest(&m.value))
+        .map(Message::digest)
         .unwrap_or_else(|| message_digest(&Value::Null));
     // Another dialect with the same opening is another conversation: its handoffs
     // have another shape. OpenAI chat keeps the ids it always had.
@@ -315,14 +318,12 @@ impl Tracker {
     ) -> Result<Tracked, StoreError> {
         let pinned_len = pinned_len(&request.messages);
         let (pinned, rest) = request.messages.split_at(pinned_len);
-        let mut message_digests: Vec<MessageDigest> =
-            rest.iter().map(|m| message_digest(&m.value)).collect();
+        let mut message_digests: Vec<MessageDigest> = rest.iter().map(Message::digest).collect();
         let mut prefix = prefix_digests_after(base, &message_digests);
         let pinned_set = (!pinned.is_empty())
-            .then(|| pinned_digest(&pinned.iter().map(|m| &m.value).collect::<Vec<_>>()));
+            .then(|| pinned_digest(&pinned.iter().map(Message::value).collect::<Vec<_>>()));
 
-        let pinned_digests: Vec<MessageDigest> =
-            pinned.iter().map(|m| message_digest(&m.value)).collect();
+        let pinned_digests: Vec<MessageDigest> = pinned.iter().map(Message::digest).collect();
         let entry = self.entry(&id).await?;
         let mut state = entry.state.lock().await;
         // Prefix-closed: if d[i] is logged, so is every d[j < i].
@@ -348,12 +349,14 @@ impl Tracker {
                 complete: None,
                 incomplete: None,
             })));
-            state.remember_echo(
-                index.checked_sub(1).map(|p| prefix[p]).or(base),
-                &rest[index].value,
-                message_digests[index],
-                prefix[index],
-            );
+            if rest[index].has_tool_calls() {
+                state.remember_echo(
+                    index.checked_sub(1).map(|p| prefix[p]).or(base),
+                    rest[index].value(),
+                    message_digests[index],
+                    prefix[index],
+                );
+            }
         }
         if known == rest.len() && lines.is_empty() {
             // A retry or a repeat adds nothing to the log: no write, and the lock is brief.

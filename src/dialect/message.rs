@@ -1,9 +1,16 @@
 //! Dialect-neutral messages: a role, the parsed value and the raw bytes exactly as the
 //! client sent them, and the tool ids a message calls or answers, in either wire shape.
 
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::{Arc, OnceLock};
+
 use serde_json::value::RawValue;
 use serde_json::Value;
+use xxhash_rust::xxh3::xxh3_128_with_seed;
 
+use super::DialectKind;
+use crate::base::digest::{message_digest, MessageDigest};
 use crate::error::ApiError;
 
 /// Why a request body was refused.
@@ -118,55 +125,159 @@ impl Role {
     }
 }
 
-/// One message: its role, its parsed value, and its bytes exactly as received.
-#[derive(Debug, Clone)]
+/// What the pipeline needs of a message without reading its content: its role and
+/// digest, and the tool ids it calls and answers. Computed once per distinct message
+/// (per dialect) and cached by a keyed hash of its raw bytes, so a message that comes
+/// back in every request of a conversation is parsed and digested once.
+#[derive(Debug)]
+struct Facts {
+    role: Role,
+    digest: MessageDigest,
+    calls: Box<[Box<str>]>,
+    answers: Box<[Box<str>]>,
+    item_type: Option<Box<str>>,
+    tool_answer: bool,
+}
+
+/// Distinct messages whose facts are kept.
+const FACTS_ENTRIES: u64 = 500_000;
+
+/// The facts cache: keyed by a 128-bit xxh3 of the raw bytes, seeded per process so
+/// no one can craft a message that collides with another's, and by dialect.
+struct FactsCache {
+    seed: u64,
+    entries: moka::sync::Cache<(u128, u8), Arc<Facts>>,
+}
+
+fn facts_cache() -> &'static FactsCache {
+    static CACHE: OnceLock<FactsCache> = OnceLock::new();
+    CACHE.get_or_init(|| FactsCache {
+        seed: RandomState::new().hash_one(0x68616e646f6666_u64),
+        entries: moka::sync::Cache::new(FACTS_ENTRIES),
+    })
+}
+
+/// One message: its role, its bytes exactly as received, its digest, and its parsed
+/// value, read only when something needs the content.
+#[derive(Debug)]
 pub struct Message {
     /// The role.
     pub role: Role,
-    /// The parsed message; with serde_json's sorted maps this prints canonically.
-    pub value: Value,
     /// The message exactly as the client sent it.
     pub raw: Box<RawValue>,
+    facts: Arc<Facts>,
+    value: OnceLock<Value>,
 }
 
-/// The content blocks of an Anthropic-shaped message (empty for a string content).
-fn blocks<'v>(value: &'v Value, kind: &'static str) -> impl Iterator<Item = &'v Value> {
-    value
-        .get("content")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter(move |block| block.get("type").and_then(Value::as_str) == Some(kind))
+impl Clone for Message {
+    fn clone(&self) -> Self {
+        let value = OnceLock::new();
+        if let Some(parsed) = self.value.get() {
+            let _ = value.set(parsed.clone());
+        }
+        Self {
+            role: self.role,
+            raw: self.raw.clone(),
+            facts: Arc::clone(&self.facts),
+            value,
+        }
+    }
+}
+
+fn strings<'v>(ids: impl Iterator<Item = &'v str>) -> Box<[Box<str>]> {
+    ids.map(Box::from).collect()
 }
 
 impl Message {
-    /// Reads one message from its raw JSON; `expected` lists the roles the API knows.
+    /// A message from its raw JSON, its role known to the caller; the facts come from
+    /// the cache when these bytes were seen before in `dialect`, else from parsing.
+    pub fn read(
+        raw: Box<RawValue>,
+        dialect: DialectKind,
+        role: impl FnOnce(&Value) -> Result<Role, DialectError>,
+    ) -> Result<Self, DialectError> {
+        let api = dialect.api();
+        let cache = facts_cache();
+        let key = (
+            xxh3_128_with_seed(raw.get().as_bytes(), cache.seed),
+            dialect as u8,
+        );
+        if let Some(facts) = cache.entries.get(&key) {
+            return Ok(Self {
+                role: facts.role,
+                raw,
+                facts,
+                value: OnceLock::new(),
+            });
+        }
+        let value: Value =
+            serde_json::from_str(raw.get()).map_err(|err| DialectError::json(api, err))?;
+        let message = Self::parsed(role(&value)?, raw, value);
+        cache.entries.insert(key, Arc::clone(&message.facts));
+        Ok(message)
+    }
+
+    /// A message from a value already parsed (or made), with `raw` its bytes.
+    pub fn parsed(role: Role, raw: Box<RawValue>, value: Value) -> Self {
+        let facts = Facts {
+            role,
+            digest: message_digest(&value),
+            calls: strings(calls_in(&value)),
+            answers: strings(answers_in(&value)),
+            item_type: value.get("type").and_then(Value::as_str).map(Box::from),
+            tool_answer: match role {
+                Role::Tool | Role::Function => true,
+                Role::User => blocks(&value, "tool_result").next().is_some(),
+                _ => false,
+            },
+        };
+        Self {
+            role,
+            raw,
+            facts: Arc::new(facts),
+            value: OnceLock::from(value),
+        }
+    }
+
+    /// Reads one chat-style message (`role` field) from its raw JSON; `known` says
+    /// which roles the API accepts, listed in `expected`.
     pub fn from_raw(
         index: usize,
         raw: Box<RawValue>,
-        api: &'static str,
+        dialect: DialectKind,
         known: fn(Role) -> bool,
         expected: &'static str,
     ) -> Result<Self, DialectError> {
-        let value: Value =
-            serde_json::from_str(raw.get()).map_err(|err| DialectError::json(api, err))?;
-        let Value::Object(map) = &value else {
-            return Err(DialectError::NotAnObject { index });
-        };
-        let role_text = map.get("role").and_then(Value::as_str).unwrap_or_default();
-        let role = Role::parse(role_text)
-            .filter(|role| known(*role))
-            .ok_or_else(|| DialectError::UnknownRole {
-                index,
-                role: role_text.to_owned(),
-                expected,
-            })?;
-        Ok(Self { role, value, raw })
+        Self::read(raw, dialect, |value| {
+            let Value::Object(map) = value else {
+                return Err(DialectError::NotAnObject { index });
+            };
+            let role_text = map.get("role").and_then(Value::as_str).unwrap_or_default();
+            Role::parse(role_text)
+                .filter(|role| known(*role))
+                .ok_or_else(|| DialectError::UnknownRole {
+                    index,
+                    role: role_text.to_owned(),
+                    expected,
+                })
+        })
+    }
+
+    /// The parsed message (parsed now if it came from the cache); with serde_json's
+    /// sorted maps it prints canonically.
+    pub fn value(&self) -> &Value {
+        self.value
+            .get_or_init(|| serde_json::from_str(self.raw.get()).unwrap_or(Value::Null))
+    }
+
+    /// The digest of the message's canonical JSON.
+    pub fn digest(&self) -> MessageDigest {
+        self.facts.digest
     }
 
     /// The Responses item type (`function_call`, `reasoning`, …), if it has one.
     pub fn item_type(&self) -> Option<&str> {
-        self.value.get("type").and_then(Value::as_str)
+        self.facts.item_type.as_deref()
     }
 
     /// True for a Responses `reasoning` item, which must travel with the item after it.
@@ -182,55 +293,76 @@ impl Message {
     /// The ids of the tools this message calls: OpenAI `tool_calls`, Anthropic
     /// `tool_use` blocks, a Responses `function_call`/`custom_tool_call` item.
     pub fn tool_call_ids(&self) -> impl Iterator<Item = &str> {
-        let openai = self
-            .value
-            .get("tool_calls")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|call| call.get("id").and_then(Value::as_str));
-        let anthropic = blocks(&self.value, "tool_use")
-            .filter_map(|block| block.get("id").and_then(Value::as_str));
-        let item = matches!(self.item_type(), Some("function_call" | "custom_tool_call"))
-            .then(|| self.value.get("call_id").and_then(Value::as_str))
-            .flatten();
-        openai.chain(anthropic).chain(item)
+        self.facts.calls.iter().map(|id| &**id)
     }
 
     /// True for an assistant message that calls tools.
     pub fn has_tool_calls(&self) -> bool {
-        self.tool_call_ids().next().is_some()
+        !self.facts.calls.is_empty()
     }
 
     /// The `tool_call_id` an OpenAI tool message answers.
     pub fn tool_call_id(&self) -> Option<&str> {
-        self.value.get("tool_call_id").and_then(Value::as_str)
+        match self.role {
+            Role::Tool | Role::Function => self.facts.answers.first().map(|id| &**id),
+            _ => None,
+        }
     }
 
-    /// The ids this message answers: a tool message's `tool_call_id`, or the
-    /// `tool_use_id` of each Anthropic `tool_result` block.
+    /// The ids this message answers: a tool message's `tool_call_id`, the
+    /// `tool_use_id` of each Anthropic `tool_result` block, a Responses output's
+    /// `call_id`.
     pub fn answered_ids(&self) -> Vec<&str> {
-        let mut ids: Vec<&str> = self.tool_call_id().into_iter().collect();
-        if matches!(
-            self.item_type(),
-            Some("function_call_output" | "custom_tool_call_output")
-        ) {
-            ids.extend(self.value.get("call_id").and_then(Value::as_str));
-        }
-        ids.extend(
-            blocks(&self.value, "tool_result")
-                .filter_map(|block| block.get("tool_use_id").and_then(Value::as_str)),
-        );
-        ids
+        self.facts.answers.iter().map(|id| &**id).collect()
     }
 
     /// True for a message that carries tool results (and so belongs to the unit of the
     /// assistant turn that called them).
     pub fn is_tool_answer(&self) -> bool {
-        match self.role {
-            Role::Tool | Role::Function => true,
-            Role::User => blocks(&self.value, "tool_result").next().is_some(),
-            _ => false,
-        }
+        self.facts.tool_answer
     }
+}
+
+/// The content blocks of an Anthropic-shaped message (empty for a string content).
+fn blocks<'v>(value: &'v Value, kind: &'static str) -> impl Iterator<Item = &'v Value> {
+    value
+        .get("content")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(move |block| block.get("type").and_then(Value::as_str) == Some(kind))
+}
+
+fn item_type(value: &Value) -> Option<&str> {
+    value.get("type").and_then(Value::as_str)
+}
+
+/// The tool ids `value` calls, in any dialect's shape.
+fn calls_in(value: &Value) -> impl Iterator<Item = &str> {
+    let openai = value
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|call| call.get("id").and_then(Value::as_str));
+    let anthropic =
+        blocks(value, "tool_use").filter_map(|block| block.get("id").and_then(Value::as_str));
+    let item = matches!(item_type(value), Some("function_call" | "custom_tool_call"))
+        .then(|| value.get("call_id").and_then(Value::as_str))
+        .flatten();
+    openai.chain(anthropic).chain(item)
+}
+
+/// The tool ids `value` answers, in any dialect's shape.
+fn answers_in(value: &Value) -> impl Iterator<Item = &str> {
+    let openai = value.get("tool_call_id").and_then(Value::as_str);
+    let anthropic = blocks(value, "tool_result")
+        .filter_map(|block| block.get("tool_use_id").and_then(Value::as_str));
+    let item = matches!(
+        item_type(value),
+        Some("function_call_output" | "custom_tool_call_output")
+    )
+    .then(|| value.get("call_id").and_then(Value::as_str))
+    .flatten();
+    openai.into_iter().chain(anthropic).chain(item)
 }

@@ -52,6 +52,15 @@ impl DialectKind {
         }
     }
 
+    /// The API's name in error messages.
+    pub fn api(self) -> &'static str {
+        match self {
+            DialectKind::OpenAiChat => "chat-completions",
+            DialectKind::Anthropic => "Messages API",
+            DialectKind::Responses => "Responses API",
+        }
+    }
+
     /// The dialect named `name` in a log line; unknown names read as OpenAI chat.
     pub fn from_name(name: Option<&str>) -> Self {
         match name {

@@ -77,11 +77,11 @@ fn system_message(raw: &RawValue) -> Result<Option<Message>, DialectError> {
     }
     let text = format!(r#"{{"role":"system","content":{}}}"#, raw.get());
     let raw = RawValue::from_string(text).map_err(|e| DialectError::json(API, e))?;
-    Ok(Some(Message {
-        role: Role::System,
-        value: json!({"role": "system", "content": value}),
+    Ok(Some(Message::parsed(
+        Role::System,
         raw,
-    }))
+        json!({"role": "system", "content": value}),
+    )))
 }
 
 impl Dialect for AnthropicMessages {
@@ -104,7 +104,7 @@ impl Dialect for AnthropicMessages {
                 Message::from_raw(
                     index,
                     raw,
-                    API,
+                    DialectKind::Anthropic,
                     |role| matches!(role, Role::User | Role::Assistant),
                     "user, assistant",
                 )
@@ -145,7 +145,7 @@ impl Dialect for AnthropicMessages {
         for (index, message) in messages.iter().enumerate() {
             match message.role {
                 Role::User => {
-                    let blocks = content_blocks(&message.value);
+                    let blocks = content_blocks(message.value());
                     let leading = blocks
                         .iter()
                         .take_while(|b| block_type(b) == "tool_result")
@@ -203,7 +203,7 @@ impl Dialect for AnthropicMessages {
         if !request.thinking || first.role != Role::Assistant {
             return true;
         }
-        let opens_with_thinking = content_blocks(&first.value)
+        let opens_with_thinking = content_blocks(first.value())
             .first()
             .is_some_and(|b| matches!(block_type(b), "thinking" | "redacted_thinking"));
         let loop_closes = messages[at + 1..]

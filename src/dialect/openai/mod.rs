@@ -60,7 +60,9 @@ impl Dialect for OpenAiChat {
             .messages
             .into_iter()
             .enumerate()
-            .map(|(index, raw)| Message::from_raw(index, raw, API, |_| true, ROLES))
+            .map(|(index, raw)| {
+                Message::from_raw(index, raw, DialectKind::OpenAiChat, |_| true, ROLES)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         check_tool_pairs(&messages)?;
         Ok(ChatRequest {

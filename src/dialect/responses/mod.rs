@@ -85,26 +85,18 @@ fn items(input: Option<&RawValue>) -> Result<Vec<Message>, DialectError> {
         let raw = RawValue::from_string(format!(r#"{{"role":"user","content":{}}}"#, input.get()))
             .map_err(|e| DialectError::json(API, e))?;
         let value = serde_json::from_str(raw.get()).map_err(|e| DialectError::json(API, e))?;
-        return Ok(vec![Message {
-            role: Role::User,
-            value,
-            raw,
-        }]);
+        return Ok(vec![Message::parsed(Role::User, raw, value)]);
     }
     let list: Vec<Box<RawValue>> =
         serde_json::from_str(input.get()).map_err(|e| DialectError::json(API, e))?;
     list.into_iter()
         .enumerate()
         .map(|(index, raw)| {
-            let value: Value =
-                serde_json::from_str(raw.get()).map_err(|e| DialectError::json(API, e))?;
-            if !value.is_object() {
-                return Err(DialectError::NotAnObject { index });
-            }
-            Ok(Message {
-                role: item_role(index, &value)?,
-                value,
-                raw,
+            Message::read(raw, DialectKind::Responses, |value| {
+                if !value.is_object() {
+                    return Err(DialectError::NotAnObject { index });
+                }
+                item_role(index, value)
             })
         })
         .collect()
@@ -139,11 +131,7 @@ impl Dialect for OpenAiResponses {
                 .map_err(|e| DialectError::json(API, e))?;
                 let value =
                     serde_json::from_str(raw.get()).map_err(|e| DialectError::json(API, e))?;
-                messages.push(Message {
-                    role: Role::System,
-                    value,
-                    raw,
-                });
+                messages.push(Message::parsed(Role::System, raw, value));
             }
         }
         let top_level = messages.len();
@@ -198,7 +186,7 @@ impl Dialect for OpenAiResponses {
                 index: messages.len() - 1,
                 rule: format!(
                     "item {} of type 'reasoning' was provided without its required following item",
-                    last.value.get("id").unwrap_or(&Value::Null)
+                    last.value().get("id").unwrap_or(&Value::Null)
                 ),
             });
         }
@@ -350,7 +338,7 @@ mod tests {
         assert!(request.messages[3].raw.get().contains("zzz"));
         let short = parse(json!({"model": "m", "input": "hello"})).unwrap();
         assert_eq!(
-            short.messages[0].value,
+            *short.messages[0].value(),
             json!({"role": "user", "content": "hello"})
         );
     }
