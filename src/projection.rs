@@ -75,7 +75,7 @@ impl ModelView<'_> {
     pub fn estimate(&self, tokens: &Tokens, tokenizer: Tokenizer, tools_tokens: u64) -> u64 {
         let mut total = tools_tokens + REPLY_PRIMING;
         for m in &self.pinned {
-            total += tokens.count_lazy(tokenizer, &m.digest, || m.message.value());
+            total += m.message.token_count(tokens, tokenizer);
         }
         if let Some(adopted) = &self.compaction {
             total += tokens.count_message(
@@ -86,8 +86,8 @@ impl ModelView<'_> {
             total +=
                 tokens.count_message(tokenizer, &adopted.handoff_digest, &adopted.record.handoff);
         }
-        for (message, digest) in self.live.iter().zip(self.live_digests.iter()) {
-            total += tokens.count_lazy(tokenizer, digest, || message.value());
+        for message in self.live.iter() {
+            total += message.token_count(tokens, tokenizer);
         }
         total
     }
@@ -98,14 +98,13 @@ impl ModelView<'_> {
         let pinned = self
             .pinned
             .iter()
-            .filter(|m| !tokens.is_counted(tokenizer, &m.digest))
+            .filter(|m| !m.message.is_counted(tokens, tokenizer))
             .map(|m| m.raw.get().len());
         let live = self
             .live
             .iter()
-            .zip(self.live_digests.iter())
-            .filter(|(_, d)| !tokens.is_counted(tokenizer, d))
-            .map(|(m, _)| m.raw.get().len());
+            .filter(|m| !m.is_counted(tokens, tokenizer))
+            .map(|m| m.raw.get().len());
         pinned.chain(live).sum()
     }
 

@@ -275,10 +275,7 @@ impl Compactor {
             .map(|u| {
                 (u.start..u.end)
                     .map(|i| {
-                        self.tokens
-                            .count_lazy(job.tokenizer, &view.live_digests[i], || {
-                                view.live[i].value()
-                            })
+                        view.live[i].token_count(&self.tokens, job.tokenizer)
                     })
                     .sum()
             })
@@ -286,10 +283,7 @@ impl Compactor {
         let pinned: u64 = view
             .pinned
             .iter()
-            .map(|m| {
-                self.tokens
-                    .count_lazy(job.tokenizer, &m.digest, || m.message.value())
-            })
+            .map(|m| m.message.token_count(&self.tokens, job.tokenizer))
             .sum();
         let scale = |local: u64| job.scale.tokens(local);
         let fixed = pinned + job.tools_tokens + REPLY_PRIMING;
@@ -469,17 +463,11 @@ impl Compactor {
         let pinned: u64 = view
             .pinned
             .iter()
-            .map(|m| {
-                self.tokens
-                    .count_lazy(job.tokenizer, &m.digest, || m.message.value())
-            })
+            .map(|m| m.message.token_count(&self.tokens, job.tokenizer))
             .sum();
         let recent: u64 = (plan.cut..view.live.len())
             .map(|i| {
-                self.tokens
-                    .count_lazy(job.tokenizer, &view.live_digests[i], || {
-                        view.live[i].value()
-                    })
+                view.live[i].token_count(&self.tokens, job.tokenizer)
             })
             .sum();
         record.tokens_after = job.scale.tokens(

@@ -11,6 +11,8 @@ use xxhash_rust::xxh3::xxh3_128_with_seed;
 
 use super::DialectKind;
 use crate::base::digest::{message_digest, MessageDigest};
+use crate::config::Tokenizer;
+use crate::tokens::Tokens;
 use crate::error::ApiError;
 
 /// Why a request body was refused.
@@ -137,7 +139,12 @@ struct Facts {
     answers: Box<[Box<str>]>,
     item_type: Option<Box<str>>,
     tool_answer: bool,
+    /// Token counts, by tokenizer, filled on first use.
+    counts: [OnceLock<u32>; TOKENIZERS],
 }
+
+/// How many tokenizers there are (`Tokenizer as usize` indexes `Facts::counts`).
+const TOKENIZERS: usize = 3;
 
 /// Distinct messages whose facts are kept.
 const FACTS_ENTRIES: u64 = 500_000;
@@ -230,6 +237,7 @@ impl Message {
                 Role::User => blocks(&value, "tool_result").next().is_some(),
                 _ => false,
             },
+            counts: Default::default(),
         };
         Self {
             role,
@@ -273,6 +281,25 @@ impl Message {
     /// The digest of the message's canonical JSON.
     pub fn digest(&self) -> MessageDigest {
         self.facts.digest
+    }
+
+    /// Its tokens with `tokenizer`, overhead included: counted once per distinct
+    /// message, then read from its facts without a cache lookup.
+    pub fn token_count(&self, tokens: &Tokens, tokenizer: Tokenizer) -> u64 {
+        let slot = &self.facts.counts[tokenizer as usize % TOKENIZERS];
+        let count = slot.get_or_init(|| {
+            let count = tokens.count_lazy(tokenizer, &self.facts.digest, || self.value());
+            u32::try_from(count).unwrap_or(u32::MAX)
+        });
+        u64::from(*count)
+    }
+
+    /// True when counting it with `tokenizer` needs no tokenising.
+    pub fn is_counted(&self, tokens: &Tokens, tokenizer: Tokenizer) -> bool {
+        self.facts.counts[tokenizer as usize % TOKENIZERS]
+            .get()
+            .is_some()
+            || tokens.is_counted(tokenizer, &self.facts.digest)
     }
 
     /// The Responses item type (`function_call`, `reasoning`, …), if it has one.
