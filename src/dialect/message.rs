@@ -147,20 +147,20 @@ struct Facts {
 const TOKENIZERS: usize = 3;
 
 /// Distinct messages whose facts are kept.
-const FACTS_ENTRIES: u64 = 500_000;
+const FACTS_ENTRIES: usize = 500_000;
 
 /// The facts cache: keyed by a 128-bit xxh3 of the raw bytes, seeded per process so
 /// no one can craft a message that collides with another's, and by dialect.
 struct FactsCache {
     seed: u64,
-    entries: moka::sync::Cache<(u128, u8), Arc<Facts>>,
+    entries: quick_cache::sync::Cache<(u128, u8), Arc<Facts>>,
 }
 
 fn facts_cache() -> &'static FactsCache {
     static CACHE: OnceLock<FactsCache> = OnceLock::new();
     CACHE.get_or_init(|| FactsCache {
         seed: RandomState::new().hash_one(0x68616e646f6666_u64),
-        entries: moka::sync::Cache::new(FACTS_ENTRIES),
+        entries: quick_cache::sync::Cache::new(FACTS_ENTRIES),
     })
 }
 
