@@ -274,9 +274,7 @@ impl Compactor {
             .iter()
             .map(|u| {
                 (u.start..u.end)
-                    .map(|i| {
-                        view.live[i].token_count(&self.tokens, job.tokenizer)
-                    })
+                    .map(|i| view.live[i].token_count(&self.tokens, job.tokenizer))
                     .sum()
             })
             .collect();
@@ -466,9 +464,7 @@ impl Compactor {
             .map(|m| m.message.token_count(&self.tokens, job.tokenizer))
             .sum();
         let recent: u64 = (plan.cut..view.live.len())
-            .map(|i| {
-                view.live[i].token_count(&self.tokens, job.tokenizer)
-            })
+            .map(|i| view.live[i].token_count(&self.tokens, job.tokenizer))
             .sum();
         record.tokens_after = job.scale.tokens(
             pinned

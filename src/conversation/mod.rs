@@ -42,6 +42,47 @@ pub struct ConversationState {
     compactions: HashMap<PrefixDigest, Arc<Adopted>>,
     /// The last upstream-reported input size and its local estimate.
     calibration: Option<Calibration>,
+    /// The latest root request's message digests and their chain digests: the next
+    /// request repeats most of them, and reuses their chain instead of rehashing it.
+    last_chain: Vec<(MessageDigest, PrefixDigest)>,
+    /// The latest pinned messages' digests and the digest of their set.
+    last_pinned: Option<(Vec<MessageDigest>, Digest)>,
+}
+
+impl ConversationState {
+    /// The chain digests of `digests` from the root, reusing the latest request's
+    /// where its messages are the same.
+    fn chain_of(&mut self, digests: &[MessageDigest]) -> Vec<PrefixDigest> {
+        let same = digests
+            .iter()
+            .zip(&self.last_chain)
+            .take_while(|(digest, (last, _))| *digest == last)
+            .count();
+        let mut prefix: Vec<PrefixDigest> = Vec::with_capacity(digests.len());
+        prefix.extend(self.last_chain[..same].iter().map(|(_, p)| *p));
+        for digest in &digests[same..] {
+            let next = chain(prefix.last(), digest);
+            prefix.push(next);
+        }
+        prefix
+    }
+
+    /// The digest of the pinned set with these message digests, computed only when
+    /// the set changed.
+    fn pinned_set(&mut self, pinned: &[Message]) -> Option<Digest> {
+        if pinned.is_empty() {
+            return None;
+        }
+        let digests: Vec<MessageDigest> = pinned.iter().map(Message::digest).collect();
+        if let Some((last, set)) = &self.last_pinned {
+            if *last == digests {
+                return Some(*set);
+            }
+        }
+        let set = pinned_digest(&pinned.iter().map(Message::value).collect::<Vec<_>>());
+        self.last_pinned = Some((digests, set));
+        Some(set)
+    }
 }
 
 /// A conversation's cached state, and the lock that makes its compactions single-flight.
@@ -319,15 +360,20 @@ impl Tracker {
         let pinned_len = pinned_len(&request.messages);
         let (pinned, rest) = request.messages.split_at(pinned_len);
         let mut message_digests: Vec<MessageDigest> = rest.iter().map(Message::digest).collect();
-        let mut prefix = prefix_digests_after(base, &message_digests);
-        let pinned_set = (!pinned.is_empty())
-            .then(|| pinned_digest(&pinned.iter().map(Message::value).collect::<Vec<_>>()));
-
         let pinned_digests: Vec<MessageDigest> = pinned.iter().map(Message::digest).collect();
         let entry = self.entry(&id).await?;
         let mut state = entry.state.lock().await;
+        let pinned_set = state.pinned_set(pinned);
+        let mut prefix = match base {
+            None => state.chain_of(&message_digests),
+            Some(_) => prefix_digests_after(base, &message_digests),
+        };
+        let originals = (base.is_none()).then(|| message_digests.clone());
         // Prefix-closed: if d[i] is logged, so is every d[j < i].
         let known = state.known_prefix(rest, &mut message_digests, &mut prefix);
+        if let Some(originals) = originals {
+            state.last_chain = originals.into_iter().zip(prefix.iter().copied()).collect();
+        }
         let mut lines = Vec::with_capacity(rest.len() - known + 2);
         if let Some(digest) = pinned_set.filter(|d| !state.pinned.contains(d)) {
             lines.push(Line::now(Entry::Pinned(PinnedLine {
@@ -491,5 +537,30 @@ impl Tracker {
             .compactions
             .insert(adopted.record.source.prefix_digest, Arc::clone(&adopted));
         Ok(adopted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reused_chain_equals_a_fresh_one() {
+        let digests: Vec<MessageDigest> = (0..6)
+            .map(|i| message_digest(&serde_json::json!({"role": "user", "content": i})))
+            .collect();
+        let mut state = ConversationState::default();
+        assert_eq!(state.chain_of(&digests), prefix_digests(&digests));
+        state.last_chain = digests
+            .iter()
+            .copied()
+            .zip(prefix_digests(&digests))
+            .collect();
+        // The next request repeats four messages and then differs.
+        let mut next = digests[..4].to_vec();
+        next.push(message_digest(
+            &serde_json::json!({"role": "user", "content": "new"}),
+        ));
+        assert_eq!(state.chain_of(&next), prefix_digests(&next));
     }
 }

@@ -12,8 +12,8 @@ use xxhash_rust::xxh3::xxh3_128_with_seed;
 use super::DialectKind;
 use crate::base::digest::{message_digest, MessageDigest};
 use crate::config::Tokenizer;
-use crate::tokens::Tokens;
 use crate::error::ApiError;
+use crate::tokens::Tokens;
 
 /// Why a request body was refused.
 #[derive(Debug, thiserror::Error)]
