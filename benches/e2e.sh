@@ -98,8 +98,8 @@ IDLE_RSS=$(ps -o rss= -p "$HANDOFF_PID")
 
 # wrk → "rps p50_ms p99_ms"
 run_wrk() { # url connections body [conversation]
-  local out
-  out=$(BODY="$3" CONVERSATION="${4:-}" wrk -t2 -c"$2" -d"${DURATION}s" --timeout 10s --latency -s benches/e2e/post.lua "$1")
+  local out threads=$(( $2 < 2 ? $2 : 2 ))
+  out=$(BODY="$3" CONVERSATION="${4:-}" wrk -t"$threads" -c"$2" -d"${DURATION}s" --timeout 10s --latency -s benches/e2e/post.lua "$1")
   python3 - "$out" <<'PY'
 import re, sys
 text = sys.argv[1]
@@ -126,6 +126,16 @@ for round in $(seq 1 "$ROUNDS"); do
   done
   for target in direct handoff nginx; do
     echo "stream $target $(python3 benches/e2e/stream_probe.py 127.0.0.1 "${PORT[$target]}" 3)" >> "$RESULTS"
+  done
+  # What a single agent feels: one connection, one request at a time.
+  for target in direct handoff nginx; do
+    echo "c1 $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/chat/completions" 1 "$WORK/small.json")" >> "$RESULTS"
+  done
+  # The same shapes on Anthropic's Messages API.
+  for target in direct handoff nginx; do
+    echo "asmall $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/messages" 32 "$WORK/small_anthropic.json")" >> "$RESULTS"
+    echo "along $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/messages" 8 "$WORK/long_anthropic.json" bench-long-anthropic)" >> "$RESULTS"
+    echo "astream $target $(python3 benches/e2e/stream_probe.py 127.0.0.1 "${PORT[$target]}" 3 anthropic)" >> "$RESULTS"
   done
 done
 
@@ -169,6 +179,26 @@ for t in ["direct", "handoff", "nginx"]:
         stream[t] = [med([g[k] for g in got]) for k in ("ttfb_p50_ms", "gap_p50_ms", "gap_max_ms")]
         print(f"| {t} | {stream[t][0]:.2f} | {stream[t][1]:.2f} | {stream[t][2]:.2f} |")
 print(f"\nTTFB added by handoff over direct: {stream['handoff'][0] - stream['direct'][0]:.2f} ms")
+print("\n| small chat, 1 connection | req/s | p50 ms | p99 ms |")
+print("| --- | ---: | ---: | ---: |")
+c1 = {t: wrk("c1", t) for t in ["direct", "handoff", "nginx"]}
+for t, v in c1.items():
+    if v: print(f"| {t} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} |")
+print(f"\nc=1 latency added by handoff over direct: p50 {c1['handoff'][1] - c1['direct'][1]:.3f} ms, p99 {c1['handoff'][2] - c1['direct'][2]:.3f} ms"
+      f" (nginx: p50 {c1['nginx'][1] - c1['direct'][1]:.3f} ms, p99 {c1['nginx'][2] - c1['direct'][2]:.3f} ms)")
+print("\n| Anthropic Messages | small req/s (32 conn) | small p50 ms | long req/s (8 conn) | long p50 ms | non-2xx | stream TTFB p50 ms |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+anthropic = {}
+for t in ["direct", "handoff", "nginx"]:
+    s_, l_ = wrk("asmall", t), wrk("along", t)
+    got = [json.loads(r) for r in rows.get(("astream", t), [])]
+    ttfb = med([g["ttfb_p50_ms"] for g in got]) if got else float("nan")
+    if s_ and l_:
+        anthropic[t] = (s_, l_, ttfb)
+        print(f"| {t} | {s_[0]:.0f} | {s_[1]:.3f} | {l_[0]:.0f} | {l_[1]:.3f} | {s_[3] + l_[3]:.0f} | {ttfb:.2f} |")
+if "handoff" in anthropic and "nginx" in anthropic:
+    h, n = anthropic["handoff"], anthropic["nginx"]
+    print(f"\nAnthropic: handoff/nginx small throughput {h[0][0]/n[0][0]:.2f}×; long p50 added over nginx {h[1][1] - n[1][1]:.3f} ms; TTFB added over direct {h[2] - anthropic['direct'][2]:.2f} ms")
 print(f"\nhandoff RSS: idle {int(idle)/1024:.1f} MB; after the load runs {int(loaded)/1024:.1f} MB; with {tracked.strip()} tracked conversations {int(full)/1024:.1f} MB")
 print(f"\noverhead metric: {overhead}")
 PY

@@ -33,3 +33,52 @@ while size < 400_000:
         round_ += 1
 messages.append({"role": "user", "content": "Summarise where we are."})
 json.dump({"model": "bench-model", "messages": messages, "tools": tools}, open(os.path.join(out, "long.json"), "w"))
+
+# The same two bodies in Anthropic's Messages shape: system top-level, tool_use and
+# tool_result blocks, roles alternating.
+def blocks(message):
+    content = message.get("content")
+    out = []
+    if isinstance(content, str) and content:
+        out.append({"type": "text", "text": content})
+    elif isinstance(content, list):
+        out += [{"type": "text", "text": p.get("text", "")} for p in content if p.get("text")]
+    for call in message.get("tool_calls") or []:
+        try:
+            arguments = json.loads(call["function"]["arguments"] or "{}")
+        except ValueError:
+            arguments = {"raw": call["function"]["arguments"]}
+        if not isinstance(arguments, dict):
+            arguments = {"value": arguments}
+        out.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": arguments})
+    return out
+
+
+def to_anthropic(body):
+    system, turns = [], []
+    for message in body["messages"]:
+        role = message["role"]
+        if role == "system":
+            system.append(message["content"])
+            continue
+        if role == "tool":
+            role, content = "user", [{"type": "tool_result", "tool_use_id": message["tool_call_id"], "content": str(message.get("content") or "")}]
+        else:
+            content = blocks(message)
+        if not content:
+            continue
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"] += content
+        else:
+            turns.append({"role": role, "content": content})
+    out = {"model": "bench-model", "max_tokens": 1024, "system": "\n".join(system), "messages": turns}
+    if body.get("tools"):
+        out["tools"] = [{"name": t["function"]["name"], "description": t["function"].get("description", ""),
+                         "input_schema": t["function"].get("parameters", {"type": "object"})} for t in body["tools"]]
+    return out
+
+
+small_anthropic = to_anthropic(small)
+small_anthropic["messages"].append({"role": "user", "content": "And of Italy?"})
+json.dump(small_anthropic, open(os.path.join(out, "small_anthropic.json"), "w"))
+json.dump(to_anthropic({"messages": messages, "tools": tools}), open(os.path.join(out, "long_anthropic.json"), "w"))

@@ -1,6 +1,6 @@
-"""Streams N chat completions from URL and reports time to first byte and the gaps
-between SSE events, measured on the raw socket as bytes arrive.
-Usage: stream_probe.py HOST PORT N   -> JSON on stdout."""
+"""Streams N chat completions (or Anthropic messages) from URL and reports time to first
+byte and the gaps between SSE events, measured on the raw socket as bytes arrive.
+Usage: stream_probe.py HOST PORT N [anthropic]   -> JSON on stdout."""
 import json
 import socket
 import statistics
@@ -8,9 +8,14 @@ import sys
 import time
 
 host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-body = json.dumps({"model": "bench-model", "stream": True, "messages": [{"role": "user", "content": "stream please"}]}, separators=(",", ":")).encode()
+anthropic = len(sys.argv) > 4 and sys.argv[4] == "anthropic"
+request = {"model": "bench-model", "stream": True, "messages": [{"role": "user", "content": "stream please"}]}
+if anthropic:
+    request["max_tokens"] = 256
+body = json.dumps(request, separators=(",", ":")).encode()
+path = "/v1/messages" if anthropic else "/v1/chat/completions"
 head = (
-    f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+    f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
     f"Authorization: Bearer sk-bench\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
 ).encode()
 ttfbs, gaps = [], []

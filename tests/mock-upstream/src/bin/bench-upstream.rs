@@ -1,8 +1,9 @@
 //! A fast mock provider for the end-to-end benchmark (`benches/e2e.sh`).
 //!
 //! `POST …/chat/completions` answers a fixed completion as JSON, or, when the body asks
-//! for `"stream":true`, 64 SSE deltas 20 ms apart. It records nothing, so that the
-//! numbers measure the proxy in front of it. Usage: `bench-upstream 127.0.0.1:18000`.
+//! for `"stream":true`, 64 SSE deltas 20 ms apart; `POST …/v1/messages` answers the
+//! same in Anthropic's shapes. It records nothing, so that the numbers measure the
+//! proxy in front of it. Usage: `bench-upstream 127.0.0.1:18000`.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -20,11 +21,23 @@ use tokio::net::TcpListener;
 
 type Body = BoxBody<Bytes, Infallible>;
 
-async fn answer(
-    request: Request<Incoming>,
+/// The fixed answers, per API.
+struct Answers {
     json: Bytes,
     frames: &'static [Bytes],
+}
+
+async fn answer(
+    request: Request<Incoming>,
+    chat: &'static Answers,
+    messages: &'static Answers,
 ) -> Response<Body> {
+    let Answers { json, frames } = if request.uri().path().ends_with("/v1/messages") {
+        messages
+    } else {
+        chat
+    };
+    let json = json.clone();
     let body = request
         .into_body()
         .collect()
@@ -52,30 +65,67 @@ async fn answer(
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()).boxed()))
 }
 
+/// A Messages API reply with `text`.
+fn anthropic_message(text: &str) -> serde_json::Value {
+    serde_json::json!({"id": "msg_bench", "type": "message", "role": "assistant", "model": "bench-model",
+        "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": null,
+        "usage": {"input_tokens": 10, "output_tokens": 8}})
+}
+
+/// A Messages API stream of `deltas`.
+fn anthropic_frames(deltas: &[&str]) -> Vec<String> {
+    let event = |name: &str, data: serde_json::Value| format!("event: {name}\ndata: {data}\n\n");
+    let mut message = anthropic_message("");
+    message["content"] = serde_json::json!([]);
+    let mut frames = vec![format!(
+        "{}{}",
+        event(
+            "message_start",
+            serde_json::json!({"type": "message_start", "message": message})
+        ),
+        event(
+            "content_block_start",
+            serde_json::json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+        )
+    )];
+    for delta in deltas {
+        frames.push(event("content_block_delta", serde_json::json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": delta}})));
+    }
+    frames.push(format!(
+        "{}{}{}",
+        event("content_block_stop", serde_json::json!({"type": "content_block_stop", "index": 0})),
+        event("message_delta", serde_json::json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 64}})),
+        event("message_stop", serde_json::json!({"type": "message_stop"}))
+    ));
+    frames
+}
+
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
     let addr = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:18000".to_owned());
     let listener = TcpListener::bind(&addr).await?;
-    let json = Bytes::from(chat_completion("Hello from the benchmark upstream.").to_string());
     let deltas: Vec<String> = (0..64).map(|i| format!("tok{i} ")).collect();
     let deltas: Vec<&str> = deltas.iter().map(String::as_str).collect();
-    let frames: &'static [Bytes] = Box::leak(
-        chat_stream_frames(&deltas)
-            .into_iter()
-            .map(Bytes::from)
-            .collect(),
-    );
+    let leak = |frames: Vec<String>| -> &'static [Bytes] {
+        Box::leak(frames.into_iter().map(Bytes::from).collect())
+    };
+    let chat: &'static Answers = Box::leak(Box::new(Answers {
+        json: Bytes::from(chat_completion("Hello from the benchmark upstream.").to_string()),
+        frames: leak(chat_stream_frames(&deltas)),
+    }));
+    let messages: &'static Answers = Box::leak(Box::new(Answers {
+        json: Bytes::from(anthropic_message("Hello from the benchmark upstream.").to_string()),
+        frames: leak(anthropic_frames(&deltas)),
+    }));
     eprintln!("bench-upstream listening on {addr}");
     loop {
         let (socket, _) = listener.accept().await?;
         let _ = socket.set_nodelay(true);
-        let json = json.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |request| {
-                let json = json.clone();
-                async move { Ok::<_, Infallible>(answer(request, json, frames).await) }
+            let service = service_fn(move |request| async move {
+                Ok::<_, Infallible>(answer(request, chat, messages).await)
             });
             let _ = auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(socket), service)
