@@ -139,6 +139,8 @@ struct Facts {
     answers: Box<[Box<str>]>,
     item_type: Option<Box<str>>,
     tool_answer: bool,
+    /// False when an Anthropic `tool_result` block follows another kind of block.
+    results_lead: bool,
     /// Token counts, by tokenizer, filled on first use.
     counts: [OnceLock<u32>; TOKENIZERS],
 }
@@ -237,6 +239,7 @@ impl Message {
                 Role::User => blocks(&value, "tool_result").next().is_some(),
                 _ => false,
             },
+            results_lead: results_lead(&value),
             counts: Default::default(),
         };
         Self {
@@ -348,6 +351,12 @@ impl Message {
     pub fn is_tool_answer(&self) -> bool {
         self.facts.tool_answer
     }
+
+    /// True unless an Anthropic `tool_result` block comes after another kind of block
+    /// (the Messages API wants them first).
+    pub fn tool_results_lead(&self) -> bool {
+        self.facts.results_lead
+    }
 }
 
 /// The content blocks of an Anthropic-shaped message (empty for a string content).
@@ -358,6 +367,16 @@ fn blocks<'v>(value: &'v Value, kind: &'static str) -> impl Iterator<Item = &'v 
         .into_iter()
         .flatten()
         .filter(move |block| block.get("type").and_then(Value::as_str) == Some(kind))
+}
+
+/// True unless a `tool_result` block follows a block of another kind.
+fn results_lead(value: &Value) -> bool {
+    let Some(blocks) = value.get("content").and_then(Value::as_array) else {
+        return true;
+    };
+    let is_result = |b: &Value| b.get("type").and_then(Value::as_str) == Some("tool_result");
+    let leading = blocks.iter().take_while(|b| is_result(b)).count();
+    !blocks[leading..].iter().any(is_result)
 }
 
 fn item_type(value: &Value) -> Option<&str> {

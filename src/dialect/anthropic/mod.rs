@@ -145,15 +145,7 @@ impl Dialect for AnthropicMessages {
         for (index, message) in messages.iter().enumerate() {
             match message.role {
                 Role::User => {
-                    let blocks = content_blocks(message.value());
-                    let leading = blocks
-                        .iter()
-                        .take_while(|b| block_type(b) == "tool_result")
-                        .count();
-                    if blocks[leading..]
-                        .iter()
-                        .any(|b| block_type(b) == "tool_result")
-                    {
+                    if !message.tool_results_lead() {
                         return Err(DialectError::Shape {
                             index,
                             rule: "tool_result blocks must come before any other content".into(),
