@@ -15,7 +15,7 @@ use crate::adoption::Adopted;
 use crate::base::digest::{MessageDigest, PrefixDigest};
 use crate::config::Tokenizer;
 use crate::conversation::Tracked;
-use crate::dialect::{ChatRequest, DialectError, DialectKind, Message, Role};
+use crate::dialect::{ChatRequest, DialectError, DialectKind, Message, RawMessage, Role};
 use crate::tokens::{Tokens, REPLY_PRIMING};
 use handoff_plugin_api::shorten_tool_body;
 
@@ -37,7 +37,7 @@ pub enum ProjectionError {
 #[derive(Debug, Clone, Copy)]
 pub struct ViewMessage<'a> {
     /// The bytes sent upstream.
-    pub raw: &'a RawValue,
+    pub raw: &'a RawMessage,
     /// The message.
     pub message: &'a Message,
     /// Its digest, the token-count cache key.
@@ -99,12 +99,12 @@ impl ModelView<'_> {
             .pinned
             .iter()
             .filter(|m| !m.message.is_counted(tokens, tokenizer))
-            .map(|m| m.raw.get().len());
+            .map(|m| m.raw.as_bytes().len());
         let live = self
             .live
             .iter()
             .filter(|m| !m.is_counted(tokens, tokenizer))
-            .map(|m| m.raw.get().len());
+            .map(|m| m.raw.as_bytes().len());
         pinned.chain(live).sum()
     }
 
@@ -153,10 +153,10 @@ impl ModelView<'_> {
             }
             let mut value = message.value().clone();
             value["content"] = Value::String(short);
-            let Ok(raw) = serde_json::value::to_raw_value(&value) else {
+            let Ok(raw) = serde_json::to_string(&value) else {
                 continue;
             };
-            let shortened = Message::parsed(message.role, raw, value);
+            let shortened = Message::parsed(message.role, RawMessage::from(raw), value);
             *digest = shortened.digest();
             *message = shortened;
             changed = true;
@@ -170,18 +170,18 @@ impl ModelView<'_> {
 
     /// The raw messages of the body's `messages`, in order: pinned ones only where the
     /// dialect keeps them there.
-    pub fn raw_messages(&self) -> Vec<&RawValue> {
-        let mut out: Vec<&RawValue> = Vec::with_capacity(self.pinned.len() + self.live.len() + 2);
-        out.extend(self.pinned.iter().skip(self.top_level).map(|m| m.raw));
+    pub fn raw_messages(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::with_capacity(self.pinned.len() + self.live.len() + 2);
+        out.extend(self.pinned.iter().skip(self.top_level).map(|m| m.raw.get()));
         match (&self.compaction, &self.joined) {
-            (Some(_), Some(joined)) => out.push(joined),
+            (Some(_), Some(joined)) => out.push(joined.get()),
             (Some(adopted), None) => {
-                out.push(&adopted.continuation);
-                out.push(&adopted.handoff);
+                out.push(adopted.continuation.get());
+                out.push(adopted.handoff.get());
             }
             (None, _) => {}
         }
-        out.extend(self.live.iter().map(|m| m.raw.as_ref()));
+        out.extend(self.live.iter().map(|m| m.raw.get()));
         out
     }
 
@@ -201,7 +201,7 @@ impl ModelView<'_> {
         let start = list.get().as_ptr() as usize - body.as_ptr() as usize;
         let end = start + list.get().len();
         let messages = self.raw_messages();
-        let size: usize = messages.iter().map(|m| m.get().len() + 1).sum();
+        let size: usize = messages.iter().map(|m| m.len() + 1).sum();
         let mut out = Vec::with_capacity(body.len() - (end - start) + size + 2);
         out.extend_from_slice(&body[..start]);
         out.push(b'[');
@@ -209,7 +209,7 @@ impl ModelView<'_> {
             if index > 0 {
                 out.push(b',');
             }
-            out.extend_from_slice(message.get().as_bytes());
+            out.extend_from_slice(message.as_bytes());
         }
         out.push(b']');
         out.extend_from_slice(&body[end..]);

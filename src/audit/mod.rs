@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 pub use branch::Tree;
@@ -274,7 +275,12 @@ impl Audit {
             .filter_map(|(prefix, record)| Adopted::new(record).ok().map(|a| (prefix, Arc::new(a))))
             .collect();
         let view = project_view(&request, &tracked, &adopted);
-        serde_json::to_writer_pretty(&mut *out, &view.raw_messages())?;
+        let messages: Vec<&RawValue> = view
+            .raw_messages()
+            .into_iter()
+            .filter_map(|m| serde_json::from_str(m).ok())
+            .collect();
+        serde_json::to_writer_pretty(&mut *out, &messages)?;
         writeln!(out)?;
         Ok(())
     }

@@ -129,7 +129,7 @@ impl<'s> Exchange<'s> {
         let (mut parts, body) = request.into_parts();
         let body =
             admit::read_body(body, snap.config.limits.max_body_bytes, &parts.headers).await?;
-        let chat = dialect.get().parse(&body).map_err(ApiError::from)?;
+        let chat = dialect.get().parse_body(&body).map_err(ApiError::from)?;
         let chosen = admit::strategy_override(&snap, &parts.headers)?;
         let chain = snap.registry.select(&snap.config, &chat.model, chosen);
         admission.check_model(&chat.model)?;

@@ -378,7 +378,7 @@ impl Tracker {
         if let Some(digest) = pinned_set.filter(|d| !state.pinned.contains(d)) {
             lines.push(Line::now(Entry::Pinned(PinnedLine {
                 digest,
-                messages: pinned.iter().map(|m| m.raw.clone()).collect(),
+                messages: pinned.iter().map(|m| m.raw.to_raw_value()).collect(),
             })));
         }
         for index in known..rest.len() {
@@ -388,7 +388,7 @@ impl Tracker {
                 message_digest: message_digests[index],
                 source: Source::Client,
                 model: request.model.clone(),
-                message: rest[index].raw.clone(),
+                message: rest[index].raw.to_raw_value(),
                 usage: None,
                 finish_reason: None,
                 choice: None,

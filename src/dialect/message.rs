@@ -5,6 +5,7 @@ use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::{Arc, OnceLock};
 
+use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_128_with_seed;
@@ -166,6 +167,45 @@ fn facts_cache() -> &'static FactsCache {
     })
 }
 
+/// A message's bytes exactly as received: a slice of the request body it came in
+/// (shared, not copied), or its own buffer when handoff made it.
+#[derive(Debug, Clone)]
+pub struct RawMessage(Bytes);
+
+impl RawMessage {
+    /// The slice of `body` that `part` (borrowed from `body`'s bytes) spans; a copy if
+    /// it does not lie inside `body`.
+    pub fn within(body: &Bytes, part: &str) -> Self {
+        let start = (part.as_ptr() as usize).wrapping_sub(body.as_ptr() as usize);
+        if start <= body.len() && part.len() <= body.len() - start {
+            Self(body.slice(start..start + part.len()))
+        } else {
+            Self(Bytes::copy_from_slice(part.as_bytes()))
+        }
+    }
+
+    /// Its bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Its text; JSON read from a body is UTF-8, so this never falls back.
+    pub fn get(&self) -> &str {
+        std::str::from_utf8(&self.0).unwrap_or("null")
+    }
+
+    /// As a `RawValue`, for a log line.
+    pub fn to_raw_value(&self) -> Box<RawValue> {
+        RawValue::from_string(self.get().to_owned()).unwrap_or_else(|_| RawValue::NULL.to_owned())
+    }
+}
+
+impl From<String> for RawMessage {
+    fn from(text: String) -> Self {
+        Self(Bytes::from(text))
+    }
+}
+
 /// One message: its role, its bytes exactly as received, its digest, and its parsed
 /// value, read only when something needs the content.
 #[derive(Debug)]
@@ -173,7 +213,7 @@ pub struct Message {
     /// The role.
     pub role: Role,
     /// The message exactly as the client sent it.
-    pub raw: Box<RawValue>,
+    pub raw: RawMessage,
     facts: Arc<Facts>,
     value: OnceLock<Value>,
 }
@@ -201,14 +241,14 @@ impl Message {
     /// A message from its raw JSON, its role known to the caller; the facts come from
     /// the cache when these bytes were seen before in `dialect`, else from parsing.
     pub fn read(
-        raw: Box<RawValue>,
+        raw: RawMessage,
         dialect: DialectKind,
         role: impl FnOnce(&Value) -> Result<Role, DialectError>,
     ) -> Result<Self, DialectError> {
         let api = dialect.api();
         let cache = facts_cache();
         let key = (
-            xxh3_128_with_seed(raw.get().as_bytes(), cache.seed),
+            xxh3_128_with_seed(raw.as_bytes(), cache.seed),
             dialect as u8,
         );
         if let Some(facts) = cache.entries.get(&key) {
@@ -227,7 +267,7 @@ impl Message {
     }
 
     /// A message from a value already parsed (or made), with `raw` its bytes.
-    pub fn parsed(role: Role, raw: Box<RawValue>, value: Value) -> Self {
+    pub fn parsed(role: Role, raw: RawMessage, value: Value) -> Self {
         let facts = Facts {
             role,
             digest: message_digest(&value),
@@ -254,7 +294,7 @@ impl Message {
     /// which roles the API accepts, listed in `expected`.
     pub fn from_raw(
         index: usize,
-        raw: Box<RawValue>,
+        raw: RawMessage,
         dialect: DialectKind,
         known: fn(Role) -> bool,
         expected: &'static str,

@@ -11,11 +11,12 @@ pub mod responses;
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use handoff_plugin_api::ModelClient;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-pub use message::{DialectError, Message, Role};
+pub use message::{DialectError, Message, RawMessage, Role};
 pub use openai::check_tool_pairs;
 
 use crate::base::reply::Assembled;
@@ -209,8 +210,14 @@ pub trait Dialect: Send + Sync {
     /// The path a request of this dialect is posted to, for calls handoff makes itself.
     fn path(&self) -> &'static str;
 
-    /// Parses and checks a request body; the error says where it went wrong.
-    fn parse(&self, body: &[u8]) -> Result<ChatRequest, DialectError>;
+    /// Parses and checks a request body; the error says where it went wrong. The
+    /// messages share `body`'s bytes.
+    fn parse_body(&self, body: &Bytes) -> Result<ChatRequest, DialectError>;
+
+    /// Like [`Dialect::parse_body`], for a body held elsewhere (copied once).
+    fn parse(&self, body: &[u8]) -> Result<ChatRequest, DialectError> {
+        self.parse_body(&Bytes::copy_from_slice(body))
+    }
 
     /// Checks the API's tool pairing rules over `messages` (no pinned ones).
     fn check_pairs(&self, messages: &[Message]) -> Result<(), DialectError>;

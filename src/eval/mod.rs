@@ -343,12 +343,7 @@ impl Replayer {
             .await
             .map_err(|err| err.to_string())?;
         let (view, local) = (fitted.view, fitted.estimate);
-        let text = view
-            .raw_messages()
-            .iter()
-            .map(|m| m.get())
-            .collect::<Vec<_>>()
-            .join("\n");
+        let text = view.raw_messages().join("\n");
         if let Some((reply, usage)) = &step.reply {
             let server = usage
                 .as_ref()

@@ -13,12 +13,14 @@ mod summary;
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use handoff_plugin_api::ModelClient;
 use http::StatusCode;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
+use super::RawMessage;
 use super::{
     ChatRequest, Dialect, DialectError, DialectKind, Message, Opening, Role, StreamEnd, StreamReply,
 };
@@ -36,10 +38,11 @@ pub const CONTINUATION_JOINED: &str = "Continue from the compacted state. The ea
 pub struct AnthropicMessages;
 
 #[derive(Deserialize)]
-struct Wire {
+struct Wire<'a> {
     #[serde(default)]
     model: Option<String>,
-    messages: Vec<Box<RawValue>>,
+    #[serde(borrow)]
+    messages: Vec<&'a RawValue>,
     #[serde(default)]
     system: Option<Box<RawValue>>,
     #[serde(default)]
@@ -76,7 +79,7 @@ fn system_message(raw: &RawValue) -> Result<Option<Message>, DialectError> {
         return Ok(None);
     }
     let text = format!(r#"{{"role":"system","content":{}}}"#, raw.get());
-    let raw = RawValue::from_string(text).map_err(|e| DialectError::json(API, e))?;
+    let raw = RawMessage::from(text);
     Ok(Some(Message::parsed(
         Role::System,
         raw,
@@ -93,8 +96,8 @@ impl Dialect for AnthropicMessages {
         "/v1/messages"
     }
 
-    fn parse(&self, body: &[u8]) -> Result<ChatRequest, DialectError> {
-        let wire: Wire =
+    fn parse_body(&self, body: &Bytes) -> Result<ChatRequest, DialectError> {
+        let wire: Wire<'_> =
             serde_json::from_slice(body).map_err(|err| DialectError::json(API, err))?;
         let conversation = wire
             .messages
@@ -103,7 +106,7 @@ impl Dialect for AnthropicMessages {
             .map(|(index, raw)| {
                 Message::from_raw(
                     index,
-                    raw,
+                    RawMessage::within(body, raw.get()),
                     DialectKind::Anthropic,
                     |role| matches!(role, Role::User | Role::Assistant),
                     "user, assistant",

@@ -10,6 +10,7 @@ mod assemble;
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use handoff_plugin_api::ModelClient;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -18,7 +19,8 @@ use serde_json::{json, Value};
 pub use assemble::{AssembledChoice, StreamAssembler};
 
 use super::{
-    ChatRequest, Dialect, DialectError, DialectKind, Message, Role, StreamEnd, StreamReply,
+    ChatRequest, Dialect, DialectError, DialectKind, Message, RawMessage, Role, StreamEnd,
+    StreamReply,
 };
 use crate::base::reply::{Assembled, CapturedReply};
 use crate::error::ApiError;
@@ -27,10 +29,11 @@ const API: &str = "chat-completions";
 const ROLES: &str = "system, developer, user, assistant, tool, function";
 
 #[derive(Deserialize)]
-struct Wire {
+struct Wire<'a> {
     #[serde(default)]
     model: Option<String>,
-    messages: Vec<Box<RawValue>>,
+    #[serde(borrow)]
+    messages: Vec<&'a RawValue>,
     #[serde(default)]
     tools: Option<Box<RawValue>>,
     #[serde(default)]
@@ -53,14 +56,15 @@ impl Dialect for OpenAiChat {
         "/v1/chat/completions"
     }
 
-    fn parse(&self, body: &[u8]) -> Result<ChatRequest, DialectError> {
-        let wire: Wire =
+    fn parse_body(&self, body: &Bytes) -> Result<ChatRequest, DialectError> {
+        let wire: Wire<'_> =
             serde_json::from_slice(body).map_err(|err| DialectError::json(API, err))?;
         let messages = wire
             .messages
             .into_iter()
             .enumerate()
             .map(|(index, raw)| {
+                let raw = RawMessage::within(body, raw.get());
                 Message::from_raw(index, raw, DialectKind::OpenAiChat, |_| true, ROLES)
             })
             .collect::<Result<Vec<_>, _>>()?;

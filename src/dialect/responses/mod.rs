@@ -14,11 +14,13 @@ mod summary;
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use handoff_plugin_api::ModelClient;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
+use super::RawMessage;
 use super::{
     ChatRequest, Dialect, DialectError, DialectKind, Message, Opening, Role, StreamEnd, StreamReply,
 };
@@ -33,11 +35,11 @@ const API: &str = "Responses API";
 pub struct OpenAiResponses;
 
 #[derive(Deserialize)]
-struct Wire {
+struct Wire<'a> {
     #[serde(default)]
     model: Option<String>,
-    #[serde(default)]
-    input: Option<Box<RawValue>>,
+    #[serde(default, borrow)]
+    input: Option<&'a RawValue>,
     #[serde(default)]
     instructions: Option<Box<RawValue>>,
     #[serde(default)]
@@ -76,22 +78,22 @@ fn item_role(index: usize, item: &Value) -> Result<Role, DialectError> {
     })
 }
 
-/// The `input` as items: a string is one user message.
-fn items(input: Option<&RawValue>) -> Result<Vec<Message>, DialectError> {
+/// The `input` as items, sharing `body`'s bytes: a string is one user message.
+fn items(body: &Bytes, input: Option<&RawValue>) -> Result<Vec<Message>, DialectError> {
     let Some(input) = input else {
         return Ok(Vec::new());
     };
     if input.get().trim_start().starts_with('"') {
-        let raw = RawValue::from_string(format!(r#"{{"role":"user","content":{}}}"#, input.get()))
-            .map_err(|e| DialectError::json(API, e))?;
+        let raw = RawMessage::from(format!(r#"{{"role":"user","content":{}}}"#, input.get()));
         let value = serde_json::from_str(raw.get()).map_err(|e| DialectError::json(API, e))?;
         return Ok(vec![Message::parsed(Role::User, raw, value)]);
     }
-    let list: Vec<Box<RawValue>> =
+    let list: Vec<&RawValue> =
         serde_json::from_str(input.get()).map_err(|e| DialectError::json(API, e))?;
     list.into_iter()
         .enumerate()
         .map(|(index, raw)| {
+            let raw = RawMessage::within(body, raw.get());
             Message::read(raw, DialectKind::Responses, |value| {
                 if !value.is_object() {
                     return Err(DialectError::NotAnObject { index });
@@ -111,12 +113,12 @@ impl Dialect for OpenAiResponses {
         "/v1/responses"
     }
 
-    fn parse(&self, body: &[u8]) -> Result<ChatRequest, DialectError> {
-        let wire: Wire =
+    fn parse_body(&self, body: &Bytes) -> Result<ChatRequest, DialectError> {
+        let wire: Wire<'_> =
             serde_json::from_slice(body).map_err(|err| DialectError::json(API, err))?;
         let server_held = wire.previous_response_id.is_some()
             || wire.conversation.as_ref().is_some_and(|c| !c.is_null());
-        let input = items(wire.input.as_deref())?;
+        let input = items(body, wire.input)?;
         if !server_held {
             // With a stored history, outputs answer calls the client never sent.
             self.check_pairs(&input)?;
@@ -124,11 +126,10 @@ impl Dialect for OpenAiResponses {
         let mut messages = Vec::with_capacity(input.len() + 1);
         if let Some(instructions) = wire.instructions.as_deref() {
             if !matches!(instructions.get(), "null" | "\"\"") {
-                let raw = RawValue::from_string(format!(
+                let raw = RawMessage::from(format!(
                     r#"{{"role":"system","content":{}}}"#,
                     instructions.get()
-                ))
-                .map_err(|e| DialectError::json(API, e))?;
+                ));
                 let value =
                     serde_json::from_str(raw.get()).map_err(|e| DialectError::json(API, e))?;
                 messages.push(Message::parsed(Role::System, raw, value));
