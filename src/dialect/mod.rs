@@ -8,6 +8,7 @@ pub mod anthropic;
 mod message;
 pub mod openai;
 pub mod responses;
+mod translate;
 
 use std::sync::Arc;
 

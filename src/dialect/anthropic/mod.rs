@@ -20,6 +20,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
+use super::translate::TranslatingClient;
 use super::RawMessage;
 use super::{
     ChatRequest, Dialect, DialectError, DialectKind, Message, Opening, Role, StreamEnd, StreamReply,
@@ -303,7 +304,11 @@ impl Dialect for AnthropicMessages {
     }
 
     fn summary_client(&self, raw: Arc<dyn ModelClient>) -> Arc<dyn ModelClient> {
-        Arc::new(summary::MessagesSummaryClient::new(raw))
+        Arc::new(TranslatingClient::new(
+            raw,
+            summary::to_messages,
+            summary::to_completion,
+        ))
     }
 }
 

@@ -1,32 +1,16 @@
-//! Summary calls for Anthropic conversations: strategies write chat-completions
-//! bodies; this client sends them as Messages requests (system messages become the
-//! top-level `system`) with the client's own `x-api-key`, `anthropic-version` and
-//! `anthropic-beta`, and reads the answer back as a chat completion.
+//! Summary calls for Anthropic conversations, translated: strategies write
+//! chat-completions bodies, which go out as Messages requests (system messages become
+//! the top-level `system`) with the client's own `x-api-key`, `anthropic-version` and
+//! `anthropic-beta`; the answer comes back as a chat completion.
 
-use std::sync::Arc;
-
-use futures_util::future::BoxFuture;
-use futures_util::FutureExt;
-use handoff_plugin_api::{content_text, ModelCallError, ModelClient, ModelReply};
+use handoff_plugin_api::content_text;
 use serde_json::{json, Map, Value};
 
 /// `max_tokens` is required by the Messages API; used when a strategy sent none.
 const DEFAULT_MAX_TOKENS: u64 = 4096;
 
-/// Translates chat-completions summary calls to the Messages API.
-pub struct MessagesSummaryClient {
-    raw: Arc<dyn ModelClient>,
-}
-
-impl MessagesSummaryClient {
-    /// Wraps `raw`, which posts to the Messages endpoint with the client's headers.
-    pub fn new(raw: Arc<dyn ModelClient>) -> Self {
-        Self { raw }
-    }
-}
-
 /// A chat-completions body as a Messages body.
-fn to_messages(body: &Value) -> Value {
+pub fn to_messages(body: &Value) -> Value {
     let mut system = Vec::new();
     let mut messages: Vec<Value> = Vec::new();
     for message in body["messages"].as_array().into_iter().flatten() {
@@ -65,7 +49,7 @@ fn to_messages(body: &Value) -> Value {
 }
 
 /// A Messages answer as a chat completion; errors pass through as they are.
-fn to_completion(status: u16, body: Value) -> Value {
+pub fn to_completion(status: u16, body: Value) -> Value {
     if !(200..300).contains(&status) || body.get("content").is_none() {
         return body;
     }
@@ -87,19 +71,6 @@ fn to_completion(status: u16, body: Value) -> Value {
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
         "usage": {"prompt_tokens": prompt, "completion_tokens": field("output_tokens"), "total_tokens": prompt + field("output_tokens")},
     })
-}
-
-impl ModelClient for MessagesSummaryClient {
-    fn complete(&self, body: Value) -> BoxFuture<'_, Result<ModelReply, ModelCallError>> {
-        async move {
-            let reply = self.raw.complete(to_messages(&body)).await?;
-            Ok(ModelReply {
-                status: reply.status,
-                body: to_completion(reply.status, reply.body),
-            })
-        }
-        .boxed()
-    }
 }
 
 #[cfg(test)]

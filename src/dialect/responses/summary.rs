@@ -1,28 +1,12 @@
-//! Summary calls for Responses conversations: strategies write chat-completions bodies;
-//! this client sends them to the Responses API (system messages become `instructions`,
-//! nothing is stored) and reads the answer back as a chat completion.
+//! Summary calls for Responses conversations, translated: strategies write
+//! chat-completions bodies, which go to the Responses API (system messages become
+//! `instructions`, nothing is stored); the answer comes back as a chat completion.
 
-use std::sync::Arc;
-
-use futures_util::future::BoxFuture;
-use futures_util::FutureExt;
-use handoff_plugin_api::{content_text, ModelCallError, ModelClient, ModelReply};
+use handoff_plugin_api::content_text;
 use serde_json::{json, Map, Value};
 
-/// Translates chat-completions summary calls to the Responses API.
-pub struct ResponsesSummaryClient {
-    raw: Arc<dyn ModelClient>,
-}
-
-impl ResponsesSummaryClient {
-    /// Wraps `raw`, which posts to the Responses endpoint with the client's headers.
-    pub fn new(raw: Arc<dyn ModelClient>) -> Self {
-        Self { raw }
-    }
-}
-
 /// A chat-completions body as a Responses body.
-fn to_responses(body: &Value) -> Value {
+pub fn to_responses(body: &Value) -> Value {
     let mut instructions = Vec::new();
     let mut input = Vec::new();
     for message in body["messages"].as_array().into_iter().flatten() {
@@ -60,7 +44,7 @@ fn output_text(body: &Value) -> String {
 }
 
 /// A response as a chat completion; errors pass through as they are.
-fn to_completion(status: u16, body: Value) -> Value {
+pub fn to_completion(status: u16, body: Value) -> Value {
     if !(200..300).contains(&status) || body.get("output").is_none() {
         return body;
     }
@@ -85,19 +69,6 @@ fn to_completion(status: u16, body: Value) -> Value {
         "choices": [{"index": 0, "message": {"role": "assistant", "content": output_text(&body)}, "finish_reason": finish}],
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
     })
-}
-
-impl ModelClient for ResponsesSummaryClient {
-    fn complete(&self, body: Value) -> BoxFuture<'_, Result<ModelReply, ModelCallError>> {
-        async move {
-            let reply = self.raw.complete(to_responses(&body)).await?;
-            Ok(ModelReply {
-                status: reply.status,
-                body: to_completion(reply.status, reply.body),
-            })
-        }
-        .boxed()
-    }
 }
 
 #[cfg(test)]
