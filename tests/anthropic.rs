@@ -12,7 +12,7 @@ use mock_upstream::strict::SUMMARY_PROMPT_START;
 use mock_upstream::{MockUpstream, Recorded};
 use serde_json::{json, Value};
 use support::client::{self, request};
-use support::scenario::{records, run_client};
+use support::scenario::{self, estimate_model, records, serve_strict};
 use support::{canonical, Proxy, ProxyOptions};
 
 const WINDOW: u64 = 8000;
@@ -20,19 +20,12 @@ const ID: &str = "claude-agent";
 
 async fn strict_anthropic(window: u64) -> (Arc<StrictAnthropic>, MockUpstream) {
     let strict = StrictAnthropic::new(window);
-    let responder = Arc::clone(&strict);
-    let mock = MockUpstream::with(move |req| responder.answer(req)).await;
+    let mock = serve_strict(&strict, StrictAnthropic::answer).await;
     (strict, mock)
 }
 
 fn options(data: &std::path::Path, window: u64) -> ProxyOptions {
-    ProxyOptions {
-        extra_toml: format!(
-            "[models.\"claude-mock\"]\ncontext_window = {window}\ntokenizer = \"estimate\"\n"
-        ),
-        data_dir: Some(data.to_owned()),
-        ..ProxyOptions::default()
-    }
+    estimate_model(data, "claude-mock", window)
 }
 
 fn is_summary(request: &Recorded) -> bool {
@@ -62,13 +55,7 @@ fn structural_refusals(strict: &StrictAnthropic) -> Vec<String> {
 }
 
 async fn run_agent(proxy: &Proxy, state: &std::path::Path, first: u32, last: u32) -> Value {
-    let state = state.to_str().unwrap().to_owned();
-    run_client(
-        proxy,
-        "anthropic_agent.py",
-        &[&state, &first.to_string(), &last.to_string()],
-    )
-    .await
+    scenario::run_agent(proxy, "anthropic_agent.py", state, first, last).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,26 +11,19 @@ use mock_upstream::strict::SUMMARY_PROMPT_START;
 use mock_upstream::{MockUpstream, Recorded};
 use serde_json::{json, Value};
 use support::client::{self, request};
-use support::scenario::{records, run_client};
+use support::scenario::{self, estimate_model, records, run_client, serve_strict};
 use support::{canonical, Proxy, ProxyOptions};
 
 const ID: &str = "responses-agent";
 
 async fn strict_responses(window: u64) -> (Arc<StrictResponses>, MockUpstream) {
     let strict = StrictResponses::new(window);
-    let responder = Arc::clone(&strict);
-    let mock = MockUpstream::with(move |req| responder.answer(req)).await;
+    let mock = serve_strict(&strict, StrictResponses::answer).await;
     (strict, mock)
 }
 
 fn options(data: &std::path::Path, window: u64) -> ProxyOptions {
-    ProxyOptions {
-        extra_toml: format!(
-            "[models.\"gpt-mock\"]\ncontext_window = {window}\ntokenizer = \"estimate\"\n"
-        ),
-        data_dir: Some(data.to_owned()),
-        ..ProxyOptions::default()
-    }
+    estimate_model(data, "gpt-mock", window)
 }
 
 fn is_summary(request: &Recorded) -> bool {
@@ -59,13 +52,7 @@ fn structural_refusals(strict: &StrictResponses) -> Vec<String> {
 }
 
 async fn run_agent(proxy: &Proxy, state: &std::path::Path, first: u32, last: u32) -> Value {
-    let state = state.to_str().unwrap().to_owned();
-    run_client(
-        proxy,
-        "openai_responses_agent.py",
-        &[&state, &first.to_string(), &last.to_string()],
-    )
-    .await
+    scenario::run_agent(proxy, "openai_responses_agent.py", state, first, last).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,6 +16,8 @@ import sys
 
 import anthropic
 
+from sdk_json import plain
+
 state_path, first, last = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 client = anthropic.Anthropic(
     base_url=os.environ["HANDOFF_URL"],
@@ -54,18 +56,6 @@ for turn in range(first, last + 1):
             {"type": "tool_result", "tool_use_id": call.id, "content": f"Result of step {turn}: {FILLER}"}
             for call in calls
         ]})
-
-
-def plain(value):
-    """The JSON the SDK sends for a value (its models dumped as it dumps them)."""
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if hasattr(value, "model_dump"):
-        return value.model_dump(exclude_unset=True, mode="json")
-    return value
-
 
 replay = plain(messages)
 json.dump(replay, open(state_path, "w"))

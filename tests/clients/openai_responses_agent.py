@@ -17,6 +17,8 @@ import sys
 
 from openai import OpenAI
 
+from sdk_json import plain
+
 state_path, first, last = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 client = OpenAI(
     base_url=os.environ["HANDOFF_URL"] + "/v1",
@@ -59,18 +61,6 @@ for turn in range(first, last + 1):
         for call in calls:
             items.append({"type": "function_call_output", "call_id": call.call_id,
                           "output": f"Result of step {turn}: {FILLER}"})
-
-
-def plain(value):
-    """The JSON the SDK sends for a value (its models dumped as it dumps them)."""
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if hasattr(value, "model_dump"):
-        return value.model_dump(exclude_unset=True, mode="json")
-    return value
-
 
 replay = plain(items)
 json.dump(replay, open(state_path, "w"))

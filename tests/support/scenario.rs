@@ -159,3 +159,41 @@ pub async fn drive_until_compaction(
     }
     panic!("no compaction after {limit} turns");
 }
+
+/// Serves `strict`'s answers (a strict provider of another API) on a fresh mock.
+pub async fn serve_strict<T: Send + Sync + 'static>(
+    strict: &Arc<T>,
+    answer: fn(&T, &Recorded) -> mock_upstream::Reply,
+) -> MockUpstream {
+    let responder = Arc::clone(strict);
+    MockUpstream::with(move |req| answer(&responder, req)).await
+}
+
+/// A proxy config for `model` with a `window`-token context counted as bytes/4, kept
+/// in `data` so a restart finds it.
+pub fn estimate_model(data: &std::path::Path, model: &str, window: u64) -> ProxyOptions {
+    ProxyOptions {
+        extra_toml: format!(
+            "[models.\"{model}\"]\ncontext_window = {window}\ntokenizer = \"estimate\"\n"
+        ),
+        data_dir: Some(data.to_owned()),
+        ..ProxyOptions::default()
+    }
+}
+
+/// Runs an agent client `script STATE FIRST LAST` (state in a JSON file) against `proxy`.
+pub async fn run_agent(
+    proxy: &Proxy,
+    script: &str,
+    state: &std::path::Path,
+    first: u32,
+    last: u32,
+) -> Value {
+    let state = state.to_str().unwrap_or_default().to_owned();
+    run_client(
+        proxy,
+        script,
+        &[&state, &first.to_string(), &last.to_string()],
+    )
+    .await
+}

@@ -242,17 +242,7 @@ fn agent_blocks(body: &Value, serial: usize) -> Vec<Value> {
 
 /// A summary that lists every `FACT-…` of the request's user message.
 fn summary_text(body: &Value) -> String {
-    let input = body["messages"][0]["content"].to_string();
-    let mut facts: Vec<&str> = input
-        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
-        .filter(|w| w.starts_with("FACT-"))
-        .collect();
-    facts.sort_unstable();
-    facts.dedup();
-    format!(
-        "## Goal\nKeep helping the user.\n## Key tool results\nRemembered facts: {}\n",
-        facts.join(" ")
-    )
+    crate::strict::fact_summary(&body["messages"][0]["content"].to_string())
 }
 
 /// The SSE events of a streamed message, as the Messages API sends them.

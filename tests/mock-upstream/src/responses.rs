@@ -265,17 +265,7 @@ fn agent_items(items: &[Value], serial: usize) -> Vec<Value> {
 
 /// A summary that lists every `FACT-…` of the request's input.
 fn summary_text(items: &[Value]) -> String {
-    let input = Value::Array(items.to_vec()).to_string();
-    let mut facts: Vec<&str> = input
-        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
-        .filter(|w| w.starts_with("FACT-"))
-        .collect();
-    facts.sort_unstable();
-    facts.dedup();
-    format!(
-        "## Goal\nKeep helping the user.\n## Key tool results\nRemembered facts: {}\n",
-        facts.join(" ")
-    )
+    crate::strict::fact_summary(&Value::Array(items.to_vec()).to_string())
 }
 
 /// The SSE events of a streamed response, as the Responses API sends them.

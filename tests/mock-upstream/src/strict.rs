@@ -296,3 +296,18 @@ pub fn check_pairs(body: &Value) -> Result<(), String> {
         Err(format!("tool_calls {pending:?} have no tool messages"))
     }
 }
+
+/// The summary the Messages and Responses mocks write: every `FACT-…` in `input`,
+/// once each, in order.
+pub fn fact_summary(input: &str) -> String {
+    let mut facts: Vec<&str> = input
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .filter(|w| w.starts_with("FACT-"))
+        .collect();
+    facts.sort_unstable();
+    facts.dedup();
+    format!(
+        "## Goal\nKeep helping the user.\n## Key tool results\nRemembered facts: {}\n",
+        facts.join(" ")
+    )
+}
