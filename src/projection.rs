@@ -15,7 +15,7 @@ use crate::adoption::Adopted;
 use crate::base::digest::{MessageDigest, PrefixDigest};
 use crate::config::Tokenizer;
 use crate::conversation::Tracked;
-use crate::dialect::{ChatRequest, DialectError, DialectKind, Message, RawMessage, Role};
+use crate::dialect::{ChatRequest, DialectError, DialectKind, Message, RawMessage};
 use crate::tokens::{Tokens, REPLY_PRIMING};
 use handoff_plugin_api::shorten_tool_body;
 
@@ -141,18 +141,13 @@ impl ModelView<'_> {
         let mut live = self.live.to_vec();
         let mut digests = self.live_digests.to_vec();
         for (message, digest) in live.iter_mut().zip(digests.iter_mut()) {
-            if !matches!(message.role, Role::Tool | Role::Function) {
-                continue;
-            }
-            let Some(text) = message.value().get("content").and_then(Value::as_str) else {
-                continue;
-            };
-            let short = shorten_tool_body(text);
-            if short.len() == text.len() {
+            if !message.is_tool_answer() {
                 continue;
             }
             let mut value = message.value().clone();
-            value["content"] = Value::String(short);
+            if !shorten_results(&mut value) {
+                continue;
+            }
             let Ok(raw) = serde_json::to_string(&value) else {
                 continue;
             };
@@ -217,6 +212,40 @@ impl ModelView<'_> {
     }
 }
 
+/// Shortens the tool-result text of a message in any dialect's shape: an OpenAI tool
+/// message's `content`, each Anthropic `tool_result` block's content, a Responses
+/// output's `output`. Returns whether anything was shortened.
+fn shorten_results(message: &mut Value) -> bool {
+    fn shorten(slot: &mut Value) -> bool {
+        match slot {
+            Value::String(text) => {
+                let short = shorten_tool_body(text);
+                let changed = short.len() != text.len();
+                *text = short;
+                changed
+            }
+            Value::Array(parts) => parts
+                .iter_mut()
+                .filter_map(|part| part.get_mut("text"))
+                .fold(false, |changed, text| shorten(text) | changed),
+            _ => false,
+        }
+    }
+    let kind = message.get("type").and_then(Value::as_str).unwrap_or("");
+    if kind.ends_with("_output") {
+        return message.get_mut("output").is_some_and(shorten);
+    }
+    match message.get_mut("content") {
+        Some(Value::Array(blocks)) => blocks
+            .iter_mut()
+            .filter(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"))
+            .filter_map(|b| b.get_mut("content"))
+            .fold(false, |changed, content| shorten(content) | changed),
+        Some(content) => shorten(content),
+        None => false,
+    }
+}
+
 /// Builds the view: the longest adopted compaction whose covered prefix this request
 /// carries, or the request as it is.
 pub fn project_view<'a>(
@@ -262,5 +291,32 @@ pub fn project_view<'a>(
         live: Cow::Borrowed(&rest[live_start..]),
         live_digests: Cow::Borrowed(&tracked.message_digests[live_start..]),
         live_start,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn tool_results_are_shortened_in_every_dialects_shape() {
+        let long = "x".repeat(20_000);
+        let mut openai = json!({"role": "tool", "tool_call_id": "c", "content": long});
+        let mut anthropic = json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": long}]},
+            {"type": "text", "text": long}]});
+        let mut responses = json!({"type": "function_call_output", "call_id": "c", "output": long});
+        for message in [&mut openai, &mut anthropic, &mut responses] {
+            assert!(shorten_results(message), "{message}");
+            assert!(message.to_string().len() < 20_000 + 8_000);
+        }
+        // The user's own text next to a tool result is not a tool body.
+        assert_eq!(
+            anthropic["content"][1]["text"].as_str().map(str::len),
+            Some(20_000)
+        );
+        let mut short = json!({"type": "function_call_output", "call_id": "c", "output": "ok"});
+        assert!(!shorten_results(&mut short));
     }
 }
