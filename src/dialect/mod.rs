@@ -156,6 +156,16 @@ pub struct StreamEnd {
     pub values: &'static [&'static [u8]],
 }
 
+/// Reads a JSON body whose values borrow from it. The body is checked as UTF-8 once,
+/// so serde_json does not check each borrowed message again.
+pub fn json_body<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, serde_json::Error> {
+    match std::str::from_utf8(body) {
+        Ok(text) => serde_json::from_str(text),
+        // Not UTF-8: serde_json's own reading reports where.
+        Err(_) => serde_json::from_slice(body),
+    }
+}
+
 /// What the opening bytes of a streamed answer say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Opening {

@@ -20,6 +20,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
+use super::json_body;
 use super::translate::TranslatingClient;
 use super::RawMessage;
 use super::{
@@ -98,8 +99,7 @@ impl Dialect for AnthropicMessages {
     }
 
     fn parse_body(&self, body: &Bytes) -> Result<ChatRequest, DialectError> {
-        let wire: Wire<'_> =
-            serde_json::from_slice(body).map_err(|err| DialectError::json(API, err))?;
+        let wire: Wire<'_> = json_body(body).map_err(|err| DialectError::json(API, err))?;
         let conversation = wire
             .messages
             .into_iter()

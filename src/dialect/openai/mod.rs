@@ -19,8 +19,8 @@ use serde_json::{json, Value};
 pub use assemble::{AssembledChoice, StreamAssembler};
 
 use super::{
-    ChatRequest, Dialect, DialectError, DialectKind, Message, RawMessage, Role, StreamEnd,
-    StreamReply,
+    json_body, ChatRequest, Dialect, DialectError, DialectKind, Message, RawMessage, Role,
+    StreamEnd, StreamReply,
 };
 use crate::base::reply::{Assembled, CapturedReply};
 use crate::error::ApiError;
@@ -57,8 +57,7 @@ impl Dialect for OpenAiChat {
     }
 
     fn parse_body(&self, body: &Bytes) -> Result<ChatRequest, DialectError> {
-        let wire: Wire<'_> =
-            serde_json::from_slice(body).map_err(|err| DialectError::json(API, err))?;
+        let wire: Wire<'_> = json_body(body).map_err(|err| DialectError::json(API, err))?;
         let messages = wire
             .messages
             .into_iter()

@@ -20,6 +20,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
+use super::json_body;
 use super::translate::TranslatingClient;
 use super::RawMessage;
 use super::{
@@ -115,8 +116,7 @@ impl Dialect for OpenAiResponses {
     }
 
     fn parse_body(&self, body: &Bytes) -> Result<ChatRequest, DialectError> {
-        let wire: Wire<'_> =
-            serde_json::from_slice(body).map_err(|err| DialectError::json(API, err))?;
+        let wire: Wire<'_> = json_body(body).map_err(|err| DialectError::json(API, err))?;
         let server_held = wire.previous_response_id.is_some()
             || wire.conversation.as_ref().is_some_and(|c| !c.is_null());
         let input = items(body, wire.input)?;
