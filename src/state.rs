@@ -76,34 +76,23 @@ impl Snapshot {
     /// Builds clients and strategies for `config`.
     pub fn build(config: Config) -> Result<Self, StateError> {
         let upstream = Upstream::new(&config.upstream)?;
+        // Another base URL with the upstream's own timeouts and key.
+        let at = |url: &Option<String>| {
+            url.as_ref()
+                .map(|url| {
+                    Upstream::new(&UpstreamConfig {
+                        base_url: url.clone(),
+                        ..config.upstream.clone()
+                    })
+                })
+                .transpose()
+        };
         let route_upstreams = config
             .routes
             .iter()
-            .map(|route| {
-                route
-                    .upstream
-                    .as_ref()
-                    .map(|url| {
-                        Upstream::new(&UpstreamConfig {
-                            base_url: url.clone(),
-                            ..config.upstream.clone()
-                        })
-                    })
-                    .transpose()
-            })
+            .map(|route| at(&route.upstream))
             .collect::<Result<Vec<_>, _>>()?;
-        let anthropic_upstream = config
-            .dialects
-            .anthropic
-            .base_url
-            .as_ref()
-            .map(|url| {
-                Upstream::new(&UpstreamConfig {
-                    base_url: url.clone(),
-                    ..config.upstream.clone()
-                })
-            })
-            .transpose()?;
+        let anthropic_upstream = at(&config.dialects.anthropic.base_url)?;
         let registry = Registry::build(&config)?;
         let credentials = Credentials::build(&config)?;
         Ok(Self {

@@ -297,3 +297,46 @@ async fn an_overflow_event_opening_a_stream_is_compacted_and_retried() {
     assert_eq!(reply["source"], "upstream");
     assert_eq!(reply["complete"], true);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dialects_anthropic_base_url_routes_messages_to_their_own_upstream() {
+    let (_strict, anthropic) = strict_anthropic(100_000).await;
+    let openai = MockUpstream::with(|_| mock_upstream::Reply::chat_text("from openai")).await;
+    let data = tempfile::tempdir().unwrap();
+    let mut options = options(data.path(), 100_000);
+    options.extra_toml.push_str(&format!(
+        "[dialects.anthropic]\nbase_url = {:?}\n",
+        anthropic.url()
+    ));
+    let proxy = Proxy::start_with(&openai.url(), options);
+    let headers = [("x-api-key", "sk-ant-route")];
+    let body = json!({"model": "claude-mock", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]});
+    let url = format!("{}/v1/messages", proxy.url());
+    let got = client::send(request("POST", &url, &headers, body.to_string())).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let count = json!({"model": "claude-mock", "messages": [{"role": "user", "content": "hi"}]});
+    let _ = client::send(request(
+        "POST",
+        &format!("{url}/count_tokens"),
+        &headers,
+        count.to_string(),
+    ))
+    .await;
+    let chat = json!({"model": "gpt-x", "messages": [{"role": "user", "content": "hi"}]});
+    let got = client::send(request(
+        "POST",
+        &format!("{}/v1/chat/completions", proxy.url()),
+        &[("authorization", "Bearer sk-route")],
+        chat.to_string(),
+    ))
+    .await;
+    assert_eq!(got.status, 200);
+    let to_anthropic: Vec<String> = anthropic
+        .requests()
+        .iter()
+        .map(|r| r.target.clone())
+        .collect();
+    assert_eq!(to_anthropic, ["/v1/messages", "/v1/messages/count_tokens"]);
+    let to_openai: Vec<String> = openai.requests().iter().map(|r| r.target.clone()).collect();
+    assert_eq!(to_openai, ["/v1/chat/completions"]);
+}
