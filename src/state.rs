@@ -125,17 +125,6 @@ impl Snapshot {
             .and_then(|(_, upstream)| upstream.as_ref())
             .unwrap_or_else(|| self.dialect_upstream(dialect))
     }
-
-    /// The upstream for `model`: the first matching route's, else the default.
-    pub fn upstream_for(&self, model: &str) -> &Upstream {
-        self.config
-            .routes
-            .iter()
-            .zip(&self.route_upstreams)
-            .find(|(route, _)| route.matches(model))
-            .and_then(|(_, upstream)| upstream.as_ref())
-            .unwrap_or(&self.upstream)
-    }
 }
 
 /// Reloads so far, for `GET /handoff/config`.

@@ -179,13 +179,9 @@ async fn an_overflow_answer_is_compacted_and_retried_and_errors_use_anthropics_s
     let (strict, mock) = strict_anthropic(3000).await;
     let data = tempfile::tempdir().unwrap();
     let proxy = Proxy::start_with(&mock.url(), options(data.path(), 6000));
-    let filler: String = (0..600).map(|i| format!("w{i} ")).collect();
-    let mut messages = Vec::new();
-    for n in 0..6 {
-        messages.push(json!({"role": "user", "content": format!("FACT-{n:03} {filler}")}));
-        messages.push(json!({"role": "assistant", "content": [{"type": "text", "text": "noted"}]}));
-    }
-    messages.push(json!({"role": "user", "content": "what were the facts?"}));
+    let messages = scenario::fact_history(
+        json!({"role": "assistant", "content": [{"type": "text", "text": "noted"}]}),
+    );
     let url = format!("{}/v1/messages", proxy.url());
     let headers = [
         ("x-api-key", "sk-ant-overflow"),
@@ -263,13 +259,7 @@ async fn an_overflow_event_opening_a_stream_is_compacted_and_retried() {
     .await;
     let data = tempfile::tempdir().unwrap();
     let proxy = Proxy::start_with(&mock.url(), options(data.path(), 6000));
-    let filler: String = (0..600).map(|i| format!("w{i} ")).collect();
-    let mut messages = Vec::new();
-    for n in 0..6 {
-        messages.push(json!({"role": "user", "content": format!("FACT-{n:03} {filler}")}));
-        messages.push(json!({"role": "assistant", "content": "noted"}));
-    }
-    messages.push(json!({"role": "user", "content": "what were the facts?"}));
+    let messages = scenario::fact_history(json!({"role": "assistant", "content": "noted"}));
     let body =
         json!({"model": "claude-mock", "max_tokens": 100, "stream": true, "messages": messages});
     let got = client::send(request(

@@ -132,13 +132,9 @@ async fn a_stateless_sdk_agent_compacts_and_survives_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_overflow_style_is_compacted_and_retried() {
-    let filler: String = (0..600).map(|i| format!("w{i} ")).collect();
-    let mut input = Vec::new();
-    for n in 0..6 {
-        input.push(json!({"role": "user", "content": format!("FACT-{n:03} {filler}")}));
-        input.push(json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "noted", "annotations": []}]}));
-    }
-    input.push(json!({"role": "user", "content": "what were the facts?"}));
+    let input = scenario::fact_history(
+        json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "noted", "annotations": []}]}),
+    );
     for (style, stream) in [
         (OverflowStyle::Status, false),
         (OverflowStyle::StreamError, true),

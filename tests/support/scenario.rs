@@ -197,3 +197,16 @@ pub async fn run_agent(
     )
     .await
 }
+
+/// Six user turns of about 1,500 tokens, each stating a fact and answered by
+/// `reply`, then a question: a history that overflows a small window.
+pub fn fact_history(reply: Value) -> Vec<Value> {
+    let filler: String = (0..600).map(|i| format!("w{i} ")).collect();
+    let mut messages = Vec::new();
+    for n in 0..6 {
+        messages.push(json!({"role": "user", "content": format!("FACT-{n:03} {filler}")}));
+        messages.push(reply.clone());
+    }
+    messages.push(json!({"role": "user", "content": "what were the facts?"}));
+    messages
+}
