@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
-# Runs handoff's whole test suite on a fresh machine: installs the Python clients the
+# Runs handoff's whole test suite on a fresh machine: installs PostgreSQL (the shared
+# store's tests start throwaway clusters with its initdb) and the Python clients the
 # integration tests drive (into .venv), then runs every Rust test in the workspace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql >/dev/null
+fi
 
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv

@@ -20,8 +20,9 @@ use crate::compaction::Reason;
 use crate::conversation::{ConversationId, Tracked};
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::store::layout::{find, resolve, ResolveError};
+use crate::store::layout::ResolveError;
 use crate::store::ConversationLog;
+use crate::store::{resolve_in, Store};
 use crate::tenant::TenantId;
 
 /// The header that carries the upstream credential of a manual compaction (the
@@ -209,12 +210,8 @@ async fn read_conversation(
     id: &str,
     tenant: Option<&str>,
 ) -> Result<(ConversationId, ConversationLog), ApiError> {
-    let data_dir = state.snapshot().config.data_dir.clone();
-    let (name, tenant) = (id.to_owned(), tenant.map(str::to_owned));
-    // Finding an id across tenants reads folders: off the runtime's threads.
-    let id = tokio::task::spawn_blocking(move || resolve(&data_dir, &name, tenant.as_deref()))
+    let id = resolve_in(state.tracker.store().as_ref(), id, tenant)
         .await
-        .map_err(|err| ApiError::internal(err.to_string()))?
         .map_err(resolve_error)?;
     let log = state
         .tracker
@@ -235,7 +232,7 @@ fn resolve_error(err: ResolveError) -> ApiError {
             ApiError::invalid_request("invalid_conversation_id", err.to_string())
         }
         ResolveError::Tenant(_) => ApiError::invalid_request("invalid_tenant", err.to_string()),
-        ResolveError::Io(_) => ApiError::storage(err.to_string()),
+        ResolveError::Io(_) | ResolveError::Store(_) => ApiError::storage(err.to_string()),
     }
 }
 
@@ -287,22 +284,11 @@ async fn list_conversations(
             _ => {}
         }
     }
-    let data_dir = state.snapshot().config.data_dir.clone();
+    let store = state.tracker.store();
     let after = match after {
-        Some(cursor) => {
-            let filter = tenant.clone();
-            // A bare id is looked up across tenants, which reads folders.
-            Some(
-                tokio::task::spawn_blocking(move || {
-                    list_cursor(&data_dir, &cursor, filter.as_ref())
-                })
-                .await
-                .map_err(|err| ApiError::internal(err.to_string()))??,
-            )
-        }
+        Some(cursor) => Some(list_cursor(store.as_ref(), &cursor, tenant.as_ref()).await?),
         None => None,
     };
-    let store = state.tracker.store();
     let mut ids = store
         .list(tenant, after, limit + 1)
         .await
@@ -327,8 +313,8 @@ async fn list_conversations(
 }
 
 /// The `after` cursor: `TENANT/ID`, or an id of `tenant` (or of the one tenant that has it).
-fn list_cursor(
-    data_dir: &std::path::Path,
+async fn list_cursor(
+    store: &dyn Store,
     cursor: &str,
     tenant: Option<&TenantId>,
 ) -> Result<ConversationId, ApiError> {
@@ -340,7 +326,9 @@ fn list_cursor(
     }
     let tenant = match tenant {
         Some(tenant) => tenant.clone(),
-        None => find(data_dir, cursor)
+        None => store
+            .find(cursor, None)
+            .await
             .map_err(|err| ApiError::storage(err.to_string()))?
             .first()
             .map_or_else(TenantId::legacy, |id| id.tenant().clone()),

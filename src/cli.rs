@@ -29,6 +29,11 @@ enum Command {
         #[command(subcommand)]
         command: AuditCommand,
     },
+    /// Manage the store of originals.
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
     /// Replay recorded conversations through compaction offline, to choose a strategy
     /// on data; writes nothing into the data dir.
     Eval(EvalArgs),
@@ -120,6 +125,20 @@ enum AuditCommand {
     },
 }
 
+#[derive(Subcommand)]
+enum StoreCommand {
+    /// Copy a disk data dir into the postgres store of a config; run it again to
+    /// finish an interrupted copy (conversations already there are left alone).
+    Copy {
+        /// The data dir to read.
+        #[arg(long, value_name = "DIR")]
+        from_data_dir: PathBuf,
+        /// A config whose [store] is the postgres backend to write.
+        #[arg(long, value_name = "FILE")]
+        to_config: PathBuf,
+    },
+}
+
 #[derive(Args, Clone)]
 struct ConfigArgs {
     /// Config file; replaces config/handoff.toml.
@@ -155,6 +174,58 @@ pub fn main() -> ExitCode {
         Command::CheckConfig(args) => check_config(&args),
         Command::Audit { command } => audit(command),
         Command::Eval(args) => eval(args),
+        Command::Store { command } => store(command),
+    }
+}
+
+fn store(command: StoreCommand) -> ExitCode {
+    let StoreCommand::Copy {
+        from_data_dir,
+        to_config,
+    } = command;
+    let config = match load(&ConfigArgs {
+        config: Some(to_config),
+        listen: None,
+        upstream: None,
+        data_dir: None,
+    }) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    let Some(url) = config
+        .store
+        .url
+        .as_deref()
+        .filter(|_| config.store.backend == config::StoreBackend::Postgres)
+    else {
+        eprintln!(
+            "handoff store copy: --to-config must set [store] backend = \"postgres\" and a url"
+        );
+        return ExitCode::from(2);
+    };
+    let runtime = match runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    let copied = runtime.block_on(async {
+        let store = crate::store::PgStore::connect(url, config.store.pool_size).await?;
+        crate::store::copy_data_dir(&from_data_dir, &store).await
+    });
+    match copied {
+        Ok(report) => {
+            println!(
+                "copied {} conversation(s) ({} lines, {} compactions); {} already present; {} unreadable line(s) skipped",
+                report.copied, report.lines, report.records, report.present, report.skipped_lines
+            );
+            if !report.same_secret {
+                eprintln!("warning: the database already had another tenant secret: conversations of callers without a proxy key will be under new tenants");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("handoff store copy: {err}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -262,7 +333,18 @@ fn audit(command: AuditCommand) -> ExitCode {
         Ok(config) => config,
         Err(code) => return code,
     };
-    let audit = crate::audit::Audit::new(&config.data_dir);
+    let runtime = match runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    let store = match runtime.block_on(crate::store::open(&config.store, &config.data_dir)) {
+        Ok(opened) => opened.store,
+        Err(err) => {
+            eprintln!("handoff audit: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let audit = crate::audit::Audit::new(store, runtime.handle().clone());
     let mut out = std::io::stdout().lock();
     let result = match &command {
         AuditCommand::List { json, .. } => audit.list(*json, &mut out),

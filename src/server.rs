@@ -68,7 +68,7 @@ pub async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeErro
     })?;
     let grace = config.shutdown_grace;
     let scheme = if tls.is_some() { "https" } else { "http" };
-    let state = Arc::new(AppState::new(config, overrides)?);
+    let state = Arc::new(AppState::new(config, overrides).await?);
     let reload = spawn_reloader(Arc::clone(&state));
     let _watcher = state
         .config_file()

@@ -12,12 +12,12 @@ use serde::Serialize;
 
 use crate::auth::{Credentials, KeyError, RateLimiter};
 use crate::compaction::service::Compactor;
+use crate::config::StoreBackend;
 use crate::config::{self, Config, Overrides, UpstreamConfig};
 use crate::conversation::Tracker;
 use crate::dialect::DialectKind;
 use crate::metrics::Metrics;
 use crate::store::layout::{migrate_legacy_layout, MigrationError};
-use crate::store::{DiskStore, Store, Writer};
 use crate::strategies::{ChainError, Registry};
 use crate::tenant::{ServerSecret, SECRET_FILE};
 use crate::tokens::Tokens;
@@ -29,9 +29,9 @@ pub enum StateError {
     /// An upstream client could not be built.
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
-    /// The writer thread could not start.
-    #[error("cannot start the log writer: {0}")]
-    Writer(std::io::Error),
+    /// The store could not be opened.
+    #[error(transparent)]
+    Store(#[from] crate::store::OpenError),
     /// The strategy registry could not be built.
     #[error(transparent)]
     Chain(#[from] ChainError),
@@ -160,23 +160,29 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Builds the state for `config` (loaded with `overrides`); must run inside tokio.
-    pub fn new(config: Config, overrides: Overrides) -> Result<Self, StateError> {
-        if migrate_legacy_layout(&config.data_dir)? {
+    /// Builds the state for `config` (loaded with `overrides`), opening its store.
+    pub async fn new(config: Config, overrides: Overrides) -> Result<Self, StateError> {
+        // With postgres the database is the system of record: nothing goes to data_dir.
+        if config.store.backend == StoreBackend::Disk && migrate_legacy_layout(&config.data_dir)? {
             tracing::info!(
                 data_dir = %config.data_dir.display(),
                 "moved the conversations of a pre-tenant data dir to tenants/legacy/"
             );
         }
-        let secret = ServerSecret::load_or_create(&config.data_dir).map_err(|source| {
-            StateError::Secret {
-                path: config.data_dir.join(SECRET_FILE).display().to_string(),
-                source,
-            }
-        })?;
-        let writer = Writer::start(config.store.fsync).map_err(StateError::Writer)?;
-        let store: Arc<dyn Store> = Arc::new(DiskStore::new(&config.data_dir, writer));
-        let tracker = Arc::new(Tracker::new(store, config.store.cache_capacity));
+        let opened = crate::store::open(&config.store, &config.data_dir).await?;
+        let secret = match opened.secret {
+            Some(bytes) => ServerSecret::from_bytes(bytes),
+            None => ServerSecret::load_or_create(&config.data_dir).map_err(|source| {
+                StateError::Secret {
+                    path: config.data_dir.join(SECRET_FILE).display().to_string(),
+                    source,
+                }
+            })?,
+        };
+        let store = opened.store;
+        let tracker = Arc::new(
+            Tracker::new(store, config.store.cache_capacity).with_lease_ttl(config.store.lease_ttl),
+        );
         // The tokenizer tables (tens of MB) load on the first request that needs them.
         let tokens = Arc::new(Tokens::new());
         let metrics = Arc::new(Metrics::default());

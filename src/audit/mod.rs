@@ -6,7 +6,6 @@ mod summary;
 mod verify;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,8 +23,8 @@ use crate::compaction::{adopt, Adopted};
 use crate::conversation::{ConversationId, Tracked};
 use crate::projection::project_view;
 use crate::redact::strip_controls;
-use crate::store::layout::{conversation_dir, list_ids, resolve, ResolveError, MESSAGES_FILE};
-use crate::store::{read_conversation, ConversationLog};
+use crate::store::layout::ResolveError;
+use crate::store::{resolve_in, ConversationLog, Store, StoreError};
 
 /// Why an audit command failed.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +38,9 @@ pub enum AuditError {
     /// Reading or writing failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    /// The store could not be read.
+    #[error(transparent)]
+    Store(#[from] StoreError),
     /// Output could not be encoded.
     #[error(transparent)]
     Json(#[from] serde_json::Error),
@@ -47,18 +49,25 @@ pub enum AuditError {
     Problems(usize),
 }
 
-/// Read-only access to a data folder. A conversation is named by its id, and by its
-/// tenant (`--tenant`) only when the id exists under several.
+/// Read-only access to a store: a data folder or the shared database. A conversation
+/// is named by its id, and by its tenant (`--tenant`) only when the id exists under
+/// several.
 pub struct Audit {
-    data_dir: PathBuf,
+    store: Arc<dyn Store>,
+    runtime: tokio::runtime::Handle,
 }
 
 impl Audit {
-    /// Audits the conversations under `data_dir`.
-    pub fn new(data_dir: &Path) -> Self {
-        Self {
-            data_dir: data_dir.to_owned(),
-        }
+    /// Audits the conversations of `store`, whose futures run on `runtime` (called
+    /// from outside it: the commands are synchronous).
+    pub fn new(store: Arc<dyn Store>, runtime: tokio::runtime::Handle) -> Self {
+        Self { store, runtime }
+    }
+
+    fn resolve(&self, id: &str, tenant: Option<&str>) -> Result<ConversationId, AuditError> {
+        Ok(self
+            .runtime
+            .block_on(resolve_in(self.store.as_ref(), id, tenant))?)
     }
 
     fn read(
@@ -66,18 +75,18 @@ impl Audit {
         id: &str,
         tenant: Option<&str>,
     ) -> Result<(ConversationId, ConversationLog), AuditError> {
-        let id = resolve(&self.data_dir, id, tenant)?;
+        let id = self.resolve(id, tenant)?;
         Ok((id.clone(), self.read_id(&id)?))
     }
 
     fn read_id(&self, id: &ConversationId) -> Result<ConversationLog, AuditError> {
-        Ok(read_conversation(
-            &conversation_dir(&self.data_dir, id).join(MESSAGES_FILE),
-        )?)
+        Ok(self.runtime.block_on(self.store.read(id))?)
     }
 
     fn ids(&self) -> Result<Vec<ConversationId>, AuditError> {
-        Ok(list_ids(&self.data_dir, None, None, usize::MAX)?)
+        Ok(self
+            .runtime
+            .block_on(self.store.list(None, None, usize::MAX))?)
     }
 
     /// `audit list`: one conversation per line, or one JSON object per line.
@@ -293,7 +302,7 @@ impl Audit {
         out: &mut dyn Write,
     ) -> Result<(), AuditError> {
         let ids = match id {
-            Some(id) => vec![resolve(&self.data_dir, id, tenant)?],
+            Some(id) => vec![self.resolve(id, tenant)?],
             None => self.ids()?,
         };
         let mut total = 0;

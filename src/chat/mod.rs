@@ -85,7 +85,7 @@ async fn run(
     dialect: DialectKind,
 ) -> Result<Response<ProxyBody>, Halt> {
     let mut exchange = Exchange::admit(state, snap, request, &admission, dialect).await?;
-    let (id, base) = exchange.identify(admission)?;
+    let (id, base) = exchange.identify(admission).await?;
     log.set_conversation(id.as_str());
     let Some(tracked) = exchange.track(id, base).await? else {
         // store.required is false and the log failed: the request goes as it came.
@@ -174,7 +174,7 @@ impl<'s> Exchange<'s> {
     /// Stage 2: the conversation, from the client's header or derived, in its tenant.
     /// A server-held request that continues a logged response also gets the prefix it
     /// continues.
-    fn identify(
+    async fn identify(
         &self,
         admission: Admission,
     ) -> Result<(ConversationId, Option<PrefixDigest>), ApiError> {
@@ -187,13 +187,23 @@ impl<'s> Exchange<'s> {
                 )
             })?),
         };
-        // A stateful Responses request continues a response this process logged: it
-        // joins that conversation, after that response.
-        let continued = self.chat.continues.as_deref().and_then(|response| {
-            self.state
+        // A stateful Responses request continues a response that was logged (here, or
+        // by another replica of a shared store): it joins that conversation, after it.
+        let continued = match self.chat.continues.as_deref() {
+            Some(response) => self
+                .state
                 .tracker
                 .conversation_of_response(&admission.tenant, response)
-        });
+                .await
+                .or_else(|err| {
+                    if self.snap.config.store.required {
+                        return Err(ApiError::storage(err.to_string()));
+                    }
+                    tracing::warn!(error = %err, "cannot look up previous_response_id: store.required is false");
+                    Ok(None)
+                })?,
+            None => None,
+        };
         let invalid = |err: crate::conversation::IdError| {
             ApiError::invalid_request(
                 "invalid_conversation_id",
@@ -332,6 +342,7 @@ fn compaction_failed(err: CompactError) -> Halt {
         CompactError::Cancelled => {
             ApiError::unavailable("handoff is shutting down; retry the request")
         }
+        CompactError::Busy(_) => ApiError::unavailable(err.to_string()),
         CompactError::View(_) | CompactError::NoHandoff(_) => ApiError::internal(err.to_string()),
     };
     Halt::Error(api)

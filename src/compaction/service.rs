@@ -26,8 +26,11 @@ use crate::conversation::{ConversationId, Tracked, Tracker};
 use crate::dialect::ChatRequest;
 use crate::metrics::Metrics;
 use crate::projection::{project_view, ModelView, ProjectionError};
-use crate::store::StoreError;
+use crate::store::{Lease, StoreError};
 use crate::tokens::{Tokens, MESSAGE_OVERHEAD, REPLY_PRIMING};
+
+/// How often a request waiting for another replica's compaction looks again.
+const LEASE_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Shares of `keep_recent` tried, largest first, before keeping only the last unit.
 const KEEP_STEPS: [f64; 4] = [1.0, 0.5, 0.25, 0.0];
@@ -50,6 +53,11 @@ pub enum CompactError {
     /// The compacted view failed validation and was not sent.
     #[error(transparent)]
     View(#[from] ProjectionError),
+    /// Another replica held the conversation's compaction lease for too long.
+    #[error(
+        "another replica is still compacting this conversation after {0} s; retry the request"
+    )]
+    Busy(u64),
     /// No strategy produced a handoff (a chain without a deterministic end).
     #[error("no strategy produced a handoff: {0}")]
     NoHandoff(String),
@@ -204,9 +212,102 @@ impl Compactor {
     }
 
     /// Compacts until the view fits under `job.threshold`, or says why it cannot.
+    ///
+    /// Single flight twice over: the entry's lock within this process, and the store's
+    /// lease across replicas. A request that waited finds the other's handoff instead
+    /// of making its own.
     pub async fn compact<'a>(&self, job: &Job<'a>) -> Result<ModelView<'a>, CompactError> {
         let entry = job.tracker.entry(job.id).await?;
         let _single_flight = entry.compaction.lock().await;
+        let started = Instant::now();
+        let patience = job.tracker.lease_ttl()
+            + job.config.summary_timeout * u32::try_from(job.chain.len() + 1).unwrap_or(u32::MAX);
+        let mut waiting = false;
+        let lease = loop {
+            if let Some(lease) = job.tracker.acquire(job.id).await? {
+                break lease;
+            }
+            // Another replica is compacting: adopt its handoff once it commits, or take
+            // over once its lease expires.
+            if let Some(view) = self.already_done(job).await? {
+                return Ok(view);
+            }
+            if started.elapsed() > patience {
+                return Err(CompactError::Busy(patience.as_secs()));
+            }
+            if !waiting {
+                tracing::info!(conversation = %job.id, "another replica holds the compaction lease; waiting for its handoff or its expiry");
+                waiting = true;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(LEASE_POLL) => {}
+                () = self.cancel.cancelled() => return Err(CompactError::Cancelled),
+            }
+        };
+        let result = self.compact_leased(job, &lease).await;
+        job.tracker.release(job.id, &lease).await;
+        match result {
+            Err(CompactError::Store(StoreError::LeaseLost(_))) => {
+                // Taken over while the model ran: the other replica's handoff may do.
+                tracing::warn!(conversation = %job.id, "compaction lease lost; adopting the other replica's work");
+                match self.already_done(job).await? {
+                    Some(view) => Ok(view),
+                    None => result,
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// The view from the store's latest compactions, if it already needs no run.
+    async fn already_done<'a>(&self, job: &Job<'a>) -> Result<Option<ModelView<'a>>, CompactError> {
+        job.tracker.refresh(job.id).await?;
+        let adopted = job.tracker.compactions(job.id).await?;
+        let view = project_view(job.request, job.tracked, &adopted);
+        let estimate = self.count(job, &view);
+        let someone_else = view.generation().map(str::to_owned) != job.seen_generation;
+        let fits = estimate <= job.threshold;
+        let done = match job.reason {
+            Reason::Threshold => fits,
+            Reason::ContextLengthExceeded => fits && someone_else,
+            Reason::Manual => false,
+        };
+        Ok(done.then_some(view))
+    }
+
+    /// Runs `work` while keeping `lease` alive; a lease found lost stops the work, and
+    /// nothing of it is committed.
+    async fn renewing<T>(
+        &self,
+        job: &Job<'_>,
+        lease: &Lease,
+        work: impl std::future::Future<Output = Result<T, CompactError>>,
+    ) -> Result<T, CompactError> {
+        if !job.tracker.store().shared() {
+            return work.await;
+        }
+        tokio::pin!(work);
+        let period = job.tracker.lease_ttl() / 3;
+        loop {
+            tokio::select! {
+                out = &mut work => return out,
+                () = tokio::time::sleep(period) => match job.tracker.renew(job.id, lease).await {
+                    Ok(true) => {}
+                    Ok(false) => return Err(StoreError::LeaseLost(job.id.to_string()).into()),
+                    // The database is unreachable: the commit's fence decides.
+                    Err(err) => tracing::warn!(conversation = %job.id, error = %err, "cannot renew the compaction lease"),
+                },
+            }
+        }
+    }
+
+    /// The compaction loop, under `lease`.
+    async fn compact_leased<'a>(
+        &self,
+        job: &Job<'a>,
+        lease: &Lease,
+    ) -> Result<ModelView<'a>, CompactError> {
+        job.tracker.refresh(job.id).await?;
         let mut adopted = job.tracker.compactions(job.id).await?;
         let mut view = project_view(job.request, job.tracked, &adopted);
         let mut estimate = self.count(job, &view);
@@ -224,7 +325,8 @@ impl Compactor {
         let mut rescued = false;
         loop {
             let covered_before = view.live_start;
-            let record = match self.run_once(job, &view, estimate, keep_only_last).await {
+            let run = self.run_once(job, &view, estimate, keep_only_last);
+            let record = match self.renewing(job, lease, run).await {
                 Err(CompactError::TooLarge { .. })
                     if job.config.rescue && !rescued && view.rescue() =>
                 {
@@ -238,7 +340,7 @@ impl Compactor {
                 }
                 other => other?,
             };
-            let committed = job.tracker.commit_compaction(job.id, record).await?;
+            let committed = job.tracker.commit_compaction(job.id, record, lease).await?;
             self.record_metrics(&committed);
             adopted.insert(committed.record.source.prefix_digest, committed);
             view = project_view(job.request, job.tracked, &adopted);

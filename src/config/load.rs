@@ -263,6 +263,7 @@ fn validate(config: &Config) -> Result<(), ConfigError> {
         ));
     }
     validate_keys(config)?;
+    validate_store(&config.store)?;
 
     let compaction = &config.compaction;
     if compaction.max_summary_calls == 0 {
@@ -285,6 +286,32 @@ fn validate(config: &Config) -> Result<(), ConfigError> {
                 "must be above 0",
             ));
         }
+    }
+    Ok(())
+}
+
+/// Checks that a postgres store has a URL it can parse, and sane sizes.
+fn validate_store(store: &super::StoreConfig) -> Result<(), ConfigError> {
+    if store.backend == super::StoreBackend::Postgres {
+        let Some(url) = store.url.as_deref() else {
+            return Err(invalid(
+                "store.url",
+                "the postgres backend needs a url (or HANDOFF_STORE__URL)",
+            ));
+        };
+        // The parser's message may quote the URL, password included: never show it.
+        if url.parse::<tokio_postgres::Config>().is_err() {
+            return Err(invalid(
+                "store.url",
+                "not a PostgreSQL connection URL (postgres://user:password@host:port/database)",
+            ));
+        }
+    }
+    if store.pool_size == 0 {
+        return Err(invalid("store.pool_size", "must be at least 1"));
+    }
+    if store.lease_ttl < std::time::Duration::from_millis(100) {
+        return Err(invalid("store.lease_ttl", "must be at least 100ms"));
     }
     Ok(())
 }

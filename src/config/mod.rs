@@ -287,11 +287,32 @@ pub enum FsyncPolicy {
     Never,
 }
 
-/// The on-disk store.
+/// Where the log of originals lives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreBackend {
+    /// One folder per conversation under `data_dir` (one process per data dir).
+    #[default]
+    Disk,
+    /// A PostgreSQL database shared by every replica.
+    Postgres,
+}
+
+/// The store of originals.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
-    /// fsync policy for appends.
+    /// `disk` (default) or `postgres`.
+    pub backend: StoreBackend,
+    /// The database URL for the `postgres` backend (`HANDOFF_STORE__URL`).
+    pub url: Option<String>,
+    /// Database connections per replica.
+    pub pool_size: usize,
+    /// How long a replica's claim on a conversation's compaction lasts without
+    /// renewal: after a crash, another replica takes over once it expires.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// fsync policy for appends (disk backend).
     pub fsync: FsyncPolicy,
     /// Refuse requests with 503 when the store cannot write.
     pub required: bool,
@@ -302,6 +323,10 @@ pub struct StoreConfig {
 impl Default for StoreConfig {
     fn default() -> Self {
         Self {
+            backend: StoreBackend::Disk,
+            url: None,
+            pool_size: 16,
+            lease_ttl: Duration::from_secs(30),
             fsync: FsyncPolicy::Batch,
             required: true,
             cache_capacity: 10_000,

@@ -25,7 +25,7 @@ use crate::base::line::{Entry, Line, MessageLine, PinnedLine, RequestLine, Sourc
 use crate::base::outcome::Outcome;
 use crate::base::record::CompactionRecord;
 use crate::dialect::{ChatRequest, DialectKind, Message};
-use crate::store::{ConversationLog, Store, StoreError};
+use crate::store::{Committed, ConversationLog, Lease, Store, StoreError};
 use crate::tenant::TenantId;
 
 /// What the tracker remembers of one conversation.
@@ -47,6 +47,9 @@ pub struct ConversationState {
     last_chain: Vec<(MessageDigest, PrefixDigest)>,
     /// The latest pinned messages' digests and the digest of their set.
     last_pinned: Option<(Vec<MessageDigest>, Digest)>,
+    /// A shared store's position of the last line folded in: what other replicas
+    /// wrote after it is read on demand.
+    seen: u64,
 }
 
 impl ConversationState {
@@ -140,9 +143,17 @@ impl ConversationState {
         known
     }
 
-    /// Rebuilds the state from a log read from disk.
+    /// Rebuilds the state from a log read from the store.
     pub fn from_log(log: &ConversationLog) -> Self {
         let mut state = Self::default();
+        state.absorb(log);
+        state
+    }
+
+    /// Folds in lines and records read from the store; reading a line twice is harmless.
+    fn absorb(&mut self, log: &ConversationLog) {
+        let state = self;
+        state.seen = state.seen.max(log.last_seq);
         for line in &log.lines {
             match &line.entry {
                 Entry::Message(message) => {
@@ -170,6 +181,9 @@ impl ConversationState {
             tracing::warn!(problem = %problem, "compaction not adopted; run `handoff audit verify`");
         }
         for (prefix, record) in adoption.adopted {
+            if state.compactions.contains_key(&prefix) {
+                continue;
+            }
             match Adopted::new(record) {
                 Ok(adopted) => {
                     state.compactions.insert(prefix, Arc::new(adopted));
@@ -177,7 +191,6 @@ impl ConversationState {
                 Err(err) => tracing::warn!(error = %err, "compaction record unusable"),
             }
         }
-        state
     }
 }
 
@@ -252,8 +265,11 @@ pub struct Tracker {
     store: Arc<dyn Store>,
     cache: moka::future::Cache<ConversationId, Arc<ConversationEntry>>,
     /// Responses' response ids to the conversation that logged them, so a stateful
-    /// request (`previous_response_id`) joins its conversation. In memory only.
+    /// request (`previous_response_id`) joins its conversation. A shared store keeps
+    /// them too, for the other replicas; this is its cache.
     responses: moka::sync::Cache<(TenantId, String), (ConversationId, Option<PrefixDigest>)>,
+    /// How long a compaction lease lasts without renewal.
+    lease_ttl: std::time::Duration,
 }
 
 /// The number of leading system/developer messages.
@@ -296,18 +312,81 @@ impl Tracker {
             store,
             cache: moka::future::Cache::new(capacity),
             responses: moka::sync::Cache::new(capacity.saturating_mul(4)),
+            lease_ttl: std::time::Duration::from_secs(30),
         }
     }
 
+    /// The same tracker with compaction leases of `ttl`.
+    pub fn with_lease_ttl(mut self, ttl: std::time::Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
     /// The conversation that logged the response `response_id`, and the prefix that
-    /// ends with it, if this process saw it.
-    pub fn conversation_of_response(
+    /// ends with it, if this process or (with a shared store) any replica saw it.
+    pub async fn conversation_of_response(
         &self,
         tenant: &TenantId,
         response_id: &str,
-    ) -> Option<(ConversationId, Option<PrefixDigest>)> {
-        self.responses
-            .get(&(tenant.clone(), response_id.to_owned()))
+    ) -> Result<Option<(ConversationId, Option<PrefixDigest>)>, StoreError> {
+        let key = (tenant.clone(), response_id.to_owned());
+        if let Some(found) = self.responses.get(&key) {
+            return Ok(Some(found));
+        }
+        let found = self.store.response(tenant, response_id).await?;
+        if let Some(found) = &found {
+            self.responses.insert(key, found.clone());
+        }
+        Ok(found)
+    }
+
+    /// Folds in what other replicas wrote to a shared store since this one last read
+    /// the conversation; nothing to do (and no I/O) for a store with one writer.
+    async fn catch_up(
+        &self,
+        id: &ConversationId,
+        state: &mut ConversationState,
+    ) -> Result<(), StoreError> {
+        if self.store.shared() {
+            let log = self.store.read_after(id, state.seen).await?;
+            state.absorb(&log);
+        }
+        Ok(())
+    }
+
+    /// Brings the conversation's cached state up to date with the store: compactions
+    /// another replica committed become visible.
+    pub async fn refresh(&self, id: &ConversationId) -> Result<(), StoreError> {
+        if !self.store.shared() {
+            return Ok(());
+        }
+        let entry = self.entry(id).await?;
+        let mut state = entry.state.lock().await;
+        self.catch_up(id, &mut state).await
+    }
+
+    /// Claims the conversation's compaction across replicas; `None` while another
+    /// replica's live claim holds it.
+    pub async fn acquire(&self, id: &ConversationId) -> Result<Option<Lease>, StoreError> {
+        self.store.acquire(id, self.lease_ttl).await
+    }
+
+    /// Keeps `lease` alive while a compaction runs; false once it was lost.
+    pub async fn renew(&self, id: &ConversationId, lease: &Lease) -> Result<bool, StoreError> {
+        self.store.renew(id, lease, self.lease_ttl).await
+    }
+
+    /// Gives `lease` up.
+    pub async fn release(&self, id: &ConversationId, lease: &Lease) {
+        if let Err(err) = self.store.release(id, lease).await {
+            // It expires by itself; another replica merely waits longer.
+            tracing::warn!(conversation = %id, error = %err, "cannot release a compaction lease");
+        }
+    }
+
+    /// How long a lease lasts without renewal.
+    pub fn lease_ttl(&self) -> std::time::Duration {
+        self.lease_ttl
     }
 
     /// The store behind this tracker.
@@ -370,7 +449,13 @@ impl Tracker {
         };
         let originals = (base.is_none()).then(|| message_digests.clone());
         // Prefix-closed: if d[i] is logged, so is every d[j < i].
-        let known = state.known_prefix(rest, &mut message_digests, &mut prefix);
+        let mut known = state.known_prefix(rest, &mut message_digests, &mut prefix);
+        if known < rest.len() && self.store.shared() {
+            // New to this replica; perhaps not to the others (a reply another replica
+            // logged, echoed back): read what they wrote before logging anything.
+            self.catch_up(&id, &mut state).await?;
+            known = state.known_prefix(rest, &mut message_digests, &mut prefix);
+        }
         if let Some(originals) = originals {
             state.last_chain = originals.into_iter().zip(prefix.iter().copied()).collect();
         }
@@ -493,6 +578,10 @@ impl Tracker {
         if let Some(response) = batch.response_id {
             // `parent` is now the last item of the response: what a follow-up continues.
             let head = if batch.sequence { parent } else { batch.parent };
+            if let Err(err) = self.store.remember_response(id, &response, head).await {
+                // The reply is logged; only another replica's lookup of it is lost.
+                tracing::warn!(conversation = %id, error = %err, "cannot store a response id");
+            }
             self.responses
                 .insert((id.tenant().clone(), response), (id.clone(), head));
         }
@@ -523,20 +612,33 @@ impl Tracker {
         Ok(state.calibration.clone())
     }
 
-    /// Commits `record` (record, then boundary) and adopts it.
+    /// Commits `record` (record, then boundary) under `lease` and adopts it; when
+    /// another replica's record already covers the prefix, adopts that one instead.
     pub async fn commit_compaction(
         &self,
         id: &ConversationId,
         record: CompactionRecord,
+        lease: &Lease,
     ) -> Result<Arc<Adopted>, StoreError> {
         let adopted = Arc::new(Adopted::new(record.clone())?);
+        let prefix = adopted.record.source.prefix_digest;
         let entry = self.entry(id).await?;
         let mut state = entry.state.lock().await;
-        self.store.commit_compaction(id, record).await?;
-        state
-            .compactions
-            .insert(adopted.record.source.prefix_digest, Arc::clone(&adopted));
-        Ok(adopted)
+        match self.store.commit_compaction(id, record, lease).await? {
+            Committed::Written => {
+                state.compactions.insert(prefix, Arc::clone(&adopted));
+                Ok(adopted)
+            }
+            Committed::Superseded => {
+                self.catch_up(id, &mut state).await?;
+                state.compactions.get(&prefix).cloned().ok_or_else(|| {
+                    StoreError::Database(format!(
+                        "the compaction covering {} in conversation {id} is not readable",
+                        prefix.short(12)
+                    ))
+                })
+            }
+        }
     }
 }
 

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
+use super::layout::find;
 use super::layout::{conversation_dir, list_ids, COMPACTIONS_FILE, MESSAGES_FILE};
-use super::{Store, StoreError, Writer};
+use super::{Committed, Lease, Store, StoreError, Writer};
 use crate::base::id::ConversationId;
 use crate::base::line::{encode, Entry, Line, FORMAT_VERSION};
 use crate::base::record::CompactionRecord;
@@ -34,6 +35,9 @@ pub struct ConversationLog {
     pub compactions: Vec<CompactionRecord>,
     /// Lines of `compactions.jsonl` that were skipped.
     pub compaction_problems: Vec<LineProblem>,
+    /// A shared store's position after the last line read, for [`super::Store::read_after`];
+    /// 0 for a store with one writer.
+    pub last_seq: u64,
 }
 
 /// The embedded store: one folder per conversation.
@@ -99,7 +103,8 @@ impl Store for DiskStore {
         &self,
         id: &ConversationId,
         record: CompactionRecord,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        _lease: &Lease,
+    ) -> BoxFuture<'_, Result<Committed, StoreError>> {
         let records = self.compactions_path(id);
         let messages = self.messages_path(id);
         let id = id.to_string();
@@ -119,9 +124,47 @@ impl Store for DiskStore {
             self.writer
                 .append(messages, boundary)
                 .await
-                .map_err(|source| StoreError::Write { id, source })
+                .map_err(|source| StoreError::Write { id, source })?;
+            Ok(Committed::Written)
         }
         .boxed()
+    }
+
+    fn find(
+        &self,
+        name: &str,
+        tenant: Option<TenantId>,
+    ) -> BoxFuture<'_, Result<Vec<ConversationId>, StoreError>> {
+        let data_dir = self.data_dir.clone();
+        let name = name.to_owned();
+        async move {
+            // Finding an id across tenants reads folders: off the runtime's threads.
+            let found = tokio::task::spawn_blocking(move || match tenant {
+                Some(tenant) => Ok(ConversationId::parse(tenant, &name)
+                    .ok()
+                    .filter(|id| {
+                        conversation_dir(&data_dir, id)
+                            .join(MESSAGES_FILE)
+                            .is_file()
+                    })
+                    .into_iter()
+                    .collect()),
+                None => find(&data_dir, &name),
+            })
+            .await;
+            found
+                .map_err(|join| std::io::Error::other(join.to_string()))
+                .and_then(|inner| inner)
+                .map_err(|source| StoreError::Read {
+                    id: "*".into(),
+                    source,
+                })
+        }
+        .boxed()
+    }
+
+    fn describe(&self) -> String {
+        self.data_dir.display().to_string()
     }
 
     fn list(

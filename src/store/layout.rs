@@ -173,14 +173,14 @@ pub enum ResolveError {
     #[error("invalid tenant: {0}")]
     Tenant(#[from] crate::base::tenant::TenantError),
     /// No such conversation.
-    #[error("no conversation {id}{} under {data_dir}", tenant.as_ref().map(|t| format!(" of tenant {t}")).unwrap_or_default())]
+    #[error("no conversation {id}{} in {place}", tenant.as_ref().map(|t| format!(" of tenant {t}")).unwrap_or_default())]
     Unknown {
         /// The id.
         id: String,
         /// The tenant asked for, if any.
         tenant: Option<String>,
-        /// The data dir.
-        data_dir: String,
+        /// The data dir, or the database.
+        place: String,
     },
     /// The id exists under several tenants and none was named.
     #[error("conversation {id} exists under several tenants ({}); name one with --tenant (?tenant= on the admin API)", tenants.join(", "))]
@@ -193,6 +193,9 @@ pub enum ResolveError {
     /// The data dir could not be read.
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    /// The store could not be read.
+    #[error(transparent)]
+    Store(#[from] super::StoreError),
 }
 
 /// The conversation `name` of `tenant`, or of whichever one tenant has it.
@@ -204,7 +207,7 @@ pub fn resolve(
     let unknown = |tenant: Option<&str>| ResolveError::Unknown {
         id: name.to_owned(),
         tenant: tenant.map(str::to_owned),
-        data_dir: data_dir.display().to_string(),
+        place: data_dir.display().to_string(),
     };
     if let Some(tenant) = tenant {
         let id = ConversationId::parse(TenantId::parse(tenant)?, name)?;

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
-use super::{ConversationLog, Store, StoreError};
+use super::{Committed, ConversationLog, Lease, Store, StoreError};
 use crate::base::id::ConversationId;
 use crate::base::line::{Entry, Line};
 use crate::base::record::CompactionRecord;
@@ -52,13 +52,39 @@ impl Store for MemoryStore {
         &self,
         id: &ConversationId,
         record: CompactionRecord,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        _lease: &Lease,
+    ) -> BoxFuture<'_, Result<Committed, StoreError>> {
         let result = self.with(id, |log| {
             log.lines
                 .push(Line::now(Entry::CompactBoundary(record.boundary())));
             log.compactions.push(record);
+            Committed::Written
         });
         async move { result }.boxed()
+    }
+
+    fn find(
+        &self,
+        name: &str,
+        tenant: Option<TenantId>,
+    ) -> BoxFuture<'_, Result<Vec<ConversationId>, StoreError>> {
+        let found = self
+            .conversations
+            .lock()
+            .map(|conversations| {
+                conversations
+                    .keys()
+                    .filter(|id| id.as_str() == name)
+                    .filter(|id| tenant.as_ref().is_none_or(|t| id.tenant() == t))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        async move { Ok(found) }.boxed()
+    }
+
+    fn describe(&self) -> String {
+        "memory".into()
     }
 
     fn list(

@@ -1,21 +1,28 @@
-//! Where originals live. The [`Store`] trait has the operations a shared backend
-//! (PostgreSQL) would also provide; [`DiskStore`] is the embedded default: one folder
-//! per conversation under `data_dir/tenants/<tenant>/conversations/`.
+//! Where originals live. The [`Store`] trait has the operations every backend
+//! provides; [`DiskStore`] is the embedded default (one folder per conversation under
+//! `data_dir/tenants/<tenant>/conversations/`), [`PgStore`] the shared one.
 
+mod copy;
 mod disk;
 pub mod layout;
 mod memory;
+mod open;
+mod postgres;
 mod writer;
 
 use futures_util::future::BoxFuture;
 
 /// The line format, kept here for callers of the store's API.
 pub use crate::base::line;
+pub use copy::{copy_data_dir, CopyError, CopyReport};
 pub use disk::{read_conversation, read_log_file, ConversationLog, DiskStore, LineProblem};
 pub use layout::{COMPACTIONS_FILE, MESSAGES_FILE};
 pub use memory::MemoryStore;
+pub use open::{open, OpenError, Opened};
+pub use postgres::PgStore;
 pub use writer::Writer;
 
+use crate::base::digest::PrefixDigest;
 use crate::base::id::ConversationId;
 use crate::base::line::Line;
 use crate::base::record::CompactionRecord;
@@ -43,6 +50,45 @@ pub enum StoreError {
     /// A line could not be serialised.
     #[error("cannot encode a log line: {0}")]
     Encode(#[from] serde_json::Error),
+    /// The database could not be reached or refused the statement.
+    #[error("the database is unavailable: {0}")]
+    Database(String),
+    /// This replica's compaction lease expired or was taken over: it commits nothing.
+    #[error("lost the compaction lease of conversation {0}; nothing was committed")]
+    LeaseLost(String),
+}
+
+/// A claim on a conversation's compaction. Its epoch grows with every claim, so a
+/// commit fenced by it fails once another replica has claimed the conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// Who holds it: unique per claim.
+    pub holder: String,
+    /// The fencing token.
+    pub epoch: i64,
+}
+
+impl Lease {
+    /// The lease of a store with a single writer: the in-process lock is enough.
+    pub fn local() -> Self {
+        Self {
+            holder: "local".into(),
+            epoch: 0,
+        }
+    }
+}
+
+/// Where a response ended: its conversation and the prefix its last item closes.
+pub type ResponseEnd = (ConversationId, Option<PrefixDigest>);
+
+/// What a commit did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Committed {
+    /// The record and its boundary were written.
+    Written,
+    /// Another replica's record already covered the prefix: nothing was written, and
+    /// the caller adopts that one.
+    Superseded,
 }
 
 /// The operations every backend provides.
@@ -59,12 +105,91 @@ pub trait Store: Send + Sync {
     /// an unknown conversation reads as empty.
     fn read(&self, id: &ConversationId) -> BoxFuture<'_, Result<ConversationLog, StoreError>>;
 
-    /// Commits a compaction: its record, then its boundary. Only the pair counts.
+    /// Lines and records committed after `seq` (a [`ConversationLog::last_seq`]):
+    /// what other replicas wrote since this one last looked. Only a shared store has any.
+    fn read_after(
+        &self,
+        id: &ConversationId,
+        seq: u64,
+    ) -> BoxFuture<'_, Result<ConversationLog, StoreError>> {
+        let _ = (id, seq);
+        Box::pin(async { Ok(ConversationLog::default()) })
+    }
+
+    /// Whether other processes write to this store too, so that cached state can be
+    /// stale and compactions need a lease.
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// Claims the conversation's compaction for `ttl`; `None` while another live
+    /// claim holds it.
+    fn acquire(
+        &self,
+        id: &ConversationId,
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'_, Result<Option<Lease>, StoreError>> {
+        let _ = (id, ttl);
+        Box::pin(async { Ok(Some(Lease::local())) })
+    }
+
+    /// Extends `lease` by `ttl`; false when it was lost.
+    fn renew(
+        &self,
+        id: &ConversationId,
+        lease: &Lease,
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let _ = (id, lease, ttl);
+        Box::pin(async { Ok(true) })
+    }
+
+    /// Gives `lease` up early (a run that failed or found nothing to do).
+    fn release(&self, id: &ConversationId, lease: &Lease) -> BoxFuture<'_, Result<(), StoreError>> {
+        let _ = (id, lease);
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Commits a compaction under `lease`: its record, then its boundary. Only the
+    /// pair counts; a lost lease commits nothing.
     fn commit_compaction(
         &self,
         id: &ConversationId,
         record: CompactionRecord,
-    ) -> BoxFuture<'_, Result<(), StoreError>>;
+        lease: &Lease,
+    ) -> BoxFuture<'_, Result<Committed, StoreError>>;
+
+    /// Every conversation named `name`, of `tenant` or of any.
+    fn find(
+        &self,
+        name: &str,
+        tenant: Option<TenantId>,
+    ) -> BoxFuture<'_, Result<Vec<ConversationId>, StoreError>>;
+
+    /// Remembers that the upstream's response `response_id` ended at `head` of `id`,
+    /// for a later `previous_response_id` on any replica. Only a shared store keeps it.
+    fn remember_response(
+        &self,
+        id: &ConversationId,
+        response_id: &str,
+        head: Option<PrefixDigest>,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        let _ = (id, response_id, head);
+        Box::pin(async { Ok(()) })
+    }
+
+    /// The conversation and prefix a response id ended, if this store kept it.
+    fn response(
+        &self,
+        tenant: &TenantId,
+        response_id: &str,
+    ) -> BoxFuture<'_, Result<Option<ResponseEnd>, StoreError>> {
+        let _ = (tenant, response_id);
+        Box::pin(async { Ok(None) })
+    }
+
+    /// Where the store is, for messages: a folder or a masked database URL.
+    fn describe(&self) -> String;
 
     /// Conversations in (tenant, id) order, of `tenant` or of all, after `after`, at
     /// most `limit`.
@@ -74,4 +199,28 @@ pub trait Store: Send + Sync {
         after: Option<ConversationId>,
         limit: usize,
     ) -> BoxFuture<'_, Result<Vec<ConversationId>, StoreError>>;
+}
+
+/// The conversation `name` of `tenant`, or of whichever one tenant has it, in `store`.
+pub async fn resolve_in(
+    store: &dyn Store,
+    name: &str,
+    tenant: Option<&str>,
+) -> Result<ConversationId, layout::ResolveError> {
+    let tenant = tenant.map(TenantId::parse).transpose()?;
+    // Checked before any lookup: a bad id is the caller's error, not an unknown one.
+    ConversationId::parse(tenant.clone().unwrap_or_else(TenantId::legacy), name)?;
+    let mut found = store.find(name, tenant.clone()).await?;
+    match found.len() {
+        0 => Err(layout::ResolveError::Unknown {
+            id: name.to_owned(),
+            tenant: tenant.map(|t| t.to_string()),
+            place: store.describe(),
+        }),
+        1 => Ok(found.remove(0)),
+        _ => Err(layout::ResolveError::Ambiguous {
+            id: name.to_owned(),
+            tenants: found.iter().map(|id| id.tenant().to_string()).collect(),
+        }),
+    }
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod client;
+pub mod postgres;
 pub mod scenario;
 
 use std::io::{BufRead, BufReader};

@@ -1,0 +1,429 @@
+//! The shared PostgreSQL store: several replicas (separate processes and data dirs)
+//! on one real database, compacting once, surviving a crash and a database restart,
+//! and a disk data dir moved into the database.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mock_upstream::strict::{Strict, SUMMARY_PROMPT_START};
+use mock_upstream::{MockUpstream, Recorded, Reply};
+use serde_json::{json, Value};
+use support::postgres::Postgres;
+use support::scenario::{agent_requests, big_user, chat, fact_history, options};
+use support::{canonical, read_tree, Proxy};
+
+/// Summaries by a 16k model, with time to finish.
+const SUMMARY_16K: &str =
+    "[compaction]\nsummary_model = \"strict-16k\"\nsummary_timeout = \"20s\"\n";
+
+fn is_summary(request: &Recorded) -> bool {
+    request.json()["messages"][0]["content"]
+        .as_str()
+        .is_some_and(|s| s.starts_with(SUMMARY_PROMPT_START))
+}
+
+/// A strict provider whose first `slow` summary calls wait `delay` first.
+async fn strict_with_slow_summaries(
+    window: u64,
+    slow: usize,
+    delay: Duration,
+) -> (Arc<Strict>, MockUpstream) {
+    let strict = Strict::new(window);
+    let responder = Arc::clone(&strict);
+    let seen = AtomicUsize::new(0);
+    let mock = MockUpstream::with(move |req| {
+        let answer = responder.answer(req);
+        if is_summary(req) && seen.fetch_add(1, Ordering::SeqCst) < slow {
+            return Reply::Delayed {
+                delay,
+                then: Box::new(answer),
+            };
+        }
+        answer
+    })
+    .await;
+    (strict, mock)
+}
+
+/// A replica on `db`: its own process and data dir.
+fn replica(mock: &MockUpstream, db: &Postgres, extra: &str) -> Proxy {
+    Proxy::start_with(
+        &mock.url(),
+        options(4096, &format!("{SUMMARY_16K}{}", db.store_toml(extra))),
+    )
+}
+
+fn compactions(db: &Postgres) -> u64 {
+    db.count("SELECT count(*) FROM handoff_compactions")
+}
+
+/// Handoff texts of every committed compaction.
+fn handoffs(db: &Postgres) -> Vec<String> {
+    db.sql("SELECT record FROM handoff_compactions ORDER BY seq")
+        .lines()
+        .map(|line| {
+            let record: Value = serde_json::from_str(line).unwrap();
+            record["handoff"]["content"].as_str().unwrap().to_owned()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_share_one_conversation_and_its_compactions() {
+    let db = Postgres::start();
+    let (strict, mock) = strict_with_slow_summaries(4096, 0, Duration::ZERO).await;
+    let replicas = [replica(&mock, &db, ""), replica(&mock, &db, "")];
+
+    // Turns alternate between replicas, and a tool result goes to the other replica
+    // than the call it answers: every echo crosses processes.
+    let mut messages = vec![json!({"role": "system", "content": "be brief"})];
+    let mut sent = 0;
+    for n in 0..24 {
+        messages.push(big_user(n, 300));
+        let got = chat(&replicas[sent % 2], "shared", &messages).await;
+        sent += 1;
+        assert_eq!(got.status, 200, "turn {n}: {}", got.text());
+        let reply = got.json()["choices"][0]["message"].clone();
+        if let Some(call) = reply["tool_calls"][0]["id"].as_str() {
+            // Echoed as SDKs do, in another form of the same message: only the replica
+            // that logged the reply knows that form until the other reads the database.
+            let mut echo = reply.clone();
+            echo["content"] = json!("");
+            messages.push(echo);
+            messages.push(
+                json!({"role": "tool", "tool_call_id": call, "content": format!("result {n}")}),
+            );
+            let got = chat(&replicas[sent % 2], "shared", &messages).await;
+            sent += 1;
+            assert_eq!(got.status, 200, "turn {n} tool: {}", got.text());
+            messages.push(got.json()["choices"][0]["message"].clone());
+        } else {
+            messages.push(reply);
+        }
+    }
+    let committed = compactions(&db);
+    assert!(
+        committed >= 2,
+        "the conversation compacted {committed} times"
+    );
+    assert!(strict.broken_pairs.lock().unwrap().is_empty());
+    assert!(strict.over_window.lock().unwrap().is_empty());
+
+    // Between compactions each view extends the one before; where it does not, the
+    // later view carries a handoff that a replica committed.
+    let texts = handoffs(&db);
+    let views: Vec<Vec<Value>> = agent_requests(&mock)
+        .iter()
+        .map(|r| {
+            r.json()["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(canonical)
+                .collect()
+        })
+        .collect();
+    let mut breaks = 0;
+    for pair in views.windows(2) {
+        let (before, after) = (&pair[0], &pair[1]);
+        if after.len() > before.len() && after[..before.len()] == before[..] {
+            continue;
+        }
+        breaks += 1;
+        assert!(
+            after
+                .iter()
+                .any(|m| texts.iter().any(|t| m["content"] == json!(t))),
+            "a view that does not extend the previous one carries no committed handoff"
+        );
+    }
+    assert!(
+        breaks >= 1 && breaks as u64 <= committed,
+        "{breaks} breaks for {committed} compactions"
+    );
+
+    // One conversation, one branch, replayed exactly from either replica.
+    for proxy in &replicas {
+        let listed = proxy.conversations();
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert_eq!(
+            listed[0]["branches"], 1,
+            "echoes across replicas must not fork"
+        );
+        // The replay holds each reply as the upstream sent it, not the client's echo.
+        let replayed: Vec<Value> = proxy.replay("shared", None).iter().map(canonical).collect();
+        let expected: Vec<Value> = messages
+            .iter()
+            .map(|m| {
+                let mut m = m.clone();
+                if m["content"] == "" && m.get("tool_calls").is_some() {
+                    m["content"] = Value::Null;
+                }
+                canonical(&m)
+            })
+            .collect();
+        assert_eq!(replayed, expected);
+        proxy.assert_verified(&[]);
+        // The database is the system of record: no conversation under data_dir.
+        let files: Vec<_> = read_tree(&proxy.data_dir())
+            .into_iter()
+            .map(|(path, _)| path)
+            .collect();
+        assert!(files.is_empty(), "written under data_dir: {files:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_identical_requests_over_two_replicas_compact_once() {
+    let db = Postgres::start();
+    let (strict, mock) = strict_with_slow_summaries(4096, 1, Duration::from_secs(2)).await;
+    let replicas = Arc::new([replica(&mock, &db, ""), replica(&mock, &db, "")]);
+    let messages = fact_history(json!({"role": "assistant", "content": "noted"}));
+
+    let mut tasks = Vec::new();
+    for n in 0..16 {
+        let (replicas, messages) = (Arc::clone(&replicas), messages.clone());
+        tasks.push(tokio::spawn(async move {
+            chat(&replicas[n % 2], "burst", &messages).await
+        }));
+    }
+    for task in tasks {
+        let got = task.await.unwrap();
+        assert_eq!(got.status, 200, "{}", got.text());
+    }
+    assert_eq!(
+        strict.summaries.load(Ordering::SeqCst),
+        1,
+        "one summary call"
+    );
+    assert_eq!(compactions(&db), 1, "one compaction");
+    assert!(strict.over_window.lock().unwrap().is_empty());
+    let handoff = &handoffs(&db)[0];
+    for request in agent_requests(&mock) {
+        assert!(
+            request
+                .json()
+                .to_string()
+                .contains(&json!(handoff).to_string()[1..20]),
+            "every request went with the one handoff"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_mid_summary_is_taken_over_after_its_lease_expires() {
+    let db = Postgres::start();
+    let (_strict, mock) = strict_with_slow_summaries(4096, 1, Duration::from_secs(30)).await;
+    let lease = "lease_ttl = \"2s\"\n";
+    let mut first = replica(&mock, &db, lease);
+    let second = replica(&mock, &db, lease);
+    let messages = fact_history(json!({"role": "assistant", "content": "noted"}));
+
+    // A raw connection: the request dies with its replica, and that is expected.
+    let body = json!({"model": "strict", "messages": messages}).to_string();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nauthorization: Bearer sk-x\r\nx-handoff-conversation-id: crash\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut doomed = tokio::net::TcpStream::connect(first.addr()).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut doomed, format!("{head}{body}").as_bytes())
+        .await
+        .unwrap();
+    // The first replica holds the lease and waits on its summary call.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !mock.requests().iter().any(is_summary) {
+        assert!(std::time::Instant::now() < deadline, "no summary call");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        db.count("SELECT count(*) FROM handoff_leases WHERE expires_at > now()"),
+        1
+    );
+    first.kill9();
+    let mut answer = Vec::new();
+    let _ = tokio::io::AsyncReadExt::read_to_end(&mut doomed, &mut answer).await;
+    assert!(answer.is_empty(), "the killed replica answered nothing");
+
+    let got = chat(&second, "crash", &messages).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert!(
+        second
+            .logs()
+            .contains("another replica holds the compaction lease"),
+        "the retry waited for the dead replica's lease"
+    );
+    assert_eq!(compactions(&db), 1, "exactly one compaction");
+    assert_eq!(
+        db.count("SELECT max(epoch) FROM handoff_leases"),
+        2,
+        "the second replica claimed with a higher epoch"
+    );
+    assert_eq!(mock.requests().iter().filter(|r| is_summary(r)).count(), 2);
+    second.assert_verified(&[]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_restart_gives_503_then_service_resumes_and_nothing_acknowledged_is_lost() {
+    let db = Postgres::start();
+    let mock = MockUpstream::with(|_| Reply::chat_text("ok")).await;
+    let proxy = Proxy::start_with(&mock.url(), options(1_000_000, &db.store_toml("")));
+    let mut messages = vec![json!({"role": "system", "content": "be brief"})];
+    let mut acknowledged = Vec::new();
+    let mut turn = 0;
+    let mut ask = |messages: &mut Vec<Value>| {
+        turn += 1;
+        messages.push(json!({"role": "user", "content": format!("turn {turn}")}));
+        messages.clone()
+    };
+
+    for _ in 0..5 {
+        let request = ask(&mut messages);
+        let got = chat(&proxy, "restart", &request).await;
+        assert_eq!(got.status, 200, "{}", got.text());
+        messages.push(got.json()["choices"][0]["message"].clone());
+        acknowledged.push(request.last().unwrap().clone());
+    }
+
+    // Light load across an immediate restart: whatever was acknowledged is kept.
+    db.ctl_restart_immediate();
+    db.ctl_stop_immediate();
+    let request = ask(&mut messages);
+    let got = chat(&proxy, "restart", &request).await;
+    assert_eq!(got.status, 503, "{}", got.text());
+    assert_eq!(
+        got.json()["error"]["type"],
+        "storage_error",
+        "{}",
+        got.text()
+    );
+    messages.pop();
+    db.ctl_start();
+
+    let mut resumed = false;
+    for _ in 0..20 {
+        let request = ask(&mut messages);
+        let got = chat(&proxy, "restart", &request).await;
+        if got.status == 200 {
+            messages.push(got.json()["choices"][0]["message"].clone());
+            acknowledged.push(request.last().unwrap().clone());
+            resumed = true;
+            break;
+        }
+        assert_eq!(got.status, 503, "{}", got.text());
+        messages.pop();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(resumed, "requests succeed again once the database is back");
+    let replayed = proxy.replay("restart", None);
+    for message in &acknowledged {
+        assert!(replayed.contains(message), "lost {message}");
+    }
+    proxy.assert_verified(&[]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_copy_moves_a_data_dir_into_the_database_idempotently() {
+    let (_strict, mock) = strict_with_slow_summaries(4096, 0, Duration::ZERO).await;
+    let disk = Proxy::start_with(&mock.url(), options(4096, SUMMARY_16K));
+    let history = support::scenario::drive_until_compaction(&disk, "moved", 300, 30).await;
+    let disk_replay = disk.replay("moved", None);
+    let db = Postgres::start();
+    let config = disk.dir().join("postgres.toml");
+    std::fs::write(
+        &config,
+        support::render_config(&mock.url(), &disk.dir().join("unused"), &db.store_toml("")),
+    )
+    .unwrap();
+    let copy = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_handoff"))
+            .args(["store", "copy", "--from-data-dir"])
+            .arg(disk.data_dir())
+            .arg("--to-config")
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(copy().contains("copied 1 conversation(s)"));
+    assert!(
+        copy().contains("copied 0 conversation(s)"),
+        "a second copy writes nothing"
+    );
+    assert_eq!(compactions(&db), 1);
+
+    let audit = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_handoff"))
+            .arg("audit")
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap()
+    };
+    let verify = audit(&["verify"]);
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+    let replay: Vec<Value> = serde_json::from_slice(&audit(&["replay", "moved"]).stdout).unwrap();
+    assert_eq!(replay, disk_replay);
+    assert_eq!(replay.len(), history.len());
+
+    // A replica on the database continues the conversation with the copied handoff.
+    let replica = replica(&mock, &db, "");
+    let mut messages = history.clone();
+    messages.push(json!({"role": "user", "content": "and now?"}));
+    let got = chat(&replica, "moved", &messages).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let last = agent_requests(&mock).pop().unwrap().json().to_string();
+    let handoff = &handoffs(&db)[0];
+    assert!(
+        last.contains(&json!(handoff).to_string()[1..20]),
+        "the copied handoff is used"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_api_key_reaches_the_database() {
+    let db = Postgres::start();
+    let (_strict, mock) = strict_with_slow_summaries(4096, 0, Duration::ZERO).await;
+    let proxy = replica(&mock, &db, "");
+    let key = "sk-live-0123456789abcdefPGDUMP";
+    let mut messages = vec![json!({"role": "system", "content": "be brief"})];
+    for n in 0..16 {
+        messages.push(big_user(n, 300));
+        let got = support::scenario::post_chat(
+            &proxy,
+            &[
+                ("authorization", &format!("Bearer {key}")),
+                ("x-api-key", key),
+            ],
+            &json!({"model": "strict", "messages": messages}),
+        )
+        .await;
+        assert_eq!(got.status, 200, "{}", got.text());
+        let reply = got.json()["choices"][0]["message"].clone();
+        messages.push(reply.clone());
+        if let Some(call) = reply["tool_calls"][0]["id"].as_str() {
+            messages.push(json!({"role": "tool", "tool_call_id": call, "content": "ok"}));
+        }
+    }
+    assert!(compactions(&db) >= 1, "summaries ran with the key");
+    let dump = db.dump();
+    assert!(dump.contains("handoff_lines"), "the dump has the log");
+    for needle in [key, "0123456789abcdefPGDUMP", "Bearer"] {
+        assert!(!dump.contains(needle), "{needle} is in the pg_dump");
+    }
+    assert!(!proxy.logs().contains(key));
+}
