@@ -6,6 +6,11 @@
 #
 #   benches/e2e.sh [--duration SECONDS] [--rounds N] [--no-litellm] [--smoke]
 #
+# When PostgreSQL is installed (Debian's postgresql), a second handoff on the postgres
+# store (a throwaway cluster) runs the same loads as "handoff-pg", and the database's
+# statements it receives during the repeated-body runs are counted: a request that
+# adds nothing new must not touch the database.
+#
 # Needs: wrk and nginx-light (Debian), and for LiteLLM `pip install 'litellm[proxy]'`
 # in $LITELLM_VENV (default .bench-venv, created when missing). --smoke runs every step
 # for one second without LiteLLM, to keep the harness from rotting (CI does this).
@@ -29,9 +34,17 @@ NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 WORK=$(mktemp -d)
 PIDS=()
-cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; "$NGINX" -c "$WORK/nginx.conf" -s stop 2>/dev/null || true; rm -rf "$WORK"; }
+PGBIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)
+AS_PG=()
+[ "$(id -u)" = 0 ] && AS_PG=(runuser -u postgres --)
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  "$NGINX" -c "$WORK/nginx.conf" -s stop 2>/dev/null || true
+  [ -d "$WORK/pg/data" ] && "${AS_PG[@]}" "$PGBIN/pg_ctl" -D "$WORK/pg/data" -m immediate stop >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
 trap cleanup EXIT
-UP=18000 HO=18001 NG=18002 LL=18003
+UP=18000 HO=18001 NG=18002 LL=18003 HP=18004 PGPORT=18005
 
 cargo build --release --quiet --bin handoff -p handoff
 cargo build --release --quiet --bin bench-upstream -p mock-upstream
@@ -51,6 +64,21 @@ level = "warn"
 context_window = 1000000
 TOML
 target/release/handoff serve --config "$WORK/handoff.toml" 2>"$WORK/handoff.log" & HANDOFF_PID=$!; PIDS+=($HANDOFF_PID)
+
+PG=0
+if [ -n "$PGBIN" ] && [ -x "$PGBIN/initdb" ]; then
+  PG=1
+  mkdir -p "$WORK/pg"; chmod 755 "$WORK"
+  [ "$(id -u)" = 0 ] && chown postgres "$WORK/pg"
+  "${AS_PG[@]}" "$PGBIN/initdb" -D "$WORK/pg/data" --auth=trust -U postgres >/dev/null
+  "${AS_PG[@]}" "$PGBIN/pg_ctl" -D "$WORK/pg/data" -o "-p $PGPORT -k $WORK/pg -c listen_addresses=127.0.0.1" -l "$WORK/pg/log" -w start >/dev/null
+  sed -e "s/127.0.0.1:$HO/127.0.0.1:$HP/" -e "s#$WORK/data#$WORK/data-pg#" "$WORK/handoff.toml" > "$WORK/handoff-pg.toml"
+  printf '[store]\nbackend = "postgres"\nurl = "postgres://postgres@127.0.0.1:%s/postgres"\n' "$PGPORT" >> "$WORK/handoff-pg.toml"
+  target/release/handoff serve --config "$WORK/handoff-pg.toml" 2>"$WORK/handoff-pg.log" & PIDS+=($!)
+fi
+# Statement logging on or off (reloaded at once by every session): while it is on, the
+# server log has one line per statement handoff sends.
+pg_log_statements() { "${AS_PG[@]}" "$PGBIN/psql" -h 127.0.0.1 -p "$PGPORT" -U postgres -qAtc "ALTER SYSTEM SET log_statement = '$1'" -c "SELECT pg_reload_conf()" >/dev/null; sleep 0.5; }
 
 mkdir -p "$WORK/nginx"
 cat > "$WORK/nginx.conf" <<NGINX
@@ -92,6 +120,7 @@ YAML
   LITELLM_LOCAL_MODEL_COST_MAP=True "$VENV/bin/litellm" --config "$WORK/litellm.yaml" --host 127.0.0.1 --port "$LL" --num_workers 1 >"$WORK/litellm.log" 2>&1 & PIDS+=($!)
 fi
 for port in $UP $HO $NG; do wait_port "$port"; done
+if [ "$PG" = 1 ]; then wait_port "$HP"; fi
 if [ "$LITELLM" = 1 ]; then wait_port "$LL"; fi
 sleep 1
 IDLE_RSS=$(ps -o rss= -p "$HANDOFF_PID")
@@ -115,20 +144,34 @@ PY
 
 TARGETS=(direct handoff nginx)
 [ "$LITELLM" = 1 ] && TARGETS+=(litellm)
-declare -A PORT=([direct]=$UP [handoff]=$HO [nginx]=$NG [litellm]=$LL)
+[ "$PG" = 1 ] && TARGETS+=(handoff-pg)
+REPEATED=(direct handoff nginx)
+[ "$PG" = 1 ] && REPEATED+=(handoff-pg)
+declare -A PORT=([direct]=$UP [handoff]=$HO [nginx]=$NG [litellm]=$LL [handoff-pg]=$HP)
 RESULTS="$WORK/results.txt"
+if [ "$PG" = 1 ]; then
+  # Warm both conversations once, so the runs below repeat what the store has.
+  for body in small long; do
+    curl -s -o /dev/null -H 'content-type: application/json' -H "x-handoff-conversation-id: bench-$body" \
+      -H 'authorization: Bearer sk-bench' --data-binary "@$WORK/$body.json" "http://127.0.0.1:$HP/v1/chat/completions"
+  done
+  curl -s -o /dev/null -H 'content-type: application/json' -H 'authorization: Bearer sk-bench' \
+    --data-binary "@$WORK/small.json" "http://127.0.0.1:$HP/v1/chat/completions"
+  pg_log_statements all
+  PG_LOG_FROM=$(stat -c %s "$WORK/pg/log")
+fi
 for round in $(seq 1 "$ROUNDS"); do
   for target in "${TARGETS[@]}"; do
     echo "small $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/chat/completions" 32 "$WORK/small.json")" >> "$RESULTS"
   done
-  for target in direct handoff nginx; do
+  for target in "${REPEATED[@]}"; do
     echo "long $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/chat/completions" 8 "$WORK/long.json" bench-long)" >> "$RESULTS"
   done
   for target in direct handoff nginx; do
     echo "stream $target $(python3 benches/e2e/stream_probe.py 127.0.0.1 "${PORT[$target]}" 3)" >> "$RESULTS"
   done
   # What a single agent feels: one connection, one request at a time.
-  for target in direct handoff nginx; do
+  for target in "${REPEATED[@]}"; do
     echo "c1 $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/chat/completions" 1 "$WORK/small.json")" >> "$RESULTS"
   done
   # The same shapes on Anthropic's Messages API.
@@ -139,15 +182,29 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 
+PG_TX=""
+if [ "$PG" = 1 ]; then
+  pg_log_statements none
+  PG_STATEMENTS=$(tail -c +"$((PG_LOG_FROM + 1))" "$WORK/pg/log" | grep -E 'LOG:  (statement|execute)' | grep -vcE 'ALTER SYSTEM|pg_reload_conf' || true)
+  PG_REQUESTS=$(grep -E '^(small|long|c1) handoff-pg ' "$RESULTS" | wc -l)
+  PG_TX="$PG_STATEMENTS statements sent to the database during $PG_REQUESTS repeated-body wrk runs on handoff-pg"
+  # The write path: every request a new conversation, so every request appends.
+  for round in $(seq 1 "$ROUNDS"); do
+    for target in handoff handoff-pg; do
+      out=$(wrk -t2 -c32 -d"${DURATION}s" --latency -s benches/e2e/appends.lua "http://127.0.0.1:${PORT[$target]}/v1/chat/completions")
+      echo "appends $target $(python3 -c 'import re,sys; t=sys.argv[1]; print(re.search(r"Requests/sec:\s+([\d.]+)", t).group(1))' "$out")" >> "$RESULTS"
+    done
+  done
+fi
 LOADED_RSS=$(ps -o rss= -p "$HANDOFF_PID")
 COUNT=10000 wrk -t2 -c32 -d"$((DURATION < 5 ? DURATION : 5))s" -s benches/e2e/conversations.lua "http://127.0.0.1:$HO" >/dev/null
 FULL_RSS=$(ps -o rss= -p "$HANDOFF_PID")
 TRACKED=$(find "$WORK/data/tenants" -mindepth 3 -maxdepth 3 -type d | wc -l)
 OVERHEAD=$(curl -s "http://127.0.0.1:$HO/handoff/metrics" | grep -E '^handoff_overhead_seconds_(sum|count)' | tr '\n' ' ')
 
-python3 - "$RESULTS" "$IDLE_RSS" "$FULL_RSS" "$TRACKED" "$OVERHEAD" "$DURATION" "$ROUNDS" "$LOADED_RSS" <<'PY'
+python3 - "$RESULTS" "$IDLE_RSS" "$FULL_RSS" "$TRACKED" "$OVERHEAD" "$DURATION" "$ROUNDS" "$LOADED_RSS" "$PG_TX" <<'PY'
 import json, statistics, sys
-path, idle, full, tracked, overhead, duration, rounds, loaded = sys.argv[1:9]
+path, idle, full, tracked, overhead, duration, rounds, loaded, pg_tx = sys.argv[1:10]
 rows = {}
 for line in open(path):
     kind, target, rest = line.split(" ", 2)
@@ -159,14 +216,14 @@ def wrk(kind, target):
 print(f"Medians of {rounds} interleaved round(s) of {duration}s each.\n")
 print("| small chat, 32 conn | req/s | p50 ms | p99 ms | non-2xx |")
 print("| --- | ---: | ---: | ---: | ---: |")
-small = {t: wrk("small", t) for t in ["direct", "handoff", "nginx", "litellm"]}
+small = {t: wrk("small", t) for t in ["direct", "handoff", "handoff-pg", "nginx", "litellm"]}
 for t, v in small.items():
     if v: print(f"| {t} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} | {v[3]:.0f} |")
 h, n, l = small["handoff"], small["nginx"], small["litellm"]
 print(f"\nhandoff/nginx throughput: {h[0]/n[0]:.2f}×" + (f"; handoff/LiteLLM throughput: {h[0]/l[0]:.0f}×" if l else ""))
 print("\n| tracked long conversation (~400 KB), 8 conn | req/s | p50 ms | p99 ms |")
 print("| --- | ---: | ---: | ---: |")
-long = {t: wrk("long", t) for t in ["direct", "handoff", "nginx"]}
+long = {t: wrk("long", t) for t in ["direct", "handoff", "handoff-pg", "nginx"]}
 for t, v in long.items():
     if v: print(f"| {t} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} |")
 print(f"\nhandoff p50 added over nginx (long): {long['handoff'][1] - long['nginx'][1]:.3f} ms")
@@ -181,7 +238,7 @@ for t in ["direct", "handoff", "nginx"]:
 print(f"\nTTFB added by handoff over direct: {stream['handoff'][0] - stream['direct'][0]:.2f} ms")
 print("\n| small chat, 1 connection | req/s | p50 ms | p99 ms |")
 print("| --- | ---: | ---: | ---: |")
-c1 = {t: wrk("c1", t) for t in ["direct", "handoff", "nginx"]}
+c1 = {t: wrk("c1", t) for t in ["direct", "handoff", "handoff-pg", "nginx"]}
 for t, v in c1.items():
     if v: print(f"| {t} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} |")
 print(f"\nc=1 latency added by handoff over direct: p50 {c1['handoff'][1] - c1['direct'][1]:.3f} ms, p99 {c1['handoff'][2] - c1['direct'][2]:.3f} ms"
@@ -200,5 +257,9 @@ if "handoff" in anthropic and "nginx" in anthropic:
     h, n = anthropic["handoff"], anthropic["nginx"]
     print(f"\nAnthropic: handoff/nginx small throughput {h[0][0]/n[0][0]:.2f}×; long p50 added over nginx {h[1][1] - n[1][1]:.3f} ms; TTFB added over direct {h[2] - anthropic['direct'][2]:.2f} ms")
 print(f"\nhandoff RSS: idle {int(idle)/1024:.1f} MB; after the load runs {int(loaded)/1024:.1f} MB; with {tracked.strip()} tracked conversations {int(full)/1024:.1f} MB")
+if pg_tx:
+    print(f"\npostgres store: {pg_tx}")
+    appends = {t: med([float(r) for r in rows.get(("appends", t), [])]) for t in ["handoff", "handoff-pg"]}
+    print(f"\nnew conversation per request (every request appends), 32 conn: disk {appends['handoff']:.0f} req/s, postgres {appends['handoff-pg']:.0f} req/s")
 print(f"\noverhead metric: {overhead}")
 PY

@@ -394,12 +394,23 @@ impl Tracker {
         &self.store
     }
 
-    /// The conversation's entry, loaded from disk on a cache miss.
+    /// The conversation's entry, loaded from the store on a cache miss.
     pub async fn entry(&self, id: &ConversationId) -> Result<Arc<ConversationEntry>, StoreError> {
+        Ok(self.entry_loaded(id).await?.0)
+    }
+
+    /// The conversation's entry, and whether it was read from the store just now (so
+    /// it is as fresh as a catch-up would make it).
+    async fn entry_loaded(
+        &self,
+        id: &ConversationId,
+    ) -> Result<(Arc<ConversationEntry>, bool), StoreError> {
         let store = Arc::clone(&self.store);
         let key = id.clone();
-        self.cache
-            .try_get_with(id.clone(), async move {
+        let entry = self
+            .cache
+            .entry(id.clone())
+            .or_try_insert_with(async move {
                 let log = store.read(&key).await?;
                 if !log.problems.is_empty() {
                     tracing::warn!(conversation = %key, problems = log.problems.len(), "skipped unreadable log lines; run `handoff audit verify`");
@@ -416,7 +427,9 @@ impl Tracker {
                     id: id.to_string(),
                     source: std::io::Error::other(shared.to_string()),
                 },
-            })
+            })?;
+        let fresh = entry.is_fresh();
+        Ok((entry.into_value(), fresh))
     }
 
     /// Logs the request's new originals before it goes upstream.
@@ -440,7 +453,7 @@ impl Tracker {
         let (pinned, rest) = request.messages.split_at(pinned_len);
         let mut message_digests: Vec<MessageDigest> = rest.iter().map(Message::digest).collect();
         let pinned_digests: Vec<MessageDigest> = pinned.iter().map(Message::digest).collect();
-        let entry = self.entry(&id).await?;
+        let (entry, fresh) = self.entry_loaded(&id).await?;
         let mut state = entry.state.lock().await;
         let pinned_set = state.pinned_set(pinned);
         let mut prefix = match base {
@@ -450,7 +463,7 @@ impl Tracker {
         let originals = (base.is_none()).then(|| message_digests.clone());
         // Prefix-closed: if d[i] is logged, so is every d[j < i].
         let mut known = state.known_prefix(rest, &mut message_digests, &mut prefix);
-        if known < rest.len() && self.store.shared() {
+        if known < rest.len() && self.store.shared() && !fresh {
             // New to this replica; perhaps not to the others (a reply another replica
             // logged, echoed back): read what they wrote before logging anything.
             self.catch_up(&id, &mut state).await?;

@@ -126,14 +126,13 @@ impl PgStore {
             .await
             .map_err(db)?;
         let key = (id.tenant().as_str(), id.as_str());
-        let lines = client
-            .query(&lines, &[&key.0, &key.1, &after])
-            .await
-            .map_err(db)?;
-        let records = client
-            .query(&records, &[&key.0, &key.1, &after])
-            .await
-            .map_err(db)?;
+        // Both queries in one round trip: the client pipelines them.
+        let (lines, records) = futures_util::future::try_join(
+            client.query(&lines, &[&key.0, &key.1, &after]),
+            client.query(&records, &[&key.0, &key.1, &after]),
+        )
+        .await
+        .map_err(db)?;
         Ok(log_of(&lines, &records, seq))
     }
 }
@@ -234,34 +233,44 @@ impl Store for PgStore {
                 digests.push(digest);
                 parents.push(parent);
             }
-            let mut client = self.pool.get().await.map_err(db)?;
-            let tx = client.transaction().await.map_err(db)?;
-            let first = reserve(&tx, &id, lines.len()).await?;
-            let seqs: Vec<i64> = (first..).take(lines.len()).collect();
-            let insert = tx
+            let count = i64::try_from(lines.len()).map_err(db)?;
+            let client = self.pool.get().await.map_err(db)?;
+            // One statement, so one round trip and atomic by itself: the upsert takes the
+            // conversation's row lock and hands out the positions, the insert uses them.
+            let append = client
                 .prepare_cached(
-                    "INSERT INTO handoff_lines (tenant, conversation, seq, kind, digest, parent, line)
-                     SELECT $1, $2, * FROM UNNEST($3::int8[], $4::text[], $5::text[], $6::text[], $7::text[])
+                    "WITH c AS (
+                        INSERT INTO handoff_conversations AS c (tenant, conversation, last_seq)
+                        VALUES ($1, $2, $3)
+                        ON CONFLICT (tenant, conversation)
+                        DO UPDATE SET last_seq = c.last_seq + EXCLUDED.last_seq, updated_at = now()
+                        RETURNING last_seq
+                     )
+                     INSERT INTO handoff_lines (tenant, conversation, seq, kind, digest, parent, line)
+                     SELECT $1, $2, c.last_seq - $3 + u.n, u.kind, u.digest, u.parent, u.line
+                     FROM c, UNNEST($4::text[], $5::text[], $6::text[], $7::text[])
+                          WITH ORDINALITY AS u(kind, digest, parent, line, n)
                      ON CONFLICT (tenant, conversation, kind, digest) WHERE digest IS NOT NULL
                      DO NOTHING",
                 )
                 .await
                 .map_err(db)?;
-            tx.execute(
-                &insert,
-                &[
-                    &id.tenant().as_str(),
-                    &id.as_str(),
-                    &seqs,
-                    &kinds,
-                    &digests,
-                    &parents,
-                    &texts,
-                ],
-            )
-            .await
-            .map_err(db)?;
-            tx.commit().await.map_err(db)
+            client
+                .execute(
+                    &append,
+                    &[
+                        &id.tenant().as_str(),
+                        &id.as_str(),
+                        &count,
+                        &kinds,
+                        &digests,
+                        &parents,
+                        &texts,
+                    ],
+                )
+                .await
+                .map_err(db)?;
+            Ok(())
         }
         .boxed()
     }
