@@ -51,7 +51,8 @@ fn benches(c: &mut Criterion) {
         .unwrap_or_else(|err| unreachable!("{err}"));
     let dir = tempfile::tempdir().unwrap_or_else(|err| unreachable!("{err}"));
     let tracker = runtime.block_on(async {
-        let writer = Writer::start(FsyncPolicy::Never).unwrap_or_else(|err| unreachable!("{err}"));
+        let writer = Writer::start(FsyncPolicy::Never, Default::default())
+            .unwrap_or_else(|err| unreachable!("{err}"));
         let store: Arc<dyn Store> = Arc::new(DiskStore::new(dir.path(), writer));
         Arc::new(Tracker::new(store, 1000))
     });

@@ -337,7 +337,11 @@ fn audit(command: AuditCommand) -> ExitCode {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
-    let store = match runtime.block_on(crate::store::open(&config.store, &config.data_dir)) {
+    let store = match runtime.block_on(crate::store::open(
+        &config.store,
+        &config.data_dir,
+        Default::default(),
+    )) {
         Ok(opened) => opened.store,
         Err(err) => {
             eprintln!("handoff audit: {err}");
@@ -359,6 +363,8 @@ fn audit(command: AuditCommand) -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // `handoff audit list | head`: the reader has what it wanted; stop quietly.
+        Err(err) if err.is_broken_pipe() => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("handoff audit: {err}");
             ExitCode::FAILURE

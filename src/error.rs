@@ -105,6 +105,19 @@ impl ApiError {
         )
     }
 
+    /// 408 when a request body does not arrive within `limits.body_timeout`.
+    pub fn body_timeout(timeout: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            Some("request_timeout"),
+            format!(
+                "the request body did not arrive within limits.body_timeout ({})",
+                humantime::format_duration(timeout)
+            ),
+        )
+    }
+
     /// 502 when the upstream cannot be reached or answers garbage.
     pub fn bad_gateway(message: impl Into<String>) -> Self {
         Self::new(

@@ -54,6 +54,16 @@ const HELP: &[(&str, &str, &str)] = &[
         "counter",
         "Replies that did not reach the log, by cause (storage, capture_lag, unreadable).",
     ),
+    (
+        "handoff_chat_rejected_total",
+        "counter",
+        "Tracked requests refused with 503 past limits.max_concurrent_chat and its queue.",
+    ),
+    (
+        "handoff_store_sync_failures_total",
+        "counter",
+        "Batched fsyncs (store.fsync = \"batch\") that failed after their lines were acknowledged.",
+    ),
 ];
 
 fn labels(pairs: &[(&str, &str)]) -> String {

@@ -1,10 +1,17 @@
 //! The listening side: accept loop, `TCP_NODELAY`, HTTP/1.1 and h2 (h2c or TLS by
 //! ALPN), and graceful shutdown on SIGINT/SIGTERM.
+//!
+//! One client must not degrade everyone: connections are capped (more wait in the
+//! kernel's backlog), and a connection that has not sent a whole request head within
+//! `limits.header_timeout` of its accept (TLS handshake and protocol sniff included)
+//! is closed.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -83,11 +90,20 @@ pub async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeErro
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(ServeError::Signal)?;
     let graceful = GracefulShutdown::new();
+    let limits = state.snapshot().config.limits.clone();
+    let connections = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let header_timeout = limits.header_timeout;
     loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(err) => {
+        // A slot first: past max_connections, new connections wait in the backlog.
+        let next = async {
+            let permit = Arc::clone(&connections).acquire_owned().await;
+            (permit, listener.accept().await)
+        };
+        let (permit, stream, peer) = tokio::select! {
+            (permit, accepted) = next => match (permit, accepted) {
+                (Ok(permit), Ok((stream, peer))) => (permit, stream, peer),
+                (Err(_), _) => break,
+                (_, Err(err)) => {
                     // EMFILE and friends: keep serving the connections we have.
                     tracing::warn!(error = %err, "accept failed");
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -106,17 +122,35 @@ pub async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeErro
         }
         let state = Arc::clone(&state);
         let watcher = graceful.watcher();
+        let deadline = tokio::time::Instant::now() + header_timeout;
         match tls.clone() {
             Some(acceptor) => {
                 tokio::spawn(async move {
-                    match acceptor.accept(stream).await {
-                        Ok(stream) => serve_connection(stream, peer, state, watcher).await,
-                        Err(err) => tracing::debug!(%peer, error = %err, "TLS handshake failed"),
+                    let _permit = permit;
+                    match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => {
+                            serve_connection(
+                                stream,
+                                peer,
+                                state,
+                                watcher,
+                                deadline,
+                                header_timeout,
+                            )
+                            .await;
+                        }
+                        Ok(Err(err)) => {
+                            tracing::debug!(%peer, error = %err, "TLS handshake failed");
+                        }
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
                 });
             }
             None => {
-                tokio::spawn(serve_connection(stream, peer, state, watcher));
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    serve_connection(stream, peer, state, watcher, deadline, header_timeout).await;
+                });
             }
         }
     }
@@ -132,23 +166,44 @@ pub async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeErro
     Ok(())
 }
 
+/// Serves one connection; closes it if no request head arrived by `deadline`.
 async fn serve_connection<S>(
     stream: S,
     peer: SocketAddr,
     state: Arc<AppState>,
     watcher: hyper_util::server::graceful::Watcher,
+    deadline: tokio::time::Instant,
+    header_timeout: Duration,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let headed = Arc::new(AtomicBool::new(false));
+    let seen = Arc::clone(&headed);
     let service = service_fn(move |request| {
+        seen.store(true, Ordering::Relaxed);
         let state = Arc::clone(&state);
         async move { Ok::<_, Infallible>(route(&state, request, peer).await) }
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
     builder.http2().timer(TokioTimer::new());
-    let connection = builder.serve_connection(TokioIo::new(stream), service);
-    if let Err(err) = watcher.watch(connection).await {
+    let connection = watcher.watch(builder.serve_connection(TokioIo::new(stream), service));
+    tokio::pin!(connection);
+    // The sniff and the first head have no timer of hyper's: this is theirs.
+    let ended = tokio::select! {
+        ended = &mut connection => ended,
+        () = tokio::time::sleep_until(deadline) => {
+            if !headed.load(Ordering::Relaxed) {
+                tracing::debug!(%peer, "no request head within limits.header_timeout; closing");
+                return;
+            }
+            connection.await
+        }
+    };
+    if let Err(err) = ended {
         tracing::debug!(%peer, error = %err, "connection ended with an error");
     }
 }

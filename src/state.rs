@@ -32,6 +32,9 @@ pub enum StateError {
     /// The store could not be opened.
     #[error(transparent)]
     Store(#[from] crate::store::OpenError),
+    /// Another process serves the same data dir.
+    #[error(transparent)]
+    Lock(#[from] crate::store::LockError),
     /// The strategy registry could not be built.
     #[error(transparent)]
     Chain(#[from] ChainError),
@@ -157,19 +160,31 @@ pub struct AppState {
     pub secret: ServerSecret,
     /// Per-key rate limits, kept across reloads.
     pub limiter: RateLimiter,
+    /// Slots for tracked requests (`limits.max_concurrent_chat`, fixed at start).
+    pub chat_gate: crate::chat::ChatGate,
+    /// The number of those slots.
+    pub chat_slots: usize,
+    /// The disk store's exclusive hold on its data dir, for the life of the process.
+    _data_dir_lock: Option<crate::store::DataDirLock>,
 }
 
 impl AppState {
     /// Builds the state for `config` (loaded with `overrides`), opening its store.
     pub async fn new(config: Config, overrides: Overrides) -> Result<Self, StateError> {
         // With postgres the database is the system of record: nothing goes to data_dir.
-        if config.store.backend == StoreBackend::Disk && migrate_legacy_layout(&config.data_dir)? {
+        let disk = config.store.backend == StoreBackend::Disk;
+        let data_dir_lock = disk
+            .then(|| crate::store::DataDirLock::acquire(&config.data_dir))
+            .transpose()?;
+        if disk && migrate_legacy_layout(&config.data_dir)? {
             tracing::info!(
                 data_dir = %config.data_dir.display(),
                 "moved the conversations of a pre-tenant data dir to tenants/legacy/"
             );
         }
-        let opened = crate::store::open(&config.store, &config.data_dir).await?;
+        let metrics = Arc::new(Metrics::default());
+        let opened =
+            crate::store::open(&config.store, &config.data_dir, Arc::clone(&metrics)).await?;
         let secret = match opened.secret {
             Some(bytes) => ServerSecret::from_bytes(bytes),
             None => ServerSecret::load_or_create(&config.data_dir).map_err(|source| {
@@ -180,12 +195,12 @@ impl AppState {
             })?,
         };
         let store = opened.store;
+        let config_limits = config.limits.clone();
         let tracker = Arc::new(
             Tracker::new(store, config.store.cache_capacity).with_lease_ttl(config.store.lease_ttl),
         );
         // The tokenizer tables (tens of MB) load on the first request that needs them.
         let tokens = Arc::new(Tokens::new());
-        let metrics = Arc::new(Metrics::default());
         let shutdown = CancellationToken::new();
         let compactor = Compactor {
             tokens: Arc::clone(&tokens),
@@ -203,6 +218,12 @@ impl AppState {
             shutdown,
             secret,
             limiter: RateLimiter::default(),
+            chat_gate: crate::chat::ChatGate::new(
+                config_limits.max_concurrent_chat,
+                config_limits.chat_queue,
+            ),
+            chat_slots: config_limits.max_concurrent_chat,
+            _data_dir_lock: data_dir_lock,
         })
     }
 

@@ -317,18 +317,19 @@ async fn bad_conversation_ids_get_400_and_write_nothing() {
     let mut expected = vec![
         proxy.config_path().to_owned(),
         proxy.data_dir().join("secret"),
+        proxy.data_dir().join("lock"),
     ];
     expected.sort();
     assert_eq!(
         written, expected,
-        "nothing but the config and the server secret (made at start) may exist"
+        "nothing but the config, the server secret and the lock (made at start) may exist"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unwritable_store_refuses_with_503_unless_optional() {
     let mock = MockUpstream::replying(Reply::chat_text("ok")).await;
-    let proxy = Proxy::start(&mock.url());
+    let mut proxy = Proxy::start(&mock.url());
     let id = [("x-handoff-conversation-id", "kept")];
     assert_eq!(
         post(&proxy, &id, &json!({"model": "m", "messages": [user("a")]}))
@@ -364,6 +365,8 @@ async fn an_unwritable_store_refuses_with_503_unless_optional() {
     );
     assert!(proxy.audit(&["verify", "kept"]).status.success());
 
+    // One process per data dir: the first one stops before the lenient one starts.
+    proxy.kill9();
     let lenient = Proxy::start_with(
         &mock.url(),
         ProxyOptions {

@@ -49,6 +49,18 @@ pub enum AuditError {
     Problems(usize),
 }
 
+impl AuditError {
+    /// Whether output stopped because the reader closed the pipe.
+    pub fn is_broken_pipe(&self) -> bool {
+        let kind = match self {
+            Self::Io(err) => Some(err.kind()),
+            Self::Json(err) => err.io_error_kind(),
+            _ => None,
+        };
+        kind == Some(std::io::ErrorKind::BrokenPipe)
+    }
+}
+
 /// Read-only access to a store: a data folder or the shared database. A conversation
 /// is named by its id, and by its tenant (`--tenant`) only when the id exists under
 /// several.

@@ -15,6 +15,7 @@
 //! becomes the client's answer.
 
 mod admit;
+mod gate;
 mod reply;
 mod send;
 
@@ -28,6 +29,7 @@ use http::{request, Request, Response};
 use hyper::body::Incoming;
 
 pub use admit::STRATEGY_HEADER;
+pub use gate::ChatGate;
 
 use crate::access_log::RequestLog;
 use crate::auth::Admission;
@@ -84,6 +86,16 @@ async fn run(
     admission: Admission,
     dialect: DialectKind,
 ) -> Result<Response<ProxyBody>, Halt> {
+    // Held until the response head: the body, its parse and any compaction.
+    let _slot = state
+        .chat_gate
+        .enter(state.chat_slots)
+        .await
+        .inspect_err(|_| {
+            state
+                .metrics
+                .add("handoff_chat_rejected_total", &[("reason", "busy")], 1.0);
+        })?;
     let mut exchange = Exchange::admit(state, snap, request, &admission, dialect).await?;
     let (id, base) = exchange.identify(admission).await?;
     log.set_conversation(id.as_str());
@@ -127,8 +139,7 @@ impl<'s> Exchange<'s> {
         dialect: DialectKind,
     ) -> Result<Self, Halt> {
         let (mut parts, body) = request.into_parts();
-        let body =
-            admit::read_body(body, snap.config.limits.max_body_bytes, &parts.headers).await?;
+        let body = admit::read_body(body, &snap.config.limits, &parts.headers).await?;
         let chat = dialect.get().parse_body(&body).map_err(ApiError::from)?;
         let chosen = admit::strategy_override(&snap, &parts.headers)?;
         let chain = snap.registry.select(&snap.config, &chat.model, chosen);

@@ -1,6 +1,7 @@
 //! One compaction run: choose the cut, run the chain, commit the pair, re-project.
 //!
-//! Runs are single flight per conversation (the entry's compaction lock): a request
+//! Runs are single flight per conversation (the tracker's flight lock, and the store's
+//! lease across replicas): a request
 //! that waited re-projects first and finds the committed handoff. The loop guard works
 //! on progress, not on a count: a run that leaves the view over the trigger is retried
 //! once with only the last unit kept, and after that the answer is a 400 with numbers.
@@ -217,8 +218,7 @@ impl Compactor {
     /// lease across replicas. A request that waited finds the other's handoff instead
     /// of making its own.
     pub async fn compact<'a>(&self, job: &Job<'a>) -> Result<ModelView<'a>, CompactError> {
-        let entry = job.tracker.entry(job.id).await?;
-        let _single_flight = entry.compaction.lock().await;
+        let _single_flight = job.tracker.single_flight(job.id).await;
         let started = Instant::now();
         let patience = job.tracker.lease_ttl()
             + job.config.summary_timeout * u32::try_from(job.chain.len() + 1).unwrap_or(u32::MAX);

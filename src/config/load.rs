@@ -252,8 +252,17 @@ fn validate(config: &Config) -> Result<(), ConfigError> {
             "set both cert_file and key_file, or neither",
         ));
     }
-    if config.limits.max_body_bytes == 0 {
-        return Err(invalid("limits.max_body_bytes", "must be above 0"));
+    for (key, value) in [
+        ("limits.max_body_bytes", config.limits.max_body_bytes),
+        ("limits.max_connections", config.limits.max_connections),
+        (
+            "limits.max_concurrent_chat",
+            config.limits.max_concurrent_chat,
+        ),
+    ] {
+        if value == 0 {
+            return Err(invalid(key, "must be above 0"));
+        }
     }
 
     if config.admin.token.as_deref().is_some_and(str::is_empty) {

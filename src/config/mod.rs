@@ -176,18 +176,36 @@ impl Default for UpstreamConfig {
     }
 }
 
-/// Request size limits.
+/// Limits that keep one client from degrading everyone.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
     /// Largest chat-completions body that is read whole; larger ones get 413.
     pub max_body_bytes: usize,
+    /// Open connections at most; further ones wait in the listen backlog.
+    pub max_connections: usize,
+    /// Time for a new connection's TLS handshake, protocol sniff and first request
+    /// head, and for each later request head.
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// Time to read a tracked request's whole body.
+    #[serde(with = "humantime_serde")]
+    pub body_timeout: Duration,
+    /// Tracked (chat) requests handled at once; more wait in a short queue.
+    pub max_concurrent_chat: usize,
+    /// Chat requests that may wait for a slot (up to one second) before 503.
+    pub chat_queue: usize,
 }
 
 impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
             max_body_bytes: 32 * 1024 * 1024,
+            max_connections: 4096,
+            header_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(60),
+            max_concurrent_chat: 512,
+            chat_queue: 64,
         }
     }
 }

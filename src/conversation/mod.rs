@@ -88,13 +88,11 @@ impl ConversationState {
     }
 }
 
-/// A conversation's cached state, and the lock that makes its compactions single-flight.
+/// A conversation's cached state.
 #[derive(Debug, Default)]
 pub struct ConversationEntry {
     /// The state; held only for short, non-blocking work.
     pub state: Mutex<ConversationState>,
-    /// Held for a whole compaction run, so concurrent requests share one.
-    pub compaction: Mutex<()>,
 }
 
 impl ConversationState {
@@ -270,6 +268,9 @@ pub struct Tracker {
     responses: moka::sync::Cache<(TenantId, String), (ConversationId, Option<PrefixDigest>)>,
     /// How long a compaction lease lasts without renewal.
     lease_ttl: std::time::Duration,
+    /// The locks that make compactions single flight in this process, by conversation.
+    /// Apart from the cache: an eviction mid-run must not let a second run start.
+    flights: std::sync::Mutex<HashMap<ConversationId, std::sync::Weak<Mutex<()>>>>,
 }
 
 /// The number of leading system/developer messages.
@@ -313,7 +314,29 @@ impl Tracker {
             cache: moka::future::Cache::new(capacity),
             responses: moka::sync::Cache::new(capacity.saturating_mul(4)),
             lease_ttl: std::time::Duration::from_secs(30),
+            flights: std::sync::Mutex::default(),
         }
+    }
+
+    /// Waits for, and holds, the conversation's compaction lock in this process.
+    pub async fn single_flight(&self, id: &ConversationId) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = {
+            let mut flights = self
+                .flights
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Only conversations with a run or a waiter keep an entry.
+            flights.retain(|_, lock| lock.strong_count() > 0);
+            match flights.get(id).and_then(std::sync::Weak::upgrade) {
+                Some(lock) => lock,
+                None => {
+                    let lock = Arc::new(Mutex::new(()));
+                    flights.insert(id.clone(), Arc::downgrade(&lock));
+                    lock
+                }
+            }
+        };
+        lock.lock_owned().await
     }
 
     /// The same tracker with compaction leases of `ttl`.
@@ -417,7 +440,6 @@ impl Tracker {
                 }
                 Ok::<_, StoreError>(Arc::new(ConversationEntry {
                     state: Mutex::new(ConversationState::from_log(&log)),
-                    compaction: Mutex::new(()),
                 }))
             })
             .await
@@ -658,6 +680,27 @@ impl Tracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_compaction_lock_outlives_the_cache_entry() {
+        let tracker = Tracker::new(Arc::new(crate::store::MemoryStore::default()), 1);
+        let id = ConversationId::parse(TenantId::legacy(), "a").unwrap();
+        let held = tracker.single_flight(&id).await;
+        tracker.entry(&id).await.unwrap();
+        tracker.cache.invalidate_all();
+        tracker.cache.run_pending_tasks().await;
+        let second = std::time::Duration::from_millis(100);
+        assert!(
+            tokio::time::timeout(second, tracker.single_flight(&id))
+                .await
+                .is_err(),
+            "an evicted entry must not let a second run start"
+        );
+        drop(held);
+        assert!(tokio::time::timeout(second, tracker.single_flight(&id))
+            .await
+            .is_ok());
+    }
 
     #[test]
     fn a_reused_chain_equals_a_fresh_one() {

@@ -5,6 +5,7 @@
 mod copy;
 mod disk;
 pub mod layout;
+mod lock;
 mod memory;
 mod open;
 mod postgres;
@@ -17,6 +18,7 @@ pub use crate::base::line;
 pub use copy::{copy_data_dir, CopyError, CopyReport};
 pub use disk::{read_conversation, read_log_file, ConversationLog, DiskStore, LineProblem};
 pub use layout::{COMPACTIONS_FILE, MESSAGES_FILE};
+pub use lock::{DataDirLock, LockError, LOCK_FILE};
 pub use memory::MemoryStore;
 pub use open::{open, OpenError, Opened};
 pub use postgres::PgStore;

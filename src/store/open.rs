@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::{DiskStore, PgStore, Store, StoreError, Writer};
 use crate::config::{StoreBackend, StoreConfig};
+use crate::metrics::Metrics;
 
 /// Why the store could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -28,7 +29,11 @@ pub struct Opened {
 
 /// Opens the store of `config`: for postgres, connects, migrates and reads (or makes)
 /// the shared secret.
-pub async fn open(config: &StoreConfig, data_dir: &Path) -> Result<Opened, OpenError> {
+pub async fn open(
+    config: &StoreConfig,
+    data_dir: &Path,
+    metrics: Arc<Metrics>,
+) -> Result<Opened, OpenError> {
     match (config.backend, config.url.as_deref()) {
         (StoreBackend::Postgres, Some(url)) => {
             let store = PgStore::connect(url, config.pool_size).await?;
@@ -42,7 +47,7 @@ pub async fn open(config: &StoreConfig, data_dir: &Path) -> Result<Opened, OpenE
             "store.url is not set".into(),
         ))),
         (StoreBackend::Disk, _) => {
-            let writer = Writer::start(config.fsync).map_err(OpenError::Writer)?;
+            let writer = Writer::start(config.fsync, metrics).map_err(OpenError::Writer)?;
             Ok(Opened {
                 store: Arc::new(DiskStore::new(data_dir, writer)),
                 secret: None,

@@ -5,6 +5,17 @@
 //! they go on: an original is on disk before its request goes upstream. Each batch is
 //! one `write` on an `O_APPEND` file, and a failed write is truncated away, so a full
 //! disk never leaves a half line in the middle of the log.
+//!
+//! Durability by `store.fsync`:
+//! - `always`: acknowledged only after `sync_data`; a failed sync truncates the batch
+//!   away too, so the client's retry writes it once.
+//! - `batch`: acknowledged after the write; dirty files are synced every 100 ms and
+//!   before their handle is closed. A failed sync cannot be reported to the request
+//!   anymore: it is logged and counted (`handoff_store_sync_failures_total`).
+//! - `never`: left to the operating system.
+//!
+//! New folders and files are synced into their parent (except with `never`), so a
+//! crash cannot lose a conversation's folder after its lines were acknowledged.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
@@ -14,9 +25,12 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::FsyncPolicy;
+use crate::metrics::Metrics;
 
 /// Open files kept for appending; older ones are closed first.
 const MAX_OPEN_FILES: usize = 256;
@@ -40,12 +54,12 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Starts the writer thread with `policy`.
-    pub fn start(policy: FsyncPolicy) -> std::io::Result<Self> {
+    /// Starts the writer thread with `policy`, counting failed batched syncs in `metrics`.
+    pub fn start(policy: FsyncPolicy, metrics: Arc<Metrics>) -> std::io::Result<Self> {
         let (commands, receiver) = mpsc::channel(1024);
         std::thread::Builder::new()
             .name("handoff-writer".into())
-            .spawn(move || run(receiver, policy))?;
+            .spawn(move || run(receiver, policy, &metrics))?;
         if policy == FsyncPolicy::Batch {
             let ticker = commands.clone();
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -75,26 +89,37 @@ impl Writer {
     }
 }
 
-fn run(mut receiver: mpsc::Receiver<Command>, policy: FsyncPolicy) {
+fn run(mut receiver: mpsc::Receiver<Command>, policy: FsyncPolicy, metrics: &Metrics) {
     let mut files: HashMap<PathBuf, File> = HashMap::new();
     let mut dirty: HashSet<PathBuf> = HashSet::new();
     while let Some(command) = receiver.blocking_recv() {
         match command {
             Command::Append { path, bytes, reply } => {
+                if !files.contains_key(&path) && files.len() >= MAX_OPEN_FILES {
+                    // A handle is closed only after its pending sync.
+                    sync_dirty(&files, &mut dirty, metrics);
+                    files.clear();
+                }
                 let result = append(&mut files, &path, &bytes, policy);
                 if result.is_ok() && policy == FsyncPolicy::Batch {
                     dirty.insert(path);
                 }
                 let _ = reply.send(result);
             }
-            Command::Sync => {
-                for path in dirty.drain() {
-                    if let Some(file) = files.get(&path) {
-                        if let Err(err) = file.sync_data() {
-                            tracing::warn!(path = %path.display(), error = %err, "fsync failed");
-                        }
-                    }
-                }
+            Command::Sync => sync_dirty(&files, &mut dirty, metrics),
+        }
+    }
+    sync_dirty(&files, &mut dirty, metrics);
+}
+
+/// Syncs every dirty file; a failure is logged and counted, the lines being already
+/// acknowledged.
+fn sync_dirty(files: &HashMap<PathBuf, File>, dirty: &mut HashSet<PathBuf>, metrics: &Metrics) {
+    for path in dirty.drain() {
+        if let Some(file) = files.get(&path) {
+            if let Err(err) = file.sync_data() {
+                metrics.add("handoff_store_sync_failures_total", &[], 1.0);
+                tracing::error!(path = %path.display(), error = %err, "fsync failed: lines acknowledged in the last 100 ms may not survive a crash");
             }
         }
     }
@@ -107,11 +132,7 @@ fn append(
     policy: FsyncPolicy,
 ) -> std::io::Result<()> {
     if !files.contains_key(path) {
-        if files.len() >= MAX_OPEN_FILES {
-            // Closing is cheap; an fsync'd-on-close guarantee is not needed for "batch".
-            files.clear();
-        }
-        let file = open_for_append(path)?;
+        let file = open_for_append(path, policy != FsyncPolicy::Never)?;
         files.insert(path.to_owned(), file);
     }
     let Some(file) = files.get_mut(path) else {
@@ -125,25 +146,51 @@ fn append(
         return Err(err);
     }
     if policy == FsyncPolicy::Always {
-        file.sync_data()?;
+        if let Err(err) = file.sync_data() {
+            // Not acknowledged, so not kept: the retry must not find it twice.
+            let _ = file.set_len(before);
+            let _ = file.sync_data();
+            files.remove(path);
+            return Err(err);
+        }
     }
     Ok(())
 }
 
-/// Opens for appending, creating `0700` folders and a `0600` file.
-fn open_for_append(path: &Path) -> std::io::Result<File> {
+/// Opens for appending, creating `0700` folders and a `0600` file; with `durable`,
+/// each folder and file it creates is synced into its parent.
+fn open_for_append(path: &Path, durable: bool) -> std::io::Result<File> {
+    let mut created: Vec<&Path> = Vec::new();
+    let mut missing = path.parent();
+    while let Some(dir) = missing.filter(|dir| !dir.as_os_str().is_empty() && !dir.exists()) {
+        created.push(dir);
+        missing = dir.parent();
+    }
     if let Some(parent) = path.parent() {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(parent)?;
     }
-    OpenOptions::new()
+    let existed = path.exists();
+    let file = OpenOptions::new()
         .read(true)
         .append(true)
         .create(true)
         .mode(0o600)
-        .open(path)
+        .open(path)?;
+    if durable {
+        if !existed {
+            created.insert(0, path);
+        }
+        // Innermost first: each new entry is synced into the folder that holds it.
+        for entry in created {
+            if let Some(parent) = entry.parent().filter(|p| !p.as_os_str().is_empty()) {
+                File::open(parent)?.sync_all()?;
+            }
+        }
+    }
+    Ok(file)
 }
 
 /// Ends a torn last line (a crash mid-write) so that the next line starts clean;
@@ -175,7 +222,7 @@ mod tests {
     async fn a_torn_line_is_sealed_and_the_next_append_stays_whole() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c/messages.jsonl");
-        let writer = Writer::start(FsyncPolicy::Always).unwrap();
+        let writer = Writer::start(FsyncPolicy::Always, Arc::default()).unwrap();
         let line = br#"{"v":1,"at":"t","kind":"request","model":"m","head":null,"pinned":null,"stream":false,"new_messages":0}"#;
         writer
             .append(path.clone(), [line.as_slice(), b"\n"].concat())

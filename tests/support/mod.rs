@@ -161,6 +161,11 @@ impl Proxy {
         std::fs::write(&self.config_path, text).expect("write config");
     }
 
+    /// The proxy's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Kills the proxy with SIGKILL and waits for it, as a crash would.
     pub fn kill9(&mut self) {
         let _ = self.child.kill();

@@ -1,7 +1,12 @@
 //! The `exec` strategy: runs a program in any language. It gets one JSON document on
 //! stdin and answers one on stdout (protocol version 1, `docs/plugins.md`). No shell is
-//! involved, the environment is cleared but for an allow-list, and the child is killed
-//! when the host's time limit drops the attempt.
+//! involved, and the environment is cleared but for an allow-list.
+//!
+//! The program runs in a process group of its own, and the whole group is killed when
+//! the program exits, when its output passes the limit, or when the host's time limit
+//! drops the attempt: a plugin that forks leaves nothing behind. stdout and stderr are
+//! read to the end (stderr kept up to a cap), so a chatty plugin never blocks on a
+//! full pipe.
 
 #![forbid(unsafe_code)]
 
@@ -21,6 +26,48 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// Characters of stderr quoted in a failure.
 const STDERR_SHOWN: usize = 500;
 
+/// Bytes of stderr kept; the rest is read and dropped.
+const STDERR_KEPT: usize = 64 * 1024;
+
+/// A child's process group, killed whole when dropped.
+struct Group(Option<nix::unistd::Pid>);
+
+impl Group {
+    fn kill(&self) {
+        if let Some(group) = self.0 {
+            // ESRCH: the group is already gone.
+            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Reads `reader` to its end, keeping the first `cap` bytes; `Err(())` past `cap` when
+/// `overflow_fails`, with the rest left unread.
+async fn read_capped(
+    mut reader: impl tokio::io::AsyncRead + Unpin,
+    cap: usize,
+    overflow_fails: bool,
+) -> std::io::Result<Result<Vec<u8>, ()>> {
+    let mut kept = Vec::new();
+    let mut buffer = vec![0u8; 16 * 1024];
+    loop {
+        let n = reader.read(&mut buffer).await?;
+        if n == 0 {
+            return Ok(Ok(kept));
+        }
+        let room = cap.saturating_sub(kept.len());
+        if n > room && overflow_fails {
+            return Ok(Err(()));
+        }
+        kept.extend_from_slice(&buffer[..n.min(room)]);
+    }
+}
 /// A strategy backed by an external program.
 #[derive(Debug, Clone)]
 pub struct Exec {
@@ -91,6 +138,7 @@ impl Exec {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            .process_group(0)
             .kill_on_drop(true);
         for name in &self.env {
             if let Some(value) = std::env::var_os(name) {
@@ -100,6 +148,13 @@ impl Exec {
         let mut child = command
             .spawn()
             .map_err(|err| failed(format!("cannot start {program}: {err}")))?;
+        // process_group(0): the group's id is the child's pid.
+        let group = Group(
+            child
+                .id()
+                .and_then(|pid| i32::try_from(pid).ok())
+                .map(nix::unistd::Pid::from_raw),
+        );
         let document =
             serde_json::to_vec(&request_document(input)).map_err(|err| failed(err.to_string()))?;
         let mut stdin = child
@@ -114,36 +169,40 @@ impl Exec {
             .stderr
             .take()
             .ok_or_else(|| failed("no stderr".into()))?;
-        let limit = self.max_output_bytes as u64;
+        let limit = self.max_output_bytes;
         // Written and read at once: a plugin may answer before it has read everything.
         let write = async move {
             let written = stdin.write_all(&document).await;
             drop(stdin);
             written
         };
-        let read = async move {
-            let mut out = Vec::new();
-            stdout
-                .take(limit + 1)
-                .read_to_end(&mut out)
+        let read = async {
+            let out = read_capped(stdout, limit, true).await;
+            if matches!(out, Ok(Err(()))) {
+                // Past the limit: no point in letting it write more.
+                group.kill();
+            }
+            out
+        };
+        let read_err = async {
+            read_capped(stderr, STDERR_KEPT, false)
                 .await
-                .map(|_| out)
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default()
         };
-        let read_err = async move {
-            let mut err = Vec::new();
-            let _ = stderr.take(64 * 1024).read_to_end(&mut err).await;
-            err
+        let exit = async {
+            let status = child.wait().await;
+            // Whatever it started dies with it, and pipes they held close.
+            group.kill();
+            status
         };
-        let (written, out, err) = tokio::join!(write, read, read_err);
+        let (written, out, err, status) = tokio::join!(write, read, read_err, exit);
         let out = out.map_err(|e| failed(format!("reading stdout: {e}")))?;
-        if out.len() as u64 > limit {
-            let _ = child.kill().await;
+        let Ok(out) = out else {
             return Err(failed(format!("output larger than {limit} bytes")));
-        }
-        let status = child
-            .wait()
-            .await
-            .map_err(|e| failed(format!("waiting for {program}: {e}")))?;
+        };
+        let status = status.map_err(|e| failed(format!("waiting for {program}: {e}")))?;
         let stderr_tail: String = String::from_utf8_lossy(&err)
             .chars()
             .take(STDERR_SHOWN)
@@ -274,5 +333,61 @@ mod tests {
             .await
             .unwrap_err();
         assert!(missing.message.contains("cannot start"));
+    }
+
+    fn sh(script: &str, limit: usize) -> Exec {
+        Exec::new(vec!["sh".into(), "-c".into(), script.into()], vec![], limit)
+    }
+
+    /// Guards against a hang only: these runs take milliseconds.
+    async fn run_bounded(exec: &Exec) -> Result<Summary, AttemptError> {
+        tokio::time::timeout(std::time::Duration::from_secs(20), exec.run(&input()))
+            .await
+            .expect("the attempt hung")
+    }
+
+    #[tokio::test]
+    async fn a_chatty_plugin_is_stopped_at_its_output_limit_not_by_a_timeout() {
+        let err = run_bounded(&sh("cat > /dev/null; yes handoff", 1024))
+            .await
+            .unwrap_err();
+        assert!(
+            err.message.contains("output larger than 1024"),
+            "{}",
+            err.message
+        );
+        // Megabytes on stderr are read and dropped; the answer still counts.
+        let ok = run_bounded(&sh(
+            r#"cat > /dev/null; head -c 8000000 /dev/zero >&2; printf '{"summary": "fine"}'"#,
+            1024,
+        ))
+        .await
+        .unwrap();
+        assert_eq!(ok.text, "fine");
+    }
+
+    #[tokio::test]
+    async fn what_a_plugin_forks_dies_with_it() {
+        let dir = std::env::temp_dir().join(format!("handoff-exec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pid_file = dir.join("grandchild");
+        let script = format!(
+            r#"sleep 300 & echo $! > {}; cat > /dev/null; printf '{{"summary": "forked"}}'"#,
+            pid_file.display()
+        );
+        let ok = run_bounded(&sh(&script, 1024)).await.unwrap();
+        assert_eq!(ok.text, "forked");
+        let pid = std::fs::read_to_string(&pid_file).unwrap();
+        let stat = format!("/proc/{}/stat", pid.trim());
+        // Gone, or a zombie waiting for init to reap it: not running either way.
+        for _ in 0..50 {
+            let state = std::fs::read_to_string(&stat).unwrap_or_default();
+            if state.is_empty() || state.contains(") Z") {
+                let _ = std::fs::remove_dir_all(&dir);
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("the plugin's child {} survived it", pid.trim());
     }
 }
