@@ -17,8 +17,11 @@ use crate::store::{ConversationLog, LineProblem};
 pub struct Adoption {
     /// Adopted records by covered prefix.
     pub adopted: HashMap<PrefixDigest, CompactionRecord>,
-    /// Orphans, mismatches and invalid records, for `audit verify`.
+    /// Dangling boundaries, mismatches and invalid records, for `audit verify`.
     pub problems: Vec<String>,
+    /// Records never committed by their boundary (a crash between the two writes):
+    /// the expected trace of a crash, ignored, and shown by `audit verify` as notes.
+    pub uncommitted: Vec<String>,
 }
 
 /// Pairs records with boundaries: a record without its boundary (a crash between the
@@ -55,11 +58,9 @@ pub fn adopt(log: &ConversationLog) -> Adoption {
             .adopted
             .insert(record.source.prefix_digest, record.clone());
     }
-    for id in records.keys() {
-        adoption
-            .problems
-            .push(format!("compaction {id} has no boundary (not committed)"));
-    }
+    let mut uncommitted: Vec<String> = records.keys().map(|id| (*id).to_owned()).collect();
+    uncommitted.sort();
+    adoption.uncommitted = uncommitted;
     adoption
 }
 
@@ -174,9 +175,9 @@ mod tests {
         let adoption = adopt(&log);
         assert_eq!(adoption.adopted.len(), 1);
         assert_eq!(adoption.adopted[&good.source.prefix_digest].id, "cmp-good");
+        assert_eq!(adoption.uncommitted, ["cmp-orphan"]);
         let problems = adoption.problems.join("\n");
         for expected in [
-            "cmp-orphan has no boundary",
             "cmp-missing has no compaction record",
             "cmp-mismatch covers a different prefix",
             "cmp-invalid is invalid",

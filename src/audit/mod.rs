@@ -332,6 +332,13 @@ impl Audit {
                 writeln!(out, "{id}: line {line}: note: incomplete reply ({cut})")?;
                 incomplete += 1;
             }
+            // So is a record whose boundary a crash kept from being written: never adopted.
+            for record in crate::adoption::adopt(&log).uncommitted {
+                writeln!(
+                    out,
+                    "{id}: note: compaction {record} was never committed (no boundary); ignored"
+                )?;
+            }
             total += problems.len();
         }
         if total > 0 {

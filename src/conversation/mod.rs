@@ -434,7 +434,7 @@ impl Tracker {
             .cache
             .entry(id.clone())
             .or_try_insert_with(async move {
-                let log = store.read(&key).await?;
+                let log = store.read_index(&key).await?;
                 if !log.problems.is_empty() {
                     tracing::warn!(conversation = %key, problems = log.problems.len(), "skipped unreadable log lines; run `handoff audit verify`");
                 }

@@ -62,6 +62,36 @@ impl DiskStore {
     fn compactions_path(&self, id: &ConversationId) -> PathBuf {
         conversation_dir(&self.data_dir, id).join(COMPACTIONS_FILE)
     }
+
+    /// Reads a conversation off the runtime's threads; `index` drops the text of
+    /// messages without tool calls as each line is read.
+    fn read_with(
+        &self,
+        id: &ConversationId,
+        index: bool,
+    ) -> BoxFuture<'_, Result<ConversationLog, StoreError>> {
+        let path = self.messages_path(id);
+        let id = id.to_string();
+        async move {
+            let read = tokio::task::spawn_blocking(move || {
+                if index {
+                    read_conversation_index(&path)
+                } else {
+                    read_conversation(&path)
+                }
+            })
+            .await;
+            match read {
+                Ok(Ok(log)) => Ok(log),
+                Ok(Err(source)) => Err(StoreError::Read { id, source }),
+                Err(join) => Err(StoreError::Read {
+                    id,
+                    source: std::io::Error::other(join.to_string()),
+                }),
+            }
+        }
+        .boxed()
+    }
 }
 
 impl Store for DiskStore {
@@ -82,21 +112,15 @@ impl Store for DiskStore {
         .boxed()
     }
 
+    fn read_index(
+        &self,
+        id: &ConversationId,
+    ) -> BoxFuture<'_, Result<ConversationLog, StoreError>> {
+        self.read_with(id, true)
+    }
+
     fn read(&self, id: &ConversationId) -> BoxFuture<'_, Result<ConversationLog, StoreError>> {
-        let path = self.messages_path(id);
-        let id = id.to_string();
-        async move {
-            let read = tokio::task::spawn_blocking(move || read_conversation(&path)).await;
-            match read {
-                Ok(Ok(log)) => Ok(log),
-                Ok(Err(source)) => Err(StoreError::Read { id, source }),
-                Err(join) => Err(StoreError::Read {
-                    id,
-                    source: std::io::Error::other(join.to_string()),
-                }),
-            }
-        }
-        .boxed()
+        self.read_with(id, false)
     }
 
     fn commit_compaction(
@@ -204,10 +228,43 @@ pub fn read_conversation(messages: &Path) -> std::io::Result<ConversationLog> {
     Ok(log)
 }
 
+/// [`read_conversation`] for tracking: a message without tool calls keeps its digests
+/// but not its text, dropped line by line, so memory follows the number of lines, not
+/// the size of the log.
+pub fn read_conversation_index(messages: &Path) -> std::io::Result<ConversationLog> {
+    let mut log = read_lines(messages, |line| {
+        if let Entry::Message(message) = &mut line.entry {
+            if !message.message.get().contains("\"tool_calls\"") {
+                message.message = dropped_text();
+            }
+        }
+    })?;
+    if let Some(dir) = messages.parent() {
+        let (records, problems) = read_jsonl(&dir.join(COMPACTIONS_FILE), |bytes| {
+            serde_json::from_slice::<CompactionRecord>(bytes).map_err(|err| err.to_string())
+        })?;
+        log.compactions = records;
+        log.compaction_problems = problems;
+    }
+    Ok(log)
+}
+
+/// What a dropped message text is replaced with.
+fn dropped_text() -> Box<serde_json::value::RawValue> {
+    serde_json::value::RawValue::from_string("null".to_owned())
+        .unwrap_or_else(|_| Box::<serde_json::value::RawValue>::default())
+}
+
 /// Reads a message log; a missing file is an empty log, bad lines are reported.
 pub fn read_log_file(path: &Path) -> std::io::Result<ConversationLog> {
+    read_lines(path, |_| {})
+}
+
+/// Reads a message log, passing each good line through `keep` before it is kept.
+fn read_lines(path: &Path, keep: impl Fn(&mut Line)) -> std::io::Result<ConversationLog> {
     let (lines, problems) = read_jsonl(path, |bytes| {
-        let line = Line::parse(bytes).map_err(|err| err.to_string())?;
+        let mut line = Line::parse(bytes).map_err(|err| err.to_string())?;
+        keep(&mut line);
         if line.v > FORMAT_VERSION {
             return Err(format!(
                 "format version {} is newer than this build's {FORMAT_VERSION}",
@@ -264,4 +321,55 @@ fn read_jsonl<T>(
         }
     }
     Ok((items, problems))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::base::digest::{chain, message_digest};
+    use crate::base::line::{MessageLine, Source};
+
+    fn message(value: serde_json::Value) -> Line {
+        Line::now(Entry::Message(MessageLine {
+            digest: chain(None, &message_digest(&value)),
+            parent: None,
+            message_digest: message_digest(&value),
+            source: Source::Client,
+            model: "m".into(),
+            message: serde_json::value::to_raw_value(&value).unwrap(),
+            usage: None,
+            finish_reason: None,
+            choice: None,
+            complete: None,
+            incomplete: None,
+        }))
+    }
+
+    #[test]
+    fn the_index_keeps_digests_and_tool_calls_but_drops_other_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(MESSAGES_FILE);
+        let big = serde_json::json!({"role": "user", "content": "x".repeat(100_000)});
+        let call = serde_json::json!({"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]});
+        std::fs::write(
+            &path,
+            encode(&[message(big.clone()), message(call.clone())]).unwrap(),
+        )
+        .unwrap();
+        let index = read_conversation_index(&path).unwrap();
+        let full = read_conversation(&path).unwrap();
+        let texts = |log: &ConversationLog| -> Vec<(String, String)> {
+            log.lines
+                .iter()
+                .filter_map(|l| match &l.entry {
+                    Entry::Message(m) => Some((m.digest.to_hex(), m.message.get().to_owned())),
+                    _ => None,
+                })
+                .collect()
+        };
+        let (index, full) = (texts(&index), texts(&full));
+        assert_eq!(index[0].0, full[0].0, "digests stay");
+        assert_eq!(index[0].1, "null", "the 100 KB text is not held");
+        assert_eq!(index[1], full[1], "tool calls are kept for echo matching");
+    }
 }

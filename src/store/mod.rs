@@ -16,7 +16,10 @@ use futures_util::future::BoxFuture;
 /// The line format, kept here for callers of the store's API.
 pub use crate::base::line;
 pub use copy::{copy_data_dir, CopyError, CopyReport};
-pub use disk::{read_conversation, read_log_file, ConversationLog, DiskStore, LineProblem};
+pub use disk::{
+    read_conversation, read_conversation_index, read_log_file, ConversationLog, DiskStore,
+    LineProblem,
+};
 pub use layout::{COMPACTIONS_FILE, MESSAGES_FILE};
 pub use lock::{DataDirLock, LockError, LOCK_FILE};
 pub use memory::MemoryStore;
@@ -106,6 +109,16 @@ pub trait Store: Send + Sync {
     /// works on the result: the adoption rule keys records by prefix digest);
     /// an unknown conversation reads as empty.
     fn read(&self, id: &ConversationId) -> BoxFuture<'_, Result<ConversationLog, StoreError>>;
+
+    /// What tracking needs of a conversation, without holding its whole log in
+    /// memory: the log with the text of messages that have no tool calls dropped
+    /// (their digests stay). Tracking reads only digests, except for tool calls.
+    fn read_index(
+        &self,
+        id: &ConversationId,
+    ) -> BoxFuture<'_, Result<ConversationLog, StoreError>> {
+        self.read(id)
+    }
 
     /// Lines and records committed after `seq` (a [`ConversationLog::last_seq`]):
     /// what other replicas wrote since this one last looked. Only a shared store has any.
