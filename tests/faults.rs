@@ -430,3 +430,26 @@ async fn five_hundred_held_streams_keep_memory_bounded() {
         (held - before) / 1024
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_in_a_pipeline_stops_quietly_when_the_reader_leaves() {
+    let mock = MockUpstream::replying(Reply::chat_text("ok")).await;
+    let proxy = Proxy::start(&mock.url());
+    let got = post_chat(&proxy, &[], &small_chat()).await;
+    assert_eq!(got.status, 200);
+    // `handoff audit list | head -0`: the reader is gone before the first line.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_handoff"))
+        .args(["audit", "list", "--config"])
+        .arg(proxy.config_path())
+        .stdout(writer)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{:?}", out.status);
+    assert!(
+        out.stderr.is_empty(),
+        "no 'Broken pipe' message: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
