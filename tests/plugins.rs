@@ -61,6 +61,8 @@ async fn misbehaving_plugins_are_clean_failed_attempts() {
         ("garbage", "not a protocol answer"),
         ("huge", "larger than 1048576 bytes"),
         ("error", "the plugin declined"),
+        // Stopped at its limit, not left blocked on a full pipe until the timeout.
+        ("chatty", "larger than 1048576 bytes"),
     ] {
         let (_strict, mock) = strict_mock(4096).await;
         let extra = format!(
@@ -79,7 +81,35 @@ async fn misbehaving_plugins_are_clean_failed_attempts() {
             attempt["error"].as_str().unwrap().contains(expect),
             "{mode}: {attempt}"
         );
+        if mode == "chatty" {
+            assert_ne!(attempt["reason"], "timeout", "{attempt}");
+        }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_an_exec_plugin_forks_dies_with_it() {
+    let (_strict, mock) = strict_mock(4096).await;
+    let pid_file = tempfile::NamedTempFile::new().unwrap();
+    let extra = format!(
+        "[compaction]\nchain = [\"forky\", \"extract\"]\n[compaction.strategies.forky]\nkind = \"exec\"\ncommand = [\"python3\", {:?}, \"fork\", {:?}]\ntimeout = \"10s\"\n",
+        repo("tests/plugins/misbehave.py"),
+        pid_file.path().display().to_string()
+    );
+    let proxy = support::Proxy::start_with(&mock.url(), options(4096, &extra));
+    drive_until_compaction(&proxy, "forky", 500, 20).await;
+    assert_eq!(records(&proxy, "forky")[0]["strategy"], "forky");
+    let pid = std::fs::read_to_string(pid_file.path()).unwrap();
+    let stat = format!("/proc/{}/stat", pid.trim());
+    for _ in 0..100 {
+        let state = std::fs::read_to_string(&stat).unwrap_or_default();
+        // Gone, or a zombie for init to reap: not running either way.
+        if state.is_empty() || state.contains(") Z") {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("the plugin's child {} outlived it", pid.trim());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

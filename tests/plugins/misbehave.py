@@ -1,5 +1,7 @@
-"""An exec plugin that misbehaves on purpose: hang, crash, garbage, huge, error."""
+"""An exec plugin that misbehaves on purpose: hang, crash, garbage, huge, error,
+chatty (writes without end), fork PIDFILE (leaves a child behind, then answers)."""
 import json
+import subprocess
 import sys
 import time
 
@@ -16,3 +18,11 @@ elif mode == "huge":
     sys.stdout.write('{"summary": "' + "x" * (10 * 1024 * 1024) + '"}')
 elif mode == "error":
     json.dump({"error": "the plugin declined", "usage": {"prompt_tokens": 7}}, sys.stdout)
+elif mode == "chatty":
+    while True:
+        sys.stdout.write("chatter " * 1024)
+elif mode == "fork":
+    child = subprocess.Popen(["sleep", "300"], start_new_session=False)
+    with open(sys.argv[2], "w") as f:
+        f.write(str(child.pid))
+    json.dump({"summary": "a summary from a plugin that forked"}, sys.stdout)
