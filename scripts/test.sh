@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # Runs handoff's whole test suite on a fresh machine: installs PostgreSQL (the shared
-# store's tests start throwaway clusters with its initdb) and the Python clients the
+# store's tests start throwaway clusters with its initdb), Chromium and chromium-driver
+# (the web audit view is tested in a headless browser) and the Python clients the
 # integration tests drive (into .venv), then runs every Rust test in the workspace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+# PostgreSQL for the shared-store tests, Chromium and its WebDriver for the web view's.
+missing=()
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
+if [ "${#missing[@]}" -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 if [ ! -x .venv/bin/python ]; then

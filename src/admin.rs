@@ -46,6 +46,9 @@ pub async fn handle(
     if let Err(err) = authorize(state, &request, peer) {
         return err.into_response();
     }
+    if path == "/handoff/ui" && request.method() == http::Method::GET {
+        return crate::ui::page();
+    }
     if path == "/handoff/config" {
         let snap = state.snapshot();
         let value = json!({
@@ -86,6 +89,11 @@ pub async fn handle(
             Some(id) if !id.contains('/') => {
                 let tenant = query_param(request.uri().query(), "tenant");
                 conversation(state, id, tenant.as_deref()).await
+            }
+            Some(rest) if rest.ends_with("/timeline") => {
+                let id = rest.trim_end_matches("/timeline");
+                let tenant = query_param(request.uri().query(), "tenant");
+                timeline(state, id, tenant.as_deref()).await
             }
             _ => Err(ApiError::not_found(format!(
                 "no handoff endpoint at {path}"
@@ -358,6 +366,26 @@ async fn conversation(
         .map_err(|err| ApiError::internal(err.to_string()))?;
     value["branch_tips"] = json!(branches);
     Ok(value)
+}
+
+/// `GET /handoff/conversations/{id}/timeline`: every message, request and compaction
+/// in log order, each request's estimated input, the window and trigger, and the next
+/// request's view (for the web audit view).
+async fn timeline(
+    state: &AppState,
+    id: &str,
+    tenant: Option<&str>,
+) -> Result<serde_json::Value, ApiError> {
+    let (id, log) = read_conversation(state, id, tenant).await?;
+    if log.lines.is_empty() && log.problems.is_empty() {
+        return Err(ApiError::not_found(format!("no conversation {id}")));
+    }
+    let snap = state.snapshot();
+    let tokens = std::sync::Arc::clone(&state.tokens);
+    // Counting a long conversation's tokens is CPU work: off the runtime's threads.
+    tokio::task::spawn_blocking(move || crate::audit::timeline(&id, &log, &snap.config, &tokens))
+        .await
+        .map_err(|err| ApiError::internal(err.to_string()))
 }
 
 /// The admin rule: `Authorization: Bearer <admin.token>`, or a loopback peer that

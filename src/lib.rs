@@ -63,4 +63,5 @@ pub mod strategies;
 pub mod telemetry;
 pub mod tenant;
 pub mod tokens;
+pub mod ui;
 pub mod upstream;

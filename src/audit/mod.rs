@@ -3,25 +3,24 @@
 
 mod branch;
 mod summary;
+mod timeline;
 mod verify;
 
 use std::io::Write;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use serde_json::value::RawValue;
 use serde_json::Value;
 
 pub use branch::Tree;
 pub use summary::{summarize, ConversationSummary};
+pub use timeline::{next_view, timeline};
 pub use verify::{incomplete_replies, verify_log};
 
 use crate::base::digest::Digest;
 use crate::base::line::Entry;
-use crate::compaction::{adopt, Adopted};
-use crate::conversation::{ConversationId, Tracked};
-use crate::projection::project_view;
+use crate::compaction::adopt;
+use crate::conversation::ConversationId;
 use crate::redact::strip_controls;
 use crate::store::layout::ResolveError;
 use crate::store::{resolve_in, ConversationLog, Store, StoreError};
@@ -279,28 +278,7 @@ impl Audit {
         out: &mut dyn Write,
     ) -> Result<(), AuditError> {
         let (id, log) = self.read(id, tenant)?;
-        let tree = Tree::new(&log);
-        let Some(body) = tree.latest_request_body() else {
-            writeln!(out, "[]")?;
-            return Ok(());
-        };
-        let request = tree
-            .dialect()
-            .get()
-            .parse(body.as_bytes())
-            .map_err(|err| AuditError::Branch(err.to_string()))?;
-        let tracked = Tracked::compute(id, &request);
-        let adopted: HashMap<_, _> = adopt(&log)
-            .adopted
-            .into_iter()
-            .filter_map(|(prefix, record)| Adopted::new(record).ok().map(|a| (prefix, Arc::new(a))))
-            .collect();
-        let view = project_view(&request, &tracked, &adopted);
-        let messages: Vec<&RawValue> = view
-            .raw_messages()
-            .into_iter()
-            .filter_map(|m| serde_json::from_str(m).ok())
-            .collect();
+        let messages = next_view(&id, &log, &Tree::new(&log));
         serde_json::to_writer_pretty(&mut *out, &messages)?;
         writeln!(out)?;
         Ok(())

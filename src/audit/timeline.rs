@@ -1,0 +1,266 @@
+//! A conversation as the web audit view shows it: every message, request and
+//! compaction in log order, the branches as lanes, each request's estimated input
+//! (what was sent: the handoff in force plus the messages after it), the model's window
+//! and trigger, and the view the next request would be sent with.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::{summarize, Tree};
+use crate::base::digest::{message_digest, PrefixDigest};
+use crate::base::line::{Entry, MessageLine};
+use crate::compaction::budget::RequestBudget;
+use crate::compaction::{adopt, Adopted};
+use crate::config::{Config, Tokenizer};
+use crate::conversation::{ConversationId, Tracked};
+use crate::projection::project_view;
+use crate::store::ConversationLog;
+use crate::tokens::Tokens;
+
+/// The whole timeline of `log` as JSON.
+pub fn timeline(
+    id: &ConversationId,
+    log: &ConversationLog,
+    config: &Config,
+    tokens: &Tokens,
+) -> Value {
+    let tree = Tree::new(log);
+    let adoption = adopt(log);
+    let model = tree
+        .requests()
+        .last()
+        .map(|r| r.model.clone())
+        .unwrap_or_default();
+    let tokenizer = config
+        .model(&model)
+        .map_or(Tokenizer::default(), |m| m.tokenizer);
+    let count = |value: &Value| tokens.count_message(tokenizer, &message_digest(value), value);
+
+    // Lanes: a message continues its parent's lane if it is the parent's first child.
+    let mut lanes: HashMap<PrefixDigest, usize> = HashMap::new();
+    let mut first_child: HashMap<Option<PrefixDigest>, PrefixDigest> = HashMap::new();
+    let mut next_lane = 0;
+    let mut positions: HashMap<PrefixDigest, usize> = HashMap::new();
+    let mut committed: Vec<(&str, PrefixDigest)> = Vec::new();
+    let mut events = Vec::new();
+    for line in &log.lines {
+        match &line.entry {
+            Entry::Message(message) => {
+                let value: Value =
+                    serde_json::from_str(message.message.get()).unwrap_or(Value::Null);
+                // A first child continues its parent's lane; a later one opens a branch.
+                let first = *first_child.entry(message.parent).or_insert(message.digest);
+                let lane = if first == message.digest {
+                    message
+                        .parent
+                        .and_then(|p| lanes.get(&p).copied())
+                        .unwrap_or(0)
+                } else {
+                    next_lane += 1;
+                    next_lane
+                };
+                lanes.insert(message.digest, lane);
+                let depth = message
+                    .parent
+                    .and_then(|p| positions.get(&p))
+                    .map_or(0, |d| d + 1);
+                positions.insert(message.digest, depth);
+                events.push(json!({
+                    "type": "message",
+                    "at": line.at,
+                    "digest": message.digest.to_hex(),
+                    "parent": message.parent.map(|p| p.to_hex()),
+                    "lane": lane,
+                    "position": depth,
+                    "source": format!("{:?}", message.source).to_lowercase(),
+                    "role": role_of(&value),
+                    "model": message.model,
+                    "tokens": count(&value),
+                    "message": value,
+                    "usage": message.usage,
+                    "finish_reason": message.finish_reason,
+                    "incomplete": message.incomplete,
+                }));
+            }
+            Entry::Request(request) => {
+                let estimate = request.head.and_then(|head| {
+                    sent_estimate(
+                        &tree,
+                        &head,
+                        &committed,
+                        &adoption.adopted,
+                        request.pinned,
+                        &count,
+                    )
+                });
+                events.push(json!({
+                    "type": "request",
+                    "at": line.at,
+                    "model": request.model,
+                    "stream": request.stream,
+                    "head": request.head.map(|h| h.to_hex()),
+                    "new_messages": request.new_messages,
+                    "server_held": request.server_held.unwrap_or(false),
+                    "estimated_tokens": estimate.as_ref().map(|(tokens, _)| *tokens),
+                    "compaction": estimate.and_then(|(_, compaction)| compaction),
+                }));
+            }
+            Entry::CompactBoundary(boundary) => {
+                let Some(record) = adoption.adopted.get(&boundary.prefix_digest) else {
+                    continue;
+                };
+                committed.push((record.id.as_str(), boundary.prefix_digest));
+                events.push(json!({
+                    "type": "compaction",
+                    "at": line.at,
+                    "id": record.id,
+                    "strategy": record.strategy,
+                    "chain": record.chain,
+                    "reason": record.reason,
+                    "tokens_before": record.tokens_before,
+                    "tokens_after": record.tokens_after,
+                    "covers": record.source.end_exclusive,
+                    "prefix_digest": record.source.prefix_digest.to_hex(),
+                    "attempts": record.attempts,
+                    "usage": record.usage,
+                    "handoff": handoff_text(&record.handoff),
+                }));
+            }
+            Entry::Pinned(pinned) => events.push(json!({
+                "type": "pinned",
+                "at": line.at,
+                "count": pinned.messages.len(),
+                "messages": pinned.messages,
+            })),
+        }
+    }
+    let uncommitted = adoption.uncommitted.clone();
+    let (window, trigger, input_budget) = budget_of(&tree, config, tokens);
+    let mut value = serde_json::to_value(summarize(id, log)).unwrap_or(Value::Null);
+    value["dialect"] = json!(tree.dialect().name());
+    value["events"] = Value::Array(events);
+    value["uncommitted_records"] = json!(uncommitted);
+    value["window"] = json!(window);
+    value["trigger_tokens"] = json!(trigger);
+    value["input_budget"] = json!(input_budget);
+    value["branch_tips"] = json!(tree
+        .tips()
+        .iter()
+        .map(
+            |tip| json!({"tip": tip.to_hex(), "messages": tree.branch(tip).map_or(0, |b| b.len())})
+        )
+        .collect::<Vec<_>>());
+    value["view"] = json!(next_view(id, log, &tree));
+    value
+}
+
+/// What a request ending at `head` was sent with, estimated: pinned messages, then the
+/// latest compaction committed before it that covers a prefix of its branch (its pair),
+/// then the messages after that prefix. Also the id of that compaction.
+fn sent_estimate(
+    tree: &Tree<'_>,
+    head: &PrefixDigest,
+    committed: &[(&str, PrefixDigest)],
+    adopted: &HashMap<PrefixDigest, crate::base::record::CompactionRecord>,
+    pinned: Option<crate::base::digest::Digest>,
+    count: &dyn Fn(&Value) -> u64,
+) -> Option<(u64, Option<String>)> {
+    let branch: Vec<&MessageLine> = tree.branch(head)?;
+    let pinned_tokens: u64 = pinned
+        .and_then(|digest| tree.pinned(&digest))
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|m| serde_json::from_str::<Value>(m.get()).ok())
+        .map(|m| count(&m))
+        .sum();
+    let cover = committed.iter().rev().find_map(|(id, prefix)| {
+        branch
+            .iter()
+            .position(|m| m.digest == *prefix)
+            .map(|at| (*id, *prefix, at + 1))
+    });
+    let (pair, start, compaction) = match cover {
+        Some((id, prefix, start)) => {
+            let record = adopted.get(&prefix)?;
+            (
+                count(&record.continuation) + count(&record.handoff),
+                start,
+                Some(id.to_owned()),
+            )
+        }
+        None => (0, 0, None),
+    };
+    let rest: u64 = branch[start..]
+        .iter()
+        .filter_map(|m| serde_json::from_str::<Value>(m.message.get()).ok())
+        .map(|m| count(&m))
+        .sum();
+    Some((pinned_tokens + pair + rest, compaction))
+}
+
+/// The model's window, the trigger in tokens and the input budget, from the latest
+/// request; `None`s when the model has no configured window.
+fn budget_of(
+    tree: &Tree<'_>,
+    config: &Config,
+    tokens: &Tokens,
+) -> (Option<u64>, Option<u64>, Option<u64>) {
+    let request = tree
+        .latest_request_body()
+        .and_then(|body| tree.dialect().get().parse(body.as_bytes()).ok());
+    let budget = request
+        .as_ref()
+        .and_then(|r| RequestBudget::new(config, r, tokens));
+    match budget {
+        Some(b) => (
+            Some(b.model.context_window),
+            Some(b.threshold),
+            Some(b.input_budget),
+        ),
+        None => (None, None, None),
+    }
+}
+
+/// The messages the next request would be sent with (as `audit view`).
+pub fn next_view(id: &ConversationId, log: &ConversationLog, tree: &Tree<'_>) -> Vec<Value> {
+    let Some(body) = tree.latest_request_body() else {
+        return Vec::new();
+    };
+    let Ok(request) = tree.dialect().get().parse(body.as_bytes()) else {
+        return Vec::new();
+    };
+    let tracked = Tracked::compute(id.clone(), &request);
+    let adopted: HashMap<_, _> = adopt(log)
+        .adopted
+        .into_iter()
+        .filter_map(|(prefix, record)| Adopted::new(record).ok().map(|a| (prefix, Arc::new(a))))
+        .collect();
+    let view = project_view(&request, &tracked, &adopted);
+    view.raw_messages()
+        .into_iter()
+        .filter_map(|m| serde_json::from_str(m).ok())
+        .collect()
+}
+
+fn role_of(message: &Value) -> String {
+    message["role"]
+        .as_str()
+        .or_else(|| message["type"].as_str())
+        .unwrap_or("?")
+        .to_owned()
+}
+
+/// The handoff's text, whatever its dialect's shape.
+fn handoff_text(handoff: &Value) -> String {
+    match &handoff["content"] {
+        Value::String(text) => text.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}

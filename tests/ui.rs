@@ -1,0 +1,258 @@
+//! The web audit view in a real browser: headless Chromium, driven over WebDriver
+//! (Debian's chromium-driver) by `tests/clients/ui_check.py`, after a compacting
+//! conversation. Screenshots of both views are saved under `target/ui-screenshots/`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use support::client::{self, request};
+use support::scenario::{
+    big_user, chat, drive_until_compaction, options, python, records, strict_mock,
+};
+
+const SUMMARY: &str = "[compaction]\nsummary_model = \"strict-16k\"\nsummary_timeout = \"10s\"\n";
+
+fn words(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_page_shows_conversations_compactions_and_the_token_curve() {
+    let (_strict, mock) = strict_mock(4096).await;
+    let proxy = support::Proxy::start_with(&mock.url(), options(4096, SUMMARY));
+    let mut history = drive_until_compaction(&proxy, "ui-long", 300, 30).await;
+    // A few turns after the compaction, so the curve drops and climbs again.
+    for n in 100..103 {
+        history.push(big_user(n, 200));
+        let got = chat(&proxy, "ui-long", &history).await;
+        assert_eq!(got.status, 200);
+        history.push(got.json()["choices"][0]["message"].clone());
+        if let Some(call) = history.last().unwrap()["tool_calls"][0]["id"].as_str() {
+            let call = call.to_owned();
+            history
+                .push(serde_json::json!({"role": "tool", "tool_call_id": call, "content": "ok"}));
+            let got = chat(&proxy, "ui-long", &history).await;
+            history.push(got.json()["choices"][0]["message"].clone());
+        }
+    }
+    let short = chat(
+        &proxy,
+        "ui-short",
+        &[serde_json::json!({"role": "user", "content": "hello"})],
+    )
+    .await;
+    assert_eq!(short.status, 200);
+
+    let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/ui-screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/ui_check.py");
+    let (url, dir) = (proxy.url(), shots.clone());
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python())
+            .arg(script)
+            .arg(&url)
+            .arg("ui-long")
+            .arg(&dir)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "the browser run failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    println!(
+        "screenshots: {} and {}",
+        shots.join("ui-list.png").display(),
+        shots.join("ui-conversation.png").display()
+    );
+
+    // The list shows every conversation `audit list` shows.
+    let mut listed: Vec<String> = seen["listed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    let mut audited: Vec<String> = proxy
+        .conversations()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap().to_owned())
+        .collect();
+    listed.sort();
+    audited.sort();
+    assert_eq!(listed, audited);
+    let text = seen["list_text"].as_str().unwrap();
+    assert!(
+        !text.contains("null") && !text.contains("undefined"),
+        "{text}"
+    );
+
+    // Each compaction with its numbers and its handoff.
+    let records = records(&proxy, "ui-long");
+    let shown = seen["compactions"].as_array().unwrap();
+    assert_eq!(shown.len(), records.len(), "{seen}");
+    for (record, shown) in records.iter().zip(shown) {
+        assert_eq!(shown["id"], record["id"]);
+        assert_eq!(shown["strategy"], record["strategy"]);
+        assert_eq!(shown["tokens_before"], record["tokens_before"].to_string());
+        assert_eq!(shown["tokens_after"], record["tokens_after"].to_string());
+        assert_eq!(
+            shown["attempts"],
+            record["attempts"].as_array().unwrap().len()
+        );
+        assert_eq!(
+            words(shown["handoff"].as_str().unwrap()),
+            words(record["handoff"]["content"].as_str().unwrap())
+        );
+    }
+
+    // A point per request, the window and trigger lines, a mark where it compacted.
+    let summary = proxy
+        .conversations()
+        .into_iter()
+        .find(|c| c["id"] == "ui-long")
+        .unwrap();
+    assert_eq!(seen["chart_points"], summary["requests"], "{seen}");
+    let lines: Vec<&str> = seen["chart_lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(
+        lines.contains(&"window") && lines.contains(&"trigger"),
+        "{lines:?}"
+    );
+    assert!(seen["chart_markers"].as_u64().unwrap() >= 1);
+    assert_eq!(seen["messages"], summary["messages"]);
+
+    // Every view has a URL; the view tab matches `audit view`.
+    assert!(
+        seen["url"]
+            .as_str()
+            .unwrap()
+            .contains("#/c/ui-long?tenant="),
+        "{seen}"
+    );
+    assert!(seen["view_url"].as_str().unwrap().ends_with("&tab=view"));
+    let view: Vec<Value> =
+        serde_json::from_slice(&proxy.audit(&["view", "ui-long"]).stdout).unwrap();
+    assert_eq!(seen["view_messages"].as_u64().unwrap() as usize, view.len());
+
+    // The page made no request to any other host.
+    let requests = seen["requests"].as_array().unwrap();
+    assert!(!requests.is_empty());
+    for url in requests {
+        let url = url.as_str().unwrap();
+        assert!(
+            url.starts_with(&format!("{}/", proxy.url())),
+            "a request to another host: {url}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_follows_the_admin_rules() {
+    let (_strict, mock) = strict_mock(4096).await;
+    let proxy = support::Proxy::start(&mock.url());
+    let page = |headers: &'static [(&'static str, &'static str)]| {
+        client::send(request(
+            "GET",
+            &format!("{}/handoff/ui", proxy.url()),
+            headers,
+            "",
+        ))
+    };
+    let local = page(&[]).await;
+    assert_eq!(local.status, 200);
+    assert!(local.headers["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    assert!(
+        local.text().contains("data-chart"),
+        "the page is served whole"
+    );
+    assert!(
+        !local.text().contains("http://") || !local.text().contains("src=\"http"),
+        "no external asset"
+    );
+    assert_eq!(
+        page(&[("host", "evil.example")]).await.status,
+        403,
+        "a foreign Host"
+    );
+    assert_eq!(
+        page(&[("origin", "http://evil.example")]).await.status,
+        403,
+        "a foreign Origin"
+    );
+    let timeline = client::send(request(
+        "GET",
+        &format!("{}/handoff/conversations/x/timeline", proxy.url()),
+        &[("origin", "http://evil.example")],
+        "",
+    ))
+    .await;
+    assert_eq!(timeline.status, 403);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timeline_puts_an_edited_message_in_its_own_lane() {
+    let mock = mock_upstream::MockUpstream::replying(mock_upstream::Reply::chat_text("fine")).await;
+    let proxy = support::Proxy::start(&mock.url());
+    let user = |text: &str| serde_json::json!({"role": "user", "content": text});
+    let reply = serde_json::json!({"role": "assistant", "content": "fine"});
+    for messages in [
+        vec![user("one")],
+        vec![user("one"), reply.clone(), user("two")],
+        // The second question edited: a branch from the first reply.
+        vec![user("one"), reply.clone(), user("two, edited")],
+    ] {
+        let got = chat(&proxy, "edits", &messages).await;
+        assert_eq!(got.status, 200);
+    }
+    let timeline = client::send(request(
+        "GET",
+        &format!("{}/handoff/conversations/edits/timeline", proxy.url()),
+        &[],
+        "",
+    ))
+    .await;
+    assert_eq!(timeline.status, 200, "{}", timeline.text());
+    let value = timeline.json();
+    let lanes: Vec<(String, u64)> = value["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "message")
+        .map(|e| {
+            (
+                e["message"]["content"].as_str().unwrap().to_owned(),
+                e["lane"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let lane = |text: &str| lanes.iter().find(|(t, _)| t == text).unwrap().1;
+    assert_eq!(lane("one"), 0);
+    assert_eq!(lane("two"), 0);
+    assert!(lane("two, edited") > 0, "{lanes:?}");
+    assert_eq!(value["branch_tips"].as_array().unwrap().len(), 2);
+    let requests: Vec<&Value> = value["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "request")
+        .collect();
+    assert_eq!(requests.len(), 3);
+    assert!(requests
+        .iter()
+        .all(|r| r["estimated_tokens"].as_u64().unwrap() > 0));
+}
