@@ -211,6 +211,19 @@ async fn compact_now(
     )
 }
 
+/// [`read_conversation`], with 404 for a conversation that has no line.
+async fn read_existing(
+    state: &AppState,
+    id: &str,
+    tenant: Option<&str>,
+) -> Result<(ConversationId, ConversationLog), ApiError> {
+    let (id, log) = read_conversation(state, id, tenant).await?;
+    if log.lines.is_empty() && log.problems.is_empty() {
+        return Err(ApiError::not_found(format!("no conversation {id}")));
+    }
+    Ok((id, log))
+}
+
 /// A conversation's log by its (checked) id and tenant; the tenant is needed only
 /// when the id exists under several.
 async fn read_conversation(
@@ -350,18 +363,8 @@ async fn conversation(
     id: &str,
     tenant: Option<&str>,
 ) -> Result<serde_json::Value, ApiError> {
-    let (id, log) = read_conversation(state, id, tenant).await?;
-    if log.lines.is_empty() && log.problems.is_empty() {
-        return Err(ApiError::not_found(format!("no conversation {id}")));
-    }
-    let tree = Tree::new(&log);
-    let branches: Vec<serde_json::Value> = tree
-        .tips()
-        .iter()
-        .map(
-            |tip| json!({"tip": tip.to_hex(), "messages": tree.branch(tip).map_or(0, |b| b.len())}),
-        )
-        .collect();
+    let (id, log) = read_existing(state, id, tenant).await?;
+    let branches = Tree::new(&log).tips_json();
     let mut value = serde_json::to_value(summarize(&id, &log))
         .map_err(|err| ApiError::internal(err.to_string()))?;
     value["branch_tips"] = json!(branches);
@@ -376,10 +379,7 @@ async fn timeline(
     id: &str,
     tenant: Option<&str>,
 ) -> Result<serde_json::Value, ApiError> {
-    let (id, log) = read_conversation(state, id, tenant).await?;
-    if log.lines.is_empty() && log.problems.is_empty() {
-        return Err(ApiError::not_found(format!("no conversation {id}")));
-    }
+    let (id, log) = read_existing(state, id, tenant).await?;
     let snap = state.snapshot();
     let tokens = std::sync::Arc::clone(&state.tokens);
     // Counting a long conversation's tokens is CPU work: off the runtime's threads.

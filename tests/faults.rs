@@ -27,8 +27,8 @@ fn small_chat() -> Value {
     json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
 }
 
-/// What arrives within `wait`, whether or not the server closes after it.
-fn read_for(stream: &mut TcpStream, wait: Duration) -> Vec<u8> {
+/// What arrives within `wait`, and whether the server closed the connection.
+fn read_until_closed(stream: &mut TcpStream, wait: Duration) -> (Vec<u8>, bool) {
     stream
         .set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
@@ -37,37 +37,28 @@ fn read_for(stream: &mut TcpStream, wait: Duration) -> Vec<u8> {
     let mut buffer = [0u8; 4096];
     while Instant::now() < until {
         match stream.read(&mut buffer) {
-            Ok(0) => break,
+            Ok(0) => return (got, true),
             Ok(n) => got.extend_from_slice(&buffer[..n]),
             Err(err)
                 if matches!(
                     err.kind(),
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) => {}
-            Err(_) => break,
+            Err(_) => return (got, true),
         }
     }
-    got
+    (got, false)
+}
+
+/// What arrives within `wait`, whether or not the server closes after it.
+fn read_for(stream: &mut TcpStream, wait: Duration) -> Vec<u8> {
+    read_until_closed(stream, wait).0
 }
 
 /// Reads until the server closes; `None` if it is still open after `wait`.
 fn closed_within(stream: &mut TcpStream, wait: Duration) -> Option<Vec<u8>> {
-    stream
-        .set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
-    let until = Instant::now() + wait;
-    let mut got = Vec::new();
-    let mut buffer = [0u8; 4096];
-    while Instant::now() < until {
-        match stream.read(&mut buffer) {
-            Ok(0) => return Some(got),
-            Ok(n) => got.extend_from_slice(&buffer[..n]),
-            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(err) if err.kind() == std::io::ErrorKind::TimedOut => {}
-            Err(_) => return Some(got),
-        }
-    }
-    None
+    let (got, closed) = read_until_closed(stream, wait);
+    closed.then_some(got)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -174,6 +174,16 @@ impl<'a> Tree<'a> {
             .unwrap_or_default()
     }
 
+    /// Every tip with the length of its branch, as the admin API shows them.
+    pub fn tips_json(&self) -> Vec<serde_json::Value> {
+        self.tips()
+            .iter()
+            .map(|tip| {
+                serde_json::json!({"tip": tip.to_hex(), "messages": self.branch(tip).map_or(0, |b| b.len())})
+            })
+            .collect()
+    }
+
     /// The replayable history ending at `tip`: pinned, then every original of the branch.
     pub fn replay(&self, tip: &PrefixDigest) -> Option<Vec<&'a RawValue>> {
         let branch = self.branch(tip)?;

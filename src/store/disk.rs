@@ -217,7 +217,11 @@ impl Store for DiskStore {
 
 /// Reads a conversation from its `messages.jsonl` path and the records beside it.
 pub fn read_conversation(messages: &Path) -> std::io::Result<ConversationLog> {
-    let mut log = read_log_file(messages)?;
+    with_records(messages, read_log_file(messages)?)
+}
+
+/// `log` with the compaction records that lie beside `messages`.
+fn with_records(messages: &Path, mut log: ConversationLog) -> std::io::Result<ConversationLog> {
     if let Some(dir) = messages.parent() {
         let (records, problems) = read_jsonl(&dir.join(COMPACTIONS_FILE), |bytes| {
             serde_json::from_slice::<CompactionRecord>(bytes).map_err(|err| err.to_string())
@@ -232,21 +236,14 @@ pub fn read_conversation(messages: &Path) -> std::io::Result<ConversationLog> {
 /// but not its text, dropped line by line, so memory follows the number of lines, not
 /// the size of the log.
 pub fn read_conversation_index(messages: &Path) -> std::io::Result<ConversationLog> {
-    let mut log = read_lines(messages, |line| {
+    let log = read_lines(messages, |line| {
         if let Entry::Message(message) = &mut line.entry {
             if !message.message.get().contains("\"tool_calls\"") {
                 message.message = dropped_text();
             }
         }
     })?;
-    if let Some(dir) = messages.parent() {
-        let (records, problems) = read_jsonl(&dir.join(COMPACTIONS_FILE), |bytes| {
-            serde_json::from_slice::<CompactionRecord>(bytes).map_err(|err| err.to_string())
-        })?;
-        log.compactions = records;
-        log.compaction_problems = problems;
-    }
-    Ok(log)
+    with_records(messages, log)
 }
 
 /// What a dropped message text is replaced with.

@@ -85,12 +85,16 @@ impl PgStore {
 
     /// The server secret, created once by whichever replica starts first.
     pub async fn secret(&self) -> Result<[u8; 32], StoreError> {
+        self.secret_or(&random_bytes().map_err(db)?).await
+    }
+
+    /// The database's secret, which becomes `candidate` if it has none yet.
+    async fn secret_or(&self, candidate: &[u8; 32]) -> Result<[u8; 32], StoreError> {
         let client = self.pool.get().await.map_err(db)?;
-        let fresh = random_bytes().map_err(db)?;
         client
             .execute(
                 "INSERT INTO handoff_secret (id, secret) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
-                &[&fresh.as_slice()],
+                &[&candidate.as_slice()],
             )
             .await
             .map_err(db)?;
@@ -701,19 +705,6 @@ impl PgStore {
     /// Makes `secret` the shared secret if the database has none yet; returns whether
     /// the database's secret is now `secret`.
     pub async fn adopt_secret(&self, secret: &[u8; 32]) -> Result<bool, StoreError> {
-        let client = self.pool.get().await.map_err(db)?;
-        client
-            .execute(
-                "INSERT INTO handoff_secret (id, secret) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
-                &[&secret.as_slice()],
-            )
-            .await
-            .map_err(db)?;
-        let row = client
-            .query_one("SELECT secret FROM handoff_secret WHERE id = 1", &[])
-            .await
-            .map_err(db)?;
-        let current: Vec<u8> = row.get(0);
-        Ok(current.as_slice() == secret.as_slice())
+        Ok(self.secret_or(secret).await? == *secret)
     }
 }
