@@ -44,6 +44,8 @@ pub fn timeline(
     let mut next_lane = 0;
     let mut positions: HashMap<PrefixDigest, usize> = HashMap::new();
     let mut committed: Vec<(&str, PrefixDigest)> = Vec::new();
+    // Each message is parsed and counted once; requests sum these.
+    let mut message_tokens: HashMap<PrefixDigest, u64> = HashMap::new();
     let mut events = Vec::new();
     for line in &log.lines {
         match &line.entry {
@@ -67,6 +69,8 @@ pub fn timeline(
                     .and_then(|p| positions.get(&p))
                     .map_or(0, |d| d + 1);
                 positions.insert(message.digest, depth);
+                let counted = count(&value);
+                message_tokens.insert(message.digest, counted);
                 events.push(json!({
                     "type": "message",
                     "at": line.at,
@@ -77,7 +81,7 @@ pub fn timeline(
                     "source": format!("{:?}", message.source).to_lowercase(),
                     "role": role_of(&value),
                     "model": message.model,
-                    "tokens": count(&value),
+                    "tokens": counted,
                     "message": value,
                     "usage": message.usage,
                     "finish_reason": message.finish_reason,
@@ -92,6 +96,7 @@ pub fn timeline(
                         &committed,
                         &adoption.adopted,
                         request.pinned,
+                        &message_tokens,
                         &count,
                     )
                 });
@@ -165,6 +170,7 @@ fn sent_estimate(
     committed: &[(&str, PrefixDigest)],
     adopted: &HashMap<PrefixDigest, crate::base::record::CompactionRecord>,
     pinned: Option<crate::base::digest::Digest>,
+    message_tokens: &HashMap<PrefixDigest, u64>,
     count: &dyn Fn(&Value) -> u64,
 ) -> Option<(u64, Option<String>)> {
     let branch: Vec<&MessageLine> = tree.branch(head)?;
@@ -194,8 +200,7 @@ fn sent_estimate(
     };
     let rest: u64 = branch[start..]
         .iter()
-        .filter_map(|m| serde_json::from_str::<Value>(m.message.get()).ok())
-        .map(|m| count(&m))
+        .filter_map(|m| message_tokens.get(&m.digest))
         .sum();
     Some((pinned_tokens + pair + rest, compaction))
 }
