@@ -6,6 +6,8 @@
 //! overwritten. The known prefix digests of each conversation are cached in a bounded
 //! moka cache and rebuilt from disk on a miss; start-up reads nothing.
 
+mod flight;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -318,27 +320,6 @@ impl Tracker {
         }
     }
 
-    /// Waits for, and holds, the conversation's compaction lock in this process.
-    pub async fn single_flight(&self, id: &ConversationId) -> tokio::sync::OwnedMutexGuard<()> {
-        let lock = {
-            let mut flights = self
-                .flights
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            // Only conversations with a run or a waiter keep an entry.
-            flights.retain(|_, lock| lock.strong_count() > 0);
-            match flights.get(id).and_then(std::sync::Weak::upgrade) {
-                Some(lock) => lock,
-                None => {
-                    let lock = Arc::new(Mutex::new(()));
-                    flights.insert(id.clone(), Arc::downgrade(&lock));
-                    lock
-                }
-            }
-        };
-        lock.lock_owned().await
-    }
-
     /// The same tracker with compaction leases of `ttl`.
     pub fn with_lease_ttl(mut self, ttl: std::time::Duration) -> Self {
         self.lease_ttl = ttl;
@@ -361,55 +342,6 @@ impl Tracker {
             self.responses.insert(key, found.clone());
         }
         Ok(found)
-    }
-
-    /// Folds in what other replicas wrote to a shared store since this one last read
-    /// the conversation; nothing to do (and no I/O) for a store with one writer.
-    async fn catch_up(
-        &self,
-        id: &ConversationId,
-        state: &mut ConversationState,
-    ) -> Result<(), StoreError> {
-        if self.store.shared() {
-            let log = self.store.read_after(id, state.seen).await?;
-            state.absorb(&log);
-        }
-        Ok(())
-    }
-
-    /// Brings the conversation's cached state up to date with the store: compactions
-    /// another replica committed become visible.
-    pub async fn refresh(&self, id: &ConversationId) -> Result<(), StoreError> {
-        if !self.store.shared() {
-            return Ok(());
-        }
-        let entry = self.entry(id).await?;
-        let mut state = entry.state.lock().await;
-        self.catch_up(id, &mut state).await
-    }
-
-    /// Claims the conversation's compaction across replicas; `None` while another
-    /// replica's live claim holds it.
-    pub async fn acquire(&self, id: &ConversationId) -> Result<Option<Lease>, StoreError> {
-        self.store.acquire(id, self.lease_ttl).await
-    }
-
-    /// Keeps `lease` alive while a compaction runs; false once it was lost.
-    pub async fn renew(&self, id: &ConversationId, lease: &Lease) -> Result<bool, StoreError> {
-        self.store.renew(id, lease, self.lease_ttl).await
-    }
-
-    /// Gives `lease` up.
-    pub async fn release(&self, id: &ConversationId, lease: &Lease) {
-        if let Err(err) = self.store.release(id, lease).await {
-            // It expires by itself; another replica merely waits longer.
-            tracing::warn!(conversation = %id, error = %err, "cannot release a compaction lease");
-        }
-    }
-
-    /// How long a lease lasts without renewal.
-    pub fn lease_ttl(&self) -> std::time::Duration {
-        self.lease_ttl
     }
 
     /// The store behind this tracker.

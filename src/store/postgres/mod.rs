@@ -10,22 +10,28 @@
 //! statements, nothing is held across the model call, and the commit re-checks the
 //! claim (holder and epoch) under its row lock in the transaction that writes the pair.
 
+mod connect;
+mod import;
+mod rows;
 mod schema;
+
+pub use import::Imported;
+
+use connect::{hex, random_bytes};
+use rows::{columns, conversation_of, reserve};
 
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::Pool;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use tokio_postgres::Row;
 
-use super::{Committed, ConversationLog, Lease, LineProblem, ResponseEnd, Store, StoreError};
+use super::{Committed, ConversationLog, Lease, ResponseEnd, Store, StoreError};
 use crate::base::digest::{Digest, PrefixDigest};
 use crate::base::id::ConversationId;
-use crate::base::line::{Entry, Line, FORMAT_VERSION};
+use crate::base::line::{Entry, Line};
 use crate::base::record::CompactionRecord;
 use crate::base::tenant::TenantId;
-use crate::redact::shown_url;
 
 /// A pool of connections to the shared database.
 pub struct PgStore {
@@ -38,184 +44,6 @@ pub struct PgStore {
 
 fn db(err: impl std::fmt::Display) -> StoreError {
     StoreError::Database(err.to_string())
-}
-
-impl PgStore {
-    /// Connects to `url` with at most `pool_size` connections and brings the schema up
-    /// to date; fails when the database cannot be reached now.
-    pub async fn connect(url: &str, pool_size: usize) -> Result<Self, StoreError> {
-        let config: tokio_postgres::Config = url
-            .parse()
-            .map_err(|_| db("store.url is not a PostgreSQL connection URL"))?;
-        let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls_config()?);
-        let manager = Manager::from_config(
-            config,
-            tls,
-            ManagerConfig {
-                // A connection broken by a database restart is dropped and replaced.
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(pool_size)
-            .runtime(Runtime::Tokio1)
-            // A database that is down answers quickly with 503, not after minutes.
-            .wait_timeout(Some(Duration::from_secs(5)))
-            .create_timeout(Some(Duration::from_secs(5)))
-            .recycle_timeout(Some(Duration::from_secs(5)))
-            .build()
-            .map_err(db)?;
-        let store = Self {
-            pool,
-            shown: shown_url(url).into_owned(),
-            holder: format!("{}-{}", hostname(), std::process::id()),
-        };
-        let mut client = store.pool.get().await.map_err(db)?;
-        let applied = schema::migrate(&mut client).await.map_err(db)?;
-        let version = schema::version(&client).await.map_err(db)?;
-        if version > schema::latest() {
-            return Err(db(format!(
-                "the database schema is version {version}, newer than this build's {}; upgrade handoff",
-                schema::latest()
-            )));
-        }
-        tracing::info!(database = %store.shown, applied, version, "store: postgres");
-        Ok(store)
-    }
-
-    /// The server secret, created once by whichever replica starts first.
-    pub async fn secret(&self) -> Result<[u8; 32], StoreError> {
-        self.secret_or(&random_bytes().map_err(db)?).await
-    }
-
-    /// The database's secret, which becomes `candidate` if it has none yet.
-    async fn secret_or(&self, candidate: &[u8; 32]) -> Result<[u8; 32], StoreError> {
-        let client = self.pool.get().await.map_err(db)?;
-        client
-            .execute(
-                "INSERT INTO handoff_secret (id, secret) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
-                &[&candidate.as_slice()],
-            )
-            .await
-            .map_err(db)?;
-        let row = client
-            .query_one("SELECT secret FROM handoff_secret WHERE id = 1", &[])
-            .await
-            .map_err(db)?;
-        let bytes: Vec<u8> = row.get(0);
-        bytes
-            .try_into()
-            .map_err(|_| db("handoff_secret.secret is not 32 bytes"))
-    }
-
-    async fn lines_after(
-        &self,
-        id: &ConversationId,
-        seq: u64,
-    ) -> Result<ConversationLog, StoreError> {
-        let client = self.pool.get().await.map_err(db)?;
-        let after = i64::try_from(seq).unwrap_or(i64::MAX);
-        let lines = client
-            .prepare_cached(
-                "SELECT seq, line FROM handoff_lines
-                 WHERE tenant = $1 AND conversation = $2 AND seq > $3 ORDER BY seq",
-            )
-            .await
-            .map_err(db)?;
-        let records = client
-            .prepare_cached(
-                "SELECT seq, record FROM handoff_compactions
-                 WHERE tenant = $1 AND conversation = $2 AND seq > $3 ORDER BY seq",
-            )
-            .await
-            .map_err(db)?;
-        let key = (id.tenant().as_str(), id.as_str());
-        // Both queries in one round trip: the client pipelines them.
-        let (lines, records) = futures_util::future::try_join(
-            client.query(&lines, &[&key.0, &key.1, &after]),
-            client.query(&records, &[&key.0, &key.1, &after]),
-        )
-        .await
-        .map_err(db)?;
-        Ok(log_of(&lines, &records, seq))
-    }
-}
-
-/// Rows into a log; a line this build cannot read is a problem, as on disk.
-fn log_of(lines: &[Row], records: &[Row], after: u64) -> ConversationLog {
-    let mut log = ConversationLog {
-        last_seq: after,
-        ..ConversationLog::default()
-    };
-    for row in lines {
-        let seq: i64 = row.get(0);
-        let text: &str = row.get(1);
-        log.last_seq = log.last_seq.max(seq.unsigned_abs());
-        let problem = |reason: String| LineProblem {
-            line: usize::try_from(seq).unwrap_or(0),
-            reason,
-        };
-        match Line::parse(text.as_bytes()) {
-            Ok(line) if line.v > FORMAT_VERSION => log.problems.push(problem(format!(
-                "format version {} is newer than this build's {FORMAT_VERSION}",
-                line.v
-            ))),
-            Ok(line) => log.lines.push(line),
-            Err(err) => log.problems.push(problem(format!("invalid line: {err}"))),
-        }
-    }
-    for row in records {
-        let seq: i64 = row.get(0);
-        let text: &str = row.get(1);
-        match serde_json::from_str::<CompactionRecord>(text) {
-            Ok(record) => log.compactions.push(record),
-            Err(err) => log.compaction_problems.push(LineProblem {
-                line: usize::try_from(seq).unwrap_or(0),
-                reason: format!("invalid record: {err}"),
-            }),
-        }
-    }
-    log
-}
-
-/// The columns of one line: kind, unique digest (messages and pinned sets), parent.
-fn columns(line: &Line) -> (&'static str, Option<String>, Option<String>) {
-    match &line.entry {
-        Entry::Message(m) => (
-            "message",
-            Some(m.digest.to_hex()),
-            m.parent.map(|p| p.to_hex()),
-        ),
-        Entry::Pinned(p) => ("pinned", Some(p.digest.to_hex()), None),
-        Entry::Request(r) => ("request", None, r.head.map(|h| h.to_hex())),
-        Entry::CompactBoundary(b) => ("compact_boundary", None, Some(b.prefix_digest.to_hex())),
-    }
-}
-
-/// Reserves `count` positions in the conversation's log, taking its row lock until
-/// the transaction ends; returns the first.
-async fn reserve(
-    tx: &deadpool_postgres::Transaction<'_>,
-    id: &ConversationId,
-    count: usize,
-) -> Result<i64, StoreError> {
-    let count = i64::try_from(count).map_err(db)?;
-    let statement = tx
-        .prepare_cached(
-            "INSERT INTO handoff_conversations AS c (tenant, conversation, last_seq)
-             VALUES ($1, $2, $3)
-             ON CONFLICT (tenant, conversation)
-             DO UPDATE SET last_seq = c.last_seq + EXCLUDED.last_seq, updated_at = now()
-             RETURNING last_seq",
-        )
-        .await
-        .map_err(db)?;
-    let last: i64 = tx
-        .query_one(&statement, &[&id.tenant().as_str(), &id.as_str(), &count])
-        .await
-        .map_err(db)?
-        .get(0);
-    Ok(last - count + 1)
 }
 
 impl Store for PgStore {
@@ -561,150 +389,5 @@ impl Store for PgStore {
 
     fn describe(&self) -> String {
         self.shown.clone()
-    }
-}
-
-fn conversation_of(row: &Row) -> Option<ConversationId> {
-    let tenant = TenantId::parse(row.get(0)).ok()?;
-    ConversationId::parse(tenant, row.get(1)).ok()
-}
-
-/// Server certificates are checked against the Mozilla roots; `sslmode` in the URL
-/// says whether TLS is tried (`prefer`, the default), required, or off.
-fn tls_config() -> Result<rustls::ClientConfig, StoreError> {
-    let roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
-    Ok(
-        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(db)?
-        .with_root_certificates(roots)
-        .with_no_client_auth(),
-    )
-}
-
-fn random_bytes() -> std::io::Result<[u8; 32]> {
-    use std::io::Read;
-    let mut bytes = [0u8; 32];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
-    Ok(bytes)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|name| name.trim().to_owned())
-        .unwrap_or_else(|_| "replica".into())
-}
-
-/// What importing one conversation did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Imported {
-    /// Its lines and records were written.
-    Copied {
-        /// Lines written.
-        lines: usize,
-        /// Compaction records written.
-        records: usize,
-    },
-    /// The database already had it: an earlier copy, or live traffic.
-    Present,
-}
-
-impl PgStore {
-    /// Writes a whole conversation read elsewhere, in one transaction, keeping every
-    /// line's bytes and order; a conversation the database already has is left alone,
-    /// so a copy can be run again. Records without a boundary (never committed) are
-    /// not copied.
-    pub async fn import(
-        &self,
-        id: &ConversationId,
-        log: &ConversationLog,
-    ) -> Result<Imported, StoreError> {
-        let adopted: std::collections::HashMap<&str, &CompactionRecord> =
-            log.compactions.iter().map(|r| (r.id.as_str(), r)).collect();
-        let mut client = self.pool.get().await.map_err(db)?;
-        let tx = client.transaction().await.map_err(db)?;
-        let (tenant, conversation) = (id.tenant().as_str(), id.as_str());
-        let created = tx
-            .execute(
-                "INSERT INTO handoff_conversations (tenant, conversation) VALUES ($1, $2)
-                 ON CONFLICT (tenant, conversation) DO NOTHING",
-                &[&tenant, &conversation],
-            )
-            .await
-            .map_err(db)?;
-        if created == 0 {
-            return Ok(Imported::Present);
-        }
-        let (mut lines, mut records) = (0, 0);
-        for line in &log.lines {
-            let seq = i64::try_from(lines + 1).map_err(db)?;
-            if let Entry::CompactBoundary(boundary) = &line.entry {
-                let Some(record) = adopted.get(boundary.compact_id.as_str()) else {
-                    continue;
-                };
-                let written = tx
-                    .execute(
-                        "INSERT INTO handoff_compactions (tenant, conversation, prefix_digest, id, seq, record)
-                         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
-                        &[
-                            &tenant,
-                            &conversation,
-                            &record.source.prefix_digest.to_hex(),
-                            &record.id,
-                            &seq,
-                            &serde_json::to_string(record)?,
-                        ],
-                    )
-                    .await
-                    .map_err(db)?;
-                if written == 0 {
-                    continue;
-                }
-                records += 1;
-            }
-            let (kind, digest, parent) = columns(line);
-            let written = tx
-                .execute(
-                    "INSERT INTO handoff_lines (tenant, conversation, seq, kind, digest, parent, line)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7)
-                     ON CONFLICT (tenant, conversation, kind, digest) WHERE digest IS NOT NULL
-                     DO NOTHING",
-                    &[
-                        &tenant,
-                        &conversation,
-                        &seq,
-                        &kind,
-                        &digest,
-                        &parent,
-                        &serde_json::to_string(line)?,
-                    ],
-                )
-                .await
-                .map_err(db)?;
-            lines += usize::try_from(written).unwrap_or(0);
-        }
-        let last = i64::try_from(lines).map_err(db)?;
-        tx.execute(
-            "UPDATE handoff_conversations SET last_seq = $3 WHERE tenant = $1 AND conversation = $2",
-            &[&tenant, &conversation, &last],
-        )
-        .await
-        .map_err(db)?;
-        tx.commit().await.map_err(db)?;
-        Ok(Imported::Copied { lines, records })
-    }
-
-    /// Makes `secret` the shared secret if the database has none yet; returns whether
-    /// the database's secret is now `secret`.
-    pub async fn adopt_secret(&self, secret: &[u8; 32]) -> Result<bool, StoreError> {
-        Ok(self.secret_or(secret).await? == *secret)
     }
 }
