@@ -427,3 +427,32 @@ async fn no_api_key_reaches_the_database() {
     }
     assert!(!proxy.logs().contains(key));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_must_cut_twice_commits_both_pairs_under_one_lease() {
+    let db = Postgres::start();
+    let strict = Strict::new(4096);
+    // Handoffs far longer than the budget planned for: after the first pair the view
+    // is still over the trigger, and the run cuts again under the same lease.
+    strict.set_summary_padding(1300);
+    let responder = Arc::clone(&strict);
+    let mock = MockUpstream::with(move |req| responder.answer(req)).await;
+    let proxy = replica(&mock, &db, "");
+    let mut messages = fact_history(json!({"role": "assistant", "content": "noted"}));
+    messages.pop();
+    for n in 6..9 {
+        messages.push(big_user(n, 500));
+        messages.push(json!({"role": "assistant", "content": "noted"}));
+    }
+    messages.push(json!({"role": "user", "content": "what were the facts?"}));
+    let got = chat(&proxy, "twice", &messages).await;
+    let records = compactions(&db);
+    assert_eq!(got.status, 200, "{} ({records} records)", got.text());
+    assert_eq!(records, 2, "two pairs for one request");
+    assert_eq!(
+        db.count("SELECT max(epoch) FROM handoff_leases"),
+        1,
+        "under one claim"
+    );
+    proxy.assert_verified(&[]);
+}

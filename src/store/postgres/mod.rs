@@ -262,13 +262,8 @@ impl Store for PgStore {
                 .await
                 .map_err(db)?;
             }
-            tx.execute(
-                "UPDATE handoff_leases SET expires_at = '-infinity'
-                 WHERE tenant = $1 AND conversation = $2 AND holder = $3 AND epoch = $4",
-                &[&tenant, &conversation, &lease.holder, &lease.epoch],
-            )
-            .await
-            .map_err(db)?;
+            // The lease stays: a run that must cut again commits a second pair under it,
+            // and the caller releases it when the run ends.
             tx.commit().await.map_err(db)?;
             Ok(if inserted == 1 {
                 Committed::Written
