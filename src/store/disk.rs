@@ -163,7 +163,7 @@ impl Store for DiskStore {
         let name = name.to_owned();
         async move {
             // Finding an id across tenants reads folders: off the runtime's threads.
-            let found = tokio::task::spawn_blocking(move || match tenant {
+            scan(move || match tenant {
                 Some(tenant) => Ok(ConversationId::parse(tenant, &name)
                     .ok()
                     .filter(|id| {
@@ -175,14 +175,7 @@ impl Store for DiskStore {
                     .collect()),
                 None => find(&data_dir, &name),
             })
-            .await;
-            found
-                .map_err(|join| std::io::Error::other(join.to_string()))
-                .and_then(|inner| inner)
-                .map_err(|source| StoreError::Read {
-                    id: "*".into(),
-                    source,
-                })
+            .await
         }
         .boxed()
     }
@@ -198,21 +191,23 @@ impl Store for DiskStore {
         limit: usize,
     ) -> BoxFuture<'_, Result<Vec<ConversationId>, StoreError>> {
         let data_dir = self.data_dir.clone();
-        async move {
-            let listed = tokio::task::spawn_blocking(move || {
-                list_ids(&data_dir, tenant.as_ref(), after.as_ref(), limit)
-            })
-            .await;
-            listed
-                .map_err(|join| std::io::Error::other(join.to_string()))
-                .and_then(|inner| inner)
-                .map_err(|source| StoreError::Read {
-                    id: "*".into(),
-                    source,
-                })
-        }
-        .boxed()
+        async move { scan(move || list_ids(&data_dir, tenant.as_ref(), after.as_ref(), limit)).await }
+            .boxed()
     }
+}
+
+/// Runs a scan of the data dir's folders off the runtime's threads.
+async fn scan<T: Send + 'static>(
+    work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|join| std::io::Error::other(join.to_string()))
+        .and_then(|inner| inner)
+        .map_err(|source| StoreError::Read {
+            id: "*".into(),
+            source,
+        })
 }
 
 /// Reads a conversation from its `messages.jsonl` path and the records beside it.
