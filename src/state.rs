@@ -162,8 +162,6 @@ pub struct AppState {
     pub limiter: RateLimiter,
     /// Slots for tracked requests (`limits.max_concurrent_chat`, fixed at start).
     pub chat_gate: crate::chat::ChatGate,
-    /// The number of those slots.
-    pub chat_slots: usize,
     /// The disk store's exclusive hold on its data dir, for the life of the process.
     _data_dir_lock: Option<crate::store::DataDirLock>,
 }
@@ -222,7 +220,6 @@ impl AppState {
                 config_limits.max_concurrent_chat,
                 config_limits.chat_queue,
             ),
-            chat_slots: config_limits.max_concurrent_chat,
             _data_dir_lock: data_dir_lock,
         })
     }

@@ -16,6 +16,7 @@ const QUEUE_WAIT: Duration = Duration::from_secs(1);
 /// Slots for tracked requests, and the queue in front of them.
 pub struct ChatGate {
     slots: Arc<Semaphore>,
+    max: usize,
     waiting: AtomicUsize,
     queue: usize,
 }
@@ -34,13 +35,15 @@ impl ChatGate {
     pub fn new(max: usize, queue: usize) -> Self {
         Self {
             slots: Arc::new(Semaphore::new(max)),
+            max,
             waiting: AtomicUsize::new(0),
             queue,
         }
     }
 
     /// A slot, held until dropped; 503 when none frees up in time.
-    pub async fn enter(&self, max: usize) -> Result<OwnedSemaphorePermit, ApiError> {
+    pub async fn enter(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+        let max = self.max;
         if let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() {
             return Ok(permit);
         }
@@ -65,21 +68,21 @@ mod tests {
     #[tokio::test]
     async fn past_the_cap_and_the_queue_requests_are_refused_with_retry_after() {
         let gate = ChatGate::new(1, 0);
-        let held = gate.enter(1).await.unwrap();
-        let refused = gate.enter(1).await.unwrap_err();
+        let held = gate.enter().await.unwrap();
+        let refused = gate.enter().await.unwrap_err();
         assert_eq!(refused.status, http::StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(refused.retry_after, Some(1));
         drop(held);
-        assert!(gate.enter(1).await.is_ok(), "a freed slot is reused");
+        assert!(gate.enter().await.is_ok(), "a freed slot is reused");
     }
 
     #[tokio::test]
     async fn a_queued_request_gets_the_next_free_slot() {
         let gate = Arc::new(ChatGate::new(1, 1));
-        let held = gate.enter(1).await.unwrap();
+        let held = gate.enter().await.unwrap();
         let waiter = {
             let gate = Arc::clone(&gate);
-            tokio::spawn(async move { gate.enter(1).await.is_ok() })
+            tokio::spawn(async move { gate.enter().await.is_ok() })
         };
         tokio::time::sleep(Duration::from_millis(100)).await;
         drop(held);

@@ -87,15 +87,11 @@ async fn run(
     dialect: DialectKind,
 ) -> Result<Response<ProxyBody>, Halt> {
     // Held until the response head: the body, its parse and any compaction.
-    let _slot = state
-        .chat_gate
-        .enter(state.chat_slots)
-        .await
-        .inspect_err(|_| {
-            state
-                .metrics
-                .add("handoff_chat_rejected_total", &[("reason", "busy")], 1.0);
-        })?;
+    let _slot = state.chat_gate.enter().await.inspect_err(|_| {
+        state
+            .metrics
+            .add("handoff_chat_rejected_total", &[("reason", "busy")], 1.0);
+    })?;
     let mut exchange = Exchange::admit(state, snap, request, &admission, dialect).await?;
     let (id, base) = exchange.identify(admission).await?;
     log.set_conversation(id.as_str());

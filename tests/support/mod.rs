@@ -222,6 +222,19 @@ impl Proxy {
         );
     }
 
+    /// Asserts that every message in `acknowledged` is in conversation `id`'s replay,
+    /// and that `audit verify` is clean: nothing a client was answered for was lost.
+    pub fn assert_kept(&self, id: &str, acknowledged: &[serde_json::Value]) {
+        let replayed = self.replay(id, None);
+        for message in acknowledged {
+            assert!(
+                replayed.contains(message),
+                "lost an acknowledged message: {message}"
+            );
+        }
+        self.assert_verified(&[]);
+    }
+
     /// `audit list --json`, parsed.
     pub fn conversations(&self) -> Vec<serde_json::Value> {
         let output = self.audit(&["list", "--json"]);

@@ -38,7 +38,14 @@ impl PgStore {
         let store = Self {
             pool,
             shown: shown_url(url).into_owned(),
-            holder: format!("{}-{}", hostname(), std::process::id()),
+            // The nonce tells a restarted process (same host, same pid) from its ghost.
+            holder: format!(
+                "{}-{}-{}",
+                hostname(),
+                std::process::id(),
+                hex(&random_bytes().map_err(db)?[..4])
+            ),
+            claims: std::sync::atomic::AtomicU64::new(0),
         };
         let mut client = store.pool.get().await.map_err(db)?;
         let applied = schema::migrate(&mut client).await.map_err(db)?;
@@ -128,14 +135,14 @@ fn tls_config() -> Result<rustls::ClientConfig, StoreError> {
     )
 }
 
-pub(super) fn random_bytes() -> std::io::Result<[u8; 32]> {
+fn random_bytes() -> std::io::Result<[u8; 32]> {
     use std::io::Read;
     let mut bytes = [0u8; 32];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
     Ok(bytes)
 }
 
-pub(super) fn hex(bytes: &[u8]) -> String {
+fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
