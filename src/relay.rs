@@ -1,9 +1,9 @@
 //! The response body handed to the client: upstream frames pass through as they
 //! arrive, never merged, and held back at one point only, the very end.
 //!
-//! An observer (reply capture) watches a copy of each frame and may say that a frame
-//! ends the reply, e.g. `data: [DONE]`. That frame, or the end of the body when no
-//! frame said so, is released only once the observer's end work (logging the reply)
+//! An observer (reply capture) watches a copy of each frame and may say where in a
+//! frame the reply ends, e.g. after the blank line that closes `data: [DONE]`. That
+//! frame, cut at that point, or the end of the body when no frame said so, is released only once the observer's end work (logging the reply)
 //! has finished: a client that closes as soon as it has read the end can no longer
 //! win a race against the log. That work is spawned, so a client that leaves never
 //! cancels it. A frame that stops coming for `read_timeout`, a broken upstream stream,
@@ -30,8 +30,9 @@ use crate::body::BoxError;
 pub enum Flow {
     /// An ordinary frame: pass it on.
     Pass,
-    /// The frame that ends the reply: hold it until the observer's end work is done.
-    Last,
+    /// The frame in which the reply ends, `.0` bytes in: those bytes are the client's
+    /// last, held until the observer's end work is done; the rest is drained.
+    Last(usize),
 }
 
 /// What an observer's end work yields: `Err` cuts the client's body before its end.
@@ -221,17 +222,26 @@ impl Body for RelayBody {
                     this.idle
                         .as_mut()
                         .reset(Instant::now() + *this.idle_timeout);
-                    let mut flow = Flow::Pass;
+                    let flow = match (frame.data_ref(), this.settle.observer.as_mut()) {
+                        (Some(data), Some(observer)) => observer.on_data(data),
+                        _ => Flow::Pass,
+                    };
+                    // Bytes after the reply's end are not the client's: drained with the rest.
+                    let frame = match flow {
+                        Flow::Last(at) => match frame.into_data() {
+                            Ok(data) if at < data.len() => Frame::data(data.slice(..at)),
+                            Ok(data) => Frame::data(data),
+                            Err(frame) => frame,
+                        },
+                        Flow::Pass => frame,
+                    };
                     if let Some(data) = frame.data_ref() {
                         *this.bytes += data.len() as u64;
-                        if let Some(observer) = this.settle.observer.as_mut() {
-                            flow = observer.on_data(data);
-                        }
                     }
                     // A sized body is over with its last byte: hyper will not poll for the
                     // end, so the last frame waits for the observer here too.
                     let ended = this.inner.as_ref().is_none_or(Incoming::is_end_stream);
-                    if flow == Flow::Last || ended {
+                    if matches!(flow, Flow::Last(_)) || ended {
                         // The reply is over: the client's body ends with this frame, and
                         // whatever the upstream still sends is drained on the side.
                         if let Some(rest) = this.inner.take().filter(|_| !ended) {

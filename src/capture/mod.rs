@@ -8,6 +8,7 @@
 //! incomplete. A reply that cannot be logged is warned about and counted; with
 //! `store.required` the client then gets no clean end.
 
+mod final_event;
 mod stream;
 
 use std::sync::Arc;

@@ -1,5 +1,5 @@
-//! The observer of a streamed reply: copies frames to a side parser, spots the
-//! frame that ends the reply, and logs what was assembled when the body ends.
+//! The observer of a streamed reply: copies frames to a side parser, spots where the
+//! reply's final event ends, and logs what was assembled when the body ends.
 
 use bytes::Bytes;
 use eventsource_stream::Eventsource;
@@ -7,9 +7,10 @@ use futures_util::{stream, FutureExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use super::final_event::FinalEvent;
 use super::ReplyTarget;
 use crate::base::outcome::Outcome;
-use crate::dialect::{StreamEnd, StreamReply};
+use crate::dialect::StreamReply;
 use crate::relay::{EndWork, Flow, Observer};
 
 /// Frames buffered for the parser before capture gives up on this reply.
@@ -20,10 +21,8 @@ pub struct ReplyCapture {
     target: Option<ReplyTarget>,
     frames: Option<mpsc::Sender<Bytes>>,
     parsed: Option<JoinHandle<Box<dyn StreamReply>>>,
-    end: StreamEnd,
+    end: FinalEvent,
     lost: bool,
-    // The end of the previous frame, so a `data: [DONE]` split across frames is seen.
-    carry: Vec<u8>,
 }
 
 impl ReplyCapture {
@@ -33,34 +32,31 @@ impl ReplyCapture {
         let dialect = target.dialect.get();
         let assembler = dialect.stream_reply();
         Self {
-            end: dialect.stream_end(),
+            end: FinalEvent::new(dialect.stream_end()),
             target: Some(target),
             frames: Some(sender),
             parsed: Some(tokio::spawn(assemble_stream(receiver, assembler))),
             lost: false,
-            carry: Vec::new(),
         }
     }
 }
 
 impl Observer for ReplyCapture {
     fn on_data(&mut self, data: &Bytes) -> Flow {
+        let end = self.end.feed(data);
+        // What follows the final event is not part of the reply: the parser never sees it.
+        let reply = match end {
+            Some(at) if at < data.len() => data.slice(..at),
+            _ => data.clone(),
+        };
         // Bytes clones share the buffer; a full queue loses the capture, never the frame.
         if let Some(sender) = &self.frames {
-            if sender.try_send(data.clone()).is_err() {
+            if sender.try_send(reply).is_err() {
                 self.lost = true;
                 self.frames = None;
             }
         }
-        let flow = if ends_stream(self.end, &self.carry, data) {
-            Flow::Last
-        } else {
-            Flow::Pass
-        };
-        let keep = data.len().min(CARRY);
-        self.carry.clear();
-        self.carry.extend_from_slice(&data[data.len() - keep..]);
-        flow
+        end.map_or(Flow::Pass, Flow::Last)
     }
 
     fn on_end(&mut self, outcome: Outcome) -> Option<EndWork> {
@@ -86,53 +82,6 @@ impl Observer for ReplyCapture {
     }
 }
 
-/// Bytes of the previous frame kept to find an end marker split across frames.
-const CARRY: usize = 32;
-
-/// True when `data` (after `carry`) holds the dialect's end line (`data: [DONE]`,
-/// `event: message_stop`).
-///
-/// The marker must start a line: inside a JSON chunk a newline is always escaped, so
-/// a model that writes "data: [DONE]" in its text never ends the capture early.
-fn ends_stream(end: StreamEnd, carry: &[u8], data: &[u8]) -> bool {
-    let joined;
-    let bytes: &[u8] = if carry.is_empty() {
-        data
-    } else {
-        joined = [carry, data].concat();
-        &joined
-    };
-    end.values.iter().any(|value| {
-        let mut from = 0;
-        while let Some(at) = find(&bytes[from..], value).map(|i| i + from) {
-            let before = &bytes[..at];
-            let field = before
-                .strip_suffix(b" ")
-                .unwrap_or(before)
-                .strip_suffix(end.field);
-            let after = bytes.get(at + value.len());
-            // The value is the whole rest of its line (`response.completed`, not a prefix).
-            let whole = after.is_none_or(|b| *b == b'\n' || *b == b'\r');
-            if let Some(line_start) = field {
-                let at_line_start = line_start.is_empty()
-                    || line_start.ends_with(b"\n")
-                    || line_start.ends_with(b"\r");
-                if at_line_start && whole {
-                    return true;
-                }
-            }
-            from = at + value.len();
-        }
-        false
-    })
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack
-        .windows(needle.len())
-        .position(|window| window == needle)
-}
-
 async fn assemble_stream(
     receiver: mpsc::Receiver<Bytes>,
     mut assembler: Box<dyn StreamReply>,
@@ -151,66 +100,4 @@ async fn assemble_stream(
         }
     }
     assembler
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::dialect::DialectKind;
-
-    const OPENAI: StreamEnd = StreamEnd {
-        field: b"data:",
-        values: &[b"[DONE]"],
-    };
-
-    #[test]
-    fn message_stop_ends_an_anthropic_stream_even_when_split() {
-        let end = DialectKind::Anthropic.get().stream_end();
-        assert!(ends_stream(
-            end,
-            b"",
-            b"event: message_stop
-data: {}
-
-"
-        ));
-        assert!(ends_stream(
-            end,
-            b"\n\nevent: messa",
-            b"ge_stop
-data: {}
-
-"
-        ));
-        assert!(!ends_stream(
-            end,
-            b"",
-            b"data: {\"text\":\"event: message_stop\"}
-
-"
-        ));
-    }
-
-    #[test]
-    fn the_done_line_ends_the_stream_even_when_split() {
-        assert!(ends_stream(OPENAI, b"", b"data: [DONE]\n\n"));
-        assert!(ends_stream(
-            OPENAI,
-            b"",
-            b"data: {\"a\":1}\n\ndata:[DONE]\n\n"
-        ));
-        assert!(ends_stream(OPENAI, b"{}\n\ndata: [DO", b"NE]\n\n"));
-        assert!(ends_stream(OPENAI, b"}\n\n", b"data: [DONE]"));
-    }
-
-    #[test]
-    fn done_inside_a_chunk_does_not_end_the_stream() {
-        let chunk = br#"data: {"choices":[{"delta":{"content":"data: [DONE]"}}]}"#;
-        assert!(!ends_stream(OPENAI, b"", chunk));
-        assert!(!ends_stream(
-            OPENAI,
-            b"",
-            b"data: {\"content\":\"\\ndata: [DONE]\"}\n\n"
-        ));
-    }
 }

@@ -1,0 +1,179 @@
+//! A streamed reply ends where its final event ends: however many chunks that event
+//! spans, and whatever follows it in the same chunk. Checked with a raw client (the
+//! exact bytes) and with the official SDKs (what they parse), for every dialect.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::time::Duration;
+
+use mock_upstream::{anthropic, chat_stream_frames, responses, MockUpstream, Recorded, Reply};
+use serde_json::{json, Value};
+use support::client::{self, request};
+use support::scenario::run_client;
+use support::{access_lines, message_lines, Proxy};
+
+/// What the mock sends after the final event, in the same chunk: never the client's.
+const TRAILING: &str = "event: ping\ndata: {\"type\":\"ping\"}\n\n";
+
+/// A dialect's whole stream, and where its final event starts.
+fn stream_of(dialect: &str) -> (String, usize) {
+    let events = match dialect {
+        "chat" => {
+            let mut frames = chat_stream_frames(&["Hel", "lo"]);
+            let usage = json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
+                "usage": {"prompt_tokens": 77, "completion_tokens": 2, "total_tokens": 79}});
+            frames.insert(frames.len() - 1, format!("data: {usage}\n\n"));
+            frames
+        }
+        "responses" => {
+            // The final event echoes the tools, as the real API does: ~20 KB.
+            let tools: Vec<Value> = (0..40)
+                .map(|i| json!({"type": "function", "name": format!("tool_{i}"), "description": "d".repeat(480), "parameters": {"type": "object"}}))
+                .collect();
+            let response = json!({"id": "resp_split", "object": "response", "created_at": 1, "model": "gpt-mock",
+                "status": "completed", "tools": tools,
+                "output": [{"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+                            "content": [{"type": "output_text", "text": "Hello", "annotations": []}]}],
+                "usage": {"input_tokens": 77, "output_tokens": 2, "total_tokens": 79,
+                          "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}});
+            responses::stream_events(&response)
+        }
+        _ => anthropic::stream_events(
+            "claude-mock",
+            &[json!({"type": "text", "text": "Hello"})],
+            "end_turn",
+            77,
+        ),
+    };
+    let last = events.last().map_or(0, String::len);
+    let whole: String = events.concat();
+    let final_at = whole.len() - last;
+    (whole, final_at)
+}
+
+/// The offset a request asks the stream to be split at ("split N").
+fn requested_split(request: &Recorded) -> usize {
+    let body = request.json();
+    let text = body["messages"][0]["content"]
+        .as_str()
+        .or_else(|| body["input"].as_str())
+        .unwrap_or("split 0")
+        .to_owned();
+    text.trim_start_matches("split ").parse().unwrap_or(0)
+}
+
+async fn splitting_mock(dialect: &'static str) -> MockUpstream {
+    MockUpstream::with(move |request| {
+        let (whole, _) = stream_of(dialect);
+        let at = requested_split(request).min(whole.len());
+        let (head, tail) = whole.split_at(at);
+        Reply::Sse {
+            frames: vec![head.to_owned(), format!("{tail}{TRAILING}")],
+            gap: Duration::from_millis(2),
+            cut_after: None,
+        }
+    })
+    .await
+}
+
+/// Offsets around the final event's start and end, and some inside it.
+fn offsets(dialect: &str) -> Vec<usize> {
+    let (whole, final_at) = stream_of(dialect);
+    let mut out: Vec<usize> = (final_at.saturating_sub(3)..final_at + 40).collect();
+    out.extend((final_at..whole.len()).step_by(997));
+    out.extend(whole.len() - 6..=whole.len());
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_gets_exactly_the_reply_and_the_log_its_usage() {
+    for (dialect, path) in [
+        ("chat", "/v1/chat/completions"),
+        ("responses", "/v1/responses"),
+        ("anthropic", "/v1/messages"),
+    ] {
+        let mock = splitting_mock(dialect).await;
+        let proxy = Proxy::start(&mock.url());
+        let (whole, final_at) = stream_of(dialect);
+        let split = final_at + 5;
+        let body = match dialect {
+            "responses" => {
+                json!({"model": "gpt-mock", "stream": true, "input": format!("split {split}")})
+            }
+            _ => {
+                json!({"model": "m", "max_tokens": 64, "stream": true, "messages": [{"role": "user", "content": format!("split {split}")}]})
+            }
+        };
+        let id = format!("split-{dialect}");
+        let streamed = client::stream(
+            request(
+                "POST",
+                &format!("{}{path}", proxy.url()),
+                &[
+                    ("content-type", "application/json"),
+                    ("x-handoff-conversation-id", &id),
+                ],
+                body.to_string(),
+            ),
+            None,
+        )
+        .await;
+        assert_eq!(streamed.status, 200, "{dialect}");
+        assert!(streamed.error.is_none(), "{dialect}: {:?}", streamed.error);
+        assert_eq!(
+            streamed.text(),
+            whole,
+            "{dialect}: the client gets the whole final event and nothing after it"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let reply = loop {
+            let lines = message_lines(&proxy, &id);
+            if let Some(reply) = lines.into_iter().find(|l| l["source"] == "upstream") {
+                break reply;
+            }
+            assert!(std::time::Instant::now() < deadline, "{dialect}: no reply");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(reply["complete"], true, "{dialect}: {reply}");
+        let input = reply["usage"]["input_tokens"]
+            .as_u64()
+            .or_else(|| reply["usage"]["prompt_tokens"].as_u64());
+        assert_eq!(
+            input,
+            Some(77),
+            "{dialect}: usage read from the stream: {reply}"
+        );
+        let access = access_lines(&proxy)
+            .into_iter()
+            .find(|l| l.contains(&id))
+            .unwrap_or_default();
+        assert!(access.contains("outcome=\"complete\""), "{access}");
+        assert!(
+            access.contains(&format!("bytes={}", whole.len())),
+            "{dialect}: the access log counts what the client got: {access}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_sdks_read_final_events_split_anywhere() {
+    for dialect in ["chat", "responses", "anthropic"] {
+        let mock = splitting_mock(dialect).await;
+        let proxy = Proxy::start(&mock.url());
+        let offsets = offsets(dialect);
+        let args: Vec<String> = std::iter::once(dialect.to_owned())
+            .chain(offsets.iter().map(usize::to_string))
+            .collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let seen = run_client(&proxy, "final_event_splits.py", &args).await;
+        let seen = seen.as_array().unwrap();
+        assert_eq!(seen.len(), offsets.len(), "{dialect}");
+        for read in seen {
+            assert_eq!(read["text"], "Hello", "{dialect}: {read}");
+            assert_eq!(read["usage"], 77, "{dialect}: {read}");
+        }
+    }
+}
