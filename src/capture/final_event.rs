@@ -86,7 +86,7 @@ impl FinalEvent {
             return false;
         };
         let rest = rest.strip_prefix(b" ").unwrap_or(rest);
-        self.end.values.iter().any(|value| rest == *value)
+        self.end.values.contains(&rest)
     }
 }
 
