@@ -199,6 +199,9 @@ async fn compact_now(
             CompactError::TooLarge { .. } => {
                 ApiError::invalid_request("nothing_to_compact", err.to_string())
             }
+            CompactError::Uncompactable(_) => {
+                ApiError::invalid_request("invalid_tool_pairs", err.to_string())
+            }
             other => ApiError::internal(other.to_string()),
         })?;
     let record = view

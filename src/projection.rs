@@ -1,5 +1,9 @@
 //! The model view: pinned + continuation + handoff + the originals after the covered
-//! prefix. It is validated before it is sent, and rendered by splicing the new message
+//! prefix. System and developer messages inside the covered prefix (Claude Code sends
+//! its environment as one) are never summarised: they are lifted, verbatim and in their
+//! order, to right after the user message that opens the handoff pair, the position
+//! such a message has in the client's own request (after a user turn, before the
+//! model's). It is validated before it is sent, and rendered by splicing the new message
 //! list into the client's body, so every other byte of the request is unchanged and,
 //! between compactions, each request extends the previous one (prompt caches hit).
 
@@ -55,6 +59,9 @@ pub struct ModelView<'a> {
     pub pinned: Vec<ViewMessage<'a>>,
     /// The compaction in force, if any.
     pub compaction: Option<Arc<Adopted>>,
+    /// Instruction messages of the covered prefix, kept verbatim after the pair's user
+    /// message.
+    pub lifted: Vec<&'a Message>,
     /// The originals after the covered prefix: verbatim, unless rescued.
     pub live: Cow<'a, [Message]>,
     /// Digests of `live`.
@@ -76,6 +83,9 @@ impl ModelView<'_> {
         let mut total = tools_tokens + REPLY_PRIMING;
         for m in &self.pinned {
             total += m.message.token_count(tokens, tokenizer);
+        }
+        for m in &self.lifted {
+            total += m.token_count(tokens, tokenizer);
         }
         if let Some(adopted) = &self.compaction {
             total += tokens.count_message(
@@ -101,8 +111,10 @@ impl ModelView<'_> {
             .filter(|m| !m.message.is_counted(tokens, tokenizer))
             .map(|m| m.raw.as_bytes().len());
         let live = self
-            .live
+            .lifted
             .iter()
+            .copied()
+            .chain(self.live.iter())
             .filter(|m| !m.is_counted(tokens, tokenizer))
             .map(|m| m.raw.as_bytes().len());
         pinned.chain(live).sum()
@@ -166,12 +178,18 @@ impl ModelView<'_> {
     /// The raw messages of the body's `messages`, in order: pinned ones only where the
     /// dialect keeps them there.
     pub fn raw_messages(&self) -> Vec<&str> {
-        let mut out: Vec<&str> = Vec::with_capacity(self.pinned.len() + self.live.len() + 2);
+        let mut out: Vec<&str> =
+            Vec::with_capacity(self.pinned.len() + self.lifted.len() + self.live.len() + 2);
         out.extend(self.pinned.iter().skip(self.top_level).map(|m| m.raw.get()));
+        let lifted = self.lifted.iter().map(|m| m.raw.get());
         match (&self.compaction, &self.joined) {
-            (Some(_), Some(joined)) => out.push(joined.get()),
+            (Some(_), Some(joined)) => {
+                out.push(joined.get());
+                out.extend(lifted);
+            }
             (Some(adopted), None) => {
                 out.push(adopted.continuation.get());
+                out.extend(lifted);
                 out.push(adopted.handoff.get());
             }
             (None, _) => {}
@@ -282,11 +300,16 @@ pub fn project_view<'a>(
         )?;
         serde_json::value::to_raw_value(&value).ok()
     });
+    let lifted = rest[..live_start]
+        .iter()
+        .filter(|m| m.role.is_instruction())
+        .collect();
     ModelView {
         dialect,
         top_level: request.top_level,
         joined,
         pinned,
+        lifted,
         compaction: found,
         live: Cow::Borrowed(&rest[live_start..]),
         live_digests: Cow::Borrowed(&tracked.message_digests[live_start..]),

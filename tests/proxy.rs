@@ -177,34 +177,46 @@ async fn broken_json_gets_400_with_the_parse_position() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unknown_roles_and_broken_tool_pairs_get_400() {
-    let mock = MockUpstream::replying(Reply::chat_text("never")).await;
-    let proxy = Proxy::start(&mock.url());
+async fn unknown_roles_and_broken_pairs_are_the_providers_to_judge_until_handoff_must_compact() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: "[models.\"tiny\"]\ncontext_window = 2000\n".into(),
+            ..ProxyOptions::default()
+        },
+    );
     let url = format!("{}{CHAT}", proxy.url());
 
-    let got = client::post_json(
-        &url,
-        &json!({"model": "m", "messages": [{"role": "robot", "content": "x"}]}),
-    )
-    .await;
-    assert_eq!(got.status, 400);
-    assert!(got.json()["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("robot"));
+    // Nothing to compact: sent byte for byte, whatever handoff makes of it.
+    let odd = json!({"model": "m", "messages": [
+        {"role": "robot", "content": "x"},
+        {"role": "user", "content": "x"},
+        {"role": "system", "content": "mid-conversation"},
+        {"role": "tool", "tool_call_id": "call_9", "content": "42"}
+    ]});
+    let got = client::post_json(&url, &odd).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert_eq!(mock.requests().len(), 1);
+    assert_eq!(mock.requests()[0].json(), odd);
 
-    let orphan = json!({"model": "m", "messages": [
+    // Over the window, the history must be compacted: a broken pair is named.
+    let filler = "word ".repeat(3000);
+    let orphan = json!({"model": "tiny", "messages": [
+        {"role": "user", "content": filler},
+        {"role": "assistant", "content": "ok"},
         {"role": "user", "content": "x"},
         {"role": "tool", "tool_call_id": "call_9", "content": "42"}
     ]});
     let got = client::post_json(&url, &orphan).await;
-    assert_eq!(got.status, 400);
+    assert_eq!(got.status, 400, "{}", got.text());
     assert_eq!(got.json()["error"]["code"], "invalid_tool_pairs");
-    assert!(got.json()["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("call_9"));
-    assert!(mock.requests().is_empty());
+    let message = got.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("call_9") && message.contains("messages[3]"),
+        "{message}"
+    );
+    assert_eq!(mock.requests().len(), 1, "nothing more reached the model");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

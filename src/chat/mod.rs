@@ -345,6 +345,9 @@ fn compaction_failed(err: CompactError) -> Halt {
         CompactError::TooLarge { .. } => {
             ApiError::invalid_request("context_length_exceeded", err.to_string())
         }
+        CompactError::Uncompactable(_) => {
+            ApiError::invalid_request("invalid_tool_pairs", err.to_string())
+        }
         CompactError::Store(_) => ApiError::storage(err.to_string()),
         CompactError::Cancelled => {
             ApiError::unavailable("handoff is shutting down; retry the request")

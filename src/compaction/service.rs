@@ -24,7 +24,7 @@ use crate::base::line::FORMAT_VERSION;
 use crate::base::record::{CompactionRecord, Reason, RecordSource, POLICY_VERSION};
 use crate::config::{CompactionConfig, Tokenizer};
 use crate::conversation::{ConversationId, Tracked, Tracker};
-use crate::dialect::ChatRequest;
+use crate::dialect::{ChatRequest, DialectError, Message};
 use crate::metrics::Metrics;
 use crate::projection::{project_view, ModelView, ProjectionError};
 use crate::store::{Lease, StoreError};
@@ -59,6 +59,10 @@ pub enum CompactError {
         "another replica is still compacting this conversation after {0} s; retry the request"
     )]
     Busy(u64),
+    /// The history must be compacted but is not one handoff can make a valid view of
+    /// (e.g. a tool result that answers no call): what is broken, by position.
+    #[error("this request must be compacted to fit, but its history cannot be: {0}")]
+    Uncompactable(DialectError),
     /// No strategy produced a handoff (a chain without a deterministic end).
     #[error("no strategy produced a handoff: {0}")]
     NoHandoff(String),
@@ -180,10 +184,13 @@ impl Compactor {
         job: impl FnOnce(&RequestBudget, Option<&str>) -> Job<'a>,
     ) -> Result<Fitted<'a>, CompactError> {
         let mut view = project_view(request, tracked, &tracked.compactions);
-        if let Err(err) = view.validate() {
-            // Never send an invalid view; the client's own request is always valid to send.
-            tracing::error!(conversation = %tracked.id, error = %err, "projected view is invalid; sending the request uncompacted");
-            view = project_view(request, tracked, &Default::default());
+        if view.compaction.is_some() {
+            if let Err(err) = view.validate() {
+                // Never send a view handoff built invalid; the client's own request is
+                // the client's to send, and the provider's to judge.
+                tracing::error!(conversation = %tracked.id, error = %err, "projected view is invalid; sending the request uncompacted");
+                view = project_view(request, tracked, &Default::default());
+            }
         }
         let Some(budget) = budget else {
             return Ok(Fitted {
@@ -371,6 +378,11 @@ impl Compactor {
         view: &ModelView<'_>,
         keep_only_last: bool,
     ) -> Result<Plan, CompactError> {
+        // A history whose tool pairs are broken cannot be cut into valid units.
+        job.request
+            .dialect()
+            .check_pairs(&view.live)
+            .map_err(CompactError::Uncompactable)?;
         let units = split_into_units(&view.live);
         let unit_tokens: Vec<u64> = units
             .iter()
@@ -380,11 +392,9 @@ impl Compactor {
                     .sum()
             })
             .collect();
-        let pinned: u64 = view
-            .pinned
-            .iter()
-            .map(|m| m.message.token_count(&self.tokens, job.tokenizer))
-            .sum();
+        let count = |m: &Message| m.token_count(&self.tokens, job.tokenizer);
+        let pinned: u64 = view.pinned.iter().map(|m| count(m.message)).sum::<u64>()
+            + view.lifted.iter().map(|m| count(m)).sum::<u64>();
         let scale = |local: u64| job.scale.tokens(local);
         let fixed = pinned + job.tools_tokens + REPLY_PRIMING;
         let last = unit_tokens.last().copied().unwrap_or(0);
@@ -420,6 +430,13 @@ impl Compactor {
                 .filter(|(u, _)| u.start >= cut)
                 .map(|(_, t)| t)
                 .sum();
+            // Instruction messages of the new history are lifted into the view, not summarised.
+            let lifted: u64 = view.live[..cut]
+                .iter()
+                .filter(|m| m.role.is_instruction())
+                .map(count)
+                .sum();
+            let recent = recent + lifted;
             let predicted = scale(fixed + pair + recent);
             chosen = Some(Plan { cut, predicted });
             if predicted <= job.threshold {
@@ -446,14 +463,17 @@ impl Compactor {
         let plan = self.plan(job, view, keep_only_last)?;
         // Strategies read the neutral form, whatever the wire format.
         let dialect = job.request.dialect();
+        // Instruction messages stay verbatim in every view: strategies never see them.
         let history: Vec<Unit> = split_into_units(&view.live[..plan.cut])
             .iter()
             .map(|u| Unit {
                 messages: view.live[u.start..u.end]
                     .iter()
+                    .filter(|m| !m.role.is_instruction())
                     .flat_map(|m| dialect.neutral(m.value()))
                     .collect(),
             })
+            .filter(|unit| !unit.messages.is_empty())
             .collect();
         let cancel = self.cancel.child_token();
         let input = StrategyInput {

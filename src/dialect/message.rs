@@ -33,15 +33,11 @@ pub enum DialectError {
         /// Position in `messages`.
         index: usize,
     },
-    /// A message's role is missing or unknown.
-    #[error("messages[{index}].role: unknown role {role:?}; expected one of {expected}")]
-    UnknownRole {
+    /// A message has no `role` string.
+    #[error("messages[{index}].role: missing; every message needs a role")]
+    MissingRole {
         /// Position in `messages`.
         index: usize,
-        /// What the client sent.
-        role: String,
-        /// The roles the API knows.
-        expected: &'static str,
     },
     /// A tool result answers no pending call.
     #[error("messages[{index}]: tool result for id {id:?} does not answer a tool call of the preceding assistant message")]
@@ -81,7 +77,7 @@ impl From<DialectError> for ApiError {
         let code = match &err {
             DialectError::Json { .. } => "invalid_json",
             DialectError::NotAnObject { .. }
-            | DialectError::UnknownRole { .. }
+            | DialectError::MissingRole { .. }
             | DialectError::Shape { .. } => "invalid_message",
             DialectError::OrphanToolResult { .. } | DialectError::UnansweredToolCalls { .. } => {
                 "invalid_tool_pairs"
@@ -106,20 +102,22 @@ pub enum Role {
     Tool,
     /// `function`, the legacy tool result.
     Function,
+    /// A role handoff does not know: kept and sent as it is, the provider decides.
+    Other,
 }
 
 impl Role {
-    /// The role named `text`, if any dialect knows it.
-    pub fn parse(text: &str) -> Option<Self> {
-        Some(match text {
+    /// The role named `text`; a name no dialect knows is [`Role::Other`].
+    pub fn parse(text: &str) -> Self {
+        match text {
             "system" => Role::System,
             "developer" => Role::Developer,
             "user" => Role::User,
             "assistant" => Role::Assistant,
             "tool" => Role::Tool,
             "function" => Role::Function,
-            _ => return None,
-        })
+            _ => Role::Other,
+        }
     }
 
     /// True for the roles that may be pinned at the head of a request.
@@ -290,27 +288,22 @@ impl Message {
         }
     }
 
-    /// Reads one chat-style message (`role` field) from its raw JSON; `known` says
-    /// which roles the API accepts, listed in `expected`.
+    /// Reads one chat-style message (`role` field) from its raw JSON. Any role name is
+    /// taken (the provider decides what it accepts); a message that is not an object,
+    /// or has no role at all, is not the API's shape.
     pub fn from_raw(
         index: usize,
         raw: RawMessage,
         dialect: DialectKind,
-        known: fn(Role) -> bool,
-        expected: &'static str,
     ) -> Result<Self, DialectError> {
         Self::read(raw, dialect, |value| {
             let Value::Object(map) = value else {
                 return Err(DialectError::NotAnObject { index });
             };
-            let role_text = map.get("role").and_then(Value::as_str).unwrap_or_default();
-            Role::parse(role_text)
-                .filter(|role| known(*role))
-                .ok_or_else(|| DialectError::UnknownRole {
-                    index,
-                    role: role_text.to_owned(),
-                    expected,
-                })
+            match map.get("role").and_then(Value::as_str) {
+                Some(role) => Ok(Role::parse(role)),
+                None => Err(DialectError::MissingRole { index }),
+            }
         })
     }
 

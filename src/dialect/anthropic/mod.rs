@@ -109,12 +109,9 @@ impl Dialect for AnthropicMessages {
                     index,
                     RawMessage::within(body, raw.get()),
                     DialectKind::Anthropic,
-                    |role| matches!(role, Role::User | Role::Assistant),
-                    "user, assistant",
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
-        self.check_pairs(&conversation)?;
         let mut messages = Vec::with_capacity(conversation.len() + 1);
         if let Some(system) = wire.system.as_deref() {
             messages.extend(system_message(system)?);
@@ -332,26 +329,41 @@ mod tests {
     }
 
     #[test]
-    fn tool_pairs_follow_the_messages_rules() {
+    fn tool_pairs_follow_the_messages_rules_but_parsing_never_checks_them() {
+        let pairs = |body: Value| {
+            let request = parse(body).unwrap();
+            AnthropicMessages.check_pairs(&request.messages)
+        };
         let ok = json!({"messages": [
             {"role": "user", "content": "q"},
             {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "r"}, {"type": "text", "text": "more"}]}]});
-        parse(ok).unwrap();
+        pairs(ok).unwrap();
         let orphan = json!({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t9", "content": "r"}]}]});
         assert!(matches!(
-            parse(orphan),
+            pairs(orphan),
             Err(DialectError::OrphanToolResult { .. })
         ));
         let late = json!({"messages": [
             {"role": "user", "content": "q"},
             {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
             {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "tool_result", "tool_use_id": "t1", "content": "r"}]}]});
-        assert!(matches!(parse(late), Err(DialectError::Shape { .. })));
-        let unknown = json!({"messages": [{"role": "system", "content": "x"}]});
+        assert!(matches!(pairs(late), Err(DialectError::Shape { .. })));
+    }
+
+    #[test]
+    fn roles_it_does_not_expect_pass_through() {
+        // Claude Code sends its environment as a system message inside `messages`.
+        let request = parse(json!({"messages": [
+            {"role": "user", "content": "q"},
+            {"role": "system", "content": [{"type": "text", "text": "env"}]},
+            {"role": "critic", "content": "a role from the future"}]}))
+        .unwrap();
+        let roles: Vec<Role> = request.messages.iter().map(|m| m.role).collect();
+        assert_eq!(roles, [Role::User, Role::System, Role::Other]);
         assert!(matches!(
-            parse(unknown),
-            Err(DialectError::UnknownRole { .. })
+            parse(json!({"messages": [{"content": "no role"}]})),
+            Err(DialectError::MissingRole { index: 0 })
         ));
     }
 

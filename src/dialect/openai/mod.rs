@@ -26,7 +26,6 @@ use crate::base::reply::{Assembled, CapturedReply};
 use crate::error::ApiError;
 
 const API: &str = "chat-completions";
-const ROLES: &str = "system, developer, user, assistant, tool, function";
 
 #[derive(Deserialize)]
 struct Wire<'a> {
@@ -64,10 +63,9 @@ impl Dialect for OpenAiChat {
             .enumerate()
             .map(|(index, raw)| {
                 let raw = RawMessage::within(body, raw.get());
-                Message::from_raw(index, raw, DialectKind::OpenAiChat, |_| true, ROLES)
+                Message::from_raw(index, raw, DialectKind::OpenAiChat)
             })
             .collect::<Result<Vec<_>, _>>()?;
-        check_tool_pairs(&messages)?;
         Ok(ChatRequest {
             dialect: DialectKind::OpenAiChat,
             model: wire.model.unwrap_or_default(),
@@ -274,10 +272,15 @@ mod tests {
     }
 
     #[test]
-    fn unknown_role_is_named() {
-        let err = parse(r#"{"messages":[{"role":"wizard","content":"x"}]}"#).unwrap_err();
+    fn an_unknown_role_passes_and_a_missing_one_is_named() {
+        let request = parse(r#"{"messages":[{"role":"wizard","content":"x"}]}"#).unwrap();
+        assert_eq!(request.messages[0].role, Role::Other);
+        let err = parse(r#"{"messages":[{"content":"x"}]}"#).unwrap_err();
         assert!(err.to_string().contains("messages[0].role"), "{err}");
-        assert!(err.to_string().contains("wizard"), "{err}");
+    }
+
+    fn pairs(body: &str) -> Result<(), DialectError> {
+        check_tool_pairs(&parse(body)?.messages)
     }
 
     #[test]
@@ -285,17 +288,17 @@ mod tests {
         let ok = r#"{"messages":[{"role":"user","content":"x"},
             {"role":"assistant","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},
             {"role":"tool","tool_call_id":"a","content":"1"},{"role":"user","content":"y"}]}"#;
-        parse(ok).unwrap();
+        pairs(ok).unwrap();
         let orphan = r#"{"messages":[{"role":"user","content":"x"},{"role":"tool","tool_call_id":"zz","content":"1"}]}"#;
         assert!(matches!(
-            parse(orphan),
+            pairs(orphan),
             Err(DialectError::OrphanToolResult { index: 1, .. })
         ));
         let unanswered = r#"{"messages":[{"role":"user","content":"x"},
             {"role":"assistant","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},
             {"role":"user","content":"y"}]}"#;
         assert!(matches!(
-            parse(unanswered),
+            pairs(unanswered),
             Err(DialectError::UnansweredToolCalls { index: 1, .. })
         ));
     }

@@ -60,16 +60,9 @@ struct Wire<'a> {
 /// tool's for call outputs.
 fn item_role(index: usize, item: &Value) -> Result<Role, DialectError> {
     if let Some(role) = item.get("role") {
-        let text = role.as_str().unwrap_or_default();
-        return match Role::parse(text) {
-            Some(role @ (Role::User | Role::Assistant | Role::System | Role::Developer)) => {
-                Ok(role)
-            }
-            _ => Err(DialectError::UnknownRole {
-                index,
-                role: text.to_owned(),
-                expected: "user, assistant, system, developer",
-            }),
+        return match role.as_str() {
+            Some(text) => Ok(Role::parse(text)),
+            None => Err(DialectError::MissingRole { index }),
         };
     }
     let kind = item.get("type").and_then(Value::as_str).unwrap_or("");
@@ -120,10 +113,6 @@ impl Dialect for OpenAiResponses {
         let server_held = wire.previous_response_id.is_some()
             || wire.conversation.as_ref().is_some_and(|c| !c.is_null());
         let input = items(body, wire.input)?;
-        if !server_held {
-            // With a stored history, outputs answer calls the client never sent.
-            self.check_pairs(&input)?;
-        }
         let mut messages = Vec::with_capacity(input.len() + 1);
         if let Some(instructions) = wire.instructions.as_deref() {
             if !matches!(instructions.get(), "null" | "\"\"") {
@@ -351,20 +340,21 @@ mod tests {
 
     #[test]
     fn pairing_and_reasoning_rules() {
+        let pairs = |body: Value| OpenAiResponses.check_pairs(&parse(body).unwrap().messages);
         let orphan =
             json!({"input": [{"type": "function_call_output", "call_id": "c9", "output": "x"}]});
         assert!(matches!(
-            parse(orphan),
+            pairs(orphan),
             Err(DialectError::OrphanToolResult { .. })
         ));
         let unanswered = json!({"input": [{"role": "user", "content": "q"},
             {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]});
         assert!(matches!(
-            parse(unanswered),
+            pairs(unanswered),
             Err(DialectError::UnansweredToolCalls { .. })
         ));
         let dangling = json!({"input": [{"role": "user", "content": "q"}, {"type": "reasoning", "id": "rs_1", "summary": []}]});
-        assert!(matches!(parse(dangling), Err(DialectError::Shape { .. })));
+        assert!(matches!(pairs(dangling), Err(DialectError::Shape { .. })));
         let stateful = json!({"previous_response_id": "resp_1", "input": [{"type": "function_call_output", "call_id": "c9", "output": "x"}]});
         assert!(parse(stateful).unwrap().server_held);
     }
