@@ -21,6 +21,10 @@
 //! - a tool call's `index` is left out: stream accumulators (the openai SDK's
 //!   `ChatCompletionStreamState`, hand-written ones) keep the delta's index on the call.
 //!   Its position in `tool_calls` still counts.
+//! - `cache_control` on any content block is left out: Claude Code moves its cache
+//!   breakpoint to the newest block on every request, so each message is sent with it
+//!   once and without it afterwards. A conversation's identity ignores it too
+//!   ([`identity_digest`]).
 
 use std::fmt;
 
@@ -90,27 +94,77 @@ pub fn message_digest(message: &Value) -> MessageDigest {
     Digest(hasher.finalize())
 }
 
-/// The digest of the forms of `message` that clients echo as the same message, for
-/// an assistant message with tool calls; `None` for a message with only one form.
+/// The digest of the forms of `message` that clients echo as the same message: for
+/// an assistant message with tool calls, or any message with content blocks; `None`
+/// for a message with only one form.
 pub fn echo_digest(message: &Value) -> Option<MessageDigest> {
     let map = message.as_object()?;
-    if map.get("role").and_then(Value::as_str) != Some("assistant") {
+    let calls = map
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .filter(|c| !c.is_empty())
+        .filter(|_| map.get("role").and_then(Value::as_str) == Some("assistant"));
+    let blocks = map.get("content").is_some_and(Value::is_array);
+    if calls.is_none() && !blocks {
         return None;
     }
-    let calls = map
-        .get("tool_calls")?
-        .as_array()
-        .filter(|c| !c.is_empty())?;
     let mut echo = map.clone();
-    if echo.get("content").and_then(Value::as_str) == Some("") {
-        echo.remove("content");
+    if let Some(calls) = calls {
+        if echo.get("content").and_then(Value::as_str) == Some("") {
+            echo.remove("content");
+        }
+        let calls = calls.iter().map(echo_tool_call).collect();
+        echo.insert("tool_calls".into(), Value::Array(calls));
     }
-    let calls = calls.iter().map(echo_tool_call).collect();
-    echo.insert("tool_calls".into(), Value::Array(calls));
+    if let Some(content) = echo.get_mut("content") {
+        strip_annotations(content);
+    }
     let mut hasher = blake3::Hasher::new();
-    hasher.update(b"handoff/echo/v1");
+    hasher.update(b"handoff/echo/v2");
     hash_canonical(&Value::Object(echo), &mut hasher);
     Some(Digest(hasher.finalize()))
+}
+
+/// True when a content block of `message` (or of a block's own content) carries a
+/// per-request annotation such as `cache_control`.
+pub fn is_annotated(message: &Value) -> bool {
+    fn any(content: &Value) -> bool {
+        content.as_array().is_some_and(|blocks| {
+            blocks.iter().any(|block| {
+                block.get("cache_control").is_some() || block.get("content").is_some_and(any)
+            })
+        })
+    }
+    message.get("content").is_some_and(any)
+}
+
+/// The digest that names a conversation by its opening message: the digest of the
+/// message without its annotations, so that moving a cache breakpoint never starts
+/// another conversation. For an unannotated message that is its own digest, so
+/// conversations keep the ids they always had.
+pub fn identity_digest(message: &Value, digest: MessageDigest) -> MessageDigest {
+    if !is_annotated(message) {
+        return digest;
+    }
+    let mut plain = message.clone();
+    if let Some(content) = plain.get_mut("content") {
+        strip_annotations(content);
+    }
+    message_digest(&plain)
+}
+
+/// Removes `cache_control` from every block of `content`, nested contents included.
+fn strip_annotations(content: &mut Value) {
+    if let Value::Array(blocks) = content {
+        for block in blocks {
+            if let Value::Object(map) = block {
+                map.remove("cache_control");
+                if let Some(inner) = map.get_mut("content") {
+                    strip_annotations(inner);
+                }
+            }
+        }
+    }
 }
 
 fn echo_tool_call(call: &Value) -> Value {
@@ -230,6 +284,32 @@ fn hash_string(text: &str, hasher: &mut blake3::Hasher) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_moved_cache_breakpoint_is_one_message_and_one_conversation() {
+        let marked = serde_json::json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "r", "cache_control": {"type": "ephemeral"}}]},
+            {"type": "text", "text": "q", "cache_control": {"type": "ephemeral"}}]});
+        let plain = serde_json::json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "r"}]},
+            {"type": "text", "text": "q"}]});
+        // Logged digests never change; the echo class and the identity merge the forms.
+        assert_ne!(message_digest(&marked), message_digest(&plain));
+        assert_eq!(echo_digest(&marked), echo_digest(&plain));
+        assert!(echo_digest(&plain).is_some());
+        assert_eq!(
+            identity_digest(&marked, message_digest(&marked)),
+            identity_digest(&plain, message_digest(&plain))
+        );
+        // An unannotated opening keeps the identity it always had.
+        assert_eq!(
+            identity_digest(&plain, message_digest(&plain)),
+            message_digest(&plain)
+        );
+        let other =
+            serde_json::json!({"role": "user", "content": [{"type": "text", "text": "other"}]});
+        assert_ne!(echo_digest(&other), echo_digest(&plain));
+    }
+
     use super::*;
     use serde_json::json;
 

@@ -444,11 +444,20 @@ impl Compactor {
             }
         }
         chosen.ok_or_else(|| CompactError::TooLarge {
-            detail: format!(
-                "nothing left to compact: the view is one unit of {} tokens, and with the rest it is over the limit of {}",
-                scale(last),
-                job.threshold
-            ),
+            detail: if units.len() <= 1 {
+                format!(
+                    "nothing left to compact: the view is one unit of {} tokens, and with the rest it is over the limit of {}",
+                    scale(last),
+                    job.threshold
+                )
+            } else {
+                format!(
+                    "no cut of the view's {} units can open a valid recent part; with the rest it is {} tokens, over the limit of {}",
+                    units.len(),
+                    scale(fixed + unit_tokens.iter().sum::<u64>()),
+                    job.threshold
+                )
+            },
         })
     }
 

@@ -9,8 +9,8 @@ use crate::dialect::{Message, Role};
 ///
 /// The last unit is always kept. The recent part prefers to start at a user message:
 /// when the kept units start with an assistant turn, the cut moves forward to the next
-/// user message if there is one. A start the dialect refuses (`allowed`, e.g. an open
-/// tool loop whose thinking would be cut away) moves the cut back, keeping more.
+/// user message if there is one. A start the dialect refuses (`allowed`) moves the cut
+/// to the nearest allowed one: back (keeping more) first, then forward.
 pub fn split_at_unit_boundary(
     messages: &[Message],
     units: &[UnitSpan],
@@ -35,10 +35,13 @@ pub fn split_at_unit_boundary(
             first_kept = user;
         }
     }
-    while !allowed(units[first_kept].start) {
-        first_kept = first_kept.checked_sub(1).filter(|&u| u > 0)?;
-    }
-    Some(units[first_kept].start)
+    // The nearest allowed start: keeping more first (it still fits the budget's
+    // intent), then keeping less; unit 0 is never kept whole, the last always is.
+    let chosen = (1..=first_kept)
+        .rev()
+        .find(|&u| allowed(units[u].start))
+        .or_else(|| (first_kept + 1..=last).find(|&u| allowed(units[u].start)))?;
+    Some(units[chosen].start)
 }
 
 #[cfg(test)]
@@ -116,6 +119,11 @@ mod tests {
         let free = split_at_unit_boundary(&m, &units, &tokens, 0, |_| true).unwrap();
         let moved = split_at_unit_boundary(&m, &units, &tokens, 0, |at| at < free).unwrap();
         assert!(moved < free && moved > 0, "{moved} vs {free}");
+        // Nothing allowed before: the cut moves forward instead, keeping less.
+        let keep_all = split_at_unit_boundary(&m, &units, &tokens, 1000, |_| true).unwrap();
+        let forward =
+            split_at_unit_boundary(&m, &units, &tokens, 1000, |at| at > keep_all).unwrap();
+        assert!(forward > keep_all, "{forward} vs {keep_all}");
         assert_eq!(
             split_at_unit_boundary(&m, &units, &tokens, 0, |_| false),
             None

@@ -124,11 +124,9 @@ impl ConversationState {
         let mut known = prefix.partition_point(|d| self.known.contains(d));
         while let Some(message) = messages.get(known) {
             let parent = known.checked_sub(1).map(|p| prefix[p]);
-            // Only tool-call messages have echo forms: others are not even parsed.
+            // Echo digests are facts: computed once per distinct message.
             let logged = message
-                .has_tool_calls()
-                .then(|| echo_digest(message.value()))
-                .flatten()
+                .echo_digest()
                 .and_then(|echo| self.echoes.get(&chain(parent.as_ref(), &echo)));
             let Some(&(logged_digest, logged_prefix)) = logged else {
                 break;
@@ -297,7 +295,7 @@ pub fn identify(
         .messages
         .get(pinned)
         .or_else(|| request.messages.first())
-        .map(Message::digest)
+        .map(Message::identity_digest)
         .unwrap_or_else(|| message_digest(&Value::Null));
     // Another dialect with the same opening is another conversation: its handoffs
     // have another shape. OpenAI chat keeps the ids it always had.

@@ -11,7 +11,7 @@ use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_128_with_seed;
 
 use super::DialectKind;
-use crate::base::digest::{message_digest, MessageDigest};
+use crate::base::digest::{echo_digest, identity_digest, message_digest, MessageDigest};
 use crate::config::Tokenizer;
 use crate::error::ApiError;
 use crate::tokens::Tokens;
@@ -134,6 +134,10 @@ impl Role {
 struct Facts {
     role: Role,
     digest: MessageDigest,
+    /// The digest of its echo forms ([`echo_digest`]), if it has any.
+    echo: Option<MessageDigest>,
+    /// The digest that names a conversation it opens ([`identity_digest`]).
+    identity: MessageDigest,
     calls: Box<[Box<str>]>,
     answers: Box<[Box<str>]>,
     item_type: Option<Box<str>>,
@@ -266,9 +270,12 @@ impl Message {
 
     /// A message from a value already parsed (or made), with `raw` its bytes.
     pub fn parsed(role: Role, raw: RawMessage, value: Value) -> Self {
+        let digest = message_digest(&value);
         let facts = Facts {
             role,
-            digest: message_digest(&value),
+            digest,
+            echo: echo_digest(&value),
+            identity: identity_digest(&value, digest),
             calls: strings(calls_in(&value)),
             answers: strings(answers_in(&value)),
             item_type: value.get("type").and_then(Value::as_str).map(Box::from),
@@ -317,6 +324,16 @@ impl Message {
     /// The digest of the message's canonical JSON.
     pub fn digest(&self) -> MessageDigest {
         self.facts.digest
+    }
+
+    /// The digest of the forms clients echo it in, if it has more than one.
+    pub fn echo_digest(&self) -> Option<MessageDigest> {
+        self.facts.echo
+    }
+
+    /// The digest naming a conversation this message opens.
+    pub fn identity_digest(&self) -> MessageDigest {
+        self.facts.identity
     }
 
     /// Its tokens with `tokenizer`, overhead included: counted once per distinct

@@ -186,23 +186,17 @@ impl Dialect for AnthropicMessages {
         }
     }
 
-    /// With extended thinking, the assistant turn of a tool loop still open must keep
-    /// its thinking blocks: a cut may not leave that loop opening with an assistant
-    /// message that has none (signatures cannot be forged, so none is invented).
-    fn may_cut_at(&self, request: &ChatRequest, messages: &[Message], at: usize) -> bool {
-        let Some(first) = messages.get(at) else {
-            return true;
-        };
-        if !request.thinking || first.role != Role::Assistant {
-            return true;
-        }
-        let opens_with_thinking = content_blocks(first.value())
-            .first()
-            .is_some_and(|b| matches!(block_type(b), "thinking" | "redacted_thinking"));
-        let loop_closes = messages[at + 1..]
-            .iter()
-            .any(|m| m.role == Role::User && !m.is_tool_answer());
-        opens_with_thinking || loop_closes
+    /// Every unit boundary is an allowed cut, thinking or not. What the Messages API
+    /// requires of thinking: the blocks of the current tool-use cycle (the assistant
+    /// turns after the last user message that is not only tool results) come back
+    /// unmodified, signatures included; thinking from earlier cycles may be dropped
+    /// (the API strips it); with `enabled` thinking the final assistant turn opens with
+    /// its thinking. A handoff view puts a user text message (the pair, or the joined
+    /// pair) right before the recent part, so the cycle the model sees starts there,
+    /// and the recent part is sent verbatim: every thinking block of that cycle, and
+    /// the final assistant turn, are the client's own bytes.
+    fn may_cut_at(&self, _request: &ChatRequest, _messages: &[Message], _at: usize) -> bool {
+        true
     }
 
     fn top_level_field(&self) -> Option<&'static str> {
@@ -393,7 +387,7 @@ mod tests {
     }
 
     #[test]
-    fn with_thinking_the_open_loop_keeps_its_thinking_turn() {
+    fn with_thinking_any_unit_start_may_open_the_recent_part() {
         let tool = |id: &str, thinking: bool| {
             let mut content = vec![json!({"type": "tool_use", "id": id, "name": "f", "input": {}})];
             if thinking {
@@ -420,15 +414,12 @@ mod tests {
             }
             parse(body).unwrap()
         };
+        // A loop with thinking on some turns only (adaptive) or on all: every unit start
+        // may open the recent part, as the pair before it starts a new cycle.
         let on = body(true);
-        let m = &on.messages;
-        // Closed loop: any assistant start is fine.
-        assert!(AnthropicMessages.may_cut_at(&on, m, 1));
-        // The open loop's first turn carries its thinking: it may open the recent part.
-        assert!(AnthropicMessages.may_cut_at(&on, m, 5));
-        // Its later turn has none: cutting there would drop the loop's thinking.
-        assert!(!AnthropicMessages.may_cut_at(&on, m, 7));
-        assert!(AnthropicMessages.may_cut_at(&on, m, 4));
+        for at in [1, 3, 4, 5, 7] {
+            assert!(AnthropicMessages.may_cut_at(&on, &on.messages, at), "{at}");
+        }
         let off = body(false);
         assert!(AnthropicMessages.may_cut_at(&off, &off.messages, 7));
     }
