@@ -61,13 +61,6 @@ fn block_type(block: &Value) -> &str {
     block.get("type").and_then(Value::as_str).unwrap_or("")
 }
 
-fn content_blocks(message: &Value) -> &[Value] {
-    message
-        .get("content")
-        .and_then(Value::as_array)
-        .map_or(&[], Vec::as_slice)
-}
-
 /// The pinned message standing for a top-level `system`: its bytes kept inside.
 fn system_message(raw: &RawValue) -> Result<Option<Message>, DialectError> {
     let value: Value = serde_json::from_str(raw.get()).map_err(|e| DialectError::json(API, e))?;
