@@ -1,5 +1,6 @@
 //! The [`ModelClient`] the host gives strategies: summary requests go to the same
-//! upstream, on the same path, with the client's own credentials.
+//! upstream, on the same path, with the client's own credentials and nothing else of
+//! the client's headers.
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -12,7 +13,7 @@ use http_body_util::{BodyExt, Limited};
 use serde_json::Value;
 
 use crate::body::full;
-use crate::headers::strip_hop_by_hop;
+use crate::headers::SUMMARY_HEADERS;
 use crate::upstream::Upstream;
 
 /// Largest summary reply read.
@@ -26,23 +27,14 @@ pub struct UpstreamModelClient {
 }
 
 impl UpstreamModelClient {
-    /// A client posting to `path` with the client's `headers` (credentials included).
-    pub fn new(upstream: Upstream, path: PathAndQuery, mut headers: HeaderMap) -> Self {
-        strip_hop_by_hop(&mut headers);
-        for name in [
-            header::HOST,
-            header::CONTENT_LENGTH,
-            header::ACCEPT_ENCODING,
-        ] {
-            headers.remove(name);
-        }
-        let ours: Vec<_> = headers
-            .keys()
-            .filter(|n| n.as_str().starts_with("x-handoff-"))
-            .cloned()
-            .collect();
-        for name in ours {
-            headers.remove(name);
+    /// A client posting to `path` with the credential and API headers of the client's
+    /// `headers` ([`SUMMARY_HEADERS`]), as handoff's own caller.
+    pub fn new(upstream: Upstream, path: PathAndQuery, client: HeaderMap) -> Self {
+        let mut headers = HeaderMap::new();
+        for name in SUMMARY_HEADERS {
+            for value in client.get_all(*name) {
+                headers.append(*name, value.clone());
+            }
         }
         headers.insert(
             header::CONTENT_TYPE,
@@ -51,6 +43,10 @@ impl UpstreamModelClient {
         headers.insert(
             header::ACCEPT_ENCODING,
             HeaderValue::from_static("identity"),
+        );
+        headers.insert(
+            header::USER_AGENT,
+            HeaderValue::from_static(concat!("handoff/", env!("CARGO_PKG_VERSION"))),
         );
         Self {
             upstream,
