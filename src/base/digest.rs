@@ -25,6 +25,10 @@
 //!   breakpoint to the newest block on every request, so each message is sent with it
 //!   once and without it afterwards. A conversation's identity ignores it too
 //!   ([`identity_digest`]).
+//! - content that is one plain text block is the same as that text as a string: the
+//!   Messages API reads a string as one text block, and Claude Code sends its
+//!   mid-conversation system message first as a block with a breakpoint, then as a
+//!   string.
 
 use std::fmt;
 
@@ -104,8 +108,10 @@ pub fn echo_digest(message: &Value) -> Option<MessageDigest> {
         .and_then(Value::as_array)
         .filter(|c| !c.is_empty())
         .filter(|_| map.get("role").and_then(Value::as_str) == Some("assistant"));
-    let blocks = map.get("content").is_some_and(Value::is_array);
-    if calls.is_none() && !blocks {
+    let content = map
+        .get("content")
+        .is_some_and(|c| c.is_array() || c.is_string());
+    if calls.is_none() && !content {
         return None;
     }
     let mut echo = map.clone();
@@ -118,6 +124,9 @@ pub fn echo_digest(message: &Value) -> Option<MessageDigest> {
     }
     if let Some(content) = echo.get_mut("content") {
         strip_annotations(content);
+        if let Some(text) = lone_text(content) {
+            *content = Value::String(text);
+        }
     }
     let mut hasher = blake3::Hasher::new();
     hasher.update(b"handoff/echo/v2");
@@ -151,6 +160,16 @@ pub fn identity_digest(message: &Value, digest: MessageDigest) -> MessageDigest 
         strip_annotations(content);
     }
     message_digest(&plain)
+}
+
+/// The text of content that is exactly one plain text block.
+fn lone_text(content: &Value) -> Option<String> {
+    let [block] = content.as_array()?.as_slice() else {
+        return None;
+    };
+    let map = block.as_object()?;
+    let plain = map.len() == 2 && map.get("type").and_then(Value::as_str) == Some("text");
+    plain.then(|| map.get("text")?.as_str().map(str::to_owned))?
 }
 
 /// Removes `cache_control` from every block of `content`, nested contents included.
@@ -355,11 +374,16 @@ mod tests {
             echo_digest(&spaced),
             "invalid JSON compares as text"
         );
-        assert_eq!(echo_digest(&json!({"role": "user", "content": "hi"})), None);
+        // A string and the same text as one block are one form; other texts are not.
         assert_eq!(
-            echo_digest(&json!({"role": "assistant", "content": "hi"})),
-            None
+            echo_digest(&json!({"role": "user", "content": "hi"})),
+            echo_digest(&json!({"role": "user", "content": [{"type": "text", "text": "hi"}]}))
         );
+        assert_ne!(
+            echo_digest(&json!({"role": "user", "content": "hi"})),
+            echo_digest(&json!({"role": "assistant", "content": "hi"}))
+        );
+        assert_eq!(echo_digest(&json!({"role": "user"})), None);
     }
 
     #[test]

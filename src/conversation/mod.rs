@@ -90,6 +90,10 @@ impl ConversationState {
     }
 }
 
+/// What a logged message must contain to have echo forms ([`echo_digest`]): tool
+/// calls, or typed content blocks. Lines with neither are not parsed again.
+const ECHO_HINTS: &[&str] = &["\"tool_calls\"", "\"type\""];
+
 /// A conversation's cached state.
 #[derive(Debug, Default)]
 pub struct ConversationEntry {
@@ -102,11 +106,11 @@ impl ConversationState {
     fn remember_echo(
         &mut self,
         parent: Option<PrefixDigest>,
-        message: &Value,
+        echo: Option<MessageDigest>,
         message_digest: MessageDigest,
         digest: PrefixDigest,
     ) {
-        if let Some(echo) = echo_digest(message) {
+        if let Some(echo) = echo {
             self.echoes
                 .entry(chain(parent.as_ref(), &echo))
                 .or_insert((message_digest, digest));
@@ -157,11 +161,13 @@ impl ConversationState {
                 Entry::Message(message) => {
                     state.known.insert(message.digest);
                     // Only tool-call messages have echo forms; skip parsing the rest.
-                    if message.message.get().contains("\"tool_calls\"") {
-                        if let Ok(value) = serde_json::from_str::<Value>(message.message.get()) {
+                    // Only a message that may have echo forms is parsed again.
+                    let raw = message.message.get();
+                    if ECHO_HINTS.iter().any(|hint| raw.contains(hint)) {
+                        if let Ok(value) = serde_json::from_str::<Value>(raw) {
                             state.remember_echo(
                                 message.parent,
-                                &value,
+                                echo_digest(&value),
                                 message.message_digest,
                                 message.digest,
                             );
@@ -445,14 +451,12 @@ impl Tracker {
                 complete: None,
                 incomplete: None,
             })));
-            if rest[index].has_tool_calls() {
-                state.remember_echo(
-                    index.checked_sub(1).map(|p| prefix[p]).or(base),
-                    rest[index].value(),
-                    message_digests[index],
-                    prefix[index],
-                );
-            }
+            state.remember_echo(
+                index.checked_sub(1).map(|p| prefix[p]).or(base),
+                rest[index].echo_digest(),
+                message_digests[index],
+                prefix[index],
+            );
         }
         if known == rest.len() && lines.is_empty() {
             // A retry or a repeat adds nothing to the log: no write, and the lock is brief.
@@ -538,7 +542,7 @@ impl Tracker {
         }
         for (digest, message_digest, value, parent) in added {
             state.known.insert(digest);
-            state.remember_echo(parent, &value, message_digest, digest);
+            state.remember_echo(parent, echo_digest(&value), message_digest, digest);
         }
         if let Some(response) = batch.response_id {
             // `parent` is now the last item of the response: what a follow-up continues.

@@ -17,6 +17,7 @@ pub mod anthropic;
 pub mod fixtures;
 mod reply;
 pub mod responses;
+pub mod scripted;
 pub mod strict;
 
 use std::convert::Infallible;

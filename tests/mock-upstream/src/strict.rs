@@ -58,6 +58,13 @@ fn bpe() -> Option<&'static CoreBPE> {
     BPE.get_or_init(|| tiktoken_rs::o200k_base().ok()).as_ref()
 }
 
+/// The provider's token count of `text` (o200k).
+pub fn text_tokens(text: &str) -> u64 {
+    bpe().map_or(text.len() as u64 / 4, |b| {
+        b.encode_ordinary(text).len() as u64
+    })
+}
+
 /// The marker the summary prompt starts with.
 pub const SUMMARY_PROMPT_START: &str = "You are writing a handoff";
 

@@ -1,0 +1,411 @@
+//! Real coding agents, unmodified, through the real binary: Claude Code, Codex CLI and
+//! opencode (installed from npm at pinned versions by scripts/test.sh into
+//! tests/agents) each run a tool-using task of `FILES` file reads against a scripted
+//! model that speaks its wire format as strictly as the real provider. Each agent is
+//! configured only through its own documented settings: the base URL, a provider
+//! entry, its own auto-compaction off and nonessential traffic off.
+//!
+//! Without handoff the task dies of the window; through handoff, with `extract` and
+//! with `summarize`, the agent finishes, with at least two compactions, no request
+//! refused by the model or by handoff, one conversation, one branch, a replay that
+//! ends with what the agent last sent, and the key nowhere on disk.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mock_upstream::scripted::{self, ScriptedCoder, Thinking};
+use mock_upstream::MockUpstream;
+use serde_json::Value;
+use support::scenario::records;
+use support::{access_lines, Proxy, ProxyOptions};
+
+const FILES: usize = 12;
+const KEY: &str = "sk-agent-secret-0f9e8d7c6b5a";
+
+/// One agent, and the model window its task overflows.
+#[derive(Debug, Clone, Copy)]
+enum Agent {
+    ClaudeCode,
+    Codex,
+    OpenCode,
+}
+
+impl Agent {
+    fn model(self) -> &'static str {
+        match self {
+            Agent::ClaudeCode => "scripted-claude",
+            Agent::Codex => "scripted-codex",
+            Agent::OpenCode => "scripted-coder",
+        }
+    }
+
+    /// Fits the agent's system prompt and tools and a few files, not all of them.
+    fn window(self) -> u64 {
+        match self {
+            Agent::ClaudeCode => 48_000,
+            Agent::Codex => 40_000,
+            Agent::OpenCode => 40_000,
+        }
+    }
+}
+
+fn bin(name: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/agents/node_modules/.bin")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/test.sh",
+        path.display()
+    );
+    path
+}
+
+/// Runs `agent` on the task in `work` against `base` (handoff or the model itself).
+fn run(agent: Agent, base: &str, work: &Path) -> Output {
+    let home = work.join(".home");
+    std::fs::create_dir_all(&home).unwrap();
+    let prompt = scripted::task_prompt(FILES);
+    let mut command = match agent {
+        Agent::ClaudeCode => {
+            let mut c = Command::new(bin("claude"));
+            c.args([
+                "-p",
+                &prompt,
+                "--model",
+                agent.model(),
+                "--allowedTools",
+                "Read",
+            ])
+            .args(["--max-turns", "40", "--output-format", "text"])
+            .env("ANTHROPIC_BASE_URL", base)
+            .env("ANTHROPIC_API_KEY", KEY)
+            .env("CLAUDE_CONFIG_DIR", home.join(".claude"))
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .env("DISABLE_AUTOUPDATER", "1")
+            .env("DISABLE_AUTO_COMPACT", "1")
+            .env("DISABLE_COMPACT", "1")
+            .env("CLAUDE_CODE_MAX_OUTPUT_TOKENS", "4096");
+            c
+        }
+        Agent::Codex => {
+            let codex_home = home.join(".codex");
+            std::fs::create_dir_all(&codex_home).unwrap();
+            std::fs::write(
+                codex_home.join("config.toml"),
+                format!(
+                    "model = \"{model}\"\nmodel_provider = \"handoff\"\n\
+                     # Codex never compacts by itself: only handoff can save the session.\n\
+                     model_context_window = 1000000\nmodel_auto_compact_token_limit = 900000\n\
+                     [model_providers.handoff]\nname = \"handoff\"\nbase_url = \"{base}/v1\"\n\
+                     wire_api = \"responses\"\nenv_key = \"HANDOFF_AGENT_KEY\"\n\
+                     request_max_retries = 0\nstream_max_retries = 0\n",
+                    model = agent.model()
+                ),
+            )
+            .unwrap();
+            let mut c = Command::new(bin("codex"));
+            c.args(["exec", "--skip-git-repo-check", "--ephemeral"])
+                .args(["--dangerously-bypass-approvals-and-sandbox", &prompt])
+                .env("CODEX_HOME", &codex_home)
+                .env("HANDOFF_AGENT_KEY", KEY);
+            c
+        }
+        Agent::OpenCode => {
+            let config = serde_json::json!({
+                "$schema": "https://opencode.ai/config.json",
+                "provider": {"handoff": {
+                    "npm": "@ai-sdk/openai-compatible", "name": "handoff",
+                    "options": {"baseURL": format!("{base}/v1"), "apiKey": KEY},
+                    "models": {agent.model(): {"name": agent.model(), "limit": {"context": 1_000_000, "output": 4096}}}
+                }},
+                "model": format!("handoff/{}", agent.model()),
+                "autoupdate": false, "share": "disabled",
+                "compaction": {"auto": false, "prune": false}
+            });
+            std::fs::write(work.join("opencode.json"), config.to_string()).unwrap();
+            let mut c = Command::new(bin("opencode"));
+            c.args(["run", &prompt])
+                .env("XDG_CONFIG_HOME", home.join(".config"))
+                .env("XDG_DATA_HOME", home.join(".local/share"))
+                .env("XDG_CACHE_HOME", home.join(".cache"))
+                .env("XDG_STATE_HOME", home.join(".local/state"))
+                .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
+                .env("OPENCODE_DISABLE_LSP_DOWNLOAD", "1");
+            c
+        }
+    };
+    command
+        .current_dir(work)
+        .env("HOME", &home)
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("ANTHROPIC_API_KEY")
+        .stdin(Stdio::null());
+    if let Agent::ClaudeCode = agent {
+        command.env("ANTHROPIC_API_KEY", KEY);
+    }
+    let child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the agent");
+    wait_bounded(child, Duration::from_secs(240))
+}
+
+/// Waits for the agent, killing it after `limit`.
+fn wait_bounded(mut child: std::process::Child, limit: Duration) -> Output {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if child.try_wait().unwrap().is_some() || std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            return child.wait_with_output().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `value` without `cache_control` annotations, canonical.
+fn without_breakpoints(value: Value) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .filter(|(k, _)| k != "cache_control")
+                .map(|(k, v)| (k, without_breakpoints(v)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.into_iter().map(without_breakpoints).collect()),
+        other => other,
+    }
+}
+
+fn said(output: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+async fn model_for(
+    agent: Agent,
+    work: &Path,
+    thinking: Thinking,
+) -> (Arc<ScriptedCoder>, MockUpstream) {
+    scripted::write_files(work, FILES).unwrap();
+    let model = ScriptedCoder::new(agent.window(), FILES, work.to_owned(), thinking);
+    let answer = Arc::clone(&model);
+    let mock = MockUpstream::with(move |request| answer.answer(request)).await;
+    (model, mock)
+}
+
+/// Without handoff the session dies of the window.
+async fn control(agent: Agent) {
+    let work = tempfile::tempdir().unwrap();
+    let (model, mock) = model_for(agent, work.path(), Thinking::Some).await;
+    let output = tokio::task::spawn_blocking({
+        let (url, dir) = (mock.url(), work.path().to_owned());
+        move || run(agent, &url, &dir)
+    })
+    .await
+    .unwrap();
+    let seen = model.seen.lock().unwrap();
+    assert!(
+        !seen.over_window.is_empty(),
+        "{agent:?} without handoff should overflow the window: {}",
+        said(&output)
+    );
+    assert!(
+        !String::from_utf8_lossy(&output.stdout).contains(scripted::FINAL),
+        "{agent:?} finished without handoff: {}",
+        said(&output)
+    );
+}
+
+/// Through handoff with `strategy`: the agent finishes and the log is exact.
+async fn through_handoff(agent: Agent, strategy: &str, thinking: Thinking) {
+    let work = tempfile::tempdir().unwrap();
+    let (model, mock) = model_for(agent, work.path(), thinking).await;
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: format!(
+                "[models.\"{}\"]\ncontext_window = {}\n[compaction]\nstrategy = \"{strategy}\"\n",
+                agent.model(),
+                agent.window()
+            ),
+            ..ProxyOptions::default()
+        },
+    );
+    let output = tokio::task::spawn_blocking({
+        let (url, dir) = (proxy.url(), work.path().to_owned());
+        move || run(agent, &url, &dir)
+    })
+    .await
+    .unwrap();
+    let context = format!(
+        "{agent:?} with {strategy}: {}\n--- handoff ---\n{}",
+        said(&output),
+        proxy.logs()
+    );
+    assert!(output.status.success(), "{context}");
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("DONE"),
+        "{context}"
+    );
+    {
+        let seen = model.seen.lock().unwrap();
+        assert!(
+            seen.over_window.is_empty(),
+            "the model refused: {:?}\n{context}",
+            seen.over_window
+        );
+        assert!(
+            seen.refused.is_empty(),
+            "the model refused: {:?}\n{context}",
+            seen.refused
+        );
+        assert!(seen.agent_turns > FILES, "{context}");
+        if strategy == "summarize" {
+            assert!(!seen.summaries.is_empty(), "{context}");
+        }
+        for headers in &seen.summaries {
+            for name in headers.keys() {
+                let name = name.as_str();
+                assert!(
+                    !(name.contains("session")
+                        || name.starts_with("x-codex")
+                        || name.starts_with("x-stainless")
+                        || name == "originator"),
+                    "a summary call carried the client's {name}"
+                );
+            }
+            let agent_ua = headers
+                .get("user-agent")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            assert!(
+                agent_ua.starts_with("handoff/"),
+                "summary user-agent {agent_ua}"
+            );
+        }
+    }
+    let refused: Vec<String> = access_lines(&proxy)
+        .into_iter()
+        .filter(|l| l.contains("status=4") || l.contains("status=5"))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "handoff refused: {refused:?}\n{context}"
+    );
+
+    let dirs = proxy.conversation_dirs();
+    let agent_dirs: Vec<&PathBuf> = dirs
+        .iter()
+        .filter(|d| !records(&proxy, &d.file_name().unwrap().to_string_lossy()).is_empty())
+        .collect();
+    assert_eq!(
+        agent_dirs.len(),
+        1,
+        "one compacted conversation: {dirs:?}\n{context}"
+    );
+    let id = agent_dirs[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let compactions = records(&proxy, &id);
+    assert!(
+        compactions.len() >= 2,
+        "{} compactions\n{context}",
+        compactions.len()
+    );
+    assert!(
+        compactions.iter().all(|r| r["strategy"] == strategy),
+        "{compactions:?}"
+    );
+    if let Ok(dir) = std::env::var("AGENT_DUMP") {
+        for (i, r) in mock.requests().iter().enumerate() {
+            std::fs::write(format!("{dir}/{i:03}.json"), &r.body).unwrap();
+        }
+    }
+    let listed = proxy.conversations();
+    let entry = listed.iter().find(|c| c["id"] == id.as_str()).unwrap();
+    assert_eq!(entry["branches"], 1, "{entry}");
+
+    // The replay holds every original: it ends with the model's final answer, after the
+    // newest messages the upstream saw, verbatim.
+    let replay = proxy.replay(&id, None);
+    let last_seen = mock
+        .requests()
+        .into_iter()
+        .rev()
+        .find(|r| {
+            let body = r.json();
+            body["tools"].is_array()
+                && !body
+                    .to_string()
+                    .contains(mock_upstream::strict::SUMMARY_PROMPT_START)
+        })
+        .unwrap()
+        .json();
+    let view: Vec<Value> = last_seen["messages"]
+        .as_array()
+        .or_else(|| last_seen["input"].as_array())
+        .cloned()
+        .unwrap();
+    assert!(
+        replay.len() > view.len(),
+        "the replay keeps what the view dropped"
+    );
+    let tail = &view[view.len() - 3..];
+    let replayed_tail = &replay[replay.len() - 4..replay.len() - 1];
+    // Each original is kept as first logged: Claude Code sends the newest message with
+    // its cache breakpoint once, and without it from then on.
+    assert_eq!(
+        without_breakpoints(Value::from(replayed_tail.to_vec())),
+        without_breakpoints(Value::from(tail.to_vec())),
+        "the replay ends with what the agent last sent"
+    );
+    assert!(replay.last().unwrap().to_string().contains(scripted::FINAL));
+    proxy.assert_verified(&[&id]);
+
+    // The key never reaches disk.
+    let found = Command::new("grep")
+        .args(["-rl", KEY])
+        .arg(proxy.dir())
+        .output()
+        .unwrap();
+    assert!(
+        found.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&found.stdout)
+    );
+    assert!(!proxy.logs().contains(KEY));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_needs_handoff_and_finishes_through_it() {
+    control(Agent::ClaudeCode).await;
+    through_handoff(Agent::ClaudeCode, "extract", Thinking::Some).await;
+    through_handoff(Agent::ClaudeCode, "summarize", Thinking::Every).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_needs_handoff_and_finishes_through_it() {
+    control(Agent::Codex).await;
+    through_handoff(Agent::Codex, "extract", Thinking::Some).await;
+    through_handoff(Agent::Codex, "summarize", Thinking::Some).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode_needs_handoff_and_finishes_through_it() {
+    control(Agent::OpenCode).await;
+    through_handoff(Agent::OpenCode, "extract", Thinking::Some).await;
+    through_handoff(Agent::OpenCode, "summarize", Thinking::Some).await;
+}
