@@ -100,11 +100,14 @@ fn run(agent: Agent, base: &str, work: &Path) -> Output {
                 codex_home.join("config.toml"),
                 format!(
                     "model = \"{model}\"\nmodel_provider = \"handoff\"\n\
+                     check_for_update_on_startup = false\n\
                      # Codex never compacts by itself: only handoff can save the session.\n\
                      model_context_window = 1000000\nmodel_auto_compact_token_limit = 900000\n\
                      [model_providers.handoff]\nname = \"handoff\"\nbase_url = \"{base}/v1\"\n\
                      wire_api = \"responses\"\nenv_key = \"HANDOFF_AGENT_KEY\"\n\
-                     request_max_retries = 0\nstream_max_retries = 0\n",
+                     request_max_retries = 0\nstream_max_retries = 0\n\
+                     # Nonessential traffic off: no update check, analytics or feedback.\n\
+                     [analytics]\nenabled = false\n[feedback]\nenabled = false\n",
                     model = agent.model()
                 ),
             )
@@ -140,8 +143,10 @@ fn run(agent: Agent, base: &str, work: &Path) -> Output {
             c
         }
     };
+    // PWD too: opencode takes its project directory from it, not from the process's cwd.
     command
         .current_dir(work)
+        .env("PWD", work)
         .env("HOME", &home)
         .env_remove("OPENAI_API_KEY")
         .env_remove("ANTHROPIC_API_KEY")
@@ -157,28 +162,69 @@ fn run(agent: Agent, base: &str, work: &Path) -> Output {
     wait_bounded(child, Duration::from_secs(240))
 }
 
-/// Waits for the agent, killing it after `limit`.
+/// Waits for the agent, killing it after `limit`. Its output is read while it runs:
+/// an agent that prints every file it reads would block on a full pipe.
 fn wait_bounded(mut child: std::process::Child, limit: Duration) -> Output {
+    use std::io::Read;
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut out = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut out);
+            }
+            out
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
     let deadline = std::time::Instant::now() + limit;
-    loop {
-        if child.try_wait().unwrap().is_some() || std::time::Instant::now() > deadline {
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
             let _ = child.kill();
-            return child.wait_with_output().unwrap();
+            break child.wait().unwrap();
         }
         std::thread::sleep(Duration::from_millis(100));
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
     }
 }
 
-/// `value` without `cache_control` annotations, canonical.
-fn without_breakpoints(value: Value) -> Value {
+/// `value` in its echo form, the way handoff's echo class compares messages: without
+/// `cache_control` annotations, and with an empty `content` of an assistant's tool-call
+/// message as null (opencode echoes the model's null as "").
+fn echo_form(value: Value) -> Value {
     match value {
-        Value::Object(map) => Value::Object(
-            map.into_iter()
-                .filter(|(k, _)| k != "cache_control")
-                .map(|(k, v)| (k, without_breakpoints(v)))
-                .collect(),
-        ),
-        Value::Array(items) => Value::Array(items.into_iter().map(without_breakpoints).collect()),
+        Value::Object(map) => {
+            let calls = map.get("tool_calls").is_some_and(Value::is_array);
+            Value::Object(
+                map.into_iter()
+                    .filter(|(k, _)| k != "cache_control")
+                    .map(|(k, v)| match (k.as_str(), v) {
+                        ("content", Value::String(text)) if calls && text.is_empty() => {
+                            (k, Value::Null)
+                        }
+                        (_, v) => (k, echo_form(v)),
+                    })
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(echo_form).collect()),
         other => other,
     }
 }
@@ -363,16 +409,33 @@ async fn through_handoff(agent: Agent, strategy: &str, thinking: Thinking) {
         replay.len() > view.len(),
         "the replay keeps what the view dropped"
     );
-    let tail = &view[view.len() - 3..];
-    let replayed_tail = &replay[replay.len() - 4..replay.len() - 1];
-    // Each original is kept as first logged: Claude Code sends the newest message with
-    // its cache breakpoint once, and without it from then on.
+    // The newest unit (a call and its result) is always sent verbatim.
+    let tail = &view[view.len() - 2..];
+    let replayed_tail = &replay[replay.len() - 3..replay.len() - 1];
+    // Each original is kept as first logged, and agents echo some in another form: Claude
+    // Code drops the cache breakpoint of older messages, opencode writes null as "".
     assert_eq!(
-        without_breakpoints(Value::from(replayed_tail.to_vec())),
-        without_breakpoints(Value::from(tail.to_vec())),
+        echo_form(Value::from(replayed_tail.to_vec())),
+        echo_form(Value::from(tail.to_vec())),
         "the replay ends with what the agent last sent"
     );
     assert!(replay.last().unwrap().to_string().contains(scripted::FINAL));
+
+    // The figures of BENCHMARKS.md's agent table: facts of the files the model still
+    // sees in its last view (in the handoff or verbatim), out of all it read.
+    let facts = |text: &str| -> std::collections::HashSet<String> {
+        text.match_indices("FACT-")
+            .filter_map(|(at, _)| text.get(at..at + 11).map(str::to_owned))
+            .collect()
+    };
+    let kept = facts(&last_seen.to_string()).len();
+    let turns = model.seen.lock().unwrap().agent_turns;
+    println!(
+        "AGENT-ROW | {agent:?} | {strategy} | {turns} | {} | 0 | {} | {:.0}% |",
+        compactions.len(),
+        entry["branches"],
+        100.0 * kept as f64 / (FILES * 220) as f64
+    );
     proxy.assert_verified(&[&id]);
 
     // The key never reaches disk.
