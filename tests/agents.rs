@@ -375,10 +375,17 @@ async fn through_handoff(agent: Agent, strategy: &str, thinking: Thinking) {
         compactions.iter().all(|r| r["strategy"] == strategy),
         "{compactions:?}"
     );
+    // AGENT_DUMP=DIR keeps what the model received and the records, to look into a run.
     if let Ok(dir) = std::env::var("AGENT_DUMP") {
         for (i, r) in mock.requests().iter().enumerate() {
-            std::fs::write(format!("{dir}/{i:03}.json"), &r.body).unwrap();
+            std::fs::write(format!("{dir}/{agent:?}-{strategy}-{i:03}.json"), &r.body).unwrap();
         }
+        let records = Value::from(records(&proxy, &id));
+        std::fs::write(
+            format!("{dir}/{agent:?}-{strategy}-records.json"),
+            records.to_string(),
+        )
+        .unwrap();
     }
     let listed = proxy.conversations();
     let entry = listed.iter().find(|c| c["id"] == id.as_str()).unwrap();
@@ -421,20 +428,27 @@ async fn through_handoff(agent: Agent, strategy: &str, thinking: Thinking) {
     );
     assert!(replay.last().unwrap().to_string().contains(scripted::FINAL));
 
-    // The figures of BENCHMARKS.md's agent table: facts of the files the model still
-    // sees in its last view (in the handoff or verbatim), out of all it read.
+    // The figures of BENCHMARKS.md's agent table: of the facts the agent showed the model
+    // (its tools may shorten a file: Codex keeps the head and tail of long output), those
+    // its last view still holds, in the handoff or verbatim.
     let facts = |text: &str| -> std::collections::HashSet<String> {
         text.match_indices("FACT-")
             .filter_map(|(at, _)| text.get(at..at + 11).map(str::to_owned))
             .collect()
     };
+    let shown: std::collections::HashSet<String> = mock
+        .requests()
+        .iter()
+        .flat_map(|r| facts(&String::from_utf8_lossy(&r.body)))
+        .collect();
     let kept = facts(&last_seen.to_string()).len();
     let turns = model.seen.lock().unwrap().agent_turns;
     println!(
-        "AGENT-ROW | {agent:?} | {strategy} | {turns} | {} | 0 | {} | {:.0}% |",
+        "AGENT-ROW | {agent:?} | {strategy} | {turns} | {} | 0 | {} | {:.0}% of {} |",
         compactions.len(),
         entry["branches"],
-        100.0 * kept as f64 / (FILES * 220) as f64
+        100.0 * kept as f64 / shown.len().max(1) as f64,
+        shown.len()
     );
     proxy.assert_verified(&[&id]);
 
