@@ -251,3 +251,69 @@ async fn a_previous_response_id_chain_passes_through_unchanged() {
         assert_eq!(json["error"]["type"], "invalid_request_error", "{json}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_continued_after_a_restart_joins_its_conversation() {
+    let (_strict, mock) = strict_responses(100_000).await;
+    let data = tempfile::tempdir().unwrap();
+    let post = |proxy: &Proxy, body: Value| {
+        let url = format!("{}/v1/responses", proxy.url());
+        client::send(request(
+            "POST",
+            &url,
+            &[
+                ("content-type", "application/json"),
+                ("authorization", "Bearer sk-restart-test"),
+            ],
+            body.to_string(),
+        ))
+    };
+    let tools = json!([{"type": "function", "name": "lookup", "parameters": {"type": "object"}}]);
+    let mut proxy = Proxy::start_with(&mock.url(), options(data.path(), 100_000));
+    let first = post(
+        &proxy,
+        json!({"model": "gpt-mock", "input": "Look up FACT-777.", "tools": tools}),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let first = first.json();
+    let call = first["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|item| item["type"] == "function_call")
+        .unwrap()
+        .clone();
+    // Wait for the reply to be logged, then restart on the same data dir.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    proxy.kill9();
+    let proxy = Proxy::start_with(&mock.url(), options(data.path(), 100_000));
+    let second = post(
+        &proxy,
+        json!({"model": "gpt-mock", "previous_response_id": first["id"], "tools": tools,
+               "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "777 is lucky"}]}),
+    )
+    .await;
+    assert_eq!(second.status, 200, "{}", second.text());
+    let conversations = proxy.conversations();
+    assert_eq!(
+        conversations.len(),
+        1,
+        "the follow-up joined the chain: {conversations:?}"
+    );
+    assert_eq!(conversations[0]["branches"], 1, "{conversations:?}");
+    let id = conversations[0]["id"].as_str().unwrap().to_owned();
+    let show = String::from_utf8(proxy.audit(&["show", &id]).stdout).unwrap();
+    assert_eq!(show.matches("SERVER-HELD").count(), 1, "{show}");
+    // Responses items are named by their type, not `?`.
+    assert!(
+        show.contains("function_call_output") && show.contains("reasoning"),
+        "{show}"
+    );
+    assert!(!show.contains(" ? "), "{show}");
+    assert!(
+        !proxy.logs().contains("projected view is invalid"),
+        "a stateful follow-up is sent as it is, without an error: {}",
+        proxy.logs()
+    );
+}

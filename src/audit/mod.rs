@@ -152,7 +152,12 @@ impl Audit {
                 Entry::Message(message) => {
                     let value: Value =
                         serde_json::from_str(message.message.get()).unwrap_or(Value::Null);
-                    let role = value.get("role").and_then(Value::as_str).unwrap_or("?");
+                    // A Responses item without a role is named by its type.
+                    let role = value
+                        .get("role")
+                        .or_else(|| value.get("type"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("?");
                     let mut usage = message
                         .usage
                         .as_ref()

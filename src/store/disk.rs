@@ -9,7 +9,9 @@ use futures_util::FutureExt;
 
 use super::layout::find;
 use super::layout::{conversation_dir, list_ids, COMPACTIONS_FILE, MESSAGES_FILE};
-use super::{Committed, Lease, Store, StoreError, Writer};
+use super::response_index;
+use super::{Committed, Lease, ResponseEnd, Store, StoreError, Writer};
+use crate::base::digest::PrefixDigest;
 use crate::base::id::ConversationId;
 use crate::base::line::{encode, Entry, Line, FORMAT_VERSION};
 use crate::base::record::CompactionRecord;
@@ -176,6 +178,50 @@ impl Store for DiskStore {
                 None => find(&data_dir, &name),
             })
             .await
+        }
+        .boxed()
+    }
+
+    fn remember_response(
+        &self,
+        id: &ConversationId,
+        response_id: &str,
+        head: Option<PrefixDigest>,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        let path = response_index::index_path(&self.data_dir, id.tenant());
+        let line = response_index::encode_line(id, response_id, head);
+        let id = id.to_string();
+        async move {
+            let line = line.map_err(|err| StoreError::Write {
+                id: id.clone(),
+                source: std::io::Error::other(err),
+            })?;
+            self.writer
+                .append(path, line)
+                .await
+                .map_err(|source| StoreError::Write { id, source })
+        }
+        .boxed()
+    }
+
+    fn response(
+        &self,
+        tenant: &TenantId,
+        response_id: &str,
+    ) -> BoxFuture<'_, Result<Option<ResponseEnd>, StoreError>> {
+        let path = response_index::index_path(&self.data_dir, tenant);
+        let (tenant, response_id) = (tenant.clone(), response_id.to_owned());
+        async move {
+            let found = tokio::task::spawn_blocking(move || {
+                response_index::lookup(&path, &tenant, &response_id)
+            })
+            .await
+            .map_err(|join| std::io::Error::other(join.to_string()))
+            .and_then(|read| read);
+            found.map_err(|source| StoreError::Read {
+                id: "responses.jsonl".into(),
+                source,
+            })
         }
         .boxed()
     }

@@ -9,6 +9,7 @@ mod lock;
 mod memory;
 mod open;
 mod postgres;
+mod response_index;
 mod writer;
 
 use futures_util::future::BoxFuture;

@@ -1,0 +1,106 @@
+//! The disk store's index of Responses ids: `tenants/<tenant>/responses.jsonl`, one
+//! line `{"response", "conversation", "head"}` per logged response, so that a
+//! `previous_response_id` continues its conversation after a restart too.
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::layout::TENANTS_DIR;
+use super::ResponseEnd;
+use crate::base::digest::PrefixDigest;
+use crate::base::id::ConversationId;
+use crate::base::tenant::TenantId;
+
+/// File name of a tenant's response index.
+pub const RESPONSES_FILE: &str = "responses.jsonl";
+
+/// One line of the index.
+#[derive(Debug, Serialize, Deserialize)]
+struct Entry {
+    response: String,
+    conversation: String,
+    head: Option<PrefixDigest>,
+}
+
+/// Where `tenant`'s index lives.
+pub fn index_path(data_dir: &Path, tenant: &TenantId) -> PathBuf {
+    data_dir
+        .join(TENANTS_DIR)
+        .join(tenant.as_str())
+        .join(RESPONSES_FILE)
+}
+
+/// The line that records `response_id` as ending `head` of `id`.
+pub fn encode_line(
+    id: &ConversationId,
+    response_id: &str,
+    head: Option<PrefixDigest>,
+) -> Result<Vec<u8>, serde_json::Error> {
+    let mut line = serde_json::to_vec(&Entry {
+        response: response_id.to_owned(),
+        conversation: id.as_str().to_owned(),
+        head,
+    })?;
+    line.push(b'\n');
+    Ok(line)
+}
+
+/// Looks `response_id` up in the index at `path` (blocking; a missing file knows none).
+/// The newest line wins; an unreadable line is skipped.
+pub fn lookup(
+    path: &Path,
+    tenant: &TenantId,
+    response_id: &str,
+) -> std::io::Result<Option<ResponseEnd>> {
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    let mut found = None;
+    for line in std::io::BufReader::new(file).lines() {
+        let line = line?;
+        // Cheap filter first: most lines are other responses.
+        if !line.contains(response_id) {
+            continue;
+        }
+        let Ok(entry) = serde_json::from_str::<Entry>(&line) else {
+            continue;
+        };
+        if entry.response == response_id {
+            if let Ok(id) = ConversationId::parse(tenant.clone(), &entry.conversation) {
+                found = Some((id, entry.head));
+            }
+        }
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_logged_response_is_found_again_and_others_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let tenant = TenantId::legacy();
+        let path = index_path(dir.path(), &tenant);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let id = ConversationId::parse(tenant.clone(), "chain-1").unwrap();
+        let head = Some(crate::base::digest::message_digest(&serde_json::json!("h")));
+        let mut bytes = encode_line(&id, "resp_1", head).unwrap();
+        bytes.extend(b"not json resp_2\n");
+        bytes.extend(encode_line(&id, "resp_2", None).unwrap());
+        std::fs::write(&path, bytes).unwrap();
+        assert_eq!(
+            lookup(&path, &tenant, "resp_1").unwrap(),
+            Some((id.clone(), head))
+        );
+        assert_eq!(lookup(&path, &tenant, "resp_2").unwrap(), Some((id, None)));
+        assert_eq!(lookup(&path, &tenant, "resp_9").unwrap(), None);
+        let missing = dir.path().join("none.jsonl");
+        assert_eq!(lookup(&missing, &tenant, "resp_1").unwrap(), None);
+    }
+}
