@@ -67,10 +67,10 @@ fn bin(name: &str) -> PathBuf {
 }
 
 /// Runs `agent` on the task in `work` against `base` (handoff or the model itself).
-fn run(agent: Agent, base: &str, work: &Path) -> Output {
+fn run(agent: Agent, base: &str, work: &Path, files: usize) -> Output {
     let home = work.join(".home");
     std::fs::create_dir_all(&home).unwrap();
-    let prompt = scripted::task_prompt(FILES);
+    let prompt = scripted::task_prompt(files);
     let mut command = match agent {
         Agent::ClaudeCode => {
             let mut c = Command::new(bin("claude"));
@@ -82,7 +82,7 @@ fn run(agent: Agent, base: &str, work: &Path) -> Output {
                 "--allowedTools",
                 "Read",
             ])
-            .args(["--max-turns", "40", "--output-format", "text"])
+            .args(["--max-turns", "100", "--output-format", "text"])
             .env("ANTHROPIC_BASE_URL", base)
             .env("ANTHROPIC_API_KEY", KEY)
             .env("CLAUDE_CONFIG_DIR", home.join(".claude"))
@@ -242,9 +242,10 @@ async fn model_for(
     agent: Agent,
     work: &Path,
     thinking: Thinking,
+    files: usize,
 ) -> (Arc<ScriptedCoder>, MockUpstream) {
-    scripted::write_files(work, FILES).unwrap();
-    let model = ScriptedCoder::new(agent.window(), FILES, work.to_owned(), thinking);
+    scripted::write_files(work, files).unwrap();
+    let model = ScriptedCoder::new(agent.window(), files, work.to_owned(), thinking);
     let answer = Arc::clone(&model);
     let mock = MockUpstream::with(move |request| answer.answer(request)).await;
     (model, mock)
@@ -253,10 +254,10 @@ async fn model_for(
 /// Without handoff the session dies of the window.
 async fn control(agent: Agent) {
     let work = tempfile::tempdir().unwrap();
-    let (model, mock) = model_for(agent, work.path(), Thinking::Some).await;
+    let (model, mock) = model_for(agent, work.path(), Thinking::Some, FILES).await;
     let output = tokio::task::spawn_blocking({
         let (url, dir) = (mock.url(), work.path().to_owned());
-        move || run(agent, &url, &dir)
+        move || run(agent, &url, &dir, FILES)
     })
     .await
     .unwrap();
@@ -273,10 +274,11 @@ async fn control(agent: Agent) {
     );
 }
 
-/// Through handoff with `strategy`: the agent finishes and the log is exact.
-async fn through_handoff(agent: Agent, strategy: &str, thinking: Thinking) {
+/// Through handoff with `strategy`, a task of `files` reads: the agent finishes and
+/// the log is exact.
+async fn through_handoff(agent: Agent, strategy: &str, thinking: Thinking, files: usize) {
     let work = tempfile::tempdir().unwrap();
-    let (model, mock) = model_for(agent, work.path(), thinking).await;
+    let (model, mock) = model_for(agent, work.path(), thinking, files).await;
     let proxy = Proxy::start_with(
         &mock.url(),
         ProxyOptions {
@@ -290,7 +292,7 @@ async fn through_handoff(agent: Agent, strategy: &str, thinking: Thinking) {
     );
     let output = tokio::task::spawn_blocking({
         let (url, dir) = (proxy.url(), work.path().to_owned());
-        move || run(agent, &url, &dir)
+        move || run(agent, &url, &dir, files)
     })
     .await
     .unwrap();
@@ -316,7 +318,7 @@ async fn through_handoff(agent: Agent, strategy: &str, thinking: Thinking) {
             "the model refused: {:?}\n{context}",
             seen.refused
         );
-        assert!(seen.agent_turns > FILES, "{context}");
+        assert!(seen.agent_turns > files, "{context}");
         if strategy == "summarize" {
             assert!(!seen.summaries.is_empty(), "{context}");
         }
@@ -469,20 +471,26 @@ async fn through_handoff(agent: Agent, strategy: &str, thinking: Thinking) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_needs_handoff_and_finishes_through_it() {
     control(Agent::ClaudeCode).await;
-    through_handoff(Agent::ClaudeCode, "extract", Thinking::Some).await;
-    through_handoff(Agent::ClaudeCode, "summarize", Thinking::Every).await;
+    through_handoff(Agent::ClaudeCode, "extract", Thinking::Some, FILES).await;
+    through_handoff(Agent::ClaudeCode, "summarize", Thinking::Every, FILES).await;
+}
+
+/// One 40-turn tool loop with thinking on some turns: it compacts as often as it needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forty_turn_thinking_loop_of_claude_code_compacts_as_often_as_it_needs() {
+    through_handoff(Agent::ClaudeCode, "extract", Thinking::Some, 40).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_needs_handoff_and_finishes_through_it() {
     control(Agent::Codex).await;
-    through_handoff(Agent::Codex, "extract", Thinking::Some).await;
-    through_handoff(Agent::Codex, "summarize", Thinking::Some).await;
+    through_handoff(Agent::Codex, "extract", Thinking::Some, FILES).await;
+    through_handoff(Agent::Codex, "summarize", Thinking::Some, FILES).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opencode_needs_handoff_and_finishes_through_it() {
     control(Agent::OpenCode).await;
-    through_handoff(Agent::OpenCode, "extract", Thinking::Some).await;
-    through_handoff(Agent::OpenCode, "summarize", Thinking::Some).await;
+    through_handoff(Agent::OpenCode, "extract", Thinking::Some, FILES).await;
+    through_handoff(Agent::OpenCode, "summarize", Thinking::Some, FILES).await;
 }

@@ -139,7 +139,7 @@ impl StrictAnthropic {
 }
 
 /// The content blocks of a message: a string is one text block.
-fn blocks_of(message: &Value) -> Vec<Value> {
+pub fn blocks_of(message: &Value) -> Vec<Value> {
     match &message["content"] {
         Value::String(text) => vec![json!({"type": "text", "text": text})],
         Value::Array(blocks) => blocks.clone(),

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::anthropic::blocks_of;
 use crate::strict::{fact_summary, SUMMARY_PROMPT_START};
 use crate::{Recorded, Reply};
 
@@ -494,14 +495,6 @@ fn text_of(value: &Value) -> String {
             .join("\n"),
         Value::Null => String::new(),
         other => other.to_string(),
-    }
-}
-
-fn blocks_of(message: &Value) -> Vec<Value> {
-    match &message["content"] {
-        Value::String(text) => vec![json!({"type": "text", "text": text})],
-        Value::Array(blocks) => blocks.clone(),
-        _ => Vec::new(),
     }
 }
 
