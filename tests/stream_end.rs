@@ -16,8 +16,9 @@ use support::{access_lines, message_lines, Proxy};
 /// What the mock sends after the final event, in the same chunk: never the client's.
 const TRAILING: &str = "event: ping\ndata: {\"type\":\"ping\"}\n\n";
 
-/// A dialect's whole stream, and where its final event starts.
-fn stream_of(dialect: &str) -> (String, usize) {
+/// A dialect's whole stream, and where its final event starts; a Responses final
+/// event echoes `tools` tools of ~500 bytes each.
+fn stream_of(dialect: &str, tools: usize) -> (String, usize) {
     let events = match dialect {
         "chat" => {
             let mut frames = chat_stream_frames(&["Hel", "lo"]);
@@ -28,7 +29,7 @@ fn stream_of(dialect: &str) -> (String, usize) {
         }
         "responses" => {
             // The final event echoes the tools, as the real API does: ~20 KB.
-            let tools: Vec<Value> = (0..40)
+            let tools: Vec<Value> = (0..tools)
                 .map(|i| json!({"type": "function", "name": format!("tool_{i}"), "description": "d".repeat(480), "parameters": {"type": "object"}}))
                 .collect();
             let response = json!({"id": "resp_split", "object": "response", "created_at": 1, "model": "gpt-mock",
@@ -63,9 +64,9 @@ fn requested_split(request: &Recorded) -> usize {
     text.trim_start_matches("split ").parse().unwrap_or(0)
 }
 
-async fn splitting_mock(dialect: &'static str) -> MockUpstream {
+async fn splitting_mock(dialect: &'static str, tools: usize) -> MockUpstream {
     MockUpstream::with(move |request| {
-        let (whole, _) = stream_of(dialect);
+        let (whole, _) = stream_of(dialect, tools);
         let at = requested_split(request).min(whole.len());
         let (head, tail) = whole.split_at(at);
         Reply::Sse {
@@ -77,15 +78,10 @@ async fn splitting_mock(dialect: &'static str) -> MockUpstream {
     .await
 }
 
-/// Offsets around the final event's start and end, and some inside it.
-fn offsets(dialect: &str) -> Vec<usize> {
-    let (whole, final_at) = stream_of(dialect);
-    let mut out: Vec<usize> = (final_at.saturating_sub(3)..final_at + 40).collect();
-    out.extend((final_at..whole.len()).step_by(997));
-    out.extend(whole.len() - 6..=whole.len());
-    out.sort_unstable();
-    out.dedup();
-    out
+/// Every offset from just before the final event to the end of the stream.
+fn offsets(dialect: &str, tools: usize) -> Vec<usize> {
+    let (whole, final_at) = stream_of(dialect, tools);
+    (final_at.saturating_sub(3)..=whole.len()).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,9 +91,9 @@ async fn the_client_gets_exactly_the_reply_and_the_log_its_usage() {
         ("responses", "/v1/responses"),
         ("anthropic", "/v1/messages"),
     ] {
-        let mock = splitting_mock(dialect).await;
+        let mock = splitting_mock(dialect, 40).await;
         let proxy = Proxy::start(&mock.url());
-        let (whole, final_at) = stream_of(dialect);
+        let (whole, final_at) = stream_of(dialect, 40);
         let split = final_at + 5;
         let body = match dialect {
             "responses" => {
@@ -146,10 +142,18 @@ async fn the_client_gets_exactly_the_reply_and_the_log_its_usage() {
             Some(77),
             "{dialect}: usage read from the stream: {reply}"
         );
-        let access = access_lines(&proxy)
-            .into_iter()
-            .find(|l| l.contains(&id))
-            .unwrap_or_default();
+        // The access line is written once the body is over: wait for it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let access = loop {
+            if let Some(line) = access_lines(&proxy).into_iter().find(|l| l.contains(&id)) {
+                break line;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{dialect}: no access line"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
         assert!(access.contains("outcome=\"complete\""), "{access}");
         assert!(
             access.contains(&format!("bytes={}", whole.len())),
@@ -159,11 +163,12 @@ async fn the_client_gets_exactly_the_reply_and_the_log_its_usage() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_official_sdks_read_final_events_split_anywhere() {
+async fn the_official_sdks_read_final_events_split_at_every_offset() {
     for dialect in ["chat", "responses", "anthropic"] {
-        let mock = splitting_mock(dialect).await;
+        // One tool: a final event of ~1.4 KB, split at every one of its offsets.
+        let mock = splitting_mock(dialect, 1).await;
         let proxy = Proxy::start(&mock.url());
-        let offsets = offsets(dialect);
+        let offsets = offsets(dialect, 1);
         let args: Vec<String> = std::iter::once(dialect.to_owned())
             .chain(offsets.iter().map(usize::to_string))
             .collect();
