@@ -113,8 +113,8 @@ fn run(agent: Agent, base: &str, work: &Path, files: usize) -> Output {
             )
             .unwrap();
             let mut c = Command::new(bin("codex"));
-            c.args(["exec", "--skip-git-repo-check", "--ephemeral"])
-                .args(["--dangerously-bypass-approvals-and-sandbox", &prompt])
+            // Its default read-only sandbox: reading files is all the task needs.
+            c.args(["exec", "--skip-git-repo-check", "--ephemeral", &prompt])
                 .env("CODEX_HOME", &codex_home)
                 .env("HANDOFF_AGENT_KEY", KEY);
             c
