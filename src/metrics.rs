@@ -10,6 +10,9 @@ use std::sync::Mutex;
 /// The counter of replies that did not reach the log, by cause.
 pub const REPLIES_UNLOGGED: &str = "handoff_replies_unlogged_total";
 
+/// The counter of views sent with shortened tool bodies (`compaction.rescue`).
+pub const VIEWS_RESCUED: &str = "handoff_views_rescued_total";
+
 /// Upper bounds, in seconds, of the overhead histogram's buckets.
 const OVERHEAD_BUCKETS: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
@@ -48,6 +51,11 @@ const HELP: &[(&str, &str, &str)] = &[
         "handoff_compaction_duration_seconds_count",
         "counter",
         "Compaction runs timed.",
+    ),
+    (
+        VIEWS_RESCUED,
+        "counter",
+        "Views whose newest unit fit only with over-long tool bodies shortened (compaction.rescue).",
     ),
     (
         REPLIES_UNLOGGED,

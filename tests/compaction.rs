@@ -207,7 +207,10 @@ async fn an_irreducible_request_gets_400_with_the_numbers() {
     assert_eq!(got.json()["error"]["code"], "context_length_exceeded");
     let message = got.json()["error"]["message"].as_str().unwrap().to_owned();
     assert!(
-        message.contains("last unit") && message.contains("4096 window"),
+        message.contains("newest unit")
+            && message.contains("4096 window")
+            && message.contains("input budget")
+            && message.contains("trigger"),
         "{message}"
     );
     assert!(
@@ -426,16 +429,25 @@ async fn rescue_shortens_an_over_long_tool_body_only_in_the_view() {
         json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}]}),
         json!({"role": "tool", "tool_call_id": "c1", "content": body}),
     ];
-    let strict_proxy = Proxy::start_with(&mock.url(), options(4096, ""));
+    let strict_proxy =
+        Proxy::start_with(&mock.url(), options(4096, "[compaction]\nrescue = false\n"));
     let refused = chat(&strict_proxy, "rescue", &messages).await;
+    // Without rescue the newest unit cannot fit. The first request's count is a guess
+    // (no calibration yet): it is sent, and the model's own refusal comes back.
     assert_eq!(
         refused.status, 400,
-        "without rescue the last unit cannot fit"
+        "without rescue the newest unit cannot fit"
     );
-    assert!(refused.text().contains("last unit"), "{}", refused.text());
+    assert!(
+        refused.text().contains("maximum context length is 4096"),
+        "{}",
+        refused.text()
+    );
     assert_eq!(refused.json()["error"]["code"], "context_length_exceeded");
 
-    let proxy = Proxy::start_with(&mock.url(), options(4096, "[compaction]\nrescue = true\n"));
+    // Rescue is on by default.
+    let refusals = strict.over_window.lock().unwrap().len();
+    let proxy = Proxy::start_with(&mock.url(), options(4096, ""));
     let got = chat(&proxy, "rescue", &messages).await;
     assert_eq!(got.status, 200, "{}", got.text());
     let sent = agent_requests(&mock).pop().unwrap().json();
@@ -445,7 +457,16 @@ async fn rescue_shortens_an_over_long_tool_body_only_in_the_view() {
             && tool.ends_with("TAIL")
             && tool.contains("characters omitted by handoff")
     );
-    assert!(strict.over_window.lock().unwrap().is_empty());
+    assert_eq!(
+        strict.over_window.lock().unwrap().len(),
+        refusals,
+        "the rescued view fits"
+    );
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains("handoff_views_rescued_total 1"),
+        "{metrics}"
+    );
     let replay = proxy.replay("rescue", None);
     assert_eq!(
         replay[2]["content"].as_str().unwrap(),

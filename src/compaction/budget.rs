@@ -111,6 +111,11 @@ impl Scale {
         Self { anchor, ratio }
     }
 
+    /// True when a calibration backs the counts.
+    pub fn is_calibrated(&self) -> bool {
+        self.ratio.is_some()
+    }
+
     /// The upstream's count for `local` tokens of any text.
     pub fn tokens(&self, local: u64) -> u64 {
         match self.ratio {

@@ -25,7 +25,7 @@ use crate::base::record::{CompactionRecord, Reason, RecordSource, POLICY_VERSION
 use crate::config::{CompactionConfig, Tokenizer};
 use crate::conversation::{ConversationId, Tracked, Tracker};
 use crate::dialect::{ChatRequest, DialectError, Message};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, VIEWS_RESCUED};
 use crate::projection::{project_view, ModelView, ProjectionError};
 use crate::store::{Lease, StoreError};
 use crate::tokens::{Tokens, MESSAGE_OVERHEAD, REPLY_PRIMING};
@@ -102,6 +102,39 @@ pub struct Job<'a> {
     pub client: Arc<dyn ModelClient>,
     /// The strategies to try, first to last.
     pub chain: Vec<NamedStrategy>,
+}
+
+impl Job<'_> {
+    /// What a view may not exceed to be sent: the input budget (the window less the
+    /// reserved output). After the upstream refused a view for its size, the aim
+    /// below that refusal is the limit too.
+    pub fn hard_limit(&self) -> u64 {
+        match self.reason {
+            Reason::ContextLengthExceeded => self.threshold,
+            Reason::Threshold | Reason::Manual => self.input_budget.max(self.threshold),
+        }
+    }
+
+    /// True when the counts are a guess: no calibration for this model yet, or a
+    /// tokenizer that only estimates. Then a view handoff thinks is over the limit is
+    /// still sent, and the reactive path recovers if the upstream refuses it.
+    pub fn counts_are_guesses(&self) -> bool {
+        !self.scale.is_calibrated() || self.tokenizer == Tokenizer::Estimate
+    }
+
+    /// The 400 detail when no view fits: which part is too big, and both limits.
+    fn too_large(&self, what: String) -> CompactError {
+        CompactError::TooLarge {
+            detail: format!(
+                "{what}; it must fit the input budget of {} ({} window − {} reserved output); handoff compacts at {} (trigger {})",
+                self.hard_limit(),
+                self.model.context_window,
+                self.model.context_window.saturating_sub(self.input_budget),
+                self.threshold,
+                self.config.trigger
+            ),
+        }
+    }
 }
 
 impl<'a> Job<'a> {
@@ -211,6 +244,7 @@ impl Compactor {
         };
         let scale = Scale::new(tracked.calibration.as_ref(), &request.model);
         let current = scale.view(local, view.generation());
+        tracing::debug!(conversation = %tracked.id, local, estimate = current, threshold = budget.threshold, "view estimated");
         if current > budget.threshold {
             tracing::info!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, "over the trigger; compacting");
             view = self.compact(&job(budget, view.generation())).await?;
@@ -334,16 +368,24 @@ impl Compactor {
             let covered_before = view.live_start;
             let run = self.run_once(job, &view, estimate, keep_only_last);
             let record = match self.renewing(job, lease, run).await {
+                // Nothing more to cut, but what is there fits: sent as it is.
+                Err(CompactError::TooLarge { .. }) if estimate <= job.hard_limit() => {
+                    return Ok(view);
+                }
                 Err(CompactError::TooLarge { .. })
                     if job.config.rescue && !rescued && view.rescue() =>
                 {
                     // compaction.rescue: shortened tool bodies may let the last unit fit.
                     rescued = true;
                     estimate = self.count(job, &view);
+                    self.metrics.add(VIEWS_RESCUED, &[], 1.0);
                     if estimate <= job.threshold {
                         return Ok(view);
                     }
                     continue;
+                }
+                Err(err @ CompactError::TooLarge { .. }) => {
+                    return self.send_on_a_guess(job, view, estimate, err);
                 }
                 other => other?,
             };
@@ -361,15 +403,56 @@ impl Compactor {
             }
             let last_unit = split_into_units(&view.live).len() <= 1;
             if keep_only_last || last_unit || view.live_start <= covered_before {
-                return Err(CompactError::TooLarge {
-                    detail: format!(
-                        "after compaction the view is still {estimate} tokens; the limit is {} ({} window, input budget {}, trigger {})",
-                        job.threshold, job.model.context_window, job.input_budget, job.config.trigger
-                    ),
-                });
+                // Compacted as far as it goes: over the aim, but what fits is sent.
+                if estimate <= job.hard_limit() {
+                    tracing::info!(conversation = %job.id, estimate, threshold = job.threshold, limit = job.hard_limit(), "the newest unit keeps the view over the trigger; it fits the input budget and is sent");
+                    return Ok(view);
+                }
+                if job.config.rescue && !rescued && view.rescue() {
+                    self.metrics.add(VIEWS_RESCUED, &[], 1.0);
+                    estimate = self.count(job, &view);
+                    if estimate <= job.hard_limit() {
+                        return Ok(view);
+                    }
+                }
+                let err = job.too_large(format!(
+                    "after compaction the view is still {estimate} tokens, its newest unit {}",
+                    self.last_unit_tokens(job, &view)
+                ));
+                return self.send_on_a_guess(job, view, estimate, err);
             }
             keep_only_last = true;
         }
+    }
+
+    /// The newest unit's tokens in `view`, as the upstream counts.
+    fn last_unit_tokens(&self, job: &Job<'_>, view: &ModelView<'_>) -> u64 {
+        let units = split_into_units(&view.live);
+        let local: u64 = units.last().map_or(0, |u| {
+            (u.start..u.end)
+                .map(|i| view.live[i].token_count(&self.tokens, job.tokenizer))
+                .sum()
+        });
+        job.scale.tokens(local)
+    }
+
+    /// `err` when the counts are trusted; the view as it is when they are a guess within
+    /// a factor of two of the limit, so that the upstream, not handoff's estimate,
+    /// decides (the reactive path recovers if it refuses).
+    fn send_on_a_guess<'a>(
+        &self,
+        job: &Job<'_>,
+        view: ModelView<'a>,
+        estimate: u64,
+        err: CompactError,
+    ) -> Result<ModelView<'a>, CompactError> {
+        // Not on a guess that is too far off: no model counts half of what tiktoken does.
+        let plausible = estimate / 2 <= job.hard_limit();
+        if job.counts_are_guesses() && plausible && job.reason != Reason::ContextLengthExceeded {
+            tracing::warn!(conversation = %job.id, estimate, limit = job.hard_limit(), error = %err, "over the input budget by an uncalibrated count; sending and letting the upstream decide");
+            return Ok(view);
+        }
+        Err(err)
     }
 
     fn plan(
@@ -398,22 +481,19 @@ impl Compactor {
         let scale = |local: u64| job.scale.tokens(local);
         let fixed = pinned + job.tools_tokens + REPLY_PRIMING;
         let last = unit_tokens.last().copied().unwrap_or(0);
-        if scale(fixed + last) > job.threshold {
-            return Err(CompactError::TooLarge {
-                detail: format!(
-                    "pinned messages ({}) + tools ({}) + the last unit ({}) = {} tokens, over the limit of {} ({} window − reserved output = input budget {}, × trigger {})",
-                    scale(pinned),
-                    scale(job.tools_tokens),
-                    scale(last),
-                    scale(fixed + last),
-                    job.threshold,
-                    job.model.context_window,
-                    job.input_budget,
-                    job.config.trigger
-                ),
-            });
+        let pair_tokens = handoff_budget(&job.model) + 2 * MESSAGE_OVERHEAD + 64;
+        if scale(fixed + last) > job.hard_limit() {
+            return Err(job.too_large(format!(
+                "pinned messages ({}) + tools ({}) + the newest unit ({}) = {} tokens",
+                scale(pinned),
+                scale(job.tools_tokens),
+                scale(last),
+                scale(fixed + last)
+            )));
         }
-        let pair = handoff_budget(&job.model) + 2 * MESSAGE_OVERHEAD + 64;
+        // The newest unit alone keeps the view over the aim: everything before it goes.
+        let keep_only_last = keep_only_last || scale(fixed + pair_tokens + last) > job.threshold;
+        let pair = pair_tokens;
         let dialect = job.request.dialect();
         let steps: &[f64] = if keep_only_last { &[0.0] } else { &KEEP_STEPS };
         let mut chosen = None;
@@ -443,21 +523,16 @@ impl Compactor {
                 break;
             }
         }
-        chosen.ok_or_else(|| CompactError::TooLarge {
-            detail: if units.len() <= 1 {
-                format!(
-                    "nothing left to compact: the view is one unit of {} tokens, and with the rest it is over the limit of {}",
-                    scale(last),
-                    job.threshold
-                )
+        chosen.ok_or_else(|| {
+            let total = scale(fixed + unit_tokens.iter().sum::<u64>());
+            job.too_large(if units.len() <= 1 {
+                format!("nothing left to compact: the view is one unit, {total} tokens")
             } else {
                 format!(
-                    "no cut of the view's {} units can open a valid recent part; with the rest it is {} tokens, over the limit of {}",
-                    units.len(),
-                    scale(fixed + unit_tokens.iter().sum::<u64>()),
-                    job.threshold
+                    "no cut of the view's {} units can open a valid recent part; it is {total} tokens",
+                    units.len()
                 )
-            },
+            })
         })
     }
 

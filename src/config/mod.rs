@@ -519,7 +519,7 @@ impl Default for CompactionConfig {
             summary_request_extra: serde_json::Map::new(),
             prompt_file: None,
             max_retries: 2,
-            rescue: false,
+            rescue: true,
             chain: Vec::new(),
             strategies: BTreeMap::new(),
             request_override_allow: Vec::new(),

@@ -1,0 +1,124 @@
+//! The window is the only hard limit. The trigger says when to compact; the input
+//! budget (window − reserved output) says what may be sent. A view over the trigger
+//! but within the budget is sent; a huge tool result is shortened in the view
+//! (rescue); only what no view can fit gets handoff's 400, naming both limits.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::sync::Arc;
+
+use mock_upstream::strict::{text_tokens, Strict};
+use mock_upstream::MockUpstream;
+use serde_json::{json, Value};
+use support::scenario::{agent_requests, chat, options, records};
+
+/// Text of about `tokens` tokens (the mock's o200k count), opening with `label`.
+fn text_of(label: &str, tokens: u64) -> String {
+    let mut words = vec![label.to_owned()];
+    let mut i = 0;
+    while text_tokens(&words.join(" ")) < tokens {
+        words.extend((0..50).map(|k| format!("w{}", i * 50 + k)));
+        i += 1;
+    }
+    words.join(" ")
+}
+
+fn tool_turn(id: &str, result: String) -> [Value; 2] {
+    [
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "read", "arguments": "{}"}}]}),
+        json!({"role": "tool", "tool_call_id": id, "content": result}),
+    ]
+}
+
+async fn strict(window: u64, scale: f64) -> (Arc<Strict>, MockUpstream) {
+    let strict = Strict::scaled(window, scale);
+    let responder = Arc::clone(&strict);
+    let mock = MockUpstream::with(move |request| responder.answer(request)).await;
+    (strict, mock)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newest_unit_between_the_trigger_and_the_budget_is_sent_whole() {
+    // 8192 window, 819 reserved: input budget 7373, compaction at 0.9 of it (6635).
+    let (strict, mock) = strict(8192, 1.0).await;
+    let proxy = support::Proxy::start_with(&mock.url(), options(8192, ""));
+    let mut messages = Vec::new();
+    for i in 0..3 {
+        messages.push(json!({"role": "user", "content": text_of(&format!("FACT-{i:03}"), 300)}));
+        messages.push(json!({"role": "assistant", "content": format!("noted {i}")}));
+    }
+    messages.push(json!({"role": "user", "content": "read the big file"}));
+    let big = text_of("BIG", 6700);
+    messages.extend(tool_turn("c1", big.clone()));
+    let got = chat(&proxy, "between", &messages).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert_eq!(
+        records(&proxy, "between").len(),
+        1,
+        "what precedes it was compacted"
+    );
+    let sent = agent_requests(&mock).pop().unwrap().json();
+    let last = sent["messages"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(
+        last["content"],
+        big.as_str(),
+        "the newest unit is sent whole"
+    );
+    assert!(strict.over_window.lock().unwrap().is_empty());
+    assert!(!proxy.logs().contains("cannot fit"), "{}", proxy.logs());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_text_over_the_budget_gets_a_400_naming_both_limits() {
+    let (_strict, mock) = strict(8192, 1.0).await;
+    let proxy = support::Proxy::start_with(&mock.url(), options(8192, ""));
+    // Calibrate first, on a message large enough that overheads do not skew the ratio,
+    // so the count is no guess.
+    let hello = [json!({"role": "user", "content": text_of("HELLO", 2000)})];
+    assert_eq!(chat(&proxy, "calibrated", &hello).await.status, 200);
+    let mut messages = hello.to_vec();
+    messages.push(json!({"role": "assistant", "content": "hi"}));
+    messages.push(json!({"role": "user", "content": text_of("HUGE", 7600)}));
+    let before = mock.requests().len();
+    let got = chat(&proxy, "calibrated", &messages).await;
+    assert_eq!(got.status, 400, "{}", got.text());
+    let message = got.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("newest unit")
+            && message.contains("input budget of 7373")
+            && message.contains("8192 window")
+            && message.contains("compacts at 6635"),
+        "{message}"
+    );
+    assert_eq!(mock.requests().len(), before, "nothing went upstream");
+}
+
+/// An agent whose model counts `scale` × tiktoken, with 20 KB tool results: 20 turns,
+/// the first uncalibrated, and every one answered.
+async fn agent_with_big_results(scale: f64) {
+    let (strict, mock) = strict(32_768, scale).await;
+    let proxy = support::Proxy::start_with(&mock.url(), options(32_768, ""));
+    let id = format!("scaled-{scale}");
+    let mut messages = vec![json!({"role": "user", "content": "read every log, one per turn"})];
+    for turn in 0..20 {
+        let result = format!(
+            "FACT-{turn:03} {}",
+            "log line with numbers 12 34 56\n".repeat(660)
+        );
+        messages.extend(tool_turn(&format!("c{turn}"), result));
+        let got = chat(&proxy, &id, &messages).await;
+        assert_eq!(got.status, 200, "turn {turn} at {scale}×: {}", got.text());
+    }
+    assert!(records(&proxy, &id).len() >= 2, "{}", proxy.logs());
+    assert!(strict.broken_pairs.lock().unwrap().is_empty());
+    // The model may refuse a view sized on a guess; each refusal was recovered.
+    let refused = strict.over_window.lock().unwrap().len();
+    assert!(refused <= 2, "{refused} refusals at {scale}×");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_on_a_model_that_counts_more_or_less_is_never_refused() {
+    agent_with_big_results(1.5).await;
+    agent_with_big_results(0.7).await;
+}
