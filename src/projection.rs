@@ -17,6 +17,7 @@ use serde_json::Value;
 
 use crate::adoption::Adopted;
 use crate::base::digest::{MessageDigest, PrefixDigest};
+use crate::base::line::ShortenedBody;
 use crate::config::Tokenizer;
 use crate::conversation::Tracked;
 use crate::dialect::{ChatRequest, DialectError, DialectKind, Message, RawMessage};
@@ -70,6 +71,8 @@ pub struct ModelView<'a> {
     pub live_start: usize,
     /// The pair as one message, when the dialect cannot send it as two before `live`.
     pub joined: Option<Box<RawValue>>,
+    /// The messages whose tool bodies [`ModelView::rescue`] shortened.
+    pub rescued: Vec<ShortenedBody>,
 }
 
 impl ModelView<'_> {
@@ -152,7 +155,8 @@ impl ModelView<'_> {
         let mut changed = false;
         let mut live = self.live.to_vec();
         let mut digests = self.live_digests.to_vec();
-        for (message, digest) in live.iter_mut().zip(digests.iter_mut()) {
+        let mut rescued = Vec::new();
+        for (index, (message, digest)) in live.iter_mut().zip(digests.iter_mut()).enumerate() {
             if !message.is_tool_answer() {
                 continue;
             }
@@ -163,6 +167,12 @@ impl ModelView<'_> {
             let Ok(raw) = serde_json::to_string(&value) else {
                 continue;
             };
+            rescued.push(ShortenedBody {
+                index: self.live_start + index,
+                message_digest: *digest,
+                bytes_before: message.raw.get().len(),
+                bytes_after: raw.len(),
+            });
             let shortened = Message::parsed(message.role, RawMessage::from(raw), value);
             *digest = shortened.digest();
             *message = shortened;
@@ -171,6 +181,7 @@ impl ModelView<'_> {
         if changed {
             self.live = Cow::Owned(live);
             self.live_digests = Cow::Owned(digests);
+            self.rescued = rescued;
         }
         changed
     }
@@ -310,6 +321,7 @@ pub fn project_view<'a>(
         joined,
         pinned,
         lifted,
+        rescued: Vec::new(),
         compaction: found,
         live: Cow::Borrowed(&rest[live_start..]),
         live_digests: Cow::Borrowed(&tracked.message_digests[live_start..]),

@@ -467,6 +467,14 @@ async fn rescue_shortens_an_over_long_tool_body_only_in_the_view() {
         metrics.contains("handoff_views_rescued_total 1"),
         "{metrics}"
     );
+    // The audit says which tool result was shortened, and by how much.
+    let show = String::from_utf8_lossy(&proxy.audit(&["show", "rescue"]).stdout).into_owned();
+    let note = show
+        .lines()
+        .find(|l| l.contains("RESCUED"))
+        .unwrap_or_default();
+    assert!(note.contains("#2 ") && note.contains("bytes"), "{show}");
+    proxy.assert_verified(&["rescue"]);
     let replay = proxy.replay("rescue", None);
     assert_eq!(
         replay[2]["content"].as_str().unwrap(),

@@ -421,10 +421,13 @@ fn eval_replays_a_conversation_file_as_the_readme_shows() {
     let conversation = &report["conversations"][0];
     assert_eq!(conversation["requests"], 5);
     assert_eq!(conversation["compactions"][0]["strategy"], "extract");
-    assert!(conversation["errors"][0]
-        .as_str()
-        .unwrap()
-        .contains("cannot fit"));
+    // Request 2's newest unit (a 20k-token tool result) is over the 7,373-token input
+    // budget: rescued (shortened in the view), not refused.
+    assert_eq!(
+        conversation["errors"].as_array().map_or(0, Vec::len),
+        0,
+        "{conversation}"
+    );
     assert_eq!(report["total"]["compactions"], 1);
     assert!(
         dir.path().read_dir().unwrap().next().is_none(),

@@ -206,6 +206,20 @@ impl Audit {
                         ""
                     }
                 )?,
+                Entry::Rescue(rescue) => {
+                    let shortened: Vec<String> = rescue
+                        .shortened
+                        .iter()
+                        .map(|s| format!("#{} {}→{} bytes", s.index, s.bytes_before, s.bytes_after))
+                        .collect();
+                    writeln!(
+                        out,
+                        "{}  RESCUED  head={} tool results shortened in the view only: {}",
+                        line.at,
+                        rescue.head.map_or("-".to_owned(), |h| h.short(12)),
+                        shortened.join(", ")
+                    )?;
+                }
             }
         }
         for problem in &log.problems {

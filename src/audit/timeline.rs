@@ -112,6 +112,12 @@ pub fn timeline(
                     "compaction": estimate.and_then(|(_, compaction)| compaction),
                 }));
             }
+            Entry::Rescue(rescue) => events.push(json!({
+                "type": "rescue",
+                "at": line.at,
+                "head": rescue.head.map(|h| h.to_hex()),
+                "shortened": rescue.shortened,
+            })),
             Entry::CompactBoundary(boundary) => {
                 let Some(record) = adoption.adopted.get(&boundary.prefix_digest) else {
                     continue;

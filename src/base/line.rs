@@ -54,6 +54,7 @@ impl Line {
             "pinned" => Entry::Pinned(serde_json::from_slice(bytes)?),
             "request" => Entry::Request(serde_json::from_slice(bytes)?),
             "compact_boundary" => Entry::CompactBoundary(serde_json::from_slice(bytes)?),
+            "rescue" => Entry::Rescue(serde_json::from_slice(bytes)?),
             _ => return Err(LineError::UnknownKind(header.kind)),
         };
         Ok(Self {
@@ -85,6 +86,31 @@ pub enum Entry {
     Request(RequestLine),
     /// A committed compaction: written after its record, it makes the record count.
     CompactBoundary(BoundaryLine),
+    /// A view sent with over-long tool bodies shortened (`compaction.rescue`).
+    Rescue(RescueLine),
+}
+
+/// Which tool results a request's view shortened, and by how much; the originals stay
+/// whole in the log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RescueLine {
+    /// Chain digest of the request's last non-pinned message.
+    pub head: Option<PrefixDigest>,
+    /// Each shortened message.
+    pub shortened: Vec<ShortenedBody>,
+}
+
+/// One message whose tool bodies a view shortened.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShortenedBody {
+    /// Its position among the request's non-pinned messages.
+    pub index: usize,
+    /// Digest of the original message.
+    pub message_digest: MessageDigest,
+    /// Bytes of the original message.
+    pub bytes_before: usize,
+    /// Bytes of the message as sent.
+    pub bytes_after: usize,
 }
 
 /// The boundary of a compaction, in the message log.

@@ -20,7 +20,7 @@ use super::handoff::{continuation_message, handoff_message, needs_reasoning_mark
 use super::split::split_at_unit_boundary;
 use super::unit::split_into_units;
 use super::Adopted;
-use crate::base::line::FORMAT_VERSION;
+use crate::base::line::{Entry, Line, RescueLine, FORMAT_VERSION};
 use crate::base::record::{CompactionRecord, Reason, RecordSource, POLICY_VERSION};
 use crate::config::{CompactionConfig, Tokenizer};
 use crate::conversation::{ConversationId, Tracked, Tracker};
@@ -287,6 +287,9 @@ impl Compactor {
         };
         let result = self.compact_leased(job, &lease).await;
         job.tracker.release(job.id, &lease).await;
+        if let Ok(view) = &result {
+            self.note_rescue(job, view).await;
+        }
         match result {
             Err(CompactError::Store(StoreError::LeaseLost(_))) => {
                 // Taken over while the model ran: the other replica's handoff may do.
@@ -297,6 +300,21 @@ impl Compactor {
                 }
             }
             other => other,
+        }
+    }
+
+    /// Logs which tool results `view` shortened, if any: the audit shows every view that
+    /// was not the originals plus a handoff. A failed write loses only the note.
+    async fn note_rescue(&self, job: &Job<'_>, view: &ModelView<'_>) {
+        if view.rescued.is_empty() {
+            return;
+        }
+        let line = Line::now(Entry::Rescue(RescueLine {
+            head: job.tracked.head(),
+            shortened: view.rescued.clone(),
+        }));
+        if let Err(err) = job.tracker.store().append(job.id, vec![line]).await {
+            tracing::warn!(conversation = %job.id, error = %err, "cannot log the rescue note");
         }
     }
 

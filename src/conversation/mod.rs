@@ -177,7 +177,7 @@ impl ConversationState {
                 Entry::Pinned(pinned) => {
                     state.pinned.insert(pinned.digest);
                 }
-                Entry::Request(_) | Entry::CompactBoundary(_) => {}
+                Entry::Request(_) | Entry::CompactBoundary(_) | Entry::Rescue(_) => {}
             }
         }
         let adoption = adopt(log);
