@@ -30,7 +30,7 @@ use crate::compaction::service::{Compactor, Job};
 use crate::compaction::Reason;
 use crate::config::{Config, ModelConfig};
 use crate::conversation::{CapturedReplies, ConversationId, Tracker};
-use crate::dialect::ChatRequest;
+use crate::dialect::DialectKind;
 use crate::metrics::Metrics;
 use crate::state::{Snapshot, StateError};
 use crate::store::{MemoryStore, Store};
@@ -204,27 +204,22 @@ pub async fn evaluate(
         cancel: CancellationToken::new(),
         metrics: Arc::new(Metrics::default()),
     };
-    let client: Arc<dyn ModelClient> = if options.upstream.is_some() {
-        let mut headers = HeaderMap::new();
-        if let Some(value) = std::env::var("OPENAI_API_KEY")
-            .ok()
-            .and_then(|key| format!("Bearer {key}").parse().ok())
-        {
-            headers.insert(http::header::AUTHORIZATION, value);
-        }
-        Arc::new(UpstreamModelClient::new(
-            snapshot.upstream.clone(),
-            PathAndQuery::from_static("/v1/chat/completions"),
-            headers,
-        ))
+    let clients = if options.upstream.is_some() {
+        [
+            DialectKind::OpenAiChat,
+            DialectKind::Anthropic,
+            DialectKind::Responses,
+        ]
+        .map(|dialect| summary_client(&snapshot, dialect))
     } else {
-        Arc::new(NoUpstream)
+        let none: Arc<dyn ModelClient> = Arc::new(NoUpstream);
+        [Arc::clone(&none), Arc::clone(&none), none]
     };
     let replayer = Replayer {
         snapshot,
         tokens,
         compactor,
-        client,
+        clients,
     };
     let mut reports = Vec::with_capacity(replays.len());
     for replay in replays {
@@ -239,7 +234,43 @@ struct Replayer {
     snapshot: Snapshot,
     tokens: Arc<Tokens>,
     compactor: Compactor,
-    client: Arc<dyn ModelClient>,
+    /// The summary client of each dialect, in `DialectKind` order.
+    clients: [Arc<dyn ModelClient>; 3],
+}
+
+/// The summary client for `dialect`'s requests: its own path and credential
+/// (`OPENAI_API_KEY` as a bearer, `ANTHROPIC_API_KEY` as `x-api-key`), speaking its
+/// wire format under the chat-shaped interface strategies use.
+fn summary_client(snapshot: &Snapshot, dialect: DialectKind) -> Arc<dyn ModelClient> {
+    let mut headers = HeaderMap::new();
+    let credential = match dialect {
+        DialectKind::Anthropic => std::env::var("ANTHROPIC_API_KEY")
+            .ok()
+            .and_then(|key| key.parse().ok())
+            .map(|value| (http::header::HeaderName::from_static("x-api-key"), value)),
+        _ => std::env::var("OPENAI_API_KEY")
+            .ok()
+            .and_then(|key| format!("Bearer {key}").parse().ok())
+            .map(|value| (http::header::AUTHORIZATION, value)),
+    };
+    if let Some((name, value)) = credential {
+        headers.insert(name, value);
+    }
+    if dialect == DialectKind::Anthropic {
+        headers.insert(
+            "anthropic-version",
+            http::HeaderValue::from_static("2023-06-01"),
+        );
+    }
+    let raw: Arc<dyn ModelClient> = Arc::new(UpstreamModelClient::new(
+        snapshot.upstream.clone(),
+        PathAndQuery::from_static(dialect.get().path()),
+        headers,
+    ));
+    match dialect {
+        DialectKind::OpenAiChat => raw,
+        other => other.get().summary_client(raw),
+    }
 }
 
 impl Replayer {
@@ -317,9 +348,15 @@ impl Replayer {
             snapshot,
             tokens,
             compactor,
-            client,
+            clients,
         } = self;
-        let chat = ChatRequest::parse(&step.body).map_err(|err| err.to_string())?;
+        let client = &clients[match step.dialect {
+            DialectKind::OpenAiChat => 0,
+            DialectKind::Anthropic => 1,
+            DialectKind::Responses => 2,
+        }];
+        let dialect = step.dialect.get();
+        let chat = dialect.parse(&step.body).map_err(|err| err.to_string())?;
         let tracked = tracker
             .track(id.clone(), &chat)
             .await
@@ -344,11 +381,8 @@ impl Replayer {
             .map_err(|err| err.to_string())?;
         let (view, local) = (fitted.view, fitted.estimate);
         let text = view.raw_messages().join("\n");
-        if let Some((reply, usage)) = &step.reply {
-            let server = usage
-                .as_ref()
-                .and_then(|u| u.get("prompt_tokens"))
-                .and_then(Value::as_u64);
+        if let Some((replies, usage)) = &step.reply {
+            let server = usage.as_ref().and_then(|u| dialect.input_tokens(u));
             let calibration = local.zip(server).map(|(local, server)| Calibration {
                 model: chat.model.clone(),
                 generation: view.generation().map(str::to_owned),
@@ -360,9 +394,9 @@ impl Replayer {
                 model: chat.model.clone(),
                 usage: usage.clone(),
                 calibration,
-                replies: vec![reply.clone()],
+                replies: replies.clone(),
                 incomplete: None,
-                sequence: false,
+                sequence: step.dialect == DialectKind::Responses,
                 response_id: None,
             };
             tracker

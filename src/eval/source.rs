@@ -8,8 +8,10 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::audit::Tree;
+use crate::base::digest::PrefixDigest;
 use crate::base::line::Source;
 use crate::conversation::{CapturedReply, ConversationId};
+use crate::dialect::DialectKind;
 use crate::store::layout::{conversation_dir, list_ids, resolve, ResolveError, MESSAGES_FILE};
 use crate::store::read_conversation;
 use crate::tenant::TenantId;
@@ -40,10 +42,13 @@ pub enum SourceError {
 
 /// One request to replay, and the reply the upstream gave it, if it was logged.
 pub struct Step {
-    /// The chat-completions body.
+    /// The request's wire format.
+    pub dialect: DialectKind,
+    /// The request body, in its dialect.
     pub body: Vec<u8>,
-    /// The logged reply, to log again (it may carry the usage that calibrates).
-    pub reply: Option<(CapturedReply, Option<Value>)>,
+    /// The logged reply (consecutive output items for Responses), to log again, and
+    /// the usage that calibrates the next request.
+    pub reply: Option<(Vec<CapturedReply>, Option<Value>)>,
 }
 
 /// A conversation to replay.
@@ -87,33 +92,38 @@ pub fn from_data_dir(data_dir: &Path, ids: &[String]) -> Result<Vec<Replay>, Sou
                 },
                 None => Vec::new(),
             };
-            let messages: Vec<&RawValue> = request
+            let dialect = DialectKind::from_name(request.dialect.as_deref());
+            let pinned = request
                 .pinned
                 .and_then(|digest| tree.pinned(&digest))
-                .unwrap_or_default()
-                .into_iter()
+                .unwrap_or_default();
+            let top_level = request.top_level.unwrap_or(0).min(pinned.len());
+            let messages: Vec<&RawValue> = pinned[top_level..]
+                .iter()
+                .copied()
                 .chain(branch.iter().map(|m| m.message.as_ref()))
                 .collect();
-            let reply = tree
-                .messages()
-                .iter()
-                .find(|m| {
-                    m.parent == request.head
-                        && m.source == Source::Upstream
-                        && m.complete != Some(false)
-                })
-                .map(|m| {
-                    (
-                        CapturedReply {
-                            message: m.message.clone(),
-                            finish_reason: m.finish_reason.clone(),
-                            choice: m.choice.unwrap_or(0),
-                        },
-                        m.usage.clone(),
-                    )
-                });
+            let body = match dialect {
+                DialectKind::OpenAiChat => chat_body(&request.model, &messages, None),
+                other => dialect_body(
+                    other,
+                    &request.model,
+                    pinned.first().filter(|_| top_level > 0).copied(),
+                    &messages,
+                ),
+            };
+            let reply = replies_after(&tree, request.head).map(|(replies, usage)| {
+                // A chat or Messages reply is one message; Responses' are its output items.
+                let replies = if dialect == DialectKind::Responses {
+                    replies
+                } else {
+                    replies.into_iter().take(1).collect()
+                };
+                (replies, usage)
+            });
             steps.push(Step {
-                body: chat_body(&request.model, &messages, None),
+                dialect,
+                body,
                 reply,
             });
         }
@@ -159,6 +169,7 @@ pub fn from_file(path: &Path, model: &str) -> Result<Replay, SourceError> {
         if message["role"] == "assistant" && index > 0 {
             let sent: Vec<&RawValue> = raw[..index].iter().map(AsRef::as_ref).collect();
             steps.push(Step {
+                dialect: DialectKind::OpenAiChat,
                 body: chat_body(model, &sent, tools),
                 reply: None,
             });
@@ -166,6 +177,7 @@ pub fn from_file(path: &Path, model: &str) -> Result<Replay, SourceError> {
     }
     let all: Vec<&RawValue> = raw.iter().map(AsRef::as_ref).collect();
     steps.push(Step {
+        dialect: DialectKind::OpenAiChat,
         body: chat_body(model, &all, tools),
         reply: None,
     });
@@ -183,6 +195,64 @@ pub fn from_file(path: &Path, model: &str) -> Result<Replay, SourceError> {
             .collect::<Vec<_>>()
             .join("\n"),
     })
+}
+
+/// The complete upstream replies logged after `head`, in order (a Responses reply is
+/// several output items, each the parent of the next), with the first one's usage.
+fn replies_after(
+    tree: &Tree<'_>,
+    head: Option<PrefixDigest>,
+) -> Option<(Vec<CapturedReply>, Option<Value>)> {
+    let messages = tree.messages();
+    let upstream = |parent: Option<PrefixDigest>| {
+        messages.iter().find(|m| {
+            m.parent == parent && m.source == Source::Upstream && m.complete != Some(false)
+        })
+    };
+    let first = upstream(head)?;
+    let mut replies = Vec::new();
+    let mut usage = first.usage.clone();
+    let mut next = Some(first);
+    while let Some(m) = next {
+        replies.push(CapturedReply {
+            message: m.message.clone(),
+            finish_reason: m.finish_reason.clone(),
+            choice: m.choice.unwrap_or(0),
+        });
+        usage = usage.or_else(|| m.usage.clone());
+        next = upstream(Some(m.digest));
+    }
+    Some((replies, usage))
+}
+
+/// A Messages or Responses body: the top-level instructions from the pinned
+/// `{"role":"system","content":…}` message, and the list.
+fn dialect_body(
+    dialect: DialectKind,
+    model: &str,
+    top_level: Option<&RawValue>,
+    messages: &[&RawValue],
+) -> Vec<u8> {
+    let content = top_level
+        .and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok())
+        .map(|value| value["content"].clone());
+    let (field, list) = match dialect {
+        DialectKind::Responses => ("instructions", "input"),
+        _ => ("system", "messages"),
+    };
+    let mut body = format!("{{\"model\":{},\"{list}\":[", json!(model));
+    for (index, message) in messages.iter().enumerate() {
+        if index > 0 {
+            body.push(',');
+        }
+        body.push_str(message.get());
+    }
+    body.push(']');
+    if let Some(content) = content {
+        body.push_str(&format!(",\"{field}\":{content}"));
+    }
+    body.push('}');
+    body.into_bytes()
 }
 
 fn chat_body(model: &str, messages: &[&RawValue], tools: Option<&Value>) -> Vec<u8> {
