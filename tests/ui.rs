@@ -46,6 +46,40 @@ async fn the_audit_page_shows_conversations_compactions_and_the_token_curve() {
     .await;
     assert_eq!(short.status, 200);
 
+    // The curve plots what was sent: the request that triggered the compaction is
+    // drawn with the compacted view it was sent with, under the window.
+    let timeline = support::client::send(support::client::request(
+        "GET",
+        &format!("{}/handoff/conversations/ui-long/timeline", proxy.url()),
+        &[],
+        "",
+    ))
+    .await
+    .json();
+    let requests: Vec<&Value> = timeline["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "request")
+        .collect();
+    let first_compacted = requests
+        .iter()
+        .position(|r| !r["compaction"].is_null())
+        .unwrap();
+    // Small turns: every view sent was under the trigger, the triggering one included.
+    let trigger = timeline["trigger_tokens"].as_u64().unwrap();
+    for r in &requests {
+        assert!(
+            r["estimated_tokens"].as_u64().unwrap() <= trigger,
+            "a request plotted above what it was sent with: {r}"
+        );
+    }
+    assert!(
+        requests[first_compacted]["estimated_tokens"].as_u64()
+            < requests[first_compacted - 1]["estimated_tokens"].as_u64(),
+        "the triggering request is drawn with its compacted view"
+    );
+
     let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/ui-screenshots");
     std::fs::create_dir_all(&shots).unwrap();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/ui_check.py");

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::{summarize, Tree};
 use crate::base::digest::{message_digest, PrefixDigest};
-use crate::base::line::{Entry, MessageLine};
+use crate::base::line::{Entry, MessageLine, RequestLine, RescueLine};
 use crate::compaction::budget::RequestBudget;
 use crate::compaction::{adopt, Adopted};
 use crate::config::{Config, Tokenizer};
@@ -47,6 +47,8 @@ pub fn timeline(
     // Each message is parsed and counted once; requests sum these.
     let mut message_tokens: HashMap<PrefixDigest, u64> = HashMap::new();
     let mut events = Vec::new();
+    let mut pending: Option<(usize, (&str, &RequestLine))> = None;
+    let mut rescues: HashMap<Option<PrefixDigest>, &RescueLine> = HashMap::new();
     for line in &log.lines {
         match &line.entry {
             Entry::Message(message) => {
@@ -89,35 +91,32 @@ pub fn timeline(
                 }));
             }
             Entry::Request(request) => {
-                let estimate = request.head.and_then(|head| {
-                    sent_estimate(
+                // Sized once the next request comes: a compaction this request triggered
+                // is committed after its line, and the view sent carried it.
+                if let Some((at, earlier)) = pending.take() {
+                    let sent = sized(
                         &tree,
-                        &head,
                         &committed,
                         &adoption.adopted,
-                        request.pinned,
                         &message_tokens,
+                        &rescues,
                         &count,
-                    )
-                });
+                        earlier.1,
+                    );
+                    events[at] = request_event(earlier, &sent);
+                }
+                pending = Some((events.len(), (line.at.as_str(), request)));
+                events.push(Value::Null);
+            }
+            Entry::Rescue(rescue) => {
+                rescues.insert(rescue.head, rescue);
                 events.push(json!({
-                    "type": "request",
+                    "type": "rescue",
                     "at": line.at,
-                    "model": request.model,
-                    "stream": request.stream,
-                    "head": request.head.map(|h| h.to_hex()),
-                    "new_messages": request.new_messages,
-                    "server_held": request.server_held.unwrap_or(false),
-                    "estimated_tokens": estimate.as_ref().map(|(tokens, _)| *tokens),
-                    "compaction": estimate.and_then(|(_, compaction)| compaction),
+                    "head": rescue.head.map(|h| h.to_hex()),
+                    "shortened": rescue.shortened,
                 }));
             }
-            Entry::Rescue(rescue) => events.push(json!({
-                "type": "rescue",
-                "at": line.at,
-                "head": rescue.head.map(|h| h.to_hex()),
-                "shortened": rescue.shortened,
-            })),
             Entry::CompactBoundary(boundary) => {
                 let Some(record) = adoption.adopted.get(&boundary.prefix_digest) else {
                     continue;
@@ -147,6 +146,18 @@ pub fn timeline(
             })),
         }
     }
+    if let Some((at, last)) = pending.take() {
+        let sent = sized(
+            &tree,
+            &committed,
+            &adoption.adopted,
+            &message_tokens,
+            &rescues,
+            &count,
+            last.1,
+        );
+        events[at] = request_event(last, &sent);
+    }
     let uncommitted = adoption.uncommitted.clone();
     let (window, trigger, input_budget) = budget_of(&tree, config, tokens);
     let mut value = serde_json::to_value(summarize(id, log)).unwrap_or(Value::Null);
@@ -165,6 +176,81 @@ pub fn timeline(
         .collect::<Vec<_>>());
     value["view"] = json!(next_view(id, log, &tree));
     value
+}
+
+/// What a request was sent with, for its timeline event.
+struct Sent {
+    tokens: Option<u64>,
+    compaction: Option<String>,
+    rescued: bool,
+}
+
+/// What `request` was sent with: the compactions committed so far, and its rescue.
+fn sized(
+    tree: &Tree<'_>,
+    committed: &[(&str, PrefixDigest)],
+    adopted: &HashMap<PrefixDigest, crate::base::record::CompactionRecord>,
+    message_tokens: &HashMap<PrefixDigest, u64>,
+    rescues: &HashMap<Option<PrefixDigest>, &RescueLine>,
+    count: &dyn Fn(&Value) -> u64,
+    request: &RequestLine,
+) -> Sent {
+    let estimate = request.head.and_then(|head| {
+        sent_estimate(
+            tree,
+            &head,
+            committed,
+            adopted,
+            request.pinned,
+            message_tokens,
+            count,
+        )
+    });
+    let rescue = rescues.get(&request.head).copied();
+    let saved = rescue.map_or(0, |r| rescued_tokens(tree, request.head, r, message_tokens));
+    Sent {
+        tokens: estimate.as_ref().map(|(t, _)| t.saturating_sub(saved)),
+        compaction: estimate.and_then(|(_, c)| c),
+        rescued: rescue.is_some(),
+    }
+}
+
+/// A request's timeline event.
+fn request_event((at, request): (&str, &RequestLine), sent: &Sent) -> Value {
+    json!({
+        "type": "request",
+        "at": at,
+        "model": request.model,
+        "stream": request.stream,
+        "head": request.head.map(|h| h.to_hex()),
+        "new_messages": request.new_messages,
+        "server_held": request.server_held.unwrap_or(false),
+        "estimated_tokens": sent.tokens,
+        "compaction": sent.compaction,
+        "rescued": sent.rescued,
+    })
+}
+
+/// Tokens a rescue took out of a request's view: each shortened message's count, in
+/// the share of its bytes that was cut.
+fn rescued_tokens(
+    tree: &Tree<'_>,
+    head: Option<PrefixDigest>,
+    rescue: &RescueLine,
+    message_tokens: &HashMap<PrefixDigest, u64>,
+) -> u64 {
+    let Some(branch) = head.and_then(|h| tree.branch(&h)) else {
+        return 0;
+    };
+    rescue
+        .shortened
+        .iter()
+        .filter_map(|s| {
+            let tokens = *message_tokens.get(&branch.get(s.index)?.digest)?;
+            let cut = s.bytes_before.saturating_sub(s.bytes_after) as f64;
+            Some((tokens as f64 * cut / s.bytes_before.max(1) as f64) as u64)
+        })
+        .sum()
 }
 
 /// What a request ending at `head` was sent with, estimated: pinned messages, then the
