@@ -92,6 +92,30 @@ async fn user_text_over_the_budget_gets_a_400_naming_both_limits() {
         "{message}"
     );
     assert_eq!(mock.requests().len(), before, "nothing went upstream");
+
+    // A client reserve that leaves no room: the 400 gives the reserve too.
+    messages.pop();
+    messages.push(json!({"role": "user", "content": text_of("MID", 2000)}));
+    let reserved = support::client::send(support::client::request(
+        "POST",
+        &format!("{}/v1/chat/completions", proxy.url()),
+        &[
+            ("content-type", "application/json"),
+            ("x-handoff-conversation-id", "calibrated"),
+        ],
+        json!({"model": "strict", "max_tokens": 7000, "messages": messages}).to_string(),
+    ))
+    .await;
+    assert_eq!(reserved.status, 400, "{}", reserved.text());
+    let message = reserved.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains("7000 reserved output") && message.contains("input budget of 1192"),
+        "{message}"
+    );
+    assert_eq!(mock.requests().len(), before, "nothing went upstream");
 }
 
 /// An agent whose model counts `scale` × tiktoken, with 20 KB tool results: 20 turns,
