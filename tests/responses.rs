@@ -317,3 +317,50 @@ async fn a_chain_continued_after_a_restart_joins_its_conversation() {
         proxy.logs()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_session_is_one_branch_and_replays_exactly() {
+    let (_strict, mock) = strict_responses(100_000).await;
+    let data = tempfile::tempdir().unwrap();
+    let mut proxy = Proxy::start_with(&mock.url(), options(data.path(), 100_000));
+    let mut sent = Vec::new();
+    for turn in 0..20 {
+        if turn == 10 {
+            // The chain survives a restart too.
+            proxy.kill9();
+            proxy = Proxy::start_with(&mock.url(), options(data.path(), 100_000));
+        }
+        let item = json!({"role": "user", "content": format!("turn {turn}: note FACT-{turn:03}")});
+        let body = json!({"model": "gpt-mock", "conversation": "conv_session_1", "input": [item]});
+        let got = client::send(request(
+            "POST",
+            &format!("{}/v1/responses", proxy.url()),
+            &[
+                ("content-type", "application/json"),
+                ("authorization", "Bearer sk-conversation-test"),
+            ],
+            body.to_string(),
+        ))
+        .await;
+        assert_eq!(got.status, 200, "{}", got.text());
+        sent.push(item);
+        // Let the reply be logged before the next turn continues it.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let conversations = proxy.conversations();
+    assert_eq!(conversations.len(), 1, "{conversations:?}");
+    assert_eq!(conversations[0]["branches"], 1, "{conversations:?}");
+    let id = conversations[0]["id"].as_str().unwrap().to_owned();
+    let replay = proxy.replay(&id, None);
+    let users: Vec<&Value> = replay.iter().filter(|i| i["role"] == "user").collect();
+    assert_eq!(
+        users.iter().map(|v| canonical(v)).collect::<Vec<_>>(),
+        sent.iter().map(canonical).collect::<Vec<_>>(),
+        "every turn, in order"
+    );
+    assert!(
+        replay.len() >= 40,
+        "each turn's reply is kept: {}",
+        replay.len()
+    );
+}

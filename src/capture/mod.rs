@@ -44,6 +44,8 @@ pub struct ReplyTarget {
     pub estimate: Option<(u64, Option<String>)>,
     /// `store.required`: a reply that cannot be logged must not end cleanly.
     pub required: bool,
+    /// The server-side conversation the request continued, which this reply moves on.
+    pub conversation: Option<String>,
     /// Where failures are counted.
     pub metrics: Arc<Metrics>,
 }
@@ -83,6 +85,7 @@ impl ReplyTarget {
             replies,
             sequence,
             response_id,
+            conversation: self.conversation.clone(),
             incomplete: (!complete).then_some(ended),
         };
         let written =

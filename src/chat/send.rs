@@ -211,6 +211,11 @@ impl Exchange<'_> {
             dialect: self.chat.dialect,
             estimate: estimate.map(|local| (local, view.generation().map(str::to_owned))),
             required: self.snap.config.store.required,
+            conversation: self
+                .chat
+                .continues
+                .clone()
+                .filter(|_| self.chat.continues_conversation),
             metrics: Arc::clone(&self.state.metrics),
         }
     }

@@ -260,6 +260,8 @@ pub struct CapturedReplies {
     pub sequence: bool,
     /// The upstream's id of the response, for `previous_response_id` lookups.
     pub response_id: Option<String>,
+    /// The server-side `conversation` the request continued: it now ends here.
+    pub conversation: Option<String>,
     /// How the response ended when it was cut short; `None` when it was complete.
     pub incomplete: Option<Outcome>,
 }
@@ -544,15 +546,16 @@ impl Tracker {
             state.known.insert(digest);
             state.remember_echo(parent, echo_digest(&value), message_digest, digest);
         }
-        if let Some(response) = batch.response_id {
-            // `parent` is now the last item of the response: what a follow-up continues.
-            let head = if batch.sequence { parent } else { batch.parent };
-            if let Err(err) = self.store.remember_response(id, &response, head).await {
+        // `parent` is now the last item of the response: what a follow-up continues. A
+        // server-side conversation moves on to it too; a response id stays where it is.
+        let head = if batch.sequence { parent } else { batch.parent };
+        for key in batch.response_id.into_iter().chain(batch.conversation) {
+            if let Err(err) = self.store.remember_response(id, &key, head).await {
                 // The reply is logged; only another replica's lookup of it is lost.
                 tracing::warn!(conversation = %id, error = %err, "cannot store a response id");
             }
             self.responses
-                .insert((id.tenant().clone(), response), (id.clone(), head));
+                .insert((id.tenant().clone(), key), (id.clone(), head));
         }
         // Only once the reply is logged: calibration describes a request that happened.
         if let Some(calibration) = batch.calibration {

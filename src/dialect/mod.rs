@@ -115,6 +115,9 @@ pub struct ChatRequest {
     /// What a server-held request continues: its `previous_response_id`, else its
     /// `conversation` id.
     pub continues: Option<String>,
+    /// True when `continues` names a server-side conversation, which moves on with
+    /// every response (a response id names one fixed point).
+    pub continues_conversation: bool,
     /// The `tools` schemas, raw.
     pub tools: Option<Box<RawValue>>,
     /// True when the client asked for SSE.

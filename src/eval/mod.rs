@@ -398,6 +398,7 @@ impl Replayer {
                 incomplete: None,
                 sequence: step.dialect == DialectKind::Responses,
                 response_id: None,
+                conversation: None,
             };
             tracker
                 .record_replies(id, batch)

@@ -128,6 +128,7 @@ impl Dialect for AnthropicMessages {
             top_level,
             server_held: false,
             continues: None,
+            continues_conversation: false,
         })
     }
 

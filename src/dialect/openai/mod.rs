@@ -77,6 +77,7 @@ impl Dialect for OpenAiChat {
             top_level: 0,
             server_held: false,
             continues: None,
+            continues_conversation: false,
         })
     }
 

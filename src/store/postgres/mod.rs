@@ -344,7 +344,8 @@ impl Store for PgStore {
             client
                 .execute(
                     "INSERT INTO handoff_responses (tenant, response_id, conversation, head)
-                     VALUES ($1, $2, $3, $4) ON CONFLICT (tenant, response_id) DO NOTHING",
+                     VALUES ($1, $2, $3, $4) ON CONFLICT (tenant, response_id)
+                     DO UPDATE SET conversation = EXCLUDED.conversation, head = EXCLUDED.head",
                     &[
                         &id.tenant().as_str(),
                         &response_id,
