@@ -330,3 +330,48 @@ async fn dialects_anthropic_base_url_routes_messages_to_their_own_upstream() {
     let to_openai: Vec<String> = openai.requests().iter().map(|r| r.target.clone()).collect();
     assert_eq!(to_openai, ["/v1/chat/completions"]);
 }
+
+/// LangGraph's `ChatAnthropic` echoes a text reply as a plain string and a tool turn as
+/// its blocks: one message each way, so a linear thread is one branch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_replies_echoed_as_strings_keep_one_branch() {
+    let (_strict, mock) = strict_anthropic(100_000).await;
+    let data = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start_with(&mock.url(), options(data.path(), 100_000));
+    let mut messages: Vec<Value> = Vec::new();
+    for turn in 0..15 {
+        messages.push(json!({"role": "user", "content": format!("look up item {turn}")}));
+        loop {
+            let body = json!({"model": "claude-mock", "max_tokens": 256, "messages": messages});
+            let got = client::send(request(
+                "POST",
+                &format!("{}/v1/messages", proxy.url()),
+                &[
+                    ("content-type", "application/json"),
+                    ("x-api-key", "sk-ant-echo"),
+                ],
+                body.to_string(),
+            ))
+            .await;
+            assert_eq!(got.status, 200, "{}", got.text());
+            let reply = got.json();
+            let blocks = reply["content"].as_array().unwrap().clone();
+            let calls: Vec<&Value> = blocks.iter().filter(|b| b["type"] == "tool_use").collect();
+            if calls.is_empty() {
+                // A text answer comes back as a string.
+                let text: String = blocks.iter().filter_map(|b| b["text"].as_str()).collect();
+                messages.push(json!({"role": "assistant", "content": text}));
+                break;
+            }
+            let results: Vec<Value> = calls
+                .iter()
+                .map(|c| json!({"type": "tool_result", "tool_use_id": c["id"], "content": "found"}))
+                .collect();
+            messages.push(json!({"role": "assistant", "content": blocks}));
+            messages.push(json!({"role": "user", "content": results}));
+        }
+    }
+    let conversations = proxy.conversations();
+    assert_eq!(conversations.len(), 1, "{conversations:?}");
+    assert_eq!(conversations[0]["branches"], 1, "{conversations:?}");
+}

@@ -146,3 +146,21 @@ async fn an_agent_on_a_model_that_counts_more_or_less_is_never_refused() {
     agent_with_big_results(1.5).await;
     agent_with_big_results(0.7).await;
 }
+
+/// aider's own history summary: a system message and one ~60 KB user message, no
+/// `max_tokens`, to a model that counts ~0.77× tiktoken. One unit the model can take:
+/// sent, first request or not, never refused on handoff's higher count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_big_message_the_model_can_take_is_sent() {
+    let (strict, mock) = strict(24_576, 0.77).await;
+    let proxy = support::Proxy::start_with(&mock.url(), options(24_576, ""));
+    let messages = [
+        json!({"role": "system", "content": "Briefly summarize this partial conversation."}),
+        json!({"role": "user", "content": text_of("HISTORY", 23_000)}),
+    ];
+    for id in ["summary-1", "summary-2"] {
+        let got = chat(&proxy, id, &messages).await;
+        assert_eq!(got.status, 200, "{}", got.text());
+    }
+    assert!(strict.over_window.lock().unwrap().is_empty());
+}
