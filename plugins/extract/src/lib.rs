@@ -1,11 +1,14 @@
 //! The `extract` strategy: a handoff built from the history itself, with no model, so
-//! it can never fail. It keeps the previous handoff, every user message verbatim as far
-//! as the budget allows, each tool call with its outcome and the first and last line
+//! it can never fail. It merges the previous handoff's items with the new history's
+//! (a previous summary is carried, its newest part first), every user message verbatim
+//! as far as the budget allows, each tool call with its outcome and the first and last line
 //! of its result (where facts tend to sit: a status line, a total, an id), and the last
 //! assistant message. When it must choose it keeps the newest, and it says how much it
 //! left out. Each part is capped head+tail with a visible mark.
 
 #![forbid(unsafe_code)]
+
+mod previous;
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -96,17 +99,37 @@ pub fn extract_handoff(input: &StrategyInput) -> String {
                 chars_for(budget * LAST_ASSISTANT_SHARE / 100),
             )
         });
-    let entries = tool_entries(&messages);
+    let previous = input
+        .previous_handoff
+        .as_deref()
+        .map(|text| previous::read(text, PREAMBLE))
+        .unwrap_or_default();
+    // The previous handoff's items come first: repeated compactions drop the oldest.
+    let mut entries: Vec<ToolEntry> = previous
+        .tools
+        .iter()
+        .map(|(call, result)| ToolEntry {
+            call: call.clone(),
+            result: result.clone(),
+        })
+        .collect();
+    entries.extend(tool_entries(&messages));
+    let last_assistant = last_assistant.or_else(|| {
+        previous
+            .last_assistant
+            .as_deref()
+            .map(|text| cap(text, chars_for(budget * LAST_ASSISTANT_SHARE / 100)))
+    });
     let tools_whole: u64 = entries
         .iter()
         .map(|e| count(&e.call) + count(&e.result))
         .sum();
     // Each part is sure of a floor; above it, the user's own words come first, then
-    // the tool results of this history, and the previous handoff (which repeated
-    // compactions would otherwise shrink to nothing) gets all that is left.
+    // the tool results, and what the previous handoff carried (a summary, which
+    // repeated compactions would otherwise shrink to nothing) gets all that is left.
     let tools_floor = tools_whole.min(budget * TOOLS_FLOOR / 100);
-    let previous_floor = input
-        .previous_handoff
+    let carried_floor = previous
+        .carried
         .as_deref()
         .map_or(0, |p| count(p).min(budget * PREVIOUS_FLOOR / 100));
     let fixed = count(&out) + last_assistant.as_deref().map_or(0, count);
@@ -114,20 +137,22 @@ pub fn extract_handoff(input: &StrategyInput) -> String {
     let users = user_messages(
         input,
         &messages,
-        rest.saturating_sub(tools_floor + previous_floor)
+        &previous,
+        rest.saturating_sub(tools_floor + carried_floor)
             .max(budget / 4),
     );
     let rest = rest.saturating_sub(count(&users));
     let tools = tool_section(
         input,
         &entries,
-        rest.saturating_sub(previous_floor).max(tools_floor),
+        previous.calls_left_out,
+        rest.saturating_sub(carried_floor).max(tools_floor),
     );
-    let rest = rest.saturating_sub(count(&tools)).max(previous_floor);
+    let rest = rest.saturating_sub(count(&tools)).max(carried_floor);
 
-    if let Some(previous) = &input.previous_handoff {
+    if let Some(carried) = &previous.carried {
         out.push_str("\n## Previous handoff\n");
-        out.push_str(&cap(without_preamble(previous), chars_for(rest)));
+        out.push_str(&keep_newest(carried, chars_for(rest)));
         out.push('\n');
     }
     out.push_str(&users);
@@ -140,46 +165,59 @@ pub fn extract_handoff(input: &StrategyInput) -> String {
     out
 }
 
-/// The previous handoff without the preamble of an extract handoff: after a run of
-/// fallbacks the preambles would nest, and the cap would keep them instead of facts.
-fn without_preamble(previous: &str) -> &str {
-    previous
-        .strip_prefix(PREAMBLE)
-        .map_or(previous, str::trim_start)
+/// `text` within `chars` characters: its end, the newest part, with what was left out
+/// of its start said.
+fn keep_newest(text: &str, chars: usize) -> String {
+    let total = text.chars().count();
+    if total <= chars {
+        return text.to_owned();
+    }
+    let tail: String = text.chars().skip(total - chars).collect();
+    format!(
+        "[... the first {} characters left out by handoff ...]\n{tail}",
+        total - chars
+    )
 }
 
-/// Every user message verbatim, newest kept first when the budget is short.
-fn user_messages(input: &StrategyInput, messages: &[&Value], budget: u64) -> String {
-    let users: Vec<String> = messages
-        .iter()
-        .filter(|m| m["role"] == "user")
-        .map(|m| content_text(m))
-        .collect();
+/// Every user message verbatim, the previous handoff's first, newest kept first when
+/// the budget is short.
+fn user_messages(
+    input: &StrategyInput,
+    messages: &[&Value],
+    previous: &previous::Previous,
+    budget: u64,
+) -> String {
+    let mut users: Vec<String> = previous.users.clone();
+    users.extend(
+        messages
+            .iter()
+            .filter(|m| m["role"] == "user")
+            .map(|m| format!("- {}\n", content_text(m).replace('\n', "\n  "))),
+    );
+    if users.is_empty() && previous.users_left_out == 0 {
+        return String::new();
+    }
     let mut kept: Vec<String> = Vec::new();
     let mut spent = 0;
-    for text in users.iter().rev() {
-        let cost = input.tokens.count_text(text) + 4;
+    for item in users.iter().rev() {
+        let cost = input.tokens.count_text(item) + 4;
         if spent + cost > budget {
             if kept.is_empty() {
                 // A single message bigger than the whole part: keep its head and tail.
-                kept.push(cap(text, chars_for(budget)));
+                kept.push(format!("{}\n", cap(item.trim_end(), chars_for(budget))));
             }
             break;
         }
         spent += cost;
-        kept.push(text.clone());
+        kept.push(item.clone());
     }
     kept.reverse();
-    let left_out = users.len() - kept.len();
+    let left_out = previous.users_left_out + users.len() - kept.len();
     let mut out = String::from("\n## User messages (verbatim, oldest first)\n");
     if left_out > 0 {
         out.push_str(&format!("[{left_out} earlier user message(s) left out for space; the originals are kept in handoff's log]\n"));
     }
-    for text in kept {
-        out.push_str("- ");
-        out.push_str(&text.replace('\n', "\n  "));
-        out.push('\n');
-    }
+    kept.iter().for_each(|item| out.push_str(item));
     out
 }
 
@@ -238,14 +276,20 @@ fn result_edges(text: &str) -> String {
 }
 
 /// The tool section within `budget` tokens: newest calls first, each with its result's
-/// edges while they fit, then the bare call line, then nothing; with counts of both.
-fn tool_section(input: &StrategyInput, entries: &[ToolEntry], budget: u64) -> String {
-    if entries.is_empty() {
+/// edges while they fit, then the bare call line, then nothing; with counts of both
+/// (`calls_left_before`: those the previous handoff had already left out).
+fn tool_section(
+    input: &StrategyInput,
+    entries: &[ToolEntry],
+    calls_left_before: usize,
+    budget: u64,
+) -> String {
+    if entries.is_empty() && calls_left_before == 0 {
         return String::new();
     }
     let mut kept: Vec<String> = Vec::new();
     let mut spent = 0;
-    let (mut results_left_out, mut calls_left_out) = (0, 0);
+    let (mut results_left_out, mut calls_left_out) = (0, calls_left_before);
     for entry in entries.iter().rev() {
         let whole = format!("{}{}", entry.call, entry.result);
         let whole_cost = input.tokens.count_text(&whole);
@@ -380,6 +424,74 @@ mod tests {
             input.tokens.count_text(&text) <= 1500 + 200,
             "{}",
             input.tokens.count_text(&text)
+        );
+    }
+
+    #[test]
+    fn three_compactions_in_a_row_keep_the_facts_of_all_three_spans() {
+        let span = |tag: &str| -> Vec<Unit> {
+            (0..4)
+                .flat_map(|n| {
+                    let id = format!("{tag}{n}");
+                    [
+                        Unit {
+                            messages: vec![json!({"role": "user", "content": format!("USER-{tag}-{n} please look")})],
+                        },
+                        Unit {
+                            messages: vec![
+                                json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "read", "arguments": "{}"}}]}),
+                                json!({"role": "tool", "tool_call_id": id, "content": format!("RESULT-{tag}-{n} first\nmiddle\nmiddle\nLAST-{tag}-{n} total")}),
+                            ],
+                        },
+                    ]
+                })
+                .collect()
+        };
+        let mut previous: Option<String> = None;
+        for tag in ["A", "B", "C"] {
+            let mut input = testing::input(span(tag), 8000, 2000);
+            input.previous_handoff = previous.take();
+            let text = extract_handoff(&input);
+            assert!(input.tokens.count_text(&text) <= 2000, "{text}");
+            previous = Some(text);
+        }
+        let text = previous.unwrap();
+        for tag in ["A", "B", "C"] {
+            for n in 0..4 {
+                for fact in [
+                    format!("USER-{tag}-{n}"),
+                    format!("RESULT-{tag}-{n}"),
+                    format!("LAST-{tag}-{n}"),
+                ] {
+                    assert!(text.contains(&fact), "{fact} lost:\n{text}");
+                }
+            }
+        }
+        assert!(!text.contains("## Previous handoff"), "no nesting: {text}");
+        assert_eq!(text.matches("## User messages").count(), 1, "{text}");
+        assert_eq!(text.matches(PREAMBLE).count(), 1, "{text}");
+    }
+
+    #[test]
+    fn a_merged_handoff_short_of_room_drops_the_oldest_items_first() {
+        let mut previous = None;
+        for round in 0..6 {
+            let history = (0..10)
+                .map(|n| Unit {
+                    messages: vec![json!({"role": "user", "content": format!("R{round}-U{n} {}", "y".repeat(120))})],
+                })
+                .collect();
+            let mut input = testing::input(history, 8000, 400);
+            input.previous_handoff = previous.take();
+            previous = Some(extract_handoff(&input));
+        }
+        let text = previous.unwrap();
+        assert!(text.contains("R5-U9"), "the newest stays: {text}");
+        assert!(!text.contains("R0-U0"), "the oldest goes first: {text}");
+        assert!(text.contains("earlier user message(s) left out"), "{text}");
+        assert!(
+            !text.contains("characters omitted"),
+            "no middle cut: {text}"
         );
     }
 }
