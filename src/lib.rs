@@ -51,6 +51,7 @@ pub mod forward;
 pub mod headers;
 pub mod kinds;
 pub mod metrics;
+pub mod pins;
 pub mod projection;
 pub mod redact;
 pub mod relay;

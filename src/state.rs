@@ -71,6 +71,8 @@ pub struct Snapshot {
     pub registry: Registry,
     /// Proxy keys and the upstream key.
     pub credentials: Credentials,
+    /// `compaction.pin`, compiled.
+    pub pins: crate::pins::Pins,
     /// When it was loaded, RFC 3339.
     pub loaded_at: String,
 }
@@ -98,9 +100,16 @@ impl Snapshot {
         let anthropic_upstream = at(&config.dialects.anthropic.base_url)?;
         let registry = Registry::build(&config)?;
         let credentials = Credentials::build(&config)?;
+        let pins = crate::pins::Pins::build(&config.compaction.pin).map_err(|err| {
+            config::ConfigError::Invalid {
+                key: "compaction.pin.rules".into(),
+                reason: err.to_string(),
+            }
+        })?;
         Ok(Self {
             config: Arc::new(config),
             upstream,
+            pins,
             route_upstreams,
             anthropic_upstream,
             registry,

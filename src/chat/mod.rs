@@ -136,7 +136,8 @@ impl<'s> Exchange<'s> {
     ) -> Result<Self, Halt> {
         let (mut parts, body) = request.into_parts();
         let body = admit::read_body(body, &snap.config.limits, &parts.headers).await?;
-        let chat = dialect.get().parse_body(&body).map_err(ApiError::from)?;
+        let mut chat = dialect.get().parse_body(&body).map_err(ApiError::from)?;
+        snap.pins.apply(&mut chat);
         let chosen = admit::strategy_override(&snap, &parts.headers)?;
         let chain = snap.registry.select(&snap.config, &chat.model, chosen);
         admission.check_model(&chat.model)?;

@@ -227,6 +227,8 @@ fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
 
 /// Checks the rules that types alone cannot express.
 fn validate(config: &Config) -> Result<(), ConfigError> {
+    crate::pins::Pins::build(&config.compaction.pin)
+        .map_err(|err| invalid("compaction.pin.rules", err.to_string()))?;
     let uri: Uri = config
         .upstream
         .base_url

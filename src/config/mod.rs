@@ -483,6 +483,9 @@ pub struct CompactionConfig {
     pub max_retries: u32,
     /// Shorten over-long tool bodies in the recent part when nothing else fits.
     pub rescue: bool,
+    /// Messages after the leading system ones that are standing context, kept verbatim
+    /// in every view like `system` (a files message, few-shot examples).
+    pub pin: PinConfig,
     /// The strategies to try, in order; `[strategy, fallback]` when empty.
     pub chain: Vec<String>,
     /// Named strategy instances.
@@ -505,6 +508,30 @@ impl CompactionConfig {
     }
 }
 
+/// `[compaction.pin]`: which messages after the leading system ones are pinned. The
+/// pinned part is the longest run from the start of the list that these rules cover.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PinConfig {
+    /// The first N messages after the leading system ones.
+    pub first: usize,
+    /// Messages by role and content.
+    pub rules: Vec<PinRule>,
+}
+
+/// One content rule of `[[compaction.pin.rules]]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PinRule {
+    /// The role the message has (`user`, `assistant`, …).
+    pub role: String,
+    /// A regex its text must match.
+    pub pattern: String,
+    /// Pin the assistant message right after it too (an acknowledgement).
+    #[serde(default)]
+    pub with_reply: bool,
+}
+
 impl Default for CompactionConfig {
     fn default() -> Self {
         Self {
@@ -520,6 +547,7 @@ impl Default for CompactionConfig {
             prompt_file: None,
             max_retries: 2,
             rescue: true,
+            pin: PinConfig::default(),
             chain: Vec::new(),
             strategies: BTreeMap::new(),
             request_override_allow: Vec::new(),

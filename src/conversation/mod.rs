@@ -222,7 +222,7 @@ pub struct Tracked {
 impl Tracked {
     /// The digests of `request`, with no state: for reading a log back.
     pub fn compute(id: ConversationId, request: &ChatRequest) -> Self {
-        let pinned_len = pinned_len(&request.messages);
+        let pinned_len = request.pinned_len();
         let (pinned, rest) = request.messages.split_at(pinned_len);
         let message_digests: Vec<MessageDigest> = rest.iter().map(Message::digest).collect();
         Self {
@@ -281,14 +281,6 @@ pub struct Tracker {
     flights: std::sync::Mutex<HashMap<ConversationId, std::sync::Weak<Mutex<()>>>>,
 }
 
-/// The number of leading system/developer messages.
-pub fn pinned_len(messages: &[Message]) -> usize {
-    messages
-        .iter()
-        .take_while(|m| m.role.is_instruction())
-        .count()
-}
-
 /// The conversation id within `tenant`: the header if given (and valid), else derived.
 pub fn identify(
     tenant: TenantId,
@@ -298,7 +290,7 @@ pub fn identify(
     if let Some(text) = header {
         return ConversationId::parse(tenant, text);
     }
-    let pinned = pinned_len(&request.messages);
+    let pinned = request.pinned_len();
     let first = request
         .messages
         .get(pinned)
@@ -409,7 +401,7 @@ impl Tracker {
         request: &ChatRequest,
         base: Option<PrefixDigest>,
     ) -> Result<Tracked, StoreError> {
-        let pinned_len = pinned_len(&request.messages);
+        let pinned_len = request.pinned_len();
         let (pinned, rest) = request.messages.split_at(pinned_len);
         let mut message_digests: Vec<MessageDigest> = rest.iter().map(Message::digest).collect();
         let pinned_digests: Vec<MessageDigest> = pinned.iter().map(Message::digest).collect();

@@ -118,6 +118,9 @@ pub struct ChatRequest {
     /// True when `continues` names a server-side conversation, which moves on with
     /// every response (a response id names one fixed point).
     pub continues_conversation: bool,
+    /// How many leading messages are pinned, when `compaction.pin` widened it; the
+    /// leading system/developer messages otherwise.
+    pub pinned: Option<usize>,
     /// The `tools` schemas, raw.
     pub tools: Option<Box<RawValue>>,
     /// True when the client asked for SSE.
@@ -129,6 +132,17 @@ pub struct ChatRequest {
 }
 
 impl ChatRequest {
+    /// How many leading messages are pinned: kept verbatim in every view, logged as the
+    /// pinned set, outside the prefix chain.
+    pub fn pinned_len(&self) -> usize {
+        self.pinned.unwrap_or_else(|| {
+            self.messages
+                .iter()
+                .take_while(|m| m.role.is_instruction())
+                .count()
+        })
+    }
+
     /// Parses an OpenAI chat-completions body (the log's own format).
     pub fn parse(body: &[u8]) -> Result<Self, DialectError> {
         openai::OpenAiChat.parse(body)

@@ -356,7 +356,8 @@ impl Replayer {
             DialectKind::Responses => 2,
         }];
         let dialect = step.dialect.get();
-        let chat = dialect.parse(&step.body).map_err(|err| err.to_string())?;
+        let mut chat = dialect.parse(&step.body).map_err(|err| err.to_string())?;
+        snapshot.pins.apply(&mut chat);
         let tracked = tracker
             .track(id.clone(), &chat)
             .await

@@ -129,6 +129,7 @@ impl Dialect for AnthropicMessages {
             server_held: false,
             continues: None,
             continues_conversation: false,
+            pinned: None,
         })
     }
 

@@ -78,6 +78,7 @@ impl Dialect for OpenAiChat {
             server_held: false,
             continues: None,
             continues_conversation: false,
+            pinned: None,
         })
     }
 

@@ -137,6 +137,7 @@ impl Dialect for OpenAiResponses {
             thinking: false,
             top_level,
             server_held,
+            pinned: None,
             continues_conversation: wire.previous_response_id.is_none()
                 && wire.conversation.as_ref().is_some_and(|c| !c.is_null()),
             continues: wire.previous_response_id.or_else(|| {
