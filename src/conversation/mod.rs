@@ -131,7 +131,9 @@ impl ConversationState {
             // Echo digests are facts: computed once per distinct message.
             let logged = message
                 .echo_digest()
-                .and_then(|echo| self.echoes.get(&chain(parent.as_ref(), &echo)));
+                .and_then(|echo| self.echoes.get(&chain(parent.as_ref(), &echo)))
+                // Only onto a form already in the log, never one still being written.
+                .filter(|(_, logged_prefix)| self.known.contains(logged_prefix));
             let Some(&(logged_digest, logged_prefix)) = logged else {
                 break;
             };
@@ -140,7 +142,13 @@ impl ConversationState {
             for i in known + 1..prefix.len() {
                 prefix[i] = chain(Some(&prefix[i - 1]), &digests[i]);
             }
-            known += prefix[known..].partition_point(|d| self.known.contains(d));
+            // The logged form may not be known yet (another request's append of it is
+            // still in flight): no progress, so stop rather than spin.
+            let advanced = prefix[known..].partition_point(|d| self.known.contains(d));
+            if advanced == 0 {
+                break;
+            }
+            known += advanced;
         }
         known
     }
