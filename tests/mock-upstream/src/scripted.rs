@@ -405,7 +405,6 @@ impl ScriptedCoder {
             .first()
             .map(|m| text_of(&m["content"]))
             .unwrap_or_default();
-        let model = body["model"].clone();
         if first.starts_with(SUMMARY_PROMPT_START) {
             self.note(|s| s.summaries.push(request.headers.clone()));
             let text = fact_summary(&body["messages"].to_string());
@@ -444,7 +443,6 @@ impl ScriptedCoder {
             .collect();
         let step = self.next_step(results.iter().map(String::as_str));
         let serial = self.serial.fetch_add(1, Ordering::SeqCst);
-        let _ = model;
         if step > self.files {
             return chat_reply(
                 body,
