@@ -3,18 +3,35 @@
 //! verbatim in every view, counted in the budget, never summarised, and logged as the
 //! pinned set, so editing one in place continues the conversation.
 
+use std::borrow::Cow;
+
 use regex::Regex;
+use serde_json::Value;
 
 use crate::config::PinConfig;
-use handoff_plugin_api::content_text;
+use crate::dialect::{ChatRequest, Message, Role};
 
-use crate::dialect::{ChatRequest, Role};
+/// How far into the list a `through` rule looks for the end of a preamble.
+const THROUGH_WITHIN: usize = 16;
+
+/// How much of a message's text a pattern is matched against: preambles announce
+/// themselves at the start, and a long tool result is not copied to find that out.
+const MATCH_BYTES: usize = 4096;
+
+/// One compiled rule.
+#[derive(Debug)]
+struct Rule {
+    role: String,
+    pattern: Regex,
+    with_reply: bool,
+    through: bool,
+}
 
 /// The compiled rules.
 #[derive(Debug, Default)]
 pub struct Pins {
     first: usize,
-    rules: Vec<(String, Regex, bool)>,
+    rules: Vec<Rule>,
 }
 
 impl Pins {
@@ -24,11 +41,12 @@ impl Pins {
             .rules
             .iter()
             .map(|rule| {
-                Ok((
-                    rule.role.clone(),
-                    Regex::new(&rule.pattern)?,
-                    rule.with_reply,
-                ))
+                Ok(Rule {
+                    role: rule.role.clone(),
+                    pattern: Regex::new(&rule.pattern)?,
+                    with_reply: rule.with_reply,
+                    through: rule.through,
+                })
             })
             .collect::<Result<_, regex::Error>>()?;
         Ok(Self {
@@ -37,8 +55,23 @@ impl Pins {
         })
     }
 
-    /// Widens `request`'s pinned part: the leading system messages, then the longest run
-    /// the rules cover. The last message is never pinned: it is the turn being asked.
+    /// The rule that covers `message`, if any; `through` selects which kind.
+    fn rule_for(&self, message: &Message, through: bool) -> Option<&Rule> {
+        let value = message.value();
+        let role = value.get("role").and_then(Value::as_str).unwrap_or("");
+        let mut text = None;
+        self.rules
+            .iter()
+            .filter(|rule| rule.through == through && rule.role == role)
+            .find(|rule| {
+                let text = text.get_or_insert_with(|| head_text(value));
+                rule.pattern.is_match(text)
+            })
+    }
+
+    /// Widens `request`'s pinned part: the leading system messages, through the end of
+    /// a preamble a `through` rule marks, then the longest run the other rules cover.
+    /// The last message is never pinned: it is the turn being asked.
     pub fn apply(&self, request: &mut ChatRequest) {
         if self.first == 0 && self.rules.is_empty() {
             return;
@@ -46,6 +79,24 @@ impl Pins {
         let messages = &request.messages;
         let last = messages.len().saturating_sub(1);
         let mut at = request.pinned_len();
+        // Past the pinned part with its reply, if `rule` says so.
+        let past = |at: usize, rule: &Rule| {
+            let reply = messages.get(at + 1).filter(|m| m.role == Role::Assistant);
+            if rule.with_reply && at + 1 < last && reply.is_some() {
+                at + 2
+            } else {
+                at + 1
+            }
+        };
+        if self.rules.iter().any(|rule| rule.through) {
+            let end = (at + THROUGH_WITHIN).min(last);
+            if let Some((index, rule)) = (at..end)
+                .filter_map(|i| Some((i, self.rule_for(&messages[i], true)?)))
+                .last()
+            {
+                at = past(index, rule);
+            }
+        }
         let mut counted = 0;
         while at < last {
             let message = &messages[at];
@@ -58,22 +109,43 @@ impl Pins {
                 at += 1;
                 continue;
             }
-            let value = message.value();
-            let role = value.get("role").and_then(|r| r.as_str()).unwrap_or("");
-            let text = content_text(value);
-            let Some((_, _, with_reply)) = self
-                .rules
-                .iter()
-                .find(|(r, pattern, _)| r == role && pattern.is_match(&text))
-            else {
+            let Some(rule) = self.rule_for(message, false) else {
                 break;
             };
-            at += 1;
-            let reply = messages.get(at).filter(|m| m.role == Role::Assistant);
-            if *with_reply && at < last && reply.is_some() {
-                at += 1;
-            }
+            at = past(at, rule);
         }
         request.pinned = Some(at);
+    }
+}
+
+/// The start of `message`'s text, at most [`MATCH_BYTES`] of it, borrowed when the
+/// content is a string.
+fn head_text(message: &Value) -> Cow<'_, str> {
+    fn cut(text: &str) -> &str {
+        let mut end = text.len().min(MATCH_BYTES);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        &text[..end]
+    }
+    match message.get("content") {
+        Some(Value::String(text)) => Cow::Borrowed(cut(text)),
+        Some(Value::Array(parts)) => {
+            let mut out = String::new();
+            for text in parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+            {
+                if !out.is_empty() {
+                    out.push('\n');
+                }
+                out.push_str(cut(text));
+                if out.len() >= MATCH_BYTES {
+                    break;
+                }
+            }
+            Cow::Owned(out)
+        }
+        _ => Cow::Borrowed(""),
     }
 }

@@ -29,6 +29,11 @@
 //!   Messages API reads a string as one text block, and Claude Code sends its
 //!   mid-conversation system message first as a block with a breakpoint, then as a
 //!   string.
+//!
+//! The turn being asked has forms of its own ([`turn_forms`]): a client may append a
+//! transient reminder to the request's last user message and send that message
+//! without it once it is history. aider adds its edit-format rules (or "Reply in
+//! English.") after a blank line, on the last message only.
 
 use std::fmt;
 
@@ -132,6 +137,41 @@ pub fn echo_digest(message: &Value) -> Option<MessageDigest> {
     hasher.update(b"handoff/echo/v2");
     hash_canonical(&Value::Object(echo), &mut hasher);
     Some(Digest(hasher.finalize()))
+}
+
+/// How many blank-line cuts of a turn are remembered: a reminder follows the user's
+/// own text, so the cuts nearest the start are the ones that can end it.
+const TURN_CUTS: usize = 16;
+
+/// The echo digests of the shorter forms a client may re-send of `message` when it was
+/// the turn being asked: a user message whose text (a string, or one plain text block)
+/// is cut at each of its first blank lines, trailing whitespace dropped. Empty for any
+/// other message.
+pub fn turn_forms(message: &Value) -> Vec<MessageDigest> {
+    let Some(map) = message.as_object() else {
+        return Vec::new();
+    };
+    if map.get("role").and_then(Value::as_str) != Some("user") {
+        return Vec::new();
+    }
+    let text = match map.get("content") {
+        Some(Value::String(text)) => text.clone(),
+        Some(content) => match lone_text(content) {
+            Some(text) => text,
+            None => return Vec::new(),
+        },
+        None => return Vec::new(),
+    };
+    let mut form = map.clone();
+    text.match_indices("\n\n")
+        .map(|(at, _)| text[..at].trim_end())
+        .filter(|cut| !cut.is_empty())
+        .take(TURN_CUTS)
+        .filter_map(|cut| {
+            form.insert("content".into(), Value::String(cut.to_owned()));
+            echo_digest(&Value::Object(form.clone()))
+        })
+        .collect()
 }
 
 /// True when a content block of `message` (or of a block's own content) carries a
@@ -303,6 +343,25 @@ fn hash_string(text: &str, hasher: &mut blake3::Hasher) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_turn_re_sent_without_its_reminder_is_one_of_its_forms() {
+        let asked = serde_json::json!({"role": "user", "content": "Fix it.\n\nKeep tests.\n\nReply in English.\n"});
+        let forms = super::turn_forms(&asked);
+        for history in ["Fix it.", "Fix it.\n\nKeep tests."] {
+            let plain = serde_json::json!({"role": "user", "content": history});
+            let echo = echo_digest(&plain).unwrap();
+            assert!(forms.contains(&echo), "{history:?}");
+        }
+        let block =
+            serde_json::json!({"role": "user", "content": [{"type": "text", "text": "Fix it."}]});
+        assert!(forms.contains(&echo_digest(&block).unwrap()));
+        let other = serde_json::json!({"role": "user", "content": "Fix"});
+        assert!(!forms.contains(&echo_digest(&other).unwrap()));
+        // Only the user's turn has these forms.
+        let reply = serde_json::json!({"role": "assistant", "content": "a\n\nb"});
+        assert!(super::turn_forms(&reply).is_empty());
+    }
+
     #[test]
     fn a_moved_cache_breakpoint_is_one_message_and_one_conversation() {
         let marked = serde_json::json!({"role": "user", "content": [

@@ -234,6 +234,16 @@ impl<'s> Exchange<'s> {
             return Ok((ConversationId::derived(admission.tenant, &digest), None));
         }
         let id = identify(admission.tenant, None, &self.chat).map_err(invalid)?;
+        let id = match self.state.tracker.opening(id.clone(), &self.chat).await {
+            Ok(found) => found,
+            Err(err) if self.snap.config.store.required => {
+                return Err(ApiError::storage(err.to_string()))
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot read the conversation: store.required is false");
+                id
+            }
+        };
         Ok((id, None))
     }
 

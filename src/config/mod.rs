@@ -530,6 +530,11 @@ pub struct PinRule {
     /// Pin the assistant message right after it too (an acknowledgement).
     #[serde(default)]
     pub with_reply: bool,
+    /// The message ends a preamble: it and every message before it are pinned (a
+    /// client's few-shot examples closed by a marker). Looked for among the first 16
+    /// messages.
+    #[serde(default)]
+    pub through: bool,
 }
 
 impl Default for CompactionConfig {

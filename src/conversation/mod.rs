@@ -21,7 +21,7 @@ use crate::adoption::{adopt, Adopted};
 use crate::base::calibration::Calibration;
 use crate::base::digest::{
     chain, echo_digest, message_digest, pinned_digest, prefix_digests, prefix_digests_after,
-    Digest, MessageDigest, PrefixDigest,
+    turn_forms, Digest, MessageDigest, PrefixDigest,
 };
 use crate::base::line::{Entry, Line, MessageLine, PinnedLine, RequestLine, Source};
 use crate::base::outcome::Outcome;
@@ -40,6 +40,9 @@ pub struct ConversationState {
     /// Logged messages that clients echo in other forms: `chain(parent, echo digest)`
     /// to the logged message digest and prefix digest.
     echoes: HashMap<PrefixDigest, (MessageDigest, PrefixDigest)>,
+    /// Logged turns (a request's last user message) by the shorter forms a client
+    /// re-sends once they are history (`chain(parent, turn form)`), as `echoes`.
+    turns: HashMap<PrefixDigest, (MessageDigest, PrefixDigest)>,
     /// Adopted compactions by covered prefix.
     compactions: HashMap<PrefixDigest, Arc<Adopted>>,
     /// The last upstream-reported input size and its local estimate.
@@ -94,6 +97,10 @@ impl ConversationState {
 /// calls, or typed content blocks. Lines with neither are not parsed again.
 const ECHO_HINTS: &[&str] = &["\"tool_calls\"", "\"type\""];
 
+/// What a logged turn must contain to have shorter forms ([`turn_forms`]): a blank
+/// line, as escaped in its JSON.
+const TURN_HINT: &str = "\\n\\n";
+
 /// A conversation's cached state.
 #[derive(Debug, Default)]
 pub struct ConversationEntry {
@@ -117,8 +124,35 @@ impl ConversationState {
         }
     }
 
+    /// Remembers the shorter forms of a logged turn ([`turn_forms`]).
+    fn remember_turn(
+        &mut self,
+        parent: Option<PrefixDigest>,
+        message: &Value,
+        message_digest: MessageDigest,
+        digest: PrefixDigest,
+    ) {
+        for form in turn_forms(message) {
+            self.turns
+                .entry(chain(parent.as_ref(), &form))
+                .or_insert((message_digest, digest));
+        }
+    }
+
+    /// True when `next` (with digest `next_digest`) is logged after the prefix `at`, in
+    /// its own form or an echoed one.
+    fn continues(&self, at: PrefixDigest, next: &Message, next_digest: &MessageDigest) -> bool {
+        self.known.contains(&chain(Some(&at), next_digest))
+            || next
+                .echo_digest()
+                .and_then(|echo| self.echoes.get(&chain(Some(&at), &echo)))
+                .is_some()
+    }
+
     /// How many leading messages of `messages` are logged, mapping echoed forms of
     /// logged messages onto them (which rewrites `digests` and `prefix` in place).
+    /// A shorter form of a logged turn maps onto it only when what was logged after
+    /// the turn follows it too: a turn edited and asked again is a new message.
     fn known_prefix(
         &self,
         messages: &[Message],
@@ -129,11 +163,20 @@ impl ConversationState {
         while let Some(message) = messages.get(known) {
             let parent = known.checked_sub(1).map(|p| prefix[p]);
             // Echo digests are facts: computed once per distinct message.
-            let logged = message
-                .echo_digest()
+            let echo = message.echo_digest();
+            let logged = echo
                 .and_then(|echo| self.echoes.get(&chain(parent.as_ref(), &echo)))
                 // Only onto a form already in the log, never one still being written.
-                .filter(|(_, logged_prefix)| self.known.contains(logged_prefix));
+                .filter(|(_, logged_prefix)| self.known.contains(logged_prefix))
+                .or_else(|| {
+                    let (next, next_digest) =
+                        messages.get(known + 1).zip(digests.get(known + 1))?;
+                    echo.and_then(|echo| self.turns.get(&chain(parent.as_ref(), &echo)))
+                        .filter(|(_, logged_prefix)| self.known.contains(logged_prefix))
+                        .filter(|(_, logged_prefix)| {
+                            self.continues(*logged_prefix, next, next_digest)
+                        })
+                });
             let Some(&(logged_digest, logged_prefix)) = logged else {
                 break;
             };
@@ -164,6 +207,14 @@ impl ConversationState {
     fn absorb(&mut self, log: &ConversationLog) {
         let state = self;
         state.seen = state.seen.max(log.last_seq);
+        let heads: HashSet<PrefixDigest> = log
+            .lines
+            .iter()
+            .filter_map(|line| match &line.entry {
+                Entry::Request(request) => request.head,
+                _ => None,
+            })
+            .collect();
         for line in &log.lines {
             match &line.entry {
                 Entry::Message(message) => {
@@ -171,7 +222,8 @@ impl ConversationState {
                     // Only tool-call messages have echo forms; skip parsing the rest.
                     // Only a message that may have echo forms is parsed again.
                     let raw = message.message.get();
-                    if ECHO_HINTS.iter().any(|hint| raw.contains(hint)) {
+                    let turn = heads.contains(&message.digest) && raw.contains(TURN_HINT);
+                    if turn || ECHO_HINTS.iter().any(|hint| raw.contains(hint)) {
                         if let Ok(value) = serde_json::from_str::<Value>(raw) {
                             state.remember_echo(
                                 message.parent,
@@ -179,6 +231,14 @@ impl ConversationState {
                                 message.message_digest,
                                 message.digest,
                             );
+                            if turn {
+                                state.remember_turn(
+                                    message.parent,
+                                    &value,
+                                    message.message_digest,
+                                    message.digest,
+                                );
+                            }
                         }
                     }
                 }
@@ -282,6 +342,11 @@ pub struct Tracker {
     /// request (`previous_response_id`) joins its conversation. A shared store keeps
     /// them too, for the other replicas; this is its cache.
     responses: moka::sync::Cache<(TenantId, String), (ConversationId, Option<PrefixDigest>)>,
+    /// Opening turns by the shorter form of their first cut ([`turn_forms`]), so the
+    /// second request of a client that appended a reminder to its first turn joins the
+    /// first's conversation. In memory only: losing one splits off a one-turn
+    /// conversation, nothing more.
+    openings: moka::sync::Cache<(TenantId, MessageDigest), ConversationId>,
     /// How long a compaction lease lasts without renewal.
     lease_ttl: std::time::Duration,
     /// The locks that make compactions single flight in this process, by conversation.
@@ -321,6 +386,7 @@ impl Tracker {
             store,
             cache: moka::future::Cache::new(capacity),
             responses: moka::sync::Cache::new(capacity.saturating_mul(4)),
+            openings: moka::sync::Cache::new(capacity),
             lease_ttl: std::time::Duration::from_secs(30),
             flights: std::sync::Mutex::default(),
         }
@@ -348,6 +414,33 @@ impl Tracker {
             self.responses.insert(key, found.clone());
         }
         Ok(found)
+    }
+
+    /// The conversation a derived `id` stands for: when `id` is new and `request` opens
+    /// with a shorter form of another conversation's opening turn (a client that dropped
+    /// the reminder it appended to its first turn), that conversation.
+    pub async fn opening(
+        &self,
+        id: ConversationId,
+        request: &ChatRequest,
+    ) -> Result<ConversationId, StoreError> {
+        let rest = &request.messages[request.pinned_len().min(request.messages.len())..];
+        let Some(echo) = rest
+            .first()
+            .filter(|_| rest.len() > 1)
+            .and_then(Message::echo_digest)
+        else {
+            return Ok(id);
+        };
+        let Some(found) = self.openings.get(&(id.tenant().clone(), echo)) else {
+            return Ok(id);
+        };
+        if found == id {
+            return Ok(id);
+        }
+        let entry = self.entry(&id).await?;
+        let new = entry.state.lock().await.known.is_empty();
+        Ok(if new { found } else { id })
     }
 
     /// The store behind this tracker.
@@ -453,12 +546,21 @@ impl Tracker {
                 complete: None,
                 incomplete: None,
             })));
+            let parent = index.checked_sub(1).map(|p| prefix[p]).or(base);
             state.remember_echo(
-                index.checked_sub(1).map(|p| prefix[p]).or(base),
+                parent,
                 rest[index].echo_digest(),
                 message_digests[index],
                 prefix[index],
             );
+            if index + 1 == rest.len() {
+                state.remember_turn(
+                    parent,
+                    rest[index].value(),
+                    message_digests[index],
+                    prefix[index],
+                );
+            }
         }
         if known == rest.len() && lines.is_empty() {
             // A retry or a repeat adds nothing to the log: no write, and the lock is brief.
@@ -485,6 +587,14 @@ impl Tracker {
             new_messages: rest.len() - known,
         })));
         self.store.append(&id, lines).await?;
+        if state.known.is_empty() && base.is_none() {
+            if let [turn] = rest {
+                if let Some(&form) = turn_forms(turn.value()).first() {
+                    self.openings
+                        .insert((id.tenant().clone(), form), id.clone());
+                }
+            }
+        }
         state.known.extend(prefix[known..].iter().copied());
         if let Some(digest) = pinned_set {
             state.pinned.insert(digest);
