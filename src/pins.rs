@@ -91,8 +91,8 @@ impl Pins {
         if self.rules.iter().any(|rule| rule.through) {
             let end = (at + THROUGH_WITHIN).min(last);
             if let Some((index, rule)) = (at..end)
-                .filter_map(|i| Some((i, self.rule_for(&messages[i], true)?)))
-                .last()
+                .rev()
+                .find_map(|i| Some((i, self.rule_for(&messages[i], true)?)))
             {
                 at = past(index, rule);
             }
