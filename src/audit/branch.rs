@@ -93,15 +93,32 @@ impl<'a> Tree<'a> {
 
     /// The pinned messages of the latest request whose history lies on the branch.
     pub fn pinned_for(&self, branch: &[&MessageLine]) -> Vec<&'a RawValue> {
+        self.pinned_placed(branch).0
+    }
+
+    /// The pinned messages of the latest request whose history lies on the branch, and
+    /// where its last ones sat in that request when they were floated.
+    fn pinned_placed(&self, branch: &[&MessageLine]) -> (Vec<&'a RawValue>, &'a [usize]) {
         let on_branch: HashSet<PrefixDigest> = branch.iter().map(|m| m.digest).collect();
-        self.requests
+        let Some(request) = self
+            .requests
             .iter()
             .rev()
             .find(|request| request.head.is_none_or(|head| on_branch.contains(&head)))
-            .and_then(|request| request.pinned)
+        else {
+            return (Vec::new(), &[]);
+        };
+        let pinned: Vec<&'a RawValue> = request
+            .pinned
             .and_then(|digest| self.pinned.get(&digest))
             .map(|pinned| pinned.messages.iter().map(AsRef::as_ref).collect())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        let floated = if request.floated.len() <= pinned.len() {
+            request.floated.as_slice()
+        } else {
+            &[]
+        };
+        (pinned, floated)
     }
 
     /// A body in the conversation's dialect for the latest branch, as its next request
@@ -134,9 +151,16 @@ impl<'a> Tree<'a> {
                 .map_or("", |r| r.model.as_str())
                 .to_owned(),
         );
-        let pinned = self.pinned_for(&branch);
-        let (top, listed) = pinned.split_at(self.top_level().min(pinned.len()));
-        let list: Vec<&str> = listed.iter().chain(&messages).map(|m| m.get()).collect();
+        let (pinned, floated) = self.pinned_placed(&branch);
+        let top_level = self.top_level().min(pinned.len());
+        let (top, listed) = pinned.split_at(top_level);
+        let mut list: Vec<&RawValue> = listed.iter().copied().chain(messages).collect();
+        let places: Vec<usize> = floated
+            .iter()
+            .map(|p| p.saturating_sub(top_level))
+            .collect();
+        put_back(&mut list, listed.len(), &places);
+        let list: Vec<&str> = list.iter().map(|m| m.get()).collect();
         let field = dialect.get().list_field();
         let mut body = format!("{{\"model\":{model},\"{field}\":[{}]", list.join(","));
         // A pinned message that stands for a top-level field goes back into it.
@@ -187,8 +211,23 @@ impl<'a> Tree<'a> {
     /// The replayable history ending at `tip`: pinned, then every original of the branch.
     pub fn replay(&self, tip: &PrefixDigest) -> Option<Vec<&'a RawValue>> {
         let branch = self.branch(tip)?;
-        let mut out = self.pinned_for(&branch);
+        let (mut out, floated) = self.pinned_placed(&branch);
+        let pinned = out.len();
         out.extend(branch.iter().map(|m| m.message.as_ref()));
+        put_back(&mut out, pinned, floated);
         Some(out)
+    }
+}
+
+/// Moves the last `places.len()` of the first `pinned` messages of `list` back to the
+/// places they had in the client's request.
+fn put_back<T>(list: &mut Vec<T>, pinned: usize, places: &[usize]) {
+    let Some(start) = pinned.checked_sub(places.len()) else {
+        return;
+    };
+    let moved: Vec<T> = list.drain(start..pinned).collect();
+    for (place, message) in places.iter().zip(moved) {
+        let at = (*place).min(list.len());
+        list.insert(at, message);
     }
 }

@@ -29,6 +29,8 @@
 //!   Messages API reads a string as one text block, and Claude Code sends its
 //!   mid-conversation system message first as a block with a breakpoint, then as a
 //!   string.
+//! - text content is the same with or without whitespace around it: aider sends a
+//!   reply back stripped of the newline or space it ended with.
 //!
 //! The turn being asked has forms of its own ([`turn_forms`]): a client may append a
 //! transient reminder to the request's last user message and send that message
@@ -132,9 +134,15 @@ pub fn echo_digest(message: &Value) -> Option<MessageDigest> {
         if let Some(text) = lone_text(content) {
             *content = Value::String(text);
         }
+        if let Value::String(text) = content {
+            let trimmed = text.trim();
+            if trimmed.len() != text.len() {
+                *content = Value::String(trimmed.to_owned());
+            }
+        }
     }
     let mut hasher = blake3::Hasher::new();
-    hasher.update(b"handoff/echo/v2");
+    hasher.update(b"handoff/echo/v3");
     hash_canonical(&Value::Object(echo), &mut hasher);
     Some(Digest(hasher.finalize()))
 }

@@ -185,6 +185,10 @@ pub struct RequestLine {
     pub head: Option<PrefixDigest>,
     /// Digest of the request's pinned set, if it had one.
     pub pinned: Option<Digest>,
+    /// Where the set's last messages sat in the request, when `compaction.pin` found
+    /// them after the history: a replay puts them back there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub floated: Vec<usize>,
     /// Whether the client asked for a stream.
     pub stream: bool,
     /// How many of its messages were new to the log.

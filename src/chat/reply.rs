@@ -16,21 +16,28 @@ use crate::capture::{ReplyCapture, ReplyTarget};
 use crate::error::ApiError;
 use crate::forward::relay_after;
 use crate::relay::Observer;
+use crate::rewrite::{Rewrite, Rewritten};
 use crate::upstream::Upstream;
 
 /// Largest non-streamed reply read (and logged) before it is answered.
 const MAX_JSON_REPLY: usize = 64 * 1024 * 1024;
 
-/// Relays a stream whose `opening` was already read, logging its reply on the way.
+/// Relays a stream whose `opening` was already read, logging its reply on the way;
+/// `rewrite` then takes out of the client's bytes what handoff asked for on its own.
 pub fn answer_stream(
     upstream: &Upstream,
     head: http::response::Parts,
     opening: Bytes,
     rest: Incoming,
     target: ReplyTarget,
+    rewrite: Option<Box<dyn Rewrite>>,
 ) -> Response<ProxyBody> {
     let observer: Box<dyn Observer> = Box::new(ReplyCapture::start(target));
-    relay_after(upstream, head, opening, rest, Some(observer))
+    let response = relay_after(upstream, head, opening, rest, Some(observer));
+    match rewrite {
+        Some(rewrite) => response.map(|body| Rewritten::new(body, rewrite).boxed_unsync()),
+        None => response,
+    }
 }
 
 /// Logs a non-streamed reply read whole, and only then answers it: a reply that

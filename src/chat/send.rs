@@ -43,10 +43,16 @@ impl Exchange<'_> {
         let tracked = self.tracked()?;
         let upstream = self.upstream();
         let mut retries = 0;
+        let dialect = self.chat.dialect();
+        let mut ask_usage = self.chat.usage_unasked && self.snap.config.upstream.ask_usage;
         loop {
             let body = view
                 .render_body(&self.body)
                 .map_err(|err| ApiError::internal(err.to_string()))?;
+            let (body, rewrite) = match dialect.ask_usage(&body).filter(|_| ask_usage) {
+                Some((asked, rewrite)) => (asked, Some(rewrite)),
+                None => (body, None),
+            };
             let request = upstream_request(
                 upstream,
                 self.parts.method.clone(),
@@ -61,8 +67,16 @@ impl Exchange<'_> {
                 .budget
                 .as_ref()
                 .filter(|_| retries < self.snap.config.compaction.max_retries);
-            let dialect = self.chat.dialect();
             let (head, error_body) = match self.inspect(response).await? {
+                // An upstream that does not know `stream_options` is asked as the client
+                // asked; the refusal never reaches the client.
+                Inspected::Refused(_, body)
+                    if rewrite.is_some() && contains(&body, b"stream_options") =>
+                {
+                    tracing::info!(conversation = %tracked.id, "upstream refused stream_options; sending as the client did");
+                    ask_usage = false;
+                    continue;
+                }
                 // An error that is not about the window goes back to the client as it came.
                 Inspected::Refused(head, body) if !dialect.is_overflow(&json_of(&body)) => {
                     return Err(Halt::Respond(Box::new(reply::buffered(head, body))));
@@ -87,7 +101,9 @@ impl Exchange<'_> {
                         (head, opening)
                     } else {
                         let target = self.target(tracked, estimate, &view);
-                        return Ok(reply::answer_stream(upstream, head, opening, rest, target));
+                        return Ok(reply::answer_stream(
+                            upstream, head, opening, rest, target, rewrite,
+                        ));
                     }
                 }
                 // A 5xx: no reply to log, relayed as it arrives.
@@ -236,6 +252,10 @@ enum Inspected {
     },
     /// A 5xx, relayed as it arrives.
     Passed(Response<Incoming>),
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 fn json_of(body: &Bytes) -> serde_json::Value {

@@ -163,6 +163,9 @@ pub struct UpstreamConfig {
     /// A variable holding the upstream API key: sent as `Authorization: Bearer …` in
     /// place of the client's credentials.
     pub api_key_env: Option<String>,
+    /// Ask for usage in a stream whose client did not (OpenAI's `stream_options`), for
+    /// the reply log and calibration, and take it out of the client's stream again.
+    pub ask_usage: bool,
 }
 
 impl Default for UpstreamConfig {
@@ -172,6 +175,7 @@ impl Default for UpstreamConfig {
             connect_timeout: Duration::from_secs(10),
             read_timeout: Duration::from_secs(600),
             api_key_env: None,
+            ask_usage: true,
         }
     }
 }

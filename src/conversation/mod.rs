@@ -583,6 +583,7 @@ impl Tracker {
             model: request.model.clone(),
             head: prefix.last().copied(),
             pinned: pinned_set,
+            floated: request.floated.clone(),
             stream: request.stream,
             new_messages: rest.len() - known,
         })));

@@ -121,10 +121,17 @@ pub struct ChatRequest {
     /// How many leading messages are pinned, when `compaction.pin` widened it; the
     /// leading system/developer messages otherwise.
     pub pinned: Option<usize>,
+    /// Where the last pinned messages sat in the client's list, in order, when
+    /// `compaction.pin` found them after the history and floated them into the pinned
+    /// part: the log keeps the places, so a replay puts them back.
+    pub floated: Vec<usize>,
     /// The `tools` schemas, raw.
     pub tools: Option<Box<RawValue>>,
     /// True when the client asked for SSE.
     pub stream: bool,
+    /// True when the client streams without asking for usage (OpenAI's
+    /// `stream_options`), so handoff may ask for it ([`Dialect::ask_usage`]).
+    pub usage_unasked: bool,
     /// The reserved output: `max_completion_tokens`, `max_tokens`.
     pub max_output: Option<u64>,
     /// True when extended thinking is on (Anthropic), which constrains the cut.
@@ -319,6 +326,13 @@ pub trait Dialect: Send + Sync {
 
     /// The line that ends a streamed response.
     fn stream_end(&self) -> StreamEnd;
+
+    /// `body` asking for the usage its stream would omit, and what takes it out of the
+    /// client's stream again; `None` where a stream always carries usage.
+    fn ask_usage(&self, body: &[u8]) -> Option<(Bytes, Box<dyn crate::rewrite::Rewrite>)> {
+        let _ = body;
+        None
+    }
 
     /// The input tokens the upstream counted, from its `usage`.
     fn input_tokens(&self, usage: &Value) -> Option<u64>;

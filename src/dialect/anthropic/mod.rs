@@ -128,8 +128,10 @@ impl Dialect for AnthropicMessages {
             top_level,
             server_held: false,
             continues: None,
+            usage_unasked: false,
             continues_conversation: false,
             pinned: None,
+            floated: Vec::new(),
         })
     }
 

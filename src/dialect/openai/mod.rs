@@ -6,6 +6,7 @@
 //! (unknown roles, broken tool pairs) are refused here with the provider's error shape.
 
 mod assemble;
+mod usage;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use super::{
 };
 use crate::base::reply::{Assembled, CapturedReply};
 use crate::error::ApiError;
+use crate::rewrite::Rewrite;
 
 const API: &str = "chat-completions";
 
@@ -37,6 +39,8 @@ struct Wire<'a> {
     tools: Option<Box<RawValue>>,
     #[serde(default)]
     stream: Option<bool>,
+    #[serde(default, borrow)]
+    stream_options: Option<&'a RawValue>,
     #[serde(default)]
     max_tokens: Option<u64>,
     #[serde(default)]
@@ -72,6 +76,7 @@ impl Dialect for OpenAiChat {
             messages,
             tools: wire.tools,
             stream: wire.stream.unwrap_or(false),
+            usage_unasked: wire.stream == Some(true) && wire.stream_options.is_none(),
             max_output: wire.max_completion_tokens.or(wire.max_tokens),
             thinking: false,
             top_level: 0,
@@ -79,6 +84,7 @@ impl Dialect for OpenAiChat {
             continues: None,
             continues_conversation: false,
             pinned: None,
+            floated: Vec::new(),
         })
     }
 
@@ -119,6 +125,10 @@ impl Dialect for OpenAiChat {
 
     fn stream_reply(&self) -> Box<dyn StreamReply> {
         Box::<StreamAssembler>::default()
+    }
+
+    fn ask_usage(&self, body: &[u8]) -> Option<(Bytes, Box<dyn Rewrite>)> {
+        Some((usage::ask(body)?, Box::<usage::StripUsage>::default()))
     }
 
     fn stream_end(&self) -> StreamEnd {

@@ -138,6 +138,8 @@ impl Dialect for OpenAiResponses {
             top_level,
             server_held,
             pinned: None,
+            floated: Vec::new(),
+            usage_unasked: false,
             continues_conversation: wire.previous_response_id.is_none()
                 && wire.conversation.as_ref().is_some_and(|c| !c.is_null()),
             continues: wire.previous_response_id.or_else(|| {

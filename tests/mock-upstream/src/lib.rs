@@ -19,6 +19,7 @@ mod reply;
 pub mod responses;
 pub mod scripted;
 pub mod strict;
+pub mod text_coder;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

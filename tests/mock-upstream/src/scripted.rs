@@ -581,7 +581,7 @@ fn anthropic_reply(body: &Value, blocks: Vec<Value>, input: u64, serial: usize) 
     chunked(events)
 }
 
-fn chat_reply(body: &Value, message: Value, finish: &str, input: u64) -> Reply {
+pub(crate) fn chat_reply(body: &Value, message: Value, finish: &str, input: u64) -> Reply {
     let usage =
         json!({"prompt_tokens": input, "completion_tokens": 20, "total_tokens": input + 20});
     if body["stream"] != true {
@@ -590,11 +590,15 @@ fn chat_reply(body: &Value, message: Value, finish: &str, input: u64) -> Reply {
             "model": body["model"], "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": usage}),
         );
     }
+    // As OpenAI: usage only when asked for, then `"usage":null` on every other chunk.
+    let asked = body["stream_options"]["include_usage"] == true;
     let chunk = |delta: Value, finish: Value, usage: Value| {
         let mut data = json!({"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": 1_700_000_000,
             "model": body["model"], "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
         if !usage.is_null() {
             data["choices"] = json!([]);
+        }
+        if asked {
             data["usage"] = usage;
         }
         format!("data: {data}\n\n")
@@ -617,7 +621,9 @@ fn chat_reply(body: &Value, message: Value, finish: &str, input: u64) -> Reply {
             "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]}}]}), Value::Null, Value::Null));
     }
     events.push(chunk(json!({}), json!(finish), Value::Null));
-    events.push(chunk(Value::Null, Value::Null, usage));
+    if asked {
+        events.push(chunk(Value::Null, Value::Null, usage));
+    }
     events.push("data: [DONE]\n\n".to_owned());
     chunked(events)
 }

@@ -1,0 +1,217 @@
+//! Usage for a streamed chat request that did not ask for it: handoff asks the
+//! upstream (`stream_options.include_usage`), so the reply log and calibration get
+//! the count, and takes it out of the client's stream again, leaving the bytes the
+//! client would have got: OpenAI then adds `"usage":null` to every chunk and one last
+//! chunk with empty `choices` and the usage, both removed here.
+
+use bytes::{Bytes, BytesMut};
+
+use crate::rewrite::Rewrite;
+
+/// The member handoff adds at the start of the body.
+const ASK: &[u8] = br#""stream_options":{"include_usage":true},"#;
+
+/// `body` (a JSON object) asking for usage in its stream.
+pub fn ask(body: &[u8]) -> Option<Bytes> {
+    let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
+    if body[open] != b'{' {
+        return None;
+    }
+    let mut out = BytesMut::with_capacity(body.len() + ASK.len());
+    out.extend_from_slice(&body[..=open]);
+    let empty = body[open + 1..]
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|b| *b == b'}');
+    if empty {
+        out.extend_from_slice(&ASK[..ASK.len() - 1]);
+    } else {
+        out.extend_from_slice(ASK);
+    }
+    out.extend_from_slice(&body[open + 1..]);
+    Some(out.freeze())
+}
+
+/// Takes the usage handoff asked for out of an OpenAI chat stream, line by line.
+#[derive(Debug, Default)]
+pub struct StripUsage {
+    /// The start of a line whose end has not arrived.
+    partial: BytesMut,
+    /// The usage chunk's line was dropped: so is the blank line that closes its event.
+    drop_blank: bool,
+}
+
+impl StripUsage {
+    /// The client's form of one whole line (its line break included), or nothing.
+    fn line(&mut self, line: &[u8], out: &mut BytesMut) {
+        let body = trim_break(line);
+        if self.drop_blank {
+            self.drop_blank = false;
+            if body.is_empty() {
+                return;
+            }
+        }
+        let Some(data) = body.strip_prefix(b"data:") else {
+            out.extend_from_slice(line);
+            return;
+        };
+        if is_usage_chunk(data) {
+            self.drop_blank = true;
+            return;
+        }
+        match strip_null_usage(body) {
+            Some((before, after)) => {
+                out.extend_from_slice(before);
+                out.extend_from_slice(after);
+                out.extend_from_slice(&line[body.len()..]);
+            }
+            None => out.extend_from_slice(line),
+        }
+    }
+}
+
+impl Rewrite for StripUsage {
+    fn data(&mut self, data: Bytes) -> Bytes {
+        let mut out = BytesMut::with_capacity(data.len() + self.partial.len());
+        let mut rest: &[u8] = &data;
+        while let Some(at) = rest.iter().position(|b| *b == b'\n') {
+            let (line, tail) = rest.split_at(at + 1);
+            rest = tail;
+            if self.partial.is_empty() {
+                self.line(line, &mut out);
+            } else {
+                self.partial.extend_from_slice(line);
+                let whole = std::mem::take(&mut self.partial);
+                self.line(&whole, &mut out);
+            }
+        }
+        self.partial.extend_from_slice(rest);
+        out.freeze()
+    }
+
+    fn end(&mut self) -> Bytes {
+        std::mem::take(&mut self.partial).freeze()
+    }
+}
+
+/// `line` without its line break.
+fn trim_break(line: &[u8]) -> &[u8] {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+/// True for the chunk that carries only the usage: empty `choices`, a usage object.
+fn is_usage_chunk(data: &[u8]) -> bool {
+    if !contains(data, b"\"usage\"") {
+        return false;
+    }
+    let Ok(chunk) = serde_json::from_slice::<serde_json::Value>(data.trim_ascii()) else {
+        return false;
+    };
+    let no_choices = chunk
+        .get("choices")
+        .and_then(|c| c.as_array())
+        .is_some_and(|c| c.is_empty());
+    no_choices && chunk.get("usage").is_some_and(|u| u.is_object())
+}
+
+/// The line around a `"usage":null` member that closes the chunk's object, as the
+/// text before the member's comma and the closing brace on: what the chunk is without
+/// it. Anywhere else the member stays (a client that never asked reads it as absent).
+fn strip_null_usage(line: &[u8]) -> Option<(&[u8], &[u8])> {
+    let end = line.iter().rposition(|b| !b.is_ascii_whitespace())?;
+    if line[end] != b'}' {
+        return None;
+    }
+    let mut at = skip_back_ws(line, end);
+    at = at.checked_sub(4).filter(|&s| &line[s..at] == b"null")?;
+    at = skip_back_ws(line, at);
+    at = at.checked_sub(1).filter(|&s| line[s] == b':')?;
+    at = skip_back_ws(line, at);
+    at = at
+        .checked_sub(7)
+        .filter(|&s| &line[s..at] == b"\"usage\"")?;
+    at = skip_back_ws(line, at);
+    // A comma before a quote cannot be inside a JSON string: there a quote is escaped.
+    let comma = at.checked_sub(1).filter(|&s| line[s] == b',')?;
+    Some((&line[..comma], &line[end..]))
+}
+
+/// The index just past the last non-whitespace byte before `at`.
+fn skip_back_ws(line: &[u8], mut at: usize) -> usize {
+    while at > 0 && line[at - 1].is_ascii_whitespace() {
+        at -= 1;
+    }
+    at
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PLAIN: &str = concat!(
+        "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
+        "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+        "data: [DONE]\n\n",
+    );
+    const ASKED: &str = concat!(
+        "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\n",
+        "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":null}\n\n",
+        "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1}}\n\n",
+        "data: [DONE]\n\n",
+    );
+
+    fn strip_in(chunks: &[&[u8]]) -> Vec<u8> {
+        let mut strip = StripUsage::default();
+        let mut out = Vec::new();
+        for chunk in chunks {
+            out.extend_from_slice(&strip.data(Bytes::copy_from_slice(chunk)));
+        }
+        out.extend_from_slice(&strip.end());
+        out
+    }
+
+    #[test]
+    fn the_client_gets_the_stream_it_would_have_got_at_every_split() {
+        let asked = ASKED.as_bytes();
+        assert_eq!(strip_in(&[asked]), PLAIN.as_bytes());
+        for at in 0..asked.len() {
+            let (a, b) = asked.split_at(at);
+            assert_eq!(strip_in(&[a, b]), PLAIN.as_bytes(), "split at {at}");
+        }
+    }
+
+    #[test]
+    fn spaced_and_crlf_forms_are_stripped_too() {
+        let asked = "data: {\"id\":\"c\", \"choices\":[], \"usage\" : null }\r\n\r\n";
+        assert_eq!(
+            strip_in(&[asked.as_bytes()]),
+            b"data: {\"id\":\"c\", \"choices\":[]}\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn usage_elsewhere_and_text_that_looks_like_it_stay() {
+        let inner = "data: {\"usage\":null,\"choices\":[{\"delta\":{\"content\":\"\\\"usage\\\":null\"}}]}\n\n";
+        assert_eq!(strip_in(&[inner.as_bytes()]), inner.as_bytes());
+        let other = "event: ping\ndata: {\"choices\":[]}\n\n";
+        assert_eq!(strip_in(&[other.as_bytes()]), other.as_bytes());
+    }
+
+    #[test]
+    fn the_ask_opens_the_body() {
+        assert_eq!(
+            ask(b" {\"model\":\"m\"}").unwrap(),
+            Bytes::from_static(b" {\"stream_options\":{\"include_usage\":true},\"model\":\"m\"}")
+        );
+        assert_eq!(
+            ask(b"{ }").unwrap(),
+            Bytes::from_static(b"{\"stream_options\":{\"include_usage\":true} }")
+        );
+        assert!(ask(b"[1]").is_none());
+    }
+}

@@ -1,0 +1,84 @@
+//! A streamed body whose bytes are rewritten on their way to the client, after the
+//! reply capture saw them as the upstream sent them: handoff asked for something the
+//! client did not (usage), and takes it out again.
+
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+
+/// Rewrites the data of one streamed body.
+pub trait Rewrite: Send {
+    /// The client's bytes for the next upstream bytes; may hold some back.
+    fn data(&mut self, data: Bytes) -> Bytes;
+    /// What is still held when the body ends.
+    fn end(&mut self) -> Bytes;
+}
+
+pin_project_lite::pin_project! {
+    /// `inner` with its data rewritten.
+    pub struct Rewritten<B> {
+        #[pin]
+        inner: B,
+        rewrite: Box<dyn Rewrite>,
+        ended: bool,
+    }
+}
+
+impl<B> Rewritten<B> {
+    /// Rewrites `inner` with `rewrite`.
+    pub fn new(inner: B, rewrite: Box<dyn Rewrite>) -> Self {
+        Self {
+            inner,
+            rewrite,
+            ended: false,
+        }
+    }
+}
+
+impl<B: Body<Data = Bytes>> Body for Rewritten<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let mut this = self.project();
+        loop {
+            if *this.ended {
+                return Poll::Ready(None);
+            }
+            match ready!(this.inner.as_mut().poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        let out = this.rewrite.data(data);
+                        if !out.is_empty() {
+                            return Poll::Ready(Some(Ok(Frame::data(out))));
+                        }
+                    }
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+                Some(Err(err)) => return Poll::Ready(Some(Err(err))),
+                None => {
+                    *this.ended = true;
+                    let rest = this.rewrite.end();
+                    if !rest.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(rest))));
+                    }
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // Only once the held bytes are out: the inner end is not the client's.
+        self.ended
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        // The rewrite changes the length.
+        SizeHint::default()
+    }
+}
