@@ -245,6 +245,7 @@ proptest! {
                 model: format!("model-{n}"),
                 head: None,
                 pinned: None,
+                floated: Vec::new(),
                 stream: n % 2 == 0,
                 new_messages: n,
             })))
