@@ -5,13 +5,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http::{Method, Request, Response};
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use crate::access_log::{Logged, RequestLog};
 use crate::body::ProxyBody;
 use crate::dialect::DialectKind;
-use crate::forward::forward;
 use crate::headers::loggable_target;
 use crate::state::AppState;
 use crate::{admin, chat};
@@ -40,6 +38,9 @@ async fn dispatch(
     log: &mut RequestLog,
 ) -> Response<ProxyBody> {
     let path = request.uri().path();
+    if let Err(err) = crate::path::check(path) {
+        return err.into_response_for(DialectKind::for_path(path));
+    }
     if path == "/handoff" || path.starts_with("/handoff/") {
         return admin::handle(state, request, peer).await;
     }
@@ -69,9 +70,5 @@ async fn dispatch(
             return chat::handle(state, snap, request, log, admission, tracking).await;
         }
     }
-    let (mut parts, body) = request.into_parts();
-    snap.credentials.rewrite(&mut parts.headers, dialect);
-    // Uploads and other bodies (count_tokens, models) stream straight through.
-    let body = body.map_err(Into::into).boxed_unsync();
-    forward(snap.dialect_upstream(dialect), parts, body, log).await
+    crate::passthrough::handle(state, snap, request, log, admission, dialect).await
 }

@@ -168,7 +168,7 @@ pub struct AppState {
     /// The key that turns credentials into tenants; never logged.
     pub secret: ServerSecret,
     /// Per-key rate limits, kept across reloads.
-    pub limiter: RateLimiter,
+    pub limiter: Arc<RateLimiter>,
     /// Slots for tracked requests (`limits.max_concurrent_chat`, fixed at start).
     pub chat_gate: crate::chat::ChatGate,
     /// The disk store's exclusive hold on its data dir, for the life of the process.
@@ -224,7 +224,7 @@ impl AppState {
             metrics,
             shutdown,
             secret,
-            limiter: RateLimiter::default(),
+            limiter: Arc::default(),
             chat_gate: crate::chat::ChatGate::new(
                 config_limits.max_concurrent_chat,
                 config_limits.chat_queue,

@@ -71,6 +71,20 @@ impl RateLimiter {
         }
         Ok(())
     }
+
+    /// Takes `tokens` more from `key`'s `tpm` bucket, below empty if need be (at most a
+    /// minute's allowance of debt): what a body turned out to hold beyond its estimate.
+    /// The next requests wait until the debt is paid.
+    pub fn charge(&self, key: &str, tpm: Option<u64>, tokens: u64, now: Instant) {
+        let (Some(per_minute), true) = (tpm, tokens > 0) else {
+            return;
+        };
+        let Ok(mut buckets) = self.buckets.lock() else {
+            return;
+        };
+        let bucket = refill(&mut buckets, key, "tpm", per_minute, now);
+        bucket.level = (bucket.level - tokens as f64).max(-(per_minute as f64));
+    }
 }
 
 fn refill<'a>(

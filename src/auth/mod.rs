@@ -148,6 +148,7 @@ impl Credentials {
             return Ok(Admission {
                 tenant: secret.tenant_for(&credential(headers)),
                 key: None,
+                estimated_tokens,
             });
         }
         let presented = presented_key(headers).ok_or_else(|| {
@@ -186,6 +187,7 @@ impl Credentials {
         Ok(Admission {
             tenant: key.tenant.clone(),
             key: Some(Arc::clone(key)),
+            estimated_tokens,
         })
     }
 
@@ -217,9 +219,20 @@ pub struct Admission {
     pub tenant: TenantId,
     /// The key, when keys are configured.
     pub key: Option<Arc<ProxyKey>>,
+    /// The input tokens it was admitted with, estimated from its declared length.
+    pub estimated_tokens: u64,
 }
 
 impl Admission {
+    /// Charges the key's `tpm` for the `read` bytes a body held, beyond the tokens it
+    /// was admitted with (a chunked body declares no length).
+    pub fn charge_read(&self, limiter: &RateLimiter, read: usize) {
+        if let Some(key) = &self.key {
+            let tokens = (read as u64 / 4).saturating_sub(self.estimated_tokens);
+            limiter.charge(key.tenant.as_str(), key.tpm, tokens, Instant::now());
+        }
+    }
+
     /// 403 when the key may not use `model`.
     pub fn check_model(&self, model: &str) -> Result<(), ApiError> {
         match &self.key {

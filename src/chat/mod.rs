@@ -135,7 +135,8 @@ impl<'s> Exchange<'s> {
         dialect: DialectKind,
     ) -> Result<Self, Halt> {
         let (mut parts, body) = request.into_parts();
-        let body = admit::read_body(body, &snap.config.limits, &parts.headers).await?;
+        let body = crate::body_read::read_body(body, &snap.config.limits, &parts.headers).await?;
+        admission.charge_read(&state.limiter, body.len());
         let mut chat = dialect.get().parse_body(&body).map_err(ApiError::from)?;
         snap.pins.apply(&mut chat);
         let chosen = admit::strategy_override(&snap, &parts.headers)?;

@@ -1,0 +1,192 @@
+//! A gateway a team can share: two teams behind one upstream key, each limited on
+//! every path, neither reaching the other's upstream objects or the upstream outside
+//! `base_url`. Each test here failed on the main before it (issue 24's findings).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use mock_upstream::{MockUpstream, Reply};
+use sha2::{Digest, Sha256};
+use support::{Proxy, ProxyOptions};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TEAM_A: &str = "hk-team-a-0123456789";
+const TEAM_B: &str = "hk-team-b-9876543210";
+const UPSTREAM_KEY: &str = "sk-upstream-shared-key-77";
+
+fn sha256_hex(text: &str) -> String {
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Two teams behind one upstream key: team-a may use gpt-4o only, team-b has a `tpm`.
+fn team_proxy(upstream: &str, extra: &str) -> Proxy {
+    let toml = format!(
+        "[upstream]\napi_key_env = \"UPSTREAM_KEY_FOR_TEST\"\n{extra}\n\
+         [[auth.keys]]\nname = \"team-a\"\nsha256 = \"{}\"\nmodels = [\"gpt-4o\"]\n\
+         [[auth.keys]]\nname = \"team-b\"\nsha256 = \"{}\"\ntpm = 1000\n",
+        sha256_hex(TEAM_A),
+        sha256_hex(TEAM_B)
+    );
+    Proxy::start_with(
+        upstream,
+        ProxyOptions {
+            extra_toml: toml,
+            env: vec![("UPSTREAM_KEY_FOR_TEST".into(), UPSTREAM_KEY.into())],
+            ..Default::default()
+        },
+    )
+}
+
+/// Sends `head` (request line and headers, no blank line) and `body` as written, on a
+/// fresh connection; returns the status and the whole response.
+async fn raw(addr: SocketAddr, head: &str, body: &[u8]) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut bytes = format!("{head}\r\nhost: {addr}\r\nconnection: close\r\n\r\n").into_bytes();
+    bytes.extend_from_slice(body);
+    stream.write_all(&bytes).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out)).await;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+fn post(path: &str, key: &str, content_type: &str, body: &[u8]) -> (String, Vec<u8>) {
+    (
+        format!(
+            "POST {path} HTTP/1.1\r\nauthorization: Bearer {key}\r\ncontent-type: {content_type}\r\ncontent-length: {}",
+            body.len()
+        ),
+        body.to_vec(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_allow_list_holds_on_every_path() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = team_proxy(&mock.url(), "");
+    let json = |model: &str| {
+        format!(
+            r#"{{"model":"{model}","input":"hi","messages":[{{"role":"user","content":"hi"}}]}}"#
+        )
+    };
+    for path in [
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/responses/compact",
+        "/v1/messages/count_tokens",
+        "/v1/moderations",
+    ] {
+        let (head, body) = post(path, TEAM_A, "application/json", json("gpt-4.1").as_bytes());
+        let (status, text) = raw(proxy.addr(), &head, &body).await;
+        assert_eq!(status, 403, "{path}: {text}");
+        assert!(text.contains("model_not_allowed"), "{path}: {text}");
+    }
+    // Paths that only look like the tracked one are refused outright.
+    for path in [
+        "/v1/chat/completions/",
+        "/v1/chat/completions;x",
+        "/v1//chat/completions",
+    ] {
+        let (head, body) = post(path, TEAM_A, "application/json", json("gpt-4.1").as_bytes());
+        let (status, text) = raw(proxy.addr(), &head, &body).await;
+        assert_eq!(status, 400, "{path}: {text}");
+        assert!(text.contains("invalid_path"), "{path}: {text}");
+    }
+    // A form names its model too.
+    let form = b"--B0\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nRIFF\r\n--B0\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n--B0--\r\n";
+    let (head, body) = post(
+        "/v1/audio/transcriptions",
+        TEAM_A,
+        "multipart/form-data; boundary=B0",
+        form,
+    );
+    let (status, text) = raw(proxy.addr(), &head, &body).await;
+    assert_eq!(status, 403, "{text}");
+    assert!(
+        mock.requests().is_empty(),
+        "a disallowed model reached the upstream"
+    );
+    // An allowed model passes, with the server's key.
+    let (head, body) = post(
+        "/v1/embeddings",
+        TEAM_A,
+        "application/json",
+        json("gpt-4o").as_bytes(),
+    );
+    let (status, text) = raw(proxy.addr(), &head, &body).await;
+    assert_eq!(status, 200, "{text}");
+    let seen = mock.requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].headers.get("authorization").unwrap(),
+        &format!("Bearer {UPSTREAM_KEY}")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tpm_is_charged_by_the_bytes_a_chunked_body_holds() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = team_proxy(&mock.url(), "");
+    // 8,000 bytes, about 2,000 tokens: twice team-b's minute, sent without a length.
+    let filler = "x".repeat(8_000);
+    let body =
+        format!(r#"{{"model":"gpt-4o","messages":[{{"role":"user","content":"{filler}"}}]}}"#);
+    let chunked = format!("{:x}\r\n{body}\r\n0\r\n\r\n", body.len());
+    let mut passed = 0;
+    for _ in 0..5 {
+        let (status, text) = raw(
+            proxy.addr(),
+            &format!("POST /v1/chat/completions HTTP/1.1\r\nauthorization: Bearer {TEAM_B}\r\ncontent-type: application/json\r\ntransfer-encoding: chunked"),
+            chunked.as_bytes(),
+        )
+        .await;
+        match status {
+            200 => passed += 1,
+            429 => assert!(text.contains("input tokens"), "{text}"),
+            other => panic!("{other}: {text}"),
+        }
+    }
+    assert_eq!(
+        passed, 1,
+        "one minute's allowance, then the debt is paid first"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dot_segments_never_leave_the_base_url_prefix() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = team_proxy(&format!("{}/gw/openai", mock.url()), "");
+    for path in [
+        "/../../outside",
+        "/v1/%2e%2e/%2E%2E/outside",
+        "/v1/..%2foutside",
+        "/v1/./models",
+    ] {
+        let (status, text) = raw(
+            proxy.addr(),
+            &format!("GET {path} HTTP/1.1\r\nauthorization: Bearer {TEAM_A}"),
+            b"",
+        )
+        .await;
+        assert_eq!(status, 400, "{path}: {text}");
+    }
+    assert!(
+        mock.requests().is_empty(),
+        "{:?}",
+        mock.requests()
+            .iter()
+            .map(|r| r.target.clone())
+            .collect::<Vec<_>>()
+    );
+}
