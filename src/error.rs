@@ -63,6 +63,16 @@ impl ApiError {
         )
     }
 
+    /// 403 for a listing a shared upstream key would answer with every team's objects.
+    pub fn listing_not_allowed(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            Some("listing_not_allowed"),
+            message.into(),
+        )
+    }
+
     /// 403 for an admin request that is neither authenticated nor local.
     pub fn forbidden(message: impl Into<String>) -> Self {
         Self::new(

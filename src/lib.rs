@@ -52,6 +52,7 @@ pub mod forward;
 pub mod headers;
 pub mod kinds;
 pub mod metrics;
+pub mod ownership;
 pub mod passthrough;
 pub mod path;
 pub mod pins;

@@ -2,6 +2,8 @@
 //! model is read (within `limits.max_body_bytes`) and checked against the key's model
 //! allow-list, and charged to its `tpm` by the bytes it held; an upload streams and is
 //! charged as it goes. Without proxy keys there is nothing to check, and bodies stream.
+//! Through a shared upstream key, the upstream objects a request names must be its
+//! tenant's ([`crate::ownership`]), and those a response creates become so.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -10,15 +12,19 @@ use std::task::{ready, Context, Poll};
 use bytes::Bytes;
 use http::{header, Method, Request, Response};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
 use crate::access_log::RequestLog;
 use crate::auth::{Admission, RateLimiter};
+use crate::base::tenant::TenantId;
 use crate::body::{full, BoxError, ProxyBody};
 use crate::body_read::read_body;
+use crate::chat::reply::buffered;
 use crate::dialect::DialectKind;
-use crate::forward::forward;
+use crate::error::ApiError;
+use crate::forward::{forward, relay, send_timed, upstream_request};
+use crate::ownership;
 use crate::state::{AppState, Snapshot};
 
 /// Paths whose multipart form names a model (transcription, translation, image edits):
@@ -35,6 +41,17 @@ pub async fn handle(
     dialect: DialectKind,
 ) -> Response<ProxyBody> {
     let (mut parts, body) = request.into_parts();
+    let shared = snap.credentials.shares_upstream_key();
+    if shared && ownership::is_listing(&parts.method, parts.uri.path()) {
+        return ApiError::listing_not_allowed(format!(
+                "{} would list every team's objects of the shared upstream account; fetch your own by id",
+            parts.uri.path()
+        ))
+        .into_response_for(dialect);
+    }
+    let mut named: Vec<String> = ownership::path_objects(parts.uri.path())
+        .map(str::to_owned)
+        .collect();
     let body = match admission.key.as_ref() {
         None => body.map_err(Into::into).boxed_unsync(),
         Some(_) if !reads_whole(&parts.method, parts.uri.path(), &parts.headers) => {
@@ -51,11 +68,76 @@ pub async fn handle(
                     return err.into_response_for(dialect);
                 }
             }
+            named.extend(ownership::body_objects(&bytes));
             full(bytes)
         }
     };
+    if shared {
+        if let Err(err) = check_owned(state, &admission.tenant, &named).await {
+            return err.into_response_for(dialect);
+        }
+    }
     snap.credentials.rewrite(&mut parts.headers, dialect);
-    forward(snap.dialect_upstream(dialect), parts, body, log).await
+    let upstream = snap.dialect_upstream(dialect);
+    if !(shared && parts.method == Method::POST) {
+        return forward(upstream, parts, body, log).await;
+    }
+    // What this POST creates (a file, a batch…) becomes the tenant's.
+    let request = match upstream_request(upstream, parts.method, &parts.uri, parts.headers, body) {
+        Ok(request) => request,
+        Err(err) => return err.into_response_for(dialect),
+    };
+    let response = match send_timed(upstream, request, log).await {
+        Ok(response) => response,
+        Err(err) => return err.into_response_for(dialect),
+    };
+    let json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(response.status().is_success() && json) {
+        return relay(upstream, response, None);
+    }
+    let (head, incoming) = response.into_parts();
+    let body = match Limited::new(incoming, MAX_CREATED_BODY).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(err) => {
+            return ApiError::bad_gateway(format!("reading the upstream's answer: {err}"))
+                .into_response_for(dialect)
+        }
+    };
+    if let Some(object) = ownership::created_object(&body) {
+        if let Err(err) = state.ownership.record(&admission.tenant, &object).await {
+            // Unrecorded, the object would be refused to its own tenant: say so now.
+            tracing::warn!(object = %object, error = %err, "cannot record an upstream object's owner");
+            return ApiError::storage(err.to_string()).into_response_for(dialect);
+        }
+    }
+    buffered(head, body)
+}
+
+/// The largest answer read to learn the id of the object it created.
+const MAX_CREATED_BODY: usize = 4 << 20;
+
+/// Refuses a request that names an upstream object its tenant did not create. A
+/// Responses id or conversation is the tenant's when its conversation logged it.
+pub async fn check_owned(
+    state: &AppState,
+    tenant: &TenantId,
+    named: &[String],
+) -> Result<(), ApiError> {
+    for object in named {
+        let logged = state
+            .tracker
+            .conversation_of_response(tenant, object)
+            .await
+            .map_err(|err| ApiError::storage(err.to_string()))?;
+        if logged.is_none() {
+            state.ownership.check(tenant, [object.as_str()]).await?;
+        }
+    }
+    Ok(())
 }
 
 /// True when a body is read whole to be checked: any body but a multipart upload that

@@ -157,6 +157,8 @@ pub struct AppState {
     reload: Mutex<ReloadStatus>,
     /// Conversation tracking over the store.
     pub tracker: Arc<Tracker>,
+    /// Which tenant created which upstream object.
+    pub ownership: crate::ownership::Ownership,
     /// Token counting with its cache.
     pub tokens: Arc<Tokens>,
     /// Compaction runs.
@@ -203,6 +205,8 @@ impl AppState {
         };
         let store = opened.store;
         let config_limits = config.limits.clone();
+        let ownership =
+            crate::ownership::Ownership::new(Arc::clone(&store), config.store.cache_capacity);
         let tracker = Arc::new(
             Tracker::new(store, config.store.cache_capacity).with_lease_ttl(config.store.lease_ttl),
         );
@@ -219,6 +223,7 @@ impl AppState {
             overrides,
             reload: Mutex::new(ReloadStatus::default()),
             tracker,
+            ownership,
             tokens,
             compactor,
             metrics,

@@ -24,8 +24,17 @@ fn sha256_hex(text: &str) -> String {
         .collect()
 }
 
+/// [`team_proxy`] on an existing data directory.
+fn team_proxy_on(upstream: &str, data: &std::path::Path) -> Proxy {
+    team_proxy_with(upstream, "", Some(data.to_owned()))
+}
+
 /// Two teams behind one upstream key: team-a may use gpt-4o only, team-b has a `tpm`.
 fn team_proxy(upstream: &str, extra: &str) -> Proxy {
+    team_proxy_with(upstream, extra, None)
+}
+
+fn team_proxy_with(upstream: &str, extra: &str, data_dir: Option<std::path::PathBuf>) -> Proxy {
     let toml = format!(
         "[upstream]\napi_key_env = \"UPSTREAM_KEY_FOR_TEST\"\n{extra}\n\
          [[auth.keys]]\nname = \"team-a\"\nsha256 = \"{}\"\nmodels = [\"gpt-4o\"]\n\
@@ -38,6 +47,7 @@ fn team_proxy(upstream: &str, extra: &str) -> Proxy {
         ProxyOptions {
             extra_toml: toml,
             env: vec![("UPSTREAM_KEY_FOR_TEST".into(), UPSTREAM_KEY.into())],
+            data_dir,
             ..Default::default()
         },
     )
@@ -189,4 +199,131 @@ async fn dot_segments_never_leave_the_base_url_prefix() {
             .map(|r| r.target.clone())
             .collect::<Vec<_>>()
     );
+}
+
+/// An upstream that stores what it is asked to: responses and files, each answered
+/// with a fresh id, and anything named by id answered as found.
+async fn storing_upstream() -> MockUpstream {
+    let serial = std::sync::atomic::AtomicUsize::new(0);
+    MockUpstream::with(move |request| {
+        let n = serial.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let path = request.target.split('?').next().unwrap_or("").to_owned();
+        match (request.method.as_str(), path.as_str()) {
+            ("POST", "/v1/responses") => Reply::json(serde_json::json!({
+                "id": format!("resp_stored{n}"), "object": "response", "status": "completed",
+                "model": "gpt-4o",
+                "output": [{"type": "message", "id": format!("msg_{n}"), "role": "assistant", "status": "completed",
+                            "content": [{"type": "output_text", "text": "stored", "annotations": []}]}],
+                "usage": {"input_tokens": 5, "output_tokens": 1, "total_tokens": 6}})),
+            ("POST", "/v1/files") => Reply::json(serde_json::json!({
+                "id": format!("file-up{n}"), "object": "file", "bytes": 4, "purpose": "batch"})),
+            _ => Reply::json(serde_json::json!({"id": "whatever", "object": "found", "deleted": false})),
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_team_never_reaches_another_teams_upstream_objects() {
+    let mock = storing_upstream().await;
+    let proxy = team_proxy(&mock.url(), "");
+    let addr = proxy.addr();
+    // Team A stores a response and uploads a file.
+    let stored = br#"{"model":"gpt-4o","store":true,"input":"remember this"}"#;
+    let (head, body) = post("/v1/responses", TEAM_A, "application/json", stored);
+    let (status, text) = raw(addr, &head, &body).await;
+    assert_eq!(status, 200, "{text}");
+    let response_id = text
+        .split("\"id\":\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+    assert!(response_id.starts_with("resp_"), "{text}");
+    let form = b"--B1\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--B1\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.jsonl\"\r\n\r\n{}\n\r\n--B1--\r\n";
+    let (head, body) = post(
+        "/v1/files",
+        TEAM_A,
+        "multipart/form-data; boundary=B1",
+        form,
+    );
+    let (status, text) = raw(addr, &head, &body).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("file-up"), "{text}");
+    let file_id = text
+        .split("\"id\":\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+    let before = mock.requests().len();
+
+    // Team B can neither read, delete nor continue them, nor list the account's files.
+    let get = |key: &str, path: &str, method: &str| {
+        format!("{method} {path} HTTP/1.1\r\nauthorization: Bearer {key}")
+    };
+    for (method, path) in [
+        ("GET", format!("/v1/responses/{response_id}")),
+        ("DELETE", format!("/v1/responses/{response_id}")),
+        ("GET", format!("/v1/responses/{response_id}/input_items")),
+        ("GET", format!("/v1/files/{file_id}")),
+        ("GET", format!("/v1/files/{file_id}/content")),
+        ("DELETE", format!("/v1/files/{file_id}")),
+        ("GET", "/v1/files/file-never-made".to_owned()),
+    ] {
+        let (status, text) = raw(addr, &get(TEAM_B, &path, method), b"").await;
+        assert_eq!(status, 404, "{method} {path}: {text}");
+    }
+    let (status, text) = raw(addr, &get(TEAM_B, "/v1/files", "GET"), b"").await;
+    assert_eq!(status, 403, "{text}");
+    let follow = format!(
+        r#"{{"model":"gpt-4o","previous_response_id":"{response_id}","input":"and now?"}}"#
+    );
+    let (head, body) = post(
+        "/v1/responses",
+        TEAM_B,
+        "application/json",
+        follow.as_bytes(),
+    );
+    let (status, text) = raw(addr, &head, &body).await;
+    assert_eq!(status, 404, "{text}");
+    let batch = format!(
+        r#"{{"input_file_id":"{file_id}","endpoint":"/v1/chat/completions","completion_window":"24h"}}"#
+    );
+    let (head, body) = post("/v1/batches", TEAM_B, "application/json", batch.as_bytes());
+    let (status, text) = raw(addr, &head, &body).await;
+    assert_eq!(status, 404, "{text}");
+    assert_eq!(mock.requests().len(), before, "team B reached the upstream");
+
+    // Team A still reaches its own.
+    for path in [
+        format!("/v1/responses/{response_id}"),
+        format!("/v1/files/{file_id}"),
+    ] {
+        let (status, text) = raw(addr, &get(TEAM_A, &path, "GET"), b"").await;
+        assert_eq!(status, 200, "{path}: {text}");
+    }
+    let follow = format!(
+        r#"{{"model":"gpt-4o","previous_response_id":"{response_id}","input":"and now?"}}"#
+    );
+    let (head, body) = post(
+        "/v1/responses",
+        TEAM_A,
+        "application/json",
+        follow.as_bytes(),
+    );
+    let (status, text) = raw(addr, &head, &body).await;
+    assert_eq!(status, 200, "{text}");
+
+    // Ownership is on disk: after a restart, the file is still team A's alone.
+    let mut proxy = proxy;
+    let data = proxy.data_dir();
+    proxy.signal("TERM");
+    proxy.wait_exit(Duration::from_secs(10));
+    let again = team_proxy_on(&mock.url(), &data);
+    let path = format!("/v1/files/{file_id}");
+    let (status, _) = raw(again.addr(), &get(TEAM_A, &path, "GET"), b"").await;
+    assert_eq!(status, 200);
+    let (status, _) = raw(again.addr(), &get(TEAM_B, &path, "GET"), b"").await;
+    assert_eq!(status, 404);
 }

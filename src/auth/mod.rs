@@ -131,6 +131,12 @@ impl Credentials {
         !self.keys.is_empty()
     }
 
+    /// True when many proxy keys share one upstream key: their upstream objects live
+    /// in one account, and handoff keeps them apart.
+    pub fn shares_upstream_key(&self) -> bool {
+        self.requires_keys() && self.upstream.is_some()
+    }
+
     /// The `Authorization` value the upstream gets in place of the client's, if any.
     pub fn upstream_authorization(&self) -> Option<&HeaderValue> {
         self.upstream.as_ref()

@@ -16,7 +16,7 @@
 
 mod admit;
 mod gate;
-mod reply;
+pub(crate) mod reply;
 mod send;
 
 use std::sync::Arc;
@@ -137,6 +137,11 @@ impl<'s> Exchange<'s> {
         let (mut parts, body) = request.into_parts();
         let body = crate::body_read::read_body(body, &snap.config.limits, &parts.headers).await?;
         admission.charge_read(&state.limiter, body.len());
+        if snap.credentials.shares_upstream_key() {
+            // A continued response, a conversation, a file: only the tenant's own.
+            let named = crate::ownership::body_objects(&body);
+            crate::passthrough::check_owned(state, &admission.tenant, &named).await?;
+        }
         let mut chat = dialect.get().parse_body(&body).map_err(ApiError::from)?;
         snap.pins.apply(&mut chat);
         let chosen = admit::strategy_override(&snap, &parts.headers)?;

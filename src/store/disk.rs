@@ -226,6 +226,46 @@ impl Store for DiskStore {
         .boxed()
     }
 
+    fn record_object(
+        &self,
+        tenant: &TenantId,
+        object: &str,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        let path = response_index::objects_path(&self.data_dir, tenant);
+        let line = response_index::encode_object(object);
+        async move {
+            self.writer
+                .append(path, line)
+                .await
+                .map_err(|source| StoreError::Write {
+                    id: response_index::OBJECTS_FILE.into(),
+                    source,
+                })
+        }
+        .boxed()
+    }
+
+    fn owns_object(
+        &self,
+        tenant: &TenantId,
+        object: &str,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let path = response_index::objects_path(&self.data_dir, tenant);
+        let object = object.to_owned();
+        async move {
+            let found =
+                tokio::task::spawn_blocking(move || response_index::has_object(&path, &object))
+                    .await
+                    .map_err(|join| std::io::Error::other(join.to_string()))
+                    .and_then(|read| read);
+            found.map_err(|source| StoreError::Read {
+                id: response_index::OBJECTS_FILE.into(),
+                source,
+            })
+        }
+        .boxed()
+    }
+
     fn describe(&self) -> String {
         self.data_dir.display().to_string()
     }

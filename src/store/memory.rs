@@ -17,6 +17,7 @@ use crate::base::tenant::TenantId;
 #[derive(Default)]
 pub struct MemoryStore {
     conversations: Mutex<BTreeMap<ConversationId, ConversationLog>>,
+    objects: Mutex<std::collections::HashSet<(TenantId, String)>>,
 }
 
 impl MemoryStore {
@@ -81,6 +82,29 @@ impl Store for MemoryStore {
             })
             .unwrap_or_default();
         async move { Ok(found) }.boxed()
+    }
+
+    fn record_object(
+        &self,
+        tenant: &TenantId,
+        object: &str,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        if let Ok(mut objects) = self.objects.lock() {
+            objects.insert((tenant.clone(), object.to_owned()));
+        }
+        Box::pin(async { Ok(()) })
+    }
+
+    fn owns_object(
+        &self,
+        tenant: &TenantId,
+        object: &str,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let owns = self
+            .objects
+            .lock()
+            .is_ok_and(|objects| objects.contains(&(tenant.clone(), object.to_owned())));
+        Box::pin(async move { Ok(owns) })
     }
 
     fn describe(&self) -> String {

@@ -204,6 +204,21 @@ pub trait Store: Send + Sync {
         Box::pin(async { Ok(None) })
     }
 
+    /// Records that `tenant` created the upstream object `object` (a file, a batch, a
+    /// vector store…), so that only `tenant` may name it through a shared upstream key.
+    fn record_object(
+        &self,
+        tenant: &TenantId,
+        object: &str,
+    ) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// True when `tenant` created the upstream object `object`.
+    fn owns_object(
+        &self,
+        tenant: &TenantId,
+        object: &str,
+    ) -> BoxFuture<'_, Result<bool, StoreError>>;
+
     /// Where the store is, for messages: a folder or a masked database URL.
     fn describe(&self) -> String;
 

@@ -1,6 +1,8 @@
-//! The disk store's index of Responses ids: `tenants/<tenant>/responses.jsonl`, one
+//! The disk store's indexes of upstream ids. `tenants/<tenant>/responses.jsonl`, one
 //! line `{"response", "conversation", "head"}` per logged response, so that a
-//! `previous_response_id` continues its conversation after a restart too.
+//! `previous_response_id` continues its conversation after a restart too; and
+//! `tenants/<tenant>/objects.jsonl`, one line `{"object"}` per upstream object the
+//! tenant created, so that no other tenant may name it.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -103,4 +105,47 @@ mod tests {
         let missing = dir.path().join("none.jsonl");
         assert_eq!(lookup(&missing, &tenant, "resp_1").unwrap(), None);
     }
+}
+
+/// File name of a tenant's object index.
+pub const OBJECTS_FILE: &str = "objects.jsonl";
+
+/// One line of the object index.
+#[derive(Debug, Serialize, Deserialize)]
+struct Object {
+    object: String,
+}
+
+/// Where `tenant`'s object index lives.
+pub fn objects_path(data_dir: &Path, tenant: &TenantId) -> PathBuf {
+    data_dir
+        .join(TENANTS_DIR)
+        .join(tenant.as_str())
+        .join(OBJECTS_FILE)
+}
+
+/// The line that records `object`.
+pub fn encode_object(object: &str) -> Vec<u8> {
+    let mut line = serde_json::json!({"object": object})
+        .to_string()
+        .into_bytes();
+    line.push(b'\n');
+    line
+}
+
+/// True when the object index at `path` holds `object` (blocking; a missing file
+/// holds none).
+pub fn has_object(path: &Path, object: &str) -> std::io::Result<bool> {
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(err) => return Err(err),
+    };
+    for line in std::io::BufReader::new(file).lines() {
+        let line = line?;
+        if serde_json::from_str::<Object>(&line).is_ok_and(|entry| entry.object == object) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }

@@ -386,6 +386,47 @@ impl Store for PgStore {
         .boxed()
     }
 
+    fn record_object(
+        &self,
+        tenant: &TenantId,
+        object: &str,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        let (tenant, object) = (tenant.clone(), object.to_owned());
+        async move {
+            let client = self.pool.get().await.map_err(db)?;
+            client
+                .execute(
+                    "INSERT INTO handoff_objects (tenant, object) VALUES ($1, $2)
+                     ON CONFLICT DO NOTHING",
+                    &[&tenant.as_str(), &object],
+                )
+                .await
+                .map_err(db)?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn owns_object(
+        &self,
+        tenant: &TenantId,
+        object: &str,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let (tenant, object) = (tenant.clone(), object.to_owned());
+        async move {
+            let client = self.pool.get().await.map_err(db)?;
+            let row = client
+                .query_opt(
+                    "SELECT 1 FROM handoff_objects WHERE tenant = $1 AND object = $2",
+                    &[&tenant.as_str(), &object],
+                )
+                .await
+                .map_err(db)?;
+            Ok(row.is_some())
+        }
+        .boxed()
+    }
+
     fn describe(&self) -> String {
         self.shown.clone()
     }

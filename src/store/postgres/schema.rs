@@ -10,9 +10,10 @@ use tokio_postgres::Client;
 const MIGRATION_LOCK: i64 = 0x6861_6e64_6f66_6601;
 
 /// The migrations, in order; a released one is never edited, only followed.
-const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    r#"
+const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        r#"
 -- The server secret that turns credentials into tenants: one row, made once.
 CREATE TABLE handoff_secret (
     id smallint PRIMARY KEY CHECK (id = 1),
@@ -72,7 +73,19 @@ CREATE TABLE handoff_responses (
     PRIMARY KEY (tenant, response_id)
 );
 "#,
-)];
+    ),
+    (
+        2,
+        r#"
+-- Upstream objects (files, batches, vector stores…) by the tenant that created them.
+CREATE TABLE handoff_objects (
+    tenant text NOT NULL,
+    object text NOT NULL,
+    PRIMARY KEY (tenant, object)
+);
+"#,
+    ),
+];
 
 /// The newest schema version this build knows.
 pub fn latest() -> i32 {

@@ -1,0 +1,225 @@
+//! Upstream objects belong to the tenant that made them. Through a shared upstream key
+//! (`upstream.api_key_env` with proxy keys) every team's files, batches, stored
+//! responses… live in one upstream account, so handoff records which tenant created
+//! each object and lets only that tenant name it: in a path (`/v1/files/file-…`) or in
+//! a body (`previous_response_id`, `file_id`…). An object handoff never saw created is
+//! refused too, and so is a listing of a collection, which would show every team's.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::base::tenant::TenantId;
+use crate::error::ApiError;
+use crate::store::{Store, StoreError};
+
+/// Prefixes of the ids of upstream objects (OpenAI's and Anthropic's).
+const ID_PREFIXES: &[&str] = &[
+    "resp_",
+    "conv_",
+    "file-",
+    "file_",
+    "batch_",
+    "msgbatch_",
+    "vs_",
+    "vsfb_",
+    "chatcmpl-",
+    "asst_",
+    "thread_",
+    "run_",
+    "upload_",
+    "part_",
+    "ftjob-",
+    "cntr_",
+    "cfile_",
+    "eval_",
+    "evalrun_",
+];
+
+/// Body fields that name upstream objects (a string or a list of strings).
+const ID_FIELDS: &[&str] = &[
+    "previous_response_id",
+    "conversation",
+    "file_id",
+    "file_ids",
+    "input_file_id",
+    "vector_store_id",
+    "vector_store_ids",
+    "assistant_id",
+    "thread_id",
+    "batch_id",
+    "container",
+    "container_id",
+];
+
+/// Collections a `GET` lists whole: through a shared key, every team's objects.
+const LISTINGS: &[&str] = &[
+    "/v1/files",
+    "/v1/batches",
+    "/v1/vector_stores",
+    "/v1/chat/completions",
+    "/v1/assistants",
+    "/v1/threads",
+    "/v1/fine_tuning/jobs",
+    "/v1/containers",
+    "/v1/evals",
+    "/v1/messages/batches",
+];
+
+/// True when `text` has the shape of an upstream object id.
+pub fn is_object_id(text: &str) -> bool {
+    ID_PREFIXES.iter().any(|prefix| {
+        text.strip_prefix(prefix).is_some_and(|rest| {
+            !rest.is_empty()
+                && rest
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        })
+    })
+}
+
+/// The object ids a path names.
+pub fn path_objects(path: &str) -> impl Iterator<Item = &str> {
+    path.split('/').filter(|segment| is_object_id(segment))
+}
+
+/// The object ids a JSON body names in the fields that hold them, at any depth.
+pub fn body_objects(body: &[u8]) -> Vec<String> {
+    // Most bodies name none: a scan for the field names spares the parse.
+    let text = String::from_utf8_lossy(body);
+    if !ID_FIELDS
+        .iter()
+        .any(|field| text.contains(&format!("\"{field}\"")))
+    {
+        return Vec::new();
+    }
+    let Ok(value) = serde_json::from_slice::<Value>(body) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    collect(&value, &mut found);
+    found
+}
+
+fn collect(value: &Value, found: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            for (key, inner) in map {
+                if ID_FIELDS.contains(&key.as_str()) {
+                    let named = match inner {
+                        Value::String(id) => vec![id.as_str()],
+                        Value::Array(ids) => ids.iter().filter_map(Value::as_str).collect(),
+                        Value::Object(object) => object
+                            .get("id")
+                            .and_then(Value::as_str)
+                            .into_iter()
+                            .collect(),
+                        _ => Vec::new(),
+                    };
+                    found.extend(
+                        named
+                            .into_iter()
+                            .filter(|id| is_object_id(id))
+                            .map(str::to_owned),
+                    );
+                }
+                collect(inner, found);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|item| collect(item, found)),
+        _ => {}
+    }
+}
+
+/// True when `path` lists a collection of upstream objects.
+pub fn is_listing(method: &http::Method, path: &str) -> bool {
+    *method == http::Method::GET && LISTINGS.contains(&path)
+}
+
+/// The id of the object a response created: the top-level `id` of a JSON body.
+pub fn created_object(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Created {
+        id: Option<String>,
+    }
+    let created: Created = serde_json::from_slice(body).ok()?;
+    created.id.filter(|id| is_object_id(id))
+}
+
+/// The objects each tenant created, in the store, with a cache of the answers found.
+pub struct Ownership {
+    store: Arc<dyn Store>,
+    owned: moka::sync::Cache<(TenantId, String), ()>,
+}
+
+impl Ownership {
+    /// Ownership kept in `store`, `capacity` answers cached.
+    pub fn new(store: Arc<dyn Store>, capacity: u64) -> Self {
+        Self {
+            store,
+            owned: moka::sync::Cache::new(capacity),
+        }
+    }
+
+    /// Records that `tenant` created `object`.
+    pub async fn record(&self, tenant: &TenantId, object: &str) -> Result<(), StoreError> {
+        self.store.record_object(tenant, object).await?;
+        self.owned.insert((tenant.clone(), object.to_owned()), ());
+        Ok(())
+    }
+
+    /// True when `tenant` created `object`.
+    pub async fn owns(&self, tenant: &TenantId, object: &str) -> Result<bool, StoreError> {
+        let key = (tenant.clone(), object.to_owned());
+        if self.owned.contains_key(&key) {
+            return Ok(true);
+        }
+        let owns = self.store.owns_object(tenant, object).await?;
+        if owns {
+            self.owned.insert(key, ());
+        }
+        Ok(owns)
+    }
+
+    /// Refuses, as the upstream would refuse an unknown id, a request by `tenant` that
+    /// names an object it did not create.
+    pub async fn check<'a>(
+        &self,
+        tenant: &TenantId,
+        objects: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), ApiError> {
+        for object in objects {
+            let owns = self
+                .owns(tenant, object)
+                .await
+                .map_err(|err| ApiError::storage(err.to_string()))?;
+            if !owns {
+                return Err(ApiError::not_found(format!(
+                    "No such object: {object:?} (not created through this key)"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_found_in_paths_and_bodies() {
+        assert_eq!(
+            path_objects("/v1/files/file-AbC123/content").collect::<Vec<_>>(),
+            ["file-AbC123"]
+        );
+        assert_eq!(path_objects("/v1/responses/compact").count(), 0);
+        let body = br#"{"model":"m","previous_response_id":"resp_1","tools":[{"type":"file_search","vector_store_ids":["vs_a","vs_b"]}],"input":[{"type":"input_file","file_id":"file-x"}],"conversation":{"id":"conv_9"}}"#;
+        let mut found = body_objects(body);
+        found.sort();
+        assert_eq!(found, ["conv_9", "file-x", "resp_1", "vs_a", "vs_b"]);
+        assert!(body_objects(br#"{"messages":[{"role":"user","content":"file-x"}]}"#).is_empty());
+        assert!(!is_object_id("resp_"));
+        assert!(!is_object_id("resp_../x"));
+    }
+}
