@@ -157,10 +157,10 @@ async fn compact_now(
     if let Some(value) = headers.get(UPSTREAM_API_KEY) {
         client_headers.insert("x-api-key", value.clone());
     }
-    if snap.credentials.upstream_authorization().is_some() {
-        // The configured upstream key wins, where the dialect expects it.
+    if upstream.key().is_some() {
+        // The upstream's configured key wins, where the dialect expects it.
         snap.credentials
-            .rewrite(&mut client_headers, request.dialect);
+            .rewrite(&mut client_headers, request.dialect, upstream);
     }
     for name in [
         "anthropic-version",

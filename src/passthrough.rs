@@ -77,8 +77,9 @@ pub async fn handle(
             return err.into_response_for(dialect);
         }
     }
-    snap.credentials.rewrite(&mut parts.headers, dialect);
     let upstream = snap.dialect_upstream(dialect);
+    snap.credentials
+        .rewrite(&mut parts.headers, dialect, upstream);
     if !(shared && parts.method == Method::POST) {
         return forward(upstream, parts, body, log).await;
     }

@@ -3,7 +3,7 @@
 //! client-set strings carrying control characters.
 
 use std::borrow::Cow;
-use std::sync::OnceLock;
+use std::sync::{OnceLock, RwLock};
 
 use regex::Regex;
 
@@ -24,11 +24,75 @@ fn key_pattern() -> Option<&'static Regex> {
         .as_ref()
 }
 
-/// `text` with every key-shaped token replaced by [`REDACTED`].
+/// Values shorter than this are not scrubbed by value: they would match ordinary text.
+const MIN_SECRET: usize = 8;
+
+/// The credential values handoff was configured with (proxy keys, upstream keys),
+/// scrubbed by value from everything it writes, whatever their shape.
+fn known() -> &'static RwLock<Vec<String>> {
+    static KNOWN: OnceLock<RwLock<Vec<String>>> = OnceLock::new();
+    KNOWN.get_or_init(RwLock::default)
+}
+
+/// Adds `value` to the secrets scrubbed by value everywhere.
+pub fn register_secret(value: &str) {
+    if value.len() < MIN_SECRET {
+        return;
+    }
+    if let Ok(mut known) = known().write() {
+        if !known.iter().any(|k| k == value) {
+            known.push(value.to_owned());
+        }
+    }
+}
+
+/// `text` with every key-shaped token and every registered secret replaced by
+/// [`REDACTED`].
 pub fn scrub_secrets(text: &str) -> Cow<'_, str> {
-    match key_pattern() {
+    let shaped = match key_pattern() {
         Some(pattern) => pattern.replace_all(text, REDACTED),
         None => Cow::Borrowed(text),
+    };
+    let Ok(known) = known().read() else {
+        return shaped;
+    };
+    match scrub_values(&shaped, known.iter().map(String::as_str)) {
+        Cow::Borrowed(_) => shaped,
+        Cow::Owned(scrubbed) => Cow::Owned(scrubbed),
+    }
+}
+
+/// `text` with each of `values` (at least 8 bytes long) replaced by [`REDACTED`].
+pub fn scrub_values<'t, 'v>(
+    text: &'t str,
+    values: impl IntoIterator<Item = &'v str>,
+) -> Cow<'t, str> {
+    let mut out = Cow::Borrowed(text);
+    for value in values.into_iter().filter(|v| v.len() >= MIN_SECRET) {
+        if out.contains(value) {
+            out = Cow::Owned(out.replace(value, REDACTED));
+        }
+    }
+    out
+}
+
+/// Scrubs every string inside `value` with [`scrub_secrets`] and `values`.
+pub fn scrub_json(value: &mut serde_json::Value, values: &[String]) {
+    match value {
+        serde_json::Value::String(text) => {
+            let scrubbed = scrub_secrets(text);
+            let scrubbed = scrub_values(&scrubbed, values.iter().map(String::as_str)).into_owned();
+            if scrubbed != *text {
+                *text = scrubbed;
+            }
+        }
+        serde_json::Value::Array(items) => {
+            items.iter_mut().for_each(|item| scrub_json(item, values))
+        }
+        serde_json::Value::Object(map) => {
+            map.values_mut().for_each(|item| scrub_json(item, values))
+        }
+        _ => {}
     }
 }
 

@@ -80,24 +80,48 @@ pub struct Snapshot {
 impl Snapshot {
     /// Builds clients and strategies for `config`.
     pub fn build(config: Config) -> Result<Self, StateError> {
-        let upstream = Upstream::new(&config.upstream)?;
-        // Another base URL with the upstream's own timeouts and key.
-        let at = |url: &Option<String>| {
-            url.as_ref()
-                .map(|url| {
-                    Upstream::new(&UpstreamConfig {
-                        base_url: url.clone(),
-                        ..config.upstream.clone()
-                    })
-                })
-                .transpose()
+        let main_key = config
+            .upstream
+            .api_key_env
+            .as_deref()
+            .map(|variable| crate::auth::read_key("upstream.api_key_env", variable))
+            .transpose()?;
+        let upstream = Upstream::new(&config.upstream)?.with_key(main_key.as_deref())?;
+        // Another base URL with the upstream's timeouts, and its own key: the main key
+        // only where the main upstream is.
+        let at = |url: &Option<String>, key_env: &Option<String>, field: &str| {
+            let Some(url) = url else {
+                return Ok(None);
+            };
+            let other = Upstream::new(&UpstreamConfig {
+                base_url: url.clone(),
+                ..config.upstream.clone()
+            })?;
+            let key = match key_env {
+                Some(variable) => Some(crate::auth::read_key(field, variable)?),
+                None if other.same_origin(&upstream) => main_key.clone(),
+                None => None,
+            };
+            Ok::<_, StateError>(Some(other.with_key(key.as_deref())?))
         };
         let route_upstreams = config
             .routes
             .iter()
-            .map(|route| at(&route.upstream))
+            .enumerate()
+            .map(|(i, route)| {
+                at(
+                    &route.upstream,
+                    &route.api_key_env,
+                    &format!("routes[{i}].api_key_env"),
+                )
+            })
             .collect::<Result<Vec<_>, _>>()?;
-        let anthropic_upstream = at(&config.dialects.anthropic.base_url)?;
+        let anthropic = &config.dialects.anthropic;
+        let anthropic_upstream = at(
+            &anthropic.base_url,
+            &anthropic.api_key_env,
+            "dialects.anthropic.api_key_env",
+        )?;
         let registry = Registry::build(&config)?;
         let credentials = Credentials::build(&config)?;
         let pins = crate::pins::Pins::build(&config.compaction.pin).map_err(|err| {

@@ -6,7 +6,7 @@ use std::error::Error as _;
 use std::time::Duration;
 
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{Request, Response, Uri};
+use http::{HeaderValue, Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -78,9 +78,46 @@ pub struct Upstream {
     prefix: String,
     connect_timeout: Duration,
     read_timeout: Duration,
+    /// The key this upstream is sent in place of the client's: `Authorization: Bearer`
+    /// and Anthropic's bare `x-api-key` forms.
+    key: Option<(HeaderValue, HeaderValue)>,
 }
 
 impl Upstream {
+    /// The same upstream, sent `key` (this host's own) in place of the client's.
+    pub fn with_key(mut self, key: Option<&str>) -> Result<Self, UpstreamError> {
+        self.key = match key {
+            None => None,
+            Some(value) => {
+                let sensitive = |text: String| {
+                    let mut header =
+                        HeaderValue::try_from(text).map_err(|_| UpstreamError::BadTarget {
+                            target: self.shown.clone(),
+                            reason: "its key is not a valid header value".into(),
+                        })?;
+                    header.set_sensitive(true);
+                    Ok::<_, UpstreamError>(header)
+                };
+                Some((
+                    sensitive(format!("Bearer {value}"))?,
+                    sensitive(value.to_owned())?,
+                ))
+            }
+        };
+        Ok(self)
+    }
+
+    /// This upstream's own key, as `(Authorization value, bare key)`.
+    pub fn key(&self) -> Option<&(HeaderValue, HeaderValue)> {
+        self.key.as_ref()
+    }
+
+    /// True when `other` is the same scheme, host and port: a key may go to both.
+    pub fn same_origin(&self, other: &Upstream) -> bool {
+        self.scheme == other.scheme
+            && self.authority.host() == other.authority.host()
+            && self.authority.port_u16() == other.authority.port_u16()
+    }
     /// Builds the client for `config`.
     pub fn new(config: &UpstreamConfig) -> Result<Self, UpstreamError> {
         let bad = |reason: String| UpstreamError::BadTarget {
@@ -127,6 +164,7 @@ impl Upstream {
             prefix,
             connect_timeout: config.connect_timeout,
             read_timeout: config.read_timeout,
+            key: None,
         })
     }
 

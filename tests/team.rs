@@ -327,3 +327,136 @@ async fn one_team_never_reaches_another_teams_upstream_objects() {
     let (status, _) = raw(again.addr(), &get(TEAM_B, &path, "GET"), b"").await;
     assert_eq!(status, 404);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_key_goes_only_to_its_own_host() {
+    let main = MockUpstream::replying(Reply::chat_text("main")).await;
+    let other = MockUpstream::replying(Reply::chat_text("other")).await;
+    let keyed = MockUpstream::replying(Reply::chat_text("keyed")).await;
+    let extra = format!(
+        "[[routes]]\nmatch = \"other-*\"\nupstream = \"{}\"\n\
+         [[routes]]\nmatch = \"keyed-*\"\nupstream = \"{}\"\napi_key_env = \"KEYED_KEY_FOR_TEST\"\n",
+        other.url(),
+        keyed.url()
+    );
+    let proxy = Proxy::start_with(
+        &main.url(),
+        ProxyOptions {
+            extra_toml: format!("[upstream]\napi_key_env = \"UPSTREAM_KEY_FOR_TEST\"\n{extra}"),
+            env: vec![
+                ("UPSTREAM_KEY_FOR_TEST".into(), UPSTREAM_KEY.into()),
+                (
+                    "KEYED_KEY_FOR_TEST".into(),
+                    "sk-keyed-route-own-key-11".into(),
+                ),
+            ],
+            ..Default::default()
+        },
+    );
+    for model in ["gpt-4o", "other-1", "keyed-1"] {
+        let body = format!(
+            r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi {model}"}}]}}"#
+        );
+        let (head, body) = post(
+            "/v1/chat/completions",
+            "sk-client-own-key-22",
+            "application/json",
+            body.as_bytes(),
+        );
+        let (status, text) = raw(proxy.addr(), &head, &body).await;
+        assert_eq!(status, 200, "{model}: {text}");
+    }
+    let auth = |mock: &MockUpstream| {
+        mock.requests()
+            .iter()
+            .map(|r| {
+                r.headers
+                    .get("authorization")
+                    .map(|v| v.to_str().unwrap().to_owned())
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(auth(&main), [Some(format!("Bearer {UPSTREAM_KEY}"))]);
+    // Another host gets neither the server's key nor the client's.
+    assert_eq!(auth(&other), [None]);
+    assert_eq!(
+        auth(&keyed),
+        [Some("Bearer sk-keyed-route-own-key-11".to_owned())]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_an_upstream_echoes_is_never_stored() {
+    // No known key shape: only its value can find it.
+    let plain = "upstream-plain-credential-4242";
+    let mock = MockUpstream::with(|request| {
+        let body = String::from_utf8_lossy(&request.body);
+        if body.contains(mock_upstream::strict::SUMMARY_PROMPT_START) {
+            let presented = request
+                .headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .trim_start_matches("Bearer ")
+                .to_owned();
+            return Reply::error(
+                401,
+                "invalid_api_key",
+                &format!("Invalid credential {presented}"),
+            );
+        }
+        Reply::chat_text("ok")
+    })
+    .await;
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: "[upstream]\napi_key_env = \"PLAIN_KEY_FOR_TEST\"\n[models.\"small\"]\ncontext_window = 2000\n".into(),
+            env: vec![("PLAIN_KEY_FOR_TEST".into(), plain.into())],
+            ..Default::default()
+        },
+    );
+    let mut messages = vec![serde_json::json!({"role": "system", "content": "be brief"})];
+    for n in 0..12 {
+        messages.push(support::scenario::big_user(n, 200));
+        messages.push(serde_json::json!({"role": "assistant", "content": format!("noted {n}")}));
+    }
+    messages.push(serde_json::json!({"role": "user", "content": "and now?"}));
+    let got = support::scenario::post_chat(
+        &proxy,
+        &[("x-handoff-conversation-id", "echoed")],
+        &serde_json::json!({"model": "small", "messages": messages}),
+    )
+    .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let records = support::scenario::records(&proxy, "echoed");
+    assert!(
+        records
+            .iter()
+            .any(|r| r.to_string().contains("Invalid credential")),
+        "the summary attempt failed with the upstream's message: {records:?}"
+    );
+    let timeline = support::client::send(support::client::request(
+        "GET",
+        &format!("{}/handoff/conversations/echoed/timeline", proxy.url()),
+        &[],
+        "",
+    ))
+    .await;
+    assert_eq!(timeline.status, 200);
+    for (where_, text) in [("the log", proxy.logs()), ("the timeline", timeline.text())]
+        .into_iter()
+        .chain(
+            support::read_tree(&proxy.data_dir())
+                .into_iter()
+                .map(|(path, bytes)| {
+                    (
+                        path.display().to_string().leak() as &str,
+                        String::from_utf8_lossy(&bytes).into_owned(),
+                    )
+                }),
+        )
+    {
+        assert!(!text.contains(plain), "the credential is in {where_}");
+    }
+}

@@ -22,6 +22,7 @@ use crate::config::Config;
 use crate::dialect::DialectKind;
 use crate::error::ApiError;
 use crate::tenant::{credential, ServerSecret, TenantId};
+use crate::upstream::Upstream;
 
 /// Why the key table could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +38,19 @@ pub enum KeyError {
     /// A value cannot be sent as a header.
     #[error("{0}: the key is not a valid header value")]
     Header(String),
+}
+
+/// The value of the key variable `variable`, named by the config key `field`.
+pub fn read_key(field: &str, variable: &str) -> Result<String, KeyError> {
+    let value = std::env::var(variable)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| KeyError::Unset {
+            key: field.to_owned(),
+            variable: variable.to_owned(),
+        })?;
+    crate::redact::register_secret(&value);
+    Ok(value)
 }
 
 /// One proxy key, as the config describes it.
@@ -64,8 +78,6 @@ impl ProxyKey {
 pub struct Credentials {
     keys: HashMap<[u8; 32], Arc<ProxyKey>>,
     upstream: Option<HeaderValue>,
-    /// The same key as Anthropic's `x-api-key` wants it (no `Bearer `).
-    upstream_api_key: Option<HeaderValue>,
 }
 
 impl Credentials {
@@ -86,6 +98,7 @@ impl Credentials {
                 (Some(hex), _) => from_hex(hex),
                 (None, Some(variable)) => {
                     let value = read(format!("auth.keys[{index}].key_env"), variable)?;
+                    crate::redact::register_secret(&value);
                     Some(Sha256::digest(value.as_bytes()).into())
                 }
                 (None, None) => None,
@@ -103,27 +116,17 @@ impl Credentials {
                 }),
             );
         }
-        let (upstream, upstream_api_key) = match &config.upstream.api_key_env {
+        let upstream = match &config.upstream.api_key_env {
             Some(variable) => {
-                let value = read("upstream.api_key_env".into(), variable)?;
-                let sensitive = |text: String| {
-                    let mut header = HeaderValue::try_from(text)
-                        .map_err(|_| KeyError::Header("upstream.api_key_env".into()))?;
-                    header.set_sensitive(true);
-                    Ok::<_, KeyError>(header)
-                };
-                (
-                    Some(sensitive(format!("Bearer {value}"))?),
-                    Some(sensitive(value)?),
-                )
+                let value = read_key("upstream.api_key_env", variable)?;
+                let mut header = HeaderValue::try_from(format!("Bearer {value}"))
+                    .map_err(|_| KeyError::Header("upstream.api_key_env".into()))?;
+                header.set_sensitive(true);
+                Some(header)
             }
-            None => (None, None),
+            None => None,
         };
-        Ok(Self {
-            keys,
-            upstream,
-            upstream_api_key,
-        })
+        Ok(Self { keys, upstream })
     }
 
     /// True when callers must present a proxy key.
@@ -197,20 +200,20 @@ impl Credentials {
         })
     }
 
-    /// Replaces the client's credentials by the upstream key when one is configured,
-    /// and drops them when they were a proxy key: neither may reach the upstream.
-    /// The upstream key goes where `dialect` expects it: `Authorization: Bearer` for
-    /// OpenAI, `x-api-key` for Anthropic.
-    pub fn rewrite(&self, headers: &mut HeaderMap, dialect: DialectKind) {
-        if self.upstream.is_some() || self.requires_keys() {
+    /// Replaces the client's credentials by `upstream`'s own key when it has one, and
+    /// drops them when they were a proxy key or handoff holds keys: neither may reach
+    /// an upstream. The key goes where `dialect` expects it: `Authorization: Bearer`
+    /// for OpenAI, `x-api-key` for Anthropic.
+    pub fn rewrite(&self, headers: &mut HeaderMap, dialect: DialectKind, upstream: &Upstream) {
+        if self.upstream.is_some() || self.requires_keys() || upstream.key().is_some() {
             headers.remove(header::AUTHORIZATION);
             headers.remove("x-api-key");
         }
-        match (dialect, &self.upstream, &self.upstream_api_key) {
-            (DialectKind::Anthropic, _, Some(key)) => {
+        match (dialect, upstream.key()) {
+            (DialectKind::Anthropic, Some((_, key))) => {
                 headers.insert("x-api-key", key.clone());
             }
-            (_, Some(value), _) => {
+            (_, Some((value, _))) => {
                 headers.insert(header::AUTHORIZATION, value.clone());
             }
             _ => {}

@@ -172,7 +172,9 @@ impl<'s> Exchange<'s> {
         );
         // A compacted body has another length; hyper sets the right one from the body.
         parts.headers.remove(header::CONTENT_LENGTH);
-        snap.credentials.rewrite(&mut parts.headers, dialect);
+        let upstream = snap.upstream_in(chat.dialect, &chat.model);
+        snap.credentials
+            .rewrite(&mut parts.headers, dialect, upstream);
         Ok(Self {
             state,
             snap,

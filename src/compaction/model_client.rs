@@ -24,6 +24,8 @@ pub struct UpstreamModelClient {
     upstream: Upstream,
     path: PathAndQuery,
     headers: HeaderMap,
+    /// The credential values it sends: an error reply that echoes one is scrubbed.
+    secrets: Vec<String>,
 }
 
 impl UpstreamModelClient {
@@ -48,10 +50,23 @@ impl UpstreamModelClient {
             header::USER_AGENT,
             HeaderValue::from_static(concat!("handoff/", env!("CARGO_PKG_VERSION"))),
         );
+        let secrets = ["authorization", "x-api-key", "api-key"]
+            .iter()
+            .flat_map(|name| headers.get_all(*name))
+            .filter_map(|value| value.to_str().ok())
+            .map(|value| {
+                value
+                    .strip_prefix("Bearer ")
+                    .unwrap_or(value)
+                    .trim()
+                    .to_owned()
+            })
+            .collect();
         Self {
             upstream,
             path,
             headers,
+            secrets,
         }
     }
 }
@@ -78,7 +93,11 @@ impl ModelClient for UpstreamModelClient {
                 .await
                 .map_err(|err| ModelCallError(format!("reading the summary reply: {err}")))?
                 .to_bytes();
-            let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let mut body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            if status >= 400 {
+                // An error may quote the credential it refused ("Invalid credential <key>").
+                crate::redact::scrub_json(&mut body, &self.secrets);
+            }
             Ok(ModelReply { status, body })
         }
         .boxed()

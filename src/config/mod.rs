@@ -65,6 +65,9 @@ pub struct DialectsConfig {
 pub struct DialectConfig {
     /// Its upstream base URL; `upstream.base_url` when unset.
     pub base_url: Option<String>,
+    /// A variable holding this upstream's own key; `upstream.api_key_env`'s goes only
+    /// to an upstream on the same scheme, host and port as `upstream.base_url`.
+    pub api_key_env: Option<String>,
 }
 
 /// A route: requests whose model matches `match` use this upstream and chain.
@@ -77,6 +80,10 @@ pub struct RouteConfig {
     /// Upstream base URL for these models; `upstream.base_url` when unset.
     #[serde(default)]
     pub upstream: Option<String>,
+    /// A variable holding that upstream's own key; `upstream.api_key_env`'s goes only
+    /// to an upstream on the same scheme, host and port as `upstream.base_url`.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
     /// Strategy chain for these models; the model's or the global one when unset.
     #[serde(default)]
     pub chain: Option<Vec<String>>,
@@ -573,6 +580,7 @@ mod tests {
         let route = |p: &str| RouteConfig {
             pattern: p.into(),
             upstream: None,
+            api_key_env: None,
             chain: None,
         };
         assert!(route("gpt-4o*").matches("gpt-4o-mini"));
