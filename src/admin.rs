@@ -412,31 +412,40 @@ fn authorize(
         }
         return Err(ApiError::forbidden("wrong admin bearer token"));
     }
-    let host = request
+    // The authority the client addressed, host and port.
+    let addressed = request
         .uri()
         .authority()
-        .map(|a| a.host().to_owned())
+        .map(|a| a.as_str().to_ascii_lowercase())
         .or_else(|| {
             request
                 .headers()
                 .get(header::HOST)
                 .and_then(|v| v.to_str().ok())
-                .map(host_of)
+                .map(str::to_ascii_lowercase)
         });
-    let origin_is_local = request.headers().get(header::ORIGIN).map(|v| {
+    let host = addressed.as_deref().map(host_of);
+    // A browser names the page that sent the request: only a page of this very
+    // listener (same host and port) may act for the local user.
+    let origin_is_ours = request.headers().get(header::ORIGIN).map(|v| {
         v.to_str()
             .ok()
             .and_then(|o| o.split_once("://"))
-            .is_some_and(|(_, rest)| is_local_host(&host_of(rest)))
+            .is_some_and(|(_, rest)| {
+                let authority = rest.split('/').next().unwrap_or(rest).to_ascii_lowercase();
+                is_local_host(&host_of(&authority))
+                    && Some(authority.as_str()) == addressed.as_deref()
+            })
     });
-    let local = peer.ip().is_loopback()
+    let local = snap.config.admin.loopback
+        && peer.ip().is_loopback()
         && host.as_deref().is_some_and(is_local_host)
-        && origin_is_local.unwrap_or(true);
+        && origin_is_ours.unwrap_or(true);
     if local {
         Ok(())
     } else {
         Err(ApiError::forbidden(
-            "admin endpoints answer Authorization: Bearer <admin.token>, or loopback clients addressing localhost without a foreign Origin",
+            "admin endpoints answer Authorization: Bearer <admin.token>, or (unless admin.loopback = false) loopback clients addressing localhost without a foreign Origin",
         ))
     }
 }

@@ -109,9 +109,32 @@ pub fn mask_url_userinfo(text: &str) -> Option<String> {
     Some(format!("{scheme}://********{}", &rest[at..]))
 }
 
-/// A URL as it may be shown: credentials masked.
+/// `text` with every `password=…` (a URL's query, libpq's `key=value` form, quoted
+/// or not) masked; `None` when it has none.
+pub fn mask_passwords(text: &str) -> Option<String> {
+    static PATTERN: OnceLock<Option<Regex>> = OnceLock::new();
+    let pattern = PATTERN
+        .get_or_init(|| {
+            Regex::new(
+                r"(?i)\b(password|passwd|pwd|sslpassword)(\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]+)",
+            )
+            .ok()
+        })
+        .as_ref()?;
+    pattern
+        .is_match(text)
+        .then(|| pattern.replace_all(text, "${1}${2}********").into_owned())
+}
+
+/// A URL (or a database connection string) as it may be shown: credentials masked.
 pub fn shown_url(text: &str) -> Cow<'_, str> {
-    mask_url_userinfo(text).map_or(Cow::Borrowed(text), Cow::Owned)
+    let userinfo = mask_url_userinfo(text);
+    let base = userinfo.as_deref().unwrap_or(text);
+    match (mask_passwords(base), userinfo) {
+        (Some(masked), _) => Cow::Owned(masked),
+        (None, Some(masked)) => Cow::Owned(masked),
+        (None, None) => Cow::Borrowed(text),
+    }
 }
 
 /// `text` without terminal control characters (escape sequences, bells, CRs), so a
@@ -127,6 +150,29 @@ pub fn strip_controls(text: &str) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn database_passwords_are_masked_in_every_form() {
+        for (text, secret) in [
+            ("postgres://u:hunter2pw@db/handoff", "hunter2pw"),
+            (
+                "postgres://db/handoff?sslmode=require&password=hunter2pw",
+                "hunter2pw",
+            ),
+            (
+                "host=db user=u password=hunter2pw dbname=handoff",
+                "hunter2pw",
+            ),
+            (
+                "host=db password = 'hunter 2pw' dbname=handoff",
+                "hunter 2pw",
+            ),
+        ] {
+            let shown = shown_url(text);
+            assert!(!shown.contains(secret), "{shown}");
+            assert!(shown.contains("db"), "{shown}");
+        }
+    }
 
     #[test]
     fn key_fragments_of_upstream_errors_are_scrubbed() {

@@ -324,9 +324,16 @@ async fn the_admin_surface_answers_its_token_or_local_tools_only() {
     assert_eq!(rebound.status, 403);
     assert_eq!(rebound.json()["error"]["code"], "forbidden");
     assert_eq!(get(&[("origin", "http://evil.example")]).await.status, 403);
+    // A page on another local port is another site: it may not act for the user.
     assert_eq!(
         get(&[("origin", "http://localhost:3000")]).await.status,
-        200
+        403
+    );
+    let own = proxy.url();
+    assert_eq!(
+        get(&[("origin", own.as_str())]).await.status,
+        200,
+        "the web view's own page"
     );
     let with_token = get(&[
         ("host", "evil.example"),
@@ -358,6 +365,30 @@ async fn the_admin_surface_answers_its_token_or_local_tools_only() {
             .map(|v| v.to_str().unwrap().to_owned());
         assert_ne!(auth.as_deref(), Some("Bearer admin-token-7"));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_local_reverse_proxy_loopback_is_not_enough() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: "[admin]\ntoken = \"admin-token-8\"\nloopback = false\n".into(),
+            ..Default::default()
+        },
+    );
+    let url = format!("{}/handoff/conversations", proxy.url());
+    // What nginx forwards by default from a loopback peer.
+    let forwarded = client::send(request("GET", &url, &[("host", "127.0.0.1")], "")).await;
+    assert_eq!(forwarded.status, 403);
+    let with_token = client::send(request(
+        "GET",
+        &url,
+        &[("authorization", "Bearer admin-token-8")],
+        "",
+    ))
+    .await;
+    assert_eq!(with_token.status, 200);
 }
 
 /// Starts `handoff serve` with `toml` and returns how it exited and what it said.

@@ -327,6 +327,15 @@ fn validate_store(store: &super::StoreConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// True for the tenant names handoff gives callers without a key.
+fn is_reserved_tenant(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    lower == "legacy"
+        || lower
+            .strip_prefix("t-")
+            .is_some_and(|hex| hex.len() == 16 && hex.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
 /// Checks `[[auth.keys]]`: tenant-safe unique names, one way to recognise each key.
 fn validate_keys(config: &Config) -> Result<(), ConfigError> {
     let mut names = std::collections::HashSet::new();
@@ -334,6 +343,16 @@ fn validate_keys(config: &Config) -> Result<(), ConfigError> {
         let at = format!("auth.keys[{index}]");
         crate::tenant::TenantId::parse(&key.name)
             .map_err(|err| invalid(&format!("{at}.name"), err.to_string()))?;
+        if is_reserved_tenant(&key.name) {
+            // Such a key would continue the conversations of a keyless caller.
+            return Err(invalid(
+                &format!("{at}.name"),
+                format!(
+                    "{:?} is reserved: `legacy` and `t-` + 16 hex digits name the tenants handoff derives",
+                    key.name
+                ),
+            ));
+        }
         if !names.insert(key.name.as_str()) {
             return Err(invalid(
                 &format!("{at}.name"),
@@ -404,6 +423,28 @@ mod tests {
             128_000
         );
         assert!(config.model("no-such-model").is_none());
+    }
+
+    #[test]
+    fn a_key_cannot_take_a_derived_tenants_name() {
+        let hex = "0".repeat(64);
+        for name in ["legacy", "t-0123456789abcdef", "T-0123456789ABCDEF"] {
+            let config: Config = Figment::from(Serialized::defaults(Config::default()))
+                .merge(Toml::string(&format!(
+                    "[[auth.keys]]\nname = \"{name}\"\nsha256 = \"{hex}\"\n"
+                )))
+                .extract()
+                .unwrap();
+            let err = validate(&config).unwrap_err().to_string();
+            assert!(err.contains("reserved"), "{name}: {err}");
+        }
+        let config: Config = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::string(&format!(
+                "[[auth.keys]]\nname = \"t-team\"\nsha256 = \"{hex}\"\n"
+            )))
+            .extract()
+            .unwrap();
+        assert!(validate(&config).is_ok());
     }
 
     #[test]

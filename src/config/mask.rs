@@ -4,7 +4,9 @@
 use serde_json::Value;
 
 use super::Config;
-use crate::redact::{looks_like_secret, mask_url_userinfo};
+use std::borrow::Cow;
+
+use crate::redact::{looks_like_secret, shown_url};
 
 const MASK: &str = "********";
 
@@ -43,7 +45,7 @@ fn mask_value(value: &mut Value) {
             // By value too: a key pasted under an innocent name is still a key.
             if looks_like_secret(text) {
                 *text = MASK.to_owned();
-            } else if let Some(clean) = mask_url_userinfo(text) {
+            } else if let Cow::Owned(clean) = shown_url(text) {
                 *text = clean;
             }
         }

@@ -262,11 +262,23 @@ impl Default for LogConfig {
 }
 
 /// Admin endpoint access.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     /// Bearer token that opens `/handoff/*` to non-loopback clients.
     pub token: Option<String>,
+    /// Loopback clients addressing localhost are served without the token. Set false
+    /// behind a reverse proxy on the same host, whose requests all come from loopback.
+    pub loopback: bool,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            token: None,
+            loopback: true,
+        }
+    }
 }
 
 /// Proxy keys. With none configured every caller is served, and its tenant is derived
