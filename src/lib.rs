@@ -55,6 +55,7 @@ pub mod metrics;
 pub mod ownership;
 pub mod passthrough;
 pub mod path;
+pub mod peers;
 pub mod pins;
 pub mod projection;
 pub mod redact;

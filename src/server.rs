@@ -1,8 +1,10 @@
 //! The listening side: accept loop, `TCP_NODELAY`, HTTP/1.1 and h2 (h2c or TLS by
 //! ALPN), and graceful shutdown on SIGINT/SIGTERM.
 //!
-//! One client must not degrade everyone: connections are capped (more wait in the
-//! kernel's backlog), and a connection that has not sent a whole request head within
+//! One client must not degrade everyone: connections are capped, each peer address
+//! to its own share ([`crate::peers`]); when every slot is taken, the oldest
+//! connection that has sent nothing is closed to make room, and only then does a new
+//! one wait. A connection that has not sent a whole request head within
 //! `limits.header_timeout` of its accept (TLS handshake and protocol sniff included)
 //! is closed.
 
@@ -92,11 +94,23 @@ pub async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeErro
     let graceful = GracefulShutdown::new();
     let limits = state.snapshot().config.limits.clone();
     let connections = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let peers = crate::peers::Peers::new(limits.max_connections_per_peer);
     let header_timeout = limits.header_timeout;
     loop {
-        // A slot first: past max_connections, new connections wait in the backlog.
+        // A slot first: when none is free, a silent connection makes room; past that,
+        // new connections wait in the backlog.
         let next = async {
-            let permit = Arc::clone(&connections).acquire_owned().await;
+            let permit = match Arc::clone(&connections).try_acquire_owned() {
+                Ok(permit) => Ok(permit),
+                Err(_) => {
+                    if peers.shed_silent() {
+                        tracing::debug!(
+                            "every connection slot taken; closed the oldest silent one"
+                        );
+                    }
+                    Arc::clone(&connections).acquire_owned().await
+                }
+            };
             (permit, listener.accept().await)
         };
         let (permit, stream, peer) = tokio::select! {
@@ -117,6 +131,10 @@ pub async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeErro
                 continue;
             }
         };
+        let Some(admitted) = peers.admit(peer.ip()) else {
+            tracing::debug!(%peer, "closing: the peer holds limits.max_connections_per_peer connections, none silent");
+            continue;
+        };
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(error = %err, "set_nodelay failed");
         }
@@ -127,15 +145,21 @@ pub async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeErro
             Some(acceptor) => {
                 tokio::spawn(async move {
                     let _permit = permit;
-                    match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+                    let handshake = tokio::time::timeout_at(deadline, acceptor.accept(stream));
+                    let shed = admitted.shed.clone();
+                    let handshake = tokio::select! {
+                        done = handshake => done,
+                        () = shed.cancelled() => return,
+                    };
+                    match handshake {
                         Ok(Ok(stream)) => {
                             serve_connection(
                                 stream,
                                 peer,
                                 state,
                                 watcher,
-                                deadline,
-                                header_timeout,
+                                (deadline, header_timeout),
+                                admitted,
                             )
                             .await;
                         }
@@ -149,7 +173,15 @@ pub async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeErro
             None => {
                 tokio::spawn(async move {
                     let _permit = permit;
-                    serve_connection(stream, peer, state, watcher, deadline, header_timeout).await;
+                    serve_connection(
+                        stream,
+                        peer,
+                        state,
+                        watcher,
+                        (deadline, header_timeout),
+                        admitted,
+                    )
+                    .await;
                 });
             }
         }
@@ -166,21 +198,27 @@ pub async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeErro
     Ok(())
 }
 
-/// Serves one connection; closes it if no request head arrived by `deadline`.
+/// Serves one connection; closes it if no request head arrived by the deadline, or
+/// when it is shed before its first one.
 async fn serve_connection<S>(
     stream: S,
     peer: SocketAddr,
     state: Arc<AppState>,
     watcher: hyper_util::server::graceful::Watcher,
-    deadline: tokio::time::Instant,
-    header_timeout: Duration,
+    (deadline, header_timeout): (tokio::time::Instant, Duration),
+    admitted: crate::peers::Admitted,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let headed = Arc::new(AtomicBool::new(false));
     let seen = Arc::clone(&headed);
+    let shed = admitted.shed.clone();
+    let admitted = Arc::new(admitted);
+    let speaker = Arc::clone(&admitted);
     let service = service_fn(move |request| {
-        seen.store(true, Ordering::Relaxed);
+        if !seen.swap(true, Ordering::Relaxed) {
+            speaker.spoke();
+        }
         let state = Arc::clone(&state);
         async move { Ok::<_, Infallible>(route(&state, request, peer).await) }
     });
@@ -195,6 +233,10 @@ async fn serve_connection<S>(
     // The sniff and the first head have no timer of hyper's: this is theirs.
     let ended = tokio::select! {
         ended = &mut connection => ended,
+        () = shed.cancelled(), if !headed.load(Ordering::Relaxed) => {
+            tracing::debug!(%peer, "shed: silent while every slot was taken");
+            return;
+        }
         () = tokio::time::sleep_until(deadline) => {
             if !headed.load(Ordering::Relaxed) {
                 tracing::debug!(%peer, "no request head within limits.header_timeout; closing");

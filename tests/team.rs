@@ -460,3 +460,79 @@ async fn a_credential_an_upstream_echoes_is_never_stored() {
         assert!(!text.contains(plain), "the credential is in {where_}");
     }
 }
+
+/// Opens `n` connections that never send a byte.
+async fn silent_sockets(addr: SocketAddr, n: usize) -> Vec<tokio::net::TcpStream> {
+    let mut held = Vec::new();
+    for _ in 0..n {
+        held.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    // Let the proxy accept them all.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_sockets_cannot_lock_everyone_out() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: "[limits]\nmax_connections = 8\nmax_connections_per_peer = 6\nheader_timeout = \"60s\"\n".into(),
+            ..Default::default()
+        },
+    );
+    // Every slot a peer may hold, silent: the next connection of that peer sheds the
+    // oldest, and a real request is served at once, not after header_timeout.
+    let mut held = silent_sockets(proxy.addr(), 6).await;
+    let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    let (head, body) = post(
+        "/v1/chat/completions",
+        "sk-client-1234567",
+        "application/json",
+        body,
+    );
+    let served = tokio::time::timeout(Duration::from_secs(10), raw(proxy.addr(), &head, &body))
+        .await
+        .expect("served while the peer's slots were silent");
+    assert_eq!(served.0, 200, "{}", served.1);
+    let mut byte = [0u8; 1];
+    let closed = tokio::time::timeout(Duration::from_secs(5), held[0].read(&mut byte)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "the oldest silent socket was shed"
+    );
+    // With every global slot silent too, a new client still gets in.
+    held.extend(silent_sockets(proxy.addr(), 8).await);
+    let served = tokio::time::timeout(Duration::from_secs(10), raw(proxy.addr(), &head, &body))
+        .await
+        .expect("served while every slot was silent");
+    assert_eq!(served.0, 200, "{}", served.1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_of_tiny_messages_is_refused_before_it_is_written() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: "[limits]\nmax_messages = 100\n".into(),
+            ..Default::default()
+        },
+    );
+    let messages: Vec<String> = (0..101)
+        .map(|_| r#"{"role":"user","content":""}"#.to_owned())
+        .collect();
+    let body = format!(r#"{{"model":"m","messages":[{}]}}"#, messages.join(","));
+    let (head, body) = post(
+        "/v1/chat/completions",
+        "sk-client-1234567",
+        "application/json",
+        body.as_bytes(),
+    );
+    let (status, text) = raw(proxy.addr(), &head, &body).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("too_many_messages"), "{text}");
+    assert!(mock.requests().is_empty());
+    assert!(proxy.conversation_dirs().is_empty(), "nothing was logged");
+}

@@ -143,6 +143,17 @@ impl<'s> Exchange<'s> {
             crate::passthrough::check_owned(state, &admission.tenant, &named).await?;
         }
         let mut chat = dialect.get().parse_body(&body).map_err(ApiError::from)?;
+        let most = snap.config.limits.max_messages;
+        if chat.messages.len() > most {
+            return Err(ApiError::invalid_request(
+                "too_many_messages",
+                format!(
+                    "the request carries {} messages; this proxy takes at most {most} (limits.max_messages)",
+                    chat.messages.len()
+                ),
+            )
+            .into());
+        }
         snap.pins.apply(&mut chat);
         let chosen = admit::strategy_override(&snap, &parts.headers)?;
         let chain = snap.registry.select(&snap.config, &chat.model, chosen);

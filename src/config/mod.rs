@@ -206,6 +206,12 @@ pub struct LimitsConfig {
     pub max_concurrent_chat: usize,
     /// Chat requests that may wait for a slot (up to one second) before 503.
     pub chat_queue: usize,
+    /// Messages (or input items) one tracked request may carry; more get a 400. Each is
+    /// a line on disk, so a body of tiny messages would write many times its size.
+    pub max_messages: usize,
+    /// Connections one peer address may hold open at once; past it, that peer's
+    /// connections that have not sent a request head yet are closed first.
+    pub max_connections_per_peer: usize,
 }
 
 impl Default for LimitsConfig {
@@ -217,6 +223,8 @@ impl Default for LimitsConfig {
             body_timeout: Duration::from_secs(60),
             max_concurrent_chat: 512,
             chat_queue: 64,
+            max_messages: 20_000,
+            max_connections_per_peer: 256,
         }
     }
 }
