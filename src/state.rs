@@ -232,7 +232,8 @@ impl AppState {
         let ownership =
             crate::ownership::Ownership::new(Arc::clone(&store), config.store.cache_capacity);
         let tracker = Arc::new(
-            Tracker::new(store, config.store.cache_capacity).with_lease_ttl(config.store.lease_ttl),
+            Tracker::weighed(store, config.store.cache_capacity, config.store.cache_bytes)
+                .with_lease_ttl(config.store.lease_ttl),
         );
         // The tokenizer tables (tens of MB) load on the first request that needs them.
         let tokens = Arc::new(Tokens::new());

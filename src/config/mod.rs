@@ -367,6 +367,9 @@ pub struct StoreConfig {
     pub required: bool,
     /// Conversations whose state is kept in memory.
     pub cache_capacity: u64,
+    /// About how many bytes of conversation state are kept in memory, all
+    /// conversations together; the least used reload from the store.
+    pub cache_bytes: u64,
 }
 
 impl Default for StoreConfig {
@@ -379,6 +382,7 @@ impl Default for StoreConfig {
             fsync: FsyncPolicy::Batch,
             required: true,
             cache_capacity: 10_000,
+            cache_bytes: 128 * 1024 * 1024,
         }
     }
 }

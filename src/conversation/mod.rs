@@ -106,6 +106,36 @@ const TURN_HINT: &str = "\\n\\n";
 pub struct ConversationEntry {
     /// The state; held only for short, non-blocking work.
     pub state: Mutex<ConversationState>,
+    /// The state's size in bytes when it was last weighed, for the cache's weigher
+    /// (which cannot take the lock).
+    weight: std::sync::atomic::AtomicU32,
+}
+
+impl ConversationEntry {
+    fn new(state: ConversationState) -> Self {
+        let weight = state.weight();
+        Self {
+            state: Mutex::new(state),
+            weight: weight.into(),
+        }
+    }
+}
+
+impl ConversationState {
+    /// About how many bytes the state holds: what the tracking cache is weighed in.
+    fn weight(&self) -> u32 {
+        // A digest is 32 bytes; a hash set slot about as much again.
+        let digests = self.known.len() * 64
+            + self.pinned.len() * 64
+            + (self.echoes.len() + self.turns.len()) * 128
+            + self.last_chain.len() * 64;
+        let records: usize = self
+            .compactions
+            .values()
+            .map(|a| a.handoff.get().len() + a.continuation.get().len() + 512)
+            .sum();
+        u32::try_from(digests + records + 256).unwrap_or(u32::MAX)
+    }
 }
 
 impl ConversationState {
@@ -382,9 +412,29 @@ pub fn identify(
 impl Tracker {
     /// A tracker over `store` that keeps at most `capacity` conversations in memory.
     pub fn new(store: Arc<dyn Store>, capacity: u64) -> Self {
+        Self::weighed(store, capacity, u64::MAX)
+    }
+
+    /// A tracker over `store` that keeps at most `capacity` conversations and about
+    /// `bytes` of their state in memory; the least used go first, and reload from the
+    /// store when they come back.
+    pub fn weighed(store: Arc<dyn Store>, capacity: u64, bytes: u64) -> Self {
+        // Each entry weighs at least its share of `bytes`: never more than `capacity`.
+        let floor = u32::try_from(bytes / capacity.max(1))
+            .unwrap_or(u32::MAX)
+            .max(1);
+        let cache = moka::future::Cache::builder()
+            .max_capacity(bytes.min(u64::from(floor).saturating_mul(capacity)))
+            .weigher(move |_, entry: &Arc<ConversationEntry>| {
+                entry
+                    .weight
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    .max(floor)
+            })
+            .build();
         Self {
             store,
-            cache: moka::future::Cache::new(capacity),
+            cache,
             responses: moka::sync::Cache::new(capacity.saturating_mul(4)),
             openings: moka::sync::Cache::new(capacity),
             lease_ttl: std::time::Duration::from_secs(30),
@@ -469,9 +519,7 @@ impl Tracker {
                 if !log.problems.is_empty() {
                     tracing::warn!(conversation = %key, problems = log.problems.len(), "skipped unreadable log lines; run `handoff audit verify`");
                 }
-                Ok::<_, StoreError>(Arc::new(ConversationEntry {
-                    state: Mutex::new(ConversationState::from_log(&log)),
-                }))
+                Ok::<_, StoreError>(Arc::new(ConversationEntry::new(ConversationState::from_log(&log))))
             })
             .await
             .map_err(|shared: Arc<StoreError>| match Arc::try_unwrap(shared) {
@@ -600,6 +648,7 @@ impl Tracker {
         if let Some(digest) = pinned_set {
             state.pinned.insert(digest);
         }
+        self.reweigh(&id, &entry, &state).await;
         Ok(Tracked {
             id,
             pinned_len,
@@ -672,7 +721,25 @@ impl Tracker {
         if let Some(calibration) = batch.calibration {
             state.calibration = Some(calibration);
         }
+        self.reweigh(id, &entry, &state).await;
         Ok(())
+    }
+
+    /// Weighs `entry` again in the cache when its state grew by a quarter (or 4 KiB)
+    /// since it was last weighed: a conversation that grows is weighed as it is.
+    async fn reweigh(
+        &self,
+        id: &ConversationId,
+        entry: &Arc<ConversationEntry>,
+        state: &ConversationState,
+    ) {
+        use std::sync::atomic::Ordering;
+        let now = state.weight();
+        let then = entry.weight.load(Ordering::Relaxed);
+        if now > then.saturating_add((then / 4).max(4096)) {
+            entry.weight.store(now, Ordering::Relaxed);
+            self.cache.insert(id.clone(), Arc::clone(entry)).await;
+        }
     }
 
     /// The conversation's adopted compactions, fresh from its state.
@@ -748,6 +815,32 @@ mod tests {
         assert!(tokio::time::timeout(second, tracker.single_flight(&id))
             .await
             .is_ok());
+    }
+
+    #[tokio::test]
+    async fn the_cache_is_weighed_in_bytes_as_conversations_grow() {
+        let budget = 64 * 1024;
+        let tracker = Tracker::weighed(Arc::new(crate::store::MemoryStore::default()), 100, budget);
+        for c in 0..10 {
+            let messages: Vec<serde_json::Value> = (0..400)
+                .map(|i| serde_json::json!({"role": "user", "content": format!("c{c} m{i}")}))
+                .collect();
+            let body = serde_json::json!({"model": "m", "messages": messages}).to_string();
+            let request = ChatRequest::parse(body.as_bytes()).unwrap();
+            let id = ConversationId::parse(TenantId::legacy(), &format!("c{c}")).unwrap();
+            tracker.track(id, &request).await.unwrap();
+        }
+        tracker.cache.run_pending_tasks().await;
+        assert!(
+            tracker.cache.weighted_size() <= budget,
+            "{}",
+            tracker.cache.weighted_size()
+        );
+        assert!(
+            tracker.cache.entry_count() < 10,
+            "{}",
+            tracker.cache.entry_count()
+        );
     }
 
     #[test]
