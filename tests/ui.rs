@@ -292,3 +292,42 @@ async fn the_timeline_puts_an_edited_message_in_its_own_lane() {
         .iter()
         .all(|r| r["estimated_tokens"].as_u64().unwrap() > 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_odd_message_never_hides_the_rest_of_the_timeline() {
+    let mock = mock_upstream::MockUpstream::replying(mock_upstream::Reply::chat_text("fine")).await;
+    let proxy = support::Proxy::start(&mock.url());
+    let messages = vec![
+        serde_json::json!({"role": "user", "content": "the first question"}),
+        serde_json::json!({"role": "assistant", "content": [null]}),
+        serde_json::json!({"role": "assistant", "content": "odd", "tool_calls": "zzz"}),
+        serde_json::json!({"role": "user", "content": "the last question"}),
+    ];
+    let got = chat(&proxy, "odd-one", &messages).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/ui_odd_events.py");
+    let url = proxy.url();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python())
+            .arg(script)
+            .arg(&url)
+            .arg("odd-one")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let text = seen["text"].as_str().unwrap();
+    assert!(!text.contains("Cannot load"), "{text}");
+    assert!(
+        text.contains("the first question") && text.contains("the last question"),
+        "{text}"
+    );
+    assert!(seen["messages"].as_u64().unwrap() >= 4, "{seen}");
+}
