@@ -1,7 +1,7 @@
-//! Connections by peer address, so that one client cannot hold every slot: at most
-//! `limits.max_connections_per_peer` each, and when the slots run out, the oldest
-//! connection that has not sent a request head yet (a silent socket) is closed to make
-//! room, before anyone waits.
+//! Connections by peer address, so that one client cannot hold every slot: when the
+//! slots run out, the busiest peer's oldest connection that has not sent a request
+//! head yet (a silent socket) is closed to make room, before anyone waits; and, when
+//! set, at most `limits.max_connections_per_peer` each.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -35,11 +35,11 @@ pub struct Admitted {
 }
 
 impl Peers {
-    /// A table allowing `per_peer` connections to each address.
+    /// A table allowing `per_peer` connections to each address (0: any number).
     pub fn new(per_peer: usize) -> Arc<Self> {
         Arc::new(Self {
             table: Mutex::default(),
-            per_peer: per_peer.max(1),
+            per_peer: if per_peer == 0 { usize::MAX } else { per_peer },
         })
     }
 

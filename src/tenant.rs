@@ -39,8 +39,14 @@ impl ServerSecret {
     /// Reads `<data_dir>/secret`, creating it (0600, 32 random bytes) on first start.
     pub fn load_or_create(data_dir: &Path) -> std::io::Result<Self> {
         let path = data_dir.join(SECRET_FILE);
-        match std::fs::File::open(&path) {
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(crate::store::perms::no_follow())
+            .open(&path);
+        match opened {
             Ok(mut file) => {
+                // A secret planted by someone else would let them name every tenant.
+                crate::store::perms::check_secret(&file, &path).map_err(std::io::Error::other)?;
                 let mut bytes = [0u8; 32];
                 file.read_exact(&mut bytes)?;
                 return Ok(Self(bytes));
@@ -56,6 +62,7 @@ impl ServerSecret {
             .write(true)
             .create_new(true)
             .mode(0o600)
+            .custom_flags(crate::store::perms::no_follow())
             .open(&path)
         {
             Ok(mut file) => {

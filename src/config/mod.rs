@@ -209,8 +209,10 @@ pub struct LimitsConfig {
     /// Messages (or input items) one tracked request may carry; more get a 400. Each is
     /// a line on disk, so a body of tiny messages would write many times its size.
     pub max_messages: usize,
-    /// Connections one peer address may hold open at once; past it, that peer's
-    /// connections that have not sent a request head yet are closed first.
+    /// Connections one peer address may hold open at once (0: no cap of its own);
+    /// past it, that peer's oldest connection that has sent nothing is closed for the
+    /// new one, or the new one is. Whatever it is, when every slot is taken the
+    /// busiest peer's oldest silent connection makes room.
     pub max_connections_per_peer: usize,
 }
 
@@ -224,7 +226,7 @@ impl Default for LimitsConfig {
             max_concurrent_chat: 512,
             chat_queue: 64,
             max_messages: 20_000,
-            max_connections_per_peer: 256,
+            max_connections_per_peer: 0,
         }
     }
 }

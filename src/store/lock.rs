@@ -21,6 +21,9 @@ pub enum LockError {
         /// The holder's pid as it wrote it, or `unknown`.
         holder: String,
     },
+    /// The folder is not safe to write in.
+    #[error("refusing data_dir: {0}")]
+    Unsafe(#[from] super::perms::PermError),
     /// The lock file could not be opened or written.
     #[error("cannot lock data_dir {data_dir}: {source}")]
     Io {
@@ -49,12 +52,14 @@ impl DataDirLock {
             .mode(0o700)
             .create(data_dir)
             .map_err(io)?;
+        super::perms::check_data_dir(data_dir)?;
         let mut file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .mode(0o600)
+            .custom_flags(super::perms::no_follow())
             .open(data_dir.join(LOCK_FILE))
             .map_err(io)?;
         match file.try_lock() {

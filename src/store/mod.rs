@@ -8,6 +8,7 @@ pub mod layout;
 mod lock;
 mod memory;
 mod open;
+pub mod perms;
 mod postgres;
 mod response_index;
 mod writer;

@@ -173,11 +173,13 @@ fn open_for_append(path: &Path, durable: bool) -> std::io::Result<File> {
             .create(parent)?;
     }
     let existed = path.exists();
+    // Never through a link: one planted in the folder would redirect the append.
     let file = OpenOptions::new()
         .read(true)
         .append(true)
         .create(true)
         .mode(0o600)
+        .custom_flags(super::perms::no_follow())
         .open(path)?;
     if durable {
         if !existed {
