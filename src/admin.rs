@@ -92,8 +92,12 @@ pub async fn handle(
             }
             Some(rest) if rest.ends_with("/timeline") => {
                 let id = rest.trim_end_matches("/timeline");
-                let tenant = query_param(request.uri().query(), "tenant");
-                timeline(state, id, tenant.as_deref()).await
+                let query = request.uri().query();
+                let tenant = query_param(query, "tenant");
+                match page_of(query) {
+                    Ok(page) => timeline(state, id, tenant.as_deref(), page).await,
+                    Err(err) => Err(err),
+                }
             }
             _ => Err(ApiError::not_found(format!(
                 "no handoff endpoint at {path}"
@@ -321,8 +325,9 @@ async fn list_conversations(
     ids.truncate(limit);
     let mut data = Vec::with_capacity(ids.len());
     for id in &ids {
+        // A summary counts lines and reads records: message texts stay on disk.
         let log = store
-            .read(id)
+            .read_index(id)
             .await
             .map_err(|err| ApiError::storage(err.to_string()))?;
         data.push(summarize(id, &log));
@@ -374,21 +379,82 @@ async fn conversation(
     Ok(value)
 }
 
-/// `GET /handoff/conversations/{id}/timeline`: every message, request and compaction
-/// in log order, each request's estimated input, the window and trigger, and the next
-/// request's view (for the web audit view).
+/// Events a timeline answer carries by default, and at most.
+const TIMELINE_PAGE: usize = 2_000;
+const MAX_TIMELINE_PAGE: usize = 20_000;
+
+/// A page of timeline events: `offset` (the newest page when absent) and `limit`.
+#[derive(Debug, Clone, Copy)]
+struct Page {
+    offset: Option<usize>,
+    limit: usize,
+}
+
+fn page_of(query: Option<&str>) -> Result<Page, ApiError> {
+    let number = |name: &str| {
+        query_param(query, name)
+            .map(|v| {
+                v.parse::<usize>().map_err(|_| {
+                    ApiError::invalid_request("invalid_page", format!("{name} must be a number"))
+                })
+            })
+            .transpose()
+    };
+    let limit = number("limit")?.unwrap_or(TIMELINE_PAGE);
+    if !(1..=MAX_TIMELINE_PAGE).contains(&limit) {
+        return Err(ApiError::invalid_request(
+            "invalid_page",
+            format!("limit must be 1 to {MAX_TIMELINE_PAGE}"),
+        ));
+    }
+    Ok(Page {
+        offset: number("offset")?,
+        limit,
+    })
+}
+
+/// `GET /handoff/conversations/{id}/timeline?offset=&limit=`: the messages, requests
+/// and compactions in log order, one page of them (the newest by default), the
+/// estimated input of every request (`chart`), the window and trigger, and the next
+/// request's view (for the web audit view). `events_total` and `events_offset` say
+/// where the page lies, so a huge conversation is read page by page.
 async fn timeline(
     state: &AppState,
     id: &str,
     tenant: Option<&str>,
+    page: Page,
 ) -> Result<serde_json::Value, ApiError> {
     let (id, log) = read_existing(state, id, tenant).await?;
     let snap = state.snapshot();
     let tokens = std::sync::Arc::clone(&state.tokens);
     // Counting a long conversation's tokens is CPU work: off the runtime's threads.
-    tokio::task::spawn_blocking(move || crate::audit::timeline(&id, &log, &snap.config, &tokens))
-        .await
-        .map_err(|err| ApiError::internal(err.to_string()))
+    let mut whole = tokio::task::spawn_blocking(move || {
+        crate::audit::timeline(&id, &log, &snap.config, &tokens)
+    })
+    .await
+    .map_err(|err| ApiError::internal(err.to_string()))?;
+    let events = match whole.get_mut("events").map(serde_json::Value::take) {
+        Some(serde_json::Value::Array(events)) => events,
+        _ => Vec::new(),
+    };
+    let total = events.len();
+    let offset = page
+        .offset
+        .unwrap_or(total.saturating_sub(page.limit))
+        .min(total);
+    let chart: Vec<serde_json::Value> = events
+        .iter()
+        .filter(|e| e["type"] == "request")
+        .map(|e| {
+            json!({"estimated_tokens": e["estimated_tokens"], "compaction": e["compaction"], "rescued": e["rescued"]})
+        })
+        .collect();
+    let paged: Vec<serde_json::Value> = events.into_iter().skip(offset).take(page.limit).collect();
+    whole["events"] = serde_json::Value::Array(paged);
+    whole["events_total"] = json!(total);
+    whole["events_offset"] = json!(offset);
+    whole["chart"] = serde_json::Value::Array(chart);
+    Ok(whole)
 }
 
 /// The admin rule: `Authorization: Bearer <admin.token>`, or a loopback peer that

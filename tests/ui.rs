@@ -331,3 +331,41 @@ async fn one_odd_message_never_hides_the_rest_of_the_timeline() {
     );
     assert!(seen["messages"].as_u64().unwrap() >= 4, "{seen}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_timeline_is_read_a_page_at_a_time_with_every_request_charted() {
+    let mock = mock_upstream::MockUpstream::replying(mock_upstream::Reply::chat_text("fine")).await;
+    let proxy = support::Proxy::start(&mock.url());
+    let mut messages = Vec::new();
+    for n in 0..20 {
+        messages.push(serde_json::json!({"role": "user", "content": format!("question {n}")}));
+        let got = chat(&proxy, "long-one", &messages).await;
+        assert_eq!(got.status, 200);
+        messages.push(got.json()["choices"][0]["message"].clone());
+    }
+    let page = |query: &str| {
+        client::send(request(
+            "GET",
+            &format!(
+                "{}/handoff/conversations/long-one/timeline?{query}",
+                proxy.url()
+            ),
+            &[],
+            "",
+        ))
+    };
+    let newest = page("limit=10").await.json();
+    let total = newest["events_total"].as_u64().unwrap();
+    assert!(total > 40, "{total}");
+    assert_eq!(newest["events"].as_array().unwrap().len(), 10);
+    assert_eq!(newest["events_offset"].as_u64().unwrap(), total - 10);
+    assert_eq!(
+        newest["chart"].as_array().unwrap().len(),
+        20,
+        "every request charted"
+    );
+    let first = page("limit=10&offset=0").await.json();
+    assert_eq!(first["events"][0]["message"]["content"], "question 0");
+    assert_eq!(page("limit=0").await.status, 400);
+    assert_eq!(page("offset=x").await.status, 400);
+}
