@@ -63,6 +63,16 @@ impl ApiError {
         )
     }
 
+    /// 403 for a path outside the key's allow-list.
+    pub fn path_not_allowed(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            Some("path_not_allowed"),
+            message.into(),
+        )
+    }
+
     /// 403 for a listing a shared upstream key would answer with every team's objects.
     pub fn listing_not_allowed(message: impl Into<String>) -> Self {
         Self::new(

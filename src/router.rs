@@ -65,6 +65,9 @@ async fn dispatch(
         Err(err) => return err.into_response_for(dialect),
     };
     log.set_tenant(admission.tenant.as_str());
+    if let Err(err) = admission.check_path(path) {
+        return err.into_response_for(dialect);
+    }
     if request.method() == Method::POST {
         if let Some(tracking) = DialectKind::tracking(path) {
             return chat::handle(state, snap, request, log, admission, tracking).await;

@@ -536,3 +536,51 @@ async fn a_body_of_tiny_messages_is_refused_before_it_is_written() {
     assert!(mock.requests().is_empty());
     assert!(proxy.conversation_dirs().is_empty(), "nothing was logged");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_reaches_only_its_paths() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let extra = format!(
+        "[[auth.keys]]\nname = \"embedder\"\nsha256 = \"{}\"\npaths = [\"/v1/embeddings\"]\n",
+        sha256_hex("hk-embedder-55555555")
+    );
+    let proxy = team_proxy(&mock.url(), &extra);
+    let get = |key: &str, path: &str| format!("GET {path} HTTP/1.1\r\nauthorization: Bearer {key}");
+    // The default list: the inference APIs, never the account's admin APIs.
+    for path in [
+        "/v1/organization/admin_api_keys",
+        "/v1/fine_tuning/jobs/ftjob-1",
+        "/v1/organization/users",
+    ] {
+        let (status, text) = raw(proxy.addr(), &get(TEAM_A, path), b"").await;
+        assert_eq!(status, 403, "{path}: {text}");
+        assert!(text.contains("path_not_allowed"), "{text}");
+    }
+    let (status, _) = raw(proxy.addr(), &get(TEAM_A, "/v1/models"), b"").await;
+    assert_eq!(status, 200);
+    // A key's own list.
+    let (head, body) = post(
+        "/v1/embeddings",
+        "hk-embedder-55555555",
+        "application/json",
+        br#"{"model":"e","input":"x"}"#,
+    );
+    assert_eq!(raw(proxy.addr(), &head, &body).await.0, 200);
+    let (head, body) = post(
+        "/v1/chat/completions",
+        "hk-embedder-55555555",
+        "application/json",
+        br#"{"model":"m","messages":[]}"#,
+    );
+    assert_eq!(raw(proxy.addr(), &head, &body).await.0, 403);
+    let (status, _) = raw(
+        proxy.addr(),
+        &get("hk-embedder-55555555", "/v1/embeddingsX"),
+        b"",
+    )
+    .await;
+    assert_eq!(
+        status, 403,
+        "a prefix covers what is below it, not a longer name"
+    );
+}

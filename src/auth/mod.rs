@@ -64,9 +64,22 @@ pub struct ProxyKey {
     pub rpm: Option<u32>,
     /// Estimated input tokens per minute.
     pub tpm: Option<u64>,
+    /// Path prefixes it may use.
+    pub paths: Vec<String>,
 }
 
 impl ProxyKey {
+    /// True when the key may use `path`: one of its paths, or below one.
+    pub fn allows_path(&self, path: &str) -> bool {
+        self.paths.iter().any(|allowed| {
+            let allowed = allowed.trim_end_matches('/');
+            path == allowed
+                || path
+                    .strip_prefix(allowed)
+                    .is_some_and(|rest| rest.starts_with('/'))
+        })
+    }
+
     /// True when the key may use `model`.
     pub fn allows(&self, model: &str) -> bool {
         self.models.is_empty() || self.models.iter().any(|m| m == model)
@@ -113,6 +126,12 @@ impl Credentials {
                     models: key.models.clone(),
                     rpm: key.rpm,
                     tpm: key.tpm,
+                    paths: key.paths.clone().unwrap_or_else(|| {
+                        crate::config::DEFAULT_KEY_PATHS
+                            .iter()
+                            .map(|p| (*p).to_owned())
+                            .collect()
+                    }),
                 }),
             );
         }
@@ -239,6 +258,18 @@ impl Admission {
         if let Some(key) = &self.key {
             let tokens = (read as u64 / 4).saturating_sub(self.estimated_tokens);
             limiter.charge(key.tenant.as_str(), key.tpm, tokens, Instant::now());
+        }
+    }
+
+    /// 403 when the key may not use `path`.
+    pub fn check_path(&self, path: &str) -> Result<(), ApiError> {
+        match &self.key {
+            Some(key) if !key.allows_path(path) => Err(ApiError::path_not_allowed(format!(
+                "key {} may not use {path}; allowed: [{}] ([[auth.keys]] paths)",
+                key.tenant,
+                key.paths.join(", ")
+            ))),
+            _ => Ok(()),
         }
     }
 
