@@ -63,6 +63,16 @@ impl ApiError {
         )
     }
 
+    /// 507 when a tenant's log has reached `store.tenant_quota_bytes`.
+    pub fn quota_exceeded(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "insufficient_storage",
+            Some("tenant_quota_exceeded"),
+            message.into(),
+        )
+    }
+
     /// 403 for a path outside the key's allow-list.
     pub fn path_not_allowed(message: impl Into<String>) -> Self {
         Self::new(

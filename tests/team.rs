@@ -584,3 +584,104 @@ async fn a_key_reaches_only_its_paths() {
         "a prefix covers what is below it, not a longer name"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_credential_of_any_kind_is_at_rest_after_mixed_traffic() {
+    let mock = MockUpstream::with(|request| {
+        if request.target.starts_with("/v1/messages") {
+            return Reply::json(serde_json::json!({"id": "msg_1", "type": "message", "role": "assistant",
+                "model": "claude", "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
+                "stop_sequence": null, "usage": {"input_tokens": 3, "output_tokens": 1}}));
+        }
+        Reply::chat_text("fine")
+    })
+    .await;
+    let admin = "admin-token-never-stored-31";
+    let extra = format!("[admin]\ntoken = \"{admin}\"\n");
+    let proxy = team_proxy(&mock.url(), &extra);
+    let chat = br#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+    let claude =
+        br#"{"model":"claude","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#;
+    for (head, body) in [
+        post("/v1/chat/completions", TEAM_A, "application/json", chat),
+        (
+            format!("POST /v1/messages HTTP/1.1\r\nx-api-key: {TEAM_B}\r\nanthropic-version: 2023-06-01\r\ncontent-type: application/json\r\ncontent-length: {}", claude.len()),
+            claude.to_vec(),
+        ),
+        (
+            format!("POST /v1/chat/completions HTTP/1.1\r\napi-key: {TEAM_A}\r\nauthorization: Bearer {TEAM_A}\r\ncontent-type: application/json\r\ncontent-length: {}", chat.len()),
+            chat.to_vec(),
+        ),
+        (format!("GET /v1/models HTTP/1.1\r\nauthorization: Bearer {TEAM_B}"), Vec::new()),
+        (format!("GET /handoff/conversations HTTP/1.1\r\nauthorization: Bearer {admin}"), Vec::new()),
+        (format!("GET /handoff/config HTTP/1.1\r\nauthorization: Bearer {admin}"), Vec::new()),
+        (format!("GET /handoff/metrics HTTP/1.1\r\nauthorization: Bearer {admin}"), Vec::new()),
+        // A wrong key, in each header, is a credential too.
+        post("/v1/chat/completions", "hk-wrong-key-99999999", "application/json", chat),
+    ] {
+        let (status, text) = raw(proxy.addr(), &head, &body).await;
+        assert!(status < 500, "{status}: {text}");
+        for secret in [TEAM_A, TEAM_B, UPSTREAM_KEY, admin] {
+            assert!(!text.contains(secret), "an answer shows a credential: {text}");
+        }
+    }
+    let logs = proxy.logs();
+    let stored: Vec<(String, String)> = support::read_tree(&proxy.data_dir())
+        .into_iter()
+        .map(|(path, bytes)| {
+            (
+                path.display().to_string(),
+                String::from_utf8_lossy(&bytes).into_owned(),
+            )
+        })
+        .collect();
+    assert!(!stored.is_empty());
+    for secret in [TEAM_A, TEAM_B, UPSTREAM_KEY, admin, "hk-wrong-key-99999999"] {
+        assert!(!logs.contains(secret), "{secret} is in the log");
+        for (path, text) in &stored {
+            assert!(!text.contains(secret), "{secret} is in {path}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_past_its_disk_quota_gets_507_and_others_go_on() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = team_proxy(&mock.url(), "[store]\ntenant_quota_bytes = 20000\n");
+    let chat = |n: usize| {
+        format!(
+            r#"{{"model":"gpt-4o","messages":[{{"role":"user","content":"{n} {}"}}]}}"#,
+            "x".repeat(3000)
+        )
+    };
+    let mut statuses = Vec::new();
+    for n in 0..12 {
+        let body = chat(n);
+        let (head, body) = post(
+            "/v1/chat/completions",
+            TEAM_A,
+            "application/json",
+            body.as_bytes(),
+        );
+        let (status, text) = raw(proxy.addr(), &head, &body).await;
+        if status == 507 {
+            assert!(text.contains("tenant_quota_exceeded"), "{text}");
+        }
+        statuses.push(status);
+    }
+    let served = statuses.iter().filter(|s| **s == 200).count();
+    assert!((5..12).contains(&served), "{statuses:?}");
+    assert!(statuses[served..].iter().all(|s| *s == 507), "{statuses:?}");
+    let body = chat(99);
+    let (head, body) = post(
+        "/v1/chat/completions",
+        TEAM_B,
+        "application/json",
+        body.as_bytes(),
+    );
+    assert_eq!(
+        raw(proxy.addr(), &head, &body).await.0,
+        200,
+        "another tenant is not held up"
+    );
+}

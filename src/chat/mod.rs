@@ -158,6 +158,22 @@ impl<'s> Exchange<'s> {
         let chosen = admit::strategy_override(&snap, &parts.headers)?;
         let chain = snap.registry.select(&snap.config, &chat.model, chosen);
         admission.check_model(&chat.model)?;
+        let quota = snap.config.store.tenant_quota_bytes;
+        if quota > 0 {
+            let used = state
+                .tracker
+                .store()
+                .tenant_bytes(&admission.tenant)
+                .await
+                .map_err(|err| ApiError::storage(err.to_string()))?;
+            if let Some(used) = used.filter(|used| *used >= quota) {
+                return Err(ApiError::quota_exceeded(format!(
+                    "tenant {} holds {used} bytes of logged conversations, its quota is {quota} (store.tenant_quota_bytes)",
+                    admission.tenant
+                ))
+                .into());
+            }
+        }
         // A server-held conversation is the upstream's to manage: never rewritten.
         let budget = (!chat.server_held)
             .then(|| RequestBudget::new(&snap.config, &chat, &state.tokens))

@@ -396,6 +396,9 @@ pub struct StoreConfig {
     /// About how many bytes of conversation state are kept in memory, all
     /// conversations together; the least used reload from the store.
     pub cache_bytes: u64,
+    /// Bytes one tenant's log may hold on disk (0: no quota); past it, its tracked
+    /// requests get 507. The disk store counts; PostgreSQL's own quotas apply there.
+    pub tenant_quota_bytes: u64,
 }
 
 impl Default for StoreConfig {
@@ -409,6 +412,7 @@ impl Default for StoreConfig {
             required: true,
             cache_capacity: 10_000,
             cache_bytes: 128 * 1024 * 1024,
+            tenant_quota_bytes: 0,
         }
     }
 }

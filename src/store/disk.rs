@@ -46,6 +46,9 @@ pub struct ConversationLog {
 pub struct DiskStore {
     data_dir: PathBuf,
     writer: Writer,
+    /// Bytes each tenant's folder holds, counted once (a walk of the folder) and then
+    /// kept up to date by the appends.
+    usage: std::sync::Mutex<std::collections::HashMap<TenantId, u64>>,
 }
 
 impl DiskStore {
@@ -54,6 +57,7 @@ impl DiskStore {
         Self {
             data_dir: data_dir.to_owned(),
             writer,
+            usage: std::sync::Mutex::default(),
         }
     }
 
@@ -103,13 +107,45 @@ impl Store for DiskStore {
         lines: Vec<Line>,
     ) -> BoxFuture<'_, Result<(), StoreError>> {
         let path = self.messages_path(id);
+        let tenant = id.tenant().clone();
         let id = id.to_string();
         async move {
             let bytes = encode(&lines)?;
+            let written = bytes.len() as u64;
             self.writer
                 .append(path, bytes)
                 .await
-                .map_err(|source| StoreError::Write { id, source })
+                .map_err(|source| StoreError::Write { id, source })?;
+            if let Ok(mut usage) = self.usage.lock() {
+                if let Some(used) = usage.get_mut(&tenant) {
+                    *used += written;
+                }
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn tenant_bytes(&self, tenant: &TenantId) -> BoxFuture<'_, Result<Option<u64>, StoreError>> {
+        let tenant = tenant.clone();
+        async move {
+            if let Some(used) = self.usage.lock().ok().and_then(|u| u.get(&tenant).copied()) {
+                return Ok(Some(used));
+            }
+            let folder = self
+                .data_dir
+                .join(super::layout::TENANTS_DIR)
+                .join(tenant.as_str());
+            let used = tokio::task::spawn_blocking(move || folder_bytes(&folder))
+                .await
+                .map_err(|join| StoreError::Read {
+                    id: tenant.to_string(),
+                    source: std::io::Error::other(join.to_string()),
+                })?;
+            if let Ok(mut usage) = self.usage.lock() {
+                usage.entry(tenant).or_insert(used);
+            }
+            Ok(Some(used))
         }
         .boxed()
     }
@@ -450,4 +486,19 @@ mod tests {
         assert_eq!(index[0].1, "null", "the 100 KB text is not held");
         assert_eq!(index[1], full[1], "tool calls are kept for echo matching");
     }
+}
+
+/// The bytes of the files under `folder` (blocking; an unreadable entry counts 0).
+fn folder_bytes(folder: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(folder) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.file_type() {
+            Ok(kind) if kind.is_dir() => folder_bytes(&entry.path()),
+            Ok(kind) if kind.is_file() => entry.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
 }

@@ -220,6 +220,13 @@ pub trait Store: Send + Sync {
         object: &str,
     ) -> BoxFuture<'_, Result<bool, StoreError>>;
 
+    /// How many bytes `tenant`'s conversations hold in the store; `None` where the
+    /// store does not count them.
+    fn tenant_bytes(&self, tenant: &TenantId) -> BoxFuture<'_, Result<Option<u64>, StoreError>> {
+        let _ = tenant;
+        Box::pin(async { Ok(None) })
+    }
+
     /// Where the store is, for messages: a folder or a masked database URL.
     fn describe(&self) -> String;
 
