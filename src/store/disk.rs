@@ -437,6 +437,21 @@ fn read_jsonl<T>(
     Ok((items, problems))
 }
 
+/// The bytes of the files under `folder` (blocking; an unreadable entry counts 0).
+fn folder_bytes(folder: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(folder) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.file_type() {
+            Ok(kind) if kind.is_dir() => folder_bytes(&entry.path()),
+            Ok(kind) if kind.is_file() => entry.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -486,19 +501,4 @@ mod tests {
         assert_eq!(index[0].1, "null", "the 100 KB text is not held");
         assert_eq!(index[1], full[1], "tool calls are kept for echo matching");
     }
-}
-
-/// The bytes of the files under `folder` (blocking; an unreadable entry counts 0).
-fn folder_bytes(folder: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(folder) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|entry| match entry.file_type() {
-            Ok(kind) if kind.is_dir() => folder_bytes(&entry.path()),
-            Ok(kind) if kind.is_file() => entry.metadata().map_or(0, |m| m.len()),
-            _ => 0,
-        })
-        .sum()
 }
