@@ -301,6 +301,9 @@ async fn one_odd_message_never_hides_the_rest_of_the_timeline() {
         serde_json::json!({"role": "user", "content": "the first question"}),
         serde_json::json!({"role": "assistant", "content": [null]}),
         serde_json::json!({"role": "assistant", "content": "odd", "tool_calls": "zzz"}),
+        serde_json::json!({"role": "user", "content": "<img src=x onerror=\"window.__pwned=1\"> \"><script>window.__pwned=2</script>"}),
+        serde_json::json!({"role": "assistant", "content": "noted", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "<img src=y onerror=\"window.__pwned=3\">", "arguments": "{}"}}]}),
+        serde_json::json!({"role": "tool", "tool_call_id": "c1", "content": "<iframe src=javascript:window.__pwned=4></iframe>"}),
         serde_json::json!({"role": "user", "content": "the last question"}),
     ];
     let got = chat(&proxy, "odd-one", &messages).await;
@@ -330,6 +333,18 @@ async fn one_odd_message_never_hides_the_rest_of_the_timeline() {
         "{text}"
     );
     assert!(seen["messages"].as_u64().unwrap() >= 4, "{seen}");
+    assert_eq!(
+        seen["injected"], 0,
+        "an element of the client's making: {seen}"
+    );
+    assert_eq!(
+        seen["pwned"], 0,
+        "a script of the client's making ran: {seen}"
+    );
+    assert!(
+        text.contains("<script>window.__pwned=2</script>"),
+        "shown as text: {text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

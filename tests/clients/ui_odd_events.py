@@ -27,6 +27,9 @@ try:
     out["text"] = driver.find_element(By.ID, "app").text
     out["messages"] = len(driver.find_elements(By.CSS_SELECTOR, "details[data-digest]"))
     out["raw"] = len(driver.find_elements(By.CSS_SELECTOR, '[data-unrenderable="true"]'))
+    # What a client sent is text: no element of its making, no script of its making ran.
+    out["injected"] = len(driver.find_elements(By.CSS_SELECTOR, "#app img, #app script, #app iframe"))
+    out["pwned"] = driver.execute_script("return window.__pwned || 0")
 finally:
     driver.quit()
 print(json.dumps(out))
