@@ -128,3 +128,27 @@ fn missing_config_file_and_bad_values_are_refused() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("upstream.base_url"));
 }
+
+#[test]
+fn a_database_password_is_masked_in_every_form() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in [
+        "postgres://handoff:pw-in-userinfo-1@db/handoff",
+        "postgres://db/handoff?sslmode=require&password=pw-in-query-2",
+        "host=db user=handoff password=pw-in-keyvalue-3 dbname=handoff",
+    ] {
+        std::fs::write(
+            dir.path().join("db.toml"),
+            format!("[store]\nbackend = \"postgres\"\nurl = \"{url}\"\n"),
+        )
+        .unwrap();
+        let output = check_config(dir.path(), &["--config", "db.toml"], &[]);
+        let shown = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(!shown.contains("pw-in-"), "{shown}");
+        assert!(shown.contains("db"), "{shown}");
+    }
+}

@@ -219,7 +219,8 @@ async fn sixteen_identical_requests_over_two_replicas_compact_once() {
 async fn a_replica_killed_mid_summary_is_taken_over_after_its_lease_expires() {
     let db = Postgres::start();
     let (_strict, mock) = strict_with_slow_summaries(4096, 1, Duration::from_secs(30)).await;
-    let lease = "lease_ttl = \"2s\"\n";
+    // Long enough that the retry, on a loaded machine, still finds the lease held.
+    let lease = "lease_ttl = \"6s\"\n";
     let mut first = replica(&mock, &db, lease);
     let second = replica(&mock, &db, lease);
     let messages = fact_history(json!({"role": "assistant", "content": "noted"}));
@@ -451,4 +452,76 @@ async fn a_run_that_must_cut_twice_commits_both_pairs_under_one_lease() {
         "under one claim"
     );
     proxy.assert_verified(&[]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_objects_keep_their_owner_on_every_replica() {
+    let db = Postgres::start();
+    let mock = MockUpstream::with(|request| {
+        if request.method == "POST" && request.target == "/v1/files" {
+            return Reply::json(
+                json!({"id": "file-shared1", "object": "file", "purpose": "batch"}),
+            );
+        }
+        Reply::json(json!({"id": "file-shared1", "object": "file"}))
+    })
+    .await;
+    let sha = |key: &str| {
+        use sha2::Digest;
+        sha2::Sha256::digest(key.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    let toml = format!(
+        "[upstream]\napi_key_env = \"SHARED_KEY_FOR_TEST\"\n\
+         [[auth.keys]]\nname = \"team-a\"\nsha256 = \"{}\"\n\
+         [[auth.keys]]\nname = \"team-b\"\nsha256 = \"{}\"\n{}",
+        sha("hk-pg-team-a-1111"),
+        sha("hk-pg-team-b-2222"),
+        db.store_toml("")
+    );
+    let start = || {
+        Proxy::start_with(
+            &mock.url(),
+            support::ProxyOptions {
+                extra_toml: toml.clone(),
+                env: vec![(
+                    "SHARED_KEY_FOR_TEST".into(),
+                    "sk-shared-upstream-3333".into(),
+                )],
+                ..Default::default()
+            },
+        )
+    };
+    let (one, two) = (start(), start());
+    let upload = support::client::send(support::client::request(
+        "POST",
+        &format!("{}/v1/files", one.url()),
+        &[
+            ("authorization", "Bearer hk-pg-team-a-1111"),
+            ("content-type", "multipart/form-data; boundary=B"),
+        ],
+        "--B\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--B--\r\n",
+    ))
+    .await;
+    assert_eq!(upload.status, 200, "{}", upload.text());
+    let fetch = |proxy: &Proxy, key: &str| {
+        support::client::send(support::client::request(
+            "GET",
+            &format!("{}/v1/files/file-shared1", proxy.url()),
+            &[("authorization", &format!("Bearer {key}"))],
+            "",
+        ))
+    };
+    assert_eq!(
+        fetch(&two, "hk-pg-team-a-1111").await.status,
+        200,
+        "the owner, on the other replica"
+    );
+    assert_eq!(fetch(&two, "hk-pg-team-b-2222").await.status, 404);
+    assert_eq!(
+        db.count("SELECT count(*) FROM handoff_objects WHERE tenant = 'team-a'"),
+        1
+    );
 }
