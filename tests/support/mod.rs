@@ -156,9 +156,12 @@ impl Proxy {
         std::fs::rename(&temporary, &self.config_path).expect("replace config");
     }
 
-    /// Writes `text` as the config file, as is (e.g. an invalid one).
+    /// Writes `text` as the config file, as is (e.g. an invalid one), by a rename: a
+    /// reload already queued must never read the file truncated but not yet written.
     pub fn write_raw_config(&self, text: &str) {
-        std::fs::write(&self.config_path, text).expect("write config");
+        let temporary = self.config_path.with_extension("toml.tmp");
+        std::fs::write(&temporary, text).expect("write config");
+        std::fs::rename(&temporary, &self.config_path).expect("replace config");
     }
 
     /// The proxy's process id.
