@@ -2,7 +2,9 @@
 //! upstream (`stream_options.include_usage`), so the reply log and calibration get
 //! the count, and takes it out of the client's stream again, leaving the bytes the
 //! client would have got: OpenAI then adds `"usage":null` to every chunk and one last
-//! chunk with empty `choices` and the usage, both removed here.
+//! chunk with empty `choices` and the usage, both removed here. The usage chunk goes
+//! only from a stream that showed those nulls: an upstream that ignores
+//! `stream_options` and sends usage anyway would have sent it to the client too.
 
 use bytes::{Bytes, BytesMut};
 
@@ -39,6 +41,8 @@ pub struct StripUsage {
     partial: BytesMut,
     /// The usage chunk's line was dropped: so is the blank line that closes its event.
     drop_blank: bool,
+    /// A chunk carried the `"usage":null` that asking adds: the upstream honoured it.
+    honoured: bool,
 }
 
 impl StripUsage {
@@ -55,12 +59,13 @@ impl StripUsage {
             out.extend_from_slice(line);
             return;
         };
-        if is_usage_chunk(data) {
+        if self.honoured && is_usage_chunk(data) {
             self.drop_blank = true;
             return;
         }
         match strip_null_usage(body) {
             Some((before, after)) => {
+                self.honoured = true;
                 out.extend_from_slice(before);
                 out.extend_from_slice(after);
                 out.extend_from_slice(&line[body.len()..]);
@@ -183,6 +188,17 @@ mod tests {
             let (a, b) = asked.split_at(at);
             assert_eq!(strip_in(&[a, b]), PLAIN.as_bytes(), "split at {at}");
         }
+    }
+
+    #[test]
+    fn usage_an_upstream_sends_unasked_stays() {
+        // No nulls: this upstream ignores stream_options, and sends usage to everyone.
+        let always = concat!(
+            "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
+            "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":9}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        assert_eq!(strip_in(&[always.as_bytes()]), always.as_bytes());
     }
 
     #[test]
