@@ -431,7 +431,7 @@ async fn a_run_that_must_cut_twice_commits_both_pairs_under_one_lease() {
     let strict = Strict::new(4096);
     // Handoffs far longer than the budget planned for: after the first pair the view
     // is still over the trigger, and the run cuts again under the same lease.
-    strict.set_summary_padding(1300);
+    strict.set_summary_padding(1600);
     let responder = Arc::clone(&strict);
     let mock = MockUpstream::with(move |req| responder.answer(req)).await;
     let proxy = replica(&mock, &db, "");

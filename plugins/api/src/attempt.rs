@@ -15,6 +15,8 @@ pub enum FailureReason {
     ReasoningOnly,
     /// `finish_reason` was not `stop` (e.g. `length`).
     FinishReason,
+    /// The text is not a handoff: sections missing, the prompt echoed, ids invented.
+    InvalidSummary,
     /// The upstream answered an HTTP error.
     HttpError,
     /// The call took longer than `compaction.summary_timeout`.

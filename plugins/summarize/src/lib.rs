@@ -11,6 +11,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod check;
 pub mod fold;
 mod render;
 
@@ -33,13 +34,20 @@ const MAX_OUTPUT: u64 = 8192;
 /// The LLM summary strategy.
 pub struct Summarize {
     prompt: String,
+    /// The prompt's sections, which every summary must have ([`check`]).
+    sections: Vec<String>,
     extra: Map<String, Value>,
 }
 
 impl Summarize {
     /// A strategy with `prompt` as system prompt and `extra` merged into each request.
     pub fn new(prompt: String, extra: Map<String, Value>) -> Self {
-        Self { prompt, extra }
+        let sections = check::sections_of(&prompt);
+        Self {
+            prompt,
+            sections,
+            extra,
+        }
     }
 
     /// Output tokens reserved for the summary: `min(8192, window/10)`.
@@ -104,6 +112,8 @@ impl Summarize {
         body.insert("messages".into(), json!(messages));
         body.insert("max_tokens".into(), json!(self.output_tokens(input)));
         body.insert("stream".into(), json!(false));
+        // Reproducible summaries: greedy sampling unless summary_request_extra says else.
+        body.insert("temperature".into(), json!(0));
         for (key, value) in &self.extra {
             body.insert(key.clone(), value.clone());
         }
@@ -147,7 +157,7 @@ impl Summarize {
             );
             let reply = input
                 .client
-                .complete(self.request_body(input, user))
+                .complete(self.request_body(input, user.clone()))
                 .await
                 .map_err(|err| {
                     AttemptError::new(FailureReason::HttpError, err.to_string())
@@ -168,6 +178,15 @@ impl Summarize {
             };
             let summary =
                 validate_reply(reply.status, &reply.body).map_err(|err| at(err, &usages))?;
+            if let Err(wrong) = check::check(&summary.text, &self.sections, &self.prompt, &user) {
+                // `at` adds the earlier calls' usage to this one's.
+                let err = AttemptError::new(
+                    FailureReason::InvalidSummary,
+                    format!("the summary is not a handoff: {wrong}"),
+                )
+                .with_usage(summary.usage.clone());
+                return Err(at(err, &usages));
+            }
             usages.extend(summary.usage);
             running = Some(summary.text);
         }

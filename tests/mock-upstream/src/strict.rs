@@ -228,11 +228,11 @@ fn summary_reply(
         json!({"id": "chatcmpl-sum", "object": "chat.completion", "model": "mock-model",
                "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": usage})
     };
-    let detail: Vec<String> = (0..padding).map(|i| format!("d{i}")).collect();
-    let text = format!(
-        "## Goal\nKeep helping the user.\n## Completed work\nTurns summarised. {}\n## Key tool results\nRemembered facts: {}\n",
-        detail.join(" "),
-        facts.join(" ")
+    // Two tokens each, as the numbered words they replace (numbers would read as ids).
+    let detail = vec!["more detail"; padding];
+    let text = handoff_text(
+        &format!("Turns summarised. {}", detail.join(" ")),
+        &facts.join(" "),
     );
     match mode {
         SummaryMode::Good | SummaryMode::FailCall(_) => Reply::json(completion(
@@ -304,8 +304,19 @@ pub fn check_pairs(body: &Value) -> Result<(), String> {
     }
 }
 
+/// A handoff with every section of handoff's default prompt, as a good model writes
+/// it: `completed` under Completed work, `facts` under Key tool results.
+pub fn handoff_text(completed: &str, facts: &str) -> String {
+    format!(
+        "## Goal\nKeep helping the user.\n## Completed work\n{completed}\n## Pending work\nNone.\n\
+         ## State in progress\nNone.\n## Files, commands and tests\nNone.\n\
+         ## Key tool results\nRemembered facts: {facts}\n## User preferences and constraints\nNone.\n\
+         ## Risks and next checks\nNone.\n"
+    )
+}
+
 /// The summary the Messages and Responses mocks write: every `FACT-…` in `input`,
-/// once each, in order.
+/// once each, in order, under every section of the default prompt.
 pub fn fact_summary(input: &str) -> String {
     let mut facts: Vec<&str> = input
         .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
@@ -313,8 +324,5 @@ pub fn fact_summary(input: &str) -> String {
         .collect();
     facts.sort_unstable();
     facts.dedup();
-    format!(
-        "## Goal\nKeep helping the user.\n## Key tool results\nRemembered facts: {}\n",
-        facts.join(" ")
-    )
+    handoff_text("Turns summarised.", &facts.join(" "))
 }
