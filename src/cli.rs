@@ -58,6 +58,9 @@ struct EvalArgs {
     /// The model that writes summaries.
     #[arg(long)]
     summary_model: Option<String>,
+    /// The summary model's own context window, in tokens; --window when omitted.
+    #[arg(long)]
+    summary_window: Option<u64>,
     /// Facts to look for, as a regex: recall is the share of its matches in the
     /// originals still in the final view.
     #[arg(long)]
@@ -251,6 +254,7 @@ fn eval(args: EvalArgs) -> ExitCode {
         chain: args.chain,
         window: args.window,
         summary_model: args.summary_model,
+        summary_window: args.summary_window,
         upstream: args.config.upstream.clone(),
         probe,
         file_model: args.file_model,

@@ -66,6 +66,8 @@ pub struct EvalOptions {
     pub window: Option<u64>,
     /// The summary model; the config's (else the request's) when unset.
     pub summary_model: Option<String>,
+    /// The summary model's window, apart from `window` (a small local summariser).
+    pub summary_window: Option<u64>,
     /// Where summary calls go; none are made when unset.
     pub upstream: Option<String>,
     /// Facts to look for: `recall` is the share of its matches in the originals that
@@ -165,25 +167,33 @@ fn eval_config(mut config: Config, options: &EvalOptions, replays: &[Replay]) ->
         config.upstream.base_url = url.clone();
     }
     config.compaction.enabled = true;
+    let mut windows: Vec<(String, u64)> = Vec::new();
     if let Some(window) = options.window {
-        let mut models: Vec<String> = replays
-            .iter()
-            .flat_map(|r| &r.steps)
-            .filter_map(|s| serde_json::from_slice::<Value>(&s.body).ok())
-            .filter_map(|b| b["model"].as_str().map(str::to_owned))
-            .collect();
-        models.extend(options.summary_model.clone());
-        for model in models {
-            let entry = config.models.entry(model).or_insert_with(|| ModelConfig {
-                context_window: window,
-                tokenizer: Default::default(),
-                default_output_reserve: None,
-                reasoning_marker: false,
-                compaction: None,
-                api: None,
-            });
-            entry.context_window = window;
-        }
+        windows.extend(
+            replays
+                .iter()
+                .flat_map(|r| &r.steps)
+                .filter_map(|s| serde_json::from_slice::<Value>(&s.body).ok())
+                .filter_map(|b| b["model"].as_str().map(|m| (m.to_owned(), window))),
+        );
+    }
+    // The summariser's own window, else the replayed models'.
+    if let (Some(model), Some(window)) = (
+        &options.summary_model,
+        options.summary_window.or(options.window),
+    ) {
+        windows.push((model.clone(), window));
+    }
+    for (model, window) in windows {
+        let entry = config.models.entry(model).or_insert_with(|| ModelConfig {
+            context_window: window,
+            tokenizer: Default::default(),
+            default_output_reserve: None,
+            reasoning_marker: false,
+            compaction: None,
+            api: None,
+        });
+        entry.context_window = window;
     }
     config
 }
@@ -423,5 +433,40 @@ pub fn recall(probe: &regex::Regex, originals: &str, view: &str) -> Recall {
         } else {
             kept as f64 / matches.len() as f64
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_model_keeps_its_own_window() {
+        let replay = Replay {
+            name: "r".into(),
+            tenant: None,
+            steps: vec![source::Step {
+                dialect: DialectKind::OpenAiChat,
+                body: br#"{"model":"replayed","messages":[]}"#.to_vec(),
+                reply: None,
+            }],
+            originals: String::new(),
+        };
+        let options = EvalOptions {
+            data_dir: None,
+            conversations: Vec::new(),
+            files: Vec::new(),
+            chain: None,
+            window: Some(8192),
+            summary_model: Some("small".into()),
+            summary_window: Some(2048),
+            upstream: None,
+            probe: None,
+            file_model: "replayed".into(),
+        };
+        let config = eval_config(Config::default(), &options, &[replay]);
+        assert_eq!(config.model("replayed").unwrap().context_window, 8192);
+        assert_eq!(config.model("small").unwrap().context_window, 2048);
+        assert_eq!(config.compaction.summary_model.as_deref(), Some("small"));
     }
 }
