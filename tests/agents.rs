@@ -22,7 +22,7 @@ use mock_upstream::scripted::{self, ScriptedCoder, Thinking};
 use mock_upstream::MockUpstream;
 use serde_json::Value;
 use support::scenario::records;
-use support::{access_lines, Proxy, ProxyOptions};
+use support::{Proxy, ProxyOptions};
 
 const FILES: usize = 12;
 const KEY: &str = "sk-agent-secret-0f9e8d7c6b5a";
@@ -343,10 +343,7 @@ async fn through_handoff(agent: Agent, strategy: &str, thinking: Thinking, files
             );
         }
     }
-    let refused: Vec<String> = access_lines(&proxy)
-        .into_iter()
-        .filter(|l| l.contains("status=4") || l.contains("status=5"))
-        .collect();
+    let refused = support::refused_lines(&proxy);
     assert!(
         refused.is_empty(),
         "handoff refused: {refused:?}\n{context}"

@@ -21,7 +21,7 @@ use mock_upstream::text_coder::TextCoder;
 use mock_upstream::MockUpstream;
 use serde_json::Value;
 use support::scenario::records;
-use support::{access_lines, message_lines, Proxy, ProxyOptions};
+use support::{message_lines, Proxy, ProxyOptions};
 
 const KEY: &str = "sk-aider-secret-5e4d3c2b1a09";
 const TURNS: u64 = 12;
@@ -152,10 +152,7 @@ async fn session(mode: &str, history: &str) {
             "turn {n}: handoff did not ask for usage: {task:?}"
         );
     }
-    let refused: Vec<String> = access_lines(&proxy)
-        .into_iter()
-        .filter(|l| l.contains("status=4") || l.contains("status=5"))
-        .collect();
+    let refused = support::refused_lines(&proxy);
     assert!(
         refused.is_empty(),
         "handoff refused: {refused:?}\n{context}"

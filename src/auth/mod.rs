@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderMap};
 use sha2::{Digest, Sha256};
 
 pub use limit::{Exceeded, RateLimiter};
@@ -35,9 +35,6 @@ pub enum KeyError {
         /// The variable.
         variable: String,
     },
-    /// A value cannot be sent as a header.
-    #[error("{0}: the key is not a valid header value")]
-    Header(String),
 }
 
 /// The value of the key variable `variable`, named by the config key `field`.
@@ -90,7 +87,9 @@ impl ProxyKey {
 #[derive(Debug, Default)]
 pub struct Credentials {
     keys: HashMap<[u8; 32], Arc<ProxyKey>>,
-    upstream: Option<HeaderValue>,
+    /// `upstream.api_key_env` is set: handoff holds the upstream key (each upstream
+    /// carries its own value, [`Upstream::key`]).
+    holds_upstream_key: bool,
 }
 
 impl Credentials {
@@ -135,17 +134,14 @@ impl Credentials {
                 }),
             );
         }
-        let upstream = match &config.upstream.api_key_env {
-            Some(variable) => {
-                let value = read_key("upstream.api_key_env", variable)?;
-                let mut header = HeaderValue::try_from(format!("Bearer {value}"))
-                    .map_err(|_| KeyError::Header("upstream.api_key_env".into()))?;
-                header.set_sensitive(true);
-                Some(header)
-            }
-            None => None,
-        };
-        Ok(Self { keys, upstream })
+        // Read here too, so that an unset variable is this table's error.
+        if let Some(variable) = &config.upstream.api_key_env {
+            read_key("upstream.api_key_env", variable)?;
+        }
+        Ok(Self {
+            keys,
+            holds_upstream_key: config.upstream.api_key_env.is_some(),
+        })
     }
 
     /// True when callers must present a proxy key.
@@ -156,12 +152,7 @@ impl Credentials {
     /// True when many proxy keys share one upstream key: their upstream objects live
     /// in one account, and handoff keeps them apart.
     pub fn shares_upstream_key(&self) -> bool {
-        self.requires_keys() && self.upstream.is_some()
-    }
-
-    /// The `Authorization` value the upstream gets in place of the client's, if any.
-    pub fn upstream_authorization(&self) -> Option<&HeaderValue> {
-        self.upstream.as_ref()
+        self.requires_keys() && self.holds_upstream_key
     }
 
     /// Who a request is: its proxy key (checked against rate limits) and tenant.
@@ -224,7 +215,7 @@ impl Credentials {
     /// an upstream. The key goes where `dialect` expects it: `Authorization: Bearer`
     /// for OpenAI, `x-api-key` for Anthropic.
     pub fn rewrite(&self, headers: &mut HeaderMap, dialect: DialectKind, upstream: &Upstream) {
-        if self.upstream.is_some() || self.requires_keys() || upstream.key().is_some() {
+        if self.holds_upstream_key || self.requires_keys() || upstream.key().is_some() {
             headers.remove(header::AUTHORIZATION);
             headers.remove("x-api-key");
         }

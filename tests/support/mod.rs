@@ -425,3 +425,11 @@ pub fn access_lines(proxy: &Proxy) -> Vec<String> {
         .map(str::to_owned)
         .collect()
 }
+
+/// The access lines of requests handoff answered with a 4xx or 5xx.
+pub fn refused_lines(proxy: &Proxy) -> Vec<String> {
+    access_lines(proxy)
+        .into_iter()
+        .filter(|l| l.contains("status=4") || l.contains("status=5"))
+        .collect()
+}
