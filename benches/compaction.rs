@@ -56,6 +56,7 @@ fn benches(c: &mut Criterion) {
             tokens: Arc::clone(&tokens),
             cancel: CancellationToken::new(),
             metrics: Arc::new(Metrics::default()),
+            summary_calibrations: Default::default(),
         };
         (Tracker::new(store, 100_000), compactor)
     });

@@ -142,6 +142,7 @@ mod tests {
             tokens_after: 5,
             usage: Value::Null,
             attempts: vec![],
+            ledger: None,
         }
     }
 

@@ -242,6 +242,7 @@ impl AppState {
             tokens: Arc::clone(&tokens),
             cancel: shutdown.clone(),
             metrics: Arc::clone(&metrics),
+            summary_calibrations: Default::default(),
         };
         Ok(Self {
             current: ArcSwap::from_pointee(Snapshot::build(config)?),

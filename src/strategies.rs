@@ -10,7 +10,7 @@ use handoff_strategy_exec::Exec;
 use handoff_strategy_extract::Extract;
 use handoff_strategy_summarize::{Summarize, DEFAULT_PROMPT};
 
-use crate::compaction::chain::NamedStrategy;
+use crate::compaction::chain::{NamedStrategy, SummaryModel};
 use crate::config::{strategy_kind, Config, StrategyConfig};
 
 /// Why the registry could not be built.
@@ -108,9 +108,13 @@ impl Registry {
                     }
                 },
             };
-            let summary_model = settings.model.clone().map(|model| {
-                let window = config.model(&model).map(|m| m.context_window);
-                (model, window)
+            let summary_model = settings.model.clone().map(|name| {
+                let entry = config.model(&name);
+                SummaryModel {
+                    window: entry.map(|m| m.context_window),
+                    tokenizer: entry.map(|m| m.tokenizer),
+                    name,
+                }
             });
             by_name.insert(
                 name.to_owned(),

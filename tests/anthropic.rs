@@ -86,9 +86,22 @@ async fn an_sdk_agent_compacts_with_summarize_then_extract_across_a_restart() {
         sent.contains("FACT-001"),
         "FACT-001 was lost in the summary"
     );
+    // The first turn is compacted away: only the handoff's ledger quotes it.
+    let view = before.json();
+    let quoting: Vec<&Value> = view["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m.to_string().contains("Step 1. Remember"))
+        .collect();
+    assert_eq!(quoting.len(), 1, "{quoting:?}");
     assert!(
-        !sent.contains("Step 1. Remember"),
-        "the first turn should be compacted away"
+        quoting[0]["role"] == "assistant"
+            && quoting[0]
+                .to_string()
+                .contains("## Ledger (exact, kept by handoff)"),
+        "{}",
+        quoting[0]
     );
     proxy.kill9();
     let proxy = Proxy::start_with(&mock.url(), options(data.path(), WINDOW));

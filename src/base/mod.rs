@@ -6,6 +6,7 @@
 pub mod calibration;
 pub mod digest;
 pub mod id;
+pub mod ledger;
 pub mod line;
 pub mod outcome;
 pub mod record;

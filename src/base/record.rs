@@ -95,6 +95,10 @@ pub struct CompactionRecord {
     pub usage: Value,
     /// Every attempt, in order.
     pub attempts: Vec<Attempt>,
+    /// The ledger the handoff ends with, structured; none before ledgers existed or
+    /// with `compaction.ledger_share = 0`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger: Option<crate::base::ledger::Ledger>,
 }
 
 impl CompactionRecord {

@@ -23,6 +23,8 @@ pub struct RequestBudget {
     pub threshold: u64,
     /// Tokens of the request's `tools`.
     pub tools_tokens: u64,
+    /// The summary model's tokenizer: its own entry's, else the request model's.
+    pub summary_tokenizer: Tokenizer,
 }
 
 impl RequestBudget {
@@ -39,9 +41,9 @@ impl RequestBudget {
             .summary_model
             .clone()
             .unwrap_or_else(|| request.model.clone());
-        let summary_window = config
-            .model(&summary_model)
-            .map_or(model.context_window, |m| m.context_window);
+        let summary_entry = config.model(&summary_model);
+        let summary_window = summary_entry.map_or(model.context_window, |m| m.context_window);
+        let summary_tokenizer = summary_entry.map_or(model.tokenizer, |m| m.tokenizer);
         let tools_tokens = request.tools.as_ref().map_or(0, |tools| {
             tokens.count_raw(
                 model.tokenizer,
@@ -59,6 +61,7 @@ impl RequestBudget {
             input_budget,
             threshold: threshold(config.compaction.trigger, input_budget),
             tools_tokens,
+            summary_tokenizer,
             model,
         })
     }

@@ -13,6 +13,7 @@ use handoff_plugin_api::{
 use serde_json::{json, Map, Value};
 
 use crate::base::record::Attempt;
+use crate::config::Tokenizer;
 
 /// A strategy with its name in the chain and its own settings.
 #[derive(Clone)]
@@ -23,17 +24,32 @@ pub struct NamedStrategy {
     pub strategy: Arc<dyn Strategy>,
     /// Its time limit; `compaction.summary_timeout` when unset.
     pub timeout: Option<Duration>,
-    /// Its summary model and that model's window, when it has its own.
-    pub summary_model: Option<(String, Option<u64>)>,
+    /// Its own summary model, when it has one.
+    pub summary_model: Option<SummaryModel>,
     /// Tool output kept whole when pruning (tokens); no pruning when unset.
     pub prune: Option<u64>,
     /// Its own, smaller, handoff budget in tokens.
     pub handoff_tokens: Option<u64>,
 }
 
+/// A strategy's own summary model and what the models table says of it.
+#[derive(Debug, Clone)]
+pub struct SummaryModel {
+    /// The model name sent.
+    pub name: String,
+    /// Its window, when configured.
+    pub window: Option<u64>,
+    /// Its tokenizer, when configured.
+    pub tokenizer: Option<Tokenizer>,
+}
+
+/// Gives an input the token counter and client of its summary model: the chain's
+/// default (`None`) or a strategy's own.
+pub type Equip<'a> = dyn Fn(&mut StrategyInput, Option<&SummaryModel>) + Sync + 'a;
+
 impl NamedStrategy {
     /// The input this strategy sees: its own summary model, pruned tool output.
-    fn input_for(&self, input: &StrategyInput) -> Option<StrategyInput> {
+    fn input_for(&self, input: &StrategyInput, equip: &Equip<'_>) -> Option<StrategyInput> {
         if self.summary_model.is_none() && self.prune.is_none() && self.handoff_tokens.is_none() {
             return None;
         }
@@ -41,9 +57,10 @@ impl NamedStrategy {
         if let Some(limit) = self.handoff_tokens {
             own.budgets.handoff_tokens = own.budgets.handoff_tokens.min(limit);
         }
-        if let Some((model, window)) = &self.summary_model {
-            own.model.summary_model = model.clone();
-            own.model.summary_context_window = window.unwrap_or(input.model.context_window);
+        if let Some(model) = &self.summary_model {
+            own.model.summary_model = model.name.clone();
+            own.model.summary_context_window = model.window.unwrap_or(input.model.context_window);
+            equip(&mut own, Some(model));
         }
         if let Some(keep) = self.prune {
             own.history = prune_tool_outputs(&input.history, keep, input.tokens.as_ref());
@@ -126,6 +143,7 @@ pub async fn run_chain(
     chain: &[NamedStrategy],
     input: &StrategyInput,
     timeout: Duration,
+    equip: &Equip<'_>,
 ) -> ChainOutcome {
     let mut attempts = Vec::new();
     for named in chain {
@@ -133,7 +151,7 @@ pub async fn run_chain(
             break;
         }
         let started = Instant::now();
-        let own = named.input_for(input);
+        let own = named.input_for(input, equip);
         let input_for = own.as_ref().unwrap_or(input);
         // The time limit is per model call: a folding attempt gets it once per call.
         let calls = named.strategy.max_model_calls(input_for).max(1);
@@ -267,7 +285,7 @@ mod tests {
             prune: None,
             handoff_tokens: None,
         }];
-        let outcome = run_chain(&chain, &input, Duration::from_secs(1)).await;
+        let outcome = run_chain(&chain, &input, Duration::from_secs(1), &|_, _| {}).await;
         let error = outcome.attempts[0].error.as_deref().unwrap();
         assert!(
             !error.contains("wxyz") && error.contains("[redacted]"),

@@ -17,10 +17,12 @@
 pub mod budget;
 pub mod chain;
 pub mod handoff;
+pub mod ledger;
 pub mod model_client;
 pub mod reactive;
 pub mod service;
 pub mod split;
+pub mod summary_count;
 pub mod unit;
 
 pub use crate::adoption::{adopt, Adopted, Adoption};

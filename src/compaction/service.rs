@@ -9,15 +9,15 @@
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use handoff_plugin_api::{
-    Budgets, CancellationToken, ModelClient, ModelInfo, StrategyInput, TokenCounter, Unit,
-};
+use handoff_plugin_api::{Budgets, CancellationToken, ModelClient, ModelInfo, StrategyInput, Unit};
 use serde_json::json;
 
-use super::budget::{RequestBudget, Scale, ScaledCounter};
-use super::chain::{run_chain, sum_usage, NamedStrategy};
+use super::budget::{RequestBudget, Scale};
+use super::chain::{run_chain, sum_usage, NamedStrategy, SummaryModel};
 use super::handoff::{continuation_message, handoff_message, needs_reasoning_marker};
+use super::ledger::{self, Ledger};
 use super::split::split_at_unit_boundary;
+use super::summary_count::SummaryCalibrations;
 use super::unit::split_into_units;
 use super::Adopted;
 use crate::base::line::{Entry, Line, RescueLine, FORMAT_VERSION};
@@ -82,6 +82,8 @@ pub struct Job<'a> {
     pub config: &'a CompactionConfig,
     /// The request model's tokenizer.
     pub tokenizer: Tokenizer,
+    /// The summary model's tokenizer.
+    pub summary_tokenizer: Tokenizer,
     /// Whether the model wants the reasoning marker.
     pub reasoning_marker: bool,
     /// Models and windows.
@@ -157,6 +159,7 @@ impl<'a> Job<'a> {
             tracked,
             config,
             tokenizer: budget.tokenizer(),
+            summary_tokenizer: budget.summary_tokenizer,
             reasoning_marker: budget.model.reasoning_marker,
             model: budget.info.clone(),
             input_budget: budget.input_budget,
@@ -179,6 +182,8 @@ pub struct Compactor {
     pub cancel: CancellationToken,
     /// Counters.
     pub metrics: Arc<Metrics>,
+    /// What each summary model was measured to count.
+    pub summary_calibrations: SummaryCalibrations,
 }
 
 struct Plan {
@@ -577,6 +582,11 @@ impl Compactor {
             })
             .filter(|unit| !unit.messages.is_empty())
             .collect();
+        // The ledger is built first: the strategy gets the budget it leaves.
+        let previous = view.compaction.as_ref().map(|a| &a.record);
+        let budget = handoff_budget(&job.model);
+        let ledger = self.ledger(job, previous, &history, budget);
+        let ledger_tokens = ledger.as_ref().map_or(0, |(_, tokens)| *tokens);
         let cancel = self.cancel.child_token();
         let input = StrategyInput {
             conversation_id: job.id.to_string(),
@@ -586,21 +596,33 @@ impl Compactor {
                 .flat_map(|m| dialect.neutral(m.value()))
                 .collect(),
             dialect: job.request.dialect.name().to_owned(),
-            previous_handoff: view
-                .compaction
-                .as_ref()
-                .map(|a| a.record.handoff_text().to_owned()),
+            // The previous ledger is carried by the new one, not by the strategy.
+            previous_handoff: previous.map(|record| match ledger {
+                Some(_) => ledger::strip(record.handoff_text()).to_owned(),
+                None => record.handoff_text().to_owned(),
+            }),
             model: job.model.clone(),
             budgets: Budgets {
                 input_budget: job.input_budget,
-                handoff_tokens: handoff_budget(&job.model),
+                handoff_tokens: budget.saturating_sub(ledger_tokens),
                 max_calls: job.config.max_summary_calls,
             },
             cancel: cancel.clone(),
             client: Arc::clone(&job.client),
-            tokens: self.summary_counter(job),
+            tokens: self.tokens.counter(job.summary_tokenizer),
         };
-        let outcome = run_chain(&job.chain, &input, job.config.summary_timeout).await;
+        let equip = |input: &mut StrategyInput, own: Option<&SummaryModel>| {
+            let tokenizer = match own {
+                Some(model) => model.tokenizer.unwrap_or(job.tokenizer),
+                None => job.summary_tokenizer,
+            };
+            input.client = Arc::clone(&job.client);
+            self.summary_calibrations
+                .equip(input, &self.tokens, tokenizer, &job.scale);
+        };
+        let mut input = input;
+        equip(&mut input, None);
+        let outcome = run_chain(&job.chain, &input, job.config.summary_timeout, &equip).await;
         for attempt in outcome.attempts.iter().filter(|a| a.outcome != "ok") {
             self.metrics.add(
                 "handoff_compaction_attempts_failed_total",
@@ -634,6 +656,14 @@ impl Compactor {
             return Err(CompactError::NoHandoff(reasons.join("; ")));
         };
         let marker = needs_reasoning_marker(job.reasoning_marker, &job.request.messages);
+        let text = match &ledger {
+            Some((ledger, _)) => format!(
+                "{}\n\n{}",
+                summary.text.trim_end(),
+                ledger.render(&summary.text)
+            ),
+            None => summary.text,
+        };
         let start = view.live_start;
         let end_exclusive = start + plan.cut;
         let covered = &view.live[..plan.cut];
@@ -670,7 +700,7 @@ impl Compactor {
                 previous_compaction: view.compaction.as_ref().map(|a| a.record.id.clone()),
             },
             continuation: continuation_message(job.request.dialect),
-            handoff: handoff_message(job.request.dialect, &summary.text, marker),
+            handoff: handoff_message(job.request.dialect, &text, marker),
             tokens_before: before,
             tokens_after: plan.predicted,
             usage: if usage.as_object().is_some_and(|u| u.is_empty()) {
@@ -679,6 +709,7 @@ impl Compactor {
                 usage
             },
             attempts: outcome.attempts,
+            ledger: ledger.map(|(ledger, _)| ledger),
         };
         let adopted = Adopted::new(record.clone())
             .map_err(|err| CompactError::Store(StoreError::Encode(err)))?;
@@ -716,17 +747,27 @@ impl Compactor {
         Ok(record)
     }
 
-    /// The counter strategies plan summary requests with: calibrated when the summary
-    /// model is the conversation's own, whose counting the calibration measured.
-    fn summary_counter(&self, job: &Job<'_>) -> Arc<dyn TokenCounter> {
-        let local = self.tokens.counter(job.tokenizer);
-        if job.model.summary_model != job.model.model {
-            return local;
+    /// The ledger of `history` after `previous`'s, fitted to its share of `budget`,
+    /// with its tokens; none when the share is 0 or there is nothing to list.
+    fn ledger(
+        &self,
+        job: &Job<'_>,
+        previous: Option<&CompactionRecord>,
+        history: &[Unit],
+        budget: u64,
+    ) -> Option<(Ledger, u64)> {
+        let share = job.config.ledger_share;
+        if share <= 0.0 {
+            return None;
         }
-        Arc::new(ScaledCounter {
-            inner: local,
-            scale: job.scale.clone(),
-        })
+        let counter = self.tokens.counter(job.tokenizer);
+        let mut ledger = Ledger::build(previous.and_then(|r| r.ledger.as_ref()), history);
+        ledger.fit((budget as f64 * share) as u64, counter.as_ref());
+        if ledger.is_empty() {
+            return None;
+        }
+        let tokens = counter.count_text(&ledger.render(""));
+        Some((ledger, tokens))
     }
 
     fn record_metrics(&self, committed: &Adopted) {

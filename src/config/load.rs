@@ -289,6 +289,12 @@ fn validate(config: &Config) -> Result<(), ConfigError> {
     if !(compaction.keep_recent > 0.0 && compaction.keep_recent < 1.0) {
         return Err(invalid("compaction.keep_recent", "must be in (0, 1)"));
     }
+    if !(0.0..=0.75).contains(&compaction.ledger_share) {
+        return Err(invalid(
+            "compaction.ledger_share",
+            "must be in [0, 0.75]: the strategy needs the rest of the handoff budget",
+        ));
+    }
     validate_strategies(config)?;
     for (name, model) in &config.models {
         if model.context_window == 0 {

@@ -548,6 +548,9 @@ pub struct CompactionConfig {
     pub max_retries: u32,
     /// Shorten over-long tool bodies in the recent part when nothing else fits.
     pub rescue: bool,
+    /// Share of the handoff budget the ledger may use: the exact facts (the user's
+    /// messages, identifiers, tool outcomes) every handoff ends with. 0: no ledger.
+    pub ledger_share: f64,
     /// Messages after the leading system ones that are standing context, kept verbatim
     /// in every view like `system` (a files message, few-shot examples).
     pub pin: PinConfig,
@@ -617,6 +620,7 @@ impl Default for CompactionConfig {
             prompt_file: None,
             max_retries: 2,
             rescue: true,
+            ledger_share: 0.3,
             pin: PinConfig::default(),
             chain: Vec::new(),
             strategies: BTreeMap::new(),

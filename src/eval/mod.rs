@@ -213,6 +213,7 @@ pub async fn evaluate(
         tokens: Arc::clone(&tokens),
         cancel: CancellationToken::new(),
         metrics: Arc::new(Metrics::default()),
+        summary_calibrations: Default::default(),
     };
     let clients = if options.upstream.is_some() {
         [

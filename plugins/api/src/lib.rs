@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod attempt;
+mod facts;
 mod shorten;
 pub mod testing;
 mod usage;
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use attempt::{AttemptError, FailureReason};
+pub use facts::identifiers;
 pub use shorten::{cap_head_tail, shorten_tool_body, TOOL_BODY_HEAD, TOOL_BODY_TAIL};
 pub use tokio_util::sync::CancellationToken;
 pub use usage::sum_usage;

@@ -9,11 +9,10 @@
 //!   ("None." is text).
 //! - **No echo.** The text does not quote the prompt's own instructions or the tags
 //!   the history is wrapped in.
-//! - **No invented identifiers.** Paths and file names (a `/`, or a word with an
-//!   extension), ids (letters and digits joined, like `usr_001`, `FACT-007`, `a1b2c3`)
-//!   and `backtick` quotes of the text must appear in what the model was shown,
-//!   compared case-insensitively without surrounding punctuation. One, or 5% of them
-//!   if more, may not: a model may abbreviate a name.
+//! - **No invented identifiers.** The text's identifiers (paths, ids, numbers of three
+//!   or more digits, `backtick` quotes: [`handoff_plugin_api::identifiers`]) must
+//!   appear in what the model was shown, compared case-insensitively. One, or 5% of
+//!   them if more, may not: a model may abbreviate a name.
 
 /// How many unseen identifiers pass: this share of those found, and at least one.
 const UNSEEN_SHARE: f64 = 0.05;
@@ -130,73 +129,9 @@ fn check_echo(text: &str, prompt: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A token's form for comparison: lower case, without surrounding punctuation.
-fn normal(token: &str) -> String {
-    token
-        .trim_matches(|c: char| {
-            !(c.is_alphanumeric() || c == '/' || c == '_' || c == '-' || c == '.')
-        })
-        .trim_end_matches('.')
-        .to_lowercase()
-}
-
-/// True for a path or file name: a `/` between word characters, or a name with a
-/// short extension.
-fn is_path(token: &str) -> bool {
-    let has_slash = token.len() > 2 && token.trim_matches('/').contains('/');
-    let extension = token.rsplit_once('.').is_some_and(|(stem, ext)| {
-        !stem.is_empty()
-            && (1..=5).contains(&ext.len())
-            && ext.chars().all(|c| c.is_ascii_alphanumeric())
-            && ext.chars().any(|c| c.is_ascii_alphabetic())
-            && stem.chars().any(char::is_alphanumeric)
-    });
-    has_slash || extension
-}
-
-/// True for an id: letters and digits together, at least one of each, four or more
-/// characters (`usr001`, `FACT-007`, `call_ab12`).
-fn is_id(token: &str) -> bool {
-    token.len() >= 4
-        && token.chars().any(|c| c.is_ascii_digit())
-        && token.chars().any(|c| c.is_ascii_alphabetic())
-        && token
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-}
-
-/// The identifiers of `text`, normalised.
-pub fn identifiers(text: &str) -> Vec<String> {
-    let mut found: Vec<String> = text
-        .split(|c: char| {
-            c.is_whitespace()
-                || matches!(
-                    c,
-                    ',' | ';' | '(' | ')' | '[' | ']' | '"' | '\'' | '<' | '>' | '='
-                )
-        })
-        .map(normal)
-        .filter(|t| !t.is_empty() && (is_path(t) || is_id(t)))
-        .collect();
-    // `quoted` spans.
-    let mut rest = text;
-    while let Some(start) = rest.find('`') {
-        let after = &rest[start + 1..];
-        let Some(end) = after.find('`') else { break };
-        let quoted = after[..end].trim();
-        if (3..=80).contains(&quoted.len()) && !quoted.contains('\n') {
-            found.push(quoted.to_lowercase());
-        }
-        rest = &after[end + 1..];
-    }
-    found.sort();
-    found.dedup();
-    found
-}
-
 fn check_identifiers(text: &str, shown: &str) -> Result<(), String> {
     let seen = shown.to_lowercase();
-    let found = identifiers(text);
+    let found = handoff_plugin_api::identifiers(text);
     let unseen: Vec<&String> = found
         .iter()
         .filter(|id| !seen.contains(id.as_str()))
