@@ -93,16 +93,28 @@ impl Ledger {
         self.instructions.is_empty() && self.identifiers.is_empty() && self.outcomes.is_empty()
     }
 
-    /// Cuts the ledger to `limit` tokens of its rendering: the oldest outcomes first,
-    /// then the user's messages shortened, then the oldest identifiers.
-    pub fn fit(&mut self, limit: u64, tokens: &dyn TokenCounter) {
+    /// Cuts the ledger to `limit` tokens of its rendering after `above` (the text it
+    /// is appended to; what that quotes costs nothing): the oldest outcomes first, then
+    /// the user's messages shortened, then the oldest identifiers.
+    pub fn fit(&mut self, limit: u64, tokens: &dyn TokenCounter, above: &str) {
+        let above_lower = above.to_lowercase();
+        let quoted = |text: &str| !above.is_empty() && above.contains(text);
+        let named = |id: &str| !above.is_empty() && above_lower.contains(id);
         let cost = |text: &str| tokens.count_text(text) + 1;
         let fixed = cost(HEADING)
             + cost(INTRO)
             + 3 * cost("### Tool calls and outcomes, newest first")
             + 16;
-        let instructions: u64 = self.instructions.iter().map(|s| cost(s)).sum();
-        let identifiers: u64 = self.identifiers.iter().map(|s| cost(s)).sum();
+        let instruction_cost = |texts: &[String]| -> u64 {
+            texts.iter().filter(|s| !quoted(s)).map(|s| cost(s)).sum()
+        };
+        let instructions = instruction_cost(&self.instructions);
+        let identifiers: u64 = self
+            .identifiers
+            .iter()
+            .filter(|id| !named(id))
+            .map(|s| cost(s))
+            .sum();
         let mut outcome_costs: Vec<u64> = self.outcomes.iter().map(|s| cost(s)).collect();
         let mut outcomes: u64 = outcome_costs.iter().sum();
         while fixed + instructions + identifiers + outcomes > limit {
@@ -113,41 +125,54 @@ impl Ledger {
             self.outcomes_left_out += 1;
             outcomes -= oldest;
         }
+        // The user's messages leave the identifiers up to a third of the room.
         let room = limit.saturating_sub(fixed + identifiers.min(limit / 3) + outcomes);
         let mut instructions = instructions;
-        if instructions > room && !self.instructions.is_empty() {
+        let unquoted = self.instructions.iter().filter(|s| !quoted(s)).count();
+        if instructions > room && unquoted > 0 {
             // Each message gets an even part of the room, in characters at the
             // counter's own rate.
-            let chars: usize = self.instructions.iter().map(|s| s.chars().count()).sum();
+            let chars: usize = self
+                .instructions
+                .iter()
+                .filter(|s| !quoted(s))
+                .map(|s| s.chars().count())
+                .sum();
             let rate = chars as f64 / instructions.max(1) as f64;
-            let each =
-                ((room as f64 * rate) as usize / self.instructions.len()).max(INSTRUCTION_FLOOR);
-            for text in &mut self.instructions {
+            let each = ((room as f64 * rate) as usize / unquoted).max(INSTRUCTION_FLOOR);
+            for text in self.instructions.iter_mut().filter(|s| !quoted(s)) {
                 *text = shorten(text, each);
             }
-            instructions = self.instructions.iter().map(|s| cost(s)).sum();
+            instructions = instruction_cost(&self.instructions);
         }
         let mut identifiers = identifiers;
-        let mut drop = 0;
-        while fixed + instructions + identifiers + outcomes > limit && drop < self.identifiers.len()
-        {
-            identifiers -= cost(&self.identifiers[drop]);
-            drop += 1;
-        }
-        self.identifiers.drain(..drop);
-        self.identifiers_left_out += drop as u64;
+        let mut dropped = 0;
+        self.identifiers.retain(|id| {
+            if named(id) || fixed + instructions + identifiers + outcomes <= limit {
+                return true;
+            }
+            identifiers -= cost(id);
+            dropped += 1;
+            false
+        });
+        self.identifiers_left_out += dropped;
         // The costs above are per item; the rendering decides, in the same order.
-        while tokens.count_text(&self.render("")) > limit {
+        while tokens.count_text(&self.render(above)) > limit {
             if self.outcomes.pop().is_some() {
                 self.outcomes_left_out += 1;
-            } else if !self.identifiers.is_empty() {
-                let drop = self.identifiers.len().div_ceil(8);
-                self.identifiers.drain(..drop);
-                self.identifiers_left_out += drop as u64;
-            } else if self.instructions.len() > 1 {
-                self.instructions.remove(0);
+                continue;
+            }
+            let unnamed: Vec<usize> = (0..self.identifiers.len())
+                .filter(|&i| !named(&self.identifiers[i]))
+                .collect();
+            if !unnamed.is_empty() {
+                for &i in unnamed.iter().take(unnamed.len().div_ceil(8)).rev() {
+                    self.identifiers.remove(i);
+                    self.identifiers_left_out += 1;
+                }
+            } else if let Some(i) = self.instructions.iter().position(|s| !quoted(s)) {
+                self.instructions.remove(i);
             } else {
-                self.instructions.clear();
                 break;
             }
         }
@@ -308,7 +333,7 @@ mod tests {
         let history = heavy_span();
         let mut ledger = Ledger::build(None, &history);
         assert_eq!(ledger.outcomes.len(), 40);
-        ledger.fit(900, &Chars);
+        ledger.fit(900, &Chars, "");
         let text = ledger.render("");
         assert!(
             Chars.count_text(&text) <= 900,
@@ -354,7 +379,7 @@ mod tests {
             user(&format!("{} END-OF-BRIEF", "Long brief. ".repeat(800))),
         );
         let mut ledger = Ledger::build(None, &history);
-        ledger.fit(400, &Chars);
+        ledger.fit(400, &Chars, "");
         let text = ledger.render("");
         assert!(
             Chars.count_text(&text) <= 400,

@@ -656,8 +656,15 @@ impl Compactor {
             return Err(CompactError::NoHandoff(reasons.join("; ")));
         };
         let marker = needs_reasoning_marker(job.reasoning_marker, &job.request.messages);
+        // The ledger gets all the room the strategy left, not only its share.
+        let ledger = ledger.map(|(mut ledger, planned)| {
+            let counter = self.tokens.counter(job.tokenizer);
+            let left = budget.saturating_sub(counter.count_text(&summary.text));
+            ledger.fit(left.max(planned), counter.as_ref(), &summary.text);
+            ledger
+        });
         let text = match &ledger {
-            Some((ledger, _)) => format!(
+            Some(ledger) => format!(
                 "{}\n\n{}",
                 summary.text.trim_end(),
                 ledger.render(&summary.text)
@@ -709,7 +716,7 @@ impl Compactor {
                 usage
             },
             attempts: outcome.attempts,
-            ledger: ledger.map(|(ledger, _)| ledger),
+            ledger,
         };
         let adopted = Adopted::new(record.clone())
             .map_err(|err| CompactError::Store(StoreError::Encode(err)))?;
@@ -747,8 +754,9 @@ impl Compactor {
         Ok(record)
     }
 
-    /// The ledger of `history` after `previous`'s, fitted to its share of `budget`,
-    /// with its tokens; none when the share is 0 or there is nothing to list.
+    /// The ledger of `history` after `previous`'s, whole, with the tokens it takes
+    /// fitted to its share of `budget`; none when the share is 0 or there is nothing
+    /// to list.
     fn ledger(
         &self,
         job: &Job<'_>,
@@ -761,13 +769,14 @@ impl Compactor {
             return None;
         }
         let counter = self.tokens.counter(job.tokenizer);
-        let mut ledger = Ledger::build(previous.and_then(|r| r.ledger.as_ref()), history);
-        ledger.fit((budget as f64 * share) as u64, counter.as_ref());
-        if ledger.is_empty() {
+        let whole = Ledger::build(previous.and_then(|r| r.ledger.as_ref()), history);
+        if whole.is_empty() {
             return None;
         }
-        let tokens = counter.count_text(&ledger.render(""));
-        Some((ledger, tokens))
+        let mut planned = whole.clone();
+        planned.fit((budget as f64 * share) as u64, counter.as_ref(), "");
+        let tokens = counter.count_text(&planned.render(""));
+        Some((whole, tokens))
     }
 
     fn record_metrics(&self, committed: &Adopted) {
