@@ -1,18 +1,19 @@
-//! The shared real conversations (`../shared/data/conversations`, bfcl tool-calling
+//! The shared real conversations (`tests/fixtures/conversations`, bfcl tool-calling
 //! sessions with real tool outputs), chained per tool set into long sessions and
-//! replayed through `handoff eval` at windows down to where the biggest newest unit
-//! is 90% of the window: handoff refuses none of their requests.
+//! replayed through `handoff eval`: at windows down to where the biggest newest unit
+//! is 90% of the window handoff refuses none of their requests, and with the ledger a
+//! summary never keeps fewer compacted facts than the deterministic fallback.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use mock_upstream::strict::text_tokens;
+use mock_upstream::strict::{text_tokens, Strict};
+use mock_upstream::MockUpstream;
 use serde_json::{json, Value};
 
-fn shared_conversations() -> Option<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/data/conversations");
-    dir.is_dir().then_some(dir)
+fn shared_conversations() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/conversations")
 }
 
 /// The conversations grouped by tool set, each group chained into one session: the
@@ -52,11 +53,7 @@ fn chained_sessions(dir: &std::path::Path) -> Vec<Value> {
 
 #[test]
 fn chained_real_sessions_are_never_refused_down_to_a_ninety_percent_newest_unit() {
-    let Some(dir) = shared_conversations() else {
-        println!("SKIPPED: ../shared/data/conversations is not beside the checkout");
-        return;
-    };
-    let sessions = chained_sessions(&dir);
+    let sessions = chained_sessions(&shared_conversations());
     assert!(sessions.len() >= 5, "{} sessions", sessions.len());
     let work = tempfile::tempdir().unwrap();
     let mut files = Vec::new();
@@ -108,5 +105,119 @@ fn chained_real_sessions_are_never_refused_down_to_a_ninety_percent_newest_unit(
         println!("REAL-SESSIONS window={window} sessions={} requests={requests} compactions={compactions} refusals={}", conversations.len(), errors.len());
         assert!(errors.is_empty(), "window {window}: {errors:?}");
         assert!(compactions > 0, "window {window} compacted nothing");
+    }
+}
+
+/// The sessions written to files in `dir`, for `handoff eval --file`.
+fn session_files(dir: &std::path::Path) -> Vec<PathBuf> {
+    chained_sessions(&shared_conversations())
+        .iter()
+        .enumerate()
+        .map(|(index, session)| {
+            let path = dir.join(format!("session_{index:02}.json"));
+            std::fs::write(&path, session.to_string()).unwrap();
+            path
+        })
+        .collect()
+}
+
+/// `handoff eval` of `files` with `chain` at `window`, as JSON.
+fn eval(
+    dir: &std::path::Path,
+    files: &[PathBuf],
+    chain: &str,
+    window: u64,
+    upstream: &str,
+) -> Value {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_handoff"));
+    command.args(["eval", "--chain", chain, "--json", "--probe", "[0-9]{2,}"]);
+    command.args(["--window", &window.to_string(), "--upstream", upstream]);
+    for file in files {
+        command.arg("--file").arg(file);
+    }
+    let output = command
+        .current_dir(dir)
+        .env_remove("HANDOFF_CONFIG")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// Compacted facts kept and compacted, over every class.
+fn compacted(conversation: &Value) -> (u64, u64) {
+    let classes = &conversation["compacted"];
+    ["user", "identifiers", "outcomes"]
+        .iter()
+        .map(|c| {
+            (
+                classes[c]["kept"].as_u64().unwrap_or(0),
+                classes[c]["matches"].as_u64().unwrap_or(0),
+            )
+        })
+        .fold((0, 0), |(k, m), (kc, mc)| (k + kc, m + mc))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_ledger_a_summary_keeps_at_least_what_extract_keeps_on_every_session() {
+    // A summariser that writes every section and keeps the words with digits it is shown.
+    let strict = Strict::new(u64::MAX / 4);
+    strict.set_keep_digit_words(true);
+    let responder = std::sync::Arc::clone(&strict);
+    let mock = MockUpstream::with(move |request| responder.answer(request)).await;
+    let work = tempfile::tempdir().unwrap();
+    let files = session_files(work.path());
+    let dir = work.path().to_owned();
+    let url = mock.url();
+    let reports = tokio::task::spawn_blocking(move || {
+        [8_192, 16_384].map(|window| {
+            (
+                window,
+                eval(&dir, &files, "extract", window, &url),
+                eval(&dir, &files, "summarize,extract", window, &url),
+            )
+        })
+    })
+    .await
+    .unwrap();
+    let mut compared = 0;
+    for (window, extract, summarized) in &reports {
+        let pairs = extract["conversations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(summarized["conversations"].as_array().unwrap());
+        for (alone, with_summary) in pairs {
+            let name = &alone["name"];
+            assert_eq!(
+                with_summary["model_failed"],
+                serde_json::json!({}),
+                "{name} at {window}: the summaries were refused"
+            );
+            let (kept_alone, of_alone) = compacted(alone);
+            let (kept, of) = compacted(with_summary);
+            println!("LEDGER window={window} {name}: extract {kept_alone}/{of_alone}, summarize,extract {kept}/{of}");
+            if of_alone == 0 || of == 0 {
+                continue;
+            }
+            compared += 1;
+            assert!(
+                kept as f64 / of as f64 >= kept_alone as f64 / of_alone as f64,
+                "{name} at {window}: summarize,extract kept {kept}/{of} compacted facts, extract {kept_alone}/{of_alone}"
+            );
+            let probe = |r: &Value| r["recall"]["share"].as_f64().unwrap();
+            assert!(
+                probe(with_summary) >= probe(alone),
+                "{name} at {window}: probe recall"
+            );
+        }
+        assert!(
+            compared >= 5,
+            "window {window}: {compared} sessions compacted"
+        );
     }
 }

@@ -8,6 +8,7 @@
 //! reported, so on the same settings a replay makes the same compactions as the live
 //! run. Tools are not in the log: requests from a data dir are replayed without them.
 
+pub mod facts;
 mod report;
 pub mod source;
 
@@ -21,6 +22,7 @@ use http::HeaderMap;
 use serde::Serialize;
 use serde_json::Value;
 
+pub use facts::ClassRecall;
 pub use report::write_report;
 pub use source::{Replay, Step};
 
@@ -90,10 +92,16 @@ pub struct CompactionFigures {
     pub tokens_after: u64,
     /// Model calls of all its attempts.
     pub calls: u32,
+    /// Time of all its attempts, in milliseconds.
+    pub duration_ms: u64,
+    /// Model attempts (every strategy before the chain's deterministic end) refused.
+    pub refused: u32,
+    /// The handoff's text.
+    pub handoff: String,
 }
 
 /// How many probe matches of the originals the final view keeps.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Recall {
     /// Distinct matches in the originals.
     pub matches: usize,
@@ -120,6 +128,12 @@ pub struct ConversationReport {
     pub failed: BTreeMap<String, u64>,
     /// The probe's recall, when a probe was given.
     pub recall: Option<Recall>,
+    /// Recall of the compacted facts by class, when there was a compaction.
+    pub compacted: Option<ClassRecall>,
+    /// Attempts of model strategies (all but the chain's deterministic end).
+    pub model_attempts: u64,
+    /// Those that failed, by reason: the refusal share's numerator.
+    pub model_failed: BTreeMap<String, u64>,
     /// Requests that could not be replayed, and why.
     pub errors: Vec<String>,
 }
@@ -302,11 +316,11 @@ impl Replayer {
             )
         });
         let mut errors = Vec::new();
-        let mut final_view = String::new();
+        let mut last = Seen::default();
         for (index, step) in replay.steps.iter().enumerate() {
             progress();
             match self.step(&tracker, &id, step).await {
-                Ok(view) => final_view = view,
+                Ok(seen) => last = seen,
                 Err(err) => errors.push(format!("request {}: {err}", index + 1)),
             }
         }
@@ -323,6 +337,20 @@ impl Replayer {
         }
         let usage =
             handoff_plugin_api::sum_usage(attempts.clone().filter_map(|a| a.usage.as_ref()));
+        // A chain ends in its deterministic strategy; every attempt before it is a model's.
+        let model_attempts: Vec<&crate::base::record::Attempt> = records
+            .iter()
+            .flat_map(|r| {
+                r.attempts
+                    .iter()
+                    .filter(|a| Some(&a.strategy) != r.chain.last())
+            })
+            .collect();
+        let mut model_failed = BTreeMap::new();
+        for attempt in model_attempts.iter().filter(|a| a.outcome != "ok") {
+            let reason = attempt.reason.clone().unwrap_or_else(|| "failed".into());
+            *model_failed.entry(reason).or_insert(0) += 1;
+        }
         ConversationReport {
             name: replay.name.clone(),
             requests: replay.steps.len(),
@@ -334,6 +362,13 @@ impl Replayer {
                     tokens_before: r.tokens_before,
                     tokens_after: r.tokens_after,
                     calls: r.attempts.iter().filter_map(|a| a.calls).sum(),
+                    duration_ms: r.attempts.iter().map(|a| a.duration_ms).sum(),
+                    refused: r
+                        .attempts
+                        .iter()
+                        .filter(|a| a.outcome != "ok" && Some(&a.strategy) != r.chain.last())
+                        .count() as u32,
+                    handoff: r.handoff_text().to_owned(),
                 })
                 .collect(),
             summary_calls: attempts.filter_map(|a| a.calls).map(u64::from).sum(),
@@ -342,19 +377,25 @@ impl Replayer {
             recall: options
                 .probe
                 .as_ref()
-                .map(|probe| recall(probe, &replay.originals, &final_view)),
+                .map(|probe| recall(probe, &replay.originals, &last.text)),
+            compacted: last
+                .handoff
+                .as_deref()
+                .map(|handoff| facts::compacted_recall(&last.messages, &last.verbatim, handoff)),
+            model_attempts: model_attempts.len() as u64,
+            model_failed,
             errors,
         }
     }
 
     /// One request: tracked, projected, compacted when over the trigger, and its logged
-    /// reply logged again (calibrating the next). Returns the view's text.
+    /// reply logged again (calibrating the next). Returns what its view held.
     async fn step(
         &self,
         tracker: &Tracker,
         id: &ConversationId,
         step: &Step,
-    ) -> Result<String, String> {
+    ) -> Result<Seen, String> {
         let Self {
             snapshot,
             tokens,
@@ -393,6 +434,29 @@ impl Replayer {
             .map_err(|err| err.to_string())?;
         let (view, local) = (fitted.view, fitted.estimate);
         let text = view.raw_messages().join("\n");
+        let mut verbatim = String::new();
+        let kept = view
+            .pinned
+            .iter()
+            .map(|m| m.message)
+            .chain(view.lifted.iter().copied())
+            .chain(view.live.iter());
+        for message in kept {
+            facts::strings_of(message.value(), &mut verbatim);
+        }
+        let seen = Seen {
+            text,
+            verbatim,
+            handoff: view
+                .compaction
+                .as_ref()
+                .map(|a| a.record.handoff_text().to_owned()),
+            messages: chat
+                .messages
+                .iter()
+                .flat_map(|m| dialect.neutral(m.value()))
+                .collect(),
+        };
         if let Some((replies, usage)) = &step.reply {
             let server = usage.as_ref().and_then(|u| dialect.input_tokens(u));
             let calibration = local.zip(server).map(|(local, server)| Calibration {
@@ -417,8 +481,21 @@ impl Replayer {
                 .await
                 .map_err(|err| err.to_string())?;
         }
-        Ok(text)
+        Ok(seen)
     }
+}
+
+/// What one replayed request's view held.
+#[derive(Default)]
+struct Seen {
+    /// The view's raw messages, one per line (the probe's haystack).
+    text: String,
+    /// The text of its verbatim messages: all but the handoff pair.
+    verbatim: String,
+    /// The handoff's text, when the view has one.
+    handoff: Option<String>,
+    /// The request's messages in the neutral form.
+    messages: Vec<Value>,
 }
 
 /// The share of `probe`'s distinct matches in `originals` that `view` still holds.
@@ -426,14 +503,21 @@ pub fn recall(probe: &regex::Regex, originals: &str, view: &str) -> Recall {
     let matches: std::collections::BTreeSet<&str> =
         probe.find_iter(originals).map(|m| m.as_str()).collect();
     let kept = matches.iter().filter(|m| view.contains(*m)).count();
-    Recall {
-        matches: matches.len(),
-        kept,
-        share: if matches.is_empty() {
-            1.0
-        } else {
-            kept as f64 / matches.len() as f64
-        },
+    Recall::of(matches.len(), kept)
+}
+
+impl Recall {
+    /// `kept` of `matches`; a share of 1 when there is nothing to keep.
+    pub fn of(matches: usize, kept: usize) -> Self {
+        Self {
+            matches,
+            kept,
+            share: if matches == 0 {
+                1.0
+            } else {
+                kept as f64 / matches as f64
+            },
+        }
     }
 }
 
