@@ -385,6 +385,15 @@ async fn through_handoff(agent: Agent, strategy: &str, thinking: Thinking, files
             records.to_string(),
         )
         .unwrap();
+        // The data dir too: a recorded session for `handoff eval --data-dir`.
+        let data = proxy.data_dir();
+        for (path, bytes) in support::read_tree(&data) {
+            let to = std::path::Path::new(&dir)
+                .join(format!("{agent:?}-{strategy}-data"))
+                .join(path.strip_prefix(&data).unwrap());
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::write(to, bytes).unwrap();
+        }
     }
     let listed = proxy.conversations();
     let entry = listed.iter().find(|c| c["id"] == id.as_str()).unwrap();

@@ -221,6 +221,40 @@ mod tests {
         assert!(err.contains("nothing under them"), "{err}");
     }
 
+    /// Summaries SmolLM2-135M-Instruct wrote at temperature 0 for chained real bfcl
+    /// sessions (`benches/eval.sh` with REAL=1), with what each was shown. Each ended in
+    /// `length`, which fails the attempt first; were it `stop`, the checks still refuse.
+    #[test]
+    fn the_small_models_real_summaries_are_refused_for_what_is_wrong_with_them() {
+        let fixtures = include_str!("../tests/fixtures/smollm2_summaries.jsonl");
+        let expected = [
+            ("echoes_the_request_tags", "sections are missing"),
+            // Every heading, in order, with the prompt's own lines under each: only the
+            // echo check sees it.
+            (
+                "echoes_the_prompt_with_its_headings",
+                "echoes the request back",
+            ),
+            ("no_headings", "8 of the prompt's 8 sections are missing"),
+            ("echoes_the_history", "sections are missing"),
+        ];
+        let mut seen = 0;
+        for line in fixtures.lines() {
+            let case: serde_json::Value = serde_json::from_str(line).unwrap();
+            let name = case["case"].as_str().unwrap();
+            let text = case["text"].as_str().unwrap();
+            let shown = case["shown"].as_str().unwrap();
+            let err = check(text, &sections(), PROMPT, shown).unwrap_err();
+            let (_, wanted) = expected.iter().find(|(n, _)| *n == name).unwrap();
+            assert!(err.contains(wanted), "{name}: {err}");
+            if name == "echoes_the_prompt_with_its_headings" {
+                assert_eq!(check_sections(text, &sections()), Ok(()));
+            }
+            seen += 1;
+        }
+        assert_eq!(seen, expected.len());
+    }
+
     #[test]
     fn headings_in_other_marks_and_one_abbreviation_pass() {
         let bold: String = sections()
