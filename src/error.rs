@@ -1,6 +1,7 @@
-//! The one place where a failure becomes an HTTP answer, in the shape of the API the
-//! client speaks: OpenAI's `{"error": {"message", "type", "param", "code"}}` by default,
-//! Anthropic's `{"type": "error", "error": {"type", "message"}}` on its paths.
+//! The one error handoff answers with. Its own shape, `{"error": {"message", "type",
+//! "param", "code"}}` (OpenAI's, which the admin API uses too), is rendered here; a
+//! dialect renders it in its API's shape (`ApiError::into_response_for`, in
+//! `dialect`), so this module knows no wire format but its own.
 //!
 //! Other modules return their own typed errors and convert them into [`ApiError`];
 //! none of them builds an error response by hand.
@@ -9,7 +10,6 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 
 use crate::body::{full, ProxyBody};
-use crate::dialect::DialectKind;
 
 /// An error answered to the client.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -218,19 +218,28 @@ impl ApiError {
         )
     }
 
-    /// The error as the JSON body an OpenAI SDK expects.
+    /// The error in handoff's own shape, which is the one an OpenAI SDK expects.
     pub fn to_json(&self) -> serde_json::Value {
-        DialectKind::OpenAiChat.get().error_json(self)
+        serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": null,
+                "code": self.code,
+            }
+        })
     }
 
-    /// The error as a complete HTTP response, in OpenAI's shape.
+    /// The error as a complete HTTP response, in handoff's own shape.
     pub fn into_response(self) -> Response<ProxyBody> {
-        self.into_response_for(DialectKind::OpenAiChat)
+        let body = self.to_json();
+        self.into_response_with(&body)
     }
 
-    /// The error as a complete HTTP response, in `dialect`'s error shape.
-    pub fn into_response_for(self, dialect: DialectKind) -> Response<ProxyBody> {
-        let body = Bytes::from(dialect.get().error_json(&self).to_string());
+    /// The error as a complete HTTP response with `body`: its status and its
+    /// `Retry-After`, whatever shape the body has.
+    pub fn into_response_with(self, body: &serde_json::Value) -> Response<ProxyBody> {
+        let body = Bytes::from(body.to_string());
         let mut response = Response::new(full(body));
         *response.status_mut() = self.status;
         response.headers_mut().insert(

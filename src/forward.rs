@@ -125,3 +125,10 @@ pub fn is_event_stream(headers: &http::HeaderMap) -> bool {
 pub fn reject(err: impl Into<ApiError>) -> Response<ProxyBody> {
     err.into().into_response()
 }
+
+/// Sends a response whose body was read to inspect it.
+pub fn buffered(mut head: http::response::Parts, body: bytes::Bytes) -> Response<ProxyBody> {
+    crate::headers::strip_hop_by_hop(&mut head.headers);
+    head.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(head, crate::body::full(body))
+}

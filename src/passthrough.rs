@@ -17,10 +17,8 @@ use hyper::body::Incoming;
 
 use crate::access_log::RequestLog;
 use crate::auth::{Admission, RateLimiter};
-use crate::base::tenant::TenantId;
 use crate::body::{full, BoxError, ProxyBody};
 use crate::body_read::read_body;
-use crate::chat::reply::buffered;
 use crate::dialect::DialectKind;
 use crate::error::ApiError;
 use crate::forward::{forward, relay, send_timed, upstream_request};
@@ -73,7 +71,7 @@ pub async fn handle(
         }
     };
     if shared {
-        if let Err(err) = check_owned(state, &admission.tenant, &named).await {
+        if let Err(err) = state.check_owned(&admission.tenant, &named).await {
             return err.into_response_for(dialect);
         }
     }
@@ -115,31 +113,11 @@ pub async fn handle(
             return ApiError::storage(err.to_string()).into_response_for(dialect);
         }
     }
-    buffered(head, body)
+    crate::forward::buffered(head, body)
 }
 
 /// The largest answer read to learn the id of the object it created.
 const MAX_CREATED_BODY: usize = 4 << 20;
-
-/// Refuses a request that names an upstream object its tenant did not create. A
-/// Responses id or conversation is the tenant's when its conversation logged it.
-pub async fn check_owned(
-    state: &AppState,
-    tenant: &TenantId,
-    named: &[String],
-) -> Result<(), ApiError> {
-    for object in named {
-        let logged = state
-            .tracker
-            .conversation_of_response(tenant, object)
-            .await
-            .map_err(|err| ApiError::storage(err.to_string()))?;
-        if logged.is_none() {
-            state.ownership.check(tenant, [object.as_str()]).await?;
-        }
-    }
-    Ok(())
-}
 
 /// True when a body is read whole to be checked: any body but a multipart upload that
 /// names no model.

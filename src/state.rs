@@ -196,12 +196,32 @@ pub struct AppState {
     /// Per-key rate limits, kept across reloads.
     pub limiter: Arc<RateLimiter>,
     /// Slots for tracked requests (`limits.max_concurrent_chat`, fixed at start).
-    pub chat_gate: crate::chat::ChatGate,
+    pub chat_gate: crate::gate::ChatGate,
     /// The disk store's exclusive hold on its data dir, for the life of the process.
     _data_dir_lock: Option<crate::store::DataDirLock>,
 }
 
 impl AppState {
+    /// Refuses a request that names an upstream object its tenant did not create. A
+    /// Responses id or conversation is the tenant's when its conversation logged it.
+    pub async fn check_owned(
+        &self,
+        tenant: &crate::tenant::TenantId,
+        named: &[String],
+    ) -> Result<(), crate::error::ApiError> {
+        for object in named {
+            let logged = self
+                .tracker
+                .conversation_of_response(tenant, object)
+                .await
+                .map_err(|err| crate::error::ApiError::storage(err.to_string()))?;
+            if logged.is_none() {
+                self.ownership.check(tenant, [object.as_str()]).await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Builds the state for `config` (loaded with `overrides`), opening its store.
     pub async fn new(config: Config, overrides: Overrides) -> Result<Self, StateError> {
         // With postgres the database is the system of record: nothing goes to data_dir.
@@ -256,7 +276,7 @@ impl AppState {
             shutdown,
             secret,
             limiter: Arc::default(),
-            chat_gate: crate::chat::ChatGate::new(
+            chat_gate: crate::gate::ChatGate::new(
                 config_limits.max_concurrent_chat,
                 config_limits.chat_queue,
             ),

@@ -98,7 +98,7 @@ impl Registry {
                     settings.env.clone(),
                     settings.max_output_bytes,
                 )),
-                other => match crate::kinds::factory(other) {
+                other => match crate::config::kinds::factory(other) {
                     Some(factory) => factory(settings),
                     None => {
                         return Err(ChainError::UnknownKind {
@@ -152,7 +152,7 @@ impl Registry {
     ) -> Vec<NamedStrategy> {
         if let Some(name) = override_name {
             let mut names = vec![name.to_owned()];
-            if !strategy_kind(config, name).is_some_and(crate::kinds::is_deterministic) {
+            if !strategy_kind(config, name).is_some_and(crate::config::kinds::is_deterministic) {
                 names.extend(self.global.last().cloned());
             }
             return self.chain(&names);

@@ -17,8 +17,7 @@ use std::path::Path;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-/// The file under `data_dir` that holds the server secret.
-pub const SECRET_FILE: &str = "secret";
+pub use crate::store::layout::SECRET_FILE;
 
 /// The server's secret: the key of the HMAC that turns credentials into tenants.
 #[derive(Clone)]

@@ -15,8 +15,7 @@
 //! becomes the client's answer.
 
 mod admit;
-mod gate;
-pub(crate) mod reply;
+mod reply;
 mod send;
 
 use std::sync::Arc;
@@ -29,7 +28,6 @@ use http::{request, Request, Response};
 use hyper::body::Incoming;
 
 pub use admit::STRATEGY_HEADER;
-pub use gate::ChatGate;
 
 use crate::access_log::RequestLog;
 use crate::auth::Admission;
@@ -140,7 +138,7 @@ impl<'s> Exchange<'s> {
         if snap.credentials.shares_upstream_key() {
             // A continued response, a conversation, a file: only the tenant's own.
             let named = crate::ownership::body_objects(&body);
-            crate::passthrough::check_owned(state, &admission.tenant, &named).await?;
+            state.check_owned(&admission.tenant, &named).await?;
         }
         let mut chat = dialect.get().parse_body(&body).map_err(ApiError::from)?;
         let most = snap.config.limits.max_messages;

@@ -6,12 +6,11 @@
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::header;
 use http::Response;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use crate::body::{full, ProxyBody};
+use crate::body::ProxyBody;
 use crate::capture::{ReplyCapture, ReplyTarget};
 use crate::error::ApiError;
 use crate::forward::relay_after;
@@ -55,10 +54,10 @@ pub async fn answer_read(
     };
     match logging.await {
         Ok(Err(unlogged)) => ApiError::storage(unlogged.to_string()).into_response_for(dialect),
-        Ok(Ok(())) => buffered(head, body),
+        Ok(Ok(())) => crate::forward::buffered(head, body),
         Err(err) => {
             tracing::error!(error = %err, "reply capture task failed");
-            buffered(head, body)
+            crate::forward::buffered(head, body)
         }
     }
 }
@@ -93,11 +92,4 @@ pub async fn read_reply(mut body: Incoming, idle: Duration) -> Result<Bytes, Api
             out.extend_from_slice(data);
         }
     }
-}
-
-/// Sends a response whose body was read to inspect it.
-pub fn buffered(mut head: http::response::Parts, body: Bytes) -> Response<ProxyBody> {
-    crate::headers::strip_hop_by_hop(&mut head.headers);
-    head.headers.remove(header::CONTENT_LENGTH);
-    Response::from_parts(head, full(body))
 }

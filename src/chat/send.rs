@@ -79,7 +79,9 @@ impl Exchange<'_> {
                 }
                 // An error that is not about the window goes back to the client as it came.
                 Inspected::Refused(head, body) if !dialect.is_overflow(&json_of(&body)) => {
-                    return Err(Halt::Respond(Box::new(reply::buffered(head, body))));
+                    return Err(Halt::Respond(Box::new(crate::forward::buffered(
+                        head, body,
+                    ))));
                 }
                 Inspected::Refused(head, body) => (head, body),
                 Inspected::Read(head, body) if dialect.reply_overflowed(&json_of(&body)) => {
@@ -110,7 +112,9 @@ impl Exchange<'_> {
                 Inspected::Passed(response) => return Ok(relay(upstream, response, None)),
             };
             let Some(budget) = reactive else {
-                return Err(Halt::Respond(Box::new(reply::buffered(head, error_body))));
+                return Err(Halt::Respond(Box::new(crate::forward::buffered(
+                    head, error_body,
+                ))));
             };
             retries += 1;
             // The view that was refused was under the trigger, or it would have been
@@ -136,7 +140,9 @@ impl Exchange<'_> {
                 }
                 Err(err) => {
                     tracing::warn!(conversation = %tracked.id, error = %err, "reactive compaction failed; returning the upstream's error");
-                    return Err(Halt::Respond(Box::new(reply::buffered(head, error_body))));
+                    return Err(Halt::Respond(Box::new(crate::forward::buffered(
+                        head, error_body,
+                    ))));
                 }
             }
         }

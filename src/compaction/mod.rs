@@ -19,7 +19,6 @@ pub mod chain;
 pub mod handoff;
 pub mod ledger;
 pub mod model_client;
-pub mod reactive;
 pub mod service;
 pub mod split;
 pub mod summary_count;

@@ -8,8 +8,8 @@ use figment::Figment;
 use http::Uri;
 use serde::Serialize;
 
+use super::kinds;
 use super::Config;
-use crate::kinds;
 
 /// The documented default config, compiled in so that `handoff serve` needs no file.
 const EMBEDDED_DEFAULT: &str = include_str!("../../config/handoff.toml");
@@ -227,8 +227,14 @@ fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
 
 /// Checks the rules that types alone cannot express.
 fn validate(config: &Config) -> Result<(), ConfigError> {
-    crate::pins::Pins::build(&config.compaction.pin)
-        .map_err(|err| invalid("compaction.pin.rules", err.to_string()))?;
+    for (index, rule) in config.compaction.pin.rules.iter().enumerate() {
+        regex::Regex::new(&rule.pattern).map_err(|err| {
+            invalid(
+                &format!("compaction.pin.rules[{index}].pattern"),
+                err.to_string(),
+            )
+        })?;
+    }
     let uri: Uri = config
         .upstream
         .base_url
@@ -347,7 +353,7 @@ fn validate_keys(config: &Config) -> Result<(), ConfigError> {
     let mut names = std::collections::HashSet::new();
     for (index, key) in config.auth.keys.iter().enumerate() {
         let at = format!("auth.keys[{index}]");
-        crate::tenant::TenantId::parse(&key.name)
+        crate::base::tenant::TenantId::parse(&key.name)
             .map_err(|err| invalid(&format!("{at}.name"), err.to_string()))?;
         if is_reserved_tenant(&key.name) {
             // Such a key would continue the conversations of a keyless caller.

@@ -3,6 +3,7 @@
 //! The structs deny unknown fields, so a misspelt key fails the load and names the key.
 //! Loading and layering live in `load.rs`; masking for display lives in `mask.rs`.
 
+pub mod kinds;
 mod load;
 mod mask;
 

@@ -7,6 +7,8 @@
 pub mod anthropic;
 mod message;
 pub mod openai;
+pub mod overflow;
+pub mod pair;
 pub mod responses;
 mod translate;
 
@@ -344,4 +346,12 @@ pub trait Dialect: Send + Sync {
     /// The summary client: `raw` posts JSON to the request's path with the client's
     /// headers; strategies always speak chat completions to what this returns.
     fn summary_client(&self, raw: Arc<dyn ModelClient>) -> Arc<dyn ModelClient>;
+}
+
+impl ApiError {
+    /// The error as a complete HTTP response, in `dialect`'s error shape.
+    pub fn into_response_for(self, dialect: DialectKind) -> http::Response<crate::body::ProxyBody> {
+        let body = dialect.get().error_json(&self);
+        self.into_response_with(&body)
+    }
 }

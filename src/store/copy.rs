@@ -51,7 +51,7 @@ pub async fn copy_data_dir(data_dir: &Path, store: &PgStore) -> Result<CopyRepor
         move |source| CopyError::Read { path, source }
     };
     let mut report = CopyReport::default();
-    let secret_file = data_dir.join(crate::tenant::SECRET_FILE);
+    let secret_file = data_dir.join(super::layout::SECRET_FILE);
     report.same_secret = match std::fs::read(&secret_file) {
         Ok(bytes) => match <[u8; 32]>::try_from(bytes.as_slice()) {
             Ok(secret) => store.adopt_secret(&secret).await?,

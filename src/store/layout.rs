@@ -11,6 +11,9 @@ use std::path::{Path, PathBuf};
 use crate::base::id::ConversationId;
 use crate::base::tenant::{TenantId, LEGACY};
 
+/// The file under `data_dir` that holds the server secret.
+pub const SECRET_FILE: &str = "secret";
+
 /// Folder of all tenants.
 pub const TENANTS_DIR: &str = "tenants";
 

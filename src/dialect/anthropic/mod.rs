@@ -27,7 +27,7 @@ use super::{
     ChatRequest, Dialect, DialectError, DialectKind, Message, Opening, Role, StreamEnd, StreamReply,
 };
 use crate::base::reply::Assembled;
-use crate::compaction::handoff::CONTINUATION;
+use crate::dialect::pair::CONTINUATION;
 use crate::error::ApiError;
 
 const API: &str = "Messages API";
@@ -246,7 +246,7 @@ impl Dialect for AnthropicMessages {
             .unwrap_or("");
         message.contains("prompt is too long")
             || message.contains("exceed context limit")
-            || crate::compaction::reactive::is_context_length_error(body)
+            || crate::dialect::overflow::is_context_length_error(body)
     }
 
     fn opening_event(&self, event: &Value) -> Opening {

@@ -93,30 +93,24 @@ impl Dialect for OpenAiChat {
     }
 
     fn continuation(&self) -> Value {
-        json!({"role": "user", "content": crate::compaction::handoff::CONTINUATION})
+        json!({"role": "user", "content": crate::dialect::pair::CONTINUATION})
     }
 
     fn handoff(&self, text: &str, reasoning_marker: bool) -> Value {
         if reasoning_marker {
-            json!({"role": "assistant", "content": text, "reasoning_content": crate::compaction::handoff::REASONING_MARKER})
+            json!({"role": "assistant", "content": text, "reasoning_content": crate::dialect::pair::REASONING_MARKER})
         } else {
             json!({"role": "assistant", "content": text})
         }
     }
 
     fn error_json(&self, err: &ApiError) -> Value {
-        json!({
-            "error": {
-                "message": err.message,
-                "type": err.kind,
-                "param": null,
-                "code": err.code,
-            }
-        })
+        // handoff's own error shape is OpenAI's.
+        err.to_json()
     }
 
     fn is_overflow(&self, body: &Value) -> bool {
-        crate::compaction::reactive::is_context_length_error(body)
+        crate::dialect::overflow::is_context_length_error(body)
     }
 
     fn replies_from_json(&self, body: &[u8]) -> Result<Assembled, serde_json::Error> {

@@ -27,8 +27,8 @@ use super::{
     ChatRequest, Dialect, DialectError, DialectKind, Message, Opening, Role, StreamEnd, StreamReply,
 };
 use crate::base::reply::Assembled;
-use crate::compaction::handoff::CONTINUATION;
-use crate::compaction::reactive::is_context_length_error;
+use crate::dialect::overflow::is_context_length_error;
+use crate::dialect::pair::CONTINUATION;
 use crate::error::ApiError;
 
 const API: &str = "Responses API";
