@@ -189,6 +189,8 @@ pub struct Compactor {
 struct Plan {
     cut: usize,
     predicted: u64,
+    /// Local tokens of the view but the pair: pinned, tools, lifted and recent.
+    rest: u64,
 }
 
 /// A view that fits, and its local estimate (to calibrate against the usage the
@@ -541,7 +543,11 @@ impl Compactor {
                 .sum();
             let recent = recent + lifted;
             let predicted = scale(fixed + pair + recent);
-            chosen = Some(Plan { cut, predicted });
+            chosen = Some(Plan {
+                cut,
+                predicted,
+                rest: fixed + recent,
+            });
             if predicted <= job.threshold {
                 break;
             }
@@ -657,9 +663,16 @@ impl Compactor {
         };
         let marker = needs_reasoning_marker(job.reasoning_marker, &job.request.messages);
         // The ledger gets all the room the strategy left, not only its share.
+        // The ledger also gets the room the strategy left, as far as the view stays
+        // under the trigger: past its share it never pushes a view over.
         let ledger = ledger.map(|(mut ledger, planned)| {
             let counter = self.tokens.counter(job.tokenizer);
-            let left = budget.saturating_sub(counter.count_text(&summary.text));
+            let text = counter.count_text(&summary.text);
+            let under_trigger = job
+                .scale
+                .local(job.threshold)
+                .saturating_sub(plan.rest + 2 * MESSAGE_OVERHEAD + 64);
+            let left = budget.min(under_trigger).saturating_sub(text);
             ledger.fit(left.max(planned), counter.as_ref(), &summary.text);
             ledger
         });
@@ -804,8 +817,9 @@ impl Compactor {
     }
 }
 
-/// The largest handoff: `min(8192, window/10)` of the smaller window involved.
+/// The largest handoff: `min(8192, window/10)` of the request model's window. A summary
+/// model with a smaller window writes less (its own output budget bounds its reply),
+/// but the deterministic fallback, and the ledger, still get the request model's room.
 pub fn handoff_budget(model: &ModelInfo) -> u64 {
-    let window = model.context_window.min(model.summary_context_window);
-    8192.min(window / 10)
+    8192.min(model.context_window / 10)
 }
