@@ -128,9 +128,11 @@ fn eval(
     chain: &str,
     window: u64,
     upstream: &str,
+    extra: &[&str],
 ) -> Value {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_handoff"));
     command.args(["eval", "--chain", chain, "--json", "--probe", "[0-9]{2,}"]);
+    command.args(extra);
     command.args(["--window", &window.to_string(), "--upstream", upstream]);
     for file in files {
         command.arg("--file").arg(file);
@@ -169,23 +171,61 @@ async fn with_the_ledger_a_summary_keeps_at_least_what_extract_keeps_on_every_se
     strict.set_keep_digit_words(true);
     let responder = std::sync::Arc::clone(&strict);
     let mock = MockUpstream::with(move |request| responder.answer(request)).await;
+    // And one whose every summary is refused (empty): its chain is extract's. It is a
+    // summary model of its own, counted with another tokenizer, which must not change
+    // how the fallback sizes the handoff.
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        config.path(),
+        "[models.\"small\"]\ncontext_window = 8192\ntokenizer = \"estimate\"\n",
+    )
+    .unwrap();
+    let config_path = config.path().to_str().unwrap().to_owned();
+    let refusing = Strict::new(u64::MAX / 4);
+    refusing.set_summary_mode(mock_upstream::strict::SummaryMode::Empty);
+    let refuser = std::sync::Arc::clone(&refusing);
+    let refusing_mock = MockUpstream::with(move |request| refuser.answer(request)).await;
     let work = tempfile::tempdir().unwrap();
     let files = session_files(work.path());
     let dir = work.path().to_owned();
-    let url = mock.url();
+    let (url, refusing_url) = (mock.url(), refusing_mock.url());
+    let own_model = ["--summary-model", "small", "--config", &config_path].map(str::to_owned);
     let reports = tokio::task::spawn_blocking(move || {
+        let own_model: Vec<&str> = own_model.iter().map(String::as_str).collect();
         [8_192, 16_384].map(|window| {
             (
                 window,
-                eval(&dir, &files, "extract", window, &url),
-                eval(&dir, &files, "summarize,extract", window, &url),
+                eval(&dir, &files, "extract", window, &url, &[]),
+                eval(&dir, &files, "summarize,extract", window, &url, &[]),
+                eval(
+                    &dir,
+                    &files,
+                    "summarize,extract",
+                    window,
+                    &refusing_url,
+                    &own_model,
+                ),
             )
         })
     })
     .await
     .unwrap();
     let mut compared = 0;
-    for (window, extract, summarized) in &reports {
+    for (window, extract, summarized, refused) in &reports {
+        // Every summary refused, the fallback writes exactly what extract alone does.
+        for (alone, fell_back) in extract["conversations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(refused["conversations"].as_array().unwrap())
+        {
+            assert_eq!(
+                compacted(alone),
+                compacted(fell_back),
+                "{} at {window}: a refused summary changed the fallback",
+                alone["name"]
+            );
+        }
         let pairs = extract["conversations"]
             .as_array()
             .unwrap()

@@ -127,14 +127,6 @@ impl Scale {
         }
     }
 
-    /// The most local tokens that the upstream counts as at most `upstream`.
-    pub fn local(&self, upstream: u64) -> u64 {
-        match self.ratio {
-            Some(ratio) => (upstream as f64 / ratio).floor() as u64,
-            None => upstream,
-        }
-    }
-
     /// The upstream's count for a view whose local count is `local`. On the view the
     /// calibration was measured on (same compaction generation) it extends the reported
     /// size: `server + (local − local_then) × ratio`; on another, it scales.
@@ -210,8 +202,6 @@ mod tests {
             "another generation is scaled, not anchored"
         );
         assert_eq!(scale.tokens(100), 150);
-        assert_eq!(scale.local(150), 100, "the inverse, rounded down");
-        assert!(scale.tokens(scale.local(1001)) <= 1001);
         let other = Scale::new(Some(&cal), "other");
         assert_eq!(other.view(1200, None), 1200, "another model stays local");
         let wild = Calibration {

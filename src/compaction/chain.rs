@@ -43,14 +43,31 @@ pub struct SummaryModel {
     pub tokenizer: Option<Tokenizer>,
 }
 
-/// Gives an input the token counter and client of its summary model: the chain's
-/// default (`None`) or a strategy's own.
-pub type Equip<'a> = dyn Fn(&mut StrategyInput, Option<&SummaryModel>) + Sync + 'a;
+/// What an input's token counter counts for.
+#[derive(Debug, Clone, Copy)]
+pub enum CountFor<'a> {
+    /// Summary requests to the chain's default summary model (`None`) or a strategy's
+    /// own: that model's tokenizer and calibration.
+    Summary(Option<&'a SummaryModel>),
+    /// The handoff itself, which the request's model reads: a deterministic strategy
+    /// sizes its text with the request model's counts.
+    Handoff,
+}
+
+/// Gives an input the token counter (and client) of what it counts for.
+pub type Equip<'a> = dyn Fn(&mut StrategyInput, CountFor<'_>) + Sync + 'a;
 
 impl NamedStrategy {
-    /// The input this strategy sees: its own summary model, pruned tool output.
+    /// The input this strategy sees: its own summary model, pruned tool output, and
+    /// for a deterministic strategy the request model's counts (`input` counts for the
+    /// chain's summary model).
     fn input_for(&self, input: &StrategyInput, equip: &Equip<'_>) -> Option<StrategyInput> {
-        if self.summary_model.is_none() && self.prune.is_none() && self.handoff_tokens.is_none() {
+        let deterministic = self.strategy.is_deterministic();
+        if !deterministic
+            && self.summary_model.is_none()
+            && self.prune.is_none()
+            && self.handoff_tokens.is_none()
+        {
             return None;
         }
         let mut own = input.clone();
@@ -60,10 +77,15 @@ impl NamedStrategy {
         if let Some(model) = &self.summary_model {
             own.model.summary_model = model.name.clone();
             own.model.summary_context_window = model.window.unwrap_or(input.model.context_window);
-            equip(&mut own, Some(model));
+            equip(&mut own, CountFor::Summary(Some(model)));
+        }
+        // Last: a deterministic strategy given a summary model (the built-in extract
+        // is, for its settings' sake) still counts what the request model reads.
+        if deterministic {
+            equip(&mut own, CountFor::Handoff);
         }
         if let Some(keep) = self.prune {
-            own.history = prune_tool_outputs(&input.history, keep, input.tokens.as_ref());
+            own.history = prune_tool_outputs(&input.history, keep, own.tokens.as_ref());
         }
         Some(own)
     }
@@ -272,6 +294,68 @@ mod tests {
                 ))
             })
         }
+    }
+
+    /// A deterministic strategy that writes how many tokens its counter gives a text.
+    struct Counts;
+    impl Strategy for Counts {
+        fn kind(&self) -> &'static str {
+            "counts"
+        }
+        fn is_deterministic(&self) -> bool {
+            true
+        }
+        fn summarize<'a>(
+            &'a self,
+            input: &'a StrategyInput,
+        ) -> futures_util::future::BoxFuture<'a, Result<Summary, AttemptError>> {
+            let text = input.tokens.count_text("one two three four").to_string();
+            Box::pin(async move {
+                Ok(Summary {
+                    text,
+                    usage: None,
+                    calls: None,
+                })
+            })
+        }
+    }
+
+    /// Counts every text as twice its words.
+    struct Doubled;
+    impl TokenCounter for Doubled {
+        fn count_text(&self, text: &str) -> u64 {
+            2 * text.split_whitespace().count() as u64
+        }
+        fn count_message(&self, message: &Value) -> u64 {
+            self.count_text(&message.to_string())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_deterministic_strategy_counts_what_the_request_model_reads() {
+        // The input counts for the summary model (words); the handoff is the request
+        // model's, which counts double here.
+        let mut input = handoff_plugin_api::testing::input(vec![], 8000, 800);
+        input.tokens = Arc::new(Words);
+        // The built-in extract carries the configured summary model in its settings.
+        let chain = [NamedStrategy {
+            name: "counts".into(),
+            strategy: Arc::new(Counts),
+            timeout: None,
+            summary_model: Some(SummaryModel {
+                name: "small".into(),
+                window: Some(4096),
+                tokenizer: None,
+            }),
+            prune: None,
+            handoff_tokens: None,
+        }];
+        let equip = |input: &mut StrategyInput, count_for: CountFor<'_>| match count_for {
+            CountFor::Handoff => input.tokens = Arc::new(Doubled),
+            CountFor::Summary(_) => input.tokens = Arc::new(Words),
+        };
+        let outcome = run_chain(&chain, &input, Duration::from_secs(1), &equip).await;
+        assert_eq!(outcome.summary.unwrap().1.text, "8");
     }
 
     #[tokio::test]

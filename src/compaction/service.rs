@@ -12,8 +12,8 @@ use std::time::{Instant, SystemTime};
 use handoff_plugin_api::{Budgets, CancellationToken, ModelClient, ModelInfo, StrategyInput, Unit};
 use serde_json::json;
 
-use super::budget::{RequestBudget, Scale};
-use super::chain::{run_chain, sum_usage, NamedStrategy, SummaryModel};
+use super::budget::{RequestBudget, Scale, ScaledCounter};
+use super::chain::{run_chain, sum_usage, CountFor, NamedStrategy};
 use super::handoff::{continuation_message, handoff_message, needs_reasoning_marker};
 use super::ledger::{self, Ledger};
 use super::split::split_at_unit_boundary;
@@ -202,6 +202,12 @@ pub struct Fitted<'a> {
     pub estimate: Option<u64>,
 }
 
+/// True on a multi-thread runtime, the only kind `block_in_place` may be called on.
+fn on_multi_thread_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
 /// New message text above which tokenising is moved off the async path.
 const BIG_UNCOUNTED: usize = 256 * 1024;
 
@@ -240,14 +246,15 @@ impl Compactor {
         };
         let tokens = &self.tokens;
         let uncounted = view.uncounted_bytes(tokens, budget.tokenizer());
-        let local = if uncounted > BIG_UNCOUNTED || !tokens.is_loaded(budget.tokenizer()) {
-            // Tokenising hundreds of KB, or loading the tokenizer, takes tens of ms or
-            // more: let the runtime move other work off this thread meanwhile.
-            tokio::task::block_in_place(|| {
-                view.estimate(tokens, budget.tokenizer(), budget.tools_tokens)
-            })
+        let heavy = uncounted > BIG_UNCOUNTED || !tokens.is_loaded(budget.tokenizer());
+        let estimate = || view.estimate(tokens, budget.tokenizer(), budget.tools_tokens);
+        // Tokenising hundreds of KB, or loading the tokenizer, takes tens of ms or more:
+        // on a multi-thread runtime let it move other work off this thread meanwhile.
+        // A current-thread runtime (a test, an embedding) cannot, and counts in place.
+        let local = if heavy && on_multi_thread_runtime() {
+            tokio::task::block_in_place(estimate)
         } else {
-            view.estimate(tokens, budget.tokenizer(), budget.tools_tokens)
+            estimate()
         };
         let scale = Scale::new(tracked.calibration.as_ref(), &request.model);
         let current = scale.view(local, view.generation());
@@ -617,17 +624,21 @@ impl Compactor {
             client: Arc::clone(&job.client),
             tokens: self.tokens.counter(job.summary_tokenizer),
         };
-        let equip = |input: &mut StrategyInput, own: Option<&SummaryModel>| {
-            let tokenizer = match own {
-                Some(model) => model.tokenizer.unwrap_or(job.tokenizer),
-                None => job.summary_tokenizer,
+        let equip = |input: &mut StrategyInput, count_for: CountFor<'_>| {
+            let tokenizer = match count_for {
+                CountFor::Handoff => {
+                    input.tokens = self.handoff_counter(job);
+                    return;
+                }
+                CountFor::Summary(Some(model)) => model.tokenizer.unwrap_or(job.tokenizer),
+                CountFor::Summary(None) => job.summary_tokenizer,
             };
             input.client = Arc::clone(&job.client);
             self.summary_calibrations
                 .equip(input, &self.tokens, tokenizer, &job.scale);
         };
         let mut input = input;
-        equip(&mut input, None);
+        equip(&mut input, CountFor::Summary(None));
         let outcome = run_chain(&job.chain, &input, job.config.summary_timeout, &equip).await;
         for attempt in outcome.attempts.iter().filter(|a| a.outcome != "ok") {
             self.metrics.add(
@@ -666,12 +677,11 @@ impl Compactor {
         // The ledger also gets the room the strategy left, as far as the view stays
         // under the trigger: past its share it never pushes a view over.
         let ledger = ledger.map(|(mut ledger, planned)| {
-            let counter = self.tokens.counter(job.tokenizer);
+            let counter = self.handoff_counter(job);
             let text = counter.count_text(&summary.text);
             let under_trigger = job
-                .scale
-                .local(job.threshold)
-                .saturating_sub(plan.rest + 2 * MESSAGE_OVERHEAD + 64);
+                .threshold
+                .saturating_sub(job.scale.tokens(plan.rest + 2 * MESSAGE_OVERHEAD + 64));
             let left = budget.min(under_trigger).saturating_sub(text);
             ledger.fit(left.max(planned), counter.as_ref(), &summary.text);
             ledger
@@ -767,6 +777,14 @@ impl Compactor {
         Ok(record)
     }
 
+    /// The counter of what the request's model reads: its tokenizer, its calibration.
+    fn handoff_counter(&self, job: &Job<'_>) -> Arc<dyn handoff_plugin_api::TokenCounter> {
+        Arc::new(ScaledCounter {
+            inner: self.tokens.counter(job.tokenizer),
+            scale: job.scale.clone(),
+        })
+    }
+
     /// The ledger of `history` after `previous`'s, whole, with the tokens it takes
     /// fitted to its share of `budget`; none when the share is 0 or there is nothing
     /// to list.
@@ -781,7 +799,7 @@ impl Compactor {
         if share <= 0.0 {
             return None;
         }
-        let counter = self.tokens.counter(job.tokenizer);
+        let counter = self.handoff_counter(job);
         let whole = Ledger::build(previous.and_then(|r| r.ledger.as_ref()), history);
         if whole.is_empty() {
             return None;
