@@ -254,3 +254,53 @@ impl ApiError {
         response
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The codes handoff can answer with, read from the code that makes them: the
+    /// constructors here, `invalid_request("…")` calls, and the dialect parse errors.
+    fn emitted_codes() -> std::collections::BTreeSet<String> {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let patterns = [
+            regex::Regex::new(r#"invalid_request\(\s*"([a-z_]+)""#).unwrap(),
+            regex::Regex::new(r#"Some\("([a-z_]+)"\)"#).unwrap(),
+            regex::Regex::new(r#"DialectError::\w+[^=]*=> "([a-z_]+)""#).unwrap(),
+        ];
+        let mut codes = std::collections::BTreeSet::new();
+        let mut stack = vec![src];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                // Unit tests make up codes of their own.
+                let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+                let is_error_rs =
+                    path.ends_with("error.rs") && path.parent().is_some_and(|p| p.ends_with("src"));
+                for (index, pattern) in patterns.iter().enumerate() {
+                    if index == 1 && !is_error_rs {
+                        continue;
+                    }
+                    codes.extend(pattern.captures_iter(text).map(|c| c[1].to_owned()));
+                }
+            }
+        }
+        codes
+    }
+
+    #[test]
+    fn the_readme_error_table_names_every_code_handoff_emits() {
+        let readme = include_str!("../README.md");
+        let table = readme.split("## Errors").nth(1).unwrap_or("");
+        let codes = emitted_codes();
+        assert!(codes.len() >= 25, "the scan found only {codes:?}");
+        let missing: Vec<&String> = codes
+            .iter()
+            .filter(|code| !table.contains(&format!("`{code}`")))
+            .collect();
+        assert!(missing.is_empty(), "README's error table lacks {missing:?}");
+    }
+}
