@@ -9,12 +9,8 @@ use serde_json::json;
 
 use crate::audit::{summarize, Tree};
 use crate::body::{json, ProxyBody};
-use std::sync::Arc;
-
-use http::uri::PathAndQuery;
 
 use crate::compaction::budget::RequestBudget;
-use crate::compaction::model_client::UpstreamModelClient;
 use crate::compaction::service::{CompactError, Job};
 use crate::compaction::Reason;
 use crate::conversation::{ConversationId, Tracked};
@@ -177,13 +173,14 @@ async fn compact_now(
         }
     }
     tracked.calibration = calibration;
-    let client = request
-        .dialect()
-        .summary_client(Arc::new(UpstreamModelClient::new(
-            upstream.clone(),
-            PathAndQuery::from_static(request.dialect().path()),
-            client_headers,
-        )));
+    let client = crate::compaction::model_client::summary_client(
+        &snap.config,
+        &budget.info.summary_model,
+        request.dialect,
+        upstream.clone(),
+        None,
+        client_headers,
+    );
     let chain = snap.registry.select(&snap.config, &request.model, None);
     let mut job = Job::new(
         &state.tracker,

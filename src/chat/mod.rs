@@ -21,9 +21,7 @@ mod send;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use handoff_plugin_api::ModelClient;
 use http::header::{self, HeaderValue};
-use http::uri::PathAndQuery;
 use http::{request, Request, Response};
 use hyper::body::Incoming;
 
@@ -35,10 +33,8 @@ use crate::base::digest::PrefixDigest;
 use crate::body::{full, ProxyBody};
 use crate::compaction::budget::RequestBudget;
 use crate::compaction::chain::NamedStrategy;
-use crate::compaction::model_client::UpstreamModelClient;
 use crate::compaction::service::{CompactError, Fitted, Job};
 use crate::compaction::Reason;
-use crate::config::ModelApi;
 use crate::conversation::{identify, ConversationId, Tracked, CONVERSATION_HEADER};
 use crate::dialect::{ChatRequest, DialectKind};
 use crate::error::ApiError;
@@ -343,29 +339,14 @@ impl<'s> Exchange<'s> {
         reason: Reason,
         seen_generation: Option<&str>,
     ) -> Job<'e> {
-        let dialect = self.chat.dialect();
-        // `[models."M"] api = "chat"`: the summary model speaks chat completions even
-        // when the conversation does not.
-        let chat_summary = self
-            .snap
-            .config
-            .model(&budget.info.summary_model)
-            .is_some_and(|m| m.api == Some(ModelApi::Chat));
-        let path = match self.parts.uri.path_and_query() {
-            _ if chat_summary => PathAndQuery::from_static("/v1/chat/completions"),
-            Some(path) => path.clone(),
-            None => PathAndQuery::from_static(dialect.path()),
-        };
-        let raw: Arc<dyn ModelClient> = Arc::new(UpstreamModelClient::new(
+        let client = crate::compaction::model_client::summary_client(
+            &self.snap.config,
+            &budget.info.summary_model,
+            self.chat.dialect,
             self.upstream().clone(),
-            path,
+            self.parts.uri.path_and_query().cloned(),
             self.parts.headers.clone(),
-        ));
-        let client = if chat_summary {
-            raw
-        } else {
-            dialect.summary_client(raw)
-        };
+        );
         let mut job = Job::new(
             &self.state.tracker,
             &self.chat,

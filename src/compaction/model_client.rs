@@ -13,11 +13,42 @@ use http_body_util::{BodyExt, Limited};
 use serde_json::Value;
 
 use crate::body::full;
+use crate::config::{Config, ModelApi};
+use crate::dialect::DialectKind;
 use crate::headers::SUMMARY_HEADERS;
 use crate::upstream::Upstream;
 
 /// Largest summary reply read.
 const MAX_REPLY: usize = 16 * 1024 * 1024;
+
+/// The client summary calls of a `dialect` request go through: to `path` (the
+/// request's own; the dialect's when unset) in the dialect's wire format, or to
+/// `/v1/chat/completions` in chat completions when the summary model's entry says
+/// `api = "chat"` (a self-hosted summariser behind an Anthropic or Responses client).
+pub fn summary_client(
+    config: &Config,
+    summary_model: &str,
+    dialect: DialectKind,
+    upstream: Upstream,
+    path: Option<PathAndQuery>,
+    headers: HeaderMap,
+) -> std::sync::Arc<dyn ModelClient> {
+    let chat = config
+        .model(summary_model)
+        .is_some_and(|m| m.api == Some(ModelApi::Chat));
+    let path = match path {
+        _ if chat => PathAndQuery::from_static("/v1/chat/completions"),
+        Some(path) => path,
+        None => PathAndQuery::from_static(dialect.get().path()),
+    };
+    let raw: std::sync::Arc<dyn ModelClient> =
+        std::sync::Arc::new(UpstreamModelClient::new(upstream, path, headers));
+    if chat {
+        raw
+    } else {
+        dialect.get().summary_client(raw)
+    }
+}
 
 /// Calls the upstream as the client would.
 pub struct UpstreamModelClient {
