@@ -87,22 +87,7 @@ async fn an_sdk_agent_compacts_with_summarize_then_extract_across_a_restart() {
         "FACT-001 was lost in the summary"
     );
     // The first turn is compacted away: only the handoff's ledger quotes it.
-    let view = before.json();
-    let quoting: Vec<&Value> = view["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m.to_string().contains("Step 1. Remember"))
-        .collect();
-    assert_eq!(quoting.len(), 1, "{quoting:?}");
-    assert!(
-        quoting[0]["role"] == "assistant"
-            && quoting[0]
-                .to_string()
-                .contains("## Ledger (exact, kept by handoff)"),
-        "{}",
-        quoting[0]
-    );
+    scenario::assert_only_the_ledger_quotes(&before.json()["messages"], "Step 1. Remember");
     proxy.kill9();
     let proxy = Proxy::start_with(&mock.url(), options(data.path(), WINDOW));
     // The client's own last request: its messages without the answer it got.

@@ -55,40 +55,21 @@ fn chained_sessions(dir: &std::path::Path) -> Vec<Value> {
 fn chained_real_sessions_are_never_refused_down_to_a_ninety_percent_newest_unit() {
     let sessions = chained_sessions(&shared_conversations());
     assert!(sessions.len() >= 5, "{} sessions", sessions.len());
-    let work = tempfile::tempdir().unwrap();
-    let mut files = Vec::new();
     let mut biggest = 0;
-    for (index, session) in sessions.iter().enumerate() {
+    for session in &sessions {
         let tools = text_tokens(&session["tools"].to_string());
         for message in session["messages"].as_array().unwrap() {
             let unit = text_tokens(&message["content"].to_string()) + tools;
             biggest = biggest.max(unit);
         }
-        let path = work.path().join(format!("session_{index:02}.json"));
-        std::fs::write(&path, session.to_string()).unwrap();
-        files.push(path);
     }
+    let work = tempfile::tempdir().unwrap();
+    let files = session_files(work.path());
     // The biggest newest unit (with the tools it rides with) is 90% of the smallest one.
     let tightest = (biggest as f64 / 0.9).ceil() as u64;
     // 8192 too: there the biggest tool results are over the window, and are rescued.
     for window in [8_192, tightest, 32_768] {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_handoff"));
-        command.args(["eval", "--chain", "extract", "--json"]);
-        command.args(["--window", &window.to_string()]);
-        for file in &files {
-            command.arg("--file").arg(file);
-        }
-        let output = command
-            .current_dir(work.path())
-            .env_remove("HANDOFF_CONFIG")
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+        let report = eval(work.path(), &files, "extract", window, &[]);
         let conversations = report["conversations"].as_array().unwrap();
         let requests: u64 = conversations
             .iter()
@@ -121,19 +102,24 @@ fn session_files(dir: &std::path::Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// `handoff eval` of `files` with `chain` at `window`, as JSON.
+/// `handoff eval` of `files` with `chain` at `window` and `extra` flags, as JSON.
 fn eval(
     dir: &std::path::Path,
     files: &[PathBuf],
     chain: &str,
     window: u64,
-    upstream: &str,
     extra: &[&str],
 ) -> Value {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_handoff"));
-    command.args(["eval", "--chain", chain, "--json", "--probe", "[0-9]{2,}"]);
+    command.args([
+        "eval",
+        "--chain",
+        chain,
+        "--json",
+        "--window",
+        &window.to_string(),
+    ]);
     command.args(extra);
-    command.args(["--window", &window.to_string(), "--upstream", upstream]);
     for file in files {
         command.arg("--file").arg(file);
     }
@@ -188,23 +174,28 @@ async fn with_the_ledger_a_summary_keeps_at_least_what_extract_keeps_on_every_se
     let work = tempfile::tempdir().unwrap();
     let files = session_files(work.path());
     let dir = work.path().to_owned();
-    let (url, refusing_url) = (mock.url(), refusing_mock.url());
-    let own_model = ["--summary-model", "small", "--config", &config_path].map(str::to_owned);
+    let probe = "[0-9]{2,}";
+    let mocked = ["--probe", probe, "--upstream", &mock.url()].map(str::to_owned);
+    let refused = [
+        "--probe",
+        probe,
+        "--upstream",
+        &refusing_mock.url(),
+        "--summary-model",
+        "small",
+        "--config",
+        &config_path,
+    ]
+    .map(str::to_owned);
     let reports = tokio::task::spawn_blocking(move || {
-        let own_model: Vec<&str> = own_model.iter().map(String::as_str).collect();
+        let mocked: Vec<&str> = mocked.iter().map(String::as_str).collect();
+        let refused: Vec<&str> = refused.iter().map(String::as_str).collect();
         [8_192, 16_384].map(|window| {
             (
                 window,
-                eval(&dir, &files, "extract", window, &url, &[]),
-                eval(&dir, &files, "summarize,extract", window, &url, &[]),
-                eval(
-                    &dir,
-                    &files,
-                    "summarize,extract",
-                    window,
-                    &refusing_url,
-                    &own_model,
-                ),
+                eval(&dir, &files, "extract", window, &mocked),
+                eval(&dir, &files, "summarize,extract", window, &mocked),
+                eval(&dir, &files, "summarize,extract", window, &refused),
             )
         })
     })

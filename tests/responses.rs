@@ -79,21 +79,7 @@ async fn a_stateless_sdk_agent_compacts_and_survives_a_restart() {
     assert_eq!(sent["instructions"], "You are a meticulous agent.");
     assert!(sent.to_string().contains("FACT-001"), "FACT-001 was lost");
     // The first turn is compacted away: only the handoff's ledger quotes it.
-    let quoting: Vec<&Value> = sent["input"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m.to_string().contains("Step 1. Remember"))
-        .collect();
-    assert_eq!(quoting.len(), 1, "{quoting:?}");
-    assert!(
-        quoting[0]["role"] == "assistant"
-            && quoting[0]
-                .to_string()
-                .contains("## Ledger (exact, kept by handoff)"),
-        "{}",
-        quoting[0]
-    );
+    scenario::assert_only_the_ledger_quotes(&sent["input"], "Step 1. Remember");
     proxy.kill9();
     let proxy = Proxy::start_with(&mock.url(), options(data.path(), 8000));
     let mut items: Vec<Value> =

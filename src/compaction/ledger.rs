@@ -78,9 +78,16 @@ impl Ledger {
         found.retain(|id| id.chars().count() <= IDENTIFIER_CHARS);
         let mut identifiers = std::mem::take(&mut ledger.identifiers);
         // An identifier named again moves to where it was last seen: the newest survive.
-        identifiers.retain(|id| !found.contains(id));
+        // A span's tool results can name thousands: one set, not a scan per id.
+        let named: std::collections::HashSet<&String> = found.iter().collect();
+        identifiers.retain(|id| !named.contains(id));
         let mut seen = std::collections::HashSet::new();
-        identifiers.extend(found.into_iter().filter(|id| seen.insert(id.clone())));
+        let new: Vec<String> = found
+            .iter()
+            .filter(|id| seen.insert(id.as_str()))
+            .cloned()
+            .collect();
+        identifiers.extend(new);
         ledger.identifiers = identifiers;
         outcomes.reverse();
         outcomes.append(&mut ledger.outcomes);

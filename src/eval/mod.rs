@@ -319,7 +319,8 @@ impl Replayer {
         let mut last = Seen::default();
         for (index, step) in replay.steps.iter().enumerate() {
             progress();
-            match self.step(&tracker, &id, step).await {
+            let last_step = index + 1 == replay.steps.len();
+            match self.step(&tracker, &id, step, last_step).await {
                 Ok(seen) => last = seen,
                 Err(err) => errors.push(format!("request {}: {err}", index + 1)),
             }
@@ -389,12 +390,14 @@ impl Replayer {
     }
 
     /// One request: tracked, projected, compacted when over the trigger, and its logged
-    /// reply logged again (calibrating the next). Returns what its view held.
+    /// reply logged again (calibrating the next). Returns what its view held, for the
+    /// `last` request only: recall is judged on the final view.
     async fn step(
         &self,
         tracker: &Tracker,
         id: &ConversationId,
         step: &Step,
+        last: bool,
     ) -> Result<Seen, String> {
         let Self {
             snapshot,
@@ -433,29 +436,10 @@ impl Replayer {
             .await
             .map_err(|err| err.to_string())?;
         let (view, local) = (fitted.view, fitted.estimate);
-        let text = view.raw_messages().join("\n");
-        let mut verbatim = String::new();
-        let kept = view
-            .pinned
-            .iter()
-            .map(|m| m.message)
-            .chain(view.lifted.iter().copied())
-            .chain(view.live.iter());
-        for message in kept {
-            facts::strings_of(message.value(), &mut verbatim);
-        }
-        let seen = Seen {
-            text,
-            verbatim,
-            handoff: view
-                .compaction
-                .as_ref()
-                .map(|a| a.record.handoff_text().to_owned()),
-            messages: chat
-                .messages
-                .iter()
-                .flat_map(|m| dialect.neutral(m.value()))
-                .collect(),
+        let seen = if last {
+            Seen::of(&view, &chat.messages, dialect)
+        } else {
+            Seen::default()
         };
         if let Some((replies, usage)) = &step.reply {
             let server = usage.as_ref().and_then(|u| dialect.input_tokens(u));
@@ -496,6 +480,39 @@ struct Seen {
     handoff: Option<String>,
     /// The request's messages in the neutral form.
     messages: Vec<Value>,
+}
+
+impl Seen {
+    /// What `view` holds, with the request's `messages` in the neutral form.
+    fn of(
+        view: &crate::projection::ModelView<'_>,
+        messages: &[crate::dialect::Message],
+        dialect: &dyn crate::dialect::Dialect,
+    ) -> Self {
+        let text = view.raw_messages().join("\n");
+        let mut verbatim = String::new();
+        let kept = view
+            .pinned
+            .iter()
+            .map(|m| m.message)
+            .chain(view.lifted.iter().copied())
+            .chain(view.live.iter());
+        for message in kept {
+            facts::strings_of(message.value(), &mut verbatim);
+        }
+        Self {
+            text,
+            verbatim,
+            handoff: view
+                .compaction
+                .as_ref()
+                .map(|a| a.record.handoff_text().to_owned()),
+            messages: messages
+                .iter()
+                .flat_map(|m| dialect.neutral(m.value()))
+                .collect(),
+        }
+    }
 }
 
 /// The share of `probe`'s distinct matches in `originals` that `view` still holds.

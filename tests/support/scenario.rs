@@ -210,3 +210,23 @@ pub fn fact_history(reply: Value) -> Vec<Value> {
     messages.push(json!({"role": "user", "content": "what were the facts?"}));
     messages
 }
+
+/// Asserts that `needle`, a compacted turn's text, is only in the handoff's ledger:
+/// exactly one of `messages` quotes it, and that is the assistant handoff.
+pub fn assert_only_the_ledger_quotes(messages: &Value, needle: &str) {
+    let quoting: Vec<&Value> = messages
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m.to_string().contains(needle))
+        .collect();
+    assert_eq!(quoting.len(), 1, "{quoting:?}");
+    assert!(
+        quoting[0]["role"] == "assistant"
+            && quoting[0]
+                .to_string()
+                .contains("## Ledger (exact, kept by handoff)"),
+        "{}",
+        quoting[0]
+    );
+}
