@@ -47,7 +47,7 @@ fn benches(c: &mut Criterion) {
         .build()
         .unwrap_or_else(|err| unreachable!("{err}"));
     let dir = tempfile::tempdir().unwrap_or_else(|err| unreachable!("{err}"));
-    let tokens = Arc::new(Tokens::new());
+    let tokens = Arc::new(Tokens::new(handoff::dialect::text::message_text));
     let (tracker, compactor) = runtime.block_on(async {
         let writer = Writer::start(FsyncPolicy::Batch, Default::default())
             .unwrap_or_else(|err| unreachable!("{err}"));

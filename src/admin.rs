@@ -14,6 +14,7 @@ use crate::compaction::budget::RequestBudget;
 use crate::compaction::service::{CompactError, Job};
 use crate::compaction::Reason;
 use crate::conversation::{ConversationId, Tracked};
+use crate::dialect::KeyHeader;
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::layout::ResolveError;
@@ -25,8 +26,8 @@ use crate::tenant::TenantId;
 /// request's own `Authorization` is the admin token).
 pub const UPSTREAM_AUTHORIZATION: &str = "x-handoff-upstream-authorization";
 
-/// The header that carries the upstream `x-api-key` for a manual compaction of an
-/// Anthropic conversation.
+/// The header that carries the upstream key for a manual compaction of a conversation
+/// whose API takes a bare key in a header of its own (Anthropic's `x-api-key`).
 pub const UPSTREAM_API_KEY: &str = "x-handoff-upstream-api-key";
 
 /// Handles a `/handoff/*` request.
@@ -154,20 +155,22 @@ async fn compact_now(
     if let Some(value) = headers.get(UPSTREAM_AUTHORIZATION) {
         client_headers.insert(header::AUTHORIZATION, value.clone());
     }
-    if let Some(value) = headers.get(UPSTREAM_API_KEY) {
-        client_headers.insert("x-api-key", value.clone());
+    if let (Some(value), KeyHeader::Named(name)) = (
+        headers.get(UPSTREAM_API_KEY),
+        request.dialect.get().key_header(),
+    ) {
+        client_headers.insert(name, value.clone());
     }
     if upstream.key().is_some() {
         // The upstream's configured key wins, where the dialect expects it.
         snap.credentials
             .rewrite(&mut client_headers, request.dialect, upstream);
     }
-    for name in [
-        "anthropic-version",
-        "anthropic-beta",
-        "openai-organization",
-        "openai-project",
-    ] {
+    // The API's version and account headers, as a chat request's summary carries them.
+    for name in crate::dialect::summary_headers() {
+        if crate::dialect::credential_headers().contains(&name) {
+            continue;
+        }
         if let Some(value) = headers.get(name) {
             client_headers.insert(name, value.clone());
         }
@@ -324,7 +327,7 @@ async fn list_conversations(
     for id in &ids {
         // A summary counts lines and reads records: message texts stay on disk.
         let log = store
-            .read_index(id)
+            .read_index(id, |_| false)
             .await
             .map_err(|err| ApiError::storage(err.to_string()))?;
         data.push(summarize(id, &log));

@@ -16,20 +16,6 @@ const HOP_BY_HOP: &[HeaderName] = &[
     header::UPGRADE,
 ];
 
-/// The client headers a summary call carries: the credential and the API's version
-/// and account headers. Everything else stays the client's (session ids such as
-/// `X-Claude-Code-Session-Id` and `session_id`, `x-codex-*` and `x-stainless-*`
-/// telemetry, `User-Agent`, beta flags): a summary call is handoff's own, and a
-/// provider must not count it as one of the client's turns.
-pub const SUMMARY_HEADERS: &[&str] = &[
-    "authorization",
-    "x-api-key",
-    "api-key",
-    "anthropic-version",
-    "openai-organization",
-    "openai-project",
-];
-
 /// Removes hop-by-hop headers, including every header named in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers

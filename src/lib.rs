@@ -69,6 +69,8 @@ pub mod store;
 pub mod strategies;
 pub mod telemetry;
 pub mod tenant;
+#[cfg(test)]
+pub mod testing;
 pub mod tokens;
 pub mod ui;
 pub mod upstream;

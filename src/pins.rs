@@ -18,15 +18,6 @@ const THROUGH_WITHIN: usize = 16;
 /// that sits after the history (aider's files message follows its edit history).
 const FLOAT_WITHIN: usize = 32;
 
-/// Fields whose presence rules a message out of floating: it belongs to a tool pair,
-/// which must stay where it is.
-const PAIRED: &[&str] = &[
-    "\"tool_calls\"",
-    "\"tool_call_id\"",
-    "\"tool_use_id\"",
-    "\"tool_use\"",
-];
-
 /// How much of a message's text a pattern is matched against: preambles announce
 /// themselves at the start, and a long tool result is not copied to find that out.
 const MATCH_BYTES: usize = 4096;
@@ -160,7 +151,7 @@ impl Pins {
         let mut floated = Vec::new();
         let text_only = |m: &Message| {
             let raw = m.raw.get();
-            !PAIRED.iter().any(|field| raw.contains(field))
+            !crate::dialect::any_marker(raw, |m| m.paired)
         };
         let mut index = last.saturating_sub(FLOAT_WITHIN).max(at);
         while index < last {

@@ -77,7 +77,7 @@ pub struct ModelView<'a> {
 
 impl ModelView<'_> {
     /// The compaction id this view is built on.
-    pub fn generation(&self) -> Option<&str> {
+    pub fn compact_id(&self) -> Option<&str> {
         self.compaction.as_deref().map(|a| a.record.id.as_str())
     }
 
@@ -129,14 +129,7 @@ impl ModelView<'_> {
         self.dialect.get().check_pairs(&self.live)?;
         if let Some(adopted) = &self.compaction {
             adopted.record.check().map_err(ProjectionError::Shape)?;
-            let content = &adopted.record.handoff["content"];
-            let shaped = match self.dialect {
-                DialectKind::OpenAiChat => content.is_string(),
-                DialectKind::Anthropic | DialectKind::Responses => {
-                    content.is_string() || content.is_array()
-                }
-            };
-            if !shaped {
+            if !self.dialect.get().handoff_ok(&adopted.record.handoff) {
                 return Err(ProjectionError::Shape(
                     "handoff content is not a string".into(),
                 ));
@@ -156,12 +149,13 @@ impl ModelView<'_> {
         let mut live = self.live.to_vec();
         let mut digests = self.live_digests.to_vec();
         let mut rescued = Vec::new();
+        let dialect = self.dialect.get();
         for (index, (message, digest)) in live.iter_mut().zip(digests.iter_mut()).enumerate() {
             if !message.is_tool_answer() {
                 continue;
             }
             let mut value = message.value().clone();
-            if !shorten_results(&mut value) {
+            if !dialect.shorten_tool_results(&mut value, &mut shorten_slot) {
                 continue;
             }
             let Ok(raw) = serde_json::to_string(&value) else {
@@ -241,37 +235,20 @@ impl ModelView<'_> {
     }
 }
 
-/// Shortens the tool-result text of a message in any dialect's shape: an OpenAI tool
-/// message's `content`, each Anthropic `tool_result` block's content, a Responses
-/// output's `output`. Returns whether anything was shortened.
-fn shorten_results(message: &mut Value) -> bool {
-    fn shorten(slot: &mut Value) -> bool {
-        match slot {
-            Value::String(text) => {
-                let short = shorten_tool_body(text);
-                let changed = short.len() != text.len();
-                *text = short;
-                changed
-            }
-            Value::Array(parts) => parts
-                .iter_mut()
-                .filter_map(|part| part.get_mut("text"))
-                .fold(false, |changed, text| shorten(text) | changed),
-            _ => false,
+/// Shortens one tool-result slot: a string, or each text part of a list.
+fn shorten_slot(slot: &mut Value) -> bool {
+    match slot {
+        Value::String(text) => {
+            let short = shorten_tool_body(text);
+            let changed = short.len() != text.len();
+            *text = short;
+            changed
         }
-    }
-    let kind = message.get("type").and_then(Value::as_str).unwrap_or("");
-    if kind.ends_with("_output") {
-        return message.get_mut("output").is_some_and(shorten);
-    }
-    match message.get_mut("content") {
-        Some(Value::Array(blocks)) => blocks
+        Value::Array(parts) => parts
             .iter_mut()
-            .filter(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"))
-            .filter_map(|b| b.get_mut("content"))
-            .fold(false, |changed, content| shorten(content) | changed),
-        Some(content) => shorten(content),
-        None => false,
+            .filter_map(|part| part.get_mut("text"))
+            .fold(false, |changed, text| shorten_slot(text) | changed),
+        _ => false,
     }
 }
 
@@ -342,8 +319,15 @@ mod tests {
             {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": long}]},
             {"type": "text", "text": long}]});
         let mut responses = json!({"type": "function_call_output", "call_id": "c", "output": long});
-        for message in [&mut openai, &mut anthropic, &mut responses] {
-            assert!(shorten_results(message), "{message}");
+        let shorten = |kind: DialectKind, message: &mut Value| {
+            kind.get().shorten_tool_results(message, &mut shorten_slot)
+        };
+        for (kind, message) in [
+            (DialectKind::OpenAiChat, &mut openai),
+            (DialectKind::Anthropic, &mut anthropic),
+            (DialectKind::Responses, &mut responses),
+        ] {
+            assert!(shorten(kind, message), "{message}");
             assert!(message.to_string().len() < 20_000 + 8_000);
         }
         // The user's own text next to a tool result is not a tool body.
@@ -352,6 +336,6 @@ mod tests {
             Some(20_000)
         );
         let mut short = json!({"type": "function_call_output", "call_id": "c", "output": "ok"});
-        assert!(!shorten_results(&mut short));
+        assert!(!shorten(DialectKind::Responses, &mut short));
     }
 }

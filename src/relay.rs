@@ -299,3 +299,7 @@ impl Body for RelayBody {
             .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
     }
 }
+
+#[cfg(test)]
+#[path = "relay_tests.rs"]
+mod tests;

@@ -3,6 +3,7 @@
 //! [`Snapshot`] that a reload swaps whole. A request loads one snapshot when it starts
 //! and keeps it to the end, so in-flight requests finish on the config they began with.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -65,8 +66,8 @@ pub struct Snapshot {
     pub upstream: Upstream,
     /// Each route's own upstream, index-aligned with `config.routes`.
     route_upstreams: Vec<Option<Upstream>>,
-    /// `dialects.anthropic.base_url`'s upstream, when set.
-    anthropic_upstream: Option<Upstream>,
+    /// Each `dialects.<name>.base_url`'s upstream, where one is set.
+    dialect_upstreams: HashMap<DialectKind, Upstream>,
     /// The named strategies.
     pub registry: Registry,
     /// Proxy keys and the upstream key.
@@ -116,12 +117,28 @@ impl Snapshot {
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let anthropic = &config.dialects.anthropic;
-        let anthropic_upstream = at(
-            &anthropic.base_url,
-            &anthropic.api_key_env,
-            "dialects.anthropic.api_key_env",
-        )?;
+        let mut dialect_upstreams = HashMap::new();
+        for (name, dialect) in &config.dialects {
+            let kind = DialectKind::ALL
+                .iter()
+                .copied()
+                .find(|kind| kind.name() == name)
+                .ok_or_else(|| config::ConfigError::Invalid {
+                    key: format!("dialects.{name}"),
+                    reason: format!(
+                        "no such dialect; known: {}",
+                        DialectKind::ALL
+                            .iter()
+                            .map(|k| k.name())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                })?;
+            let key = format!("dialects.{name}.api_key_env");
+            if let Some(upstream) = at(&dialect.base_url, &dialect.api_key_env, &key)? {
+                dialect_upstreams.insert(kind, upstream);
+            }
+        }
         let registry = Registry::build(&config)?;
         let credentials = Credentials::build(&config)?;
         let pins = crate::pins::Pins::build(&config.compaction.pin).map_err(|err| {
@@ -135,7 +152,7 @@ impl Snapshot {
             upstream,
             pins,
             route_upstreams,
-            anthropic_upstream,
+            dialect_upstreams,
             registry,
             credentials,
             loaded_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
@@ -145,10 +162,9 @@ impl Snapshot {
     /// The upstream for a request of `dialect` that is not routed by model (e.g.
     /// `count_tokens`): the dialect's own base URL, else the default.
     pub fn dialect_upstream(&self, dialect: DialectKind) -> &Upstream {
-        match dialect {
-            DialectKind::Anthropic => self.anthropic_upstream.as_ref().unwrap_or(&self.upstream),
-            DialectKind::OpenAiChat | DialectKind::Responses => &self.upstream,
-        }
+        self.dialect_upstreams
+            .get(&dialect)
+            .unwrap_or(&self.upstream)
     }
 
     /// The upstream for `model` in `dialect`: a matching route's, else the dialect's.
@@ -172,6 +188,15 @@ pub struct ReloadStatus {
     pub last_error: Option<String>,
     /// When the last attempt was made.
     pub last_attempt: Option<String>,
+}
+
+/// What a state is built over: its store, secret, counters and token counts.
+struct Parts {
+    store: Arc<dyn crate::store::Store>,
+    secret: ServerSecret,
+    metrics: Arc<Metrics>,
+    tokens: Arc<Tokens>,
+    data_dir_lock: Option<crate::store::DataDirLock>,
 }
 
 /// Shared by every connection.
@@ -247,7 +272,39 @@ impl AppState {
                 }
             })?,
         };
-        let store = opened.store;
+        let tokens = Arc::new(Tokens::new(crate::dialect::text::message_text));
+        let parts = Parts {
+            store: opened.store,
+            secret,
+            metrics,
+            tokens,
+            data_dir_lock,
+        };
+        Self::assemble(config, overrides, parts)
+    }
+
+    /// The state over a [`MemoryStore`](crate::store::MemoryStore) and a fixed
+    /// secret, counting with `tokens` (shared, so its tables load once): what the
+    /// in-process tests run the router on.
+    pub fn in_memory(config: Config, tokens: Arc<Tokens>) -> Result<Self, StateError> {
+        let parts = Parts {
+            store: Arc::new(crate::store::MemoryStore::default()),
+            secret: ServerSecret::from_bytes([7; 32]),
+            metrics: Arc::new(Metrics::default()),
+            tokens,
+            data_dir_lock: None,
+        };
+        Self::assemble(config, Overrides::default(), parts)
+    }
+
+    fn assemble(config: Config, overrides: Overrides, parts: Parts) -> Result<Self, StateError> {
+        let Parts {
+            store,
+            secret,
+            metrics,
+            tokens,
+            data_dir_lock,
+        } = parts;
         let config_limits = config.limits.clone();
         let ownership =
             crate::ownership::Ownership::new(Arc::clone(&store), config.store.cache_capacity);
@@ -255,8 +312,6 @@ impl AppState {
             Tracker::weighed(store, config.store.cache_capacity, config.store.cache_bytes)
                 .with_lease_ttl(config.store.lease_ttl),
         );
-        // The tokenizer tables (tens of MB) load on the first request that needs them.
-        let tokens = Arc::new(Tokens::new());
         let shutdown = CancellationToken::new();
         let compactor = Compactor {
             tokens: Arc::clone(&tokens),

@@ -11,7 +11,7 @@ use handoff_strategy_extract::Extract;
 use handoff_strategy_summarize::{Summarize, DEFAULT_PROMPT};
 
 use crate::compaction::chain::{NamedStrategy, SummaryModel};
-use crate::config::{strategy_kind, Config, StrategyConfig};
+use crate::config::{Config, StrategyConfig};
 
 /// Why the registry could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -152,7 +152,11 @@ impl Registry {
     ) -> Vec<NamedStrategy> {
         if let Some(name) = override_name {
             let mut names = vec![name.to_owned()];
-            if !strategy_kind(config, name).is_some_and(crate::config::kinds::is_deterministic) {
+            let deterministic = self
+                .by_name
+                .get(name)
+                .is_some_and(|named| named.strategy.is_deterministic());
+            if !deterministic {
                 names.extend(self.global.last().cloned());
             }
             return self.chain(&names);

@@ -20,23 +20,23 @@ pub const REPLY_PRIMING: u64 = 3;
 /// Counted messages kept in the cache.
 const CACHE_ENTRIES: u64 = 1_000_000;
 
+/// What the model reads of a message, as text to count.
+pub type MessageText = fn(&Value) -> String;
+
 /// The tokenizers and the per-message count cache.
 pub struct Tokens {
+    text: MessageText,
     o200k: OnceLock<Option<CoreBPE>>,
     cl100k: OnceLock<Option<CoreBPE>>,
     cache: moka::sync::Cache<(MessageDigest, u8), u32>,
 }
 
-impl Default for Tokens {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Tokens {
-    /// Empty cache; tokenizers load on first use.
-    pub fn new() -> Self {
+    /// Empty cache; tokenizers load on first use. `text` reads what the model reads
+    /// of a message (the wire formats' business: `dialect::text::message_text`).
+    pub fn new(text: MessageText) -> Self {
         Self {
+            text,
             o200k: OnceLock::new(),
             cl100k: OnceLock::new(),
             cache: moka::sync::Cache::new(CACHE_ENTRIES),
@@ -95,7 +95,7 @@ impl Tokens {
         if let Some(count) = self.cache.get(&key) {
             return u64::from(count);
         }
-        let count = self.count_text(tokenizer, &message_text(message)) + MESSAGE_OVERHEAD;
+        let count = self.count_text(tokenizer, &(self.text)(message)) + MESSAGE_OVERHEAD;
         self.cache
             .insert(key, u32::try_from(count).unwrap_or(u32::MAX));
         count
@@ -153,127 +153,28 @@ impl TokenCounter for BoundCounter {
     }
 }
 
-/// The text of a message that the model reads: role, content, calls, ids.
-pub fn message_text(message: &Value) -> String {
-    let mut text = String::new();
-    let mut push = |part: &str| {
-        if !part.is_empty() {
-            text.push_str(part);
-            text.push('\n');
-        }
-    };
-    // Chat fields, then the Responses item fields that carry text the model reads.
-    for key in [
-        "role",
-        "name",
-        "tool_call_id",
-        "reasoning_content",
-        "call_id",
-        "arguments",
-        "input",
-        "encrypted_content",
-    ] {
-        push(message.get(key).and_then(Value::as_str).unwrap_or(""));
-    }
-    match message.get("output") {
-        Some(Value::String(output)) => push(output),
-        Some(Value::Array(parts)) => {
-            for part in parts {
-                push_part(part, &mut push);
-            }
-        }
-        _ => {}
-    }
-    for part in message
-        .get("summary")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        push_part(part, &mut push);
-    }
-    match message.get("content") {
-        Some(Value::String(content)) => push(content),
-        Some(Value::Array(parts)) => {
-            for part in parts {
-                push_part(part, &mut push);
-            }
-        }
-        _ => {}
-    }
-    for call in message
-        .get("tool_calls")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        push(call.get("id").and_then(Value::as_str).unwrap_or(""));
-        push(
-            call.pointer("/function/name")
-                .and_then(Value::as_str)
-                .unwrap_or(""),
-        );
-        push(
-            call.pointer("/function/arguments")
-                .and_then(Value::as_str)
-                .unwrap_or(""),
-        );
-    }
-    text
-}
-
-/// One content part or block: its text, an Anthropic block's payload, or a fixed
-/// allowance for media (never their base64 bytes).
-fn push_part(part: &Value, push: &mut impl FnMut(&str)) {
-    if let Some(text) = part.get("text").and_then(Value::as_str) {
-        return push(text);
-    }
-    let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
-    match kind {
-        "thinking" => push(part.get("thinking").and_then(Value::as_str).unwrap_or("")),
-        "redacted_thinking" => push(part.get("data").and_then(Value::as_str).unwrap_or("")),
-        "tool_use" | "server_tool_use" => {
-            push(part.get("name").and_then(Value::as_str).unwrap_or(""));
-            push(&part.get("input").map_or_else(String::new, Value::to_string));
-        }
-        "tool_result" => match part.get("content") {
-            Some(Value::String(text)) => push(text),
-            Some(Value::Array(inner)) => {
-                for block in inner {
-                    push_part(block, push);
-                }
-            }
-            _ => {}
-        },
-        "image" | "document" | "image_url" | "input_audio" | "file" => {
-            push("[non-text part: counted as 85 tokens] ".repeat(8).as_str())
-        }
-        // Server tool results and kinds handoff does not know: their JSON, as sent.
-        _ => push(&part.to_string()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
 
+    fn content(message: &Value) -> String {
+        message["content"].as_str().unwrap_or("").to_owned()
+    }
+
     #[test]
     fn counts_are_plausible_and_cached() {
-        let tokens = Tokens::new();
+        let tokens = Tokens::new(content);
         let message = json!({"role": "user", "content": "hello world, this is a test"});
         let digest = message_digest(&message);
         let first = tokens.count_message(Tokenizer::O200k, &digest, &message);
         assert!((8..=14).contains(&first), "{first}");
+        // Cached by digest: the same digest reads the first count back.
+        let other = json!({"content": "a much longer text than the first one, counted again"});
         assert_eq!(
-            tokens.count_message(Tokenizer::O200k, &digest, &message),
+            tokens.count_message(Tokenizer::O200k, &digest, &other),
             first
         );
         assert_eq!(tokens.count_text(Tokenizer::Estimate, "abcdefgh"), 2);
-        let call = json!({"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "ls", "arguments": "{\"path\": \"/tmp\"}"}}]});
-        assert!(
-            tokens.count_message(Tokenizer::O200k, &message_digest(&call), &call)
-                > MESSAGE_OVERHEAD + 3
-        );
     }
 }

@@ -131,16 +131,8 @@ impl<'a> Tree<'a> {
         let mut messages: Vec<&RawValue> = branch.iter().map(|m| m.message.as_ref()).collect();
         // A reply that calls tools waits for the client's results: not yet a request.
         let pending_calls = messages.last().is_some_and(|last| {
-            serde_json::from_str::<serde_json::Value>(last.get()).is_ok_and(|m| {
-                m["tool_calls"].as_array().is_some_and(|c| !c.is_empty())
-                    || m["content"]
-                        .as_array()
-                        .is_some_and(|blocks| blocks.iter().any(|b| b["type"] == "tool_use"))
-                    || matches!(
-                        m["type"].as_str(),
-                        Some("function_call" | "custom_tool_call")
-                    )
-            })
+            serde_json::from_str::<serde_json::Value>(last.get())
+                .is_ok_and(|m| dialect.get().calls_tools(&m))
         });
         if pending_calls {
             messages.pop();

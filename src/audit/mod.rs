@@ -21,6 +21,7 @@ use crate::base::digest::Digest;
 use crate::base::line::Entry;
 use crate::compaction::adopt;
 use crate::conversation::ConversationId;
+use crate::dialect::DialectKind;
 use crate::redact::strip_controls;
 use crate::store::layout::ResolveError;
 use crate::store::{resolve_in, ConversationLog, Store, StoreError};
@@ -136,12 +137,13 @@ impl Audit {
     ) -> Result<(), AuditError> {
         let (id, log) = self.read(id, tenant)?;
         let summary = summarize(&id, &log);
+        let dialect = Tree::new(&log).dialect();
         writeln!(
             out,
             "conversation {} (tenant {}, dialect {}): {} messages, {} requests, {} branches, models {}",
             summary.id,
             summary.tenant,
-            Tree::new(&log).dialect().name(),
+            dialect.name(),
             summary.messages,
             summary.requests,
             summary.branches,
@@ -174,7 +176,7 @@ impl Audit {
                         role,
                         message.digest.short(12),
                         message.parent.map_or("root".to_owned(), |p| p.short(12)),
-                        preview(&value),
+                        preview(dialect, &value),
                         usage
                     )?;
                 }
@@ -350,24 +352,20 @@ impl Audit {
     }
 }
 
-/// The start of a message's text, on one line.
-fn preview(message: &Value) -> String {
-    let text = match message.get("content") {
-        Some(Value::String(text)) => text.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join(" "),
-        _ => String::new(),
-    };
-    let calls: Vec<String> = message
-        .get("tool_calls")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c.pointer("/function/name").and_then(Value::as_str))
-        .map(|name| strip_controls(name).into_owned())
+/// The start of a message's text, on one line, and the tools it calls: read in the
+/// neutral form, whatever the dialect.
+fn preview(dialect: DialectKind, message: &Value) -> String {
+    let neutral = dialect.get().neutral(message);
+    let text: Vec<String> = neutral
+        .iter()
+        .map(handoff_plugin_api::content_text)
+        .filter(|text| !text.is_empty())
+        .collect();
+    let text = text.join(" ");
+    let calls: Vec<String> = neutral
+        .iter()
+        .flat_map(handoff_plugin_api::tool_calls)
+        .map(|(_, name, _)| strip_controls(name).into_owned())
         .collect();
     let mut shown: String = text
         .chars()

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use serde_json::Value;
 
-use crate::base::digest::{chain, message_digest};
+use crate::base::digest::{next_prefix, message_digest};
 use crate::base::line::Entry;
 use crate::store::{ConversationLog, LineProblem};
 
@@ -33,7 +33,7 @@ pub fn verify_log(log: &ConversationLog) -> Vec<LineProblem> {
             Ok(_) => {}
             Err(err) => problem(format!("message is not JSON: {err}")),
         }
-        if chain(message.parent.as_ref(), &message.message_digest) != message.digest {
+        if next_prefix(message.parent.as_ref(), &message.message_digest) != message.digest {
             problem(format!(
                 "digest {} does not follow from its parent",
                 message.digest.short(12)

@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 pub use limit::{Exceeded, RateLimiter};
 
 use crate::config::Config;
-use crate::dialect::DialectKind;
+use crate::dialect::{DialectKind, KeyHeader};
 use crate::error::ApiError;
 use crate::tenant::{credential, ServerSecret, TenantId};
 use crate::upstream::Upstream;
@@ -212,21 +212,26 @@ impl Credentials {
 
     /// Replaces the client's credentials by `upstream`'s own key when it has one, and
     /// drops them when they were a proxy key or handoff holds keys: neither may reach
-    /// an upstream. The key goes where `dialect` expects it: `Authorization: Bearer`
-    /// for OpenAI, `x-api-key` for Anthropic.
+    /// an upstream. The key goes where `dialect` expects it ([`Dialect::key_header`]).
+    ///
+    /// [`Dialect::key_header`]: crate::dialect::Dialect::key_header
     pub fn rewrite(&self, headers: &mut HeaderMap, dialect: DialectKind, upstream: &Upstream) {
         if self.holds_upstream_key || self.requires_keys() || upstream.key().is_some() {
             headers.remove(header::AUTHORIZATION);
-            headers.remove("x-api-key");
-        }
-        match (dialect, upstream.key()) {
-            (DialectKind::Anthropic, Some((_, key))) => {
-                headers.insert("x-api-key", key.clone());
+            for kind in DialectKind::ALL {
+                if let KeyHeader::Named(name) = kind.get().key_header() {
+                    headers.remove(name);
+                }
             }
-            (_, Some((value, _))) => {
+        }
+        match (dialect.get().key_header(), upstream.key()) {
+            (KeyHeader::Named(name), Some((_, key))) => {
+                headers.insert(name, key.clone());
+            }
+            (KeyHeader::Bearer, Some((value, _))) => {
                 headers.insert(header::AUTHORIZATION, value.clone());
             }
-            _ => {}
+            (_, None) => {}
         }
     }
 }
@@ -301,3 +306,6 @@ fn from_hex(hex: &str) -> Option<[u8; 32]> {
     }
     Some(out)
 }
+
+#[cfg(test)]
+mod tests;

@@ -7,7 +7,7 @@ pub struct Calibration {
     /// Model of the request.
     pub model: String,
     /// The compaction the view was built on (`None`: no compaction).
-    pub generation: Option<String>,
+    pub compact_id: Option<String>,
     /// Local estimate of that view.
     pub local: u64,
     /// `usage.prompt_tokens` the upstream reported for it.

@@ -7,35 +7,9 @@
 //!
 //! `d[0] = H(tag ‖ m[0])`, `d[i] = H(d[i-1] ‖ m[i])`: `d[i]` identifies exactly `m[0..=i]`.
 //!
-//! Some messages come back from clients in another form than the one logged, and no
-//! single digest rule can keep every logged digest while merging them (`{"a": 1}` and
-//! `{"a":1}` were each logged somewhere, with their own digests). So a message digest
-//! never changes, and [`echo_digest`] names the class of forms that count as one
-//! message; the tracker maps an unknown form onto the logged one through it. Its
-//! rules, each forced by a real client:
-//! - `content` that is `null`, `""` or absent on an assistant message with tool calls is
-//!   one form: the openai SDK rebuilds a streamed tool-call reply with `content: null`
-//!   where the stream opened with `"content": ""`, and `model_dump()` writes `null`.
-//! - tool-call `arguments` that are valid JSON compare by their parsed value: agents
-//!   such as opencode parse the model's `{"a": 1}` and send it back as `{"a":1}`.
-//! - a tool call's `index` is left out: stream accumulators (the openai SDK's
-//!   `ChatCompletionStreamState`, hand-written ones) keep the delta's index on the call.
-//!   Its position in `tool_calls` still counts.
-//! - `cache_control` on any content block is left out: Claude Code moves its cache
-//!   breakpoint to the newest block on every request, so each message is sent with it
-//!   once and without it afterwards. A conversation's identity ignores it too
-//!   ([`identity_digest`]).
-//! - content that is one plain text block is the same as that text as a string: the
-//!   Messages API reads a string as one text block, and Claude Code sends its
-//!   mid-conversation system message first as a block with a breakpoint, then as a
-//!   string.
-//! - text content is the same with or without whitespace around it: aider sends a
-//!   reply back stripped of the newline or space it ended with.
 //!
-//! The turn being asked has forms of its own ([`turn_forms`]): a client may append a
-//! transient reminder to the request's last user message and send that message
-//! without it once it is history. aider adds its edit-format rules (or "Reply in
-//! English.") after a blank line, on the last message only.
+//! How clients re-send a logged message in other forms is the wire formats' business:
+//! [`crate::dialect::echo`].
 
 use std::fmt;
 
@@ -105,152 +79,13 @@ pub fn message_digest(message: &Value) -> MessageDigest {
     Digest(hasher.finalize())
 }
 
-/// The digest of the forms of `message` that clients echo as the same message: for
-/// an assistant message with tool calls, or any message with content blocks; `None`
-/// for a message with only one form.
-pub fn echo_digest(message: &Value) -> Option<MessageDigest> {
-    let map = message.as_object()?;
-    let calls = map
-        .get("tool_calls")
-        .and_then(Value::as_array)
-        .filter(|c| !c.is_empty())
-        .filter(|_| map.get("role").and_then(Value::as_str) == Some("assistant"));
-    let content = map
-        .get("content")
-        .is_some_and(|c| c.is_array() || c.is_string());
-    if calls.is_none() && !content {
-        return None;
-    }
-    let mut echo = map.clone();
-    if let Some(calls) = calls {
-        if echo.get("content").and_then(Value::as_str) == Some("") {
-            echo.remove("content");
-        }
-        let calls = calls.iter().map(echo_tool_call).collect();
-        echo.insert("tool_calls".into(), Value::Array(calls));
-    }
-    if let Some(content) = echo.get_mut("content") {
-        strip_annotations(content);
-        if let Some(text) = lone_text(content) {
-            *content = Value::String(text);
-        }
-        if let Value::String(text) = content {
-            let trimmed = text.trim();
-            if trimmed.len() != text.len() {
-                *content = Value::String(trimmed.to_owned());
-            }
-        }
-    }
+/// The digest of `value`'s canonical JSON under a domain `tag`, for digests that
+/// must never equal a message's own (echo forms).
+pub fn tagged_digest(tag: &[u8], value: &Value) -> Digest {
     let mut hasher = blake3::Hasher::new();
-    hasher.update(b"handoff/echo/v3");
-    hash_canonical(&Value::Object(echo), &mut hasher);
-    Some(Digest(hasher.finalize()))
-}
-
-/// How many blank-line cuts of a turn are remembered: a reminder follows the user's
-/// own text, so the cuts nearest the start are the ones that can end it.
-const TURN_CUTS: usize = 16;
-
-/// The echo digests of the shorter forms a client may re-send of `message` when it was
-/// the turn being asked: a user message whose text (a string, or one plain text block)
-/// is cut at each of its first blank lines, trailing whitespace dropped. Empty for any
-/// other message.
-pub fn turn_forms(message: &Value) -> Vec<MessageDigest> {
-    let Some(map) = message.as_object() else {
-        return Vec::new();
-    };
-    if map.get("role").and_then(Value::as_str) != Some("user") {
-        return Vec::new();
-    }
-    let text = match map.get("content") {
-        Some(Value::String(text)) => text.clone(),
-        Some(content) => match lone_text(content) {
-            Some(text) => text,
-            None => return Vec::new(),
-        },
-        None => return Vec::new(),
-    };
-    let mut form = map.clone();
-    text.match_indices("\n\n")
-        .map(|(at, _)| text[..at].trim_end())
-        .filter(|cut| !cut.is_empty())
-        .take(TURN_CUTS)
-        .filter_map(|cut| {
-            form.insert("content".into(), Value::String(cut.to_owned()));
-            echo_digest(&Value::Object(form.clone()))
-        })
-        .collect()
-}
-
-/// True when a content block of `message` (or of a block's own content) carries a
-/// per-request annotation such as `cache_control`.
-pub fn is_annotated(message: &Value) -> bool {
-    fn any(content: &Value) -> bool {
-        content.as_array().is_some_and(|blocks| {
-            blocks.iter().any(|block| {
-                block.get("cache_control").is_some() || block.get("content").is_some_and(any)
-            })
-        })
-    }
-    message.get("content").is_some_and(any)
-}
-
-/// The digest that names a conversation by its opening message: the digest of the
-/// message without its annotations, so that moving a cache breakpoint never starts
-/// another conversation. For an unannotated message that is its own digest, so
-/// conversations keep the ids they always had.
-pub fn identity_digest(message: &Value, digest: MessageDigest) -> MessageDigest {
-    if !is_annotated(message) {
-        return digest;
-    }
-    let mut plain = message.clone();
-    if let Some(content) = plain.get_mut("content") {
-        strip_annotations(content);
-    }
-    message_digest(&plain)
-}
-
-/// The text of content that is exactly one plain text block.
-fn lone_text(content: &Value) -> Option<String> {
-    let [block] = content.as_array()?.as_slice() else {
-        return None;
-    };
-    let map = block.as_object()?;
-    let plain = map.len() == 2 && map.get("type").and_then(Value::as_str) == Some("text");
-    plain.then(|| map.get("text")?.as_str().map(str::to_owned))?
-}
-
-/// Removes `cache_control` from every block of `content`, nested contents included.
-fn strip_annotations(content: &mut Value) {
-    if let Value::Array(blocks) = content {
-        for block in blocks {
-            if let Value::Object(map) = block {
-                map.remove("cache_control");
-                if let Some(inner) = map.get_mut("content") {
-                    strip_annotations(inner);
-                }
-            }
-        }
-    }
-}
-
-fn echo_tool_call(call: &Value) -> Value {
-    let Some(map) = call.as_object() else {
-        return call.clone();
-    };
-    let mut call = map.clone();
-    call.remove("index");
-    if let Some(Value::Object(function)) = call.get_mut("function") {
-        let parsed = function
-            .get("arguments")
-            .and_then(Value::as_str)
-            .and_then(|text| serde_json::from_str::<Value>(text).ok());
-        if let Some(parsed) = parsed {
-            // Tagged, so parsed arguments never equal a string that looks like them.
-            function.insert("arguments".into(), serde_json::json!({"parsed": parsed}));
-        }
-    }
-    Value::Object(call)
+    hasher.update(tag);
+    hash_canonical(value, &mut hasher);
+    Digest(hasher.finalize())
 }
 
 /// The digest of raw bytes, e.g. a request's `tools` schemas.
@@ -259,7 +94,7 @@ pub fn bytes_digest(bytes: &[u8]) -> Digest {
 }
 
 /// The chain link after `parent` for a message with digest `message`.
-pub fn chain(parent: Option<&PrefixDigest>, message: &MessageDigest) -> PrefixDigest {
+pub fn next_prefix(parent: Option<&PrefixDigest>, message: &MessageDigest) -> PrefixDigest {
     let mut hasher = blake3::Hasher::new();
     match parent {
         Some(parent) => hasher.update(parent.0.as_bytes()),
@@ -282,7 +117,7 @@ pub fn prefix_digests_after(
 ) -> Vec<PrefixDigest> {
     let mut out: Vec<PrefixDigest> = Vec::with_capacity(digests.len());
     for digest in digests {
-        let next = chain(out.last().or(base.as_ref()), digest);
+        let next = next_prefix(out.last().or(base.as_ref()), digest);
         out.push(next);
     }
     out
@@ -351,51 +186,6 @@ fn hash_string(text: &str, hasher: &mut blake3::Hasher) {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn a_turn_re_sent_without_its_reminder_is_one_of_its_forms() {
-        let asked = serde_json::json!({"role": "user", "content": "Fix it.\n\nKeep tests.\n\nReply in English.\n"});
-        let forms = super::turn_forms(&asked);
-        for history in ["Fix it.", "Fix it.\n\nKeep tests."] {
-            let plain = serde_json::json!({"role": "user", "content": history});
-            let echo = echo_digest(&plain).unwrap();
-            assert!(forms.contains(&echo), "{history:?}");
-        }
-        let block =
-            serde_json::json!({"role": "user", "content": [{"type": "text", "text": "Fix it."}]});
-        assert!(forms.contains(&echo_digest(&block).unwrap()));
-        let other = serde_json::json!({"role": "user", "content": "Fix"});
-        assert!(!forms.contains(&echo_digest(&other).unwrap()));
-        // Only the user's turn has these forms.
-        let reply = serde_json::json!({"role": "assistant", "content": "a\n\nb"});
-        assert!(super::turn_forms(&reply).is_empty());
-    }
-
-    #[test]
-    fn a_moved_cache_breakpoint_is_one_message_and_one_conversation() {
-        let marked = serde_json::json!({"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "r", "cache_control": {"type": "ephemeral"}}]},
-            {"type": "text", "text": "q", "cache_control": {"type": "ephemeral"}}]});
-        let plain = serde_json::json!({"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "r"}]},
-            {"type": "text", "text": "q"}]});
-        // Logged digests never change; the echo class and the identity merge the forms.
-        assert_ne!(message_digest(&marked), message_digest(&plain));
-        assert_eq!(echo_digest(&marked), echo_digest(&plain));
-        assert!(echo_digest(&plain).is_some());
-        assert_eq!(
-            identity_digest(&marked, message_digest(&marked)),
-            identity_digest(&plain, message_digest(&plain))
-        );
-        // An unannotated opening keeps the identity it always had.
-        assert_eq!(
-            identity_digest(&plain, message_digest(&plain)),
-            message_digest(&plain)
-        );
-        let other =
-            serde_json::json!({"role": "user", "content": [{"type": "text", "text": "other"}]});
-        assert_ne!(echo_digest(&other), echo_digest(&plain));
-    }
-
     use super::*;
     use serde_json::json;
 
@@ -407,50 +197,6 @@ mod tests {
         assert_eq!(message_digest(&upstream), message_digest(&echoed));
         let edited = json!({"role": "assistant", "content": "hi!"});
         assert_ne!(message_digest(&upstream), message_digest(&edited));
-    }
-
-    #[test]
-    fn echoed_tool_call_forms_share_an_echo_digest_and_keep_their_own() {
-        let logged = json!({"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1, \"b\": [1, 2]}"}}
-        ]});
-        let echoes = [
-            json!({"role": "assistant", "content": null, "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"b\":[1,2],\"a\":1}"}}
-            ]}),
-            json!({"role": "assistant", "tool_calls": [
-                {"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1,\"b\":[1,2]}"}}
-            ]}),
-        ];
-        for echo in &echoes {
-            assert_eq!(echo_digest(&logged), echo_digest(echo), "{echo}");
-            assert_ne!(message_digest(&logged), message_digest(echo));
-        }
-        let other = json!({"role": "assistant", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":2,\"b\":[1,2]}"}}
-        ]});
-        assert_ne!(echo_digest(&logged), echo_digest(&other));
-        let text = json!({"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "not json"}}
-        ]});
-        let spaced = json!({"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "not  json"}}
-        ]});
-        assert_ne!(
-            echo_digest(&text),
-            echo_digest(&spaced),
-            "invalid JSON compares as text"
-        );
-        // A string and the same text as one block are one form; other texts are not.
-        assert_eq!(
-            echo_digest(&json!({"role": "user", "content": "hi"})),
-            echo_digest(&json!({"role": "user", "content": [{"type": "text", "text": "hi"}]}))
-        );
-        assert_ne!(
-            echo_digest(&json!({"role": "user", "content": "hi"})),
-            echo_digest(&json!({"role": "assistant", "content": "hi"}))
-        );
-        assert_eq!(echo_digest(&json!({"role": "user"})), None);
     }
 
     #[test]
@@ -469,7 +215,7 @@ mod tests {
         let d = prefix_digests(&m);
         let swapped = prefix_digests(&[m[1], m[0], m[2]]);
         assert_ne!(d[2], swapped[2], "order matters");
-        assert_eq!(d[1], chain(Some(&d[0]), &m[1]));
+        assert_eq!(d[1], next_prefix(Some(&d[0]), &m[1]));
         assert_eq!(Digest::from_hex(&d[2].to_hex()), Some(d[2]));
     }
 }

@@ -219,7 +219,7 @@ pub fn encode(lines: &[Line]) -> Result<Vec<u8>, serde_json::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::base::digest::{chain, message_digest};
+    use crate::base::digest::{next_prefix, message_digest};
 
     #[test]
     fn a_message_line_round_trips_with_its_raw_message() {
@@ -227,7 +227,7 @@ mod tests {
             .unwrap();
         let md = message_digest(&serde_json::from_str(raw.get()).unwrap());
         let line = Line::now(Entry::Message(MessageLine {
-            digest: chain(None, &md),
+            digest: next_prefix(None, &md),
             parent: None,
             message_digest: md,
             source: Source::Client,

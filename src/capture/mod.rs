@@ -40,7 +40,7 @@ pub struct ReplyTarget {
     pub model: String,
     /// The wire format of the reply.
     pub dialect: DialectKind,
-    /// The local estimate and generation of the view sent, to calibrate against usage.
+    /// The local estimate of the view sent, and the compaction it was built on, to calibrate against usage.
     pub estimate: Option<(u64, Option<String>)>,
     /// `store.required`: a reply that cannot be logged must not end cleanly.
     pub required: bool,
@@ -68,11 +68,11 @@ impl ReplyTarget {
             self.estimate
                 .as_ref()
                 .filter(|_| complete)
-                .and_then(|(local, generation)| {
+                .and_then(|(local, compact_id)| {
                     let server = self.dialect.get().input_tokens(usage.as_ref()?)?;
                     Some(Calibration {
                         model: self.model.clone(),
-                        generation: generation.clone(),
+                        compact_id: compact_id.clone(),
                         local: *local,
                         server,
                     })

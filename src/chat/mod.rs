@@ -236,7 +236,7 @@ impl<'s> Exchange<'s> {
                     if self.snap.config.store.required {
                         return Err(ApiError::storage(err.to_string()));
                     }
-                    tracing::warn!(error = %err, "cannot look up previous_response_id: store.required is false");
+                    tracing::warn!(error = %err, "cannot look up the response this request continues: store.required is false");
                     Ok(None)
                 })?,
             None => None,
@@ -317,13 +317,13 @@ impl<'s> Exchange<'s> {
         let budget = self.budget.as_ref();
         self.state
             .compactor
-            .fit(&self.chat, tracked, budget, |budget, generation| {
+            .fit(&self.chat, tracked, budget, |budget, compact_id| {
                 self.job(
                     tracked,
                     budget,
                     budget.threshold,
                     Reason::Threshold,
-                    generation,
+                    compact_id,
                 )
             })
             .await
@@ -337,7 +337,7 @@ impl<'s> Exchange<'s> {
         budget: &RequestBudget,
         threshold: u64,
         reason: Reason,
-        seen_generation: Option<&str>,
+        seen_compact_id: Option<&str>,
     ) -> Job<'e> {
         let client = crate::compaction::model_client::summary_client(
             &self.snap.config,
@@ -358,7 +358,7 @@ impl<'s> Exchange<'s> {
         );
         job.threshold = threshold;
         job.reason = reason;
-        job.seen_generation = seen_generation.map(str::to_owned);
+        job.seen_compact_id = seen_compact_id.map(str::to_owned);
         job
     }
 }
@@ -382,3 +382,6 @@ fn compaction_failed(err: CompactError) -> Halt {
     };
     Halt::Error(api)
 }
+
+#[cfg(test)]
+mod tests;

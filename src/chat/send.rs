@@ -60,7 +60,7 @@ impl Exchange<'_> {
                 self.parts.headers.clone(),
                 full(body),
             )?;
-            tracing::debug!(conversation = %tracked.id, generation = ?view.generation(), "sending the view upstream");
+            tracing::debug!(conversation = %tracked.id, compact_id = ?view.compact_id(), "sending the view upstream");
             let response = send_timed(upstream, request, log).await?;
 
             let reactive = self
@@ -127,7 +127,7 @@ impl Exchange<'_> {
                 budget,
                 tightened,
                 Reason::ContextLengthExceeded,
-                view.generation(),
+                view.compact_id(),
             );
             match self.state.compactor.compact(&job).await {
                 Ok(compacted) => {
@@ -231,7 +231,7 @@ impl Exchange<'_> {
             id: tracked.id.clone(),
             model: self.chat.model.clone(),
             dialect: self.chat.dialect,
-            estimate: estimate.map(|local| (local, view.generation().map(str::to_owned))),
+            estimate: estimate.map(|local| (local, view.compact_id().map(str::to_owned))),
             required: self.snap.config.store.required,
             conversation: self
                 .chat

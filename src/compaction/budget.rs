@@ -128,11 +128,11 @@ impl Scale {
     }
 
     /// The upstream's count for a view whose local count is `local`. On the view the
-    /// calibration was measured on (same compaction generation) it extends the reported
+    /// calibration was measured on (the same compaction) it extends the reported
     /// size: `server + (local − local_then) × ratio`; on another, it scales.
-    pub fn view(&self, local: u64, generation: Option<&str>) -> u64 {
+    pub fn view(&self, local: u64, compact_id: Option<&str>) -> u64 {
         match (&self.anchor, self.ratio) {
-            (Some(cal), Some(ratio)) if cal.generation.as_deref() == generation => {
+            (Some(cal), Some(ratio)) if cal.compact_id.as_deref() == compact_id => {
                 let delta = local as f64 - cal.local as f64;
                 (cal.server as f64 + delta * ratio).max(0.0).round() as u64
             }
@@ -190,7 +190,7 @@ mod tests {
     fn calibration_scales_the_delta_and_clamps_the_ratio() {
         let cal = Calibration {
             model: "m".into(),
-            generation: None,
+            compact_id: None,
             local: 1000,
             server: 1500,
         };
@@ -199,7 +199,7 @@ mod tests {
         assert_eq!(
             scale.view(1200, Some("cmp-1")),
             1800,
-            "another generation is scaled, not anchored"
+            "another compaction is scaled, not anchored"
         );
         assert_eq!(scale.tokens(100), 150);
         let other = Scale::new(Some(&cal), "other");

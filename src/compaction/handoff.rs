@@ -19,15 +19,16 @@ pub fn handoff_message(dialect: DialectKind, text: &str, reasoning_marker: bool)
 }
 
 /// True when the handoff needs the marker: configured for the model, or the request's
-/// own assistant messages carry `reasoning_content`.
-pub fn needs_reasoning_marker(configured: bool, messages: &[Message]) -> bool {
+/// own assistant messages carry reasoning the upstream wants on each of them.
+pub fn needs_reasoning_marker(
+    configured: bool,
+    dialect: DialectKind,
+    messages: &[Message],
+) -> bool {
     configured
-        || messages.iter().any(|m| {
-            m.role == Role::Assistant
-                && m.value()
-                    .get("reasoning_content")
-                    .is_some_and(|r| !r.is_null())
-        })
+        || messages
+            .iter()
+            .any(|m| m.role == Role::Assistant && dialect.get().carries_reasoning(m.value()))
 }
 
 #[cfg(test)]
@@ -43,9 +44,21 @@ mod tests {
             br#"{"messages":[{"role":"assistant","content":"x","reasoning_content":"r"}]}"#,
         )
         .unwrap();
-        assert!(!needs_reasoning_marker(false, &plain.messages));
-        assert!(needs_reasoning_marker(true, &plain.messages));
-        assert!(needs_reasoning_marker(false, &reasoning.messages));
+        assert!(!needs_reasoning_marker(
+            false,
+            DialectKind::OpenAiChat,
+            &plain.messages
+        ));
+        assert!(needs_reasoning_marker(
+            true,
+            DialectKind::OpenAiChat,
+            &plain.messages
+        ));
+        assert!(needs_reasoning_marker(
+            false,
+            DialectKind::OpenAiChat,
+            &reasoning.messages
+        ));
         let with = handoff_message(DialectKind::OpenAiChat, "summary", true);
         assert_eq!(with["reasoning_content"], REASONING_MARKER);
         assert!(handoff_message(DialectKind::OpenAiChat, "summary", false)

@@ -26,3 +26,6 @@ pub mod unit;
 
 pub use crate::adoption::{adopt, Adopted, Adoption};
 pub use crate::base::record::{CompactionRecord, Reason};
+
+#[cfg(test)]
+mod tests;

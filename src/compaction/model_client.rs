@@ -14,8 +14,7 @@ use serde_json::Value;
 
 use crate::body::full;
 use crate::config::{Config, ModelApi};
-use crate::dialect::DialectKind;
-use crate::headers::SUMMARY_HEADERS;
+use crate::dialect::{credential_headers, summary_headers, DialectKind};
 use crate::upstream::Upstream;
 
 /// Largest summary reply read.
@@ -61,12 +60,12 @@ pub struct UpstreamModelClient {
 
 impl UpstreamModelClient {
     /// A client posting to `path` with the credential and API headers of the client's
-    /// `headers` ([`SUMMARY_HEADERS`]), as handoff's own caller.
+    /// `headers` ([`summary_headers`]), as handoff's own caller.
     pub fn new(upstream: Upstream, path: PathAndQuery, client: HeaderMap) -> Self {
         let mut headers = HeaderMap::new();
-        for name in SUMMARY_HEADERS {
-            for value in client.get_all(*name) {
-                headers.append(*name, value.clone());
+        for name in summary_headers() {
+            for value in client.get_all(name) {
+                headers.append(name, value.clone());
             }
         }
         headers.insert(
@@ -81,9 +80,9 @@ impl UpstreamModelClient {
             header::USER_AGENT,
             HeaderValue::from_static(concat!("handoff/", env!("CARGO_PKG_VERSION"))),
         );
-        let secrets = ["authorization", "x-api-key", "api-key"]
-            .iter()
-            .flat_map(|name| headers.get_all(*name))
+        let secrets = credential_headers()
+            .into_iter()
+            .flat_map(|name| headers.get_all(name))
             .filter_map(|value| value.to_str().ok())
             .map(|value| {
                 value

@@ -98,8 +98,8 @@ pub struct Job<'a> {
     pub tools_tokens: u64,
     /// Why this run.
     pub reason: Reason,
-    /// The generation the caller saw; another one means someone compacted meanwhile.
-    pub seen_generation: Option<String>,
+    /// The compaction the caller's view was built on; another one means someone compacted meanwhile.
+    pub seen_compact_id: Option<String>,
     /// The client for model calls.
     pub client: Arc<dyn ModelClient>,
     /// The strategies to try, first to last.
@@ -141,7 +141,7 @@ impl Job<'_> {
 
 impl<'a> Job<'a> {
     /// A proactive job (reason `threshold`, the budget's threshold) for `request`; a
-    /// caller changes `threshold`, `reason` or `seen_generation` for another kind of run.
+    /// caller changes `threshold`, `reason` or `seen_compact_id` for another kind of run.
     /// The scale comes from the conversation's calibration in `tracked`.
     pub fn new(
         tracker: &'a Tracker,
@@ -167,7 +167,7 @@ impl<'a> Job<'a> {
             scale: Scale::new(tracked.calibration.as_ref(), &request.model),
             tools_tokens: budget.tools_tokens,
             reason: Reason::Threshold,
-            seen_generation: None,
+            seen_compact_id: None,
             client,
             chain,
         }
@@ -215,13 +215,13 @@ impl Compactor {
     /// The view's calibrated estimate: the count every decision is made with.
     fn count(&self, job: &Job<'_>, view: &ModelView<'_>) -> u64 {
         let local = view.estimate(&self.tokens, job.tokenizer, job.tools_tokens);
-        job.scale.view(local, view.generation())
+        job.scale.view(local, view.compact_id())
     }
 
     /// The proactive path every caller shares (the proxy, `handoff eval`): the view
     /// from the adopted compactions, compacted when its calibrated estimate passes the
     /// trigger. `job` builds the compaction job, from the budget and the view's
-    /// generation, only when one is needed.
+    /// compaction id, only when one is needed.
     pub async fn fit<'a>(
         &self,
         request: &'a ChatRequest,
@@ -257,11 +257,11 @@ impl Compactor {
             estimate()
         };
         let scale = Scale::new(tracked.calibration.as_ref(), &request.model);
-        let current = scale.view(local, view.generation());
+        let current = scale.view(local, view.compact_id());
         tracing::debug!(conversation = %tracked.id, local, estimate = current, threshold = budget.threshold, "view estimated");
         if current > budget.threshold {
             tracing::info!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, "over the trigger; compacting");
-            view = self.compact(&job(budget, view.generation())).await?;
+            view = self.compact(&job(budget, view.compact_id())).await?;
         }
         let estimate = Some(view.estimate(tokens, budget.tokenizer(), budget.tools_tokens));
         Ok(Fitted { view, estimate })
@@ -338,7 +338,7 @@ impl Compactor {
         let adopted = job.tracker.compactions(job.id).await?;
         let view = project_view(job.request, job.tracked, &adopted);
         let estimate = self.count(job, &view);
-        let someone_else = view.generation().map(str::to_owned) != job.seen_generation;
+        let someone_else = view.compact_id().map(str::to_owned) != job.seen_compact_id;
         let fits = estimate <= job.threshold;
         let done = match job.reason {
             Reason::Threshold => fits,
@@ -384,7 +384,7 @@ impl Compactor {
         let mut adopted = job.tracker.compactions(job.id).await?;
         let mut view = project_view(job.request, job.tracked, &adopted);
         let mut estimate = self.count(job, &view);
-        let someone_else = view.generation().map(str::to_owned) != job.seen_generation;
+        let someone_else = view.compact_id().map(str::to_owned) != job.seen_compact_id;
         let fits = estimate <= job.threshold;
         let done_already = match job.reason {
             Reason::Threshold => fits,
@@ -672,7 +672,11 @@ impl Compactor {
                 .collect();
             return Err(CompactError::NoHandoff(reasons.join("; ")));
         };
-        let marker = needs_reasoning_marker(job.reasoning_marker, &job.request.messages);
+        let marker = needs_reasoning_marker(
+            job.reasoning_marker,
+            job.request.dialect,
+            &job.request.messages,
+        );
         // The ledger gets all the room the strategy left, not only its share.
         // The ledger also gets the room the strategy left, as far as the view stays
         // under the trigger: past its share it never pushes a view over.

@@ -73,7 +73,7 @@ impl SummaryCalibrations {
             model.to_owned(),
             Calibration {
                 model: model.to_owned(),
-                generation: None,
+                compact_id: None,
                 local,
                 server,
             },
@@ -135,7 +135,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_summary_model_is_counted_as_it_reports() {
-        let tokens = Arc::new(Tokens::default());
+        let tokens = Arc::new(Tokens::new(crate::dialect::text::message_text));
         let calibrations = SummaryCalibrations::default();
         let mut first = input(json!({"usage": {"prompt_tokens": 0}}));
         calibrations.equip(&mut first, &tokens, Tokenizer::O200k, &Scale::default());
@@ -165,7 +165,7 @@ mod tests {
 
     #[test]
     fn the_summary_models_own_tokenizer_counts() {
-        let tokens = Arc::new(Tokens::default());
+        let tokens = Arc::new(Tokens::new(crate::dialect::text::message_text));
         let mut with_estimate = input(json!({}));
         SummaryCalibrations::default().equip(
             &mut with_estimate,

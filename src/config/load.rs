@@ -21,7 +21,7 @@ const LOCAL_CONFIG: &str = "config/handoff.toml";
 pub fn strategy_kind<'a>(config: &'a Config, name: &'a str) -> Option<&'a str> {
     match config.compaction.strategies.get(name) {
         Some(declared) => Some(declared.kind.as_str()),
-        None if ["summarize", "extract"].contains(&name) => Some(name),
+        None if kinds::USABLE_BY_NAME.contains(&name) => Some(name),
         None => None,
     }
 }
@@ -45,7 +45,7 @@ fn validate_chain(config: &Config, key: &str, chain: &[String]) -> Result<(), Co
     if !kinds::is_deterministic(last_kind) {
         return Err(invalid(
             key,
-            format!("must end in a deterministic strategy (kind extract); {last:?} is {last_kind}"),
+            format!("must end in a deterministic strategy (one that calls no model, such as kind extract); {last:?} is {last_kind}"),
         ));
     }
     Ok(())
@@ -85,7 +85,7 @@ fn validate_strategies(config: &Config) -> Result<(), ConfigError> {
             return Err(invalid(
                 "compaction.fallback",
                 format!(
-                    "{:?} is not deterministic; the fallback must be of kind extract",
+                    "{:?} is not deterministic; the fallback must call no model (kind extract)",
                     compaction.fallback
                 ),
             ));
@@ -212,6 +212,19 @@ pub fn load(overrides: &Overrides) -> Result<Config, ConfigError> {
     }
 
     let config: Config = figment
+        .extract()
+        .map_err(|err| ConfigError::Parse(Box::new(err)))?;
+    validate(&config)?;
+    Ok(config)
+}
+
+/// A config from the defaults, the embedded default file and `text`, checked as
+/// [`load`] checks it, without reading any file or the environment: for in-process
+/// tests and embedding.
+pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+    let config: Config = Figment::from(Serialized::defaults(Config::default()))
+        .merge(Toml::string(EMBEDDED_DEFAULT))
+        .merge(Toml::string(text))
         .extract()
         .map_err(|err| ConfigError::Parse(Box::new(err)))?;
     validate(&config)?;

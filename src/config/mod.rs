@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use load::{check_serve, config_file, load, strategy_kind, ConfigError, Overrides};
+pub use load::{check_serve, config_file, from_toml, load, strategy_kind, ConfigError, Overrides};
 pub use mask::masked;
 
 /// The whole effective configuration, as one validated snapshot.
@@ -52,13 +52,9 @@ pub struct Config {
     pub dialects: DialectsConfig,
 }
 
-/// Per-wire-format settings.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DialectsConfig {
-    /// Anthropic Messages (`/v1/messages`).
-    pub anthropic: DialectConfig,
-}
+/// Per-wire-format settings, by dialect name (`anthropic`, `responses`, `openai`):
+/// which names exist is the dialects' business, checked when the config is built.
+pub type DialectsConfig = std::collections::BTreeMap<String, DialectConfig>;
 
 /// One wire format's settings.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -472,7 +468,7 @@ pub struct ModelCompactionConfig {
 }
 
 /// `[compaction.strategies.<name>]`: a named strategy instance.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StrategyConfig {
     /// `summarize`, `extract` or `exec`.

@@ -7,8 +7,14 @@
 //! moka cache and rebuilt from disk on a miss; start-up reads nothing.
 
 mod flight;
+mod state;
+mod tracked;
 
-use std::collections::{HashMap, HashSet};
+use state::keeps_text;
+pub use state::{ConversationEntry, ConversationState};
+pub use tracked::{CapturedReplies, Tracked};
+
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -17,352 +23,18 @@ use tokio::sync::Mutex;
 pub use crate::base::id::{ConversationId, IdError, CONVERSATION_HEADER};
 pub use crate::base::reply::CapturedReply;
 
-use crate::adoption::{adopt, Adopted};
+use crate::adoption::Adopted;
 use crate::base::calibration::Calibration;
 use crate::base::digest::{
-    chain, echo_digest, message_digest, pinned_digest, prefix_digests, prefix_digests_after,
-    turn_forms, Digest, MessageDigest, PrefixDigest,
+    message_digest, next_prefix, prefix_digests_after,
+    MessageDigest, PrefixDigest,
 };
 use crate::base::line::{Entry, Line, MessageLine, PinnedLine, RequestLine, Source};
-use crate::base::outcome::Outcome;
 use crate::base::record::CompactionRecord;
+use crate::dialect::echo::{echo_digest, turn_forms};
 use crate::dialect::{ChatRequest, DialectKind, Message};
-use crate::store::{Committed, ConversationLog, Lease, Store, StoreError};
+use crate::store::{Committed, Lease, Store, StoreError};
 use crate::tenant::TenantId;
-
-/// What the tracker remembers of one conversation.
-#[derive(Debug, Default)]
-pub struct ConversationState {
-    /// Every prefix digest already in the log.
-    known: HashSet<PrefixDigest>,
-    /// Every pinned set already in the log.
-    pinned: HashSet<Digest>,
-    /// Logged messages that clients echo in other forms: `chain(parent, echo digest)`
-    /// to the logged message digest and prefix digest.
-    echoes: HashMap<PrefixDigest, (MessageDigest, PrefixDigest)>,
-    /// Logged turns (a request's last user message) by the shorter forms a client
-    /// re-sends once they are history (`chain(parent, turn form)`), as `echoes`.
-    turns: HashMap<PrefixDigest, (MessageDigest, PrefixDigest)>,
-    /// Adopted compactions by covered prefix.
-    compactions: HashMap<PrefixDigest, Arc<Adopted>>,
-    /// The last upstream-reported input size and its local estimate.
-    calibration: Option<Calibration>,
-    /// The latest root request's message digests and their chain digests: the next
-    /// request repeats most of them, and reuses their chain instead of rehashing it.
-    last_chain: Vec<(MessageDigest, PrefixDigest)>,
-    /// The latest pinned messages' digests and the digest of their set.
-    last_pinned: Option<(Vec<MessageDigest>, Digest)>,
-    /// A shared store's position of the last line folded in: what other replicas
-    /// wrote after it is read on demand.
-    seen: u64,
-}
-
-impl ConversationState {
-    /// The chain digests of `digests` from the root, reusing the latest request's
-    /// where its messages are the same.
-    fn chain_of(&mut self, digests: &[MessageDigest]) -> Vec<PrefixDigest> {
-        let same = digests
-            .iter()
-            .zip(&self.last_chain)
-            .take_while(|(digest, (last, _))| *digest == last)
-            .count();
-        let mut prefix: Vec<PrefixDigest> = Vec::with_capacity(digests.len());
-        prefix.extend(self.last_chain[..same].iter().map(|(_, p)| *p));
-        for digest in &digests[same..] {
-            let next = chain(prefix.last(), digest);
-            prefix.push(next);
-        }
-        prefix
-    }
-
-    /// The digest of the pinned set with these message digests, computed only when
-    /// the set changed.
-    fn pinned_set(&mut self, pinned: &[Message]) -> Option<Digest> {
-        if pinned.is_empty() {
-            return None;
-        }
-        let digests: Vec<MessageDigest> = pinned.iter().map(Message::digest).collect();
-        if let Some((last, set)) = &self.last_pinned {
-            if *last == digests {
-                return Some(*set);
-            }
-        }
-        let set = pinned_digest(&pinned.iter().map(Message::value).collect::<Vec<_>>());
-        self.last_pinned = Some((digests, set));
-        Some(set)
-    }
-}
-
-/// What a logged message must contain to have echo forms ([`echo_digest`]): tool
-/// calls, or typed content blocks. Lines with neither are not parsed again.
-const ECHO_HINTS: &[&str] = &["\"tool_calls\"", "\"type\""];
-
-/// What a logged turn must contain to have shorter forms ([`turn_forms`]): a blank
-/// line, as escaped in its JSON.
-const TURN_HINT: &str = "\\n\\n";
-
-/// A conversation's cached state.
-#[derive(Debug, Default)]
-pub struct ConversationEntry {
-    /// The state; held only for short, non-blocking work.
-    pub state: Mutex<ConversationState>,
-    /// The state's size in bytes when it was last weighed, for the cache's weigher
-    /// (which cannot take the lock).
-    weight: std::sync::atomic::AtomicU32,
-}
-
-impl ConversationEntry {
-    fn new(state: ConversationState) -> Self {
-        let weight = state.weight();
-        Self {
-            state: Mutex::new(state),
-            weight: weight.into(),
-        }
-    }
-}
-
-impl ConversationState {
-    /// About how many bytes the state holds: what the tracking cache is weighed in.
-    fn weight(&self) -> u32 {
-        // A digest is 32 bytes; a hash set slot about as much again.
-        let digests = self.known.len() * 64
-            + self.pinned.len() * 64
-            + (self.echoes.len() + self.turns.len()) * 128
-            + self.last_chain.len() * 64;
-        let records: usize = self
-            .compactions
-            .values()
-            .map(|a| a.handoff.get().len() + a.continuation.get().len() + 512)
-            .sum();
-        u32::try_from(digests + records + 256).unwrap_or(u32::MAX)
-    }
-}
-
-impl ConversationState {
-    /// Remembers a logged message's echo forms, if it has any.
-    fn remember_echo(
-        &mut self,
-        parent: Option<PrefixDigest>,
-        echo: Option<MessageDigest>,
-        message_digest: MessageDigest,
-        digest: PrefixDigest,
-    ) {
-        if let Some(echo) = echo {
-            self.echoes
-                .entry(chain(parent.as_ref(), &echo))
-                .or_insert((message_digest, digest));
-        }
-    }
-
-    /// Remembers the shorter forms of a logged turn ([`turn_forms`]).
-    fn remember_turn(
-        &mut self,
-        parent: Option<PrefixDigest>,
-        message: &Value,
-        message_digest: MessageDigest,
-        digest: PrefixDigest,
-    ) {
-        for form in turn_forms(message) {
-            self.turns
-                .entry(chain(parent.as_ref(), &form))
-                .or_insert((message_digest, digest));
-        }
-    }
-
-    /// True when `next` (with digest `next_digest`) is logged after the prefix `at`, in
-    /// its own form or an echoed one.
-    fn continues(&self, at: PrefixDigest, next: &Message, next_digest: &MessageDigest) -> bool {
-        self.known.contains(&chain(Some(&at), next_digest))
-            || next
-                .echo_digest()
-                .and_then(|echo| self.echoes.get(&chain(Some(&at), &echo)))
-                .is_some()
-    }
-
-    /// How many leading messages of `messages` are logged, mapping echoed forms of
-    /// logged messages onto them (which rewrites `digests` and `prefix` in place).
-    /// A shorter form of a logged turn maps onto it only when what was logged after
-    /// the turn follows it too: a turn edited and asked again is a new message.
-    fn known_prefix(
-        &self,
-        messages: &[Message],
-        digests: &mut [MessageDigest],
-        prefix: &mut [PrefixDigest],
-    ) -> usize {
-        let mut known = prefix.partition_point(|d| self.known.contains(d));
-        while let Some(message) = messages.get(known) {
-            let parent = known.checked_sub(1).map(|p| prefix[p]);
-            // Echo digests are facts: computed once per distinct message.
-            let echo = message.echo_digest();
-            let logged = echo
-                .and_then(|echo| self.echoes.get(&chain(parent.as_ref(), &echo)))
-                // Only onto a form already in the log, never one still being written.
-                .filter(|(_, logged_prefix)| self.known.contains(logged_prefix))
-                .or_else(|| {
-                    let (next, next_digest) =
-                        messages.get(known + 1).zip(digests.get(known + 1))?;
-                    echo.and_then(|echo| self.turns.get(&chain(parent.as_ref(), &echo)))
-                        .filter(|(_, logged_prefix)| self.known.contains(logged_prefix))
-                        .filter(|(_, logged_prefix)| {
-                            self.continues(*logged_prefix, next, next_digest)
-                        })
-                });
-            let Some(&(logged_digest, logged_prefix)) = logged else {
-                break;
-            };
-            digests[known] = logged_digest;
-            prefix[known] = logged_prefix;
-            for i in known + 1..prefix.len() {
-                prefix[i] = chain(Some(&prefix[i - 1]), &digests[i]);
-            }
-            // The logged form may not be known yet (another request's append of it is
-            // still in flight): no progress, so stop rather than spin.
-            let advanced = prefix[known..].partition_point(|d| self.known.contains(d));
-            if advanced == 0 {
-                break;
-            }
-            known += advanced;
-        }
-        known
-    }
-
-    /// Rebuilds the state from a log read from the store.
-    pub fn from_log(log: &ConversationLog) -> Self {
-        let mut state = Self::default();
-        state.absorb(log);
-        state
-    }
-
-    /// Folds in lines and records read from the store; reading a line twice is harmless.
-    fn absorb(&mut self, log: &ConversationLog) {
-        let state = self;
-        state.seen = state.seen.max(log.last_seq);
-        let heads: HashSet<PrefixDigest> = log
-            .lines
-            .iter()
-            .filter_map(|line| match &line.entry {
-                Entry::Request(request) => request.head,
-                _ => None,
-            })
-            .collect();
-        for line in &log.lines {
-            match &line.entry {
-                Entry::Message(message) => {
-                    state.known.insert(message.digest);
-                    // Only tool-call messages have echo forms; skip parsing the rest.
-                    // Only a message that may have echo forms is parsed again.
-                    let raw = message.message.get();
-                    let turn = heads.contains(&message.digest) && raw.contains(TURN_HINT);
-                    if turn || ECHO_HINTS.iter().any(|hint| raw.contains(hint)) {
-                        if let Ok(value) = serde_json::from_str::<Value>(raw) {
-                            state.remember_echo(
-                                message.parent,
-                                echo_digest(&value),
-                                message.message_digest,
-                                message.digest,
-                            );
-                            if turn {
-                                state.remember_turn(
-                                    message.parent,
-                                    &value,
-                                    message.message_digest,
-                                    message.digest,
-                                );
-                            }
-                        }
-                    }
-                }
-                Entry::Pinned(pinned) => {
-                    state.pinned.insert(pinned.digest);
-                }
-                Entry::Request(_) | Entry::CompactBoundary(_) | Entry::Rescue(_) => {}
-            }
-        }
-        let adoption = adopt(log);
-        for problem in &adoption.problems {
-            tracing::warn!(problem = %problem, "compaction not adopted; run `handoff audit verify`");
-        }
-        for (prefix, record) in adoption.adopted {
-            if state.compactions.contains_key(&prefix) {
-                continue;
-            }
-            match Adopted::new(record) {
-                Ok(adopted) => {
-                    state.compactions.insert(prefix, Arc::new(adopted));
-                }
-                Err(err) => tracing::warn!(error = %err, "compaction record unusable"),
-            }
-        }
-    }
-}
-
-/// A request after tracking: its conversation and the digests of its prefix.
-#[derive(Debug, Clone)]
-pub struct Tracked {
-    /// The conversation.
-    pub id: ConversationId,
-    /// How many leading messages are pinned.
-    pub pinned_len: usize,
-    /// Digest of each pinned message.
-    pub pinned_digests: Vec<MessageDigest>,
-    /// Digest of each non-pinned message.
-    pub message_digests: Vec<MessageDigest>,
-    /// Chain digest of each non-pinned prefix.
-    pub prefix: Vec<PrefixDigest>,
-    /// How many messages were new to the log.
-    pub new_messages: usize,
-    /// The conversation's adopted compactions, as of this request.
-    pub compactions: HashMap<PrefixDigest, Arc<Adopted>>,
-    /// The conversation's calibration, as of this request.
-    pub calibration: Option<Calibration>,
-}
-
-impl Tracked {
-    /// The digests of `request`, with no state: for reading a log back.
-    pub fn compute(id: ConversationId, request: &ChatRequest) -> Self {
-        let pinned_len = request.pinned_len();
-        let (pinned, rest) = request.messages.split_at(pinned_len);
-        let message_digests: Vec<MessageDigest> = rest.iter().map(Message::digest).collect();
-        Self {
-            id,
-            pinned_len,
-            pinned_digests: pinned.iter().map(Message::digest).collect(),
-            prefix: prefix_digests(&message_digests),
-            message_digests,
-            new_messages: 0,
-            compactions: HashMap::new(),
-            calibration: None,
-        }
-    }
-
-    /// The chain digest of the whole request, the parent of its reply.
-    pub fn head(&self) -> Option<PrefixDigest> {
-        self.prefix.last().copied()
-    }
-}
-
-/// The reply choices of one response, ready to be logged.
-#[derive(Debug)]
-pub struct CapturedReplies {
-    /// Chain digest of the request's last message, the replies' parent.
-    pub parent: Option<PrefixDigest>,
-    /// The request's model.
-    pub model: String,
-    /// The upstream's `usage`, if it sent one.
-    pub usage: Option<Value>,
-    /// The calibration this response supports, if any.
-    pub calibration: Option<Calibration>,
-    /// The choices, or consecutive items when `sequence`.
-    pub replies: Vec<CapturedReply>,
-    /// True when each reply follows the one before (Responses output items).
-    pub sequence: bool,
-    /// The upstream's id of the response, for `previous_response_id` lookups.
-    pub response_id: Option<String>,
-    /// The server-side `conversation` the request continued: it now ends here.
-    pub conversation: Option<String>,
-    /// How the response ended when it was cut short; `None` when it was complete.
-    pub incomplete: Option<Outcome>,
-}
 
 /// Tracks conversations in a bounded cache over a [`Store`].
 pub struct Tracker {
@@ -401,10 +73,11 @@ pub fn identify(
         .map(Message::identity_digest)
         .unwrap_or_else(|| message_digest(&Value::Null));
     // Another dialect with the same opening is another conversation: its handoffs
-    // have another shape. OpenAI chat keeps the ids it always had.
-    let first = match request.dialect {
-        DialectKind::OpenAiChat => first,
-        other => message_digest(&serde_json::json!([other.name(), first.to_hex()])),
+    // have another shape. The log's own format keeps the ids it always had.
+    let first = if request.dialect == DialectKind::default() {
+        first
+    } else {
+        message_digest(&serde_json::json!([request.dialect.name(), first.to_hex()]))
     };
     Ok(ConversationId::derived(tenant, &first))
 }
@@ -515,7 +188,7 @@ impl Tracker {
             .cache
             .entry(id.clone())
             .or_try_insert_with(async move {
-                let log = store.read_index(&key).await?;
+                let log = store.read_index(&key, keeps_text).await?;
                 if !log.problems.is_empty() {
                     tracing::warn!(conversation = %key, problems = log.problems.len(), "skipped unreadable log lines; run `handoff audit verify`");
                 }
@@ -558,7 +231,7 @@ impl Tracker {
         let mut state = entry.state.lock().await;
         let pinned_set = state.pinned_set(pinned);
         let mut prefix = match base {
-            None => state.chain_of(&message_digests),
+            None => state.prefixes_of(&message_digests),
             Some(_) => prefix_digests_after(base, &message_digests),
         };
         let originals = (base.is_none()).then(|| message_digests.clone());
@@ -675,7 +348,7 @@ impl Tracker {
         for reply in batch.replies {
             let value: Value = serde_json::from_str(reply.message.get())?;
             let message_digest = message_digest(&value);
-            let digest = chain(parent.as_ref(), &message_digest);
+            let digest = next_prefix(parent.as_ref(), &message_digest);
             let this_parent = parent;
             if batch.sequence {
                 parent = Some(digest);
@@ -795,6 +468,7 @@ impl Tracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::base::digest::prefix_digests;
 
     #[tokio::test]
     async fn a_compaction_lock_outlives_the_cache_entry() {
@@ -849,7 +523,7 @@ mod tests {
             .map(|i| message_digest(&serde_json::json!({"role": "user", "content": i})))
             .collect();
         let mut state = ConversationState::default();
-        assert_eq!(state.chain_of(&digests), prefix_digests(&digests));
+        assert_eq!(state.prefixes_of(&digests), prefix_digests(&digests));
         state.last_chain = digests
             .iter()
             .copied()
@@ -860,6 +534,6 @@ mod tests {
         next.push(message_digest(
             &serde_json::json!({"role": "user", "content": "new"}),
         ));
-        assert_eq!(state.chain_of(&next), prefix_digests(&next));
+        assert_eq!(state.prefixes_of(&next), prefix_digests(&next));
     }
 }

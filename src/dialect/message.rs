@@ -11,8 +11,9 @@ use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_128_with_seed;
 
 use super::DialectKind;
-use crate::base::digest::{echo_digest, identity_digest, message_digest, MessageDigest};
+use crate::base::digest::{message_digest, MessageDigest};
 use crate::config::Tokenizer;
+use crate::dialect::echo::{echo_digest, identity_digest};
 use crate::error::ApiError;
 use crate::tokens::Tokens;
 

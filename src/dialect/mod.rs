@@ -5,11 +5,15 @@
 //! compaction only ever see the neutral form.
 
 pub mod anthropic;
+pub mod echo;
 mod message;
 pub mod openai;
 pub mod overflow;
 pub mod pair;
 pub mod responses;
+#[cfg(test)]
+mod stub;
+pub mod text;
 mod translate;
 
 use std::sync::Arc;
@@ -25,76 +29,74 @@ pub use openai::check_tool_pairs;
 use crate::base::reply::Assembled;
 use crate::error::ApiError;
 
-/// The wire formats handoff understands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum DialectKind {
-    /// OpenAI chat completions, `POST …/chat/completions`.
-    #[default]
-    OpenAiChat,
-    /// Anthropic Messages, `POST …/v1/messages`.
-    Anthropic,
-    /// OpenAI Responses, `POST …/v1/responses`.
-    Responses,
+/// Registers the dialects: one line each, with the variant, its implementation and
+/// its doc. This is the only place that lists them.
+macro_rules! registry {
+    ($($(#[cfg($cfg:meta)])? $variant:ident => $imp:path, $doc:literal;)*) => {
+        /// The wire formats handoff understands.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum DialectKind {
+            $($(#[cfg($cfg)])? #[doc = $doc] $variant,)*
+        }
+
+        impl DialectKind {
+            /// Every registered dialect, in registration order.
+            pub const ALL: &'static [DialectKind] = &[$($(#[cfg($cfg)])? DialectKind::$variant,)*];
+
+            /// The implementation.
+            pub fn get(self) -> &'static dyn Dialect {
+                match self {
+                    $($(#[cfg($cfg)])? DialectKind::$variant => &$imp,)*
+                }
+            }
+        }
+    };
+}
+
+registry! {
+    OpenAiChat => openai::OpenAiChat, "OpenAI chat completions, `POST …/chat/completions`.";
+    Anthropic => anthropic::AnthropicMessages, "Anthropic Messages, `POST …/v1/messages`.";
+    Responses => responses::OpenAiResponses, "OpenAI Responses, `POST …/v1/responses`.";
+    #[cfg(test)] Stub => stub::StubDialect, "A fourth format, kept in a test: what a new dialect touches.";
+}
+
+impl Default for DialectKind {
+    /// OpenAI chat: the log's own format, and what a line without `dialect` was.
+    fn default() -> Self {
+        DialectKind::OpenAiChat
+    }
 }
 
 impl DialectKind {
-    /// The implementation.
-    pub fn get(self) -> &'static dyn Dialect {
-        match self {
-            DialectKind::OpenAiChat => &openai::OpenAiChat,
-            DialectKind::Anthropic => &anthropic::AnthropicMessages,
-            DialectKind::Responses => &responses::OpenAiResponses,
-        }
-    }
-
     /// The name used in logs, records and the exec protocol.
     pub fn name(self) -> &'static str {
-        match self {
-            DialectKind::OpenAiChat => "openai",
-            DialectKind::Anthropic => "anthropic",
-            DialectKind::Responses => "responses",
-        }
+        self.get().name()
     }
 
     /// The API's name in error messages.
     pub fn api(self) -> &'static str {
-        match self {
-            DialectKind::OpenAiChat => "chat-completions",
-            DialectKind::Anthropic => "Messages API",
-            DialectKind::Responses => "Responses API",
-        }
+        self.get().api()
     }
 
     /// The dialect named `name` in a log line; unknown names read as OpenAI chat.
     pub fn from_name(name: Option<&str>) -> Self {
-        match name {
-            Some("anthropic") => DialectKind::Anthropic,
-            Some("responses") => DialectKind::Responses,
-            _ => DialectKind::OpenAiChat,
-        }
+        name.and_then(|name| Self::ALL.iter().copied().find(|d| d.name() == name))
+            .unwrap_or_default()
     }
 
     /// The dialect whose error shape answers a request for `path` (every path, so a
     /// 401 on `/v1/messages` is already in Anthropic's shape).
     pub fn for_path(path: &str) -> Self {
-        if path.ends_with("/v1/messages") || path.contains("/v1/messages/") {
-            DialectKind::Anthropic
-        } else {
-            DialectKind::OpenAiChat
-        }
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|d| d.get().answers_path(path))
+            .unwrap_or_default()
     }
 
     /// The dialect that tracks `POST path`, if one does.
     pub fn tracking(path: &str) -> Option<Self> {
-        if path.ends_with("/chat/completions") {
-            Some(DialectKind::OpenAiChat)
-        } else if path.ends_with("/v1/messages") {
-            Some(DialectKind::Anthropic)
-        } else if path.ends_with("/v1/responses") {
-            Some(DialectKind::Responses)
-        } else {
-            None
-        }
+        Self::ALL.iter().copied().find(|d| d.get().tracks(path))
     }
 }
 
@@ -161,6 +163,72 @@ impl ChatRequest {
     pub fn dialect(&self) -> &'static dyn Dialect {
         self.dialect.get()
     }
+}
+
+/// Where an API takes the upstream key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyHeader {
+    /// `Authorization: Bearer <key>`.
+    Bearer,
+    /// The bare key in this header (Anthropic's `x-api-key`).
+    Named(&'static str),
+}
+
+/// Byte strings a format's messages contain in their raw JSON, for the scans that
+/// decide whether a message is worth parsing.
+#[derive(Debug, Clone, Copy)]
+pub struct Markers {
+    /// The message belongs to a tool pair (a call or its result).
+    pub paired: &'static [&'static str],
+    /// The message may have echo forms ([`echo::echo_digest`]).
+    pub echoed: &'static [&'static str],
+    /// The message's echo forms are needed after a restart, so the tracking index
+    /// keeps its text.
+    pub indexed: &'static [&'static str],
+}
+
+/// The headers that carry a credential, in any dialect: `Authorization`, Azure's
+/// `api-key`, and each dialect's own key header.
+pub fn credential_headers() -> Vec<&'static str> {
+    let named = DialectKind::ALL
+        .iter()
+        .filter_map(|d| match d.get().key_header() {
+            KeyHeader::Named(name) => Some(name),
+            KeyHeader::Bearer => None,
+        });
+    unique(["authorization", "api-key"].into_iter().chain(named))
+}
+
+/// The client headers a summary call carries, in any dialect: the credentials, then
+/// each API's version and account headers. Everything else stays the client's
+/// (session ids such as `X-Claude-Code-Session-Id` and `session_id`, `x-codex-*` and
+/// `x-stainless-*` telemetry, `User-Agent`, beta flags): a summary call is handoff's
+/// own, and a provider must not count it as one of the client's turns.
+pub fn summary_headers() -> Vec<&'static str> {
+    let api = DialectKind::ALL
+        .iter()
+        .flat_map(|d| d.get().api_headers().iter().copied());
+    unique(credential_headers().into_iter().chain(api))
+}
+
+/// `names` in order, each once.
+fn unique(names: impl Iterator<Item = &'static str>) -> Vec<&'static str> {
+    let mut out: Vec<&'static str> = Vec::new();
+    for name in names {
+        if !out.contains(&name) {
+            out.push(name);
+        }
+    }
+    out
+}
+
+/// True when `raw` contains one of the markers `pick` takes from any dialect.
+pub fn any_marker(raw: &str, pick: fn(&Markers) -> &'static [&'static str]) -> bool {
+    DialectKind::ALL.iter().any(|d| {
+        pick(&d.get().markers())
+            .iter()
+            .any(|marker| raw.contains(marker))
+    })
 }
 
 /// A streamed reply being reassembled from its SSE events.
@@ -244,8 +312,35 @@ pub trait Dialect: Send + Sync {
     /// Which one this is.
     fn kind(&self) -> DialectKind;
 
+    /// The name used in logs, records and the exec protocol (`openai`, `anthropic`).
+    fn name(&self) -> &'static str;
+
+    /// The API's name in error messages.
+    fn api(&self) -> &'static str;
+
     /// The path a request of this dialect is posted to, for calls handoff makes itself.
     fn path(&self) -> &'static str;
+
+    /// True when this dialect tracks `POST path`.
+    fn tracks(&self, path: &str) -> bool;
+
+    /// True when handoff's own errors for `path` (any method) take this dialect's
+    /// shape; OpenAI's shape answers every path no dialect claims.
+    fn answers_path(&self, _path: &str) -> bool {
+        false
+    }
+
+    /// Where the API takes a key.
+    fn key_header(&self) -> KeyHeader {
+        KeyHeader::Bearer
+    }
+
+    /// The client's API headers a summary call carries besides the credential: the
+    /// API's version and account headers.
+    fn api_headers(&self) -> &'static [&'static str];
+
+    /// What raw-JSON scans look for in this format's messages.
+    fn markers(&self) -> Markers;
 
     /// Parses and checks a request body; the error says where it went wrong. The
     /// messages share `body`'s bytes.
@@ -269,6 +364,73 @@ pub trait Dialect: Send + Sync {
 
     /// The assistant handoff message; `reasoning_marker` only where the API allows one.
     fn handoff(&self, text: &str, reasoning_marker: bool) -> Value;
+
+    /// True when a record's handoff message has a shape this API takes (its text as a
+    /// string or as blocks).
+    fn handoff_ok(&self, handoff: &Value) -> bool {
+        let content = &handoff["content"];
+        content.is_string() || content.is_array()
+    }
+
+    /// True when an assistant message carries reasoning that the upstream wants on
+    /// every assistant message, the handoff's included (DeepSeek's `reasoning_content`).
+    fn carries_reasoning(&self, _message: &Value) -> bool {
+        false
+    }
+
+    /// Shortens each tool-result text in `message` with `shorten` (which takes a string
+    /// or a list of text parts); true when anything changed.
+    fn shorten_tool_results(
+        &self,
+        message: &mut Value,
+        shorten: &mut dyn FnMut(&mut Value) -> bool,
+    ) -> bool;
+
+    /// True when `message` calls tools, so the conversation waits for their results.
+    fn calls_tools(&self, message: &Value) -> bool;
+
+    /// Pushes the text the model reads in `message`'s fields that are this format's
+    /// own (beyond `role`, `name` and `content`; see [`text::message_text`]).
+    fn push_text(&self, message: &Value, push: &mut dyn FnMut(&str));
+
+    /// Pushes the text of one content part or block of this format's own kinds; false
+    /// when the kind is not this format's.
+    fn push_part(&self, _part: &Value, _push: &mut dyn FnMut(&str)) -> bool {
+        false
+    }
+
+    /// A request body of this dialect for `messages`, with `top_level` (a pinned
+    /// message standing for the top-level field) when there is one: what `handoff
+    /// eval` replays a logged request as.
+    fn request_body(
+        &self,
+        model: &str,
+        top_level: Option<&Value>,
+        messages: &[&RawValue],
+    ) -> Vec<u8> {
+        let mut body = format!(
+            "{{\"model\":{},\"{}\":[",
+            Value::String(model.to_owned()),
+            self.list_field()
+        );
+        for (index, message) in messages.iter().enumerate() {
+            if index > 0 {
+                body.push(',');
+            }
+            body.push_str(message.get());
+        }
+        body.push(']');
+        if let (Some(field), Some(pinned)) = (self.top_level_field(), top_level) {
+            body.push_str(&format!(",\"{field}\":{}", pinned["content"]));
+        }
+        body.push('}');
+        body.into_bytes()
+    }
+
+    /// True when a reply is every output item of a response (Responses), not one message.
+    fn reply_is_items(&self) -> bool {
+        false
+    }
 
     /// The pair as one message, when it may not stand as two before `next` (roles must
     /// alternate); `None` when the two messages go as they are.

@@ -12,7 +12,7 @@ pub mod facts;
 mod report;
 pub mod source;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -222,24 +222,24 @@ pub async fn evaluate(
 ) -> Result<Vec<ConversationReport>, EvalError> {
     let config = eval_config(config, options, replays);
     let snapshot = Snapshot::build(config)?;
-    let tokens = Arc::new(Tokens::new());
+    let tokens = Arc::new(Tokens::new(crate::dialect::text::message_text));
     let compactor = Compactor {
         tokens: Arc::clone(&tokens),
         cancel: CancellationToken::new(),
         metrics: Arc::new(Metrics::default()),
         summary_calibrations: Default::default(),
     };
-    let clients = if options.upstream.is_some() {
-        [
-            DialectKind::OpenAiChat,
-            DialectKind::Anthropic,
-            DialectKind::Responses,
-        ]
-        .map(|dialect| summary_client(&snapshot, dialect))
-    } else {
-        let none: Arc<dyn ModelClient> = Arc::new(NoUpstream);
-        [Arc::clone(&none), Arc::clone(&none), none]
-    };
+    let none: Arc<dyn ModelClient> = Arc::new(NoUpstream);
+    let clients = DialectKind::ALL
+        .iter()
+        .map(|&dialect| {
+            let client = match options.upstream {
+                Some(_) => summary_client(&snapshot, dialect),
+                None => Arc::clone(&none),
+            };
+            (dialect, client)
+        })
+        .collect();
     let replayer = Replayer {
         snapshot,
         tokens,
@@ -259,8 +259,8 @@ struct Replayer {
     snapshot: Snapshot,
     tokens: Arc<Tokens>,
     compactor: Compactor,
-    /// The summary client of each dialect, in `DialectKind` order.
-    clients: [Arc<dyn ModelClient>; 3],
+    /// The summary client of each dialect.
+    clients: HashMap<DialectKind, Arc<dyn ModelClient>>,
 }
 
 /// The summary client for `dialect`'s requests: its own path and credential
@@ -405,11 +405,9 @@ impl Replayer {
             compactor,
             clients,
         } = self;
-        let client = &clients[match step.dialect {
-            DialectKind::OpenAiChat => 0,
-            DialectKind::Anthropic => 1,
-            DialectKind::Responses => 2,
-        }];
+        let client = clients
+            .get(&step.dialect)
+            .ok_or_else(|| format!("no summary client for {}", step.dialect.name()))?;
         let dialect = step.dialect.get();
         let mut chat = dialect.parse(&step.body).map_err(|err| err.to_string())?;
         snapshot.pins.apply(&mut chat);
@@ -420,7 +418,7 @@ impl Replayer {
         let config = &snapshot.config;
         let budget = RequestBudget::new(config, &chat, tokens);
         let fitted = compactor
-            .fit(&chat, &tracked, budget.as_ref(), |budget, generation| {
+            .fit(&chat, &tracked, budget.as_ref(), |budget, compact_id| {
                 let mut job = Job::new(
                     tracker,
                     &chat,
@@ -430,7 +428,7 @@ impl Replayer {
                     Arc::clone(client),
                     snapshot.registry.select(config, &chat.model, None),
                 );
-                job.seen_generation = generation.map(str::to_owned);
+                job.seen_compact_id = compact_id.map(str::to_owned);
                 job
             })
             .await
@@ -445,7 +443,7 @@ impl Replayer {
             let server = usage.as_ref().and_then(|u| dialect.input_tokens(u));
             let calibration = local.zip(server).map(|(local, server)| Calibration {
                 model: chat.model.clone(),
-                generation: view.generation().map(str::to_owned),
+                compact_id: view.compact_id().map(str::to_owned),
                 local,
                 server,
             });

@@ -103,18 +103,16 @@ pub fn from_data_dir(data_dir: &Path, ids: &[String]) -> Result<Vec<Replay>, Sou
                 .copied()
                 .chain(branch.iter().map(|m| m.message.as_ref()))
                 .collect();
-            let body = match dialect {
-                DialectKind::OpenAiChat => chat_body(&request.model, &messages, None),
-                other => dialect_body(
-                    other,
-                    &request.model,
-                    pinned.first().filter(|_| top_level > 0).copied(),
-                    &messages,
-                ),
-            };
+            let top = pinned
+                .first()
+                .filter(|_| top_level > 0)
+                .and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok());
+            let body = dialect
+                .get()
+                .request_body(&request.model, top.as_ref(), &messages);
             let reply = replies_after(&tree, request.head).map(|(replies, usage)| {
                 // A chat or Messages reply is one message; Responses' are its output items.
-                let replies = if dialect == DialectKind::Responses {
+                let replies = if dialect.get().reply_is_items() {
                     replies
                 } else {
                     replies.into_iter().take(1).collect()
@@ -227,34 +225,6 @@ fn replies_after(
 
 /// A Messages or Responses body: the top-level instructions from the pinned
 /// `{"role":"system","content":…}` message, and the list.
-fn dialect_body(
-    dialect: DialectKind,
-    model: &str,
-    top_level: Option<&RawValue>,
-    messages: &[&RawValue],
-) -> Vec<u8> {
-    let content = top_level
-        .and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok())
-        .map(|value| value["content"].clone());
-    let (field, list) = match dialect {
-        DialectKind::Responses => ("instructions", "input"),
-        _ => ("system", "messages"),
-    };
-    let mut body = format!("{{\"model\":{},\"{list}\":[", json!(model));
-    for (index, message) in messages.iter().enumerate() {
-        if index > 0 {
-            body.push(',');
-        }
-        body.push_str(message.get());
-    }
-    body.push(']');
-    if let Some(content) = content {
-        body.push_str(&format!(",\"{field}\":{content}"));
-    }
-    body.push('}');
-    body.into_bytes()
-}
-
 fn chat_body(model: &str, messages: &[&RawValue], tools: Option<&Value>) -> Vec<u8> {
     let list: Vec<&str> = messages.iter().map(|m| m.get()).collect();
     let mut body = format!(

@@ -10,7 +10,7 @@ use futures_util::FutureExt;
 use super::layout::find;
 use super::layout::{conversation_dir, list_ids, COMPACTIONS_FILE, MESSAGES_FILE};
 use super::response_index;
-use super::{Committed, Lease, ResponseEnd, Store, StoreError, Writer};
+use super::{Committed, KeepText, Lease, ResponseEnd, Store, StoreError, Writer};
 use crate::base::digest::PrefixDigest;
 use crate::base::id::ConversationId;
 use crate::base::line::{encode, Entry, Line, FORMAT_VERSION};
@@ -69,22 +69,19 @@ impl DiskStore {
         conversation_dir(&self.data_dir, id).join(COMPACTIONS_FILE)
     }
 
-    /// Reads a conversation off the runtime's threads; `index` drops the text of
-    /// messages without tool calls as each line is read.
+    /// Reads a conversation off the runtime's threads; with `index`, drops the text of
+    /// each message it refuses as each line is read.
     fn read_with(
         &self,
         id: &ConversationId,
-        index: bool,
+        index: Option<KeepText>,
     ) -> BoxFuture<'_, Result<ConversationLog, StoreError>> {
         let path = self.messages_path(id);
         let id = id.to_string();
         async move {
-            let read = tokio::task::spawn_blocking(move || {
-                if index {
-                    read_conversation_index(&path)
-                } else {
-                    read_conversation(&path)
-                }
+            let read = tokio::task::spawn_blocking(move || match index {
+                Some(keep) => read_conversation_index(&path, keep),
+                None => read_conversation(&path),
             })
             .await;
             match read {
@@ -153,12 +150,13 @@ impl Store for DiskStore {
     fn read_index(
         &self,
         id: &ConversationId,
+        keep: KeepText,
     ) -> BoxFuture<'_, Result<ConversationLog, StoreError>> {
-        self.read_with(id, true)
+        self.read_with(id, Some(keep))
     }
 
     fn read(&self, id: &ConversationId) -> BoxFuture<'_, Result<ConversationLog, StoreError>> {
-        self.read_with(id, false)
+        self.read_with(id, None)
     }
 
     fn commit_compaction(
@@ -349,13 +347,16 @@ fn with_records(messages: &Path, mut log: ConversationLog) -> std::io::Result<Co
     Ok(log)
 }
 
-/// [`read_conversation`] for tracking: a message without tool calls keeps its digests
-/// but not its text, dropped line by line, so memory follows the number of lines, not
-/// the size of the log.
-pub fn read_conversation_index(messages: &Path) -> std::io::Result<ConversationLog> {
+/// [`read_conversation`] for tracking: a message `keep` refuses keeps its digests but
+/// not its text, dropped line by line, so memory follows the number of lines, not the
+/// size of the log.
+pub fn read_conversation_index(
+    messages: &Path,
+    keep: KeepText,
+) -> std::io::Result<ConversationLog> {
     let log = read_lines(messages, |line| {
         if let Entry::Message(message) = &mut line.entry {
-            if !message.message.get().contains("\"tool_calls\"") {
+            if !keep(message.message.get()) {
                 message.message = dropped_text();
             }
         }
@@ -455,12 +456,12 @@ fn folder_bytes(folder: &Path) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::base::digest::{chain, message_digest};
+    use crate::base::digest::{next_prefix, message_digest};
     use crate::base::line::{MessageLine, Source};
 
     fn message(value: serde_json::Value) -> Line {
         Line::now(Entry::Message(MessageLine {
-            digest: chain(None, &message_digest(&value)),
+            digest: next_prefix(None, &message_digest(&value)),
             parent: None,
             message_digest: message_digest(&value),
             source: Source::Client,
@@ -475,7 +476,7 @@ mod tests {
     }
 
     #[test]
-    fn the_index_keeps_digests_and_tool_calls_but_drops_other_text() {
+    fn the_index_keeps_digests_and_the_texts_it_is_told_to_but_drops_the_rest() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(MESSAGES_FILE);
         let big = serde_json::json!({"role": "user", "content": "x".repeat(100_000)});
@@ -485,7 +486,7 @@ mod tests {
             encode(&[message(big.clone()), message(call.clone())]).unwrap(),
         )
         .unwrap();
-        let index = read_conversation_index(&path).unwrap();
+        let index = read_conversation_index(&path, |raw| raw.contains("\"tool_calls\"")).unwrap();
         let full = read_conversation(&path).unwrap();
         let texts = |log: &ConversationLog| -> Vec<(String, String)> {
             log.lines

@@ -98,6 +98,9 @@ pub enum Committed {
     Superseded,
 }
 
+/// Which logged messages keep their text in an index read, by their raw JSON.
+pub type KeepText = fn(&str) -> bool;
+
 /// The operations every backend provides.
 pub trait Store: Send + Sync {
     /// Appends `lines` to the conversation's message log, all or nothing.
@@ -113,12 +116,14 @@ pub trait Store: Send + Sync {
     fn read(&self, id: &ConversationId) -> BoxFuture<'_, Result<ConversationLog, StoreError>>;
 
     /// What tracking needs of a conversation, without holding its whole log in
-    /// memory: the log with the text of messages that have no tool calls dropped
-    /// (their digests stay). Tracking reads only digests, except for tool calls.
+    /// memory: the log with the text of each message `keep` refuses dropped (its
+    /// digests stay). Tracking reads only digests, except where a format needs more.
     fn read_index(
         &self,
         id: &ConversationId,
+        keep: KeepText,
     ) -> BoxFuture<'_, Result<ConversationLog, StoreError>> {
+        let _ = keep;
         self.read(id)
     }
 

@@ -8,6 +8,7 @@
 //! opens with an assistant turn the handoff pair travels as one user message.
 
 mod assemble;
+mod content;
 mod neutral;
 mod summary;
 
@@ -24,7 +25,8 @@ use super::json_body;
 use super::translate::TranslatingClient;
 use super::RawMessage;
 use super::{
-    ChatRequest, Dialect, DialectError, DialectKind, Message, Opening, Role, StreamEnd, StreamReply,
+    ChatRequest, Dialect, DialectError, DialectKind, KeyHeader, Markers, Message, Opening, Role,
+    StreamEnd, StreamReply,
 };
 use crate::base::reply::Assembled;
 use crate::dialect::pair::CONTINUATION;
@@ -89,6 +91,52 @@ impl Dialect for AnthropicMessages {
 
     fn path(&self) -> &'static str {
         "/v1/messages"
+    }
+
+    fn name(&self) -> &'static str {
+        "anthropic"
+    }
+
+    fn api(&self) -> &'static str {
+        API
+    }
+
+    fn tracks(&self, path: &str) -> bool {
+        path.ends_with("/v1/messages")
+    }
+
+    fn answers_path(&self, path: &str) -> bool {
+        path.ends_with("/v1/messages") || path.contains("/v1/messages/")
+    }
+
+    fn key_header(&self) -> KeyHeader {
+        KeyHeader::Named("x-api-key")
+    }
+
+    fn api_headers(&self) -> &'static [&'static str] {
+        &["anthropic-version"]
+    }
+
+    fn markers(&self) -> Markers {
+        content::MARKERS
+    }
+
+    fn shorten_tool_results(
+        &self,
+        message: &mut Value,
+        shorten: &mut dyn FnMut(&mut Value) -> bool,
+    ) -> bool {
+        content::shorten_tool_results(message, shorten)
+    }
+
+    fn calls_tools(&self, message: &Value) -> bool {
+        content::calls_tools(message)
+    }
+
+    fn push_text(&self, _message: &Value, _push: &mut dyn FnMut(&str)) {}
+
+    fn push_part(&self, part: &Value, push: &mut dyn FnMut(&str)) -> bool {
+        content::push_part(part, push)
     }
 
     fn parse_body(&self, body: &Bytes) -> Result<ChatRequest, DialectError> {

@@ -6,6 +6,7 @@
 //! (unknown roles, broken tool pairs) are refused here with the provider's error shape.
 
 mod assemble;
+mod content;
 mod usage;
 
 use std::collections::HashSet;
@@ -20,7 +21,7 @@ use serde_json::{json, Value};
 pub use assemble::{AssembledChoice, StreamAssembler};
 
 use super::{
-    json_body, ChatRequest, Dialect, DialectError, DialectKind, Message, RawMessage, Role,
+    json_body, ChatRequest, Dialect, DialectError, DialectKind, Markers, Message, RawMessage, Role,
     StreamEnd, StreamReply,
 };
 use crate::base::reply::{Assembled, CapturedReply};
@@ -57,6 +58,54 @@ impl Dialect for OpenAiChat {
 
     fn path(&self) -> &'static str {
         "/v1/chat/completions"
+    }
+
+    fn name(&self) -> &'static str {
+        "openai"
+    }
+
+    fn api(&self) -> &'static str {
+        API
+    }
+
+    fn tracks(&self, path: &str) -> bool {
+        path.ends_with("/chat/completions")
+    }
+
+    fn api_headers(&self) -> &'static [&'static str] {
+        &["openai-organization", "openai-project"]
+    }
+
+    fn markers(&self) -> Markers {
+        content::MARKERS
+    }
+
+    fn handoff_ok(&self, handoff: &Value) -> bool {
+        handoff["content"].is_string()
+    }
+
+    fn carries_reasoning(&self, message: &Value) -> bool {
+        content::carries_reasoning(message)
+    }
+
+    fn shorten_tool_results(
+        &self,
+        message: &mut Value,
+        shorten: &mut dyn FnMut(&mut Value) -> bool,
+    ) -> bool {
+        content::shorten_tool_results(message, shorten)
+    }
+
+    fn calls_tools(&self, message: &Value) -> bool {
+        content::calls_tools(message)
+    }
+
+    fn push_text(&self, message: &Value, push: &mut dyn FnMut(&str)) {
+        content::push_text(message, push);
+    }
+
+    fn push_part(&self, part: &Value, push: &mut dyn FnMut(&str)) -> bool {
+        content::push_part(part, push)
     }
 
     fn parse_body(&self, body: &Bytes) -> Result<ChatRequest, DialectError> {

@@ -9,6 +9,7 @@
 //! passed through, never rewritten: the upstream holds its history.
 
 mod assemble;
+mod content;
 mod summary;
 
 use std::collections::HashSet;
@@ -24,7 +25,8 @@ use super::json_body;
 use super::translate::TranslatingClient;
 use super::RawMessage;
 use super::{
-    ChatRequest, Dialect, DialectError, DialectKind, Message, Opening, Role, StreamEnd, StreamReply,
+    ChatRequest, Dialect, DialectError, DialectKind, Markers, Message, Opening, Role, StreamEnd,
+    StreamReply,
 };
 use crate::base::reply::Assembled;
 use crate::dialect::overflow::is_context_length_error;
@@ -106,6 +108,50 @@ impl Dialect for OpenAiResponses {
 
     fn path(&self) -> &'static str {
         "/v1/responses"
+    }
+
+    fn name(&self) -> &'static str {
+        "responses"
+    }
+
+    fn api(&self) -> &'static str {
+        API
+    }
+
+    fn tracks(&self, path: &str) -> bool {
+        path.ends_with("/v1/responses")
+    }
+
+    fn api_headers(&self) -> &'static [&'static str] {
+        &["openai-organization", "openai-project"]
+    }
+
+    fn markers(&self) -> Markers {
+        content::MARKERS
+    }
+
+    fn shorten_tool_results(
+        &self,
+        item: &mut Value,
+        shorten: &mut dyn FnMut(&mut Value) -> bool,
+    ) -> bool {
+        content::shorten_tool_results(item, shorten)
+    }
+
+    fn calls_tools(&self, item: &Value) -> bool {
+        content::calls_tools(item)
+    }
+
+    fn push_text(&self, item: &Value, push: &mut dyn FnMut(&str)) {
+        content::push_text(item, push);
+    }
+
+    fn push_part(&self, part: &Value, push: &mut dyn FnMut(&str)) -> bool {
+        content::push_part(part, push)
+    }
+
+    fn reply_is_items(&self) -> bool {
+        true
     }
 
     fn parse_body(&self, body: &Bytes) -> Result<ChatRequest, DialectError> {

@@ -1,0 +1,161 @@
+//! The chat path's stages on the in-process harness: reading and checking the body,
+//! naming the conversation, logging before sending, and the upstream failing. Each
+//! bad input gets the API's own error shape, and nothing the client sent is lost.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use mock_upstream::{MockUpstream, Reply};
+use serde_json::json;
+
+use crate::base::id::CONVERSATION_HEADER;
+use crate::base::line::{Entry, Source};
+use crate::testing::Harness;
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn turn(text: &str) -> Vec<u8> {
+    json!({"model": "m", "messages": [{"role": "user", "content": text}]})
+        .to_string()
+        .into_bytes()
+}
+
+#[tokio::test]
+async fn bad_bodies_get_each_api_s_error_shape_and_never_go_upstream() {
+    let mock = MockUpstream::replying(Reply::chat_text("unused")).await;
+    let proxy = Harness::start(&mock.url(), "[limits]\nmax_body_bytes = 2000\n").await;
+    let malformed = proxy.post(CHAT, &[], b"{\"messages\": [").await;
+    assert_eq!(malformed.status, 400);
+    assert_eq!(malformed.json()["error"]["type"], "invalid_request_error");
+    let anthropic = proxy.post("/v1/messages", &[], b"{\"messages\": [").await;
+    assert_eq!(anthropic.status, 400);
+    assert_eq!(anthropic.json()["type"], "error");
+    assert_eq!(anthropic.json()["error"]["type"], "invalid_request_error");
+    let shape = proxy
+        .post(CHAT, &[], br#"{"model": "m", "messages": "hello"}"#)
+        .await;
+    assert_eq!(shape.status, 400, "{}", shape.text());
+    let huge = turn(&"x".repeat(5000));
+    let huge = proxy.post(CHAT, &[], &huge).await;
+    assert_eq!(huge.status, 413);
+    assert_eq!(huge.json()["error"]["code"], "request_too_large");
+    assert!(mock.requests().is_empty(), "nothing bad went upstream");
+}
+
+#[tokio::test]
+async fn broken_tool_pairs_pass_until_a_compaction_needs_them_whole_then_are_refused_clearly() {
+    let mock = MockUpstream::replying(Reply::chat_text("ok")).await;
+    let proxy = Harness::start(&mock.url(), "[models.\"m\"]\ncontext_window = 1000\n").await;
+    let orphan = |text: &str| {
+        json!({"model": "m", "messages": [
+            {"role": "user", "content": text},
+            {"role": "tool", "tool_call_id": "nope", "content": "r"},
+            {"role": "user", "content": "and?"}]})
+        .to_string()
+    };
+    // Short: the provider decides, and handoff passes it on untouched.
+    let short = proxy
+        .post(CHAT, &[(CONVERSATION_HEADER, "pairs")], orphan("q").as_bytes())
+        .await;
+    assert_eq!(short.status, 200, "{}", short.text());
+    // Over the trigger: no valid handoff can be cut from it, and the client is told why.
+    let long = proxy
+        .post(
+            CHAT,
+            &[(CONVERSATION_HEADER, "pairs-long")],
+            orphan(&"word ".repeat(2000)).as_bytes(),
+        )
+        .await;
+    assert_eq!(long.status, 400, "{}", long.text());
+    assert!(long.text().contains("nope"), "{}", long.text());
+    assert_eq!(mock.requests().len(), 1, "the refused request never went upstream");
+    let kept = proxy.log("pairs-long").await.lines.iter().any(|line| {
+        matches!(&line.entry, Entry::Message(m) if m.message.get().contains("nope"))
+    });
+    assert!(kept, "what the client sent is logged all the same");
+}
+
+#[tokio::test]
+async fn an_invalid_conversation_id_is_refused_and_a_valid_one_names_the_conversation() {
+    let mock = MockUpstream::replying(Reply::chat_text("ok")).await;
+    let proxy = Harness::start(&mock.url(), "").await;
+    let invalid = proxy
+        .post(CHAT, &[(CONVERSATION_HEADER, "../etc")], &turn("hi"))
+        .await;
+    assert_eq!(invalid.status, 400);
+    assert_eq!(invalid.json()["error"]["code"], "invalid_conversation_id");
+    let named = proxy
+        .post(CHAT, &[(CONVERSATION_HEADER, "mine-1")], &turn("hi"))
+        .await;
+    assert_eq!(named.status, 200);
+    let log = proxy.log("mine-1").await;
+    let sources: Vec<Source> = log
+        .lines
+        .iter()
+        .filter_map(|line| match &line.entry {
+            Entry::Message(m) => Some(m.source),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sources, [Source::Client, Source::Upstream]);
+}
+
+#[tokio::test]
+async fn an_upstream_that_is_down_is_a_502_and_the_request_is_still_logged() {
+    let proxy = Harness::start("http://127.0.0.1:1", "").await;
+    let answer = proxy
+        .post(CHAT, &[(CONVERSATION_HEADER, "down")], &turn("keep me"))
+        .await;
+    assert_eq!(answer.status, 502);
+    assert_eq!(answer.json()["error"]["code"], "upstream_unreachable");
+    let log = proxy.log("down").await;
+    let kept = log.lines.iter().any(|line| {
+        matches!(&line.entry, Entry::Message(m) if m.source == Source::Client && m.message.get().contains("keep me"))
+    });
+    assert!(kept, "the client's message is logged before it goes upstream");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_slower_than_read_timeout_is_a_504() {
+    let mock =
+        MockUpstream::replying(Reply::chat_text("late").delayed(Duration::from_secs(60))).await;
+    let proxy = Harness::start(&mock.url(), "[upstream]\nread_timeout = \"5s\"\n").await;
+    let started = tokio::time::Instant::now();
+    let answer = proxy.post(CHAT, &[], &turn("hi")).await;
+    assert_eq!(answer.status, 504, "{}", answer.text());
+    assert_eq!(answer.json()["error"]["code"], "upstream_timeout");
+    assert!(started.elapsed() < Duration::from_secs(60));
+}
+
+#[tokio::test]
+async fn each_credential_s_conversations_are_its_tenant_s() {
+    let mock = MockUpstream::replying(Reply::chat_text("ok")).await;
+    let proxy = Harness::start(&mock.url(), "").await;
+    for key in ["Bearer sk-one", "Bearer sk-two"] {
+        let answer = proxy
+            .post(
+                CHAT,
+                &[(CONVERSATION_HEADER, "same-name"), ("authorization", key)],
+                &turn("hi"),
+            )
+            .await;
+        assert_eq!(answer.status, 200);
+    }
+    let ids = proxy
+        .state
+        .tracker
+        .store()
+        .list(None, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert_ne!(ids[0].tenant(), ids[1].tenant());
+    // The client's credential went upstream as it was sent.
+    let seen: Vec<String> = mock
+        .requests()
+        .iter()
+        .map(|r| r.headers["authorization"].to_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(seen, ["Bearer sk-one", "Bearer sk-two"]);
+}

@@ -1,0 +1,290 @@
+//! What the tracker remembers of one conversation: its known prefixes, pinned sets,
+//! echo and turn forms, adopted compactions and calibration, and how it is rebuilt
+//! from a log.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio::sync::Mutex;
+
+
+use crate::adoption::{adopt, Adopted};
+use crate::base::calibration::Calibration;
+use crate::base::digest::{
+    next_prefix, pinned_digest, Digest,
+    MessageDigest, PrefixDigest,
+};
+use crate::base::line::Entry;
+use crate::dialect::echo::{echo_digest, turn_forms};
+use crate::dialect::Message;
+use crate::store::ConversationLog;
+
+/// What the tracker remembers of one conversation.
+#[derive(Debug, Default)]
+pub struct ConversationState {
+    /// Every prefix digest already in the log.
+    pub(super) known: HashSet<PrefixDigest>,
+    /// Every pinned set already in the log.
+    pub(super) pinned: HashSet<Digest>,
+    /// Logged messages that clients echo in other forms: `next_prefix(parent, echo digest)`
+    /// to the logged message digest and prefix digest.
+    pub(super) echoes: HashMap<PrefixDigest, (MessageDigest, PrefixDigest)>,
+    /// Logged turns (a request's last user message) by the shorter forms a client
+    /// re-sends once they are history (`next_prefix(parent, turn form)`), as `echoes`.
+    pub(super) turns: HashMap<PrefixDigest, (MessageDigest, PrefixDigest)>,
+    /// Adopted compactions by covered prefix.
+    pub(super) compactions: HashMap<PrefixDigest, Arc<Adopted>>,
+    /// The last upstream-reported input size and its local estimate.
+    pub(super) calibration: Option<Calibration>,
+    /// The latest root request's message digests and their chain digests: the next
+    /// request repeats most of them, and reuses their chain instead of rehashing it.
+    pub(super) last_chain: Vec<(MessageDigest, PrefixDigest)>,
+    /// The latest pinned messages' digests and the digest of their set.
+    pub(super) last_pinned: Option<(Vec<MessageDigest>, Digest)>,
+    /// A shared store's position of the last line folded in: what other replicas
+    /// wrote after it is read on demand.
+    pub(super) seen: u64,
+}
+
+impl ConversationState {
+    /// The chain digests of `digests` from the root, reusing the latest request's
+    /// where its messages are the same.
+    pub(super) fn prefixes_of(&mut self, digests: &[MessageDigest]) -> Vec<PrefixDigest> {
+        let same = digests
+            .iter()
+            .zip(&self.last_chain)
+            .take_while(|(digest, (last, _))| *digest == last)
+            .count();
+        let mut prefix: Vec<PrefixDigest> = Vec::with_capacity(digests.len());
+        prefix.extend(self.last_chain[..same].iter().map(|(_, p)| *p));
+        for digest in &digests[same..] {
+            let next = next_prefix(prefix.last(), digest);
+            prefix.push(next);
+        }
+        prefix
+    }
+
+    /// The digest of the pinned set with these message digests, computed only when
+    /// the set changed.
+    pub(super) fn pinned_set(&mut self, pinned: &[Message]) -> Option<Digest> {
+        if pinned.is_empty() {
+            return None;
+        }
+        let digests: Vec<MessageDigest> = pinned.iter().map(Message::digest).collect();
+        if let Some((last, set)) = &self.last_pinned {
+            if *last == digests {
+                return Some(*set);
+            }
+        }
+        let set = pinned_digest(&pinned.iter().map(Message::value).collect::<Vec<_>>());
+        self.last_pinned = Some((digests, set));
+        Some(set)
+    }
+}
+
+/// Which logged messages keep their text when tracking reads a log back: those whose
+/// echo forms a restarted tracker needs.
+pub(super) fn keeps_text(raw: &str) -> bool {
+    crate::dialect::any_marker(raw, |m| m.indexed)
+}
+
+/// What a logged turn must contain to have shorter forms ([`turn_forms`]): a blank
+/// line, as escaped in its JSON.
+const TURN_HINT: &str = "\\n\\n";
+
+/// A conversation's cached state.
+#[derive(Debug, Default)]
+pub struct ConversationEntry {
+    /// The state; held only for short, non-blocking work.
+    pub state: Mutex<ConversationState>,
+    /// The state's size in bytes when it was last weighed, for the cache's weigher
+    /// (which cannot take the lock).
+    pub(super) weight: std::sync::atomic::AtomicU32,
+}
+
+impl ConversationEntry {
+    pub(super) fn new(state: ConversationState) -> Self {
+        let weight = state.weight();
+        Self {
+            state: Mutex::new(state),
+            weight: weight.into(),
+        }
+    }
+}
+
+impl ConversationState {
+    /// About how many bytes the state holds: what the tracking cache is weighed in.
+    pub(super) fn weight(&self) -> u32 {
+        // A digest is 32 bytes; a hash set slot about as much again.
+        let digests = self.known.len() * 64
+            + self.pinned.len() * 64
+            + (self.echoes.len() + self.turns.len()) * 128
+            + self.last_chain.len() * 64;
+        let records: usize = self
+            .compactions
+            .values()
+            .map(|a| a.handoff.get().len() + a.continuation.get().len() + 512)
+            .sum();
+        u32::try_from(digests + records + 256).unwrap_or(u32::MAX)
+    }
+}
+
+impl ConversationState {
+    /// Remembers a logged message's echo forms, if it has any.
+    pub(super) fn remember_echo(
+        &mut self,
+        parent: Option<PrefixDigest>,
+        echo: Option<MessageDigest>,
+        message_digest: MessageDigest,
+        digest: PrefixDigest,
+    ) {
+        if let Some(echo) = echo {
+            self.echoes
+                .entry(next_prefix(parent.as_ref(), &echo))
+                .or_insert((message_digest, digest));
+        }
+    }
+
+    /// Remembers the shorter forms of a logged turn ([`turn_forms`]).
+    pub(super) fn remember_turn(
+        &mut self,
+        parent: Option<PrefixDigest>,
+        message: &Value,
+        message_digest: MessageDigest,
+        digest: PrefixDigest,
+    ) {
+        for form in turn_forms(message) {
+            self.turns
+                .entry(next_prefix(parent.as_ref(), &form))
+                .or_insert((message_digest, digest));
+        }
+    }
+
+    /// True when `next` (with digest `next_digest`) is logged after the prefix `at`, in
+    /// its own form or an echoed one.
+    pub(super) fn continues(&self, at: PrefixDigest, next: &Message, next_digest: &MessageDigest) -> bool {
+        self.known.contains(&next_prefix(Some(&at), next_digest))
+            || next
+                .echo_digest()
+                .and_then(|echo| self.echoes.get(&next_prefix(Some(&at), &echo)))
+                .is_some()
+    }
+
+    /// How many leading messages of `messages` are logged, mapping echoed forms of
+    /// logged messages onto them (which rewrites `digests` and `prefix` in place).
+    /// A shorter form of a logged turn maps onto it only when what was logged after
+    /// the turn follows it too: a turn edited and asked again is a new message.
+    pub(super) fn known_prefix(
+        &self,
+        messages: &[Message],
+        digests: &mut [MessageDigest],
+        prefix: &mut [PrefixDigest],
+    ) -> usize {
+        let mut known = prefix.partition_point(|d| self.known.contains(d));
+        while let Some(message) = messages.get(known) {
+            let parent = known.checked_sub(1).map(|p| prefix[p]);
+            // Echo digests are facts: computed once per distinct message.
+            let echo = message.echo_digest();
+            let logged = echo
+                .and_then(|echo| self.echoes.get(&next_prefix(parent.as_ref(), &echo)))
+                // Only onto a form already in the log, never one still being written.
+                .filter(|(_, logged_prefix)| self.known.contains(logged_prefix))
+                .or_else(|| {
+                    let (next, next_digest) =
+                        messages.get(known + 1).zip(digests.get(known + 1))?;
+                    echo.and_then(|echo| self.turns.get(&next_prefix(parent.as_ref(), &echo)))
+                        .filter(|(_, logged_prefix)| self.known.contains(logged_prefix))
+                        .filter(|(_, logged_prefix)| {
+                            self.continues(*logged_prefix, next, next_digest)
+                        })
+                });
+            let Some(&(logged_digest, logged_prefix)) = logged else {
+                break;
+            };
+            digests[known] = logged_digest;
+            prefix[known] = logged_prefix;
+            for i in known + 1..prefix.len() {
+                prefix[i] = next_prefix(Some(&prefix[i - 1]), &digests[i]);
+            }
+            // The logged form may not be known yet (another request's append of it is
+            // still in flight): no progress, so stop rather than spin.
+            let advanced = prefix[known..].partition_point(|d| self.known.contains(d));
+            if advanced == 0 {
+                break;
+            }
+            known += advanced;
+        }
+        known
+    }
+
+    /// Rebuilds the state from a log read from the store.
+    pub fn from_log(log: &ConversationLog) -> Self {
+        let mut state = Self::default();
+        state.absorb(log);
+        state
+    }
+
+    /// Folds in lines and records read from the store; reading a line twice is harmless.
+    pub(super) fn absorb(&mut self, log: &ConversationLog) {
+        let state = self;
+        state.seen = state.seen.max(log.last_seq);
+        let heads: HashSet<PrefixDigest> = log
+            .lines
+            .iter()
+            .filter_map(|line| match &line.entry {
+                Entry::Request(request) => request.head,
+                _ => None,
+            })
+            .collect();
+        for line in &log.lines {
+            match &line.entry {
+                Entry::Message(message) => {
+                    state.known.insert(message.digest);
+                    // Only tool-call messages have echo forms; skip parsing the rest.
+                    // Only a message that may have echo forms is parsed again.
+                    let raw = message.message.get();
+                    let turn = heads.contains(&message.digest) && raw.contains(TURN_HINT);
+                    if turn || crate::dialect::any_marker(raw, |m| m.echoed) {
+                        if let Ok(value) = serde_json::from_str::<Value>(raw) {
+                            state.remember_echo(
+                                message.parent,
+                                echo_digest(&value),
+                                message.message_digest,
+                                message.digest,
+                            );
+                            if turn {
+                                state.remember_turn(
+                                    message.parent,
+                                    &value,
+                                    message.message_digest,
+                                    message.digest,
+                                );
+                            }
+                        }
+                    }
+                }
+                Entry::Pinned(pinned) => {
+                    state.pinned.insert(pinned.digest);
+                }
+                Entry::Request(_) | Entry::CompactBoundary(_) | Entry::Rescue(_) => {}
+            }
+        }
+        let adoption = adopt(log);
+        for problem in &adoption.problems {
+            tracing::warn!(problem = %problem, "compaction not adopted; run `handoff audit verify`");
+        }
+        for (prefix, record) in adoption.adopted {
+            if state.compactions.contains_key(&prefix) {
+                continue;
+            }
+            match Adopted::new(record) {
+                Ok(adopted) => {
+                    state.compactions.insert(prefix, Arc::new(adopted));
+                }
+                Err(err) => tracing::warn!(error = %err, "compaction record unusable"),
+            }
+        }
+    }
+}
+

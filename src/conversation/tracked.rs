@@ -1,0 +1,84 @@
+//! What tracking yields: a request's digests in its conversation, and the replies
+//! of one response ready to be logged.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::adoption::Adopted;
+use crate::base::calibration::Calibration;
+use crate::base::digest::{prefix_digests, MessageDigest, PrefixDigest};
+use crate::base::id::ConversationId;
+use crate::base::outcome::Outcome;
+use crate::base::reply::CapturedReply;
+use crate::dialect::{ChatRequest, Message};
+
+/// A request after tracking: its conversation and the digests of its prefix.
+#[derive(Debug, Clone)]
+pub struct Tracked {
+    /// The conversation.
+    pub id: ConversationId,
+    /// How many leading messages are pinned.
+    pub pinned_len: usize,
+    /// Digest of each pinned message.
+    pub pinned_digests: Vec<MessageDigest>,
+    /// Digest of each non-pinned message.
+    pub message_digests: Vec<MessageDigest>,
+    /// Chain digest of each non-pinned prefix.
+    pub prefix: Vec<PrefixDigest>,
+    /// How many messages were new to the log.
+    pub new_messages: usize,
+    /// The conversation's adopted compactions, as of this request.
+    pub compactions: HashMap<PrefixDigest, Arc<Adopted>>,
+    /// The conversation's calibration, as of this request.
+    pub calibration: Option<Calibration>,
+}
+
+impl Tracked {
+    /// The digests of `request`, with no state: for reading a log back.
+    pub fn compute(id: ConversationId, request: &ChatRequest) -> Self {
+        let pinned_len = request.pinned_len();
+        let (pinned, rest) = request.messages.split_at(pinned_len);
+        let message_digests: Vec<MessageDigest> = rest.iter().map(Message::digest).collect();
+        Self {
+            id,
+            pinned_len,
+            pinned_digests: pinned.iter().map(Message::digest).collect(),
+            prefix: prefix_digests(&message_digests),
+            message_digests,
+            new_messages: 0,
+            compactions: HashMap::new(),
+            calibration: None,
+        }
+    }
+
+    /// The chain digest of the whole request, the parent of its reply.
+    pub fn head(&self) -> Option<PrefixDigest> {
+        self.prefix.last().copied()
+    }
+}
+
+/// The reply choices of one response, ready to be logged.
+#[derive(Debug)]
+pub struct CapturedReplies {
+    /// Chain digest of the request's last message, the replies' parent.
+    pub parent: Option<PrefixDigest>,
+    /// The request's model.
+    pub model: String,
+    /// The upstream's `usage`, if it sent one.
+    pub usage: Option<Value>,
+    /// The calibration this response supports, if any.
+    pub calibration: Option<Calibration>,
+    /// The choices, or consecutive items when `sequence`.
+    pub replies: Vec<CapturedReply>,
+    /// True when each reply follows the one before (Responses output items).
+    pub sequence: bool,
+    /// The upstream's id of the response, for `previous_response_id` lookups.
+    pub response_id: Option<String>,
+    /// The server-side `conversation` the request continued: it now ends here.
+    pub conversation: Option<String>,
+    /// How the response ended when it was cut short; `None` when it was complete.
+    pub incomplete: Option<Outcome>,
+}
+

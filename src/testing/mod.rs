@@ -1,0 +1,200 @@
+//! The in-process harness: the real router over an [`AppState`] with a memory store
+//! and one token counter shared by every test (its tables load once per test
+//! binary), served on a loopback port in the test's own runtime, against
+//! `mock-upstream`'s in-process provider. No process is started and nothing touches
+//! disk, so a test costs milliseconds, and `#[tokio::test(start_paused = true)]`
+//! makes time-outs and back-offs instant.
+//!
+//! Tests that need a process (the CLI, signals, `kill -9`, TLS, real clients) start
+//! the binary instead (`tests/support`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::service::service_fn;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::Value;
+use tokio::net::TcpListener;
+
+use crate::base::record::CompactionRecord;
+use crate::state::AppState;
+use crate::store::ConversationLog;
+use crate::tokens::Tokens;
+
+/// The counter every in-process test shares.
+pub fn tokens() -> Arc<Tokens> {
+    static TOKENS: OnceLock<Arc<Tokens>> = OnceLock::new();
+    Arc::clone(TOKENS.get_or_init(|| Arc::new(Tokens::new(crate::dialect::text::message_text))))
+}
+
+/// `extra` (TOML) with `upstream.base_url` set to `upstream`.
+pub fn config_text(upstream: &str, extra: &str) -> String {
+    if extra.contains("[upstream]") {
+        extra.replacen(
+            "[upstream]",
+            &format!("[upstream]\nbase_url = {upstream:?}"),
+            1,
+        )
+    } else {
+        format!("{extra}\n[upstream]\nbase_url = {upstream:?}\n")
+    }
+}
+
+/// The router, serving in this runtime; it stops when dropped.
+pub struct Harness {
+    /// The state the router runs on: its tracker, store and metrics can be read.
+    pub state: Arc<AppState>,
+    addr: SocketAddr,
+    client: Client<HttpConnector, Full<Bytes>>,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+/// One answer, read whole.
+#[derive(Debug)]
+pub struct Answer {
+    /// The status.
+    pub status: StatusCode,
+    /// The headers.
+    pub headers: HeaderMap,
+    /// The body, as far as it came.
+    pub body: Bytes,
+    /// Why the body ended before its end, when it did: the client saw a cut.
+    pub cut: Option<String>,
+}
+
+impl Answer {
+    /// The body as JSON (`Null` when it is not).
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    /// The body as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+impl Harness {
+    /// Starts the router with the embedded default config, `extra` on top, and
+    /// `upstream` as the provider.
+    pub async fn start(upstream: &str, extra: &str) -> Self {
+        let config = crate::config::from_toml(&config_text(upstream, extra)).unwrap();
+        let state = Arc::new(AppState::in_memory(config, tokens()).unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = Arc::clone(&state);
+        tokio::spawn(async move {
+            loop {
+                let (stream, peer) = tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok(pair) => pair,
+                        Err(_) => continue,
+                    },
+                    _ = &mut stopped => return,
+                };
+                let state = Arc::clone(&serving);
+                tokio::spawn(async move {
+                    let service = service_fn(move |request| {
+                        let state = Arc::clone(&state);
+                        async move {
+                            Ok::<_, Infallible>(crate::router::route(&state, request, peer).await)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        Self {
+            state,
+            addr,
+            client,
+            _stop: stop,
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Posts `body` to `path` with `headers` (and a JSON content type).
+    pub async fn post(&self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
+        let mut request = Request::post(format!("{}{path}", self.url()))
+            .header(http::header::CONTENT_TYPE, "application/json");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request
+            .body(Full::new(Bytes::copy_from_slice(body)))
+            .unwrap();
+        self.send(request).await
+    }
+
+    /// A chat-completions request of `model` with `messages`, in conversation `id`.
+    pub async fn chat(&self, id: &str, model: &str, messages: &[Value]) -> Answer {
+        let body = serde_json::json!({"model": model, "messages": messages});
+        self.post(
+            "/v1/chat/completions",
+            &[
+                (crate::base::id::CONVERSATION_HEADER, id),
+                ("authorization", "Bearer sk-test"),
+            ],
+            body.to_string().as_bytes(),
+        )
+        .await
+    }
+
+    /// The log of conversation `id` (of any tenant), read from the store.
+    pub async fn log(&self, id: &str) -> ConversationLog {
+        let store = self.state.tracker.store();
+        let ids = store.list(None, None, 1000).await.unwrap();
+        let found = ids
+            .iter()
+            .find(|found| found.as_str() == id)
+            .unwrap_or_else(|| panic!("no conversation {id} in {ids:?}"));
+        store.read(found).await.unwrap()
+    }
+
+    /// The compaction records of conversation `id`, in order.
+    pub async fn records(&self, id: &str) -> Vec<CompactionRecord> {
+        self.log(id).await.compactions
+    }
+
+    /// Sends `request` and reads the whole answer.
+    pub async fn send(&self, request: Request<Full<Bytes>>) -> Answer {
+        let response = self.client.request(request).await.unwrap();
+        let (parts, mut body) = response.into_parts();
+        let mut read = Vec::new();
+        let mut cut = None;
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(frame) => {
+                    if let Some(data) = frame.data_ref() {
+                        read.extend_from_slice(data);
+                    }
+                }
+                Err(err) => {
+                    cut = Some(err.to_string());
+                    break;
+                }
+            }
+        }
+        Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body: Bytes::from(read),
+            cut,
+        }
+    }
+}
