@@ -13,7 +13,8 @@ use crate::base::line::{Entry, MessageLine, Source};
 use crate::testing::{Answer, Harness};
 
 async fn stream(proxy: &Harness, id: &str) -> Answer {
-    let body = json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let body =
+        json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
     proxy
         .post(
             "/v1/chat/completions",
@@ -49,7 +50,11 @@ async fn a_stream_passes_whole_and_ends_only_once_its_reply_is_logged() {
     assert_eq!(answer.status, 200);
     assert!(answer.cut.is_none(), "{:?}", answer.cut);
     let expected: String = chat_stream_frames(&["hel", "lo"]).concat();
-    assert_eq!(answer.text(), expected, "the client gets the upstream's bytes");
+    assert_eq!(
+        answer.text(),
+        expected,
+        "the client gets the upstream's bytes"
+    );
     // Read right after the end: the reply was logged before the client saw it.
     let logged = replies(&proxy, "whole").await;
     assert_eq!(logged.len(), 1);
@@ -65,7 +70,10 @@ async fn a_stream_the_upstream_cuts_is_a_cut_for_the_client_and_logged_incomplet
     .await;
     let proxy = Harness::start(&mock.url(), "").await;
     let answer = stream(&proxy, "cut").await;
-    assert!(answer.cut.is_some(), "the client must see a cut, not a clean end");
+    assert!(
+        answer.cut.is_some(),
+        "the client must see a cut, not a clean end"
+    );
     assert!(!answer.text().contains("[DONE]"));
     let logged = replies(&proxy, "cut").await;
     assert_eq!(logged.len(), 1);
@@ -102,7 +110,11 @@ async fn what_follows_the_end_of_a_stream_is_drained_not_relayed() {
     let proxy = Harness::start(&mock.url(), "").await;
     let answer = stream(&proxy, "drain").await;
     assert!(answer.cut.is_none());
-    assert!(answer.text().ends_with("data: [DONE]\n\n"), "{}", answer.text());
+    assert!(
+        answer.text().ends_with("data: [DONE]\n\n"),
+        "{}",
+        answer.text()
+    );
     assert!(!answer.text().contains("late"));
     assert_eq!(answer.text(), frames[..frames.len() - 1].concat());
 }

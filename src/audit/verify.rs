@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use serde_json::Value;
 
-use crate::base::digest::{next_prefix, message_digest};
+use crate::base::digest::{message_digest, next_prefix};
 use crate::base::line::Entry;
 use crate::store::{ConversationLog, LineProblem};
 

@@ -219,7 +219,7 @@ pub fn encode(lines: &[Line]) -> Result<Vec<u8>, serde_json::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::base::digest::{next_prefix, message_digest};
+    use crate::base::digest::{message_digest, next_prefix};
 
     #[test]
     fn a_message_line_round_trips_with_its_raw_message() {

@@ -56,7 +56,11 @@ async fn broken_tool_pairs_pass_until_a_compaction_needs_them_whole_then_are_ref
     };
     // Short: the provider decides, and handoff passes it on untouched.
     let short = proxy
-        .post(CHAT, &[(CONVERSATION_HEADER, "pairs")], orphan("q").as_bytes())
+        .post(
+            CHAT,
+            &[(CONVERSATION_HEADER, "pairs")],
+            orphan("q").as_bytes(),
+        )
         .await;
     assert_eq!(short.status, 200, "{}", short.text());
     // Over the trigger: no valid handoff can be cut from it, and the client is told why.
@@ -69,10 +73,15 @@ async fn broken_tool_pairs_pass_until_a_compaction_needs_them_whole_then_are_ref
         .await;
     assert_eq!(long.status, 400, "{}", long.text());
     assert!(long.text().contains("nope"), "{}", long.text());
-    assert_eq!(mock.requests().len(), 1, "the refused request never went upstream");
-    let kept = proxy.log("pairs-long").await.lines.iter().any(|line| {
-        matches!(&line.entry, Entry::Message(m) if m.message.get().contains("nope"))
-    });
+    assert_eq!(
+        mock.requests().len(),
+        1,
+        "the refused request never went upstream"
+    );
+    let kept =
+        proxy.log("pairs-long").await.lines.iter().any(
+            |line| matches!(&line.entry, Entry::Message(m) if m.message.get().contains("nope")),
+        );
     assert!(kept, "what the client sent is logged all the same");
 }
 
@@ -113,7 +122,10 @@ async fn an_upstream_that_is_down_is_a_502_and_the_request_is_still_logged() {
     let kept = log.lines.iter().any(|line| {
         matches!(&line.entry, Entry::Message(m) if m.source == Source::Client && m.message.get().contains("keep me"))
     });
-    assert!(kept, "the client's message is logged before it goes upstream");
+    assert!(
+        kept,
+        "the client's message is logged before it goes upstream"
+    );
 }
 
 #[tokio::test(start_paused = true)]

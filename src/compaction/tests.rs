@@ -78,7 +78,11 @@ fn assert_compacted_view(sent: &[Value], asked: &[Value]) {
     assert_eq!(sent[2]["role"], "assistant");
     let tail = &sent[3..];
     assert!(!tail.is_empty());
-    assert_eq!(tail, &asked[asked.len() - tail.len()..], "the recent part is verbatim");
+    assert_eq!(
+        tail,
+        &asked[asked.len() - tail.len()..],
+        "the recent part is verbatim"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -106,7 +110,10 @@ async fn a_view_over_the_trigger_is_cut_at_a_unit_boundary_and_fits_the_window()
             break;
         }
     }
-    assert!(compacted_at.is_some(), "no compaction in 12 turns of 500 tokens");
+    assert!(
+        compacted_at.is_some(),
+        "no compaction in 12 turns of 500 tokens"
+    );
     assert!(strict.over_window.lock().unwrap().is_empty());
     assert!(strict.broken_pairs.lock().unwrap().is_empty());
     let sent = agent_requests(&mock).pop().unwrap();
@@ -182,11 +189,21 @@ async fn two_requests_over_the_trigger_make_one_summary_and_both_get_its_view() 
     );
     assert_eq!(first.status, 200, "{}", first.text());
     assert_eq!(second.status, 200, "{}", second.text());
-    assert!(started.elapsed() >= Duration::from_secs(3), "both waited for the summary");
-    assert_eq!(strict.summaries.load(Ordering::SeqCst), 1, "one summary call");
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "both waited for the summary"
+    );
+    assert_eq!(
+        strict.summaries.load(Ordering::SeqCst),
+        1,
+        "one summary call"
+    );
     assert_eq!(proxy.records("flight").await.len(), 1);
     let agents = agent_requests(&mock);
     assert_eq!(agents.len(), 2);
-    assert_eq!(agents[0]["messages"], agents[1]["messages"], "one view for both");
+    assert_eq!(
+        agents[0]["messages"], agents[1]["messages"],
+        "one view for both"
+    );
     assert_compacted_view(agents[0]["messages"].as_array().unwrap(), &messages);
 }

@@ -26,8 +26,7 @@ pub use crate::base::reply::CapturedReply;
 use crate::adoption::Adopted;
 use crate::base::calibration::Calibration;
 use crate::base::digest::{
-    message_digest, next_prefix, prefix_digests_after,
-    MessageDigest, PrefixDigest,
+    message_digest, next_prefix, prefix_digests_after, MessageDigest, PrefixDigest,
 };
 use crate::base::line::{Entry, Line, MessageLine, PinnedLine, RequestLine, Source};
 use crate::base::record::CompactionRecord;

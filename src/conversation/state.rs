@@ -8,13 +8,9 @@ use std::sync::Arc;
 use serde_json::Value;
 use tokio::sync::Mutex;
 
-
 use crate::adoption::{adopt, Adopted};
 use crate::base::calibration::Calibration;
-use crate::base::digest::{
-    next_prefix, pinned_digest, Digest,
-    MessageDigest, PrefixDigest,
-};
+use crate::base::digest::{next_prefix, pinned_digest, Digest, MessageDigest, PrefixDigest};
 use crate::base::line::Entry;
 use crate::dialect::echo::{echo_digest, turn_forms};
 use crate::dialect::Message;
@@ -163,7 +159,12 @@ impl ConversationState {
 
     /// True when `next` (with digest `next_digest`) is logged after the prefix `at`, in
     /// its own form or an echoed one.
-    pub(super) fn continues(&self, at: PrefixDigest, next: &Message, next_digest: &MessageDigest) -> bool {
+    pub(super) fn continues(
+        &self,
+        at: PrefixDigest,
+        next: &Message,
+        next_digest: &MessageDigest,
+    ) -> bool {
         self.known.contains(&next_prefix(Some(&at), next_digest))
             || next
                 .echo_digest()
@@ -287,4 +288,3 @@ impl ConversationState {
         }
     }
 }
-

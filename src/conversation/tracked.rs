@@ -81,4 +81,3 @@ pub struct CapturedReplies {
     /// How the response ended when it was cut short; `None` when it was complete.
     pub incomplete: Option<Outcome>,
 }
-

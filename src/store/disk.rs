@@ -456,7 +456,7 @@ fn folder_bytes(folder: &Path) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::base::digest::{next_prefix, message_digest};
+    use crate::base::digest::{message_digest, next_prefix};
     use crate::base::line::{MessageLine, Source};
 
     fn message(value: serde_json::Value) -> Line {
