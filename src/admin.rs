@@ -546,3 +546,7 @@ pub fn ok_json(value: &serde_json::Value) -> Response<ProxyBody> {
     );
     response
 }
+
+#[cfg(test)]
+#[path = "admin_tests.rs"]
+mod tests;

@@ -19,6 +19,7 @@ pub mod chain;
 pub mod handoff;
 pub mod ledger;
 pub mod model_client;
+mod run;
 pub mod service;
 pub mod split;
 pub mod summary_count;

@@ -7,21 +7,18 @@
 //! once with only the last unit kept, and after that the answer is a 400 with numbers.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
-use handoff_plugin_api::{Budgets, CancellationToken, ModelClient, ModelInfo, StrategyInput, Unit};
-use serde_json::json;
+use handoff_plugin_api::{CancellationToken, ModelClient, ModelInfo};
 
 use super::budget::{RequestBudget, Scale, ScaledCounter};
-use super::chain::{run_chain, sum_usage, CountFor, NamedStrategy};
-use super::handoff::{continuation_message, handoff_message, needs_reasoning_marker};
-use super::ledger::{self, Ledger};
+use super::chain::NamedStrategy;
 use super::split::split_at_unit_boundary;
 use super::summary_count::SummaryCalibrations;
 use super::unit::split_into_units;
 use super::Adopted;
-use crate::base::line::{Entry, Line, RescueLine, FORMAT_VERSION};
-use crate::base::record::{CompactionRecord, Reason, RecordSource, POLICY_VERSION};
+use crate::base::line::{Entry, Line, RescueLine};
+use crate::base::record::Reason;
 use crate::config::{CompactionConfig, Tokenizer};
 use crate::conversation::{ConversationId, Tracked, Tracker};
 use crate::dialect::{ChatRequest, DialectError, Message};
@@ -186,11 +183,13 @@ pub struct Compactor {
     pub summary_calibrations: SummaryCalibrations,
 }
 
-struct Plan {
-    cut: usize,
-    predicted: u64,
+pub(super) struct Plan {
+    /// Where the recent part starts in the view's live messages.
+    pub(super) cut: usize,
+    /// The view's predicted tokens after the run.
+    pub(super) predicted: u64,
     /// Local tokens of the view but the pair: pinned, tools, lifted and recent.
-    rest: u64,
+    pub(super) rest: u64,
 }
 
 /// A view that fits, and its local estimate (to calibrate against the usage the
@@ -487,7 +486,7 @@ impl Compactor {
         Err(err)
     }
 
-    fn plan(
+    pub(super) fn plan(
         &self,
         job: &Job<'_>,
         view: &ModelView<'_>,
@@ -572,217 +571,11 @@ impl Compactor {
         })
     }
 
-    async fn run_once(
+    /// The counter of what the request's model reads: its tokenizer, its calibration.
+    pub(super) fn handoff_counter(
         &self,
         job: &Job<'_>,
-        view: &ModelView<'_>,
-        before: u64,
-        keep_only_last: bool,
-    ) -> Result<CompactionRecord, CompactError> {
-        let started = Instant::now();
-        let plan = self.plan(job, view, keep_only_last)?;
-        // Strategies read the neutral form, whatever the wire format.
-        let dialect = job.request.dialect();
-        // Instruction messages stay verbatim in every view: strategies never see them.
-        let history: Vec<Unit> = split_into_units(&view.live[..plan.cut])
-            .iter()
-            .map(|u| Unit {
-                messages: view.live[u.start..u.end]
-                    .iter()
-                    .filter(|m| !m.role.is_instruction())
-                    .flat_map(|m| dialect.neutral(m.value()))
-                    .collect(),
-            })
-            .filter(|unit| !unit.messages.is_empty())
-            .collect();
-        // The ledger is built first: the strategy gets the budget it leaves.
-        let previous = view.compaction.as_ref().map(|a| &a.record);
-        let budget = handoff_budget(&job.model);
-        let ledger = self.ledger(job, previous, &history, budget);
-        let ledger_tokens = ledger.as_ref().map_or(0, |(_, tokens)| *tokens);
-        let cancel = self.cancel.child_token();
-        let input = StrategyInput {
-            conversation_id: job.id.to_string(),
-            history,
-            retained_recent_messages: view.live[plan.cut..]
-                .iter()
-                .flat_map(|m| dialect.neutral(m.value()))
-                .collect(),
-            dialect: job.request.dialect.name().to_owned(),
-            // The previous ledger is carried by the new one, not by the strategy.
-            previous_handoff: previous.map(|record| match ledger {
-                Some(_) => ledger::strip(record.handoff_text()).to_owned(),
-                None => record.handoff_text().to_owned(),
-            }),
-            model: job.model.clone(),
-            budgets: Budgets {
-                input_budget: job.input_budget,
-                handoff_tokens: budget.saturating_sub(ledger_tokens),
-                max_calls: job.config.max_summary_calls,
-            },
-            cancel: cancel.clone(),
-            client: Arc::clone(&job.client),
-            tokens: self.tokens.counter(job.summary_tokenizer),
-        };
-        let equip = |input: &mut StrategyInput, count_for: CountFor<'_>| {
-            let tokenizer = match count_for {
-                CountFor::Handoff => {
-                    input.tokens = self.handoff_counter(job);
-                    return;
-                }
-                CountFor::Summary(Some(model)) => model.tokenizer.unwrap_or(job.tokenizer),
-                CountFor::Summary(None) => job.summary_tokenizer,
-            };
-            input.client = Arc::clone(&job.client);
-            self.summary_calibrations
-                .equip(input, &self.tokens, tokenizer, &job.scale);
-        };
-        let mut input = input;
-        equip(&mut input, CountFor::Summary(None));
-        let outcome = run_chain(&job.chain, &input, job.config.summary_timeout, &equip).await;
-        for attempt in outcome.attempts.iter().filter(|a| a.outcome != "ok") {
-            self.metrics.add(
-                "handoff_compaction_attempts_failed_total",
-                &[
-                    ("strategy", &attempt.strategy),
-                    ("reason", attempt.reason.as_deref().unwrap_or("failed")),
-                ],
-                1.0,
-            );
-        }
-        // Checked again after the model returned: a cancelled run commits nothing.
-        if cancel.is_cancelled() {
-            self.metrics.add(
-                "handoff_compactions_total",
-                &[("strategy", "none"), ("outcome", "cancelled")],
-                1.0,
-            );
-            return Err(CompactError::Cancelled);
-        }
-        let Some((strategy, summary)) = outcome.summary else {
-            self.metrics.add(
-                "handoff_compactions_total",
-                &[("strategy", "none"), ("outcome", "failed")],
-                1.0,
-            );
-            let reasons: Vec<String> = outcome
-                .attempts
-                .iter()
-                .filter_map(|a| a.error.clone())
-                .collect();
-            return Err(CompactError::NoHandoff(reasons.join("; ")));
-        };
-        let marker = needs_reasoning_marker(
-            job.reasoning_marker,
-            job.request.dialect,
-            &job.request.messages,
-        );
-        // The ledger gets all the room the strategy left, not only its share.
-        // The ledger also gets the room the strategy left, as far as the view stays
-        // under the trigger: past its share it never pushes a view over.
-        let ledger = ledger.map(|(mut ledger, planned)| {
-            let counter = self.handoff_counter(job);
-            let text = counter.count_text(&summary.text);
-            let under_trigger = job
-                .threshold
-                .saturating_sub(job.scale.tokens(plan.rest + 2 * MESSAGE_OVERHEAD + 64));
-            let left = budget.min(under_trigger).saturating_sub(text);
-            ledger.fit(left.max(planned), counter.as_ref(), &summary.text);
-            ledger
-        });
-        let text = match &ledger {
-            Some(ledger) => format!(
-                "{}\n\n{}",
-                summary.text.trim_end(),
-                ledger.render(&summary.text)
-            ),
-            None => summary.text,
-        };
-        let start = view.live_start;
-        let end_exclusive = start + plan.cut;
-        let covered = &view.live[..plan.cut];
-        let mut history_hasher = blake3::Hasher::new();
-        for digest in &view.live_digests[..plan.cut] {
-            history_hasher.update(digest.to_hex().as_bytes());
-        }
-        let id = {
-            let mut hasher = blake3::Hasher::new();
-            hasher.update(job.id.as_str().as_bytes());
-            hasher.update(job.tracked.prefix[end_exclusive - 1].to_hex().as_bytes());
-            hasher.update(format!("{:?}", SystemTime::now()).as_bytes());
-            format!("cmp-{}", &hasher.finalize().to_hex()[..20])
-        };
-        let usage = sum_usage(&outcome.attempts);
-        let mut record = CompactionRecord {
-            v: FORMAT_VERSION,
-            kind: "compaction".into(),
-            id,
-            at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-            strategy,
-            chain: job.chain.iter().map(|s| s.name.clone()).collect(),
-            reason: job.reason,
-            policy_version: POLICY_VERSION,
-            source: RecordSource {
-                start,
-                end_exclusive,
-                prefix_digest: job.tracked.prefix[end_exclusive - 1],
-                tool_call_ids: covered
-                    .iter()
-                    .flat_map(|m| m.tool_call_ids().map(str::to_owned))
-                    .collect(),
-                history_digest: history_hasher.finalize().to_hex().to_string(),
-                previous_compaction: view.compaction.as_ref().map(|a| a.record.id.clone()),
-            },
-            continuation: continuation_message(job.request.dialect),
-            handoff: handoff_message(job.request.dialect, &text, marker),
-            tokens_before: before,
-            tokens_after: plan.predicted,
-            usage: if usage.as_object().is_some_and(|u| u.is_empty()) {
-                json!(null)
-            } else {
-                usage
-            },
-            attempts: outcome.attempts,
-            ledger,
-        };
-        let adopted = Adopted::new(record.clone())
-            .map_err(|err| CompactError::Store(StoreError::Encode(err)))?;
-        let pinned: u64 = view
-            .pinned
-            .iter()
-            .map(|m| m.message.token_count(&self.tokens, job.tokenizer))
-            .sum();
-        let recent: u64 = (plan.cut..view.live.len())
-            .map(|i| view.live[i].token_count(&self.tokens, job.tokenizer))
-            .sum();
-        record.tokens_after = job.scale.tokens(
-            pinned
-                + job.tools_tokens
-                + REPLY_PRIMING
-                + recent
-                + self.tokens.count_message(
-                    job.tokenizer,
-                    &adopted.continuation_digest,
-                    &record.continuation,
-                )
-                + self.tokens.count_message(
-                    job.tokenizer,
-                    &adopted.handoff_digest,
-                    &record.handoff,
-                ),
-        );
-        self.metrics.add(
-            "handoff_compaction_duration_seconds_sum",
-            &[],
-            started.elapsed().as_secs_f64(),
-        );
-        self.metrics
-            .add("handoff_compaction_duration_seconds_count", &[], 1.0);
-        Ok(record)
-    }
-
-    /// The counter of what the request's model reads: its tokenizer, its calibration.
-    fn handoff_counter(&self, job: &Job<'_>) -> Arc<dyn handoff_plugin_api::TokenCounter> {
+    ) -> Arc<dyn handoff_plugin_api::TokenCounter> {
         Arc::new(ScaledCounter {
             inner: self.tokens.counter(job.tokenizer),
             scale: job.scale.clone(),
@@ -792,28 +585,6 @@ impl Compactor {
     /// The ledger of `history` after `previous`'s, whole, with the tokens it takes
     /// fitted to its share of `budget`; none when the share is 0 or there is nothing
     /// to list.
-    fn ledger(
-        &self,
-        job: &Job<'_>,
-        previous: Option<&CompactionRecord>,
-        history: &[Unit],
-        budget: u64,
-    ) -> Option<(Ledger, u64)> {
-        let share = job.config.ledger_share;
-        if share <= 0.0 {
-            return None;
-        }
-        let counter = self.handoff_counter(job);
-        let whole = Ledger::build(previous.and_then(|r| r.ledger.as_ref()), history);
-        if whole.is_empty() {
-            return None;
-        }
-        let mut planned = whole.clone();
-        planned.fit((budget as f64 * share) as u64, counter.as_ref(), "");
-        let tokens = counter.count_text(&planned.render(""));
-        Some((whole, tokens))
-    }
-
     fn record_metrics(&self, committed: &Adopted) {
         let record = &committed.record;
         self.metrics.add(

@@ -1,0 +1,338 @@
+//! One pass of a compaction: from a plan (where to cut) to a record ready to commit.
+//! The history before the cut goes to the strategy chain in the neutral form, the
+//! ledger takes its share first and the room the strategy left after, and the record
+//! is measured as the request's model will read it.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use handoff_plugin_api::{Budgets, CancellationToken, StrategyInput, Unit};
+use serde_json::json;
+
+use super::chain::{run_chain, sum_usage, ChainOutcome, CountFor};
+use super::handoff::{continuation_message, handoff_message, needs_reasoning_marker};
+use super::ledger::{self, Ledger};
+use super::service::{handoff_budget, CompactError, Compactor, Job, Plan};
+use super::unit::split_into_units;
+use super::Adopted;
+use crate::base::line::FORMAT_VERSION;
+use crate::base::record::{Attempt, CompactionRecord, RecordSource, POLICY_VERSION};
+use crate::projection::ModelView;
+use crate::store::StoreError;
+use crate::tokens::{MESSAGE_OVERHEAD, REPLY_PRIMING};
+
+/// What the chain wrote, before the record is drafted.
+struct Written {
+    strategy: String,
+    text: String,
+    attempts: Vec<Attempt>,
+}
+
+impl Compactor {
+    /// Runs the chain once over the history before `keep_only_last`'s plan cut, and
+    /// drafts the record; nothing is committed here.
+    pub(super) async fn run_once(
+        &self,
+        job: &Job<'_>,
+        view: &ModelView<'_>,
+        before: u64,
+        keep_only_last: bool,
+    ) -> Result<CompactionRecord, CompactError> {
+        let started = Instant::now();
+        let plan = self.plan(job, view, keep_only_last)?;
+        let history = history_units(job, view, plan.cut);
+        // The ledger is built first: the strategy gets the budget it leaves.
+        let previous = view.compaction.as_ref().map(|a| &a.record);
+        let budget = handoff_budget(&job.model);
+        let ledger = self.ledger(job, previous, &history, budget);
+        let cancel = self.cancel.child_token();
+        let input = self.strategy_input(job, view, &plan, history, budget, &ledger, &cancel);
+        let outcome = self.run_equipped(job, input).await;
+        let written = self.written(outcome, &cancel)?;
+        let text = self.with_ledger(job, &plan, budget, ledger, written.text);
+        let record = self.draft(
+            job,
+            view,
+            &plan,
+            before,
+            written.strategy,
+            &text,
+            written.attempts,
+        )?;
+        self.metrics.add(
+            "handoff_compaction_duration_seconds_sum",
+            &[],
+            started.elapsed().as_secs_f64(),
+        );
+        self.metrics
+            .add("handoff_compaction_duration_seconds_count", &[], 1.0);
+        Ok(record)
+    }
+
+    /// The ledger of `history` (with `previous`'s carried forward) and the tokens its
+    /// share of `budget` takes; `None` when it is off or has nothing to say.
+    fn ledger(
+        &self,
+        job: &Job<'_>,
+        previous: Option<&CompactionRecord>,
+        history: &[Unit],
+        budget: u64,
+    ) -> Option<(Ledger, u64)> {
+        let share = job.config.ledger_share;
+        if share <= 0.0 {
+            return None;
+        }
+        let counter = self.handoff_counter(job);
+        let whole = Ledger::build(previous.and_then(|r| r.ledger.as_ref()), history);
+        if whole.is_empty() {
+            return None;
+        }
+        let mut planned = whole.clone();
+        planned.fit((budget as f64 * share) as u64, counter.as_ref(), "");
+        let tokens = counter.count_text(&planned.render(""));
+        Some((whole, tokens))
+    }
+
+    /// What the chain reads: the history, the recent part, the previous handoff
+    /// (without its ledger, which the new one carries), and the budgets.
+    #[allow(clippy::too_many_arguments)]
+    fn strategy_input(
+        &self,
+        job: &Job<'_>,
+        view: &ModelView<'_>,
+        plan: &Plan,
+        history: Vec<Unit>,
+        budget: u64,
+        ledger: &Option<(Ledger, u64)>,
+        cancel: &CancellationToken,
+    ) -> StrategyInput {
+        let dialect = job.request.dialect();
+        let previous = view.compaction.as_ref().map(|a| &a.record);
+        let ledger_tokens = ledger.as_ref().map_or(0, |(_, tokens)| *tokens);
+        StrategyInput {
+            conversation_id: job.id.to_string(),
+            history,
+            retained_recent_messages: view.live[plan.cut..]
+                .iter()
+                .flat_map(|m| dialect.neutral(m.value()))
+                .collect(),
+            dialect: job.request.dialect.name().to_owned(),
+            previous_handoff: previous.map(|record| match ledger {
+                Some(_) => ledger::strip(record.handoff_text()).to_owned(),
+                None => record.handoff_text().to_owned(),
+            }),
+            model: job.model.clone(),
+            budgets: Budgets {
+                input_budget: job.input_budget,
+                handoff_tokens: budget.saturating_sub(ledger_tokens),
+                max_calls: job.config.max_summary_calls,
+            },
+            cancel: cancel.clone(),
+            client: Arc::clone(&job.client),
+            tokens: self.tokens.counter(job.summary_tokenizer),
+        }
+    }
+
+    /// Runs the chain, each strategy counting in the tokens it is judged in: a summary
+    /// call in its model's, a deterministic handoff in the request model's.
+    async fn run_equipped(&self, job: &Job<'_>, mut input: StrategyInput) -> ChainOutcome {
+        let equip = |input: &mut StrategyInput, count_for: CountFor<'_>| {
+            let tokenizer = match count_for {
+                CountFor::Handoff => {
+                    input.tokens = self.handoff_counter(job);
+                    return;
+                }
+                CountFor::Summary(Some(model)) => model.tokenizer.unwrap_or(job.tokenizer),
+                CountFor::Summary(None) => job.summary_tokenizer,
+            };
+            input.client = Arc::clone(&job.client);
+            self.summary_calibrations
+                .equip(input, &self.tokens, tokenizer, &job.scale);
+        };
+        equip(&mut input, CountFor::Summary(None));
+        run_chain(&job.chain, &input, job.config.summary_timeout, &equip).await
+    }
+
+    /// The handoff the chain wrote, its failed attempts counted; a cancelled run or a
+    /// chain that wrote nothing is an error.
+    fn written(
+        &self,
+        outcome: ChainOutcome,
+        cancel: &CancellationToken,
+    ) -> Result<Written, CompactError> {
+        for attempt in outcome.attempts.iter().filter(|a| a.outcome != "ok") {
+            self.metrics.add(
+                "handoff_compaction_attempts_failed_total",
+                &[
+                    ("strategy", &attempt.strategy),
+                    ("reason", attempt.reason.as_deref().unwrap_or("failed")),
+                ],
+                1.0,
+            );
+        }
+        let failed = |outcome: &str| {
+            self.metrics.add(
+                "handoff_compactions_total",
+                &[("strategy", "none"), ("outcome", outcome)],
+                1.0,
+            );
+        };
+        // Checked again after the model returned: a cancelled run commits nothing.
+        if cancel.is_cancelled() {
+            failed("cancelled");
+            return Err(CompactError::Cancelled);
+        }
+        let Some((strategy, summary)) = outcome.summary else {
+            failed("failed");
+            let reasons: Vec<String> = outcome
+                .attempts
+                .iter()
+                .filter_map(|a| a.error.clone())
+                .collect();
+            return Err(CompactError::NoHandoff(reasons.join("; ")));
+        };
+        Ok(Written {
+            strategy,
+            text: summary.text,
+            attempts: outcome.attempts,
+        })
+    }
+
+    /// `text` with the ledger after it. The ledger gets the room the strategy left, as
+    /// far as the view stays under the trigger: past its share it never pushes a view
+    /// over.
+    fn with_ledger(
+        &self,
+        job: &Job<'_>,
+        plan: &Plan,
+        budget: u64,
+        ledger: Option<(Ledger, u64)>,
+        text: String,
+    ) -> (String, Option<Ledger>) {
+        let Some((mut ledger, planned)) = ledger else {
+            return (text, None);
+        };
+        let counter = self.handoff_counter(job);
+        let used = counter.count_text(&text);
+        let under_trigger = job
+            .threshold
+            .saturating_sub(job.scale.tokens(plan.rest + 2 * MESSAGE_OVERHEAD + 64));
+        let left = budget.min(under_trigger).saturating_sub(used);
+        ledger.fit(left.max(planned), counter.as_ref(), &text);
+        let joined = format!("{}\n\n{}", text.trim_end(), ledger.render(&text));
+        (joined, Some(ledger))
+    }
+
+    /// The record of this pass: what it covers, the pair in the request's dialect, the
+    /// attempts and their usage, and its size as the request's model reads it.
+    #[allow(clippy::too_many_arguments)]
+    fn draft(
+        &self,
+        job: &Job<'_>,
+        view: &ModelView<'_>,
+        plan: &Plan,
+        before: u64,
+        strategy: String,
+        (text, ledger): &(String, Option<Ledger>),
+        attempts: Vec<Attempt>,
+    ) -> Result<CompactionRecord, CompactError> {
+        let marker = needs_reasoning_marker(
+            job.reasoning_marker,
+            job.request.dialect,
+            &job.request.messages,
+        );
+        let start = view.live_start;
+        let end_exclusive = start + plan.cut;
+        let prefix_digest = job.tracked.prefix[end_exclusive - 1];
+        let mut history_hasher = blake3::Hasher::new();
+        for digest in &view.live_digests[..plan.cut] {
+            history_hasher.update(digest.to_hex().as_bytes());
+        }
+        let id = {
+            let mut hasher = blake3::Hasher::new();
+            hasher.update(job.id.as_str().as_bytes());
+            hasher.update(prefix_digest.to_hex().as_bytes());
+            hasher.update(format!("{:?}", SystemTime::now()).as_bytes());
+            format!("cmp-{}", &hasher.finalize().to_hex()[..20])
+        };
+        let usage = sum_usage(&attempts);
+        let mut record = CompactionRecord {
+            v: FORMAT_VERSION,
+            kind: "compaction".into(),
+            id,
+            at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            strategy,
+            chain: job.chain.iter().map(|s| s.name.clone()).collect(),
+            reason: job.reason,
+            policy_version: POLICY_VERSION,
+            source: RecordSource {
+                start,
+                end_exclusive,
+                prefix_digest,
+                tool_call_ids: view.live[..plan.cut]
+                    .iter()
+                    .flat_map(|m| m.tool_call_ids().map(str::to_owned))
+                    .collect(),
+                history_digest: history_hasher.finalize().to_hex().to_string(),
+                previous_compaction: view.compaction.as_ref().map(|a| a.record.id.clone()),
+            },
+            continuation: continuation_message(job.request.dialect),
+            handoff: handoff_message(job.request.dialect, text, marker),
+            tokens_before: before,
+            tokens_after: plan.predicted,
+            usage: if usage.as_object().is_some_and(|u| u.is_empty()) {
+                json!(null)
+            } else {
+                usage
+            },
+            attempts,
+            ledger: ledger.clone(),
+        };
+        record.tokens_after = self.measured(job, view, plan, &record)?;
+        Ok(record)
+    }
+
+    /// The view's tokens with `record`'s pair: pinned, tools, priming, the recent part
+    /// and the pair, as the upstream counts.
+    fn measured(
+        &self,
+        job: &Job<'_>,
+        view: &ModelView<'_>,
+        plan: &Plan,
+        record: &CompactionRecord,
+    ) -> Result<u64, CompactError> {
+        let adopted = Adopted::new(record.clone())
+            .map_err(|err| CompactError::Store(StoreError::Encode(err)))?;
+        let count = |m: &crate::dialect::Message| m.token_count(&self.tokens, job.tokenizer);
+        let pinned: u64 = view.pinned.iter().map(|m| count(m.message)).sum();
+        let recent: u64 = view.live[plan.cut..].iter().map(count).sum();
+        let pair =
+            self.tokens.count_message(
+                job.tokenizer,
+                &adopted.continuation_digest,
+                &record.continuation,
+            ) + self
+                .tokens
+                .count_message(job.tokenizer, &adopted.handoff_digest, &record.handoff);
+        Ok(job
+            .scale
+            .tokens(pinned + job.tools_tokens + REPLY_PRIMING + recent + pair))
+    }
+}
+
+/// The history before `cut` as the strategies read it: units in the neutral form,
+/// instruction messages left out (they stay verbatim in every view).
+fn history_units(job: &Job<'_>, view: &ModelView<'_>, cut: usize) -> Vec<Unit> {
+    let dialect = job.request.dialect();
+    split_into_units(&view.live[..cut])
+        .iter()
+        .map(|u| Unit {
+            messages: view.live[u.start..u.end]
+                .iter()
+                .filter(|m| !m.role.is_instruction())
+                .flat_map(|m| dialect.neutral(m.value()))
+                .collect(),
+        })
+        .filter(|unit| !unit.messages.is_empty())
+        .collect()
+}
