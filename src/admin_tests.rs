@@ -37,7 +37,10 @@ async fn the_admin_token_guards_everything_but_health() {
     let proxy = Harness::start(&mock.url(), "[admin]\ntoken = \"adm-secret\"\n").await;
     let health = get(&proxy, "/handoff/health", &[]).await;
     assert_eq!(health.status, 200);
-    assert_eq!(health.json()["status"], "ok");
+    assert_eq!(
+        health.json(),
+        json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")})
+    );
     let wrong = get(
         &proxy,
         "/handoff/conversations",

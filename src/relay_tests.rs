@@ -75,6 +75,10 @@ async fn a_stream_the_upstream_cuts_is_a_cut_for_the_client_and_logged_incomplet
         "the client must see a cut, not a clean end"
     );
     assert!(!answer.text().contains("[DONE]"));
+    assert!(
+        answer.text().contains("\"a\""),
+        "what came before the cut was relayed"
+    );
     let logged = replies(&proxy, "cut").await;
     assert_eq!(logged.len(), 1);
     assert_eq!(logged[0].incomplete.as_deref(), Some("upstream_cut"));

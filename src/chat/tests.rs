@@ -25,9 +25,17 @@ fn turn(text: &str) -> Vec<u8> {
 async fn bad_bodies_get_each_api_s_error_shape_and_never_go_upstream() {
     let mock = MockUpstream::replying(Reply::chat_text("unused")).await;
     let proxy = Harness::start(&mock.url(), "[limits]\nmax_body_bytes = 2000\n").await;
-    let malformed = proxy.post(CHAT, &[], b"{\"messages\": [").await;
+    let malformed = proxy
+        .post(CHAT, &[], b"{\"model\": \"m\",\n \"messages\": [}")
+        .await;
     assert_eq!(malformed.status, 400);
-    assert_eq!(malformed.json()["error"]["type"], "invalid_request_error");
+    let error = &malformed.json()["error"];
+    assert_eq!(error["type"], "invalid_request_error");
+    assert_eq!(error["code"], "invalid_json");
+    assert!(
+        error["message"].as_str().unwrap().contains("line 2 column"),
+        "{error}"
+    );
     let anthropic = proxy.post("/v1/messages", &[], b"{\"messages\": [").await;
     assert_eq!(anthropic.status, 400);
     assert_eq!(anthropic.json()["type"], "error");
@@ -40,6 +48,11 @@ async fn bad_bodies_get_each_api_s_error_shape_and_never_go_upstream() {
     let huge = proxy.post(CHAT, &[], &huge).await;
     assert_eq!(huge.status, 413);
     assert_eq!(huge.json()["error"]["code"], "request_too_large");
+    assert!(
+        huge.text().contains("2000"),
+        "the limit is named: {}",
+        huge.text()
+    );
     assert!(mock.requests().is_empty(), "nothing bad went upstream");
 }
 
@@ -118,6 +131,7 @@ async fn an_upstream_that_is_down_is_a_502_and_the_request_is_still_logged() {
         .await;
     assert_eq!(answer.status, 502);
     assert_eq!(answer.json()["error"]["code"], "upstream_unreachable");
+    assert!(answer.text().contains("unreachable"), "{}", answer.text());
     let log = proxy.log("down").await;
     let kept = log.lines.iter().any(|line| {
         matches!(&line.entry, Entry::Message(m) if m.source == Source::Client && m.message.get().contains("keep me"))
