@@ -339,6 +339,18 @@ pub trait Dialect: Send + Sync {
     /// API's version and account headers.
     fn api_headers(&self) -> &'static [&'static str];
 
+    /// The environment variable this API's SDKs read the key from, for the calls
+    /// `handoff eval` makes on its own.
+    fn key_env(&self) -> &'static str {
+        "OPENAI_API_KEY"
+    }
+
+    /// Headers every request of this API must carry, with the value handoff sends when
+    /// it makes a call of its own and no client gave one (`anthropic-version`).
+    fn required_headers(&self) -> &'static [(&'static str, &'static str)] {
+        &[]
+    }
+
     /// What raw-JSON scans look for in this format's messages.
     fn markers(&self) -> Markers;
 

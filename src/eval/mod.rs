@@ -32,7 +32,7 @@ use crate::compaction::service::{Compactor, Job};
 use crate::compaction::Reason;
 use crate::config::{Config, ModelConfig};
 use crate::conversation::{CapturedReplies, ConversationId, Tracker};
-use crate::dialect::DialectKind;
+use crate::dialect::{DialectKind, KeyHeader};
 use crate::metrics::Metrics;
 use crate::state::{Snapshot, StateError};
 use crate::store::{MemoryStore, Store};
@@ -263,39 +263,38 @@ struct Replayer {
     clients: HashMap<DialectKind, Arc<dyn ModelClient>>,
 }
 
-/// The summary client for `dialect`'s requests: its own path and credential
-/// (`OPENAI_API_KEY` as a bearer, `ANTHROPIC_API_KEY` as `x-api-key`), speaking its
-/// wire format under the chat-shaped interface strategies use.
+/// The summary client for `dialect`'s requests: its own path, the key from the
+/// variable its SDKs read ([`Dialect::key_env`]) where it takes one, and the headers
+/// it requires, speaking its wire format under the chat-shaped interface strategies use.
+///
+/// [`Dialect::key_env`]: crate::dialect::Dialect::key_env
 fn summary_client(snapshot: &Snapshot, dialect: DialectKind) -> Arc<dyn ModelClient> {
+    let api = dialect.get();
     let mut headers = HeaderMap::new();
-    let credential = match dialect {
-        DialectKind::Anthropic => std::env::var("ANTHROPIC_API_KEY")
-            .ok()
-            .and_then(|key| key.parse().ok())
-            .map(|value| (http::header::HeaderName::from_static("x-api-key"), value)),
-        _ => std::env::var("OPENAI_API_KEY")
-            .ok()
-            .and_then(|key| format!("Bearer {key}").parse().ok())
-            .map(|value| (http::header::AUTHORIZATION, value)),
-    };
-    if let Some((name, value)) = credential {
-        headers.insert(name, value);
+    if let Ok(key) = std::env::var(api.key_env()) {
+        let credential = match api.key_header() {
+            KeyHeader::Bearer => format!("Bearer {key}")
+                .parse()
+                .ok()
+                .map(|value| (http::header::AUTHORIZATION, value)),
+            KeyHeader::Named(name) => key
+                .parse()
+                .ok()
+                .map(|value| (http::header::HeaderName::from_static(name), value)),
+        };
+        if let Some((name, value)) = credential {
+            headers.insert(name, value);
+        }
     }
-    if dialect == DialectKind::Anthropic {
-        headers.insert(
-            "anthropic-version",
-            http::HeaderValue::from_static("2023-06-01"),
-        );
+    for (name, value) in api.required_headers() {
+        headers.insert(*name, http::HeaderValue::from_static(value));
     }
     let raw: Arc<dyn ModelClient> = Arc::new(UpstreamModelClient::new(
         snapshot.upstream.clone(),
-        PathAndQuery::from_static(dialect.get().path()),
+        PathAndQuery::from_static(api.path()),
         headers,
     ));
-    match dialect {
-        DialectKind::OpenAiChat => raw,
-        other => other.get().summary_client(raw),
-    }
+    api.summary_client(raw)
 }
 
 impl Replayer {
@@ -454,7 +453,7 @@ impl Replayer {
                 calibration,
                 replies: replies.clone(),
                 incomplete: None,
-                sequence: step.dialect == DialectKind::Responses,
+                sequence: step.dialect.get().reply_is_items(),
                 response_id: None,
                 conversation: None,
             };

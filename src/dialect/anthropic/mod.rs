@@ -117,6 +117,14 @@ impl Dialect for AnthropicMessages {
         &["anthropic-version"]
     }
 
+    fn key_env(&self) -> &'static str {
+        "ANTHROPIC_API_KEY"
+    }
+
+    fn required_headers(&self) -> &'static [(&'static str, &'static str)] {
+        &[("anthropic-version", "2023-06-01")]
+    }
+
     fn markers(&self) -> Markers {
         content::MARKERS
     }
