@@ -57,6 +57,7 @@ fn benches(c: &mut Criterion) {
             cancel: CancellationToken::new(),
             metrics: Arc::new(Metrics::default()),
             summary_calibrations: Default::default(),
+            background: handoff::compaction::prepare::Background::new(0),
         };
         (Tracker::new(store, 100_000), compactor)
     });

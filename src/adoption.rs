@@ -89,6 +89,8 @@ pub struct Adopted {
     pub continuation_digest: MessageDigest,
     /// Digest of the handoff (token-count cache key).
     pub handoff_digest: MessageDigest,
+    /// For a prepared record: a request adopted it (its `adopt` line is logged).
+    pub taken: std::sync::atomic::AtomicBool,
 }
 
 impl Adopted {
@@ -99,8 +101,20 @@ impl Adopted {
             handoff: serde_json::value::to_raw_value(&record.handoff)?,
             continuation_digest: message_digest(&record.continuation),
             handoff_digest: message_digest(&record.handoff),
+            taken: std::sync::atomic::AtomicBool::new(false),
             record,
         })
+    }
+
+    /// True for a prepared record no request has adopted yet.
+    pub fn is_waiting(&self) -> bool {
+        self.record.prepared.is_some() && !self.taken.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Marks a prepared record adopted; true only for the call that did it first.
+    pub fn take(&self) -> bool {
+        self.record.prepared.is_some()
+            && !self.taken.swap(true, std::sync::atomic::Ordering::AcqRel)
     }
 
     /// Non-pinned originals the compaction covers.
@@ -143,6 +157,7 @@ mod tests {
             usage: Value::Null,
             attempts: vec![],
             ledger: None,
+            prepared: None,
         }
     }
 

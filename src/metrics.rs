@@ -13,6 +13,15 @@ pub const REPLIES_UNLOGGED: &str = "handoff_replies_unlogged_total";
 /// The counter of views sent with shortened tool bodies (`compaction.rescue`).
 pub const VIEWS_RESCUED: &str = "handoff_views_rescued_total";
 
+/// Background preparations (`compaction.prepare_at`), by how they ended.
+pub const PREPARED: &str = "handoff_prepared_total";
+/// Prepared compactions a request adopted.
+pub const PREPARED_ADOPTED: &str = "handoff_prepared_adopted_total";
+/// Requests over the trigger that waited for their conversation's running preparation.
+pub const PREPARED_WAITED: &str = "handoff_prepared_waited_total";
+/// Prepared compactions superseded before any request adopted them.
+pub const PREPARED_WASTED: &str = "handoff_prepared_wasted_total";
+
 /// Upper bounds, in seconds, of the overhead histogram's buckets.
 const OVERHEAD_BUCKETS: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
@@ -61,6 +70,26 @@ const HELP: &[(&str, &str, &str)] = &[
         REPLIES_UNLOGGED,
         "counter",
         "Replies that did not reach the log, by cause (storage, capture_lag, unreadable).",
+    ),
+    (
+        PREPARED,
+        "counter",
+        "Background preparations by outcome (started, committed, stale, failed, dropped).",
+    ),
+    (
+        PREPARED_ADOPTED,
+        "counter",
+        "Prepared compactions adopted by the request that crossed the trigger.",
+    ),
+    (
+        PREPARED_WAITED,
+        "counter",
+        "Requests over the trigger that waited for their conversation's running preparation.",
+    ),
+    (
+        PREPARED_WASTED,
+        "counter",
+        "Prepared compactions superseded before any request adopted them.",
     ),
     (
         "handoff_chat_rejected_total",

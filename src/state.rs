@@ -318,6 +318,9 @@ impl AppState {
             cancel: shutdown.clone(),
             metrics: Arc::clone(&metrics),
             summary_calibrations: Default::default(),
+            background: crate::compaction::prepare::Background::new(
+                config.compaction.max_background,
+            ),
         };
         Ok(Self {
             current: ArcSwap::from_pointee(Snapshot::build(config)?),

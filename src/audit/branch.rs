@@ -36,7 +36,7 @@ impl<'a> Tree<'a> {
                     tree.pinned.entry(pinned.digest).or_insert(pinned);
                 }
                 Entry::Request(request) => tree.requests.push(request),
-                Entry::CompactBoundary(_) | Entry::Rescue(_) => {}
+                Entry::CompactBoundary(_) | Entry::Rescue(_) | Entry::Adopt(_) => {}
             }
         }
         tree

@@ -208,6 +208,14 @@ impl Audit {
                         ""
                     }
                 )?,
+                Entry::Adopt(adopt) => writeln!(
+                    out,
+                    "{}  ADOPTED  prepared compaction {} head={}: {} message(s) arrived since it was prepared",
+                    line.at,
+                    adopt.compact_id,
+                    adopt.head.map_or("-".to_owned(), |h| h.short(12)),
+                    adopt.arrived
+                )?,
                 Entry::Rescue(rescue) => {
                     let shortened: Vec<String> = rescue
                         .shortened

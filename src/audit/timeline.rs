@@ -117,11 +117,30 @@ pub fn timeline(
                     "shortened": rescue.shortened,
                 }));
             }
+            Entry::Adopt(adopt) => {
+                // A prepared record counts for the views from its adoption on.
+                let prepared = adoption
+                    .adopted
+                    .iter()
+                    .find(|(_, record)| record.id == adopt.compact_id);
+                if let Some((prefix, record)) = prepared {
+                    committed.push((record.id.as_str(), *prefix));
+                }
+                events.push(json!({
+                    "type": "adopt",
+                    "at": line.at,
+                    "id": adopt.compact_id,
+                    "head": adopt.head.map(|h| h.to_hex()),
+                    "arrived": adopt.arrived,
+                }));
+            }
             Entry::CompactBoundary(boundary) => {
                 let Some(record) = adoption.adopted.get(&boundary.prefix_digest) else {
                     continue;
                 };
-                committed.push((record.id.as_str(), boundary.prefix_digest));
+                if record.prepared.is_none() {
+                    committed.push((record.id.as_str(), boundary.prefix_digest));
+                }
                 events.push(json!({
                     "type": "compaction",
                     "at": line.at,
@@ -129,6 +148,7 @@ pub fn timeline(
                     "strategy": record.strategy,
                     "chain": record.chain,
                     "reason": record.reason,
+                    "prepared": record.prepared,
                     "tokens_before": record.tokens_before,
                     "tokens_after": record.tokens_after,
                     "covers": record.source.end_exclusive,

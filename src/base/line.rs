@@ -55,6 +55,7 @@ impl Line {
             "request" => Entry::Request(serde_json::from_slice(bytes)?),
             "compact_boundary" => Entry::CompactBoundary(serde_json::from_slice(bytes)?),
             "rescue" => Entry::Rescue(serde_json::from_slice(bytes)?),
+            "adopt" => Entry::Adopt(serde_json::from_slice(bytes)?),
             _ => return Err(LineError::UnknownKind(header.kind)),
         };
         Ok(Self {
@@ -88,6 +89,20 @@ pub enum Entry {
     CompactBoundary(BoundaryLine),
     /// A view sent with over-long tool bodies shortened (`compaction.rescue`).
     Rescue(RescueLine),
+    /// The first request that adopted a prepared compaction.
+    Adopt(AdoptLine),
+}
+
+/// A prepared compaction adopted by the request that crossed the trigger.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdoptLine {
+    /// The record adopted.
+    pub compact_id: String,
+    /// Chain digest of the adopting request's last non-pinned message.
+    pub head: Option<PrefixDigest>,
+    /// Messages that arrived between the preparation and its adoption, verbatim after
+    /// the cut.
+    pub arrived: usize,
 }
 
 /// Which tool results a request's view shortened, and by how much; the originals stay

@@ -20,6 +20,19 @@ pub enum Reason {
     ContextLengthExceeded,
     /// `POST /handoff/conversations/{id}/compact`.
     Manual,
+    /// Prepared in the background at `compaction.prepare_at`, for the request that
+    /// crosses the trigger to adopt ([`Prepared`]).
+    Prepared,
+}
+
+/// When a prepared compaction started, and on how much of the conversation: the
+/// messages that arrive before it is adopted stay verbatim after its cut.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prepared {
+    /// When the preparation started (RFC 3339).
+    pub started: String,
+    /// Non-pinned messages of the request it was prepared from.
+    pub messages: usize,
 }
 
 /// What a compaction covers.
@@ -99,6 +112,10 @@ pub struct CompactionRecord {
     /// with `compaction.ledger_share = 0`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ledger: Option<crate::base::ledger::Ledger>,
+    /// Set when it was prepared in the background: it counts only once a request
+    /// crosses the trigger without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prepared: Option<Prepared>,
 }
 
 impl CompactionRecord {

@@ -34,7 +34,7 @@ use crate::body::{full, ProxyBody};
 use crate::compaction::budget::RequestBudget;
 use crate::compaction::chain::NamedStrategy;
 use crate::compaction::service::{CompactError, Fitted, Job};
-use crate::compaction::Reason;
+use crate::compaction::{prepare, Reason};
 use crate::conversation::{identify, ConversationId, Tracked, CONVERSATION_HEADER};
 use crate::dialect::{ChatRequest, DialectKind};
 use crate::error::ApiError;
@@ -97,6 +97,7 @@ async fn run(
     };
     exchange.tracked = Some(tracked);
     let fitted = exchange.fit().await?;
+    exchange.prepare(&fitted);
     exchange.send(fitted, log).await
 }
 
@@ -317,17 +318,81 @@ impl<'s> Exchange<'s> {
         let budget = self.budget.as_ref();
         self.state
             .compactor
-            .fit(&self.chat, tracked, budget, |budget, compact_id| {
-                self.job(
-                    tracked,
-                    budget,
-                    budget.threshold,
-                    Reason::Threshold,
-                    compact_id,
-                )
-            })
+            .fit(
+                &self.state.tracker,
+                &self.chat,
+                tracked,
+                budget,
+                |budget, compact_id| {
+                    self.job(
+                        tracked,
+                        budget,
+                        budget.threshold,
+                        Reason::Threshold,
+                        compact_id,
+                    )
+                },
+            )
             .await
             .map_err(compaction_failed)
+    }
+
+    /// Stage 4b: past `compaction.prepare_at` of the trigger and under it, the
+    /// conversation's compaction is prepared in the background, for the request that
+    /// crosses the trigger to adopt; this one goes on untouched. Only chains that call
+    /// a model prepare: a deterministic handoff is instant when it is needed.
+    fn prepare(&self, fitted: &Fitted<'_>) {
+        let (Some(budget), Some(before), Ok(tracked)) =
+            (self.budget.as_ref(), fitted.before, self.tracked())
+        else {
+            return;
+        };
+        let config = &self.snap.config.compaction;
+        let mark = (budget.threshold as f64 * config.prepare_at) as u64;
+        let calls_a_model = self
+            .chain
+            .first()
+            .is_some_and(|first| !first.strategy.is_deterministic());
+        let due = config.prepare_at > 0.0 && before >= mark && before <= budget.threshold;
+        if !due || !calls_a_model || prepare::has_waiting(tracked) {
+            return;
+        }
+        let metrics = &self.state.metrics;
+        let ticket = match self.state.compactor.background.start(&tracked.id) {
+            Ok(ticket) => ticket,
+            Err(prepare::NotStarted::Running) => return,
+            Err(prepare::NotStarted::Full) => {
+                tracing::debug!(conversation = %tracked.id, "compaction.max_background preparations run; this one is dropped");
+                metrics.add(prepare::PREPARED, &[("outcome", "dropped")], 1.0);
+                return;
+            }
+        };
+        tracing::info!(conversation = %tracked.id, estimate = before, mark, threshold = budget.threshold, "past compaction.prepare_at; preparing the compaction in the background");
+        prepare::Preparation {
+            tracker: Arc::clone(&self.state.tracker),
+            compactor: self.state.compactor.clone(),
+            config: Arc::clone(&self.snap.config),
+            request: self.chat.clone(),
+            tracked: tracked.clone(),
+            budget: budget.clone(),
+            client: self.summary_client(budget),
+            chain: self.chain.clone(),
+            seen_compact_id: fitted.view.compact_id().map(str::to_owned),
+        }
+        .spawn(ticket);
+    }
+
+    /// The summary client of this request: its upstream, path and the client's own
+    /// credential and API headers.
+    fn summary_client(&self, budget: &RequestBudget) -> Arc<dyn handoff_plugin_api::ModelClient> {
+        crate::compaction::model_client::summary_client(
+            &self.snap.config,
+            &budget.info.summary_model,
+            self.chat.dialect,
+            self.upstream().clone(),
+            self.parts.uri.path_and_query().cloned(),
+            self.parts.headers.clone(),
+        )
     }
 
     /// The compaction job of this request: the one place a chat request builds one.
@@ -339,14 +404,7 @@ impl<'s> Exchange<'s> {
         reason: Reason,
         seen_compact_id: Option<&str>,
     ) -> Job<'e> {
-        let client = crate::compaction::model_client::summary_client(
-            &self.snap.config,
-            &budget.info.summary_model,
-            self.chat.dialect,
-            self.upstream().clone(),
-            self.parts.uri.path_and_query().cloned(),
-            self.parts.headers.clone(),
-        );
+        let client = self.summary_client(budget);
         let mut job = Job::new(
             &self.state.tracker,
             &self.chat,

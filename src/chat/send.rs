@@ -39,6 +39,7 @@ impl Exchange<'_> {
         let Fitted {
             mut view,
             mut estimate,
+            ..
         } = fitted;
         let tracked = self.tracked()?;
         let upstream = self.upstream();

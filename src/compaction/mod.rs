@@ -19,6 +19,7 @@ pub mod chain;
 pub mod handoff;
 pub mod ledger;
 pub mod model_client;
+pub mod prepare;
 mod run;
 pub mod service;
 pub mod split;
@@ -28,5 +29,7 @@ pub mod unit;
 pub use crate::adoption::{adopt, Adopted, Adoption};
 pub use crate::base::record::{CompactionRecord, Reason};
 
+#[cfg(test)]
+mod prepare_tests;
 #[cfg(test)]
 mod tests;

@@ -16,7 +16,9 @@ use super::service::{handoff_budget, CompactError, Compactor, Job, Plan};
 use super::unit::split_into_units;
 use super::Adopted;
 use crate::base::line::FORMAT_VERSION;
-use crate::base::record::{Attempt, CompactionRecord, RecordSource, POLICY_VERSION};
+use crate::base::record::{
+    Attempt, CompactionRecord, Prepared, Reason, RecordSource, POLICY_VERSION,
+};
 use crate::projection::ModelView;
 use crate::store::StoreError;
 use crate::tokens::{MESSAGE_OVERHEAD, REPLY_PRIMING};
@@ -50,7 +52,7 @@ impl Compactor {
         let outcome = self.run_equipped(job, input).await;
         let written = self.written(outcome, &cancel)?;
         let text = self.with_ledger(job, &plan, budget, ledger, written.text);
-        let record = self.draft(
+        let mut record = self.draft(
             job,
             view,
             &plan,
@@ -59,6 +61,13 @@ impl Compactor {
             &text,
             written.attempts,
         )?;
+        if job.reason == Reason::Prepared {
+            let started = SystemTime::now() - started.elapsed();
+            record.prepared = Some(Prepared {
+                started: humantime::format_rfc3339_millis(started).to_string(),
+                messages: job.tracked.message_digests.len(),
+            });
+        }
         self.metrics.add(
             "handoff_compaction_duration_seconds_sum",
             &[],
@@ -287,6 +296,7 @@ impl Compactor {
             },
             attempts,
             ledger: ledger.clone(),
+            prepared: None,
         };
         record.tokens_after = self.measured(job, view, plan, &record)?;
         Ok(record)

@@ -13,11 +13,12 @@ use handoff_plugin_api::{CancellationToken, ModelClient, ModelInfo};
 
 use super::budget::{RequestBudget, Scale, ScaledCounter};
 use super::chain::NamedStrategy;
+use super::prepare::{settled_view, Background, PREPARED_ADOPTED, PREPARED_WAITED};
 use super::split::split_at_unit_boundary;
 use super::summary_count::SummaryCalibrations;
 use super::unit::split_into_units;
 use super::Adopted;
-use crate::base::line::{Entry, Line, RescueLine};
+use crate::base::line::{AdoptLine, Entry, Line, RescueLine};
 use crate::base::record::Reason;
 use crate::config::{CompactionConfig, Tokenizer};
 use crate::conversation::{ConversationId, Tracked, Tracker};
@@ -110,7 +111,9 @@ impl Job<'_> {
     pub fn hard_limit(&self) -> u64 {
         match self.reason {
             Reason::ContextLengthExceeded => self.threshold,
-            Reason::Threshold | Reason::Manual => self.input_budget.max(self.threshold),
+            Reason::Threshold | Reason::Manual | Reason::Prepared => {
+                self.input_budget.max(self.threshold)
+            }
         }
     }
 
@@ -172,6 +175,7 @@ impl<'a> Job<'a> {
 }
 
 /// Runs compactions.
+#[derive(Clone)]
 pub struct Compactor {
     /// Token counting.
     pub tokens: Arc<Tokens>,
@@ -181,6 +185,8 @@ pub struct Compactor {
     pub metrics: Arc<Metrics>,
     /// What each summary model was measured to count.
     pub summary_calibrations: SummaryCalibrations,
+    /// The preparations running in the background.
+    pub background: Arc<Background>,
 }
 
 pub(super) struct Plan {
@@ -199,6 +205,28 @@ pub struct Fitted<'a> {
     pub view: ModelView<'a>,
     /// Its local estimate; `None` when the model has no budget.
     pub estimate: Option<u64>,
+    /// The calibrated estimate of the view before any compaction: what
+    /// `compaction.prepare_at` is judged on; `None` when the model has no budget.
+    pub before: Option<u64>,
+}
+
+/// `view`, or the request as it is when a handoff built the view invalid: never send
+/// that; the client's own request is the client's to send, and the provider's to judge.
+fn valid_or_plain<'a>(
+    request: &'a ChatRequest,
+    tracked: &'a Tracked,
+    view: ModelView<'a>,
+) -> ModelView<'a> {
+    if view.compaction.is_none() {
+        return view;
+    }
+    match view.validate() {
+        Ok(()) => view,
+        Err(err) => {
+            tracing::error!(conversation = %tracked.id, error = %err, "projected view is invalid; sending the request uncompacted");
+            project_view(request, tracked, &Default::default())
+        }
+    }
 }
 
 /// True on a multi-thread runtime, the only kind `block_in_place` may be called on.
@@ -218,52 +246,84 @@ impl Compactor {
     }
 
     /// The proactive path every caller shares (the proxy, `handoff eval`): the view
-    /// from the adopted compactions, compacted when its calibrated estimate passes the
-    /// trigger. `job` builds the compaction job, from the budget and the view's
-    /// compaction id, only when one is needed.
+    /// from the adopted compactions (a prepared one only once the view without it
+    /// crosses the trigger), compacted when its calibrated estimate passes the trigger.
+    /// `job` builds the compaction job, from the budget and the view's compaction id,
+    /// only when one is needed.
     pub async fn fit<'a>(
         &self,
+        tracker: &Tracker,
         request: &'a ChatRequest,
         tracked: &'a Tracked,
         budget: Option<&RequestBudget>,
         job: impl FnOnce(&RequestBudget, Option<&str>) -> Job<'a>,
     ) -> Result<Fitted<'a>, CompactError> {
-        let mut view = project_view(request, tracked, &tracked.compactions);
-        if view.compaction.is_some() {
-            if let Err(err) = view.validate() {
-                // Never send a view handoff built invalid; the client's own request is
-                // the client's to send, and the provider's to judge.
-                tracing::error!(conversation = %tracked.id, error = %err, "projected view is invalid; sending the request uncompacted");
-                view = project_view(request, tracked, &Default::default());
-            }
-        }
         let Some(budget) = budget else {
+            let view = project_view(request, tracked, &tracked.compactions);
             return Ok(Fitted {
-                view,
+                view: valid_or_plain(request, tracked, view),
                 estimate: None,
+                before: None,
             });
         };
         let tokens = &self.tokens;
-        let uncounted = view.uncounted_bytes(tokens, budget.tokenizer());
+        let scale = Scale::new(tracked.calibration.as_ref(), &request.model);
+        let calibrated = |view: &ModelView<'_>| {
+            let local = view.estimate(tokens, budget.tokenizer(), budget.tools_tokens);
+            scale.view(local, view.compact_id())
+        };
+        let uncounted = project_view(request, tracked, &tracked.compactions)
+            .uncounted_bytes(tokens, budget.tokenizer());
         let heavy = uncounted > BIG_UNCOUNTED || !tokens.is_loaded(budget.tokenizer());
-        let estimate = || view.estimate(tokens, budget.tokenizer(), budget.tools_tokens);
+        let settle = || settled_view(request, tracked, budget.threshold, calibrated);
         // Tokenising hundreds of KB, or loading the tokenizer, takes tens of ms or more:
         // on a multi-thread runtime let it move other work off this thread meanwhile.
         // A current-thread runtime (a test, an embedding) cannot, and counts in place.
-        let local = if heavy && on_multi_thread_runtime() {
-            tokio::task::block_in_place(estimate)
+        let view = if heavy && on_multi_thread_runtime() {
+            tokio::task::block_in_place(settle)
         } else {
-            estimate()
+            settle()
         };
-        let scale = Scale::new(tracked.calibration.as_ref(), &request.model);
-        let current = scale.view(local, view.compact_id());
-        tracing::debug!(conversation = %tracked.id, local, estimate = current, threshold = budget.threshold, "view estimated");
+        let mut view = valid_or_plain(request, tracked, view);
+        let current = calibrated(&view);
+        tracing::debug!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, "view estimated");
+        self.note_adoption(tracker, tracked, &view).await;
         if current > budget.threshold {
-            tracing::info!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, "over the trigger; compacting");
+            if self.background.is_running(&tracked.id) {
+                tracing::info!(conversation = %tracked.id, "over the trigger while its compaction is prepared; waiting for it");
+                self.metrics.add(PREPARED_WAITED, &[], 1.0);
+            } else {
+                tracing::info!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, "over the trigger; compacting");
+            }
             view = self.compact(&job(budget, view.compact_id())).await?;
+            self.note_adoption(tracker, tracked, &view).await;
         }
         let estimate = Some(view.estimate(tokens, budget.tokenizer(), budget.tools_tokens));
-        Ok(Fitted { view, estimate })
+        Ok(Fitted {
+            view,
+            estimate,
+            before: Some(current),
+        })
+    }
+
+    /// Logs the first adoption of a prepared compaction by `view`: which one, and how
+    /// many messages arrived since it was prepared. A failed write loses only the note.
+    async fn note_adoption(&self, tracker: &Tracker, tracked: &Tracked, view: &ModelView<'_>) {
+        let Some(adopted) = view.compaction.as_ref().filter(|a| a.take()) else {
+            return;
+        };
+        let prepared_from = adopted.record.prepared.as_ref().map_or(0, |p| p.messages);
+        let arrived = tracked.message_digests.len().saturating_sub(prepared_from);
+        self.metrics.add(PREPARED_ADOPTED, &[], 1.0);
+        tracing::info!(conversation = %tracked.id, compaction = %adopted.record.id, arrived, "adopted the prepared compaction");
+        let line = Line::now(Entry::Adopt(AdoptLine {
+            compact_id: adopted.record.id.clone(),
+            head: tracked.head(),
+            arrived,
+        }));
+        if let Err(err) = tracker.store().append(&tracked.id, vec![line]).await {
+            tracing::warn!(conversation = %tracked.id, error = %err, "cannot log the adoption of a prepared compaction");
+        }
     }
 
     /// Compacts until the view fits under `job.threshold`, or says why it cannot.
@@ -280,6 +340,10 @@ impl Compactor {
         let lease = loop {
             if let Some(lease) = job.tracker.acquire(job.id).await? {
                 break lease;
+            }
+            // A preparation never waits for another replica's work.
+            if job.reason == Reason::Prepared {
+                return Err(CompactError::Busy(0));
             }
             // Another replica is compacting: adopt its handoff once it commits, or take
             // over once its lease expires.
@@ -342,6 +406,8 @@ impl Compactor {
         let done = match job.reason {
             Reason::Threshold => fits,
             Reason::ContextLengthExceeded => fits && someone_else,
+            // Another compaction landed meanwhile: this preparation is stale.
+            Reason::Prepared => someone_else,
             Reason::Manual => false,
         };
         Ok(done.then_some(view))
@@ -388,6 +454,7 @@ impl Compactor {
         let done_already = match job.reason {
             Reason::Threshold => fits,
             Reason::ContextLengthExceeded => fits && someone_else,
+            Reason::Prepared => someone_else,
             Reason::Manual => false,
         };
         if done_already {
@@ -429,7 +496,9 @@ impl Compactor {
             }
             view.validate()?;
             estimate = self.count(job, &view);
-            if estimate <= job.threshold || job.reason == Reason::Manual {
+            // A manual or prepared run makes one pass: what it covers is what it was asked.
+            if estimate <= job.threshold || matches!(job.reason, Reason::Manual | Reason::Prepared)
+            {
                 return Ok(view);
             }
             let last_unit = split_into_units(&view.live).len() <= 1;

@@ -17,11 +17,11 @@ use crate::base::line::Entry;
 use crate::dialect::pair::CONTINUATION;
 use crate::testing::Harness;
 
-/// A 4k model whose summaries run on a 16k one.
-const CONFIG: &str = "[models.\"strict\"]\ncontext_window = 4096\n[models.\"strict-16k\"]\ncontext_window = 16384\n[compaction]\nstrategy = \"summarize\"\nsummary_model = \"strict-16k\"\n";
+/// A 4k model whose summaries run on a 16k one, compacting inline.
+const CONFIG: &str = "[models.\"strict\"]\ncontext_window = 4096\n[models.\"strict-16k\"]\ncontext_window = 16384\n[compaction]\nstrategy = \"summarize\"\nsummary_model = \"strict-16k\"\nprepare_at = 0.0\n";
 
 /// The strict provider, its summaries answered after `summary_delay`.
-async fn strict(summary_delay: Duration) -> (Arc<Strict>, MockUpstream) {
+pub(super) async fn strict(summary_delay: Duration) -> (Arc<Strict>, MockUpstream) {
     let strict = Strict::new(4096);
     let answering = Arc::clone(&strict);
     let mock = MockUpstream::with(move |request| {
@@ -40,13 +40,13 @@ async fn strict(summary_delay: Duration) -> (Arc<Strict>, MockUpstream) {
     (strict, mock)
 }
 
-fn user(n: usize, tokens: usize) -> Value {
+pub(super) fn user(n: usize, tokens: usize) -> Value {
     let filler: Vec<String> = (0..tokens / 2).map(|i| format!("w{i}")).collect();
     json!({"role": "user", "content": format!("FACT-{n:03} {}", filler.join(" "))})
 }
 
 /// A history of `turns` user turns of about `tokens` tokens, each answered.
-fn history(turns: usize, tokens: usize) -> Vec<Value> {
+pub(super) fn history(turns: usize, tokens: usize) -> Vec<Value> {
     let mut messages = vec![json!({"role": "system", "content": "be brief"})];
     for n in 0..turns {
         messages.push(user(n, tokens));
@@ -56,7 +56,7 @@ fn history(turns: usize, tokens: usize) -> Vec<Value> {
 }
 
 /// The requests the agent made (not the summaries), as JSON.
-fn agent_requests(mock: &MockUpstream) -> Vec<Value> {
+pub(super) fn agent_requests(mock: &MockUpstream) -> Vec<Value> {
     mock.requests()
         .iter()
         .map(|r| r.json())
@@ -71,7 +71,7 @@ fn agent_requests(mock: &MockUpstream) -> Vec<Value> {
 
 /// Asserts that `sent` is the pinned system message, the handoff pair, then the
 /// newest messages of `asked` verbatim.
-fn assert_compacted_view(sent: &[Value], asked: &[Value]) {
+pub(super) fn assert_compacted_view(sent: &[Value], asked: &[Value]) {
     assert_eq!(sent[0], asked[0], "the system message stays pinned");
     assert_eq!(sent[1]["role"], "user");
     assert_eq!(sent[1]["content"], CONTINUATION);

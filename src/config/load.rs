@@ -314,6 +314,12 @@ fn validate(config: &Config) -> Result<(), ConfigError> {
             "must be in [0, 0.75]: the strategy needs the rest of the handoff budget",
         ));
     }
+    if !(0.0..1.0).contains(&compaction.prepare_at) {
+        return Err(invalid(
+            "compaction.prepare_at",
+            "must be in [0, 1): a share of the trigger (0: never prepare)",
+        ));
+    }
     validate_strategies(config)?;
     for (name, model) in &config.models {
         if model.context_window == 0 {

@@ -548,6 +548,11 @@ pub struct CompactionConfig {
     /// Share of the handoff budget the ledger may use: the exact facts (the user's
     /// messages, identifiers, tool outcomes) every handoff ends with. 0: no ledger.
     pub ledger_share: f64,
+    /// Share of the trigger at which a view's compaction is prepared in the background,
+    /// so the request that crosses the trigger adopts it at once. 0: never prepare.
+    pub prepare_at: f64,
+    /// Preparations running at once, over all conversations; more are dropped.
+    pub max_background: usize,
     /// Messages after the leading system ones that are standing context, kept verbatim
     /// in every view like `system` (a files message, few-shot examples).
     pub pin: PinConfig,
@@ -618,6 +623,8 @@ impl Default for CompactionConfig {
             max_retries: 2,
             rescue: true,
             ledger_share: 0.3,
+            prepare_at: 0.8,
+            max_background: 4,
             pin: PinConfig::default(),
             chain: Vec::new(),
             strategies: BTreeMap::new(),

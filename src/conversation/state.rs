@@ -268,7 +268,10 @@ impl ConversationState {
                 Entry::Pinned(pinned) => {
                     state.pinned.insert(pinned.digest);
                 }
-                Entry::Request(_) | Entry::CompactBoundary(_) | Entry::Rescue(_) => {}
+                Entry::Request(_)
+                | Entry::CompactBoundary(_)
+                | Entry::Rescue(_)
+                | Entry::Adopt(_) => {}
             }
         }
         let adoption = adopt(log);
@@ -284,6 +287,18 @@ impl ConversationState {
                     state.compactions.insert(prefix, Arc::new(adopted));
                 }
                 Err(err) => tracing::warn!(error = %err, "compaction record unusable"),
+            }
+        }
+        // A prepared record a request adopted (here or on another replica) is taken.
+        for line in &log.lines {
+            if let Entry::Adopt(adopt) = &line.entry {
+                let taken = state
+                    .compactions
+                    .values()
+                    .find(|a| a.record.id == adopt.compact_id);
+                if let Some(adopted) = taken {
+                    adopted.take();
+                }
             }
         }
     }

@@ -228,6 +228,8 @@ pub async fn evaluate(
         cancel: CancellationToken::new(),
         metrics: Arc::new(Metrics::default()),
         summary_calibrations: Default::default(),
+        // A replay is sequential: nothing is prepared in the background.
+        background: crate::compaction::prepare::Background::new(0),
     };
     let none: Arc<dyn ModelClient> = Arc::new(NoUpstream);
     let clients = DialectKind::ALL
@@ -417,19 +419,25 @@ impl Replayer {
         let config = &snapshot.config;
         let budget = RequestBudget::new(config, &chat, tokens);
         let fitted = compactor
-            .fit(&chat, &tracked, budget.as_ref(), |budget, compact_id| {
-                let mut job = Job::new(
-                    tracker,
-                    &chat,
-                    &tracked,
-                    &config.compaction,
-                    budget,
-                    Arc::clone(client),
-                    snapshot.registry.select(config, &chat.model, None),
-                );
-                job.seen_compact_id = compact_id.map(str::to_owned);
-                job
-            })
+            .fit(
+                tracker,
+                &chat,
+                &tracked,
+                budget.as_ref(),
+                |budget, compact_id| {
+                    let mut job = Job::new(
+                        tracker,
+                        &chat,
+                        &tracked,
+                        &config.compaction,
+                        budget,
+                        Arc::clone(client),
+                        snapshot.registry.select(config, &chat.model, None),
+                    );
+                    job.seen_compact_id = compact_id.map(str::to_owned);
+                    job
+                },
+            )
             .await
             .map_err(|err| err.to_string())?;
         let (view, local) = (fitted.view, fitted.estimate);

@@ -59,6 +59,7 @@ pub(super) fn columns(line: &Line) -> (&'static str, Option<String>, Option<Stri
         Entry::Request(r) => ("request", None, r.head.map(|h| h.to_hex())),
         Entry::CompactBoundary(b) => ("compact_boundary", None, Some(b.prefix_digest.to_hex())),
         Entry::Rescue(r) => ("rescue", None, r.head.map(|h| h.to_hex())),
+        Entry::Adopt(a) => ("adopt", None, a.head.map(|h| h.to_hex())),
     }
 }
 

@@ -1,0 +1,194 @@
+//! Zero-wait compaction: prepare early, adopt late.
+//!
+//! A view past `compaction.prepare_at` of the trigger has its compaction prepared in
+//! the background, under the same single flight and lease as any other, while the
+//! request goes on untouched. The record is committed as always (record, then
+//! boundary), marked [`Prepared`](crate::base::record::Prepared). It counts only for a
+//! request whose view without it crosses the trigger ([`settled_view`]): until then the
+//! client's prefix, and so the provider's prompt cache, stays as it was. The first
+//! request that adopts it logs an `adopt` line.
+//!
+//! The work is bounded: one preparation per conversation, `compaction.max_background`
+//! over all of them, and one past that is dropped, never queued.
+
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use handoff_plugin_api::ModelClient;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::budget::RequestBudget;
+use super::chain::NamedStrategy;
+use super::service::{Compactor, Job};
+use super::Adopted;
+use crate::base::digest::PrefixDigest;
+use crate::base::record::Reason;
+use crate::config::Config;
+use crate::conversation::{ConversationId, Tracked, Tracker};
+use crate::dialect::ChatRequest;
+use crate::projection::{project_view, ModelView};
+
+pub use crate::metrics::{PREPARED, PREPARED_ADOPTED, PREPARED_WAITED, PREPARED_WASTED};
+
+/// The preparations running: at most one per conversation, and a global cap.
+pub struct Background {
+    slots: Arc<Semaphore>,
+    running: Mutex<HashSet<ConversationId>>,
+}
+
+/// Why a preparation was not started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotStarted {
+    /// This conversation's is running.
+    Running,
+    /// Every slot is taken: dropped, not queued.
+    Full,
+}
+
+/// A running preparation's hold on its slot and its conversation; released on drop.
+pub struct Ticket {
+    background: Arc<Background>,
+    id: ConversationId,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Background {
+    /// Room for `max` preparations at once.
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            slots: Arc::new(Semaphore::new(max)),
+            running: Mutex::default(),
+        })
+    }
+
+    /// True while `id` has a preparation running.
+    pub fn is_running(&self, id: &ConversationId) -> bool {
+        self.running
+            .lock()
+            .map(|running| running.contains(id))
+            .unwrap_or(false)
+    }
+
+    /// Takes a slot for `id`'s preparation.
+    pub fn start(self: &Arc<Self>, id: &ConversationId) -> Result<Ticket, NotStarted> {
+        let mut running = self.running.lock().map_err(|_| NotStarted::Full)?;
+        if running.contains(id) {
+            return Err(NotStarted::Running);
+        }
+        let slot = Arc::clone(&self.slots)
+            .try_acquire_owned()
+            .map_err(|_| NotStarted::Full)?;
+        running.insert(id.clone());
+        Ok(Ticket {
+            background: Arc::clone(self),
+            id: id.clone(),
+            _slot: slot,
+        })
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Ok(mut running) = self.background.running.lock() {
+            running.remove(&self.id);
+        }
+    }
+}
+
+/// The view a request is sent: its adopted compactions, but a prepared one no request
+/// took yet only when the view without it is over `threshold` (by `estimate`).
+pub fn settled_view<'a>(
+    request: &'a ChatRequest,
+    tracked: &'a Tracked,
+    threshold: u64,
+    estimate: impl Fn(&ModelView<'_>) -> u64,
+) -> ModelView<'a> {
+    let mut pool: Cow<'_, HashMap<PrefixDigest, Arc<Adopted>>> =
+        Cow::Borrowed(&tracked.compactions);
+    loop {
+        let view = project_view(request, tracked, &pool);
+        let Some(waiting) = view.compaction.as_ref().filter(|a| a.is_waiting()) else {
+            return view;
+        };
+        let mut without = pool.clone().into_owned();
+        without.remove(&waiting.record.source.prefix_digest);
+        let earlier = project_view(request, tracked, &without);
+        if estimate(&earlier) > threshold {
+            return view;
+        }
+        pool = Cow::Owned(without);
+    }
+}
+
+/// True when `tracked` holds a prepared compaction no request took yet: one is enough.
+pub fn has_waiting(tracked: &Tracked) -> bool {
+    tracked.compactions.values().any(|a| a.is_waiting())
+}
+
+/// Everything a preparation's job borrows, owned, so it can outlive the request.
+pub struct Preparation {
+    /// The conversations.
+    pub tracker: Arc<Tracker>,
+    /// The compactor (its counters, cancellation, calibrations).
+    pub compactor: Compactor,
+    /// The config the request was served with.
+    pub config: Arc<Config>,
+    /// The request the preparation is made from.
+    pub request: ChatRequest,
+    /// Its tracking.
+    pub tracked: Tracked,
+    /// Its budget.
+    pub budget: RequestBudget,
+    /// The summary client, with the client's credential.
+    pub client: Arc<dyn ModelClient>,
+    /// The chain.
+    pub chain: Vec<NamedStrategy>,
+    /// The compaction the request's view was built on.
+    pub seen_compact_id: Option<String>,
+}
+
+impl Preparation {
+    /// Runs the preparation on its own task, holding `ticket` until it ends.
+    pub fn spawn(self, ticket: Ticket) {
+        let metrics = Arc::clone(&self.compactor.metrics);
+        metrics.add(PREPARED, &[("outcome", "started")], 1.0);
+        tokio::spawn(async move {
+            let _ticket = ticket;
+            let outcome = self.run().await;
+            metrics.add(PREPARED, &[("outcome", outcome)], 1.0);
+        });
+    }
+
+    async fn run(&self) -> &'static str {
+        let mut job = Job::new(
+            &self.tracker,
+            &self.request,
+            &self.tracked,
+            &self.config.compaction,
+            &self.budget,
+            Arc::clone(&self.client),
+            self.chain.clone(),
+        );
+        job.reason = Reason::Prepared;
+        job.seen_compact_id = self.seen_compact_id.clone();
+        match self.compactor.compact(&job).await {
+            Ok(view) => {
+                let made = view
+                    .compaction
+                    .as_ref()
+                    .is_some_and(|a| a.record.reason == Reason::Prepared && a.is_waiting());
+                if made {
+                    tracing::info!(conversation = %self.tracked.id, "compaction prepared in the background");
+                    "committed"
+                } else {
+                    "stale"
+                }
+            }
+            Err(err) => {
+                tracing::warn!(conversation = %self.tracked.id, error = %err, "background preparation failed; the request that crosses the trigger compacts inline");
+                "failed"
+            }
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! Zero-wait compaction on the in-process harness, time paused, against the strict
+//! provider whose summaries take 3 s: prepared at the mark, adopted only at the
+//! trigger, waited for (never run twice) when the trigger comes first, and a failed
+//! summary that falls back to extract.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use mock_upstream::strict::SummaryMode;
+use serde_json::Value;
+
+use super::tests::{agent_requests, assert_compacted_view, strict, user};
+use crate::base::line::Entry;
+use crate::base::record::Reason;
+use crate::testing::Harness;
+
+/// The 4k model, summaries on a 16k one, prepared at 0.8 of the trigger.
+const CONFIG: &str = "[models.\"strict\"]\ncontext_window = 4096\n[models.\"strict-16k\"]\ncontext_window = 16384\n[compaction]\nstrategy = \"summarize\"\nsummary_model = \"strict-16k\"\nprepare_at = 0.8\n";
+
+/// Sends one more turn of `tokens`, answering the strict agent's tool calls; with
+/// `pause`, lets 5 s of (virtual) time pass after each request, so a preparation it
+/// started finishes before the next.
+async fn turn(
+    proxy: &Harness,
+    id: &str,
+    messages: &mut Vec<Value>,
+    (n, tokens): (usize, usize),
+    pause: bool,
+) {
+    messages.push(user(n, tokens));
+    loop {
+        let answer = proxy.chat(id, "strict", messages).await;
+        if pause {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+        assert_eq!(answer.status, 200, "turn {n}: {}", answer.text());
+        let reply = answer.json()["choices"][0]["message"].clone();
+        let call = reply["tool_calls"][0]["id"].as_str().map(str::to_owned);
+        messages.push(reply);
+        match call {
+            Some(call) => messages
+                .push(serde_json::json!({"role": "tool", "tool_call_id": call, "content": "ok"})),
+            None => return,
+        }
+    }
+}
+
+/// Lets the background run: virtual time passes until `id` has `records`.
+async fn wait_for_records(proxy: &Harness, id: &str, records: usize) {
+    for _ in 0..600 {
+        if proxy.records(id).await.len() >= records {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no record {records} for {id}");
+}
+
+fn adopt_lines(log: &crate::store::ConversationLog) -> Vec<(String, usize)> {
+    log.lines
+        .iter()
+        .filter_map(|line| match &line.entry {
+            Entry::Adopt(adopt) => Some((adopt.compact_id.clone(), adopt.arrived)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_prepared_compaction_waits_for_the_trigger_and_is_adopted_without_a_summary_call() {
+    let (strict, mock) = strict(Duration::from_secs(3)).await;
+    let proxy = Harness::start(&mock.url(), CONFIG).await;
+    let mut messages = vec![serde_json::json!({"role": "system", "content": "be brief"})];
+    let mut n = 0;
+    // Up to the mark: every request goes as the client sent it.
+    while proxy.records("zero").await.is_empty() && n < 40 {
+        turn(&proxy, "zero", &mut messages, (n, 150), true).await;
+        n += 1;
+    }
+    let records = proxy.records("zero").await;
+    assert_eq!(records.len(), 1, "prepared in the background");
+    let prepared = &records[0];
+    assert_eq!(prepared.reason, Reason::Prepared);
+    assert!(prepared.prepared.is_some());
+    assert_eq!(strict.summaries.load(Ordering::SeqCst), 1);
+    for sent in agent_requests(&mock) {
+        let first = &sent["messages"][1]["content"];
+        assert!(
+            first.as_str().is_some_and(|t| t.starts_with("FACT-000")),
+            "sent as the client asked before the trigger: {first}"
+        );
+    }
+    // Past the mark, under the trigger: still untouched, and nothing is prepared twice.
+    let mut crossed = false;
+    while !crossed && n < 40 {
+        let before = mock.requests().len();
+        let started = tokio::time::Instant::now();
+        turn(&proxy, "zero", &mut messages, (n, 150), false).await;
+        n += 1;
+        crossed = mock.requests()[before..].iter().any(|r| {
+            r.json()["messages"][1]["content"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("Continue from the compacted state"))
+        });
+        if crossed {
+            assert!(
+                started.elapsed() < Duration::from_secs(3),
+                "the crossing request waited for nothing"
+            );
+        }
+    }
+    assert!(crossed, "the trigger was never crossed");
+    let sent = agent_requests(&mock).pop().unwrap();
+    assert_compacted_view(
+        sent["messages"].as_array().unwrap(),
+        &messages[..messages.len() - 1],
+    );
+    let log = proxy.log("zero").await;
+    let adopted = adopt_lines(&log);
+    assert_eq!(adopted.len(), 1, "{adopted:?}");
+    assert_eq!(adopted[0].0, prepared.id);
+    assert!(
+        adopted[0].1 >= 2,
+        "the turns since the preparation stay verbatim: {adopted:?}"
+    );
+    assert_eq!(
+        strict.summaries.load(Ordering::SeqCst),
+        1,
+        "the crossing made no summary call"
+    );
+    assert!(strict.over_window.lock().unwrap().is_empty());
+    let metrics = proxy.state.metrics.render();
+    assert!(
+        metrics.contains("handoff_prepared_adopted_total 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_crossing_the_trigger_while_its_preparation_runs_waits_and_makes_no_second_call()
+{
+    let (strict, mock) = strict(Duration::from_secs(3)).await;
+    let proxy = Harness::start(&mock.url(), CONFIG).await;
+    let mut messages = vec![serde_json::json!({"role": "system", "content": "be brief"})];
+    let mut n = 0;
+    // Quick turns, no pause: the preparation is still running when the trigger comes.
+    while agent_requests(&mock).last().is_none_or(|sent| {
+        !sent["messages"][1]["content"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("Continue from the compacted state"))
+    }) {
+        assert!(n < 24, "never compacted");
+        turn(&proxy, "wait", &mut messages, (n, 400), false).await;
+        n += 1;
+    }
+    assert_eq!(
+        strict.summaries.load(Ordering::SeqCst),
+        1,
+        "one summary, made once"
+    );
+    let records = proxy.records("wait").await;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].reason, Reason::Prepared);
+    let metrics = proxy.state.metrics.render();
+    assert!(
+        metrics.contains("handoff_prepared_waited_total 1"),
+        "{metrics}"
+    );
+    assert!(strict.over_window.lock().unwrap().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_preparation_whose_summary_fails_falls_back_to_extract_and_is_adopted() {
+    let (strict, mock) = strict(Duration::from_secs(3)).await;
+    strict.set_summary_mode(SummaryMode::ServerError);
+    let proxy = Harness::start(&mock.url(), CONFIG).await;
+    let mut messages = vec![serde_json::json!({"role": "system", "content": "be brief"})];
+    let mut n = 0;
+    while proxy.records("fails").await.is_empty() {
+        assert!(n < 40, "nothing prepared");
+        turn(&proxy, "fails", &mut messages, (n, 150), true).await;
+        n += 1;
+    }
+    wait_for_records(&proxy, "fails", 1).await;
+    let record = &proxy.records("fails").await[0];
+    assert_eq!(record.reason, Reason::Prepared);
+    assert_eq!(record.strategy, "extract");
+    assert_eq!(record.attempts[0].outcome, "failed");
+    for _ in 0..40 {
+        if !adopt_lines(&proxy.log("fails").await).is_empty() {
+            break;
+        }
+        turn(&proxy, "fails", &mut messages, (n, 150), false).await;
+        n += 1;
+    }
+    let adopted = adopt_lines(&proxy.log("fails").await);
+    assert_eq!(
+        adopted.len(),
+        1,
+        "the fallback's handoff is adopted at the trigger"
+    );
+    assert_eq!(proxy.records("fails").await.len(), 1);
+    drop(mock);
+}
