@@ -12,7 +12,7 @@ use mock_upstream::strict::SUMMARY_PROMPT_START;
 use mock_upstream::{MockUpstream, Recorded};
 use serde_json::{json, Value};
 use support::client::{self, request};
-use support::scenario::{self, estimate_model, records, serve_strict};
+use support::scenario::{self, estimate_model, inline_compaction, records, serve_strict};
 use support::{canonical, Proxy, ProxyOptions};
 
 const WINDOW: u64 = 8000;
@@ -176,7 +176,7 @@ async fn an_overflow_answer_is_compacted_and_retried_and_errors_use_anthropics_s
     // tell handoff that the request is too long.
     let (strict, mock) = strict_anthropic(3000).await;
     let data = tempfile::tempdir().unwrap();
-    let proxy = Proxy::start_with(&mock.url(), options(data.path(), 6000));
+    let proxy = Proxy::start_with(&mock.url(), inline_compaction(options(data.path(), 6000)));
     let messages = scenario::fact_history(
         json!({"role": "assistant", "content": [{"type": "text", "text": "noted"}]}),
     );
@@ -256,7 +256,7 @@ async fn an_overflow_event_opening_a_stream_is_compacted_and_retried() {
     })
     .await;
     let data = tempfile::tempdir().unwrap();
-    let proxy = Proxy::start_with(&mock.url(), options(data.path(), 6000));
+    let proxy = Proxy::start_with(&mock.url(), inline_compaction(options(data.path(), 6000)));
     let messages = scenario::fact_history(json!({"role": "assistant", "content": "noted"}));
     let body =
         json!({"model": "claude-mock", "max_tokens": 100, "stream": true, "messages": messages});

@@ -12,7 +12,7 @@ use mock_upstream::strict::{Strict, SummaryMode};
 use mock_upstream::{AgentStyle, MockUpstream};
 use serde_json::{json, Value};
 use support::client;
-use support::scenario::{agent_requests, chat_as, options, records, run_client};
+use support::scenario::{agent_requests, chat_as, inline_compaction, options, records, run_client};
 use support::Proxy;
 
 /// The strict provider, playing an agent that answers briefly after tool results and
@@ -190,7 +190,7 @@ fn recall(facts: &Value, view: &str) -> f64 {
 async fn a_22_turn_agent_keeps_its_tool_facts_with_no_fallback() {
     let strict = Strict::new(16_384);
     let mock = strict_agent(Arc::clone(&strict)).await;
-    let proxy = Proxy::start_with(&mock.url(), options(16_384, ""));
+    let proxy = Proxy::start_with(&mock.url(), inline_compaction(options(16_384, "")));
 
     // Tool results of about 1.1k tokens, too short to be shortened, and handoffs of
     // about 1.5k: the summary input of a compaction passes the summary model's
@@ -255,7 +255,7 @@ async fn extract_alone_keeps_most_tool_result_edges() {
 async fn an_upstream_counting_one_and_a_half_tiktoken_never_rejects_a_request() {
     let strict = Strict::scaled(16_384, 1.5);
     let mock = strict_agent(Arc::clone(&strict)).await;
-    let proxy = Proxy::start_with(&mock.url(), options(16_384, ""));
+    let proxy = Proxy::start_with(&mock.url(), inline_compaction(options(16_384, "")));
 
     let (got, _) = run_fact_agent(&proxy, &mock, 20, 400).await;
 
@@ -304,13 +304,13 @@ async fn eval_replays_a_live_run_to_the_same_figures_and_writes_nothing() {
         let mock = strict_agent(Arc::clone(&strict)).await;
         let proxy = Proxy::start_with(
             &mock.url(),
-            options(
+            inline_compaction(options(
                 4096,
                 &format!(
                     "[compaction]\nchain = {:?}\n",
                     chain.split(',').collect::<Vec<_>>()
                 ),
-            ),
+            )),
         );
         let mut messages = vec![json!({"role": "system", "content": "be brief"})];
         for n in 0..14 {

@@ -326,7 +326,10 @@ async fn a_database_restart_gives_503_then_service_resumes_and_nothing_acknowled
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_copy_moves_a_data_dir_into_the_database_idempotently() {
     let (_strict, mock) = strict_with_slow_summaries(4096, 0, Duration::ZERO).await;
-    let disk = Proxy::start_with(&mock.url(), options(4096, SUMMARY_16K));
+    let disk = Proxy::start_with(
+        &mock.url(),
+        support::scenario::inline_compaction(options(4096, SUMMARY_16K)),
+    );
     let history = support::scenario::drive_until_compaction(&disk, "moved", 300, 30).await;
     let disk_replay = disk.replay("moved", None);
     let db = Postgres::start();

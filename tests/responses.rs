@@ -11,7 +11,9 @@ use mock_upstream::strict::SUMMARY_PROMPT_START;
 use mock_upstream::{MockUpstream, Recorded};
 use serde_json::{json, Value};
 use support::client::{self, request};
-use support::scenario::{self, estimate_model, records, run_client, serve_strict};
+use support::scenario::{
+    self, estimate_model, inline_compaction, records, run_client, serve_strict,
+};
 use support::{canonical, Proxy, ProxyOptions};
 
 const ID: &str = "responses-agent";
@@ -145,7 +147,7 @@ async fn each_overflow_style_is_compacted_and_retried() {
         let (strict, mock) = strict_responses(3000).await;
         strict.set_style(style);
         let data = tempfile::tempdir().unwrap();
-        let proxy = Proxy::start_with(&mock.url(), options(data.path(), 6000));
+        let proxy = Proxy::start_with(&mock.url(), inline_compaction(options(data.path(), 6000)));
         let body = json!({"model": "gpt-mock", "input": input, "stream": stream, "store": false});
         let got = client::send(request(
             "POST",

@@ -230,3 +230,19 @@ pub fn assert_only_the_ledger_quotes(messages: &Value, needle: &str) {
         quoting[0]
     );
 }
+
+/// `options` with compactions run inline only (`compaction.prepare_at = 0`): for tests
+/// of the inline and reactive paths, which a background preparation would pre-empt.
+pub fn inline_compaction(mut options: ProxyOptions) -> ProxyOptions {
+    if options.extra_toml.contains("[compaction]") {
+        options.extra_toml =
+            options
+                .extra_toml
+                .replacen("[compaction]", "[compaction]\nprepare_at = 0", 1);
+    } else {
+        options
+            .extra_toml
+            .push_str("\n[compaction]\nprepare_at = 0\n");
+    }
+    options
+}
