@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Zero-wait compaction measured: one agent session of 30 turns (about 400 tokens each,
-# every answer at once) through the real release binary, on a 4k-window model whose
-# summaries take 3 s or 20 s (the in-repo mock summariser, tests/mock-upstream bin
-# mock-summarizer, delaying each summary call), with preparation on
-# (compaction.prepare_at = 0.8) and off (0). Prints a Markdown table of the client's
+# Zero-wait compaction measured: one agent session of 20 turns (about 450 tokens each,
+# each agent turn answered in 1 s, its tool calls answered too) through the real
+# release binary, on an 8k-window model whose summaries take 3 s or 20 s (the in-repo
+# mock summariser, tests/mock-upstream bin mock-summarizer, delaying each call), with
+# preparation at compaction.prepare_at = 0.8 (the default) and 0.5, and off (0). Prints a Markdown table of the client's
 # request latencies (p50, p99, max; the compacting requests are the tail), how many
 # requests took longer than the summariser, the compactions and the summary calls.
+# TURNS and TURN_SECS change the session.
 #
 #   benches/prepare.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MOCK_PORT=18110
 PROXY_PORT=18111
-TURNS=${TURNS:-30}
+TURNS=${TURNS:-20}
+TURN_SECS=${TURN_SECS:-1}
 
 cargo build --release --quiet --bin handoff -p handoff
 cargo build --release --quiet --bin mock-summarizer -p mock-upstream
@@ -25,8 +27,8 @@ wait_port() { for _ in $(seq 1 600); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/
 echo "| summariser | preparation | requests | p50 ms | p99 ms | max ms | requests slower than the summariser | compactions | summary calls |"
 echo "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 for delay in 3 20; do
-  for prepare in 0.8 0; do
-    target/release/mock-summarizer "127.0.0.1:$MOCK_PORT" "$delay" > /dev/null &
+  for prepare in 0.8 0.5 0; do
+    target/release/mock-summarizer "127.0.0.1:$MOCK_PORT" "$delay" "$TURN_SECS" > /dev/null &
     PIDS=($!)
     wait_port "$MOCK_PORT"
     DATA="$WORK/data-$delay-$prepare"
@@ -36,7 +38,7 @@ data_dir = "$DATA"
 [upstream]
 base_url = "http://127.0.0.1:$MOCK_PORT"
 [models."strict"]
-context_window = 4096
+context_window = 8192
 [models."strict-16k"]
 context_window = 16384
 [compaction]
@@ -63,7 +65,7 @@ def ask():
     latencies.append((time.monotonic() - started) * 1000)
     return reply
 for n in range(turns):
-    words = " ".join(f"w{i}" for i in range(200))
+    words = " ".join(f"w{i}" for i in range(225))
     messages.append({"role": "user", "content": f"FACT-{n:03} {words}"})
     reply = ask()
     while reply.get("tool_calls"):
@@ -79,7 +81,7 @@ calls = sum(a.get("calls") or 1 for r in records for a in r["attempts"] if a["st
 ordered = sorted(latencies)
 pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 slow = sum(1 for l in latencies if l >= delay * 1000)
-label = "on (prepare_at = 0.8)" if prepare != "0" else "off"
+label = f"prepare_at = {prepare}" if prepare != "0" else "off (prepare_at = 0)"
 print(f"| {delay:.0f} s | {label} | {len(latencies)} | {pick(0.5):.1f} | {pick(0.99):.1f} | {max(latencies):.1f} | {slow} | {len(records)} | {calls} |")
 PY
     cleanup

@@ -91,6 +91,8 @@ pub struct Adopted {
     pub handoff_digest: MessageDigest,
     /// For a prepared record: a request adopted it (its `adopt` line is logged).
     pub taken: std::sync::atomic::AtomicBool,
+    /// For a prepared record: another compaction overtook it before any request took it.
+    retired: std::sync::atomic::AtomicBool,
 }
 
 impl Adopted {
@@ -102,6 +104,7 @@ impl Adopted {
             continuation_digest: message_digest(&record.continuation),
             handoff_digest: message_digest(&record.handoff),
             taken: std::sync::atomic::AtomicBool::new(false),
+            retired: std::sync::atomic::AtomicBool::new(false),
             record,
         })
     }
@@ -109,6 +112,13 @@ impl Adopted {
     /// True for a prepared record no request has adopted yet.
     pub fn is_waiting(&self) -> bool {
         self.record.prepared.is_some() && !self.taken.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Marks a waiting prepared record overtaken; true only for the call that did it
+    /// first, so it is counted as wasted once.
+    pub fn retire(&self) -> bool {
+        self.record.prepared.is_some()
+            && !self.retired.swap(true, std::sync::atomic::Ordering::AcqRel)
     }
 
     /// Marks a prepared record adopted; true only for the call that did it first.

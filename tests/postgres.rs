@@ -528,3 +528,75 @@ async fn upstream_objects_keep_their_owner_on_every_replica() {
         1
     );
 }
+
+/// One user turn on `proxy`, the agent's tool calls answered; true when the view sent
+/// for it opened with the handoff pair.
+async fn turn_on(proxy: &Proxy, mock: &MockUpstream, messages: &mut Vec<Value>, n: usize) -> bool {
+    messages.push(big_user(n, 150));
+    loop {
+        let got = chat(proxy, "shared", messages).await;
+        assert_eq!(got.status, 200, "turn {n}: {}", got.text());
+        let reply = got.json()["choices"][0]["message"].clone();
+        let call = reply["tool_calls"][0]["id"].as_str().map(str::to_owned);
+        messages.push(reply);
+        match call {
+            Some(call) => {
+                messages.push(json!({"role": "tool", "tool_call_id": call, "content": "ok"}))
+            }
+            None => break,
+        }
+    }
+    agent_requests(mock).last().is_some_and(|sent| {
+        sent.json()["messages"][1]["content"]
+            .as_str()
+            .is_some_and(|text| text.starts_with("Continue from the compacted state"))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_prepared_on_one_replica_is_adopted_on_another() {
+    let db = Postgres::start();
+    let (strict, mock) = strict_with_slow_summaries(4096, 0, Duration::ZERO).await;
+    let a = replica(&mock, &db, "");
+    let b = replica(&mock, &db, "");
+    let mut messages = vec![json!({"role": "system", "content": "be brief"})];
+    let mut n = 0;
+    // On A, up to the mark: the compaction is prepared there, and nothing is adopted.
+    while compactions(&db) == 0 {
+        assert!(n < 40, "nothing was prepared on A");
+        assert!(
+            !turn_on(&a, &mock, &mut messages, n).await,
+            "adopted before the trigger"
+        );
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let record: Value = serde_json::from_str(
+        db.sql("SELECT record FROM handoff_compactions")
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record["reason"], "prepared", "{record}");
+    // On B, until the trigger is crossed: B adopts what A prepared, without a summary.
+    let mut adopted = false;
+    while !adopted {
+        assert!(n < 80, "B never crossed the trigger");
+        adopted = turn_on(&b, &mock, &mut messages, n).await;
+        n += 1;
+    }
+    assert_eq!(
+        strict.summaries.load(Ordering::SeqCst),
+        1,
+        "one summary, on A"
+    );
+    assert_eq!(compactions(&db), 1);
+    assert_eq!(
+        db.count("SELECT count(*) FROM handoff_lines WHERE kind = 'adopt'"),
+        1,
+        "B logged the adoption"
+    );
+    let last = agent_requests(&mock).pop().unwrap().json().to_string();
+    assert!(last.contains(&json!(record["handoff"]["content"]).to_string()[1..40]));
+}

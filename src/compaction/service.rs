@@ -13,7 +13,9 @@ use handoff_plugin_api::{CancellationToken, ModelClient, ModelInfo};
 
 use super::budget::{RequestBudget, Scale, ScaledCounter};
 use super::chain::NamedStrategy;
-use super::prepare::{settled_view, Background, PREPARED_ADOPTED, PREPARED_WAITED};
+use super::prepare::{
+    settled_view, Background, PREPARED_ADOPTED, PREPARED_WAITED, PREPARED_WASTED,
+};
 use super::split::split_at_unit_boundary;
 use super::summary_count::SummaryCalibrations;
 use super::unit::split_into_units;
@@ -489,6 +491,14 @@ impl Compactor {
             };
             let committed = job.tracker.commit_compaction(job.id, record, lease).await?;
             self.record_metrics(&committed);
+            // A prepared compaction no request took, now overtaken, is wasted work.
+            let overtaken = adopted
+                .values()
+                .filter(|a| a.record.id != committed.record.id && a.is_waiting() && a.retire())
+                .count();
+            if overtaken > 0 {
+                self.metrics.add(PREPARED_WASTED, &[], overtaken as f64);
+            }
             adopted.insert(committed.record.source.prefix_digest, committed);
             view = project_view(job.request, job.tracked, &adopted);
             if rescued {
