@@ -2,7 +2,10 @@
 # End-to-end benchmark: the same mock upstream reached directly, through handoff,
 # through nginx (reverse proxy, proxy_buffering off, upstream keepalive) and through
 # the LiteLLM proxy, interleaved and repeated; medians and ratios are printed as a
-# Markdown table. Load comes from wrk.
+# Markdown table. Load comes from wrk. Beside req/s and latency, the small and long
+# chat tables give each proxy's CPU time per request (user + system, from
+# /proc/<pid>/stat over the run, nginx's workers included): the figure that does not
+# swing with the machine's load.
 #
 #   benches/e2e.sh [--duration SECONDS] [--rounds N] [--no-litellm] [--smoke]
 #
@@ -52,7 +55,7 @@ python3 benches/e2e/bodies.py "$WORK"
 
 wait_port() { for _ in $(seq 1 900); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 did not open" >&2; exit 1; }
 
-target/release/bench-upstream "127.0.0.1:$UP" 2>/dev/null & PIDS+=($!)
+target/release/bench-upstream "127.0.0.1:$UP" 2>/dev/null & UP_PID=$!; PIDS+=($UP_PID)
 cat > "$WORK/handoff.toml" <<TOML
 listen = "127.0.0.1:$HO"
 data_dir = "$WORK/data"
@@ -74,7 +77,7 @@ if [ -n "$PGBIN" ] && [ -x "$PGBIN/initdb" ]; then
   "${AS_PG[@]}" "$PGBIN/pg_ctl" -D "$WORK/pg/data" -o "-p $PGPORT -k $WORK/pg -c listen_addresses=127.0.0.1" -l "$WORK/pg/log" -w start >/dev/null
   sed -e "s/127.0.0.1:$HO/127.0.0.1:$HP/" -e "s#$WORK/data#$WORK/data-pg#" "$WORK/handoff.toml" > "$WORK/handoff-pg.toml"
   printf '[store]\nbackend = "postgres"\nurl = "postgres://postgres@127.0.0.1:%s/postgres"\n' "$PGPORT" >> "$WORK/handoff-pg.toml"
-  target/release/handoff serve --config "$WORK/handoff-pg.toml" 2>"$WORK/handoff-pg.log" & PIDS+=($!)
+  target/release/handoff serve --config "$WORK/handoff-pg.toml" 2>"$WORK/handoff-pg.log" & HP_PID=$!; PIDS+=($HP_PID)
 fi
 # Statement logging on or off (reloaded at once by every session): while it is on, the
 # server log has one line per statement handoff sends.
@@ -117,7 +120,7 @@ model_list:
 general_settings:
   master_key: sk-bench
 YAML
-  LITELLM_LOCAL_MODEL_COST_MAP=True "$VENV/bin/litellm" --config "$WORK/litellm.yaml" --host 127.0.0.1 --port "$LL" --num_workers 1 >"$WORK/litellm.log" 2>&1 & PIDS+=($!)
+  LITELLM_LOCAL_MODEL_COST_MAP=True "$VENV/bin/litellm" --config "$WORK/litellm.yaml" --host 127.0.0.1 --port "$LL" --num_workers 1 >"$WORK/litellm.log" 2>&1 & LL_PID=$!; PIDS+=($LL_PID)
 fi
 for port in $UP $HO $NG; do wait_port "$port"; done
 if [ "$PG" = 1 ]; then wait_port "$HP"; fi
@@ -125,20 +128,50 @@ if [ "$LITELLM" = 1 ]; then wait_port "$LL"; fi
 sleep 1
 IDLE_RSS=$(ps -o rss= -p "$HANDOFF_PID")
 
-# wrk → "rps p50_ms p99_ms"
-run_wrk() { # url connections body [conversation]
-  local out threads=$(( $2 < 2 ? $2 : 2 ))
+# CPU time (clock ticks, user + system) of a process and its children: nginx's
+# workers are its master's children; a proxy's threads are counted in its own.
+cpu_ticks() { # pid
+  local total=0 pid fields
+  for pid in "$1" $(pgrep -P "$1" 2>/dev/null || true); do
+    [ -r "/proc/$pid/stat" ] || continue
+    # The fields after "pid (comm) ": utime and stime are the 12th and 13th.
+    fields=$(sed 's/^.*) //' "/proc/$pid/stat")
+    total=$(( total + $(echo "$fields" | awk '{print $12 + $13}') ))
+  done
+  echo "$total"
+}
+
+# The process whose CPU a target's requests cost: the proxy's own (the upstream's for
+# direct, which every row also pays).
+target_pid() {
+  case "$1" in
+    direct) echo "$UP_PID" ;;
+    handoff) echo "$HANDOFF_PID" ;;
+    handoff-pg) echo "${HP_PID:-}" ;;
+    nginx) cat "$WORK/nginx.pid" ;;
+    litellm) echo "${LL_PID:-}" ;;
+  esac
+}
+
+# wrk → "rps p50_ms p99_ms non2xx cpu_us_per_request"
+run_wrk() { # url connections body [conversation [target]]
+  local out threads=$(( $2 < 2 ? $2 : 2 )) pid before after
+  pid=$(target_pid "${5:-}")
+  before=$([ -n "$pid" ] && cpu_ticks "$pid" || echo 0)
   out=$(BODY="$3" CONVERSATION="${4:-}" wrk -t"$threads" -c"$2" -d"${DURATION}s" --timeout 10s --latency -s benches/e2e/post.lua "$1")
-  python3 - "$out" <<'PY'
+  after=$([ -n "$pid" ] && cpu_ticks "$pid" || echo 0)
+  python3 - "$out" "$((after - before))" "$(getconf CLK_TCK)" <<'PY'
 import re, sys
-text = sys.argv[1]
+text, ticks, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 def ms(v):
     n, unit = float(re.match(r"[\d.]+", v).group()), re.sub(r"[\d.]", "", v)
     return n * {"us": 0.001, "ms": 1, "s": 1000, "m": 60000}[unit]
 rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
 p = dict(re.findall(r"^\s+(50|99)%\s+(\S+)", text, re.M))
 errors = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
-print(rps, ms(p["50"]), ms(p["99"]), errors.group(1) if errors else 0)
+requests = int(re.search(r"(\d+) requests in", text).group(1))
+cpu_us = ticks / hz * 1e6 / requests if requests and ticks else float("nan")
+print(rps, ms(p["50"]), ms(p["99"]), errors.group(1) if errors else 0, f"{cpu_us:.1f}")
 PY
 }
 
@@ -162,10 +195,10 @@ if [ "$PG" = 1 ]; then
 fi
 for round in $(seq 1 "$ROUNDS"); do
   for target in "${TARGETS[@]}"; do
-    echo "small $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/chat/completions" 32 "$WORK/small.json")" >> "$RESULTS"
+    echo "small $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/chat/completions" 32 "$WORK/small.json" "" "$target")" >> "$RESULTS"
   done
   for target in "${REPEATED[@]}"; do
-    echo "long $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/chat/completions" 8 "$WORK/long.json" bench-long)" >> "$RESULTS"
+    echo "long $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/chat/completions" 8 "$WORK/long.json" bench-long "$target")" >> "$RESULTS"
   done
   for target in direct handoff nginx; do
     echo "stream $target $(python3 benches/e2e/stream_probe.py 127.0.0.1 "${PORT[$target]}" 3)" >> "$RESULTS"
@@ -176,8 +209,8 @@ for round in $(seq 1 "$ROUNDS"); do
   done
   # The same shapes on Anthropic's Messages API.
   for target in direct handoff nginx; do
-    echo "asmall $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/messages" 32 "$WORK/small_anthropic.json")" >> "$RESULTS"
-    echo "along $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/messages" 8 "$WORK/long_anthropic.json" bench-long-anthropic)" >> "$RESULTS"
+    echo "asmall $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/messages" 32 "$WORK/small_anthropic.json" "" "$target")" >> "$RESULTS"
+    echo "along $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/messages" 8 "$WORK/long_anthropic.json" bench-long-anthropic "$target")" >> "$RESULTS"
     echo "astream $target $(python3 benches/e2e/stream_probe.py 127.0.0.1 "${PORT[$target]}" 3 anthropic)" >> "$RESULTS"
   done
 done
@@ -212,20 +245,20 @@ for line in open(path):
 med = lambda xs: statistics.median(xs) if xs else float("nan")
 def wrk(kind, target):
     vals = [list(map(float, r.split())) for r in rows.get((kind, target), [])]
-    return [med([v[i] for v in vals]) for i in range(4)] if vals else None
+    return [med([v[i] for v in vals if len(v) > i]) for i in range(5)] if vals else None
 print(f"Medians of {rounds} interleaved round(s) of {duration}s each.\n")
-print("| small chat, 32 conn | req/s | p50 ms | p99 ms | non-2xx |")
-print("| --- | ---: | ---: | ---: | ---: |")
+print("| small chat, 32 conn | req/s | p50 ms | p99 ms | non-2xx | CPU µs/request |")
+print("| --- | ---: | ---: | ---: | ---: | ---: |")
 small = {t: wrk("small", t) for t in ["direct", "handoff", "handoff-pg", "nginx", "litellm"]}
 for t, v in small.items():
-    if v: print(f"| {t} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} | {v[3]:.0f} |")
+    if v: print(f"| {t} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} | {v[3]:.0f} | {v[4]:.0f} |")
 h, n, l = small["handoff"], small["nginx"], small["litellm"]
 print(f"\nhandoff/nginx throughput: {h[0]/n[0]:.2f}×" + (f"; handoff/LiteLLM throughput: {h[0]/l[0]:.0f}×" if l else ""))
-print("\n| tracked long conversation (~400 KB), 8 conn | req/s | p50 ms | p99 ms |")
-print("| --- | ---: | ---: | ---: |")
+print("\n| tracked long conversation (~400 KB), 8 conn | req/s | p50 ms | p99 ms | CPU µs/request |")
+print("| --- | ---: | ---: | ---: | ---: |")
 long = {t: wrk("long", t) for t in ["direct", "handoff", "handoff-pg", "nginx"]}
 for t, v in long.items():
-    if v: print(f"| {t} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} |")
+    if v: print(f"| {t} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} | {v[4]:.0f} |")
 print(f"\nhandoff p50 added over nginx (long): {long['handoff'][1] - long['nginx'][1]:.3f} ms")
 print("\n| streaming (64 deltas, 20 ms apart) | TTFB p50 ms | gap p50 ms | gap max ms |")
 print("| --- | ---: | ---: | ---: |")
