@@ -136,6 +136,22 @@ async fn a_prepared_compaction_waits_for_the_trigger_and_is_adopted_without_a_su
         metrics.contains("handoff_prepared_adopted_total 1"),
         "{metrics}"
     );
+    // The timeline (what the web view reads) shows both.
+    let request = http::Request::get(format!(
+        "{}/handoff/conversations/zero/timeline",
+        proxy.url()
+    ))
+    .body(http_body_util::Full::default())
+    .unwrap();
+    let timeline = proxy.send(request).await.json();
+    let events = timeline["events"].as_array().unwrap();
+    let compaction = events.iter().find(|e| e["type"] == "compaction").unwrap();
+    assert_eq!(
+        compaction["prepared"]["messages"],
+        prepared.prepared.as_ref().unwrap().messages
+    );
+    let adopt = events.iter().find(|e| e["type"] == "adopt").unwrap();
+    assert_eq!(adopt["id"], prepared.id.as_str());
 }
 
 #[tokio::test(start_paused = true)]
