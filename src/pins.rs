@@ -151,7 +151,7 @@ impl Pins {
         let mut floated = Vec::new();
         let text_only = |m: &Message| {
             let raw = m.raw.get();
-            !crate::dialect::any_marker(raw, |m| m.paired)
+            !crate::dialect::any_marker(raw, crate::dialect::MarkerKind::Paired)
         };
         let mut index = last.saturating_sub(FLOAT_WITHIN).max(at);
         while index < last {

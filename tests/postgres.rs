@@ -14,7 +14,7 @@ use mock_upstream::strict::{Strict, SUMMARY_PROMPT_START};
 use mock_upstream::{MockUpstream, Recorded, Reply};
 use serde_json::{json, Value};
 use support::postgres::Postgres;
-use support::scenario::{agent_requests, big_user, chat, fact_history, options};
+use support::scenario::{agent_requests, agent_turn, big_user, chat, fact_history, options};
 use support::{canonical, read_tree, Proxy};
 
 /// Summaries by a 16k model, with time to finish.
@@ -529,23 +529,9 @@ async fn upstream_objects_keep_their_owner_on_every_replica() {
     );
 }
 
-/// One user turn on `proxy`, the agent's tool calls answered; true when the view sent
-/// for it opened with the handoff pair.
+/// One user turn on `proxy`; true when the view sent for it opened with the pair.
 async fn turn_on(proxy: &Proxy, mock: &MockUpstream, messages: &mut Vec<Value>, n: usize) -> bool {
-    messages.push(big_user(n, 150));
-    loop {
-        let got = chat(proxy, "shared", messages).await;
-        assert_eq!(got.status, 200, "turn {n}: {}", got.text());
-        let reply = got.json()["choices"][0]["message"].clone();
-        let call = reply["tool_calls"][0]["id"].as_str().map(str::to_owned);
-        messages.push(reply);
-        match call {
-            Some(call) => {
-                messages.push(json!({"role": "tool", "tool_call_id": call, "content": "ok"}))
-            }
-            None => break,
-        }
-    }
+    agent_turn(proxy, "shared", messages, big_user(n, 150)).await;
     agent_requests(mock).last().is_some_and(|sent| {
         sent.json()["messages"][1]["content"]
             .as_str()

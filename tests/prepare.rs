@@ -10,12 +10,12 @@ mod support;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mock_upstream::strict::{Strict, SUMMARY_PROMPT_START};
 use mock_upstream::MockUpstream;
 use serde_json::{json, Value};
-use support::scenario::{agent_requests, big_user, chat, options, records};
+use support::scenario::{agent_requests, agent_turn, big_user, options, records};
 use support::Proxy;
 
 const SUMMARY_DELAY: Duration = Duration::from_secs(3);
@@ -45,8 +45,7 @@ struct Session {
     summary_calls: usize,
 }
 
-/// One user turn of about `tokens` tokens, the agent's tool calls answered; the latency of
-/// each request goes to `latencies`.
+/// One user turn of about `tokens` tokens; each request's latency goes to `latencies`.
 async fn turn(
     proxy: &Proxy,
     id: &str,
@@ -54,22 +53,7 @@ async fn turn(
     (n, tokens): (usize, usize),
     latencies: &mut Vec<Duration>,
 ) {
-    messages.push(big_user(n, tokens));
-    loop {
-        let started = Instant::now();
-        let got = chat(proxy, id, messages).await;
-        latencies.push(started.elapsed());
-        assert_eq!(got.status, 200, "turn {n}: {}", got.text());
-        let reply = got.json()["choices"][0]["message"].clone();
-        let call = reply["tool_calls"][0]["id"].as_str().map(str::to_owned);
-        messages.push(reply);
-        match call {
-            Some(call) => {
-                messages.push(json!({"role": "tool", "tool_call_id": call, "content": "ok"}))
-            }
-            None => return,
-        }
-    }
+    latencies.extend(agent_turn(proxy, id, messages, big_user(n, tokens)).await);
 }
 
 async fn session(prepare_at: &str, turns: usize) -> Session {

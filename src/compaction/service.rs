@@ -274,20 +274,21 @@ impl Compactor {
             let local = view.estimate(tokens, budget.tokenizer(), budget.tools_tokens);
             scale.view(local, view.compact_id())
         };
-        let uncounted = project_view(request, tracked, &tracked.compactions)
-            .uncounted_bytes(tokens, budget.tokenizer());
+        // Settling counts only when a prepared record waits (rare); the view it picks
+        // is then counted, off the async path when that is heavy.
+        let settled = settled_view(request, tracked, budget.threshold, calibrated);
+        let mut view = valid_or_plain(request, tracked, settled);
+        let uncounted = view.uncounted_bytes(tokens, budget.tokenizer());
         let heavy = uncounted > BIG_UNCOUNTED || !tokens.is_loaded(budget.tokenizer());
-        let settle = || settled_view(request, tracked, budget.threshold, calibrated);
+        let count = || calibrated(&view);
         // Tokenising hundreds of KB, or loading the tokenizer, takes tens of ms or more:
         // on a multi-thread runtime let it move other work off this thread meanwhile.
         // A current-thread runtime (a test, an embedding) cannot, and counts in place.
-        let view = if heavy && on_multi_thread_runtime() {
-            tokio::task::block_in_place(settle)
+        let current = if heavy && on_multi_thread_runtime() {
+            tokio::task::block_in_place(count)
         } else {
-            settle()
+            count()
         };
-        let mut view = valid_or_plain(request, tracked, view);
-        let current = calibrated(&view);
         tracing::debug!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, "view estimated");
         self.note_adoption(tracker, tracked, &view).await;
         if current > budget.threshold {

@@ -82,7 +82,7 @@ impl ConversationState {
 /// Which logged messages keep their text when tracking reads a log back: those whose
 /// echo forms a restarted tracker needs.
 pub(super) fn keeps_text(raw: &str) -> bool {
-    crate::dialect::any_marker(raw, |m| m.indexed)
+    crate::dialect::any_marker(raw, crate::dialect::MarkerKind::Indexed)
 }
 
 /// What a logged turn must contain to have shorter forms ([`turn_forms`]): a blank
@@ -246,7 +246,7 @@ impl ConversationState {
                     // Only a message that may have echo forms is parsed again.
                     let raw = message.message.get();
                     let turn = heads.contains(&message.digest) && raw.contains(TURN_HINT);
-                    if turn || crate::dialect::any_marker(raw, |m| m.echoed) {
+                    if turn || crate::dialect::any_marker(raw, crate::dialect::MarkerKind::Echoed) {
                         if let Ok(value) = serde_json::from_str::<Value>(raw) {
                             state.remember_echo(
                                 message.parent,

@@ -222,13 +222,38 @@ fn unique(names: impl Iterator<Item = &'static str>) -> Vec<&'static str> {
     out
 }
 
-/// True when `raw` contains one of the markers `pick` takes from any dialect.
-pub fn any_marker(raw: &str, pick: fn(&Markers) -> &'static [&'static str]) -> bool {
-    DialectKind::ALL.iter().any(|d| {
-        pick(&d.get().markers())
-            .iter()
-            .any(|marker| raw.contains(marker))
-    })
+/// Which raw-JSON markers a scan looks for ([`Markers`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkerKind {
+    /// [`Markers::paired`].
+    Paired,
+    /// [`Markers::echoed`].
+    Echoed,
+    /// [`Markers::indexed`].
+    Indexed,
+}
+
+/// True when `raw` contains one of the `kind` markers of any dialect. The union is
+/// built once, each marker in it once (several formats mark typed blocks alike).
+pub fn any_marker(raw: &str, kind: MarkerKind) -> bool {
+    static UNIONS: std::sync::OnceLock<[Vec<&'static str>; 3]> = std::sync::OnceLock::new();
+    let unions = UNIONS.get_or_init(|| {
+        let union = |pick: fn(&Markers) -> &'static [&'static str]| {
+            unique(
+                DialectKind::ALL
+                    .iter()
+                    .flat_map(|d| pick(&d.get().markers()).iter().copied()),
+            )
+        };
+        [
+            union(|m| m.paired),
+            union(|m| m.echoed),
+            union(|m| m.indexed),
+        ]
+    });
+    unions[kind as usize]
+        .iter()
+        .any(|marker| raw.contains(marker))
 }
 
 /// A streamed reply being reassembled from its SSE events.

@@ -157,23 +157,25 @@ impl Harness {
 
     /// The log of conversation `id` (of any tenant), read from the store.
     pub async fn log(&self, id: &str) -> ConversationLog {
-        let store = self.state.tracker.store();
-        let ids = store.list(None, None, 1000).await.unwrap();
-        let found = ids
-            .iter()
-            .find(|found| found.as_str() == id)
-            .unwrap_or_else(|| panic!("no conversation {id} in {ids:?}"));
-        store.read(found).await.unwrap()
+        self.find_log(id)
+            .await
+            .unwrap_or_else(|| panic!("no conversation {id}"))
     }
 
     /// The compaction records of conversation `id`, in order (none before it exists).
     pub async fn records(&self, id: &str) -> Vec<CompactionRecord> {
+        self.find_log(id)
+            .await
+            .map(|log| log.compactions)
+            .unwrap_or_default()
+    }
+
+    /// The log of conversation `id` of any tenant, if it exists.
+    async fn find_log(&self, id: &str) -> Option<ConversationLog> {
         let store = self.state.tracker.store();
         let ids = store.list(None, None, 1000).await.unwrap();
-        match ids.iter().find(|found| found.as_str() == id) {
-            Some(found) => store.read(found).await.unwrap().compactions,
-            None => Vec::new(),
-        }
+        let found = ids.iter().find(|found| found.as_str() == id)?;
+        Some(store.read(found).await.unwrap())
     }
 
     /// Sends `request` and reads the whole answer.

@@ -246,3 +246,31 @@ pub fn inline_compaction(mut options: ProxyOptions) -> ProxyOptions {
     }
     options
 }
+
+/// One user turn `user` of an agent in conversation `id`: sent, and each tool call of
+/// the reply answered with `ok` and sent again, until a reply calls none. Returns each
+/// request's latency.
+pub async fn agent_turn(
+    proxy: &Proxy,
+    id: &str,
+    messages: &mut Vec<Value>,
+    user: Value,
+) -> Vec<std::time::Duration> {
+    messages.push(user);
+    let mut latencies = Vec::new();
+    loop {
+        let started = std::time::Instant::now();
+        let got = chat(proxy, id, messages).await;
+        latencies.push(started.elapsed());
+        assert_eq!(got.status, 200, "{}", got.text());
+        let reply = got.json()["choices"][0]["message"].clone();
+        let call = reply["tool_calls"][0]["id"].as_str().map(str::to_owned);
+        messages.push(reply);
+        match call {
+            Some(call) => {
+                messages.push(json!({"role": "tool", "tool_call_id": call, "content": "ok"}))
+            }
+            None => return latencies,
+        }
+    }
+}
