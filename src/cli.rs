@@ -295,12 +295,7 @@ fn eval(args: EvalArgs) -> ExitCode {
 /// The multi-threaded runtime, with rustls's process-wide crypto provider installed
 /// (ring, the one we build with).
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
-    if rustls::crypto::ring::default_provider()
-        .install_default()
-        .is_err()
-    {
-        tracing::debug!("a rustls crypto provider was already installed");
-    }
+    install_crypto_provider();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -308,6 +303,28 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
             eprintln!("handoff: cannot start the runtime: {err}");
             ExitCode::FAILURE
         })
+}
+
+/// Worker 0's runtime: a current-thread one, like every worker's ([`crate::server`]).
+fn worker_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    install_crypto_provider();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| {
+            eprintln!("handoff: cannot start the runtime: {err}");
+            ExitCode::FAILURE
+        })
+}
+
+/// rustls's process-wide crypto provider: ring, the one we build with.
+fn install_crypto_provider() {
+    if rustls::crypto::ring::default_provider()
+        .install_default()
+        .is_err()
+    {
+        tracing::debug!("a rustls crypto provider was already installed");
+    }
 }
 
 /// A progress bar on stderr, drawn only when stderr is a terminal.
@@ -409,8 +426,9 @@ fn serve(args: &ConfigArgs) -> ExitCode {
         eprintln!("handoff: {err}");
         return ExitCode::from(2);
     }
-    crate::telemetry::init(&config.log);
-    let runtime = match runtime() {
+    let _log = crate::telemetry::init(&config.log);
+    crate::worker::set_count(crate::worker::resolve(config.workers));
+    let runtime = match worker_runtime() {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };

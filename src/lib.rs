@@ -74,3 +74,4 @@ pub mod testing;
 pub mod tokens;
 pub mod ui;
 pub mod upstream;
+pub mod worker;

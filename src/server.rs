@@ -11,7 +11,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +24,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Overrides};
 use crate::reload::{spawn_reloader, watch_config_file};
@@ -57,25 +58,28 @@ pub enum ServeError {
     /// Installing signal handlers failed.
     #[error("cannot install signal handlers: {0}")]
     Signal(std::io::Error),
+    /// A worker thread could not be started.
+    #[error("cannot start a worker thread: {0}")]
+    Worker(std::io::Error),
 }
 
 /// Runs the proxy until SIGINT or SIGTERM, then drains within `shutdown_grace`.
+///
+/// The calling thread is worker 0; [`crate::worker::count`] − 1 more threads are
+/// started, each with a current-thread runtime and its own listening socket on the
+/// same address (`SO_REUSEPORT`). A connection is then served, start to end, on the
+/// thread whose socket the kernel gave it to: no request wakes another thread.
 pub async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeError> {
     let tls = match (&config.tls.cert_file, &config.tls.key_file) {
         (Some(cert), Some(key)) => Some(tls_acceptor(cert, key)?),
         _ => None,
     };
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| ServeError::Bind {
-            addr: config.listen,
-            source,
-        })?;
-    let local = listener.local_addr().map_err(|source| ServeError::Bind {
+    let workers = crate::worker::count();
+    let (first, rest) = bind(config.listen, workers)?;
+    let local = first.local_addr().map_err(|source| ServeError::Bind {
         addr: config.listen,
         source,
     })?;
-    let grace = config.shutdown_grace;
     let scheme = if tls.is_some() { "https" } else { "http" };
     let state = Arc::new(AppState::new(config, overrides).await?);
     let reload = spawn_reloader(Arc::clone(&state));
@@ -84,6 +88,7 @@ pub async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeErro
         .and_then(|file| watch_config_file(file, reload.clone()));
     tracing::info!(
         upstream = %crate::redact::shown_url(&state.snapshot().config.upstream.base_url),
+        workers,
         "handoff listening on {scheme}://{local}"
     );
 
@@ -91,11 +96,193 @@ pub async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeErro
         .map_err(ServeError::Signal)?;
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(ServeError::Signal)?;
-    let graceful = GracefulShutdown::new();
     let limits = state.snapshot().config.limits.clone();
-    let connections = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
-    let peers = crate::peers::Peers::new(limits.max_connections_per_peer);
-    let header_timeout = limits.header_timeout;
+    let shared = Shared {
+        grace: state.snapshot().config.shutdown_grace,
+        state: Arc::clone(&state),
+        tls,
+        connections: Arc::new(tokio::sync::Semaphore::new(limits.max_connections)),
+        peers: crate::peers::Peers::new(limits.max_connections_per_peer),
+        header_timeout: limits.header_timeout,
+        stop: CancellationToken::new(),
+        drained: Arc::new(Drained::new(workers)),
+    };
+    let mut threads = Vec::with_capacity(rest.len());
+    for (offset, listener) in rest.into_iter().enumerate() {
+        let worker = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("handoff-worker-{}", offset + 1))
+            .spawn(move || run_worker_thread(offset + 1, listener, worker));
+        match spawned {
+            Ok(thread) => threads.push(thread),
+            Err(err) => {
+                // The workers already started stop with us; nothing has been accepted.
+                shared.stop.cancel();
+                shared.drained.done();
+                return Err(ServeError::Worker(err));
+            }
+        }
+    }
+
+    let stop = shared.stop.clone();
+    let grace = shared.grace;
+    let signals = async {
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => break,
+                _ = terminate.recv() => break,
+                _ = hangup.recv() => {
+                    let _ = reload.try_send("SIGHUP");
+                }
+                () = stop.cancelled() => break,
+            }
+        }
+        // Running compactions stop and commit nothing; requests already streaming go on.
+        state.shutdown.cancel();
+        stop.cancel();
+        tracing::info!(?grace, "shutting down; waiting for in-flight requests");
+    };
+    let drained = Arc::clone(&shared.drained);
+    tokio::join!(accept_loop(first, shared), signals);
+    drained.wait().await;
+    tracing::info!("all workers drained");
+    let joined = tokio::task::spawn_blocking(move || {
+        for thread in threads {
+            if thread.join().is_err() {
+                tracing::error!("a worker thread panicked");
+            }
+        }
+    })
+    .await;
+    if let Err(err) = joined {
+        tracing::error!(error = %err, "joining the worker threads failed");
+    }
+    Ok(())
+}
+
+/// What every worker's accept loop shares.
+#[derive(Clone)]
+struct Shared {
+    state: Arc<AppState>,
+    tls: Option<TlsAcceptor>,
+    connections: Arc<tokio::sync::Semaphore>,
+    peers: Arc<crate::peers::Peers>,
+    header_timeout: Duration,
+    grace: Duration,
+    /// Cancelled on SIGINT/SIGTERM, or when a worker cannot start.
+    stop: CancellationToken,
+    drained: Arc<Drained>,
+}
+
+/// Counts the workers still draining. Each keeps its runtime alive until every one
+/// has drained: a connection to the provider or the database that one worker opened
+/// may be in use by another's request until then.
+struct Drained {
+    left: AtomicUsize,
+    all: CancellationToken,
+}
+
+impl Drained {
+    fn new(workers: usize) -> Self {
+        Self {
+            left: AtomicUsize::new(workers),
+            all: CancellationToken::new(),
+        }
+    }
+
+    fn done(&self) {
+        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.all.cancel();
+        }
+    }
+
+    /// Marks this worker drained, then waits for the others.
+    async fn wait(&self) {
+        self.done();
+        self.all.cancelled().await;
+    }
+}
+
+/// Worker `index`'s thread: its own current-thread runtime, its accept loop.
+fn run_worker_thread(index: usize, listener: std::net::TcpListener, shared: Shared) {
+    crate::worker::enter(index);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            tracing::error!(worker = index, error = %err, "cannot start a worker's runtime; stopping");
+            shared.stop.cancel();
+            shared.drained.done();
+            return;
+        }
+    };
+    let drained = Arc::clone(&shared.drained);
+    runtime.block_on(async move {
+        accept_loop(listener, shared).await;
+        drained.wait().await;
+    });
+}
+
+/// Binds `count` listening sockets on `addr` (one when `count` is 1), the first with
+/// the port the others then share. A first plain bind, without `SO_REUSEPORT`, makes
+/// a port another process holds fail as it would with one socket, not be shared.
+fn bind(
+    addr: SocketAddr,
+    count: usize,
+) -> Result<(std::net::TcpListener, Vec<std::net::TcpListener>), ServeError> {
+    let failed = |source| ServeError::Bind { addr, source };
+    if count <= 1 {
+        return Ok((listening_socket(addr, false).map_err(failed)?, Vec::new()));
+    }
+    let probe = listening_socket(addr, false).map_err(failed)?;
+    let shared_addr = probe.local_addr().map_err(failed)?;
+    drop(probe);
+    let first = listening_socket(shared_addr, true).map_err(failed)?;
+    let rest = (1..count)
+        .map(|_| listening_socket(shared_addr, true))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(failed)?;
+    Ok((first, rest))
+}
+
+/// A non-blocking listening socket with tokio's defaults (`SO_REUSEADDR`, a backlog
+/// of 1024), and `SO_REUSEPORT` when asked.
+fn listening_socket(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
+}
+
+/// One worker's accept loop: until `stop`, then its connections drain within the grace.
+async fn accept_loop(listener: std::net::TcpListener, shared: Shared) {
+    let listener = match TcpListener::from_std(listener) {
+        Ok(listener) => listener,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot register a listening socket; stopping");
+            shared.stop.cancel();
+            return;
+        }
+    };
+    let graceful = GracefulShutdown::new();
+    let Shared {
+        state,
+        tls,
+        connections,
+        peers,
+        header_timeout,
+        grace,
+        stop,
+        drained: _,
+    } = shared;
     loop {
         // A slot first: when none is free, a silent connection makes room; past that,
         // new connections wait in the backlog.
@@ -124,12 +311,7 @@ pub async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeErro
                     continue;
                 }
             },
-            _ = tokio::signal::ctrl_c() => break,
-            _ = terminate.recv() => break,
-            _ = hangup.recv() => {
-                let _ = reload.try_send("SIGHUP");
-                continue;
-            }
+            () = stop.cancelled() => break,
         };
         let Some(admitted) = peers.admit(peer.ip()) else {
             tracing::debug!(%peer, "closing: the peer holds limits.max_connections_per_peer connections, none silent");
@@ -188,14 +370,10 @@ pub async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeErro
     }
 
     drop(listener);
-    // Running compactions stop and commit nothing; requests already streaming go on.
-    state.shutdown.cancel();
-    tracing::info!(?grace, "shutting down; waiting for in-flight requests");
     tokio::select! {
-        () = graceful.shutdown() => tracing::info!("all connections closed"),
+        () = graceful.shutdown() => tracing::debug!(worker = crate::worker::index(), "all connections closed"),
         () = tokio::time::sleep(grace) => tracing::warn!(?grace, "grace period over; exiting with requests in flight"),
     }
-    Ok(())
 }
 
 /// Serves one connection; closes it if no request head arrived by the deadline, or

@@ -365,6 +365,7 @@ impl AppState {
                 for (key, changed) in [
                     ("listen", previous.config.listen != next.config.listen),
                     ("data_dir", previous.config.data_dir != next.config.data_dir),
+                    ("workers", previous.config.workers != next.config.workers),
                     (
                         "store",
                         format!("{:?}", previous.config.store)

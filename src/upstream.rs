@@ -3,6 +3,7 @@
 //! into a 504 instead of a hung client.
 
 use std::error::Error as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::uri::{Authority, PathAndQuery, Scheme};
@@ -70,7 +71,9 @@ impl From<UpstreamError> for ApiError {
 /// A pooled client bound to one base URL.
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
+    /// One pool per worker thread: a connection is driven by the runtime that uses it,
+    /// so a request never wakes another thread to reach the provider.
+    clients: Arc<[Client<HttpsConnector<HttpConnector>, ProxyBody>]>,
     scheme: Scheme,
     authority: Authority,
     // Host and port only: the authority may carry credentials, which no error shows.
@@ -149,15 +152,19 @@ impl Upstream {
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build(https);
+        let clients = (0..crate::worker::count())
+            .map(|_| {
+                Client::builder(TokioExecutor::new())
+                    .pool_idle_timeout(Duration::from_secs(90))
+                    .build(https.clone())
+            })
+            .collect();
         let shown = match authority.port() {
             Some(port) => format!("{}:{port}", authority.host()),
             None => authority.host().to_owned(),
         };
         Ok(Self {
-            client,
+            clients,
             scheme,
             authority,
             shown,
@@ -166,6 +173,11 @@ impl Upstream {
             read_timeout: config.read_timeout,
             key: None,
         })
+    }
+
+    /// The calling worker's pool.
+    fn client(&self) -> &Client<HttpsConnector<HttpConnector>, ProxyBody> {
+        &self.clients[crate::worker::index() % self.clients.len()]
     }
 
     /// The time allowed between two body frames.
@@ -193,7 +205,7 @@ impl Upstream {
         &self,
         request: Request<ProxyBody>,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        match tokio::time::timeout(self.read_timeout, self.client.request(request)).await {
+        match tokio::time::timeout(self.read_timeout, self.client().request(request)).await {
             Err(_) => Err(UpstreamError::ReadTimeout {
                 authority: self.shown.clone(),
                 timeout: self.read_timeout,

@@ -28,6 +28,9 @@ pub struct Config {
     /// How long in-flight requests may run after SIGINT/SIGTERM.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// Worker threads, each with its own runtime, listener and upstream connections;
+    /// 0 means one per core.
+    pub workers: usize,
     /// Where requests are forwarded.
     pub upstream: UpstreamConfig,
     /// Request size limits.
@@ -121,6 +124,7 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             data_dir: PathBuf::from("handoff-data"),
             shutdown_grace: Duration::from_secs(10),
+            workers: 0,
             upstream: UpstreamConfig::default(),
             limits: LimitsConfig::default(),
             tls: TlsConfig::default(),

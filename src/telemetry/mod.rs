@@ -1,0 +1,53 @@
+//! Log setup: `tracing` to stderr, text or JSON, filtered by `RUST_LOG` or `log.level`.
+//!
+//! Lines are formatted on the thread that logs them and written by a writer thread
+//! of their own, in batches ([`batch`]): a request never waits on a `write(2)` to
+//! stderr, nor wakes a thread to make one.
+
+mod batch;
+
+use std::io::IsTerminal;
+
+use tracing_subscriber::EnvFilter;
+
+use crate::config::{LogConfig, LogFormat};
+
+pub use batch::Guard;
+
+/// Installs the global subscriber; later calls are ignored. Keep the guard until
+/// exit: dropping it writes what is still pending.
+pub fn init(config: &LogConfig) -> Option<Guard> {
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&config.level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    match batch::batched(std::io::stderr()) {
+        Ok((writer, guard)) => install(filter, config.format, writer).then_some(guard),
+        Err(err) => {
+            // Unbatched lines beat none.
+            eprintln!("handoff: cannot start the log writer thread ({err}); writing to stderr");
+            install(filter, config.format, std::io::stderr);
+            None
+        }
+    }
+}
+
+/// Installs the subscriber writing to `writer`; false when one was already installed.
+fn install<W>(filter: EnvFilter, format: LogFormat, writer: W) -> bool
+where
+    W: for<'a> tracing_subscriber::fmt::MakeWriter<'a> + Send + Sync + 'static,
+{
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer)
+        // Colour codes in a log file or journald make lines unreadable and ungreppable.
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(true);
+    let installed = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+    if installed.is_err() {
+        tracing::debug!("a tracing subscriber was already installed");
+    }
+    installed.is_ok()
+}
