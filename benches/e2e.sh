@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # End-to-end benchmark: the same mock upstream reached directly, through handoff,
-# through nginx (reverse proxy, proxy_buffering off, upstream keepalive) and through
-# the LiteLLM proxy, interleaved and repeated; medians and ratios are printed as a
-# Markdown table. Load comes from wrk. Beside req/s and latency, the small and long
-# chat tables give each proxy's CPU time per request (user + system, from
-# /proc/<pid>/stat over the run, nginx's workers included): the figure that does not
-# swing with the machine's load.
+# through nginx (reverse proxy, proxy_buffering off, upstream keepalive), through the
+# Portkey gateway (@portkey-ai/gateway, Node) and through the LiteLLM proxy, interleaved
+# and repeated, for chat completions, Anthropic Messages and Responses bodies; medians and ratios are printed as a
+# Markdown table. Load comes from wrk. Beside req/s and latency, every wrk table gives
+# each proxy's CPU time per request (user + system, from /proc/<pid>/stat over the
+# run, nginx's workers included): the figure that does not swing with the machine's
+# load.
 #
-#   benches/e2e.sh [--duration SECONDS] [--rounds N] [--no-litellm] [--smoke]
+#   benches/e2e.sh [--duration SECONDS] [--rounds N] [--no-litellm] [--no-portkey] [--smoke]
 #
 # When PostgreSQL is installed (Debian's postgresql), a second handoff on the postgres
 # store (a throwaway cluster) runs the same loads as "handoff-pg", and the database's
@@ -15,18 +16,21 @@
 # adds nothing new must not touch the database.
 #
 # Needs: wrk and nginx-light (Debian), and for LiteLLM `pip install 'litellm[proxy]'`
-# in $LITELLM_VENV (default .bench-venv, created when missing). --smoke runs every step
-# for one second without LiteLLM, to keep the harness from rotting (CI does this).
+# in $LITELLM_VENV (default .bench-venv, created when missing); for Portkey, node and
+# npm (the gateway is installed into $PORTKEY_DIR, default .bench-portkey). --smoke runs
+# every step for one second without LiteLLM and Portkey, to keep the harness from
+# rotting (CI does this).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DURATION=10 ROUNDS=3 LITELLM=1
+DURATION=10 ROUNDS=3 LITELLM=1 PORTKEY=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --duration) DURATION=$2; shift ;;
     --rounds) ROUNDS=$2; shift ;;
     --no-litellm) LITELLM=0 ;;
-    --smoke) DURATION=1 ROUNDS=1 LITELLM=0 ;;
+    --no-portkey) PORTKEY=0 ;;
+    --smoke) DURATION=1 ROUNDS=1 LITELLM=0 PORTKEY=0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -47,7 +51,8 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-UP=18000 HO=18001 NG=18002 LL=18003 HP=18004 PGPORT=18005
+UP=18000 HO=18001 NG=18002 LL=18003 HP=18004 PGPORT=18005 PK=18006
+command -v node >/dev/null || PORTKEY=0
 
 cargo build --release --quiet --bin handoff -p handoff
 cargo build --release --quiet --bin bench-upstream -p mock-upstream
@@ -122,7 +127,14 @@ general_settings:
 YAML
   LITELLM_LOCAL_MODEL_COST_MAP=True "$VENV/bin/litellm" --config "$WORK/litellm.yaml" --host 127.0.0.1 --port "$LL" --num_workers 1 >"$WORK/litellm.log" 2>&1 & LL_PID=$!; PIDS+=($LL_PID)
 fi
+if [ "$PORTKEY" = 1 ]; then
+  PKDIR=${PORTKEY_DIR:-.bench-portkey}
+  [ -f "$PKDIR/node_modules/@portkey-ai/gateway/build/start-server.js" ] ||
+    npm install --prefix "$PKDIR" --no-audit --no-fund --loglevel=error @portkey-ai/gateway@1.15.2 >/dev/null
+  NODE_ENV=production node "$PKDIR/node_modules/@portkey-ai/gateway/build/start-server.js" --port="$PK" --headless >"$WORK/portkey.log" 2>&1 & PK_PID=$!; PIDS+=($PK_PID)
+fi
 for port in $UP $HO $NG; do wait_port "$port"; done
+if [ "$PORTKEY" = 1 ]; then wait_port "$PK"; fi
 if [ "$PG" = 1 ]; then wait_port "$HP"; fi
 if [ "$LITELLM" = 1 ]; then wait_port "$LL"; fi
 sleep 1
@@ -150,15 +162,24 @@ target_pid() {
     handoff-pg) echo "${HP_PID:-}" ;;
     nginx) cat "$WORK/nginx.pid" ;;
     litellm) echo "${LL_PID:-}" ;;
+    portkey) echo "${PK_PID:-}" ;;
   esac
 }
 
+# The headers that route a request through Portkey to the mock, per API.
+portkey_headers() { # api
+  local provider=openai
+  [ "$1" = anthropic ] && provider=anthropic
+  echo "x-portkey-provider: $provider;x-portkey-custom-host: http://127.0.0.1:$UP/v1;x-api-key: sk-bench;anthropic-version: 2023-06-01"
+}
+
 # wrk → "rps p50_ms p99_ms non2xx cpu_us_per_request"
-run_wrk() { # url connections body [conversation [target]]
-  local out threads=$(( $2 < 2 ? $2 : 2 )) pid before after
+run_wrk() { # url connections body [conversation [target [api]]]
+  local out threads=$(( $2 < 2 ? $2 : 2 )) pid before after headers=""
   pid=$(target_pid "${5:-}")
+  [ "${5:-}" = portkey ] && headers=$(portkey_headers "${6:-chat}")
   before=$([ -n "$pid" ] && cpu_ticks "$pid" || echo 0)
-  out=$(BODY="$3" CONVERSATION="${4:-}" wrk -t"$threads" -c"$2" -d"${DURATION}s" --timeout 10s --latency -s benches/e2e/post.lua "$1")
+  out=$(BODY="$3" CONVERSATION="${4:-}" HEADERS="$headers" wrk -t"$threads" -c"$2" -d"${DURATION}s" --timeout 10s --latency -s benches/e2e/post.lua "$1")
   after=$([ -n "$pid" ] && cpu_ticks "$pid" || echo 0)
   python3 - "$out" "$((after - before))" "$(getconf CLK_TCK)" <<'PY'
 import re, sys
@@ -175,12 +196,14 @@ print(rps, ms(p["50"]), ms(p["99"]), errors.group(1) if errors else 0, f"{cpu_us
 PY
 }
 
-TARGETS=(direct handoff nginx)
+PEERS=(direct handoff nginx)
+[ "$PORTKEY" = 1 ] && PEERS+=(portkey)
+TARGETS=("${PEERS[@]}")
 [ "$LITELLM" = 1 ] && TARGETS+=(litellm)
 [ "$PG" = 1 ] && TARGETS+=(handoff-pg)
-REPEATED=(direct handoff nginx)
+REPEATED=("${PEERS[@]}")
 [ "$PG" = 1 ] && REPEATED+=(handoff-pg)
-declare -A PORT=([direct]=$UP [handoff]=$HO [nginx]=$NG [litellm]=$LL [handoff-pg]=$HP)
+declare -A PORT=([direct]=$UP [handoff]=$HO [nginx]=$NG [litellm]=$LL [handoff-pg]=$HP [portkey]=$PK)
 RESULTS="$WORK/results.txt"
 if [ "$PG" = 1 ]; then
   # Warm both conversations once, so the runs below repeat what the store has.
@@ -205,13 +228,19 @@ for round in $(seq 1 "$ROUNDS"); do
   done
   # What a single agent feels: one connection, one request at a time.
   for target in "${REPEATED[@]}"; do
-    echo "c1 $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/chat/completions" 1 "$WORK/small.json")" >> "$RESULTS"
+    echo "c1 $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/chat/completions" 1 "$WORK/small.json" "" "$target")" >> "$RESULTS"
+    echo "c1long $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/chat/completions" 1 "$WORK/long.json" bench-long "$target")" >> "$RESULTS"
   done
-  # The same shapes on Anthropic's Messages API.
+  # The same shapes on Anthropic's Messages API and on the Responses API.
+  for target in "${PEERS[@]}"; do
+    echo "asmall $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/messages" 32 "$WORK/small_anthropic.json" "" "$target" anthropic)" >> "$RESULTS"
+    echo "along $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/messages" 8 "$WORK/long_anthropic.json" bench-long-anthropic "$target" anthropic)" >> "$RESULTS"
+    echo "rsmall $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/responses" 32 "$WORK/small_responses.json" "" "$target" responses)" >> "$RESULTS"
+    echo "rlong $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/responses" 8 "$WORK/long_responses.json" bench-long-responses "$target" responses)" >> "$RESULTS"
+  done
   for target in direct handoff nginx; do
-    echo "asmall $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/messages" 32 "$WORK/small_anthropic.json" "" "$target")" >> "$RESULTS"
-    echo "along $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/messages" 8 "$WORK/long_anthropic.json" bench-long-anthropic "$target")" >> "$RESULTS"
     echo "astream $target $(python3 benches/e2e/stream_probe.py 127.0.0.1 "${PORT[$target]}" 3 anthropic)" >> "$RESULTS"
+    echo "rstream $target $(python3 benches/e2e/stream_probe.py 127.0.0.1 "${PORT[$target]}" 3 responses)" >> "$RESULTS"
   done
 done
 
@@ -219,7 +248,7 @@ PG_TX=""
 if [ "$PG" = 1 ]; then
   pg_log_statements none
   PG_STATEMENTS=$(tail -c +"$((PG_LOG_FROM + 1))" "$WORK/pg/log" | grep -E 'LOG:  (statement|execute)' | grep -vcE 'ALTER SYSTEM|pg_reload_conf' || true)
-  PG_REQUESTS=$(grep -E '^(small|long|c1) handoff-pg ' "$RESULTS" | wc -l)
+  PG_REQUESTS=$(grep -E '^(small|long|c1|c1long) handoff-pg ' "$RESULTS" | wc -l)
   PG_TX="$PG_STATEMENTS statements sent to the database during $PG_REQUESTS repeated-body wrk runs on handoff-pg"
   # The write path: every request a new conversation, so every request appends.
   for round in $(seq 1 "$ROUNDS"); do
@@ -247,48 +276,53 @@ def wrk(kind, target):
     vals = [list(map(float, r.split())) for r in rows.get((kind, target), [])]
     return [med([v[i] for v in vals if len(v) > i]) for i in range(5)] if vals else None
 print(f"Medians of {rounds} interleaved round(s) of {duration}s each.\n")
-print("| small chat, 32 conn | req/s | p50 ms | p99 ms | non-2xx | CPU µs/request |")
-print("| --- | ---: | ---: | ---: | ---: | ---: |")
-small = {t: wrk("small", t) for t in ["direct", "handoff", "handoff-pg", "nginx", "litellm"]}
-for t, v in small.items():
-    if v: print(f"| {t} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} | {v[3]:.0f} | {v[4]:.0f} |")
-h, n, l = small["handoff"], small["nginx"], small["litellm"]
-print(f"\nhandoff/nginx throughput: {h[0]/n[0]:.2f}×" + (f"; handoff/LiteLLM throughput: {h[0]/l[0]:.0f}×" if l else ""))
-print("\n| tracked long conversation (~400 KB), 8 conn | req/s | p50 ms | p99 ms | CPU µs/request |")
-print("| --- | ---: | ---: | ---: | ---: |")
-long = {t: wrk("long", t) for t in ["direct", "handoff", "handoff-pg", "nginx"]}
-for t, v in long.items():
-    if v: print(f"| {t} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} | {v[4]:.0f} |")
-print(f"\nhandoff p50 added over nginx (long): {long['handoff'][1] - long['nginx'][1]:.3f} ms")
-print("\n| streaming (64 deltas, 20 ms apart) | TTFB p50 ms | gap p50 ms | gap max ms |")
-print("| --- | ---: | ---: | ---: |")
-stream = {}
-for t in ["direct", "handoff", "nginx"]:
-    got = [json.loads(r) for r in rows.get(("stream", t), [])]
-    if got:
-        stream[t] = [med([g[k] for g in got]) for k in ("ttfb_p50_ms", "gap_p50_ms", "gap_max_ms")]
-        print(f"| {t} | {stream[t][0]:.2f} | {stream[t][1]:.2f} | {stream[t][2]:.2f} |")
-print(f"\nTTFB added by handoff over direct: {stream['handoff'][0] - stream['direct'][0]:.2f} ms")
-print("\n| small chat, 1 connection | req/s | p50 ms | p99 ms |")
-print("| --- | ---: | ---: | ---: |")
-c1 = {t: wrk("c1", t) for t in ["direct", "handoff", "handoff-pg", "nginx"]}
-for t, v in c1.items():
-    if v: print(f"| {t} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} |")
-print(f"\nc=1 latency added by handoff over direct: p50 {c1['handoff'][1] - c1['direct'][1]:.3f} ms, p99 {c1['handoff'][2] - c1['direct'][2]:.3f} ms"
-      f" (nginx: p50 {c1['nginx'][1] - c1['direct'][1]:.3f} ms, p99 {c1['nginx'][2] - c1['direct'][2]:.3f} ms)")
-print("\n| Anthropic Messages | small req/s (32 conn) | small p50 ms | long req/s (8 conn) | long p50 ms | non-2xx | stream TTFB p50 ms |")
-print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-anthropic = {}
-for t in ["direct", "handoff", "nginx"]:
-    s_, l_ = wrk("asmall", t), wrk("along", t)
-    got = [json.loads(r) for r in rows.get(("astream", t), [])]
-    ttfb = med([g["ttfb_p50_ms"] for g in got]) if got else float("nan")
-    if s_ and l_:
-        anthropic[t] = (s_, l_, ttfb)
-        print(f"| {t} | {s_[0]:.0f} | {s_[1]:.3f} | {l_[0]:.0f} | {l_[1]:.3f} | {s_[3] + l_[3]:.0f} | {ttfb:.2f} |")
-if "handoff" in anthropic and "nginx" in anthropic:
-    h, n = anthropic["handoff"], anthropic["nginx"]
-    print(f"\nAnthropic: handoff/nginx small throughput {h[0][0]/n[0][0]:.2f}×; long p50 added over nginx {h[1][1] - n[1][1]:.3f} ms; TTFB added over direct {h[2] - anthropic['direct'][2]:.2f} ms")
+ALL = ["direct", "handoff", "handoff-pg", "nginx", "portkey", "litellm"]
+def table(title, kind, errors=False):
+    got = {t: wrk(kind, t) for t in ALL}
+    got = {t: v for t, v in got.items() if v}
+    print(f"\n| {title} | req/s | p50 ms | p99 ms |" + (" non-2xx |" if errors else "") + " CPU µs/request |")
+    print("| --- | ---: | ---: | ---: |" + (" ---: |" if errors else "") + " ---: |")
+    for t, v in got.items():
+        print(f"| {t} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} |" + (f" {v[3]:.0f} |" if errors else "") + f" {v[4]:.0f} |")
+    return got
+def ratios(label, got):
+    h, n = got.get("handoff"), got.get("nginx")
+    if not (h and n):
+        return
+    line = f"\n{label}: handoff/nginx throughput {h[0]/n[0]:.2f}×, p50 added over nginx {h[1] - n[1]:.3f} ms, CPU per request {h[4]:.0f} µs (nginx {n[4]:.0f})"
+    for peer in ("portkey", "litellm"):
+        if got.get(peer):
+            line += f"; handoff/{peer} throughput {h[0]/got[peer][0]:.1f}×"
+    print(line)
+small = table("small chat, 32 conn", "small", errors=True)
+ratios("small chat", small)
+long = table("tracked long conversation (~700 KB body, ~100k tokens), 8 conn", "long")
+ratios("long chat", long)
+def streams(title, kind):
+    print(f"\n| {title} | TTFB p50 ms | gap p50 ms | gap max ms |")
+    print("| --- | ---: | ---: | ---: |")
+    got = {}
+    for t in ["direct", "handoff", "nginx"]:
+        runs = [json.loads(r) for r in rows.get((kind, t), [])]
+        if runs:
+            got[t] = [med([g[k] for g in runs]) for k in ("ttfb_p50_ms", "gap_p50_ms", "gap_max_ms")]
+            print(f"| {t} | {got[t][0]:.2f} | {got[t][1]:.2f} | {got[t][2]:.2f} |")
+    if "handoff" in got and "direct" in got:
+        print(f"\nTTFB added by handoff over direct: {got['handoff'][0] - got['direct'][0]:.2f} ms")
+streams("chat streaming (64 deltas, 20 ms apart)", "stream")
+c1 = table("small chat, 1 connection", "c1")
+c1long = table("long conversation, 1 connection", "c1long")
+for name, got in (("small", c1), ("long", c1long)):
+    if got.get("handoff") and got.get("direct"):
+        h, d, n = got["handoff"], got["direct"], got.get("nginx")
+        print(f"\nc=1 {name}: latency added by handoff over direct p50 {h[1] - d[1]:.3f} ms, p99 {h[2] - d[2]:.3f} ms"
+              + (f" (nginx: p50 {n[1] - d[1]:.3f} ms, p99 {n[2] - d[2]:.3f} ms)" if n else ""))
+for api, prefix in (("Anthropic Messages", "a"), ("Responses", "r")):
+    s_ = table(f"{api}, small, 32 conn", prefix + "small", errors=True)
+    ratios(f"{api} small", s_)
+    l_ = table(f"{api}, long, 8 conn", prefix + "long", errors=True)
+    ratios(f"{api} long", l_)
+    streams(f"{api} streaming", prefix + "stream")
 print(f"\nhandoff RSS: idle {int(idle)/1024:.1f} MB; after the load runs {int(loaded)/1024:.1f} MB; with {tracked.strip()} tracked conversations {int(full)/1024:.1f} MB")
 if pg_tx:
     print(f"\npostgres store: {pg_tx}")

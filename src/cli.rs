@@ -427,8 +427,15 @@ fn serve(args: &ConfigArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     let _log = crate::telemetry::init(&config.log);
-    crate::worker::set_count(crate::worker::resolve(config.workers));
-    let runtime = match worker_runtime() {
+    // workers = 0: one work-stealing runtime over every core (the default); N: N
+    // threads, each its own current-thread runtime and listener (crate::server).
+    let runtime = if config.workers == 0 {
+        runtime()
+    } else {
+        crate::worker::set_count(config.workers);
+        worker_runtime()
+    };
+    let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };

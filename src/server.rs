@@ -68,7 +68,9 @@ pub enum ServeError {
 /// The calling thread is worker 0; [`crate::worker::count`] − 1 more threads are
 /// started, each with a current-thread runtime and its own listening socket on the
 /// same address (`SO_REUSEPORT`). A connection is then served, start to end, on the
-/// thread whose socket the kernel gave it to: no request wakes another thread.
+/// thread whose socket the kernel gave it to: no request wakes another thread. With
+/// one worker on a multi-thread runtime (`workers = 0`), there is one listener and the
+/// runtime spreads the connections.
 pub async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeError> {
     let tls = match (&config.tls.cert_file, &config.tls.key_file) {
         (Some(cert), Some(key)) => Some(tls_acceptor(cert, key)?),

@@ -272,7 +272,11 @@ impl AppState {
                 }
             })?,
         };
-        let tokens = Arc::new(Tokens::new(crate::dialect::text::message_text));
+        let tokens = Arc::new(Tokens::with_capacity(
+            crate::dialect::text::message_text,
+            config.store.count_cache_entries,
+        ));
+        crate::dialect::size_facts_cache(config.store.facts_cache_entries);
         let parts = Parts {
             store: opened.store,
             secret,

@@ -35,11 +35,16 @@ impl Tokens {
     /// Empty cache; tokenizers load on first use. `text` reads what the model reads
     /// of a message (the wire formats' business: `dialect::text::message_text`).
     pub fn new(text: MessageText) -> Self {
+        Self::with_capacity(text, CACHE_ENTRIES)
+    }
+
+    /// The same, keeping at most `entries` counts (`store.count_cache_entries`).
+    pub fn with_capacity(text: MessageText, entries: u64) -> Self {
         Self {
             text,
             o200k: OnceLock::new(),
             cl100k: OnceLock::new(),
-            cache: moka::sync::Cache::new(CACHE_ENTRIES),
+            cache: moka::sync::Cache::new(entries),
         }
     }
 

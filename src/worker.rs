@@ -30,11 +30,3 @@ pub fn enter(index: usize) {
 pub fn index() -> usize {
     INDEX.with(Cell::get)
 }
-
-/// How many workers `configured` means on this machine: 0 is one per core.
-pub fn resolve(configured: usize) -> usize {
-    match configured {
-        0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
-        n => n,
-    }
-}

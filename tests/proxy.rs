@@ -350,3 +350,76 @@ async fn api_keys_never_reach_the_logs() {
     // The upstream still got the real credentials.
     assert_eq!(mock.requests()[0].headers["api-key"], secrets[1]);
 }
+
+/// `workers = 2`: two threads, each its own runtime and `SO_REUSEPORT` socket on the
+/// one address. Every connection is served whichever socket the kernel gives it to,
+/// a stream in flight finishes after SIGTERM, and a second proxy cannot take the port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_share_one_port_serve_every_connection_and_drain_on_sigterm() {
+    let mock = MockUpstream::with(|req| {
+        if req.json().get("stream") == Some(&json!(true)) {
+            Reply::chat_stream(&["a", "b", "c", "d"], Duration::from_millis(100))
+        } else {
+            Reply::json(chat_completion("from a worker"))
+        }
+    })
+    .await;
+    let mut proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: "workers = 2\n".into(),
+            ..ProxyOptions::default()
+        },
+    );
+    assert!(proxy.logs().contains("workers=2"), "{}", proxy.logs());
+    let url = format!("{}{CHAT}", proxy.url());
+    // One connection each: the kernel spreads them over both sockets.
+    for n in 0..24 {
+        let mut body = chat_body();
+        body["messages"][1]["content"] = json!(format!("question {n}"));
+        let got = client::send(request("POST", &url, &[], body.to_string())).await;
+        assert_eq!(got.status, 200, "request {n}: {}", got.text());
+        assert_eq!(
+            got.json()["choices"][0]["message"]["content"],
+            "from a worker"
+        );
+    }
+    assert_eq!(mock.requests().len(), 24);
+
+    let taken = std::process::Command::new(env!("CARGO_BIN_EXE_handoff"))
+        .args(["serve", "--listen", &proxy.url().replace("http://", "")])
+        .args(["--upstream", &mock.url()])
+        .arg("--data-dir")
+        .arg(tempfile::tempdir().unwrap().path())
+        .env("HANDOFF_WORKERS", "2")
+        .env_remove("HANDOFF_CONFIG")
+        .output()
+        .unwrap();
+    assert!(!taken.status.success(), "a second proxy shared the port");
+    assert!(
+        String::from_utf8_lossy(&taken.stderr).contains("cannot listen"),
+        "{}",
+        String::from_utf8_lossy(&taken.stderr)
+    );
+
+    let mut body = chat_body();
+    body["stream"] = json!(true);
+    let in_flight = tokio::spawn(client::stream(
+        request("POST", &url, &[], body.to_string()),
+        None,
+    ));
+    mock.wait_for_requests(25, Duration::from_secs(5)).await;
+    proxy.signal("TERM");
+    let got = in_flight.await.unwrap();
+    assert!(got.error.is_none(), "{:?}", got.error);
+    assert!(
+        got.text().ends_with("data: [DONE]\n\n"),
+        "the stream was cut"
+    );
+    assert!(proxy.wait_exit(Duration::from_secs(10)).success());
+    assert!(
+        proxy.logs().contains("all workers drained"),
+        "{}",
+        proxy.logs()
+    );
+}

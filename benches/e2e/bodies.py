@@ -1,5 +1,7 @@
 """Writes the benchmark request bodies into DIR: small.json (3 messages) and long.json
-(about 400 KB of real tool-calling conversation from tests/fixtures)."""
+(about 400 KB of real tool-calling conversation from tests/fixtures), and the same two
+in Anthropic's Messages shape (*_anthropic.json) and the Responses API's
+(*_responses.json)."""
 import glob
 import json
 import os
@@ -82,3 +84,32 @@ small_anthropic = to_anthropic(small)
 small_anthropic["messages"].append({"role": "user", "content": "And of Italy?"})
 json.dump(small_anthropic, open(os.path.join(out, "small_anthropic.json"), "w"))
 json.dump(to_anthropic({"messages": messages, "tools": tools}), open(os.path.join(out, "long_anthropic.json"), "w"))
+
+
+# And in the Responses API's shape: instructions top-level, messages as input items,
+# tool calls as function_call items answered by function_call_output items.
+def to_responses(body):
+    instructions, items = [], []
+    for message in body["messages"]:
+        role, content = message["role"], message.get("content")
+        if role == "system":
+            instructions.append(content)
+            continue
+        if role == "tool":
+            items.append({"type": "function_call_output", "call_id": message["tool_call_id"], "output": str(content or "")})
+            continue
+        text = content if isinstance(content, str) else "".join(p.get("text", "") for p in content or [])
+        if text:
+            items.append({"role": role, "content": text})
+        for call in message.get("tool_calls") or []:
+            items.append({"type": "function_call", "call_id": call["id"], "name": call["function"]["name"],
+                          "arguments": call["function"]["arguments"] or "{}"})
+    out = {"model": "bench-model", "instructions": "\n".join(instructions), "input": items, "store": False}
+    if body.get("tools"):
+        out["tools"] = [{"type": "function", "name": t["function"]["name"], "description": t["function"].get("description", ""),
+                         "parameters": t["function"].get("parameters", {"type": "object"})} for t in body["tools"]]
+    return out
+
+
+json.dump(to_responses(small), open(os.path.join(out, "small_responses.json"), "w"))
+json.dump(to_responses({"messages": messages, "tools": tools}), open(os.path.join(out, "long_responses.json"), "w"))

@@ -1,6 +1,6 @@
-"""Streams N chat completions (or Anthropic messages) from URL and reports time to first
+"""Streams N chat completions (or Anthropic messages, or Responses) from URL and reports time to first
 byte and the gaps between SSE events, measured on the raw socket as bytes arrive.
-Usage: stream_probe.py HOST PORT N [anthropic]   -> JSON on stdout."""
+Usage: stream_probe.py HOST PORT N [anthropic|responses]   -> JSON on stdout."""
 import json
 import socket
 import statistics
@@ -8,12 +8,15 @@ import sys
 import time
 
 host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-anthropic = len(sys.argv) > 4 and sys.argv[4] == "anthropic"
+api = sys.argv[4] if len(sys.argv) > 4 else "chat"
+anthropic = api == "anthropic"
 request = {"model": "bench-model", "stream": True, "messages": [{"role": "user", "content": "stream please"}]}
 if anthropic:
     request["max_tokens"] = 256
+if api == "responses":
+    request = {"model": "bench-model", "stream": True, "store": False, "input": "stream please"}
 body = json.dumps(request, separators=(",", ":")).encode()
-path = "/v1/messages" if anthropic else "/v1/chat/completions"
+path = {"anthropic": "/v1/messages", "responses": "/v1/responses"}.get(api, "/v1/chat/completions")
 head = (
     f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
     f"Authorization: Bearer sk-bench\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"

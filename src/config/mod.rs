@@ -28,8 +28,8 @@ pub struct Config {
     /// How long in-flight requests may run after SIGINT/SIGTERM.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
-    /// Worker threads, each with its own runtime, listener and upstream connections;
-    /// 0 means one per core.
+    /// 0: one work-stealing runtime over every core; N: N threads, each with its own
+    /// current-thread runtime, `SO_REUSEPORT` listener and upstream connections.
     pub workers: usize,
     /// Where requests are forwarded.
     pub upstream: UpstreamConfig,
@@ -397,6 +397,11 @@ pub struct StoreConfig {
     /// About how many bytes of conversation state are kept in memory, all
     /// conversations together; the least used reload from the store.
     pub cache_bytes: u64,
+    /// Messages whose token counts are kept in memory (about 60 bytes each).
+    pub count_cache_entries: u64,
+    /// Distinct messages whose parsed facts (ids, tool pairs, counted text's length)
+    /// are kept in memory, so a re-sent message is not parsed again.
+    pub facts_cache_entries: usize,
     /// Bytes one tenant's log may hold on disk (0: no quota); past it, its tracked
     /// requests get 507. The disk store counts; PostgreSQL's own quotas apply there.
     pub tenant_quota_bytes: u64,
@@ -413,6 +418,8 @@ impl Default for StoreConfig {
             required: true,
             cache_capacity: 10_000,
             cache_bytes: 128 * 1024 * 1024,
+            count_cache_entries: 1_000_000,
+            facts_cache_entries: 500_000,
             tenant_quota_bytes: 0,
         }
     }

@@ -382,6 +382,16 @@ impl Tracker {
         // server-side conversation moves on to it too; a response id stays where it is.
         let head = if batch.sequence { parent } else { batch.parent };
         for key in batch.response_id.into_iter().chain(batch.conversation) {
+            let cached = (id.tenant().clone(), key);
+            // The same id at the same place again (a retried request): stored already.
+            if self
+                .responses
+                .get(&cached)
+                .is_some_and(|(known, at)| known == *id && at == head)
+            {
+                continue;
+            }
+            let key = cached.1;
             if let Err(err) = self.store.remember_response(id, &key, head).await {
                 // The reply is logged; only another replica's lookup of it is lost.
                 tracing::warn!(conversation = %id, error = %err, "cannot store a response id");

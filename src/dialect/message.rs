@@ -3,6 +3,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -152,8 +153,15 @@ struct Facts {
 /// How many tokenizers there are (`Tokenizer as usize` indexes `Facts::counts`).
 const TOKENIZERS: usize = 3;
 
-/// Distinct messages whose facts are kept.
-const FACTS_ENTRIES: usize = 500_000;
+/// Distinct messages whose facts are kept, unless [`size_facts_cache`] said otherwise
+/// before the first message was parsed.
+static FACTS_ENTRIES: AtomicUsize = AtomicUsize::new(500_000);
+
+/// Sets how many messages' facts are kept (`store.facts_cache_entries`); only the
+/// first parse reads it, so call it at start.
+pub fn size_facts_cache(entries: usize) {
+    FACTS_ENTRIES.store(entries.max(1), Ordering::Relaxed);
+}
 
 /// The facts cache: keyed by a 128-bit xxh3 of the raw bytes, seeded per process so
 /// no one can craft a message that collides with another's, and by dialect.
@@ -166,7 +174,7 @@ fn facts_cache() -> &'static FactsCache {
     static CACHE: OnceLock<FactsCache> = OnceLock::new();
     CACHE.get_or_init(|| FactsCache {
         seed: RandomState::new().hash_one(0x68616e646f6666_u64),
-        entries: quick_cache::sync::Cache::new(FACTS_ENTRIES),
+        entries: quick_cache::sync::Cache::new(FACTS_ENTRIES.load(Ordering::Relaxed)),
     })
 }
 

@@ -23,7 +23,7 @@ use handoff_plugin_api::ModelClient;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-pub use message::{DialectError, Message, RawMessage, Role};
+pub use message::{size_facts_cache, DialectError, Message, RawMessage, Role};
 pub use openai::check_tool_pairs;
 
 use crate::base::reply::Assembled;

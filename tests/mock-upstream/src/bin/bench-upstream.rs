@@ -2,7 +2,7 @@
 //!
 //! `POST …/chat/completions` answers a fixed completion as JSON, or, when the body asks
 //! for `"stream":true`, 64 SSE deltas 20 ms apart; `POST …/v1/messages` answers the
-//! same in Anthropic's shapes. It records nothing, so that the numbers measure the
+//! same in Anthropic's shapes, `POST …/v1/responses` in the Responses API's. It records nothing, so that the numbers measure the
 //! proxy in front of it. Usage: `bench-upstream 127.0.0.1:18000`.
 
 use std::convert::Infallible;
@@ -31,9 +31,13 @@ async fn answer(
     request: Request<Incoming>,
     chat: &'static Answers,
     messages: &'static Answers,
+    responses: &'static Answers,
 ) -> Response<Body> {
-    let Answers { json, frames } = if request.uri().path().ends_with("/v1/messages") {
+    let path = request.uri().path();
+    let Answers { json, frames } = if path.ends_with("/v1/messages") {
         messages
+    } else if path.ends_with("/v1/responses") {
+        responses
     } else {
         chat
     };
@@ -100,6 +104,54 @@ fn anthropic_frames(deltas: &[&str]) -> Vec<String> {
     frames
 }
 
+/// A Responses API reply with `text`.
+fn response_object(text: &str) -> serde_json::Value {
+    serde_json::json!({"id": "resp_bench", "object": "response", "created_at": 0, "status": "completed",
+        "model": "bench-model", "output": [{"id": "msg_bench", "type": "message", "status": "completed", "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+        "usage": {"input_tokens": 10, "output_tokens": 8, "total_tokens": 18}})
+}
+
+/// A Responses API stream of `deltas`, in the events the API sends.
+fn responses_frames(deltas: &[&str]) -> Vec<String> {
+    let event = |data: serde_json::Value| {
+        let name = data["type"].as_str().unwrap_or("").to_owned();
+        format!("event: {name}\ndata: {data}\n\n")
+    };
+    let mut opening = response_object("");
+    opening["status"] = serde_json::json!("in_progress");
+    opening["output"] = serde_json::json!([]);
+    let text: String = deltas.concat();
+    let item = |status: &str, text: &str| {
+        serde_json::json!({"id": "msg_bench", "type": "message", "status": status,
+        "role": "assistant", "content": [{"type": "output_text", "text": text, "annotations": []}]})
+    };
+    let mut frames = vec![[
+        event(serde_json::json!({"type": "response.created", "response": opening.clone()})),
+        event(serde_json::json!({"type": "response.in_progress", "response": opening})),
+        event(serde_json::json!({"type": "response.output_item.added", "output_index": 0, "item": item("in_progress", "")})),
+        event(serde_json::json!({"type": "response.content_part.added", "item_id": "msg_bench", "output_index": 0,
+            "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}})),
+    ]
+    .concat()];
+    for delta in deltas {
+        frames.push(event(
+            serde_json::json!({"type": "response.output_text.delta", "item_id": "msg_bench",
+            "output_index": 0, "content_index": 0, "delta": delta}),
+        ));
+    }
+    let mut done = response_object(&text);
+    done["usage"]["output_tokens"] = serde_json::json!(deltas.len());
+    frames.push([
+        event(serde_json::json!({"type": "response.output_text.done", "item_id": "msg_bench", "output_index": 0,
+            "content_index": 0, "text": text})),
+        event(serde_json::json!({"type": "response.output_item.done", "output_index": 0, "item": item("completed", &text)})),
+        event(serde_json::json!({"type": "response.completed", "response": done})),
+    ]
+    .concat());
+    frames
+}
+
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
     let addr = std::env::args()
@@ -119,13 +171,17 @@ async fn main() -> std::io::Result<()> {
         json: Bytes::from(anthropic_message("Hello from the benchmark upstream.").to_string()),
         frames: leak(anthropic_frames(&deltas)),
     }));
+    let responses: &'static Answers = Box::leak(Box::new(Answers {
+        json: Bytes::from(response_object("Hello from the benchmark upstream.").to_string()),
+        frames: leak(responses_frames(&deltas)),
+    }));
     eprintln!("bench-upstream listening on {addr}");
     loop {
         let (socket, _) = listener.accept().await?;
         let _ = socket.set_nodelay(true);
         tokio::spawn(async move {
             let service = service_fn(move |request| async move {
-                Ok::<_, Infallible>(answer(request, chat, messages).await)
+                Ok::<_, Infallible>(answer(request, chat, messages, responses).await)
             });
             let _ = auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(socket), service)
