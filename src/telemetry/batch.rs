@@ -1,7 +1,9 @@
-//! A log writer that hands lines to its thread in batches: a logging thread appends
-//! the formatted line to a shared buffer (a short, uncontended lock, no wake-up), and
-//! the writer thread wakes every [`INTERVAL`] — or at once past [`EAGER`] bytes — to
-//! write the whole batch with one `write(2)`.
+//! A log writer that hands lines to its thread in batches. A logging thread appends
+//! the formatted line to a shared buffer under a short lock. It wakes the writer thread
+//! only when that thread is idle (so a quiet server's lines appear at once) or the
+//! batch passed [`EAGER`] bytes. After each write the writer gathers for [`INTERVAL`]
+//! before the next: under load, one `write(2)` and one wake-up per interval, not per
+//! line.
 //!
 //! `tracing-appender`'s non-blocking writer wakes its thread once per line; under load
 //! that thread's park and unpark cost more CPU than the lines themselves (one access
@@ -14,8 +16,8 @@ use std::time::Duration;
 
 use tracing_subscriber::fmt::MakeWriter;
 
-/// How long a line may wait for its batch.
-const INTERVAL: Duration = Duration::from_millis(50);
+/// How long a busy writer gathers lines before its next write.
+const INTERVAL: Duration = Duration::from_millis(10);
 /// A batch this big is written without waiting for the interval.
 const EAGER: usize = 256 * 1024;
 /// Past this, a logging thread writes the batch itself rather than let it grow:
@@ -32,6 +34,8 @@ struct Shared {
 struct Pending {
     bytes: Vec<u8>,
     closed: bool,
+    /// The writer waits for a line, with nothing to write: the next line wakes it.
+    idle: bool,
 }
 
 impl Shared {
@@ -65,22 +69,32 @@ pub fn batched<W: Write + Send + 'static>(mut out: W) -> std::io::Result<(Batche
             loop {
                 let closed = {
                     let mut pending = theirs.lock();
-                    if pending.bytes.len() < EAGER && !pending.closed {
+                    while pending.bytes.is_empty() && !pending.closed {
+                        pending.idle = true;
                         pending = theirs
                             .wake
-                            .wait_timeout(pending, INTERVAL)
-                            .map_or_else(|poisoned| poisoned.into_inner().0, |(guard, _)| guard);
+                            .wait(pending)
+                            .unwrap_or_else(|poisoned| poisoned.into_inner());
                     }
+                    pending.idle = false;
                     std::mem::swap(&mut batch, &mut pending.bytes);
                     pending.closed
                 };
-                if !batch.is_empty() {
-                    // Nowhere to report a failed write to stderr but stderr.
-                    let _ = out.write_all(&batch).and_then(|()| out.flush());
-                    batch.clear();
-                }
+                // Nowhere to report a failed write to stderr but stderr.
+                let _ = out.write_all(&batch).and_then(|()| out.flush());
+                batch.clear();
                 if closed {
                     return;
+                }
+                // Gather the next batch; lines arriving meanwhile wake no one.
+                let pending = theirs.lock();
+                if pending.bytes.len() < EAGER && !pending.closed {
+                    drop(
+                        theirs
+                            .wake
+                            .wait_timeout(pending, INTERVAL)
+                            .map_or_else(|poisoned| poisoned.into_inner().0, |(guard, _)| guard),
+                    );
                 }
             }
         })?;
@@ -133,7 +147,8 @@ impl Write for Line<'_> {
             let overflow = std::mem::take(&mut pending.bytes);
             // Written under the lock, so lines stay in order.
             std::io::stderr().write_all(&overflow)?;
-        } else if size >= EAGER {
+        } else if pending.idle || size >= EAGER {
+            pending.idle = false;
             self.shared.wake.notify_one();
         }
         Ok(bytes.len())

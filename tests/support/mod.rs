@@ -132,8 +132,15 @@ impl Proxy {
         self.addr
     }
 
-    /// Everything the proxy logged so far.
+    /// Everything the proxy logged so far, once lines logged before this call had time
+    /// to pass the log writer's batching (10 ms; `telemetry::batch`).
     pub fn logs(&self) -> String {
+        std::thread::sleep(Duration::from_millis(60));
+        self.logs_now()
+    }
+
+    /// What the proxy's stderr has shown so far.
+    fn logs_now(&self) -> String {
         self.logs.lock().unwrap().clone()
     }
 
@@ -326,7 +333,7 @@ impl Proxy {
     /// Waits until the logs contain `needle`.
     pub fn wait_for_log(&self, needle: &str, timeout: Duration) {
         let deadline = std::time::Instant::now() + timeout;
-        while !self.logs().contains(needle) {
+        while !self.logs_now().contains(needle) {
             assert!(
                 std::time::Instant::now() < deadline,
                 "log line {needle:?} did not appear; logs:\n{}",

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# A/B of handoff binaries (or settings) on CPU per request: each variant in front of
+# bench-upstream, small chat with 32 connections and the ~700 KB conversation with 8,
+# at the default log level (info: one access line per request, to a file outside the
+# config's folder), interleaved over ROUNDS rounds.
+#
+#   benches/ab.sh [--duration S] [--rounds N] NAME=BINARY[@WORKERS] ...
+#   e.g. benches/ab.sh before=/tmp/old/handoff after=target/release/handoff after-w1=target/release/handoff@1
+#
+# Prints one line per run: variant, body, req/s, p50, CPU µs per request, RSS.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=4 ROUNDS=2
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --duration) DURATION=$2; shift ;;
+    --rounds) ROUNDS=$2; shift ;;
+    *=*) break ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ $# -gt 0 ] || { echo "usage: benches/ab.sh NAME=BINARY[@WORKERS] ..." >&2; exit 2; }
+cargo build --release --quiet --bin bench-upstream -p mock-upstream
+WORK=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+python3 benches/e2e/bodies.py "$WORK"
+UP=18200 HO=18201
+target/release/bench-upstream "127.0.0.1:$UP" 2>/dev/null &
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+for round in $(seq 1 "$ROUNDS"); do
+  for variant in "$@"; do
+    name=${variant%%=*} spec=${variant#*=}
+    binary=${spec%@*} workers=0
+    [[ "$spec" == *@* ]] && workers=${spec##*@}
+    for body in small long; do
+      rm -rf "$WORK/data"
+      printf 'listen = "127.0.0.1:%s"\ndata_dir = "%s/data"\nworkers = %s\n[upstream]\nbase_url = "http://127.0.0.1:%s"\n[models."bench-model"]\ncontext_window = 1000000\n' \
+        "$HO" "$WORK" "$workers" "$UP" > "$WORK/handoff.toml"
+      "$binary" serve --config "$WORK/handoff.toml" 2>"$WORK/../handoff-ab.log" & pid=$!
+      for _ in $(seq 1 100); do (echo > "/dev/tcp/127.0.0.1/$HO") 2>/dev/null && break; sleep 0.1; done
+      conns=32 conversation=""
+      [ "$body" = long ] && conns=8 conversation=bench-long
+      BODY="$WORK/$body.json" CONVERSATION=$conversation wrk -t1 -c1 -d1s -s benches/e2e/post.lua "http://127.0.0.1:$HO/v1/chat/completions" >/dev/null
+      before=$(ticks "$pid")
+      out=$(BODY="$WORK/$body.json" CONVERSATION=$conversation wrk -t2 -c"$conns" -d"${DURATION}s" --latency -s benches/e2e/post.lua "http://127.0.0.1:$HO/v1/chat/completions")
+      after=$(ticks "$pid")
+      rss=$(ps -o rss= -p "$pid")
+      kill "$pid"; wait "$pid" 2>/dev/null || true
+      requests=$(echo "$out" | grep -oP '\d+(?= requests in)')
+      rps=$(echo "$out" | grep -oP 'Requests/sec:\s+\K[\d.]+')
+      p50=$(echo "$out" | grep -P '^\s+50%' | awk '{print $2}')
+      cpu=$(python3 -c "print(round(($after - $before) / $(getconf CLK_TCK) * 1e6 / $requests, 1))")
+      echo "$name $body req/s=$rps p50=$p50 cpu_us=$cpu rss_mb=$((rss / 1024))"
+    done
+  done
+done
