@@ -31,11 +31,12 @@ ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 for round in $(seq 1 "$ROUNDS"); do
   for variant in "$@"; do
     name=${variant%%=*} spec=${variant#*=}
-    binary=${spec%@*} workers=0
-    [[ "$spec" == *@* ]] && workers=${spec##*@}
+    binary=${spec%@*} workers=""
+    # Only when asked: a binary older than the `workers` key refuses it.
+    [[ "$spec" == *@* ]] && workers="workers = ${spec##*@}"
     for body in small long; do
       rm -rf "$WORK/data"
-      printf 'listen = "127.0.0.1:%s"\ndata_dir = "%s/data"\nworkers = %s\n[upstream]\nbase_url = "http://127.0.0.1:%s"\n[models."bench-model"]\ncontext_window = 1000000\n' \
+      printf 'listen = "127.0.0.1:%s"\ndata_dir = "%s/data"\n%s\n[upstream]\nbase_url = "http://127.0.0.1:%s"\n[models."bench-model"]\ncontext_window = 1000000\n' \
         "$HO" "$WORK" "$workers" "$UP" > "$WORK/handoff.toml"
       "$binary" serve --config "$WORK/handoff.toml" 2>"$WORK/../handoff-ab.log" & pid=$!
       for _ in $(seq 1 100); do (echo > "/dev/tcp/127.0.0.1/$HO") 2>/dev/null && break; sleep 0.1; done
