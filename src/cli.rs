@@ -295,26 +295,21 @@ fn eval(args: EvalArgs) -> ExitCode {
 /// The multi-threaded runtime, with rustls's process-wide crypto provider installed
 /// (ring, the one we build with).
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
-    install_crypto_provider();
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|err| {
-            eprintln!("handoff: cannot start the runtime: {err}");
-            ExitCode::FAILURE
-        })
+    built(&mut tokio::runtime::Builder::new_multi_thread())
 }
 
 /// Worker 0's runtime: a current-thread one, like every worker's ([`crate::server`]).
 fn worker_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    built(&mut tokio::runtime::Builder::new_current_thread())
+}
+
+/// `builder`'s runtime with every driver, after installing the crypto provider.
+fn built(builder: &mut tokio::runtime::Builder) -> Result<tokio::runtime::Runtime, ExitCode> {
     install_crypto_provider();
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|err| {
-            eprintln!("handoff: cannot start the runtime: {err}");
-            ExitCode::FAILURE
-        })
+    builder.enable_all().build().map_err(|err| {
+        eprintln!("handoff: cannot start the runtime: {err}");
+        ExitCode::FAILURE
+    })
 }
 
 /// rustls's process-wide crypto provider: ring, the one we build with.

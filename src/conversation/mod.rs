@@ -391,13 +391,11 @@ impl Tracker {
             {
                 continue;
             }
-            let key = cached.1;
-            if let Err(err) = self.store.remember_response(id, &key, head).await {
+            if let Err(err) = self.store.remember_response(id, &cached.1, head).await {
                 // The reply is logged; only another replica's lookup of it is lost.
                 tracing::warn!(conversation = %id, error = %err, "cannot store a response id");
             }
-            self.responses
-                .insert((id.tenant().clone(), key), (id.clone(), head));
+            self.responses.insert(cached, (id.clone(), head));
         }
         // Only once the reply is logged: calibration describes a request that happened.
         if let Some(calibration) = batch.calibration {

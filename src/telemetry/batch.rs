@@ -24,10 +24,14 @@ const EAGER: usize = 256 * 1024;
 /// no line is dropped, and memory stays bounded when stderr is slow.
 const CAP: usize = 8 * 1024 * 1024;
 
-#[derive(Default)]
+/// Where batches go; its lock is taken while `pending`'s is held, so batches are
+/// written in the order they were taken, whichever thread writes them.
+type Out = Mutex<Box<dyn Write + Send>>;
+
 struct Shared {
     pending: Mutex<Pending>,
     wake: Condvar,
+    out: Out,
 }
 
 #[derive(Default)]
@@ -41,6 +45,12 @@ struct Pending {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Pending> {
         self.pending
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn out(&self) -> MutexGuard<'_, Box<dyn Write + Send>> {
+        self.out
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -59,15 +69,19 @@ pub struct Guard {
 }
 
 /// Starts the writer thread over `out`.
-pub fn batched<W: Write + Send + 'static>(mut out: W) -> std::io::Result<(Batched, Guard)> {
-    let shared = Arc::new(Shared::default());
+pub fn batched<W: Write + Send + 'static>(out: W) -> std::io::Result<(Batched, Guard)> {
+    let shared = Arc::new(Shared {
+        pending: Mutex::default(),
+        wake: Condvar::new(),
+        out: Mutex::new(Box::new(out)),
+    });
     let theirs = Arc::clone(&shared);
     let thread = std::thread::Builder::new()
         .name("handoff-log".into())
         .spawn(move || {
             let mut batch = Vec::new();
             loop {
-                let closed = {
+                let (closed, mut out) = {
                     let mut pending = theirs.lock();
                     while pending.bytes.is_empty() && !pending.closed {
                         pending.idle = true;
@@ -78,10 +92,11 @@ pub fn batched<W: Write + Send + 'static>(mut out: W) -> std::io::Result<(Batche
                     }
                     pending.idle = false;
                     std::mem::swap(&mut batch, &mut pending.bytes);
-                    pending.closed
+                    (pending.closed, theirs.out())
                 };
                 // Nowhere to report a failed write to stderr but stderr.
                 let _ = out.write_all(&batch).and_then(|()| out.flush());
+                drop(out);
                 batch.clear();
                 if closed {
                     return;
@@ -138,15 +153,17 @@ impl Write for Line<'_> {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
         let mut pending = self.shared.lock();
         if pending.closed {
+            let mut out = self.shared.out();
             drop(pending);
-            return std::io::stderr().write(bytes);
+            return out.write(bytes);
         }
         pending.bytes.extend_from_slice(bytes);
         let size = pending.bytes.len();
         if size >= CAP {
             let overflow = std::mem::take(&mut pending.bytes);
-            // Written under the lock, so lines stay in order.
-            std::io::stderr().write_all(&overflow)?;
+            let mut out = self.shared.out();
+            drop(pending);
+            out.write_all(&overflow)?;
         } else if pending.idle || size >= EAGER {
             pending.idle = false;
             self.shared.wake.notify_one();
@@ -211,6 +228,31 @@ mod tests {
         assert_eq!(
             text, expected,
             "every line, in order, the last one written on drop"
+        );
+    }
+
+    #[test]
+    fn a_backlog_past_the_cap_goes_to_the_same_output_in_order() {
+        let sink = Sink::default();
+        let Ok((writer, guard)) = batched(sink.clone()) else {
+            unreachable!("the writer thread starts")
+        };
+        // Far more than CAP, faster than one writer thread drains it.
+        let line = "x".repeat(1000);
+        let lines = 2 * CAP / line.len();
+        for n in 0..lines {
+            let _ = writeln!(writer.make_writer(), "{n} {line}");
+        }
+        drop(guard);
+        let text = written(&sink);
+        let numbers: Vec<usize> = text
+            .lines()
+            .filter_map(|l| l.split(' ').next()?.parse().ok())
+            .collect();
+        assert_eq!(
+            numbers,
+            (0..lines).collect::<Vec<_>>(),
+            "every line, once, in order"
         );
     }
 }
