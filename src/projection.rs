@@ -73,6 +73,8 @@ pub struct ModelView<'a> {
     pub joined: Option<Box<RawValue>>,
     /// The messages whose tool bodies [`ModelView::rescue`] shortened.
     pub rescued: Vec<ShortenedBody>,
+    /// Where the list lies in the request body, if the reading found it.
+    pub list: Option<std::ops::Range<usize>>,
 }
 
 impl ModelView<'_> {
@@ -209,15 +211,15 @@ impl ModelView<'_> {
         if self.compaction.is_none() && matches!(self.live, Cow::Borrowed(_)) {
             return Ok(body.clone());
         }
-        let fields: HashMap<String, &RawValue> =
-            serde_json::from_slice(body).map_err(ProjectionError::Body)?;
-        let field = self.dialect.get().list_field();
-        let list = fields
-            .get(field)
-            .ok_or_else(|| ProjectionError::Shape(format!("the request body has no {field:?}")))?;
-        // The borrowed RawValue points into `body`; its offset is where the list starts.
-        let start = list.get().as_ptr() as usize - body.as_ptr() as usize;
-        let end = start + list.get().len();
+        let known = self.list.clone().filter(|list| {
+            body.get(list.start) == Some(&b'[')
+                && list.end > 0
+                && body.get(list.end - 1) == Some(&b']')
+        });
+        let (start, end) = match known {
+            Some(list) => (list.start, list.end),
+            None => list_in(body, self.dialect.get().list_field())?,
+        };
         let messages = self.raw_messages();
         let size: usize = messages.iter().map(|m| m.len() + 1).sum();
         let mut out = Vec::with_capacity(body.len() - (end - start) + size + 2);
@@ -233,6 +235,18 @@ impl ModelView<'_> {
         out.extend_from_slice(&body[end..]);
         Ok(Bytes::from(out))
     }
+}
+
+/// Where the list `field` lies in `body`, read whole.
+fn list_in(body: &Bytes, field: &str) -> Result<(usize, usize), ProjectionError> {
+    let fields: HashMap<String, &RawValue> =
+        serde_json::from_slice(body).map_err(ProjectionError::Body)?;
+    let list = fields
+        .get(field)
+        .ok_or_else(|| ProjectionError::Shape(format!("the request body has no {field:?}")))?;
+    // The borrowed RawValue points into `body`; its offset is where the list starts.
+    let start = list.get().as_ptr() as usize - body.as_ptr() as usize;
+    Ok((start, start + list.get().len()))
 }
 
 /// Shortens one tool-result slot: a string, or each text part of a list.
@@ -303,6 +317,7 @@ pub fn project_view<'a>(
         live: Cow::Borrowed(&rest[live_start..]),
         live_digests: Cow::Borrowed(&tracked.message_digests[live_start..]),
         live_start,
+        list: request.list.clone(),
     }
 }
 

@@ -277,6 +277,7 @@ impl AppState {
             config.store.count_cache_entries,
         ));
         crate::dialect::size_facts_cache(config.store.facts_cache_entries);
+        crate::dialect::size_prefix_cache(config.store.prefix_cache_entries);
         let parts = Parts {
             store: opened.store,
             secret,

@@ -50,7 +50,13 @@ impl Exchange<'_> {
             let body = view
                 .render_body(&self.body)
                 .map_err(|err| ApiError::internal(err.to_string()))?;
-            let (body, rewrite) = match dialect.ask_usage(&body).filter(|_| ask_usage) {
+            // Asked only when it will be sent: asking copies the whole body.
+            let asked = if ask_usage {
+                dialect.ask_usage(&body)
+            } else {
+                None
+            };
+            let (body, rewrite) = match asked {
                 Some((asked, rewrite)) => (asked, Some(rewrite)),
                 None => (body, None),
             };

@@ -402,6 +402,9 @@ pub struct StoreConfig {
     /// Distinct messages whose parsed facts (ids, tool pairs, counted text's length)
     /// are kept in memory, so a re-sent message is not parsed again.
     pub facts_cache_entries: usize,
+    /// Messages of recent long bodies remembered with where they lay (about 50 bytes
+    /// each), so the part a client re-sends is not scanned again.
+    pub prefix_cache_entries: usize,
     /// Bytes one tenant's log may hold on disk (0: no quota); past it, its tracked
     /// requests get 507. The disk store counts; PostgreSQL's own quotas apply there.
     pub tenant_quota_bytes: u64,
@@ -420,6 +423,7 @@ impl Default for StoreConfig {
             cache_bytes: 128 * 1024 * 1024,
             count_cache_entries: 1_000_000,
             facts_cache_entries: 500_000,
+            prefix_cache_entries: 1_000_000,
             tenant_quota_bytes: 0,
         }
     }

@@ -133,7 +133,7 @@ impl Role {
 /// (per dialect) and cached by a keyed hash of its raw bytes, so a message that comes
 /// back in every request of a conversation is parsed and digested once.
 #[derive(Debug)]
-struct Facts {
+pub(super) struct Facts {
     role: Role,
     digest: MessageDigest,
     /// The digest of its echo forms ([`echo_digest`]), if it has any.
@@ -193,6 +193,11 @@ impl RawMessage {
         } else {
             Self(Bytes::copy_from_slice(part.as_bytes()))
         }
+    }
+
+    /// The bytes `range` spans in `body`, shared.
+    pub(super) fn slice(body: &Bytes, range: std::ops::Range<usize>) -> Self {
+        Self(body.slice(range))
     }
 
     /// Its bytes.
@@ -275,6 +280,21 @@ impl Message {
         let message = Self::parsed(role(&value)?, raw, value);
         cache.entries.insert(key, Arc::clone(&message.facts));
         Ok(message)
+    }
+
+    /// A message whose bytes were read before in this dialect, with the facts read then.
+    pub(super) fn known(raw: RawMessage, facts: Arc<Facts>) -> Self {
+        Self {
+            role: facts.role,
+            raw,
+            facts,
+            value: OnceLock::new(),
+        }
+    }
+
+    /// Its facts, shared, for a later body that repeats its bytes.
+    pub(super) fn shared_facts(&self) -> Arc<Facts> {
+        Arc::clone(&self.facts)
     }
 
     /// A message from a value already parsed (or made), with `raw` its bytes.

@@ -10,6 +10,7 @@ mod message;
 pub mod openai;
 pub mod overflow;
 pub mod pair;
+mod prefix;
 pub mod responses;
 #[cfg(test)]
 mod stub;
@@ -25,6 +26,8 @@ use serde_json::Value;
 
 pub use message::{size_facts_cache, DialectError, Message, RawMessage, Role};
 pub use openai::check_tool_pairs;
+pub use prefix::size_prefix_cache;
+use prefix::Reading;
 
 use crate::base::reply::Assembled;
 use crate::error::ApiError;
@@ -140,6 +143,10 @@ pub struct ChatRequest {
     pub max_output: Option<u64>,
     /// True when extended thinking is on (Anthropic), which constrains the cut.
     pub thinking: bool,
+    /// Where the list (`messages`, `input`) lies in the body, `[` to `]`, when the
+    /// reading found it: a rewritten body replaces those bytes without reading the
+    /// body again.
+    pub list: Option<std::ops::Range<usize>>,
 }
 
 impl ChatRequest {

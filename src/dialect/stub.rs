@@ -114,6 +114,7 @@ impl Dialect for StubDialect {
             usage_unasked: false,
             max_output: None,
             thinking: false,
+            list: None,
         })
     }
 

@@ -21,9 +21,9 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use super::json_body;
 use super::translate::TranslatingClient;
 use super::RawMessage;
+use super::Reading;
 use super::{
     ChatRequest, Dialect, DialectError, DialectKind, KeyHeader, Markers, Message, Opening, Role,
     StreamEnd, StreamReply,
@@ -148,19 +148,11 @@ impl Dialect for AnthropicMessages {
     }
 
     fn parse_body(&self, body: &Bytes) -> Result<ChatRequest, DialectError> {
-        let wire: Wire<'_> = json_body(body).map_err(|err| DialectError::json(API, err))?;
-        let conversation = wire
-            .messages
-            .into_iter()
-            .enumerate()
-            .map(|(index, raw)| {
-                Message::from_raw(
-                    index,
-                    RawMessage::within(body, raw.get()),
-                    DialectKind::Anthropic,
-                )
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let reading = Reading::new(body, DialectKind::Anthropic);
+        let wire: Wire<'_> = reading.json().map_err(|err| DialectError::json(API, err))?;
+        let conversation = reading.messages(&wire.messages, |index, raw| {
+            Message::from_raw(index, raw, DialectKind::Anthropic)
+        })?;
         let mut messages = Vec::with_capacity(conversation.len() + 1);
         if let Some(system) = wire.system.as_deref() {
             messages.extend(system_message(system)?);
@@ -188,6 +180,7 @@ impl Dialect for AnthropicMessages {
             continues_conversation: false,
             pinned: None,
             floated: Vec::new(),
+            list: reading.list_span(),
         })
     }
 

@@ -21,8 +21,8 @@ use serde_json::{json, Value};
 pub use assemble::{AssembledChoice, StreamAssembler};
 
 use super::{
-    json_body, ChatRequest, Dialect, DialectError, DialectKind, Markers, Message, RawMessage, Role,
-    StreamEnd, StreamReply,
+    ChatRequest, Dialect, DialectError, DialectKind, Markers, Message, Reading, Role, StreamEnd,
+    StreamReply,
 };
 use crate::base::reply::{Assembled, CapturedReply};
 use crate::error::ApiError;
@@ -109,16 +109,11 @@ impl Dialect for OpenAiChat {
     }
 
     fn parse_body(&self, body: &Bytes) -> Result<ChatRequest, DialectError> {
-        let wire: Wire<'_> = json_body(body).map_err(|err| DialectError::json(API, err))?;
-        let messages = wire
-            .messages
-            .into_iter()
-            .enumerate()
-            .map(|(index, raw)| {
-                let raw = RawMessage::within(body, raw.get());
-                Message::from_raw(index, raw, DialectKind::OpenAiChat)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let reading = Reading::new(body, DialectKind::OpenAiChat);
+        let wire: Wire<'_> = reading.json().map_err(|err| DialectError::json(API, err))?;
+        let messages = reading.messages(&wire.messages, |index, raw| {
+            Message::from_raw(index, raw, DialectKind::OpenAiChat)
+        })?;
         Ok(ChatRequest {
             dialect: DialectKind::OpenAiChat,
             model: wire.model.unwrap_or_default(),
@@ -134,6 +129,7 @@ impl Dialect for OpenAiChat {
             continues_conversation: false,
             pinned: None,
             floated: Vec::new(),
+            list: reading.list_span(),
         })
     }
 

@@ -21,13 +21,12 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use super::json_body;
 use super::translate::TranslatingClient;
-use super::RawMessage;
 use super::{
     ChatRequest, Dialect, DialectError, DialectKind, Markers, Message, Opening, Role, StreamEnd,
     StreamReply,
 };
+use super::{RawMessage, Reading};
 use crate::base::reply::Assembled;
 use crate::dialect::overflow::is_context_length_error;
 use crate::dialect::pair::CONTINUATION;
@@ -43,7 +42,7 @@ struct Wire<'a> {
     #[serde(default)]
     model: Option<String>,
     #[serde(default, borrow)]
-    input: Option<&'a RawValue>,
+    input: Option<Input<'a>>,
     #[serde(default)]
     instructions: Option<Box<RawValue>>,
     #[serde(default)]
@@ -75,30 +74,62 @@ fn item_role(index: usize, item: &Value) -> Result<Role, DialectError> {
     })
 }
 
-/// The `input` as items, sharing `body`'s bytes: a string is one user message.
-fn items(body: &Bytes, input: Option<&RawValue>) -> Result<Vec<Message>, DialectError> {
-    let Some(input) = input else {
-        return Ok(Vec::new());
-    };
-    if input.get().trim_start().starts_with('"') {
-        let raw = RawMessage::from(format!(r#"{{"role":"user","content":{}}}"#, input.get()));
-        let value = serde_json::from_str(raw.get()).map_err(|e| DialectError::json(API, e))?;
-        return Ok(vec![Message::parsed(Role::User, raw, value)]);
+/// The `input`: one string, or the items, borrowed, in one scan of the body.
+enum Input<'a> {
+    Text(String),
+    Items(Vec<&'a RawValue>),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Input<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Input<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or a list of input items")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Input<'de>, E> {
+                Ok(Input::Text(text.to_owned()))
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Input<'de>, A::Error> {
+                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while let Some(item) = seq.next_element::<&'de RawValue>()? {
+                    items.push(item);
+                }
+                Ok(Input::Items(items))
+            }
+        }
+        deserializer.deserialize_any(Visit)
     }
-    let list: Vec<&RawValue> =
-        serde_json::from_str(input.get()).map_err(|e| DialectError::json(API, e))?;
-    list.into_iter()
-        .enumerate()
-        .map(|(index, raw)| {
-            let raw = RawMessage::within(body, raw.get());
+}
+
+/// The `input` as messages: a string is one user message, items share the body's bytes.
+fn items(reading: &Reading<'_>, input: Option<&Input<'_>>) -> Result<Vec<Message>, DialectError> {
+    match input {
+        None => Ok(Vec::new()),
+        Some(Input::Text(text)) => {
+            let value = json!({"role": "user", "content": text});
+            Ok(vec![Message::parsed(
+                Role::User,
+                RawMessage::from(value.to_string()),
+                value,
+            )])
+        }
+        Some(Input::Items(list)) => reading.messages(list, |index, raw| {
             Message::read(raw, DialectKind::Responses, |value| {
                 if !value.is_object() {
                     return Err(DialectError::NotAnObject { index });
                 }
                 item_role(index, value)
             })
-        })
-        .collect()
+        }),
+    }
 }
 
 impl Dialect for OpenAiResponses {
@@ -155,10 +186,11 @@ impl Dialect for OpenAiResponses {
     }
 
     fn parse_body(&self, body: &Bytes) -> Result<ChatRequest, DialectError> {
-        let wire: Wire<'_> = json_body(body).map_err(|err| DialectError::json(API, err))?;
+        let reading = Reading::new(body, DialectKind::Responses);
+        let wire: Wire<'_> = reading.json().map_err(|err| DialectError::json(API, err))?;
         let server_held = wire.previous_response_id.is_some()
             || wire.conversation.as_ref().is_some_and(|c| !c.is_null());
-        let input = items(body, wire.input)?;
+        let input = items(&reading, wire.input.as_ref())?;
         let mut messages = Vec::with_capacity(input.len() + 1);
         if let Some(instructions) = wire.instructions.as_deref() {
             if !matches!(instructions.get(), "null" | "\"\"") {
@@ -175,6 +207,7 @@ impl Dialect for OpenAiResponses {
         messages.extend(input);
         Ok(ChatRequest {
             dialect: DialectKind::Responses,
+            list: reading.list_span(),
             model: wire.model.unwrap_or_default(),
             messages,
             tools: wire.tools,

@@ -1,0 +1,375 @@
+//! The part of a request body that repeats a recent body, not read again.
+//!
+//! A client re-sends its whole conversation every turn, so a long body is mostly an
+//! earlier one plus a few messages, and scanning the repeated part again was most of
+//! a long request's CPU. After a body is read, a [`Memo`] keeps where each element of
+//! its list (`messages`, `input`) lay, the element's facts, and a chained hash of the
+//! body's bytes up to the element's end. A later body whose bytes agree up to some
+//! element's end takes those elements from the memo: the chain is checked over the new
+//! body's own bytes, nothing is assumed. serde then reads the body with those elements
+//! cut out (the fields, and the elements after them), and a body the cut reading
+//! refuses is read whole, so every error names its true place.
+//!
+//! Only bodies of at least [`LEADS`]`[0]` bytes are remembered: a shorter one is read
+//! faster than it is looked up. Memos are found by a hash of the body's leading bytes
+//! at a few lengths, the longest first, with a few memos under each, so sessions that
+//! share a system prompt or a tool list still find their own.
+
+use std::cell::Cell;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use serde_json::value::RawValue;
+use xxhash_rust::xxh3::{xxh3_128_with_seed, xxh3_64_with_seed};
+
+use bytes::Bytes;
+
+use super::message::Facts;
+use super::{json_body, DialectError, DialectKind, Message, RawMessage};
+
+/// The lengths of the leading bytes a memo is found by; the first is also the
+/// shortest body remembered.
+const LEADS: [usize; 4] = [32 << 10, 256 << 10, 2 << 20, 16 << 20];
+
+/// Memos kept under one lead hash.
+const WAYS: u8 = 4;
+
+/// Elements remembered, all memos together, unless [`size_prefix_cache`] said
+/// otherwise before the first long body.
+static ELEMENTS: AtomicUsize = AtomicUsize::new(1_000_000);
+
+/// Sets how many elements the memos hold in all (`store.prefix_cache_entries`); only
+/// the first long body reads it, so call it at start.
+pub fn size_prefix_cache(elements: usize) {
+    ELEMENTS.store(elements.max(1), Ordering::Relaxed);
+}
+
+/// One element of a remembered list.
+#[derive(Clone)]
+struct Mark {
+    /// Where its bytes lay in the body.
+    span: Range<usize>,
+    /// The chained hash of the body's bytes up to `span.end`.
+    chain: u128,
+    facts: Arc<Facts>,
+}
+
+/// A body's list as read: its elements in order.
+struct Memo {
+    marks: Box<[Mark]>,
+    /// Which of a lead's [`WAYS`] it is kept under.
+    way: u8,
+}
+
+/// A memo's place: the dialect, which of [`LEADS`], the way, the lead's hash.
+type Key = (u8, u8, u8, u64);
+
+#[derive(Clone)]
+struct ByElements;
+
+impl quick_cache::Weighter<Key, Arc<Memo>> for ByElements {
+    fn weight(&self, _key: &Key, memo: &Arc<Memo>) -> u64 {
+        memo.marks.len() as u64 + 1
+    }
+}
+
+struct Memos {
+    /// Seeds every hash, per process, so no one can craft bytes that agree with
+    /// another body's chain.
+    seed: u64,
+    cache: quick_cache::sync::Cache<Key, Arc<Memo>, ByElements>,
+}
+
+fn memos() -> &'static Memos {
+    static MEMOS: OnceLock<Memos> = OnceLock::new();
+    MEMOS.get_or_init(|| {
+        let elements = ELEMENTS.load(Ordering::Relaxed);
+        Memos {
+            seed: RandomState::new().hash_one(0x7072_6566_6978_u64),
+            // About a hundred elements a memo, as a starting size.
+            cache: quick_cache::sync::Cache::with_weighter(
+                (elements / 100).max(16),
+                elements as u64,
+                ByElements,
+            ),
+        }
+    })
+}
+
+impl Memos {
+    /// The chain before any byte.
+    fn origin(&self) -> u128 {
+        u128::from(self.seed)
+    }
+}
+
+/// The next link of a chain: `bytes` hashed with the chain so far as the seed.
+fn link(chain: u128, bytes: &[u8]) -> u128 {
+    xxh3_128_with_seed(bytes, (chain as u64) ^ ((chain >> 64) as u64))
+}
+
+/// How many of `memo`'s leading elements `body` repeats byte for byte, with the
+/// bytes before each.
+fn agreed(memo: &Memo, body: &[u8], origin: u128) -> usize {
+    let (mut chain, mut at) = (origin, 0);
+    memo.marks
+        .iter()
+        .take_while(|mark| {
+            let Some(bytes) = body.get(at..mark.span.end) else {
+                return false;
+            };
+            chain = link(chain, bytes);
+            at = mark.span.end;
+            chain == mark.chain
+        })
+        .count()
+}
+
+/// The elements a body takes from a memo, and the text serde reads instead.
+struct Reuse {
+    memo: Arc<Memo>,
+    /// How many leading elements are the memo's.
+    count: usize,
+    /// The bytes cut out of the body: the reused elements and the comma after them.
+    cut: Range<usize>,
+    /// The body without `cut`.
+    text: String,
+}
+
+impl Reuse {
+    /// The cut that takes `memo`'s first `count` elements out of `body`, if what
+    /// follows them is the list going on or ending.
+    fn new(body: &[u8], memo: Arc<Memo>, count: usize) -> Option<Self> {
+        let start = memo.marks.first()?.span.start;
+        let end = memo.marks.get(count.checked_sub(1)?)?.span.end;
+        let next = |from: usize| {
+            let skip = body
+                .get(from..)?
+                .iter()
+                .position(|b| !b.is_ascii_whitespace())?;
+            Some((from + skip, body[from + skip]))
+        };
+        let cut_end = match next(end)? {
+            // `[a, ]` is not JSON; cut, it would read as `[ ]`.
+            (comma, b',') if next(comma + 1)?.1 != b']' => comma + 1,
+            (close, b']') => close,
+            _ => return None,
+        };
+        let head = std::str::from_utf8(&body[..start]).ok()?;
+        let tail = std::str::from_utf8(&body[cut_end..]).ok()?;
+        let mut text = String::with_capacity(head.len() + tail.len());
+        text.push_str(head);
+        text.push_str(tail);
+        Some(Self {
+            memo,
+            count,
+            cut: start..cut_end,
+            text,
+        })
+    }
+}
+
+/// A request body being read, with the elements it repeats from a recent body
+/// already known.
+pub struct Reading<'b> {
+    body: &'b Bytes,
+    kind: DialectKind,
+    /// The body's hash of each of [`LEADS`] it is long enough for, hashed when needed.
+    leads: [Option<u64>; LEADS.len()],
+    reuse: Option<Reuse>,
+    /// The cut text was refused and the body was read whole: nothing is reused.
+    whole: Cell<bool>,
+    /// Where the list lay, `[` to `]`, once its messages were read.
+    span: Cell<Option<(usize, usize)>>,
+}
+
+impl<'b> Reading<'b> {
+    /// Starts reading `body` in `kind`, finding the memo it repeats the most of.
+    pub fn new(body: &'b Bytes, kind: DialectKind) -> Self {
+        let mut reading = Self {
+            body,
+            kind,
+            leads: [None; LEADS.len()],
+            reuse: None,
+            whole: Cell::new(false),
+            span: Cell::new(None),
+        };
+        let memos = memos();
+        for lead in (0..LEADS.len()).rev() {
+            let Some(hash) = reading.lead(lead) else {
+                continue;
+            };
+            let mut best: Option<(usize, Arc<Memo>)> = None;
+            for way in 0..WAYS {
+                let Some(memo) = memos.cache.get(&(kind as u8, lead as u8, way, hash)) else {
+                    continue;
+                };
+                let count = agreed(&memo, body, memos.origin());
+                let whole = count == memo.marks.len();
+                if count > best.as_ref().map_or(0, |(most, _)| *most) {
+                    best = Some((count, memo));
+                }
+                if whole {
+                    break;
+                }
+            }
+            if let Some((count, memo)) = best {
+                reading.reuse = Reuse::new(body, memo, count);
+                if reading.reuse.is_some() {
+                    break;
+                }
+            }
+        }
+        reading
+    }
+
+    /// The body's hash of `LEADS[lead]` leading bytes, if it has that many.
+    fn lead(&mut self, lead: usize) -> Option<u64> {
+        let length = LEADS[lead];
+        if self.body.len() < length {
+            return None;
+        }
+        let seed = memos().seed;
+        Some(*self.leads[lead].get_or_insert_with(|| xxh3_64_with_seed(&self.body[..length], seed)))
+    }
+
+    /// The body read as `W`: without the reused elements when there are some, so the
+    /// list `W` holds is what follows them.
+    pub fn json<'s, W: serde::Deserialize<'s>>(&'s self) -> Result<W, serde_json::Error> {
+        if let Some(reuse) = &self.reuse {
+            if let Ok(wire) = serde_json::from_str(&reuse.text) {
+                return Ok(wire);
+            }
+            self.whole.set(true);
+        }
+        json_body(self.body)
+    }
+
+    /// The list's messages: the reused ones, then `read` of each element of `list`
+    /// (the list [`Reading::json`] gave), indexed in the whole list. Remembers the list
+    /// for the next body.
+    pub fn messages(
+        &self,
+        list: &[&RawValue],
+        mut read: impl FnMut(usize, RawMessage) -> Result<Message, DialectError>,
+    ) -> Result<Vec<Message>, DialectError> {
+        let reuse = self.reuse.as_ref().filter(|_| !self.whole.get());
+        let reused = reuse.map_or(&[][..], |reuse| &reuse.memo.marks[..reuse.count]);
+        let mut messages = Vec::with_capacity(reused.len() + list.len());
+        messages.extend(reused.iter().map(|mark| {
+            Message::known(
+                RawMessage::slice(self.body, mark.span.clone()),
+                Arc::clone(&mark.facts),
+            )
+        }));
+        let mut spans = Vec::with_capacity(list.len());
+        for (index, element) in list.iter().enumerate() {
+            let span = self.span_of(reuse, element.get());
+            let raw = match &span {
+                Some(span) => RawMessage::slice(self.body, span.clone()),
+                None => RawMessage::from(element.get().to_owned()),
+            };
+            messages.push(read(reused.len() + index, raw)?);
+            spans.push(span);
+        }
+        let first = reused
+            .first()
+            .map(|mark| &mark.span)
+            .or(spans.first().and_then(Option::as_ref));
+        let last = spans
+            .last()
+            .and_then(Option::as_ref)
+            .or(reused.last().map(|mark| &mark.span));
+        if let (Some(first), Some(last)) = (first, last) {
+            self.span.set(self.list_around(first.start, last.end));
+        }
+        self.remember(reuse, &messages[reused.len()..], &spans);
+        Ok(messages)
+    }
+
+    /// The list's span in the body, `[` to `]`, once [`Reading::messages`] read a
+    /// list with at least one element: what a rewritten body replaces.
+    pub fn list_span(&self) -> Option<Range<usize>> {
+        self.span.get().map(|(start, end)| start..end)
+    }
+
+    /// The `[`…`]` around the elements from `start` to `end`, whitespace between.
+    fn list_around(&self, start: usize, end: usize) -> Option<(usize, usize)> {
+        let open = self
+            .body
+            .get(..start)?
+            .iter()
+            .rposition(|b| !b.is_ascii_whitespace())?;
+        let close = end
+            + self
+                .body
+                .get(end..)?
+                .iter()
+                .position(|b| !b.is_ascii_whitespace())?;
+        (self.body[open] == b'[' && self.body[close] == b']').then_some((open, close + 1))
+    }
+
+    /// Where `element` (borrowed from the text serde read) lies in the body.
+    fn span_of(&self, reuse: Option<&Reuse>, element: &str) -> Option<Range<usize>> {
+        let (text, cut) = match reuse {
+            Some(reuse) => (reuse.text.as_bytes(), reuse.cut.clone()),
+            None => (&self.body[..], 0..0),
+        };
+        let offset = (element.as_ptr() as usize).wrapping_sub(text.as_ptr() as usize);
+        let start = if offset >= cut.start {
+            offset.checked_add(cut.len())?
+        } else {
+            offset
+        };
+        let span = start..start.checked_add(element.len())?;
+        (self.body.get(span.clone())? == element.as_bytes()).then_some(span)
+    }
+
+    /// Keeps this body's list for the next body that repeats it.
+    fn remember(&self, reuse: Option<&Reuse>, fresh: &[Message], spans: &[Option<Range<usize>>]) {
+        if self.body.len() < LEADS[0] || fresh.is_empty() {
+            return;
+        }
+        let memos = memos();
+        let reused = reuse.map_or(&[][..], |reuse| &reuse.memo.marks[..reuse.count]);
+        let (mut chain, mut at) = reused
+            .last()
+            .map_or((memos.origin(), 0), |mark| (mark.chain, mark.span.end));
+        let mut marks = Vec::with_capacity(reused.len() + fresh.len());
+        marks.extend_from_slice(reused);
+        for (message, span) in fresh.iter().zip(spans) {
+            let Some(span) = span.clone().filter(|span| span.start >= at) else {
+                break;
+            };
+            chain = link(chain, &self.body[at..span.end]);
+            at = span.end;
+            marks.push(Mark {
+                span,
+                chain,
+                facts: message.shared_facts(),
+            });
+        }
+        // A body that repeats most of a memo continues its session and takes its way;
+        // one that shares only a lead (a system prompt, a tool list) takes its own.
+        let way = reuse
+            .filter(|reuse| reuse.count * 2 >= reuse.memo.marks.len())
+            .map_or((chain as u8) % WAYS, |reuse| reuse.memo.way);
+        let memo = Arc::new(Memo {
+            marks: marks.into_boxed_slice(),
+            way,
+        });
+        for (lead, &length) in LEADS.iter().enumerate().take_while(|(_, &l)| l <= at) {
+            let hash = self.leads[lead]
+                .unwrap_or_else(|| xxh3_64_with_seed(&self.body[..length], memos.seed));
+            let key = (self.kind as u8, lead as u8, way, hash);
+            memos.cache.insert(key, Arc::clone(&memo));
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "prefix_tests.rs"]
+mod tests;

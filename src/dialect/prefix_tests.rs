@@ -1,0 +1,151 @@
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use super::*;
+use crate::dialect::{ChatRequest, Dialect};
+
+/// A chat body of `turns` turns, each tool result `size` bytes, opened by a system
+/// message naming `session` (so tests running at once never share a memo).
+fn body(session: &str, turns: usize, size: usize) -> Value {
+    let mut messages = vec![json!({"role": "system", "content": format!("session {session}")})];
+    for turn in 0..turns {
+        let id = format!("call_{turn}");
+        messages.push(json!({"role": "user", "content": format!("step {turn}")}));
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": id, "type": "function", "function": {"name": "read", "arguments": "{}"}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": "x".repeat(size)}));
+    }
+    // Keys print sorted: `max_tokens` comes before the list, the others after it.
+    json!({"max_tokens": 100, "model": "m", "messages": messages, "stream": false})
+}
+
+fn bytes(value: &Value) -> Bytes {
+    Bytes::from(value.to_string())
+}
+
+/// What reading `body` gives: each message's bytes and digest, and how many came from
+/// a memo.
+fn read(body: &Bytes) -> (Vec<(String, crate::base::digest::MessageDigest)>, usize) {
+    let reading = Reading::new(body, DialectKind::OpenAiChat);
+    #[derive(serde::Deserialize)]
+    struct Wire<'a> {
+        #[serde(borrow)]
+        messages: Vec<&'a RawValue>,
+    }
+    let wire: Wire<'_> = reading.json().expect("reads");
+    let reused = reading.reuse.as_ref().map_or(0, |reuse| reuse.count);
+    let messages = reading
+        .messages(&wire.messages, |index, raw| {
+            Message::from_raw(index, raw, DialectKind::OpenAiChat)
+        })
+        .expect("messages");
+    let seen = messages
+        .iter()
+        .map(|m| (m.raw.get().to_owned(), m.digest()))
+        .collect();
+    (seen, reused)
+}
+
+/// Each message's bytes and digest, read from scratch.
+fn expected(body: &Value) -> Vec<(String, crate::base::digest::MessageDigest)> {
+    body["messages"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|m| (m.to_string(), crate::base::digest::message_digest(m)))
+        .collect()
+}
+
+#[test]
+fn a_long_body_sent_again_takes_every_message_from_its_memo() {
+    let first = body("again", 40, 2000);
+    let (seen, reused) = read(&bytes(&first));
+    assert_eq!((seen, reused), (expected(&first), 0));
+    let (seen, reused) = read(&bytes(&first));
+    assert_eq!(reused, 121, "system + 40 turns of three");
+    assert_eq!(seen, expected(&first));
+}
+
+#[test]
+fn the_next_turn_reuses_the_last_body_and_reads_only_what_it_added() {
+    let mut next = body("grows", 40, 2000);
+    read(&bytes(&next));
+    let list = next["messages"].as_array_mut().expect("a list");
+    list.push(json!({"role": "assistant", "content": "done"}));
+    list.push(json!({"role": "user", "content": "and now?"}));
+    let (seen, reused) = read(&bytes(&next));
+    assert_eq!(reused, 121);
+    assert_eq!(seen, expected(&next));
+    // And the turn after reuses that one whole.
+    let (_, reused) = read(&bytes(&next));
+    assert_eq!(reused, 123);
+}
+
+#[test]
+fn a_message_edited_in_the_middle_ends_the_reuse_there() {
+    let first = body("edited", 40, 2000);
+    read(&bytes(&first));
+    let mut edited = first.clone();
+    edited["messages"][60]["content"] = json!("x".repeat(1999) + "y");
+    let (seen, reused) = read(&bytes(&edited));
+    assert_eq!(reused, 60);
+    assert_eq!(seen, expected(&edited));
+}
+
+#[test]
+fn a_field_changed_before_the_list_reuses_nothing() {
+    let first = body("before", 40, 2000);
+    read(&bytes(&first));
+    let mut other = first.clone();
+    other["max_tokens"] = json!(200);
+    let (seen, reused) = read(&bytes(&other));
+    assert_eq!(reused, 0);
+    assert_eq!(seen, expected(&other));
+}
+
+#[test]
+fn a_field_changed_after_the_list_still_reuses_every_message() {
+    let first = body("after", 40, 2000);
+    read(&bytes(&first));
+    let mut other = first.clone();
+    other["stream"] = json!(true);
+    let (seen, reused) = read(&bytes(&other));
+    assert_eq!(reused, 121);
+    assert_eq!(seen, expected(&other));
+}
+
+#[test]
+fn a_short_body_is_not_remembered() {
+    let short = body("short", 2, 100);
+    read(&bytes(&short));
+    assert_eq!(read(&bytes(&short)).1, 0);
+}
+
+/// The error the dialect gives for `text`, and the one serde gives reading it whole.
+fn errors(text: String) -> (String, String) {
+    let body = Bytes::from(text);
+    let whole = serde_json::from_slice::<Value>(&body).expect_err("not JSON");
+    let dialect = crate::dialect::openai::OpenAiChat
+        .parse_body(&body)
+        .map(|_: ChatRequest| ())
+        .expect_err("refused");
+    (dialect.to_string(), whole.to_string())
+}
+
+#[test]
+fn a_broken_tail_after_reused_messages_is_refused_where_it_breaks() {
+    let first = body("broken", 40, 2000);
+    let text = first.to_string();
+    crate::dialect::openai::OpenAiChat
+        .parse_body(&Bytes::from(text.clone()))
+        .expect("reads");
+    // A trailing comma: cut out with the messages before it, it would read as `[]`.
+    let cut = text.rfind(']').expect("the list ends");
+    let trailing = format!("{}, ]{}", &text[..cut], &text[cut + 1..]);
+    let (dialect, whole) = errors(trailing);
+    assert!(dialect.ends_with(&whole), "{dialect} / {whole}");
+    // Broken JSON after the reused messages names its place in the whole body.
+    let broken = format!("{},{{\"role\":]{}", &text[..cut], &text[cut + 1..]);
+    let (dialect, whole) = errors(broken);
+    assert!(dialect.ends_with(&whole), "{dialect} / {whole}");
+}
