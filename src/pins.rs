@@ -59,8 +59,23 @@ impl Pins {
         })
     }
 
+    /// False when no rule of the kind can cover `message` by its role alone, which is
+    /// known without parsing it (most messages of a long body never are).
+    fn may_cover(&self, message: &Message, through: bool) -> bool {
+        // A known role is the value's `role`, or there is none (a Responses call item).
+        let Some(name) = message.role.name() else {
+            return true;
+        };
+        self.rules
+            .iter()
+            .any(|rule| rule.through == through && (rule.role == name || rule.role.is_empty()))
+    }
+
     /// The rule that covers `message`, if any; `through` selects which kind.
     fn rule_for(&self, message: &Message, through: bool) -> Option<&Rule> {
+        if !self.may_cover(message, through) {
+            return None;
+        }
         let value = message.value();
         let role = value.get("role").and_then(Value::as_str).unwrap_or("");
         let mut text = None;
@@ -156,9 +171,11 @@ impl Pins {
         let mut index = last.saturating_sub(FLOAT_WITHIN).max(at);
         while index < last {
             let message = &messages[index];
-            let rule = (message.role != Role::Assistant && text_only(message))
-                .then(|| self.rule_for(message, false))
-                .flatten();
+            let rule = (message.role != Role::Assistant
+                && self.may_cover(message, false)
+                && text_only(message))
+            .then(|| self.rule_for(message, false))
+            .flatten();
             let Some(rule) = rule else {
                 index += 1;
                 continue;

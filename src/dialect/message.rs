@@ -122,6 +122,19 @@ impl Role {
         }
     }
 
+    /// The name it is sent under; none for [`Role::Other`], whose name is the message's.
+    pub fn name(self) -> Option<&'static str> {
+        Some(match self {
+            Role::System => "system",
+            Role::Developer => "developer",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+            Role::Function => "function",
+            Role::Other => return None,
+        })
+    }
+
     /// True for the roles that may be pinned at the head of a request.
     pub fn is_instruction(self) -> bool {
         matches!(self, Role::System | Role::Developer)
