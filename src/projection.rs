@@ -125,6 +125,18 @@ impl ModelView<'_> {
         pinned.chain(live).sum()
     }
 
+    /// The messages whose token count is not cached yet, shared, for counting them
+    /// off the async path.
+    pub fn uncounted(&self, tokens: &Tokens, tokenizer: Tokenizer) -> Vec<Message> {
+        let pinned = self.pinned.iter().map(|m| m.message);
+        pinned
+            .chain(self.lifted.iter().copied())
+            .chain(self.live.iter())
+            .filter(|m| !m.is_counted(tokens, tokenizer))
+            .cloned()
+            .collect()
+    }
+
     /// Checks the view: tool pairs complete, the continuation a user message, the
     /// handoff an assistant message with string content and no tool calls.
     pub fn validate(&self) -> Result<(), ProjectionError> {

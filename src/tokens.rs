@@ -76,6 +76,11 @@ impl Tokens {
         .as_ref()
     }
 
+    /// Loads `tokenizer`'s tables now, if it has any (hundreds of ms, once).
+    pub fn load(&self, tokenizer: Tokenizer) {
+        self.bpe(tokenizer);
+    }
+
     /// Tokens of `text`.
     pub fn count_text(&self, tokenizer: Tokenizer, text: &str) -> u64 {
         match self.bpe(tokenizer) {

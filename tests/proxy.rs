@@ -351,6 +351,43 @@ async fn api_keys_never_reach_the_logs() {
     assert_eq!(mock.requests()[0].headers["api-key"], secrets[1]);
 }
 
+/// `workers = 1`: one thread serves every connection, so the first count of a huge
+/// conversation (megabytes to tokenise, tables to load) must not run on it. A small
+/// request sent while that count runs is answered before it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_worker_answers_a_small_request_while_a_huge_first_count_runs() {
+    let mock = MockUpstream::replying(Reply::json(chat_completion("counted"))).await;
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: "workers = 1\n[models.\"big\"]\ncontext_window = 100000000\n".into(),
+            ..ProxyOptions::default()
+        },
+    );
+    let url = format!("{}{CHAT}", proxy.url());
+    // About 9 MB of varied words, none of it counted before: seconds to tokenise.
+    let words: Vec<String> = (0..1_200_000u64)
+        .map(|n| format!("w{}", n * 7919 % 100_003))
+        .collect();
+    let huge = json!({"model": "big", "messages": [
+        {"role": "user", "content": words.join(" ")},
+    ]});
+    let heavy = tokio::spawn(client::send(request("POST", &url, &[], huge.to_string())));
+    // Once the upload is in, the worker has read it and handed the count off.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut small = chat_body();
+    small["model"] = json!("big");
+    let got = client::send(request("POST", &url, &[], small.to_string())).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert!(
+        !heavy.is_finished(),
+        "the small request waited for the huge count to end"
+    );
+    let heavy = heavy.await.unwrap();
+    assert_eq!(heavy.status, 200, "{}", heavy.text());
+    assert_eq!(mock.requests().len(), 2);
+}
+
 /// `workers = 2`: two threads, each its own runtime and `SO_REUSEPORT` socket on the
 /// one address. Every connection is served whichever socket the kernel gives it to,
 /// a stream in flight finishes after SIGTERM, and a second proxy cannot take the port.

@@ -231,12 +231,6 @@ fn valid_or_plain<'a>(
     }
 }
 
-/// True on a multi-thread runtime, the only kind `block_in_place` may be called on.
-fn on_multi_thread_runtime() -> bool {
-    tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
-}
-
 /// New message text above which tokenising is moved off the async path.
 const BIG_UNCOUNTED: usize = 256 * 1024;
 
@@ -279,16 +273,27 @@ impl Compactor {
         let settled = settled_view(request, tracked, budget.threshold, calibrated);
         let mut view = valid_or_plain(request, tracked, settled);
         let uncounted = view.uncounted_bytes(tokens, budget.tokenizer());
-        let heavy = uncounted > BIG_UNCOUNTED || !tokens.is_loaded(budget.tokenizer());
-        let count = || calibrated(&view);
-        // Tokenising hundreds of KB, or loading the tokenizer, takes tens of ms or more:
-        // on a multi-thread runtime let it move other work off this thread meanwhile.
-        // A current-thread runtime (a test, an embedding) cannot, and counts in place.
-        let current = if heavy && on_multi_thread_runtime() {
-            tokio::task::block_in_place(count)
-        } else {
-            count()
-        };
+        let tokenizer = budget.tokenizer();
+        if uncounted > BIG_UNCOUNTED || !tokens.is_loaded(tokenizer) {
+            // Tokenising hundreds of KB, or loading the tokenizer, takes tens of ms or
+            // more: done on the blocking pool, so the worker thread (one of a few, or
+            // the only one of a `workers = N` runtime) serves its other connections
+            // meanwhile. The counts land in the messages' facts, so the estimate below
+            // only reads them.
+            let work = view.uncounted(tokens, tokenizer);
+            let counter = Arc::clone(tokens);
+            let counted = tokio::task::spawn_blocking(move || {
+                counter.load(tokenizer);
+                for message in &work {
+                    message.token_count(&counter, tokenizer);
+                }
+            })
+            .await;
+            if let Err(err) = counted {
+                tracing::error!(conversation = %tracked.id, error = %err, "counting off the async path failed; counting in place");
+            }
+        }
+        let current = calibrated(&view);
         tracing::debug!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, "view estimated");
         self.note_adoption(tracker, tracked, &view).await;
         if current > budget.threshold {
