@@ -10,6 +10,10 @@
 #
 #   benches/e2e.sh [--duration SECONDS] [--rounds N] [--no-litellm] [--no-portkey] [--smoke]
 #
+# "handoff-w1" is the same handoff with `workers = 1` (one current-thread runtime), on
+# the chat rows: on a box it shares with wrk and the mock, one thread spends the least
+# CPU per request.
+#
 # When PostgreSQL is installed (Debian's postgresql), a second handoff on the postgres
 # store (a throwaway cluster) runs the same loads as "handoff-pg", and the database's
 # statements it receives during the repeated-body runs are counted: a request that
@@ -51,7 +55,7 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-UP=18000 HO=18001 NG=18002 LL=18003 HP=18004 PGPORT=18005 PK=18006
+UP=18000 HO=18001 NG=18002 LL=18003 HP=18004 PGPORT=18005 PK=18006 HW=18007
 command -v node >/dev/null || PORTKEY=0
 
 cargo build --release --quiet --bin handoff -p handoff
@@ -72,6 +76,8 @@ level = "warn"
 context_window = 1000000
 TOML
 target/release/handoff serve --config "$WORK/handoff.toml" 2>"$WORK/handoff.log" & HANDOFF_PID=$!; PIDS+=($HANDOFF_PID)
+{ echo "workers = 1"; sed -e "s/127.0.0.1:$HO/127.0.0.1:$HW/" -e "s#$WORK/data#$WORK/data-w1#" "$WORK/handoff.toml"; } > "$WORK/handoff-w1.toml"
+target/release/handoff serve --config "$WORK/handoff-w1.toml" 2>"$WORK/handoff-w1.log" & HW_PID=$!; PIDS+=($HW_PID)
 
 PG=0
 if [ -n "$PGBIN" ] && [ -x "$PGBIN/initdb" ]; then
@@ -133,7 +139,7 @@ if [ "$PORTKEY" = 1 ]; then
     npm install --prefix "$PKDIR" --no-audit --no-fund --loglevel=error @portkey-ai/gateway@1.15.2 >/dev/null
   NODE_ENV=production node "$PKDIR/node_modules/@portkey-ai/gateway/build/start-server.js" --port="$PK" --headless >"$WORK/portkey.log" 2>&1 & PK_PID=$!; PIDS+=($PK_PID)
 fi
-for port in $UP $HO $NG; do wait_port "$port"; done
+for port in $UP $HO $HW $NG; do wait_port "$port"; done
 if [ "$PORTKEY" = 1 ]; then wait_port "$PK"; fi
 if [ "$PG" = 1 ]; then wait_port "$HP"; fi
 if [ "$LITELLM" = 1 ]; then wait_port "$LL"; fi
@@ -160,6 +166,7 @@ target_pid() {
     direct) echo "$UP_PID" ;;
     handoff) echo "$HANDOFF_PID" ;;
     handoff-pg) echo "${HP_PID:-}" ;;
+    handoff-w1) echo "$HW_PID" ;;
     nginx) cat "$WORK/nginx.pid" ;;
     litellm) echo "${LL_PID:-}" ;;
     portkey) echo "${PK_PID:-}" ;;
@@ -198,12 +205,12 @@ PY
 
 PEERS=(direct handoff nginx)
 [ "$PORTKEY" = 1 ] && PEERS+=(portkey)
-TARGETS=("${PEERS[@]}")
+TARGETS=("${PEERS[@]}" handoff-w1)
 [ "$LITELLM" = 1 ] && TARGETS+=(litellm)
 [ "$PG" = 1 ] && TARGETS+=(handoff-pg)
-REPEATED=("${PEERS[@]}")
+REPEATED=("${PEERS[@]}" handoff-w1)
 [ "$PG" = 1 ] && REPEATED+=(handoff-pg)
-declare -A PORT=([direct]=$UP [handoff]=$HO [nginx]=$NG [litellm]=$LL [handoff-pg]=$HP [portkey]=$PK)
+declare -A PORT=([direct]=$UP [handoff]=$HO [nginx]=$NG [litellm]=$LL [handoff-pg]=$HP [portkey]=$PK [handoff-w1]=$HW)
 RESULTS="$WORK/results.txt"
 # Every handoff sends each body once before the runs, with the conversation id the runs
 # use: the runs then repeat what the store has, and the first request's one-off work
@@ -229,6 +236,7 @@ warm() { # port
   done
 }
 warm "$HO"
+warm "$HW"
 if [ "$PG" = 1 ]; then
   warm "$HP"
   pg_log_statements all
@@ -294,7 +302,7 @@ def wrk(kind, target):
     vals = [list(map(float, r.split())) for r in rows.get((kind, target), [])]
     return [med([v[i] for v in vals if len(v) > i]) for i in range(5)] if vals else None
 print(f"Medians of {rounds} interleaved round(s) of {duration}s each.\n")
-ALL = ["direct", "handoff", "handoff-pg", "nginx", "portkey", "litellm"]
+ALL = ["direct", "handoff", "handoff-w1", "handoff-pg", "nginx", "portkey", "litellm"]
 def table(title, kind, errors=False):
     got = {t: wrk(kind, t) for t in ALL}
     got = {t: v for t, v in got.items() if v}
@@ -304,14 +312,15 @@ def table(title, kind, errors=False):
         print(f"| {t} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} |" + (f" {v[3]:.0f} |" if errors else "") + f" {v[4]:.0f} |")
     return got
 def ratios(label, got):
-    h, n = got.get("handoff"), got.get("nginx")
-    if not (h and n):
-        return
-    line = f"\n{label}: handoff/nginx throughput {h[0]/n[0]:.2f}×, p50 added over nginx {h[1] - n[1]:.3f} ms, CPU per request {h[4]:.0f} µs (nginx {n[4]:.0f})"
-    for peer in ("portkey", "litellm"):
-        if got.get(peer):
-            line += f"; handoff/{peer} throughput {h[0]/got[peer][0]:.1f}×"
-    print(line)
+    for name in ("handoff", "handoff-w1"):
+        h, n = got.get(name), got.get("nginx")
+        if not (h and n):
+            continue
+        line = f"\n{label}: {name}/nginx throughput {h[0]/n[0]:.2f}×, p50 added over nginx {h[1] - n[1]:.3f} ms, CPU per request {h[4]:.0f} µs (nginx {n[4]:.0f})"
+        for peer in ("portkey", "litellm"):
+            if got.get(peer):
+                line += f"; {name}/{peer} throughput {h[0]/got[peer][0]:.1f}×"
+        print(line)
 small = table("small chat, 32 conn", "small", errors=True)
 ratios("small chat", small)
 long = table("tracked long conversation (~700 KB body, ~100k tokens), 8 conn", "long")
@@ -331,10 +340,11 @@ streams("chat streaming (64 deltas, 20 ms apart)", "stream")
 c1 = table("small chat, 1 connection", "c1")
 c1long = table("long conversation, 1 connection", "c1long")
 for name, got in (("small", c1), ("long", c1long)):
-    if got.get("handoff") and got.get("direct"):
-        h, d, n = got["handoff"], got["direct"], got.get("nginx")
-        print(f"\nc=1 {name}: latency added by handoff over direct p50 {h[1] - d[1]:.3f} ms, p99 {h[2] - d[2]:.3f} ms"
-              + (f" (nginx: p50 {n[1] - d[1]:.3f} ms, p99 {n[2] - d[2]:.3f} ms)" if n else ""))
+    for proxy in ("handoff", "handoff-w1"):
+        if got.get(proxy) and got.get("direct"):
+            h, d, n = got[proxy], got["direct"], got.get("nginx")
+            print(f"\nc=1 {name}: latency added by {proxy} over direct p50 {h[1] - d[1]:.3f} ms, p99 {h[2] - d[2]:.3f} ms"
+                  + (f" (nginx: p50 {n[1] - d[1]:.3f} ms, p99 {n[2] - d[2]:.3f} ms)" if n else ""))
 for api, prefix in (("Anthropic Messages", "a"), ("Responses", "r")):
     s_ = table(f"{api}, small, 32 conn", prefix + "small", errors=True)
     ratios(f"{api} small", s_)
