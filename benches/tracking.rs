@@ -28,8 +28,24 @@ fn benches(c: &mut Criterion) {
     let mut group = c.benchmark_group("tracking_100k_tokens");
     group.throughput(Throughput::Bytes(body.len() as u64));
 
+    // The same body again and again: after the first, its messages come from the memo
+    // of the body before (dialect::prefix), as an agent's next turn's would.
     group.bench_function("parse_body", |b| {
         b.iter(|| ChatRequest::parse(&body).map(|r| r.messages.len()))
+    });
+    // A body whose leading bytes no memo has: every message is scanned.
+    let mut model = 0u64;
+    group.bench_function("parse_body_unseen", |b| {
+        b.iter_batched(
+            || {
+                model += 1;
+                let mut fresh = format!("{{\"x_unseen\":{model},").into_bytes();
+                fresh.extend_from_slice(&body[1..]);
+                fresh
+            },
+            |fresh| ChatRequest::parse(&fresh).map(|r| r.messages.len()),
+            BatchSize::LargeInput,
+        )
     });
 
     let request = ChatRequest::parse(&body).unwrap_or_else(|err| unreachable!("{err}"));

@@ -197,6 +197,10 @@ impl<'b> Reading<'b> {
             whole: Cell::new(false),
             span: Cell::new(None),
         };
+        // A short body never touches the memos (nor makes them, on a small-only load).
+        if body.len() < LEADS[0] {
+            return reading;
+        }
         let memos = memos();
         for lead in (0..LEADS.len()).rev() {
             let Some(hash) = reading.lead(lead) else {

@@ -1,0 +1,113 @@
+//! The fixed costs of one tracked small chat request, each in isolation: reading the
+//! body, the tenant's HMAC, naming the conversation, tracking a seen one, its counts,
+//! reading the reply, and the access line. What the harness measures for a whole
+//! request (benches/e2e.sh, CPU µs per request) minus their sum is the skeleton:
+//! sockets, HTTP, the runtime's hand-offs.
+//!
+//! `cargo bench --bench skeleton`
+
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use handoff::access_log::RequestLog;
+use handoff::config::{FsyncPolicy, Tokenizer};
+use handoff::conversation::{identify, Tracker};
+use handoff::dialect::openai::replies_from_json;
+use handoff::dialect::ChatRequest;
+use handoff::store::{DiskStore, Store, Writer};
+use handoff::tenant::ServerSecret;
+use handoff::tokens::Tokens;
+use serde_json::json;
+
+fn benches(c: &mut Criterion) {
+    let body = json!({"model": "bench-model", "messages": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "Paris."},
+    ]})
+    .to_string()
+    .into_bytes();
+    let reply = json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1,
+        "model": "bench-model", "choices": [{"index": 0, "finish_reason": "stop",
+        "message": {"role": "assistant", "content": "Rome."}}],
+        "usage": {"prompt_tokens": 20, "completion_tokens": 2, "total_tokens": 22}})
+    .to_string()
+    .into_bytes();
+    let mut group = c.benchmark_group("small_request");
+
+    group.bench_function("parse_body", |b| {
+        b.iter(|| ChatRequest::parse(&body).map(|r| r.messages.len()))
+    });
+    let secret = ServerSecret::from_bytes([7; 32]);
+    group.bench_function("tenant_hmac", |b| {
+        b.iter(|| secret.tenant_for(b"Bearer sk-bench"))
+    });
+    let request = ChatRequest::parse(&body).unwrap_or_else(|err| unreachable!("{err}"));
+    let tenant = secret.tenant_for(b"Bearer sk-bench");
+    group.bench_function("identify", |b| {
+        b.iter(|| identify(tenant.clone(), None, &request).map(|id| id.to_string().len()))
+    });
+    let tokens = Tokens::new(handoff::dialect::text::message_text);
+    let count = || -> u64 {
+        request
+            .messages
+            .iter()
+            .map(|m| m.token_count(&tokens, Tokenizer::O200k))
+            .sum()
+    };
+    count();
+    group.bench_function("counted_again", |b| b.iter(count));
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|err| unreachable!("{err}"));
+    let dir = tempfile::tempdir().unwrap_or_else(|err| unreachable!("{err}"));
+    let tracker = runtime.block_on(async {
+        let writer = Writer::start(FsyncPolicy::Never, Default::default())
+            .unwrap_or_else(|err| unreachable!("{err}"));
+        let store: Arc<dyn Store> = Arc::new(DiskStore::new(dir.path(), writer));
+        Arc::new(Tracker::new(store, 1000))
+    });
+    let id = identify(tenant.clone(), None, &request).unwrap_or_else(|err| unreachable!("{err}"));
+    runtime
+        .block_on(tracker.track(id.clone(), &request))
+        .unwrap_or_else(|err| unreachable!("{err}"));
+    group.bench_function("track_seen_conversation", |b| {
+        b.iter_batched(
+            || id.clone(),
+            |id| {
+                runtime
+                    .block_on(tracker.track(id, &request))
+                    .map(|t| t.new_messages)
+            },
+            BatchSize::SmallInput,
+        )
+    });
+
+    group.bench_function("read_reply", |b| {
+        b.iter(|| replies_from_json(&reply).is_ok())
+    });
+
+    // handoff's text format, written nowhere: the formatting is what is measured.
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(std::io::sink)
+        .with_ansi(false)
+        .with_target(true)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        group.bench_function("access_line", |b| {
+            b.iter(|| {
+                let mut log = RequestLog::start(http::Method::POST, "/v1/chat/completions".into());
+                log.set_tenant("t-235ecda15170b4f7");
+                log.set_conversation("c-0123456789abcdef");
+                drop(log);
+            })
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(skeleton, benches);
+criterion_main!(skeleton);
