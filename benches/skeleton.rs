@@ -6,15 +6,15 @@
 //!
 //! `cargo bench --bench skeleton`
 
-use std::sync::Arc;
+#[path = "support/mod.rs"]
+mod support;
 
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use criterion::{criterion_group, criterion_main, Criterion};
 use handoff::access_log::RequestLog;
-use handoff::config::{FsyncPolicy, Tokenizer};
-use handoff::conversation::{identify, Tracker};
+use handoff::config::Tokenizer;
+use handoff::conversation::identify;
 use handoff::dialect::openai::replies_from_json;
 use handoff::dialect::ChatRequest;
-use handoff::store::{DiskStore, Store, Writer};
 use handoff::tenant::ServerSecret;
 use handoff::tokens::Tokens;
 use serde_json::json;
@@ -58,33 +58,10 @@ fn benches(c: &mut Criterion) {
     count();
     group.bench_function("counted_again", |b| b.iter(count));
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|err| unreachable!("{err}"));
+    let runtime = support::runtime();
     let dir = tempfile::tempdir().unwrap_or_else(|err| unreachable!("{err}"));
-    let tracker = runtime.block_on(async {
-        let writer = Writer::start(FsyncPolicy::Never, Default::default())
-            .unwrap_or_else(|err| unreachable!("{err}"));
-        let store: Arc<dyn Store> = Arc::new(DiskStore::new(dir.path(), writer));
-        Arc::new(Tracker::new(store, 1000))
-    });
     let id = identify(tenant.clone(), None, &request).unwrap_or_else(|err| unreachable!("{err}"));
-    runtime
-        .block_on(tracker.track(id.clone(), &request))
-        .unwrap_or_else(|err| unreachable!("{err}"));
-    group.bench_function("track_seen_conversation", |b| {
-        b.iter_batched(
-            || id.clone(),
-            |id| {
-                runtime
-                    .block_on(tracker.track(id, &request))
-                    .map(|t| t.new_messages)
-            },
-            BatchSize::SmallInput,
-        )
-    });
+    support::bench_track_seen(&mut group, &runtime, dir.path(), &id, &request);
 
     group.bench_function("read_reply", |b| {
         b.iter(|| replies_from_json(&reply).is_ok())

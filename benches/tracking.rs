@@ -4,14 +4,13 @@
 //!
 //! `cargo bench --bench tracking`
 
-use std::sync::Arc;
+#[path = "support/mod.rs"]
+mod support;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use handoff::config::FsyncPolicy;
-use handoff::conversation::{identify, Tracker};
+use handoff::conversation::identify;
 use handoff::dialect::ChatRequest;
 use handoff::digest::{message_digest, prefix_digests};
-use handoff::store::{DiskStore, Store, Writer};
 use handoff::tenant::TenantId;
 use mock_upstream::fixtures::long_conversation;
 use serde_json::json;
@@ -60,34 +59,11 @@ fn benches(c: &mut Criterion) {
         })
     });
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|err| unreachable!("{err}"));
+    let runtime = support::runtime();
     let dir = tempfile::tempdir().unwrap_or_else(|err| unreachable!("{err}"));
-    let tracker = runtime.block_on(async {
-        let writer = Writer::start(FsyncPolicy::Never, Default::default())
-            .unwrap_or_else(|err| unreachable!("{err}"));
-        let store: Arc<dyn Store> = Arc::new(DiskStore::new(dir.path(), writer));
-        Arc::new(Tracker::new(store, 1000))
-    });
     let id =
         identify(TenantId::legacy(), None, &request).unwrap_or_else(|err| unreachable!("{err}"));
-    runtime
-        .block_on(tracker.track(id.clone(), &request))
-        .unwrap_or_else(|err| unreachable!("{err}"));
-    group.bench_function("track_seen_conversation", |b| {
-        b.iter_batched(
-            || id.clone(),
-            |id| {
-                runtime
-                    .block_on(tracker.track(id, &request))
-                    .map(|t| t.new_messages)
-            },
-            BatchSize::SmallInput,
-        )
-    });
+    support::bench_track_seen(&mut group, &runtime, dir.path(), &id, &request);
     group.finish();
 }
 
