@@ -18,6 +18,37 @@ pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
         .boxed_unsync()
 }
 
+/// A body made of `parts`, sent in order without joining them; its length is known.
+pub fn parts(parts: Vec<Bytes>) -> ProxyBody {
+    Parts(parts.into()).boxed_unsync()
+}
+
+struct Parts(std::collections::VecDeque<Bytes>);
+
+impl http_body::Body for Parts {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        std::task::Poll::Ready(
+            self.0
+                .pop_front()
+                .map(|part| Ok(http_body::Frame::data(part))),
+        )
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.0.iter().map(|part| part.len() as u64).sum())
+    }
+}
+
 /// A JSON response body.
 pub fn json(value: &serde_json::Value) -> ProxyBody {
     full(value.to_string())

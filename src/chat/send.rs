@@ -12,7 +12,7 @@ use hyper::body::{Body, Incoming};
 
 use super::{reply, Exchange, Halt};
 use crate::access_log::RequestLog;
-use crate::body::{full, ProxyBody};
+use crate::body::{full, parts, ProxyBody};
 use crate::capture::ReplyTarget;
 use crate::compaction::service::Fitted;
 use crate::compaction::Reason;
@@ -50,22 +50,21 @@ impl Exchange<'_> {
             let body = view
                 .render_body(&self.body)
                 .map_err(|err| ApiError::internal(err.to_string()))?;
-            // Asked only when it will be sent: asking copies the whole body.
             let asked = if ask_usage {
                 dialect.ask_usage(&body)
             } else {
                 None
             };
             let (body, rewrite) = match asked {
-                Some((asked, rewrite)) => (asked, Some(rewrite)),
-                None => (body, None),
+                Some((asked, rewrite)) => (parts(asked), Some(rewrite)),
+                None => (full(body), None),
             };
             let request = upstream_request(
                 upstream,
                 self.parts.method.clone(),
                 &self.parts.uri,
                 self.parts.headers.clone(),
-                full(body),
+                body,
             )?;
             tracing::debug!(conversation = %tracked.id, compact_id = ?view.compact_id(), "sending the view upstream");
             let response = send_timed(upstream, request, log).await?;

@@ -535,9 +535,10 @@ pub trait Dialect: Send + Sync {
     /// The line that ends a streamed response.
     fn stream_end(&self) -> StreamEnd;
 
-    /// `body` asking for the usage its stream would omit, and what takes it out of the
-    /// client's stream again; `None` where a stream always carries usage.
-    fn ask_usage(&self, body: &[u8]) -> Option<(Bytes, Box<dyn crate::rewrite::Rewrite>)> {
+    /// `body` asking for the usage its stream would omit (in parts, sent in order), and
+    /// what takes it out of the client's stream again; `None` where a stream always
+    /// carries usage.
+    fn ask_usage(&self, body: &Bytes) -> Option<(Vec<Bytes>, Box<dyn crate::rewrite::Rewrite>)> {
         let _ = body;
         None
     }

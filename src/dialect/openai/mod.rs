@@ -166,7 +166,7 @@ impl Dialect for OpenAiChat {
         Box::<StreamAssembler>::default()
     }
 
-    fn ask_usage(&self, body: &[u8]) -> Option<(Bytes, Box<dyn Rewrite>)> {
+    fn ask_usage(&self, body: &Bytes) -> Option<(Vec<Bytes>, Box<dyn Rewrite>)> {
         Some((usage::ask(body)?, Box::<usage::StripUsage>::default()))
     }
 

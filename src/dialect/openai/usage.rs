@@ -13,25 +13,26 @@ use crate::rewrite::Rewrite;
 /// The member handoff adds at the start of the body.
 const ASK: &[u8] = br#""stream_options":{"include_usage":true},"#;
 
-/// `body` (a JSON object) asking for usage in its stream.
-pub fn ask(body: &[u8]) -> Option<Bytes> {
+/// `body` (a JSON object) asking for usage in its stream, in two parts sent one after
+/// the other: its opening with the member handoff adds, then the rest of `body`,
+/// shared, not copied.
+pub fn ask(body: &Bytes) -> Option<Vec<Bytes>> {
     let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
     if body[open] != b'{' {
         return None;
     }
-    let mut out = BytesMut::with_capacity(body.len() + ASK.len());
-    out.extend_from_slice(&body[..=open]);
+    let mut head = BytesMut::with_capacity(open + 1 + ASK.len());
+    head.extend_from_slice(&body[..=open]);
     let empty = body[open + 1..]
         .iter()
         .find(|b| !b.is_ascii_whitespace())
         .is_some_and(|b| *b == b'}');
     if empty {
-        out.extend_from_slice(&ASK[..ASK.len() - 1]);
+        head.extend_from_slice(&ASK[..ASK.len() - 1]);
     } else {
-        out.extend_from_slice(ASK);
+        head.extend_from_slice(ASK);
     }
-    out.extend_from_slice(&body[open + 1..]);
-    Some(out.freeze())
+    Some(vec![head.freeze(), body.slice(open + 1..)])
 }
 
 /// Takes the usage handoff asked for out of an OpenAI chat stream, line by line.
@@ -220,14 +221,16 @@ mod tests {
 
     #[test]
     fn the_ask_opens_the_body() {
+        let asked =
+            |body: &'static [u8]| ask(&Bytes::from_static(body)).map(|parts| parts.concat());
         assert_eq!(
-            ask(b" {\"model\":\"m\"}").unwrap(),
-            Bytes::from_static(b" {\"stream_options\":{\"include_usage\":true},\"model\":\"m\"}")
+            asked(b" {\"model\":\"m\"}").unwrap(),
+            b" {\"stream_options\":{\"include_usage\":true},\"model\":\"m\"}"
         );
         assert_eq!(
-            ask(b"{ }").unwrap(),
-            Bytes::from_static(b"{\"stream_options\":{\"include_usage\":true} }")
+            asked(b"{ }").unwrap(),
+            b"{\"stream_options\":{\"include_usage\":true} }"
         );
-        assert!(ask(b"[1]").is_none());
+        assert!(asked(b"[1]").is_none());
     }
 }
