@@ -13,8 +13,9 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use handoff::access_log::RequestLog;
 use handoff::config::Tokenizer;
 use handoff::conversation::identify;
+use handoff::dialect::anthropic::AnthropicMessages;
 use handoff::dialect::openai::replies_from_json;
-use handoff::dialect::ChatRequest;
+use handoff::dialect::{ChatRequest, Dialect};
 use handoff::tenant::ServerSecret;
 use handoff::tokens::Tokens;
 use serde_json::json;
@@ -37,6 +38,31 @@ fn benches(c: &mut Criterion) {
 
     group.bench_function("parse_body", |b| {
         b.iter(|| ChatRequest::parse(&body).map(|r| r.messages.len()))
+    });
+    // An agent's system prompt (Claude Code's is tens of KB) comes back in every request:
+    // read again, its facts come from the cache; a new one is parsed and digested.
+    let system: String = (0..2_000).map(|n| format!("rule {n}. ")).collect();
+    let anthropic = |system: &str| {
+        json!({"model": "bench-model", "max_tokens": 64, "system": system, "messages": [
+            {"role": "user", "content": "What is the capital of France?"},
+        ]})
+        .to_string()
+        .into_bytes()
+    };
+    let seen = anthropic(&system);
+    group.bench_function("anthropic_20kb_system_seen", |b| {
+        b.iter(|| AnthropicMessages.parse(&seen).map(|r| r.messages.len()))
+    });
+    let mut variant = 0u64;
+    group.bench_function("anthropic_20kb_system_unseen", |b| {
+        b.iter_batched(
+            || {
+                variant += 1;
+                anthropic(&format!("{variant} {system}"))
+            },
+            |body| AnthropicMessages.parse(&body).map(|r| r.messages.len()),
+            criterion::BatchSize::LargeInput,
+        )
     });
     let secret = ServerSecret::from_bytes([7; 32]);
     group.bench_function("tenant_hmac", |b| {

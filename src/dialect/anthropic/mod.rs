@@ -65,23 +65,16 @@ fn block_type(block: &Value) -> &str {
 
 /// The pinned message standing for a top-level `system`: its bytes kept inside.
 fn system_message(raw: &RawValue) -> Result<Option<Message>, DialectError> {
-    let value: Value = serde_json::from_str(raw.get()).map_err(|e| DialectError::json(API, e))?;
-    let empty = match &value {
-        Value::Null => true,
-        Value::String(text) => text.is_empty(),
-        Value::Array(blocks) => blocks.is_empty(),
-        _ => false,
-    };
+    let text = raw.get();
+    let empty = matches!(text, "null" | "\"\"")
+        || (text.starts_with('[') && text[1..text.len() - 1].trim().is_empty());
     if empty {
         return Ok(None);
     }
-    let text = format!(r#"{{"role":"system","content":{}}}"#, raw.get());
-    let raw = RawMessage::from(text);
-    Ok(Some(Message::parsed(
-        Role::System,
-        raw,
-        json!({"role": "system", "content": value}),
-    )))
+    // Read through the facts cache: a system prompt comes back in every request, and
+    // an agent's is tens of KB to parse and digest.
+    let raw = RawMessage::from(format!(r#"{{"role":"system","content":{text}}}"#));
+    Message::read(raw, DialectKind::Anthropic, |_| Ok(Role::System)).map(Some)
 }
 
 impl Dialect for AnthropicMessages {

@@ -198,9 +198,11 @@ impl Dialect for OpenAiResponses {
                     r#"{{"role":"system","content":{}}}"#,
                     instructions.get()
                 ));
-                let value =
-                    serde_json::from_str(raw.get()).map_err(|e| DialectError::json(API, e))?;
-                messages.push(Message::parsed(Role::System, raw, value));
+                // Through the facts cache: an agent's instructions come back in every
+                // request, tens of KB to parse and digest.
+                messages.push(Message::read(raw, DialectKind::Responses, |_| {
+                    Ok(Role::System)
+                })?);
             }
         }
         let top_level = messages.len();
