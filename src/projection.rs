@@ -110,31 +110,31 @@ impl ModelView<'_> {
     /// Bytes of messages whose token count is not cached yet (an upper bound on the
     /// tokenising work `estimate` will do).
     pub fn uncounted_bytes(&self, tokens: &Tokens, tokenizer: Tokenizer) -> usize {
-        let pinned = self
-            .pinned
-            .iter()
-            .filter(|m| !m.message.is_counted(tokens, tokenizer))
-            .map(|m| m.raw.as_bytes().len());
-        let live = self
-            .lifted
-            .iter()
-            .copied()
-            .chain(self.live.iter())
-            .filter(|m| !m.is_counted(tokens, tokenizer))
-            .map(|m| m.raw.as_bytes().len());
-        pinned.chain(live).sum()
+        self.uncounted_messages(tokens, tokenizer)
+            .map(|m| m.raw.as_bytes().len())
+            .sum()
     }
 
     /// The messages whose token count is not cached yet, shared, for counting them
     /// off the async path.
     pub fn uncounted(&self, tokens: &Tokens, tokenizer: Tokenizer) -> Vec<Message> {
-        let pinned = self.pinned.iter().map(|m| m.message);
-        pinned
-            .chain(self.lifted.iter().copied())
-            .chain(self.live.iter())
-            .filter(|m| !m.is_counted(tokens, tokenizer))
+        self.uncounted_messages(tokens, tokenizer)
             .cloned()
             .collect()
+    }
+
+    /// Every message `estimate` counts whose count is not cached yet.
+    fn uncounted_messages<'s>(
+        &'s self,
+        tokens: &'s Tokens,
+        tokenizer: Tokenizer,
+    ) -> impl Iterator<Item = &'s Message> {
+        self.pinned
+            .iter()
+            .map(|m| m.message)
+            .chain(self.lifted.iter().copied())
+            .chain(self.live.iter())
+            .filter(move |m| !m.is_counted(tokens, tokenizer))
     }
 
     /// Checks the view: tool pairs complete, the continuation a user message, the

@@ -15,7 +15,7 @@
 //! at a few lengths, the longest first, with a few memos under each, so sessions that
 //! share a system prompt or a tool list still find their own.
 
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::ops::Range;
@@ -178,7 +178,7 @@ pub struct Reading<'b> {
     body: &'b Bytes,
     kind: DialectKind,
     /// The body's hash of each of [`LEADS`] it is long enough for, hashed when needed.
-    leads: [Option<u64>; LEADS.len()],
+    leads: [OnceCell<u64>; LEADS.len()],
     reuse: Option<Reuse>,
     /// The cut text was refused and the body was read whole: nothing is reused.
     whole: Cell<bool>,
@@ -192,7 +192,7 @@ impl<'b> Reading<'b> {
         let mut reading = Self {
             body,
             kind,
-            leads: [None; LEADS.len()],
+            leads: Default::default(),
             reuse: None,
             whole: Cell::new(false),
             span: Cell::new(None),
@@ -212,11 +212,11 @@ impl<'b> Reading<'b> {
                     continue;
                 };
                 let count = agreed(&memo, body, memos.origin());
-                let whole = count == memo.marks.len();
+                let all = count == memo.marks.len();
                 if count > best.as_ref().map_or(0, |(most, _)| *most) {
                     best = Some((count, memo));
                 }
-                if whole {
+                if all {
                     break;
                 }
             }
@@ -231,13 +231,13 @@ impl<'b> Reading<'b> {
     }
 
     /// The body's hash of `LEADS[lead]` leading bytes, if it has that many.
-    fn lead(&mut self, lead: usize) -> Option<u64> {
+    fn lead(&self, lead: usize) -> Option<u64> {
         let length = LEADS[lead];
         if self.body.len() < length {
             return None;
         }
         let seed = memos().seed;
-        Some(*self.leads[lead].get_or_insert_with(|| xxh3_64_with_seed(&self.body[..length], seed)))
+        Some(*self.leads[lead].get_or_init(|| xxh3_64_with_seed(&self.body[..length], seed)))
     }
 
     /// The body read as `W`: without the reused elements when there are some, so the
@@ -365,9 +365,10 @@ impl<'b> Reading<'b> {
             marks: marks.into_boxed_slice(),
             way,
         });
-        for (lead, &length) in LEADS.iter().enumerate().take_while(|(_, &l)| l <= at) {
-            let hash = self.leads[lead]
-                .unwrap_or_else(|| xxh3_64_with_seed(&self.body[..length], memos.seed));
+        for lead in (0..LEADS.len()).take_while(|&lead| LEADS[lead] <= at) {
+            let Some(hash) = self.lead(lead) else {
+                break;
+            };
             let key = (self.kind as u8, lead as u8, way, hash);
             memos.cache.insert(key, Arc::clone(&memo));
         }
