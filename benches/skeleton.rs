@@ -97,7 +97,7 @@ fn benches(c: &mut Criterion) {
     let subscriber = tracing_subscriber::fmt()
         .with_writer(std::io::sink)
         .with_ansi(false)
-        .with_target(true)
+        .event_format(handoff::telemetry::text_format(false))
         .finish();
     tracing::subscriber::with_default(subscriber, || {
         group.bench_function("access_line", |b| {

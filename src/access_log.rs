@@ -154,20 +154,45 @@ impl Drop for RequestLog {
         {
             metrics.observe_overhead(head.saturating_sub(upstream).as_secs_f64());
         }
-        let total_ms = self.started.elapsed().as_secs_f64() * 1000.0;
-        let upstream_ms = self.upstream_time.map(|t| t.as_secs_f64() * 1000.0);
         tracing::info!(
-            target: "handoff::access",
+            target: crate::telemetry::ACCESS_TARGET,
             method = %self.method,
             path = %self.target,
             status = self.status.map(|s| s.as_u16()),
-            total_ms = format_args!("{total_ms:.2}"),
-            upstream_ms = upstream_ms.map(|ms| format!("{ms:.2}")),
+            total_ms = %Millis(self.started.elapsed()),
+            upstream_ms = self.upstream_time.map(Millis).map(tracing::field::display),
             bytes = self.bytes,
             outcome = self.outcome.as_str(),
             tenant = self.tenant.as_deref(),
             conversation = self.conversation.as_deref(),
             "request"
         );
+    }
+}
+
+/// A duration in milliseconds to two decimals, from integers: no float formatting,
+/// nor a `String`, on every request.
+struct Millis(Duration);
+
+impl std::fmt::Display for Millis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hundredths = (self.0.as_nanos() + 5_000) / 10_000;
+        write!(f, "{}.{:02}", hundredths / 100, hundredths % 100)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn millis_are_rounded_to_hundredths() {
+        let shown = |nanos: u64| Millis(Duration::from_nanos(nanos)).to_string();
+        assert_eq!(shown(0), "0.00");
+        assert_eq!(shown(4_999), "0.00");
+        assert_eq!(shown(5_000), "0.01");
+        assert_eq!(shown(231_400), "0.23");
+        assert_eq!(shown(1_995_000), "2.00");
+        assert_eq!(shown(12_345_678_000), "12345.68");
     }
 }

@@ -42,7 +42,9 @@ async fn dispatch(
         return err.into_response_for(DialectKind::for_path(path));
     }
     if path == "/handoff" || path.starts_with("/handoff/") {
-        return admin::handle(state, request, peer).await;
+        // Boxed: the admin API's future is the largest of the three (kilobytes), and
+        // every proxied request's future would otherwise carry its size.
+        return Box::pin(admin::handle(state, request, peer)).await;
     }
     // One snapshot for the whole request: a reload mid-way does not change its config.
     let snap = state.snapshot();

@@ -90,9 +90,7 @@ impl Exchange<'_> {
                     ))));
                 }
                 Inspected::Refused(head, body) => (head, body),
-                Inspected::Read(head, body) if dialect.reply_overflowed(&json_of(&body)) => {
-                    (head, body)
-                }
+                Inspected::Read(head, body) if dialect.reply_overflowed(&body) => (head, body),
                 Inspected::Read(head, body) => {
                     let target = self.target(tracked, estimate, &view);
                     return Ok(reply::answer_read(head, body, target).await);
@@ -135,7 +133,8 @@ impl Exchange<'_> {
                 Reason::ContextLengthExceeded,
                 view.compact_id(),
             );
-            match self.state.compactor.compact(&job).await {
+            // Boxed, as in `fit`: the rare path's future stays off every request's.
+            match Box::pin(self.state.compactor.compact(&job)).await {
                 Ok(compacted) => {
                     estimate = Some(compacted.estimate(
                         &self.state.tokens,

@@ -303,7 +303,9 @@ impl Compactor {
             } else {
                 tracing::info!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, "over the trigger; compacting");
             }
-            view = self.compact(&job(budget, view.compact_id())).await?;
+            // Boxed: a compaction's future is kilobytes, and every request's future would
+            // carry (and move) it, though few requests compact.
+            view = Box::pin(self.compact(&job(budget, view.compact_id()))).await?;
             self.note_adoption(tracker, tracked, &view).await;
         }
         let estimate = Some(view.estimate(tokens, budget.tokenizer(), budget.tools_tokens));

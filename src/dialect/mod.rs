@@ -521,8 +521,10 @@ pub trait Dialect: Send + Sync {
         }
     }
 
-    /// True when a successful, non-streamed reply stopped because the window was full.
-    fn reply_overflowed(&self, _reply: &Value) -> bool {
+    /// True when a successful, non-streamed reply (its body as sent) stopped because the
+    /// window was full. Bytes, not a parsed value: most dialects never look, and a
+    /// reply is parsed whole once, to be logged.
+    fn reply_overflowed(&self, _reply: &[u8]) -> bool {
         false
     }
 

@@ -4,6 +4,7 @@
 //! of their own, in batches ([`batch`]): a request never waits on a `write(2)` to
 //! stderr, nor wakes a thread to make one.
 
+mod access_format;
 mod batch;
 
 use std::io::IsTerminal;
@@ -12,6 +13,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogConfig, LogFormat};
 
+pub use access_format::{Lean, ACCESS_TARGET};
 pub use batch::Guard;
 
 /// Installs the global subscriber; later calls are ignored. Keep the guard until
@@ -36,18 +38,30 @@ fn install<W>(filter: EnvFilter, format: LogFormat, writer: W) -> bool
 where
     W: for<'a> tracing_subscriber::fmt::MakeWriter<'a> + Send + Sync + 'static,
 {
+    // Colour codes in a log file or journald make lines unreadable and ungreppable.
+    let ansi = std::io::stderr().is_terminal();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)
-        // Colour codes in a log file or journald make lines unreadable and ungreppable.
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(ansi)
         .with_target(true);
     let installed = match format {
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Text => builder.event_format(text_format(ansi)).try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
     if installed.is_err() {
         tracing::debug!("a tracing subscriber was already installed");
     }
     installed.is_ok()
+}
+
+/// handoff's text format: tracing-subscriber's, with the access line written by [`Lean`].
+pub fn text_format(
+    ansi: bool,
+) -> Lean<tracing_subscriber::fmt::format::Format<tracing_subscriber::fmt::format::Full>> {
+    Lean::new(
+        tracing_subscriber::fmt::format()
+            .with_ansi(ansi)
+            .with_target(true),
+    )
 }

@@ -299,8 +299,13 @@ impl Dialect for AnthropicMessages {
         }
     }
 
-    fn reply_overflowed(&self, reply: &Value) -> bool {
-        reply.get("stop_reason").and_then(Value::as_str) == Some("model_context_window_exceeded")
+    fn reply_overflowed(&self, reply: &[u8]) -> bool {
+        #[derive(serde::Deserialize)]
+        struct Stopped {
+            stop_reason: Option<String>,
+        }
+        serde_json::from_slice::<Stopped>(reply)
+            .is_ok_and(|r| r.stop_reason.as_deref() == Some("model_context_window_exceeded"))
     }
 
     fn replies_from_json(&self, body: &[u8]) -> Result<Assembled, serde_json::Error> {
@@ -348,6 +353,21 @@ mod tests {
 
     fn parse(body: Value) -> Result<ChatRequest, DialectError> {
         AnthropicMessages.parse(body.to_string().as_bytes())
+    }
+
+    #[test]
+    fn only_a_reply_stopped_by_the_window_overflowed() {
+        let overflowed =
+            |reply: Value| AnthropicMessages.reply_overflowed(reply.to_string().as_bytes());
+        assert!(overflowed(
+            json!({"type": "message", "content": [{"type": "text", "text": "par"}],
+            "stop_reason": "model_context_window_exceeded", "usage": {"input_tokens": 9}})
+        ));
+        assert!(!overflowed(
+            json!({"type": "message", "stop_reason": "end_turn"})
+        ));
+        assert!(!overflowed(json!({"type": "message", "stop_reason": null})));
+        assert!(!AnthropicMessages.reply_overflowed(b"not json"));
     }
 
     #[test]

@@ -307,9 +307,16 @@ impl Dialect for OpenAiResponses {
         }
     }
 
-    fn reply_overflowed(&self, reply: &Value) -> bool {
-        reply.get("status").and_then(Value::as_str) == Some("failed")
-            && reply.get("error").is_some_and(is_context_length_error)
+    fn reply_overflowed(&self, reply: &[u8]) -> bool {
+        #[derive(serde::Deserialize)]
+        struct Failed {
+            status: Option<String>,
+            error: Option<Value>,
+        }
+        serde_json::from_slice::<Failed>(reply).is_ok_and(|r| {
+            r.status.as_deref() == Some("failed")
+                && r.error.as_ref().is_some_and(is_context_length_error)
+        })
     }
 
     fn replies_from_json(&self, body: &[u8]) -> Result<Assembled, serde_json::Error> {
@@ -403,6 +410,23 @@ mod tests {
 
     fn parse(body: Value) -> Result<ChatRequest, DialectError> {
         OpenAiResponses.parse(body.to_string().as_bytes())
+    }
+
+    #[test]
+    fn only_a_failed_reply_with_a_window_error_overflowed() {
+        let overflowed =
+            |reply: Value| OpenAiResponses.reply_overflowed(reply.to_string().as_bytes());
+        let window = json!({"code": "context_length_exceeded", "message": "too long"});
+        assert!(overflowed(
+            json!({"object": "response", "status": "failed", "error": window, "output": []})
+        ));
+        assert!(!overflowed(
+            json!({"status": "failed", "error": {"code": "server_error", "message": "oops"}})
+        ));
+        assert!(!overflowed(
+            json!({"status": "completed", "error": null, "output": []})
+        ));
+        assert!(!OpenAiResponses.reply_overflowed(b"[1,"));
     }
 
     #[test]
