@@ -181,6 +181,21 @@ impl Tracker {
         &self,
         id: &ConversationId,
     ) -> Result<(Arc<ConversationEntry>, bool), StoreError> {
+        // Nearly every request finds its conversation cached. The load's future (the
+        // cache's insert-once machinery and the store's read) is kilobytes, and boxed it
+        // stays off the future of every request that does not need it.
+        if let Some(entry) = self.cache.get(id).await {
+            return Ok((entry, false));
+        }
+        Box::pin(self.load_entry(id)).await
+    }
+
+    /// Reads the conversation's entry from the store into the cache, once however many
+    /// requests miss it together; true when this call read it.
+    async fn load_entry(
+        &self,
+        id: &ConversationId,
+    ) -> Result<(Arc<ConversationEntry>, bool), StoreError> {
         let store = Arc::clone(&self.store);
         let key = id.clone();
         let entry = self
