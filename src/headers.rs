@@ -25,17 +25,20 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .flat_map(|value| value.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
         .collect();
-    for name in named.iter().chain(HOP_BY_HOP) {
-        headers.remove(name);
-    }
+    // One pass over the names, each compared, rather than a hashed removal per hop
+    // header: most requests and responses carry none, and then nothing is allocated.
     // Keep-Alive and Proxy-* have no constant in `http`; any Proxy-* is hop-scoped.
-    headers.remove("keep-alive");
-    let proxy: Vec<HeaderName> = headers
+    let doomed: Vec<HeaderName> = headers
         .keys()
-        .filter(|name| name.as_str().starts_with("proxy-"))
+        .filter(|name| {
+            HOP_BY_HOP.contains(name)
+                || named.contains(name)
+                || *name == "keep-alive"
+                || name.as_str().starts_with("proxy-")
+        })
         .cloned()
         .collect();
-    for name in proxy {
+    for name in doomed {
         headers.remove(name);
     }
 }
@@ -88,11 +91,18 @@ mod tests {
         headers.insert(header::TE, HeaderValue::from_static("trailers"));
         headers.insert("anthropic-beta", HeaderValue::from_static("tools-2024"));
         headers.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer sk"));
+        headers.append(header::TRAILER, HeaderValue::from_static("x-a"));
+        headers.append(header::TRAILER, HeaderValue::from_static("x-b"));
         strip_hop_by_hop(&mut headers);
         let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
         assert_eq!(left.len(), 2, "{left:?}");
         assert!(headers.contains_key("anthropic-beta"));
         assert!(headers.contains_key(header::AUTHORIZATION));
+
+        let mut clean = HeaderMap::new();
+        clean.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        strip_hop_by_hop(&mut clean);
+        assert_eq!(clean.len(), 1);
     }
 
     #[test]

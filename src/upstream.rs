@@ -187,6 +187,18 @@ impl Upstream {
 
     /// The upstream URI for a client's path and query: the base URL's path, then the client's.
     pub fn target(&self, client: Option<&PathAndQuery>) -> Result<Uri, UpstreamError> {
+        if let (true, Some(path)) = (self.prefix.is_empty(), client) {
+            // The usual base URL has no path: the client's is used as it is, a shared
+            // slice, neither formatted nor parsed again.
+            let mut parts = http::uri::Parts::default();
+            parts.scheme = Some(self.scheme.clone());
+            parts.authority = Some(self.authority.clone());
+            parts.path_and_query = Some(path.clone());
+            return Uri::from_parts(parts).map_err(|err| UpstreamError::BadTarget {
+                target: path.to_string(),
+                reason: err.to_string(),
+            });
+        }
         let tail = client.map_or("/", PathAndQuery::as_str);
         let joined = format!("{}{}", self.prefix, tail);
         Uri::builder()
@@ -270,6 +282,12 @@ mod tests {
             plain.target(Some(&pq)).unwrap().to_string(),
             "https://api.openai.com/v1/models?limit=2"
         );
+        let slash = upstream("http://127.0.0.1:9/");
+        assert_eq!(
+            slash.target(Some(&pq)).unwrap().to_string(),
+            "http://127.0.0.1:9/v1/models?limit=2"
+        );
+        assert_eq!(slash.target(None).unwrap().to_string(), "http://127.0.0.1:9/");
     }
 
     #[tokio::test]
