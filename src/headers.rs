@@ -100,7 +100,10 @@ mod tests {
         assert!(headers.contains_key(header::AUTHORIZATION));
 
         let mut clean = HeaderMap::new();
-        clean.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        clean.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         strip_hop_by_hop(&mut clean);
         assert_eq!(clean.len(), 1);
     }

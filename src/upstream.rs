@@ -287,7 +287,10 @@ mod tests {
             slash.target(Some(&pq)).unwrap().to_string(),
             "http://127.0.0.1:9/v1/models?limit=2"
         );
-        assert_eq!(slash.target(None).unwrap().to_string(), "http://127.0.0.1:9/");
+        assert_eq!(
+            slash.target(None).unwrap().to_string(),
+            "http://127.0.0.1:9/"
+        );
     }
 
     #[tokio::test]
