@@ -187,29 +187,26 @@ impl Upstream {
 
     /// The upstream URI for a client's path and query: the base URL's path, then the client's.
     pub fn target(&self, client: Option<&PathAndQuery>) -> Result<Uri, UpstreamError> {
-        if let (true, Some(path)) = (self.prefix.is_empty(), client) {
+        let bad = |target: String, reason: String| UpstreamError::BadTarget { target, reason };
+        let path = match client {
             // The usual base URL has no path: the client's is used as it is, a shared
             // slice, neither formatted nor parsed again.
-            let mut parts = http::uri::Parts::default();
-            parts.scheme = Some(self.scheme.clone());
-            parts.authority = Some(self.authority.clone());
-            parts.path_and_query = Some(path.clone());
-            return Uri::from_parts(parts).map_err(|err| UpstreamError::BadTarget {
-                target: path.to_string(),
-                reason: err.to_string(),
-            });
-        }
-        let tail = client.map_or("/", PathAndQuery::as_str);
-        let joined = format!("{}{}", self.prefix, tail);
-        Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(joined.as_str())
-            .build()
-            .map_err(|err| UpstreamError::BadTarget {
-                target: joined,
-                reason: err.to_string(),
-            })
+            Some(path) if self.prefix.is_empty() => path.clone(),
+            _ => {
+                let joined = format!(
+                    "{}{}",
+                    self.prefix,
+                    client.map_or("/", PathAndQuery::as_str)
+                );
+                PathAndQuery::try_from(joined.as_str())
+                    .map_err(|err| bad(joined.clone(), err.to_string()))?
+            }
+        };
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        parts.path_and_query = Some(path);
+        Uri::from_parts(parts).map_err(|err| bad(self.shown.clone(), err.to_string()))
     }
 
     /// Sends `request` and waits for the response head within `read_timeout`.
