@@ -23,6 +23,11 @@ pub const HEADING: &str = "## Ledger (exact, kept by handoff)";
 /// What the ledger's heading is followed by.
 const INTRO: &str = "Facts of the compacted messages, copied by handoff, not written by a model.";
 
+/// The ledger's three lists' headings.
+const INSTRUCTIONS: &str = "### The user's messages, oldest first";
+const IDENTIFIERS: &str = "### Identifiers the tools named";
+const OUTCOMES: &str = "### Tool calls and outcomes, newest first";
+
 /// Characters of one user message kept before the share forces fewer.
 const INSTRUCTION_CHARS: usize = 2000;
 /// Fewest characters a user message is shortened to.
@@ -103,85 +108,114 @@ impl Ledger {
     /// Cuts the ledger to `limit` tokens of its rendering after `above` (the text it
     /// is appended to; what that quotes costs nothing): the oldest outcomes first, then
     /// the user's messages shortened, then the oldest identifiers.
+    ///
+    /// The plan is made from each item's own count, and outcomes and identifiers are
+    /// counted newest first only while they could still fit: a long span's ledger is
+    /// many times its share, and its older items go whatever they cost. The rendering
+    /// then settles how many go, in a few counts of the kept ledger. (Counting every
+    /// item, and the whole ledger again after each drop, was most of a 200k-token
+    /// compaction.)
     pub fn fit(&mut self, limit: u64, tokens: &dyn TokenCounter, above: &str) {
         let above_lower = above.to_lowercase();
-        let quoted = |text: &str| !above.is_empty() && above.contains(text);
-        let named = |id: &str| !above.is_empty() && above_lower.contains(id);
-        let cost = |text: &str| tokens.count_text(text) + 1;
-        let fixed = cost(HEADING)
-            + cost(INTRO)
-            + 3 * cost("### Tool calls and outcomes, newest first")
+        let quoted: Vec<bool> = (self.instructions.iter())
+            .map(|text| !above.is_empty() && above.contains(text.as_str()))
+            .collect();
+        let named: Vec<bool> = (self.identifiers.iter())
+            .map(|id| !above.is_empty() && above_lower.contains(id.as_str()))
+            .collect();
+        let fixed = tokens.count_text(&format!("{HEADING}\n{INTRO}\n"))
+            + tokens.count_text(&format!("\n{INSTRUCTIONS}\n"))
+            + tokens.count_text(&format!("\n{IDENTIFIERS}\n"))
+            + tokens.count_text(&format!("\n{OUTCOMES}\n"))
             + 16;
-        let instruction_cost = |texts: &[String]| -> u64 {
-            texts.iter().filter(|s| !quoted(s)).map(|s| cost(s)).sum()
+        let instruction_costs = |texts: &[String]| -> u64 {
+            (texts.iter().zip(&quoted))
+                .filter(|(_, quoted)| !**quoted)
+                .map(|(text, _)| tokens.count_text(&bullet(text)))
+                .sum()
         };
-        let instructions = instruction_cost(&self.instructions);
-        let identifiers: u64 = self
-            .identifiers
-            .iter()
-            .filter(|id| !named(id))
-            .map(|s| cost(s))
-            .sum();
-        let mut outcome_costs: Vec<u64> = self.outcomes.iter().map(|s| cost(s)).collect();
-        let mut outcomes: u64 = outcome_costs.iter().sum();
-        while fixed + instructions + identifiers + outcomes > limit {
-            let Some(oldest) = outcome_costs.pop() else {
-                break;
-            };
-            self.outcomes.pop();
-            self.outcomes_left_out += 1;
-            outcomes -= oldest;
-        }
+        let mut instructions = instruction_costs(&self.instructions);
+        let (mut identifier_costs, identifiers) = newest_within(
+            self.identifiers.iter().zip(&named).rev(),
+            |(id, named)| (!**named).then(|| tokens.count_text(&identifier_item(id))),
+            limit.saturating_sub(fixed),
+        );
+        identifier_costs.reverse();
+        let (outcome_costs, _) = newest_within(
+            self.outcomes.iter(),
+            |line| Some(tokens.count_text(&bullet(line))),
+            limit.saturating_sub(fixed + instructions + identifiers),
+        );
+        let outcome_costs: Vec<u64> = outcome_costs.into_iter().map_while(|c| c).collect();
+        let outcomes: u64 = outcome_costs.iter().sum();
         // The user's messages leave the identifiers up to a third of the room.
         let room = limit.saturating_sub(fixed + identifiers.min(limit / 3) + outcomes);
-        let mut instructions = instructions;
-        let unquoted = self.instructions.iter().filter(|s| !quoted(s)).count();
+        let unquoted = quoted.iter().filter(|quoted| !**quoted).count();
         if instructions > room && unquoted > 0 {
             // Each message gets an even part of the room, in characters at the
             // counter's own rate.
-            let chars: usize = self
-                .instructions
-                .iter()
-                .filter(|s| !quoted(s))
-                .map(|s| s.chars().count())
+            let chars: usize = (self.instructions.iter().zip(&quoted))
+                .filter(|(_, quoted)| !**quoted)
+                .map(|(text, _)| text.chars().count())
                 .sum();
             let rate = chars as f64 / instructions.max(1) as f64;
             let each = ((room as f64 * rate) as usize / unquoted).max(INSTRUCTION_FLOOR);
-            for text in self.instructions.iter_mut().filter(|s| !quoted(s)) {
+            for (text, _) in (self.instructions.iter_mut().zip(&quoted)).filter(|(_, q)| !**q) {
                 *text = shorten(text, each);
             }
-            instructions = instruction_cost(&self.instructions);
+            instructions = instruction_costs(&self.instructions);
         }
-        let mut identifiers = identifiers;
-        let mut dropped = 0;
-        self.identifiers.retain(|id| {
-            if named(id) || fixed + instructions + identifiers + outcomes <= limit {
-                return true;
+        // The newest identifiers that fit the room left stay; the older ones go.
+        let mut room = limit.saturating_sub(fixed + instructions + outcomes);
+        let mut identifiers_dropped = 0;
+        for (cost, named) in identifier_costs.iter().zip(&named).rev() {
+            match cost {
+                _ if *named => {}
+                Some(cost) if *cost <= room && identifiers_dropped == 0 => room -= cost,
+                _ => identifiers_dropped += 1,
             }
-            identifiers -= cost(id);
-            dropped += 1;
-            false
-        });
-        self.identifiers_left_out += dropped;
-        // The costs above are per item; the rendering decides, in the same order.
-        while tokens.count_text(&self.render(above)) > limit {
-            if self.outcomes.pop().is_some() {
-                self.outcomes_left_out += 1;
-                continue;
-            }
-            let unnamed: Vec<usize> = (0..self.identifiers.len())
-                .filter(|&i| !named(&self.identifiers[i]))
-                .collect();
-            if !unnamed.is_empty() {
-                for &i in unnamed.iter().take(unnamed.len().div_ceil(8)).rev() {
-                    self.identifiers.remove(i);
-                    self.identifiers_left_out += 1;
-                }
-            } else if let Some(i) = self.instructions.iter().position(|s| !quoted(s)) {
-                self.instructions.remove(i);
-            } else {
-                break;
-            }
+        }
+        let order = DropOrder {
+            outcomes: self.outcomes.len(),
+            identifiers: (0..named.len()).filter(|&i| !named[i]).collect(),
+            instructions: (0..quoted.len()).filter(|&i| !quoted[i]).collect(),
+        };
+        let planned = self.outcomes.len() - outcome_costs.len() + identifiers_dropped;
+        let (sum, priced) = (outcome_costs.iter())
+            .chain(identifier_costs.iter().flatten())
+            .fold((0, 0), |(sum, n), cost| (sum + cost, n + 1));
+        let per_item = (sum / priced.max(1)).max(1);
+        let count =
+            |dropped: usize| tokens.count_text(&self.without(&order, dropped).render(above));
+        let dropped = settle(planned, order.len(), per_item, limit, count);
+        *self = self.without(&order, dropped);
+    }
+
+    /// The ledger without the first `dropped` items of `order`, the left-out counts
+    /// raised for them.
+    fn without(&self, order: &DropOrder, dropped: usize) -> Ledger {
+        let outcomes = dropped.min(order.outcomes);
+        let identifiers = (dropped - outcomes).min(order.identifiers.len());
+        let instructions = dropped - outcomes - identifiers;
+        let gone = |indices: &[usize], n: usize| -> std::collections::HashSet<usize> {
+            indices[..n.min(indices.len())].iter().copied().collect()
+        };
+        let (gone_ids, gone_instructions) = (
+            gone(&order.identifiers, identifiers),
+            gone(&order.instructions, instructions),
+        );
+        let keep = |gone: &std::collections::HashSet<usize>, items: &[String]| -> Vec<String> {
+            (items.iter().enumerate())
+                .filter(|(i, _)| !gone.contains(i))
+                .map(|(_, item)| item.clone())
+                .collect()
+        };
+        Ledger {
+            instructions: keep(&gone_instructions, &self.instructions),
+            identifiers: keep(&gone_ids, &self.identifiers),
+            outcomes: self.outcomes[..self.outcomes.len() - outcomes].to_vec(),
+            outcomes_left_out: self.outcomes_left_out + outcomes as u64,
+            identifiers_left_out: self.identifiers_left_out + identifiers as u64,
         }
     }
 
@@ -196,26 +230,24 @@ impl Ledger {
             .filter(|text| !above.contains(text.as_str()))
             .collect();
         if !self.instructions.is_empty() {
-            out.push_str("\n### The user's messages, oldest first\n");
+            out.push_str(&format!("\n{INSTRUCTIONS}\n"));
             let quoted = self.instructions.len() - instructions.len();
             for text in instructions {
-                out.push_str("- ");
-                out.push_str(&text.replace('\n', "\n  "));
-                out.push('\n');
+                out.push_str(&bullet(text));
             }
             if quoted > 0 {
                 out.push_str(&format!("({quoted} more quoted verbatim above)\n"));
             }
         }
-        let identifiers: Vec<String> = self
+        let identifiers: String = self
             .identifiers
             .iter()
             .filter(|id| !above_lower.contains(id.as_str()))
-            .map(|id| format!("`{id}`"))
+            .map(|id| identifier_item(id))
             .collect();
         if !identifiers.is_empty() || self.identifiers_left_out > 0 {
-            out.push_str("\n### Identifiers the tools named\n");
-            out.push_str(&identifiers.join(", "));
+            out.push_str(&format!("\n{IDENTIFIERS}\n"));
+            out.push_str(identifiers.strip_suffix(", ").unwrap_or(&identifiers));
             out.push('\n');
             if self.identifiers_left_out > 0 {
                 out.push_str(&format!(
@@ -225,11 +257,9 @@ impl Ledger {
             }
         }
         if !self.outcomes.is_empty() || self.outcomes_left_out > 0 {
-            out.push_str("\n### Tool calls and outcomes, newest first\n");
+            out.push_str(&format!("\n{OUTCOMES}\n"));
             for line in &self.outcomes {
-                out.push_str("- ");
-                out.push_str(line);
-                out.push('\n');
+                out.push_str(&bullet(line));
             }
             if self.outcomes_left_out > 0 {
                 out.push_str(&format!(
@@ -240,6 +270,110 @@ impl Ledger {
         }
         out
     }
+}
+
+/// The items a fitted ledger drops, in the order they go: the oldest outcomes first
+/// (`outcomes` of them, from the end), then the identifiers the text above does not
+/// name, then the user's messages it does not quote, each oldest first (by index).
+struct DropOrder {
+    outcomes: usize,
+    identifiers: Vec<usize>,
+    instructions: Vec<usize>,
+}
+
+impl DropOrder {
+    fn len(&self) -> usize {
+        self.outcomes + self.identifiers.len() + self.instructions.len()
+    }
+}
+
+/// How many of `all` items to drop for `count(dropped)` to be within `limit`: the
+/// fewest, to within `limit / 200` tokens, or `all` when nothing fits. `count` falls
+/// as more are dropped, near linearly, so each guess goes where the last two counts'
+/// line crosses the limit (`per_item` tokens an item before there are two), kept
+/// inside what is known to fit and what is known not to. A plan that is off by
+/// hundreds of items settles in three or four counts.
+fn settle(
+    planned: usize,
+    all: usize,
+    per_item: u64,
+    limit: u64,
+    count: impl Fn(usize) -> u64,
+) -> usize {
+    let tolerance = (limit / 200).max(1);
+    // The most dropped known not to fit, and the fewest known to fit.
+    let mut over: Option<usize> = None;
+    let mut fits: Option<usize> = None;
+    let mut last: Option<(usize, u64)> = None;
+    let mut at = planned.min(all);
+    for _ in 0..24 {
+        let tokens = count(at);
+        if tokens <= limit {
+            fits = Some(at);
+            if limit - tokens <= tolerance || at == 0 {
+                return at;
+            }
+        } else {
+            over = Some(at);
+            if at == all {
+                return all;
+            }
+        }
+        let slope = match last {
+            Some((k, c)) if k != at => (c as f64 - tokens as f64) / (at as f64 - k as f64),
+            _ => per_item as f64,
+        }
+        .max(0.5);
+        last = Some((at, tokens));
+        let low = over.map_or(0, |o| o + 1);
+        let high = fits.map_or(all, |f| f.saturating_sub(1));
+        if low > high {
+            break;
+        }
+        let guess = at as f64 + (tokens as f64 - limit as f64) / slope;
+        at = (guess.ceil().max(0.0) as usize).clamp(low, high);
+    }
+    fits.unwrap_or(all)
+}
+
+/// The costs of `items`, newest first, counted by `cost` (`None`: free) while their
+/// sum stays within `cap`, and that sum. The first item past `cap` and every older one
+/// get `None` and are not counted; the sum is then `cap + 1`, a floor of the true one.
+fn newest_within<T>(
+    items: impl ExactSizeIterator<Item = T>,
+    cost: impl Fn(&T) -> Option<u64>,
+    cap: u64,
+) -> (Vec<Option<u64>>, u64) {
+    let mut costs = Vec::with_capacity(items.len());
+    let mut sum = 0;
+    for item in items {
+        if sum > cap {
+            costs.push(None);
+            continue;
+        }
+        let priced = cost(&item);
+        match priced {
+            Some(c) if sum + c > cap => {
+                sum = cap + 1;
+                costs.push(None);
+            }
+            _ => {
+                sum += priced.unwrap_or(0);
+                costs.push(priced);
+            }
+        }
+    }
+    (costs, sum)
+}
+
+/// A list item of the rendering: `- text`, its later lines indented under it.
+fn bullet(text: &str) -> String {
+    format!("- {}\n", text.replace('\n', "\n  "))
+}
+
+/// An identifier as the rendering lists it, its separator included.
+fn identifier_item(id: &str) -> String {
+    format!("`{id}`, ")
 }
 
 /// `text` without the ledger a previous compaction appended: what the strategy wrote.
@@ -291,6 +425,7 @@ fn outcome_line(name: &str, arguments: &str, result: Option<&str>) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::sync::atomic::Ordering;
 
     struct Chars;
     impl TokenCounter for Chars {
@@ -401,6 +536,72 @@ mod tests {
         );
         assert!(ledger.identifiers_left_out > 0);
         assert!(text.contains("`total-039`"), "the newest identifiers stay");
+    }
+
+    /// Words and punctuation marks: a counter for which a joined text costs more than
+    /// its parts counted bare, as with a real tokenizer's separators.
+    struct Pieces {
+        /// How many times a rendering was counted.
+        wholes: std::sync::atomic::AtomicUsize,
+    }
+    impl TokenCounter for Pieces {
+        fn count_text(&self, text: &str) -> u64 {
+            if text.starts_with(HEADING) {
+                self.wholes.fetch_add(1, Ordering::Relaxed);
+            }
+            let words = text
+                .split(|c: char| !c.is_alphanumeric())
+                .filter(|w| !w.is_empty())
+                .count();
+            let marks = text
+                .chars()
+                .filter(|c| !c.is_alphanumeric() && !c.is_whitespace())
+                .count();
+            (words + marks) as u64
+        }
+        fn count_message(&self, message: &Value) -> u64 {
+            self.count_text(&message.to_string())
+        }
+    }
+
+    #[test]
+    fn a_long_span_is_fitted_tightly_in_a_few_counts() {
+        let history: Vec<Unit> = (0..400)
+            .map(|i| {
+                call(
+                    &format!("call_{i}"),
+                    &format!("src/area{}/mod{i}.rs", i % 7),
+                    &format!("ERR-{i:04} at line {i}\nok\nDONE-{i:04}"),
+                )
+            })
+            .collect();
+        let whole = Ledger::build(None, &history);
+        let counter = Pieces {
+            wholes: Default::default(),
+        };
+        let full = counter.count_text(&whole.render(""));
+        for limit in [full * 3 / 4, full / 2, full / 5] {
+            counter.wholes.store(0, Ordering::Relaxed);
+            let mut ledger = whole.clone();
+            ledger.fit(limit, &counter, "");
+            let counted = counter.wholes.load(Ordering::Relaxed);
+            let text = ledger.render("");
+            assert!(
+                counter.count_text(&text) <= limit,
+                "{} > {limit}",
+                counter.count_text(&text)
+            );
+            assert!(
+                counted <= 8,
+                "the ledger was counted {counted} times to fit {limit} of {full}"
+            );
+            assert!(ledger.outcomes_left_out > 0);
+            assert!(
+                counter.count_text(&text) * 100 >= limit * 97,
+                "fitting {limit} left only {}: it dropped too much",
+                counter.count_text(&text)
+            );
+        }
     }
 
     #[test]

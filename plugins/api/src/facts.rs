@@ -11,14 +11,14 @@
 //! - **numbers** of three or more digits (`8080`, `1234.56`): amounts, ports, codes;
 //! - **`backtick` quotes** of 3 to 80 characters on one line.
 
-/// A token's form for comparison: lower case, without surrounding punctuation.
-fn normal(token: &str) -> String {
+/// A token without surrounding punctuation; lower-cased only once it is kept (the
+/// classes below do not depend on case, and most words are not kept).
+fn trimmed(token: &str) -> &str {
     token
         .trim_matches(|c: char| {
             !(c.is_alphanumeric() || c == '/' || c == '_' || c == '-' || c == '.')
         })
         .trim_end_matches('.')
-        .to_lowercase()
 }
 
 /// True for a path or file name.
@@ -65,8 +65,9 @@ pub fn identifiers(text: &str) -> Vec<String> {
                     ',' | ';' | '(' | ')' | '[' | ']' | '{' | '}' | '"' | '\'' | '<' | '>' | '='
                 )
         })
-        .map(normal)
+        .map(trimmed)
         .filter(|t| !t.is_empty() && (is_path(t) || is_id(t) || is_number(t)))
+        .map(str::to_lowercase)
         .collect();
     let mut rest = text;
     while let Some(start) = rest.find('`') {

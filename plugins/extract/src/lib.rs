@@ -120,10 +120,12 @@ pub fn extract_handoff(input: &StrategyInput) -> String {
             .as_deref()
             .map(|text| cap(text, chars_for(budget * LAST_ASSISTANT_SHARE / 100)))
     });
-    let tools_whole: u64 = entries
+    // Each entry is counted once: its lines join the section as they are.
+    let costs: Vec<(u64, u64)> = entries
         .iter()
-        .map(|e| count(&e.call) + count(&e.result))
-        .sum();
+        .map(|e| (count(&e.call), count(&e.result)))
+        .collect();
+    let tools_whole: u64 = costs.iter().map(|(call, result)| call + result).sum();
     // Each part is sure of a floor; above it, the user's own words come first, then
     // the tool results, and what the previous handoff carried (a summary, which
     // repeated compactions would otherwise shrink to nothing) gets all that is left.
@@ -143,8 +145,8 @@ pub fn extract_handoff(input: &StrategyInput) -> String {
     );
     let rest = rest.saturating_sub(count(&users));
     let tools = tool_section(
-        input,
         &entries,
+        &costs,
         previous.calls_left_out,
         rest.saturating_sub(carried_floor).max(tools_floor),
     );
@@ -277,10 +279,11 @@ fn result_edges(text: &str) -> String {
 
 /// The tool section within `budget` tokens: newest calls first, each with its result's
 /// edges while they fit, then the bare call line, then nothing; with counts of both
-/// (`calls_left_before`: those the previous handoff had already left out).
+/// (`costs`: each entry's call and result, in tokens; `calls_left_before`: those the
+/// previous handoff had already left out).
 fn tool_section(
-    input: &StrategyInput,
     entries: &[ToolEntry],
+    costs: &[(u64, u64)],
     calls_left_before: usize,
     budget: u64,
 ) -> String {
@@ -290,13 +293,11 @@ fn tool_section(
     let mut kept: Vec<String> = Vec::new();
     let mut spent = 0;
     let (mut results_left_out, mut calls_left_out) = (0, calls_left_before);
-    for entry in entries.iter().rev() {
-        let whole = format!("{}{}", entry.call, entry.result);
-        let whole_cost = input.tokens.count_text(&whole);
-        let call_cost = input.tokens.count_text(&entry.call);
+    for (entry, (call_cost, result_cost)) in entries.iter().zip(costs).rev() {
+        let whole_cost = call_cost + result_cost;
         if spent + whole_cost <= budget {
             spent += whole_cost;
-            kept.push(whole);
+            kept.push(format!("{}{}", entry.call, entry.result));
         } else if spent + call_cost <= budget {
             spent += call_cost;
             results_left_out += usize::from(!entry.result.is_empty());
