@@ -2,10 +2,14 @@
 //! split, extract, commit to disk, re-project. Token counts are warm, as they are after
 //! the request that triggered the compaction was estimated.
 //!
+//! Also: the CPU time of the thread that awaits it, on a current-thread runtime (a
+//! `workers = N` worker's), since its CPU work runs on the blocking pool.
+//!
 //! `cargo bench --bench compaction`
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use futures_util::future::BoxFuture;
@@ -97,27 +101,50 @@ fn benches(c: &mut Criterion) {
     );
 
     let serial = AtomicUsize::new(0);
+    let compact = |runtime: &tokio::runtime::Runtime| {
+        let n = serial.fetch_add(1, Ordering::Relaxed);
+        let id = ConversationId::parse(TenantId::legacy(), &format!("bench-{n}"))
+            .unwrap_or_else(|err| unreachable!("{err}"));
+        let tracked = Tracked::compute(id.clone(), &request);
+        let job = Job::new(
+            &tracker,
+            &request,
+            &tracked,
+            &config.compaction,
+            &budget,
+            Arc::clone(&client),
+            chain.clone(),
+        );
+        runtime
+            .block_on(compactor.compact(&job))
+            .map(|view| view.live_start)
+            .unwrap_or_else(|err| unreachable!("{err}"))
+    };
     c.bench_function("compaction/extract_200k_tokens", |b| {
-        b.iter(|| {
-            let n = serial.fetch_add(1, Ordering::Relaxed);
-            let id = ConversationId::parse(TenantId::legacy(), &format!("bench-{n}"))
-                .unwrap_or_else(|err| unreachable!("{err}"));
-            let tracked = Tracked::compute(id.clone(), &request);
-            let job = Job::new(
-                &tracker,
-                &request,
-                &tracked,
-                &config.compaction,
-                &budget,
-                Arc::clone(&client),
-                chain.clone(),
-            );
-            runtime
-                .block_on(compactor.compact(&job))
-                .map(|view| view.live_start)
-                .unwrap_or_else(|err| unreachable!("{err}"))
+        b.iter(|| compact(&runtime))
+    });
+    // What a `workers = N` worker pays: the CPU time of the thread that awaits the
+    // compaction (a current-thread runtime's), the rest being on the blocking pool.
+    let worker = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|err| unreachable!("{err}"));
+    c.bench_function("compaction/extract_200k_tokens/worker_thread_cpu", |b| {
+        b.iter_custom(|iters| {
+            let before = thread_cpu();
+            for _ in 0..iters {
+                compact(&worker);
+            }
+            thread_cpu().saturating_sub(before)
         })
     });
+}
+
+/// The calling thread's CPU time so far, from `/proc/thread-self/schedstat` (ns).
+fn thread_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+    let nanos = stat.split_whitespace().next().and_then(|n| n.parse().ok());
+    Duration::from_nanos(nanos.unwrap_or(0))
 }
 
 criterion_group!(compaction, benches);

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use std::collections::HashMap;
 
+use futures_util::FutureExt;
 use handoff_plugin_api::{
     AttemptError, FailureReason, Strategy, StrategyInput, Summary, TokenCounter, Unit,
 };
@@ -173,14 +174,23 @@ pub async fn run_chain(
             break;
         }
         let started = Instant::now();
-        let own = named.input_for(input, equip);
+        let mut own = named.input_for(input, equip);
         let input_for = own.as_ref().unwrap_or(input);
         // The time limit is per model call: a folding attempt gets it once per call.
         let calls = named.strategy.max_model_calls(input_for).max(1);
         let timeout = named.timeout.unwrap_or(timeout) * calls;
+        let attempt = match own.take() {
+            Some(own) if named.strategy.is_deterministic() => {
+                off_thread(Arc::clone(&named.strategy), own).boxed()
+            }
+            taken => {
+                own = taken;
+                named.strategy.summarize(own.as_ref().unwrap_or(input))
+            }
+        };
         let result = tokio::select! {
             () = input.cancel.cancelled() => Err(AttemptError::new(FailureReason::Cancelled, "compaction cancelled")),
-            timed = tokio::time::timeout(timeout, named.strategy.summarize(input_for)) => match timed {
+            timed = tokio::time::timeout(timeout, attempt) => match timed {
                 Ok(result) => result,
                 Err(_) => Err(AttemptError::new(FailureReason::Timeout, format!("no summary within {timeout:?}"))),
             },
@@ -223,6 +233,24 @@ pub async fn run_chain(
         summary: None,
         attempts,
     }
+}
+
+/// A deterministic strategy's attempt, on the blocking pool: it is CPU work only (a
+/// 200k-token history takes milliseconds to tens of them), which on a worker thread
+/// would hold every other connection that thread serves.
+async fn off_thread(
+    strategy: Arc<dyn Strategy>,
+    input: StrategyInput,
+) -> Result<Summary, AttemptError> {
+    // The blocking pool's threads are inside the runtime's context: a strategy that
+    // awaits a timer or a process still can.
+    let work = move || tokio::runtime::Handle::current().block_on(strategy.summarize(&input));
+    super::blocking::run(work).await.unwrap_or_else(|| {
+        Err(AttemptError::new(
+            FailureReason::Failed,
+            "the strategy stopped before it wrote a handoff",
+        ))
+    })
 }
 
 /// Adds up every attempt's usage.
@@ -356,6 +384,62 @@ mod tests {
         };
         let outcome = run_chain(&chain, &input, Duration::from_secs(1), &equip).await;
         assert_eq!(outcome.summary.unwrap().1.text, "8");
+    }
+
+    /// A deterministic strategy that holds its thread until it is released, as a long
+    /// extract holds it with work.
+    struct Held(std::sync::Mutex<std::sync::mpsc::Receiver<()>>);
+    impl Strategy for Held {
+        fn kind(&self) -> &'static str {
+            "held"
+        }
+        fn is_deterministic(&self) -> bool {
+            true
+        }
+        fn summarize<'a>(
+            &'a self,
+            _input: &'a StrategyInput,
+        ) -> futures_util::future::BoxFuture<'a, Result<Summary, AttemptError>> {
+            let released = self
+                .0
+                .lock()
+                .is_ok_and(|release| release.recv_timeout(Duration::from_secs(20)).is_ok());
+            Box::pin(async move {
+                Ok(Summary {
+                    text: if released {
+                        "released"
+                    } else {
+                        "never released"
+                    }
+                    .into(),
+                    usage: None,
+                    calls: None,
+                })
+            })
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_deterministic_strategy_leaves_the_worker_thread_to_its_other_tasks() {
+        // One thread, as a `workers = N` worker has: the release is sent by another task
+        // of that thread, so it is only sent if the strategy does not hold the thread.
+        let (release, held) = std::sync::mpsc::channel();
+        let chain = [NamedStrategy {
+            name: "held".into(),
+            strategy: Arc::new(Held(std::sync::Mutex::new(held))),
+            timeout: None,
+            summary_model: None,
+            prune: None,
+            handoff_tokens: None,
+        }];
+        let other = tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            release.send(())
+        });
+        let input = handoff_plugin_api::testing::input(vec![], 8000, 800);
+        let outcome = run_chain(&chain, &input, Duration::from_secs(30), &|_, _| {}).await;
+        assert_eq!(outcome.summary.unwrap().1.text, "released");
+        assert!(other.await.unwrap().is_ok());
     }
 
     #[tokio::test]

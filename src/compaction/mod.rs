@@ -9,11 +9,13 @@
 //! - the record and the rule that adopts it (record + boundary) live in
 //!   [`crate::base::record`] and [`crate::adoption`], below this layer;
 //! - [`service`]: one run, single flight per conversation, the loop guard;
+//! - [`blocking`]: a run's CPU work, off the worker threads;
 //! - [`reactive`]: recognising an upstream context-length error.
 //!
 //! It never destroys an original, never commits after cancellation, and never
 //! produces a view that it has not validated.
 
+pub mod blocking;
 pub mod budget;
 pub mod chain;
 pub mod handoff;

@@ -46,12 +46,14 @@ impl Compactor {
         // The ledger is built first: the strategy gets the budget it leaves.
         let previous = view.compaction.as_ref().map(|a| &a.record);
         let budget = handoff_budget(&job.model);
-        let ledger = self.ledger(job, previous, &history, budget);
+        let (history, ledger) = self.ledger(job, previous, history, budget).await;
         let cancel = self.cancel.child_token();
         let input = self.strategy_input(job, view, &plan, history, budget, &ledger, &cancel);
         let outcome = self.run_equipped(job, input).await;
         let written = self.written(outcome, &cancel)?;
-        let text = self.with_ledger(job, &plan, budget, ledger, written.text);
+        let text = self
+            .with_ledger(job, &plan, budget, ledger, written.text)
+            .await;
         let mut record = self.draft(
             job,
             view,
@@ -79,27 +81,37 @@ impl Compactor {
     }
 
     /// The ledger of `history` (with `previous`'s carried forward) and the tokens its
-    /// share of `budget` takes; `None` when it is off or has nothing to say.
-    fn ledger(
+    /// share of `budget` takes; `None` when it is off or has nothing to say. Built and
+    /// fitted on the blocking pool; `history` comes back as it went.
+    async fn ledger(
         &self,
         job: &Job<'_>,
         previous: Option<&CompactionRecord>,
-        history: &[Unit],
+        history: Vec<Unit>,
         budget: u64,
-    ) -> Option<(Ledger, u64)> {
+    ) -> (Vec<Unit>, Option<(Ledger, u64)>) {
         let share = job.config.ledger_share;
         if share <= 0.0 {
-            return None;
+            return (history, None);
         }
         let counter = self.handoff_counter(job);
-        let whole = Ledger::build(previous.and_then(|r| r.ledger.as_ref()), history);
-        if whole.is_empty() {
-            return None;
-        }
-        let mut planned = whole.clone();
-        planned.fit((budget as f64 * share) as u64, counter.as_ref(), "");
-        let tokens = counter.count_text(&planned.render(""));
-        Some((whole, tokens))
+        let previous = previous.and_then(|r| r.ledger.clone());
+        let limit = (budget as f64 * share) as u64;
+        let history = Arc::new(history);
+        let shared = Arc::clone(&history);
+        let work = move || {
+            let whole = Ledger::build(previous.as_ref(), &shared);
+            if whole.is_empty() {
+                return None;
+            }
+            let mut planned = whole.clone();
+            planned.fit(limit, counter.as_ref(), "");
+            let tokens = counter.count_text(&planned.render(""));
+            Some((whole, tokens))
+        };
+        let ledger = super::blocking::run(work).await.flatten();
+        // The work's own reference is gone with it: this is no copy.
+        (Arc::unwrap_or_clone(history), ledger)
     }
 
     /// What the chain reads: the history, the recent part, the previous handoff
@@ -209,8 +221,8 @@ impl Compactor {
 
     /// `text` with the ledger after it. The ledger gets the room the strategy left, as
     /// far as the view stays under the trigger: past its share it never pushes a view
-    /// over.
-    fn with_ledger(
+    /// over. Fitted on the blocking pool; `text` alone if that failed.
+    async fn with_ledger(
         &self,
         job: &Job<'_>,
         plan: &Plan,
@@ -222,14 +234,22 @@ impl Compactor {
             return (text, None);
         };
         let counter = self.handoff_counter(job);
-        let used = counter.count_text(&text);
         let under_trigger = job
             .threshold
             .saturating_sub(job.scale.tokens(plan.rest + 2 * MESSAGE_OVERHEAD + 64));
-        let left = budget.min(under_trigger).saturating_sub(used);
-        ledger.fit(left.max(planned), counter.as_ref(), &text);
-        let joined = format!("{}\n\n{}", text.trim_end(), ledger.render(&text));
-        (joined, Some(ledger))
+        let text = Arc::new(text);
+        let shared = Arc::clone(&text);
+        let work = move || {
+            let used = counter.count_text(&shared);
+            let left = budget.min(under_trigger).saturating_sub(used);
+            ledger.fit(left.max(planned), counter.as_ref(), &shared);
+            let joined = format!("{}\n\n{}", shared.trim_end(), ledger.render(&shared));
+            (joined, ledger)
+        };
+        match super::blocking::run(work).await {
+            Some((joined, ledger)) => (joined, Some(ledger)),
+            None => (Arc::unwrap_or_clone(text), None),
+        }
     }
 
     /// The record of this pass: what it covers, the pair in the request's dialect, the

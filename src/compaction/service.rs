@@ -669,9 +669,7 @@ impl Compactor {
         })
     }
 
-    /// The ledger of `history` after `previous`'s, whole, with the tokens it takes
-    /// fitted to its share of `budget`; none when the share is 0 or there is nothing
-    /// to list.
+    /// Counts a committed compaction and its sizes.
     fn record_metrics(&self, committed: &Adopted) {
         let record = &committed.record;
         self.metrics.add(
