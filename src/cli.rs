@@ -422,13 +422,14 @@ fn serve(args: &ConfigArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     let _log = crate::telemetry::init(&config.log);
-    // workers = 0: one work-stealing runtime over every core (the default); N: N
-    // threads, each its own current-thread runtime and listener (crate::server).
-    let runtime = if config.workers == 0 {
-        runtime()
-    } else {
-        crate::worker::set_count(config.workers);
-        worker_runtime()
+    // N workers (one per core by default): N threads, each its own current-thread
+    // runtime and listener (crate::server); 0: one work-stealing runtime.
+    let runtime = match config.workers.threads() {
+        None => runtime(),
+        Some(count) => {
+            crate::worker::set_count(count);
+            worker_runtime()
+        }
     };
     let runtime = match runtime {
         Ok(runtime) => runtime,

@@ -6,6 +6,7 @@
 pub mod kinds;
 mod load;
 mod mask;
+mod workers;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -16,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 pub use load::{check_serve, config_file, from_toml, load, strategy_kind, ConfigError, Overrides};
 pub use mask::masked;
+pub use workers::Workers;
 
 /// The whole effective configuration, as one validated snapshot.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -28,9 +30,10 @@ pub struct Config {
     /// How long in-flight requests may run after SIGINT/SIGTERM.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
-    /// 0: one work-stealing runtime over every core; N: N threads, each with its own
-    /// current-thread runtime, `SO_REUSEPORT` listener and upstream connections.
-    pub workers: usize,
+    /// `"auto"` (one worker per core), 0 (one work-stealing runtime over every core),
+    /// or N workers: threads each with its own current-thread runtime, `SO_REUSEPORT`
+    /// listener and upstream connections.
+    pub workers: Workers,
     /// Where requests are forwarded.
     pub upstream: UpstreamConfig,
     /// Request size limits.
@@ -124,7 +127,7 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             data_dir: PathBuf::from("handoff-data"),
             shutdown_grace: Duration::from_secs(10),
-            workers: 0,
+            workers: Workers::Auto,
             upstream: UpstreamConfig::default(),
             limits: LimitsConfig::default(),
             tls: TlsConfig::default(),
