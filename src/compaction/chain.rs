@@ -179,14 +179,9 @@ pub async fn run_chain(
         // The time limit is per model call: a folding attempt gets it once per call.
         let calls = named.strategy.max_model_calls(input_for).max(1);
         let timeout = named.timeout.unwrap_or(timeout) * calls;
-        let attempt = match own.take() {
-            Some(own) if named.strategy.is_deterministic() => {
-                off_thread(Arc::clone(&named.strategy), own).boxed()
-            }
-            taken => {
-                own = taken;
-                named.strategy.summarize(own.as_ref().unwrap_or(input))
-            }
+        let attempt = match own.take_if(|_| named.strategy.is_deterministic()) {
+            Some(own) => off_thread(Arc::clone(&named.strategy), own).boxed(),
+            None => named.strategy.summarize(own.as_ref().unwrap_or(input)),
         };
         let result = tokio::select! {
             () = input.cancel.cancelled() => Err(AttemptError::new(FailureReason::Cancelled, "compaction cancelled")),

@@ -605,6 +605,27 @@ mod tests {
     }
 
     #[test]
+    fn settling_finds_the_fewest_drops_that_fit_in_a_few_counts() {
+        let calls = std::cell::Cell::new(0);
+        let linear = |dropped: usize| {
+            calls.set(calls.get() + 1);
+            1000u64.saturating_sub(7 * dropped as u64)
+        };
+        // 1000 − 7k ≤ 500 first at k = 72, whatever the plan and the first slope.
+        for (planned, per_item) in [(0, 1), (10, 3), (72, 7), (100, 20), (140, 1)] {
+            calls.set(0);
+            assert_eq!(
+                settle(planned, 140, per_item, 500, linear),
+                72,
+                "from {planned}"
+            );
+            assert!(calls.get() <= 6, "{} counts from {planned}", calls.get());
+        }
+        assert_eq!(settle(5, 9, 3, 500, |_| 1000), 9, "nothing fits: all go");
+        assert_eq!(settle(5, 9, 3, 500, |_| 100), 0, "everything fits: none go");
+    }
+
+    #[test]
     fn a_second_compaction_carries_the_first_ledger_forward() {
         let first = Ledger::build(
             None,
