@@ -10,9 +10,10 @@
 #
 #   benches/e2e.sh [--duration SECONDS] [--rounds N] [--no-litellm] [--no-portkey] [--smoke]
 #
-# "handoff-w1" is the same handoff with `workers = 1` (one current-thread runtime), on
-# the chat rows: on a box it shares with wrk and the mock, one thread spends the least
-# CPU per request.
+# "handoff-w1" is the same handoff with `workers = 1` (one current-thread runtime), and
+# "handoff-ws" with `workers = 0` (one work-stealing runtime), on the chat rows: the
+# default is one worker per core; on a box it shares with wrk and the mock, one thread
+# spends the least CPU per request.
 #
 # When PostgreSQL is installed (Debian's postgresql), a second handoff on the postgres
 # store (a throwaway cluster) runs the same loads as "handoff-pg", and the database's
@@ -55,7 +56,7 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-UP=18000 HO=18001 NG=18002 LL=18003 HP=18004 PGPORT=18005 PK=18006 HW=18007
+UP=18000 HO=18001 NG=18002 LL=18003 HP=18004 PGPORT=18005 PK=18006 HW=18007 HS=18008
 command -v node >/dev/null || PORTKEY=0
 
 cargo build --release --quiet --bin handoff -p handoff
@@ -78,6 +79,8 @@ TOML
 target/release/handoff serve --config "$WORK/handoff.toml" 2>"$WORK/handoff.log" & HANDOFF_PID=$!; PIDS+=($HANDOFF_PID)
 { echo "workers = 1"; sed -e "s/127.0.0.1:$HO/127.0.0.1:$HW/" -e "s#$WORK/data#$WORK/data-w1#" "$WORK/handoff.toml"; } > "$WORK/handoff-w1.toml"
 target/release/handoff serve --config "$WORK/handoff-w1.toml" 2>"$WORK/handoff-w1.log" & HW_PID=$!; PIDS+=($HW_PID)
+{ echo "workers = 0"; sed -e "s/127.0.0.1:$HO/127.0.0.1:$HS/" -e "s#$WORK/data#$WORK/data-ws#" "$WORK/handoff.toml"; } > "$WORK/handoff-ws.toml"
+target/release/handoff serve --config "$WORK/handoff-ws.toml" 2>"$WORK/handoff-ws.log" & HS_PID=$!; PIDS+=($HS_PID)
 
 PG=0
 if [ -n "$PGBIN" ] && [ -x "$PGBIN/initdb" ]; then
@@ -139,7 +142,7 @@ if [ "$PORTKEY" = 1 ]; then
     npm install --prefix "$PKDIR" --no-audit --no-fund --loglevel=error @portkey-ai/gateway@1.15.2 >/dev/null
   NODE_ENV=production node "$PKDIR/node_modules/@portkey-ai/gateway/build/start-server.js" --port="$PK" --headless >"$WORK/portkey.log" 2>&1 & PK_PID=$!; PIDS+=($PK_PID)
 fi
-for port in $UP $HO $HW $NG; do wait_port "$port"; done
+for port in $UP $HO $HW $HS $NG; do wait_port "$port"; done
 if [ "$PORTKEY" = 1 ]; then wait_port "$PK"; fi
 if [ "$PG" = 1 ]; then wait_port "$HP"; fi
 if [ "$LITELLM" = 1 ]; then wait_port "$LL"; fi
@@ -167,6 +170,7 @@ target_pid() {
     handoff) echo "$HANDOFF_PID" ;;
     handoff-pg) echo "${HP_PID:-}" ;;
     handoff-w1) echo "$HW_PID" ;;
+    handoff-ws) echo "$HS_PID" ;;
     nginx) cat "$WORK/nginx.pid" ;;
     litellm) echo "${LL_PID:-}" ;;
     portkey) echo "${PK_PID:-}" ;;
@@ -205,12 +209,12 @@ PY
 
 PEERS=(direct handoff nginx)
 [ "$PORTKEY" = 1 ] && PEERS+=(portkey)
-TARGETS=("${PEERS[@]}" handoff-w1)
+TARGETS=("${PEERS[@]}" handoff-w1 handoff-ws)
 [ "$LITELLM" = 1 ] && TARGETS+=(litellm)
 [ "$PG" = 1 ] && TARGETS+=(handoff-pg)
-REPEATED=("${PEERS[@]}" handoff-w1)
+REPEATED=("${PEERS[@]}" handoff-w1 handoff-ws)
 [ "$PG" = 1 ] && REPEATED+=(handoff-pg)
-declare -A PORT=([direct]=$UP [handoff]=$HO [nginx]=$NG [litellm]=$LL [handoff-pg]=$HP [portkey]=$PK [handoff-w1]=$HW)
+declare -A PORT=([direct]=$UP [handoff]=$HO [nginx]=$NG [litellm]=$LL [handoff-pg]=$HP [portkey]=$PK [handoff-w1]=$HW [handoff-ws]=$HS)
 RESULTS="$WORK/results.txt"
 # Every handoff sends each body once before the runs, with the conversation id the runs
 # use: the runs then repeat what the store has, and the first request's one-off work
@@ -237,6 +241,7 @@ warm() { # port
 }
 warm "$HO"
 warm "$HW"
+warm "$HS"
 if [ "$PG" = 1 ]; then
   warm "$HP"
   pg_log_statements all
@@ -302,7 +307,7 @@ def wrk(kind, target):
     vals = [list(map(float, r.split())) for r in rows.get((kind, target), [])]
     return [med([v[i] for v in vals if len(v) > i]) for i in range(5)] if vals else None
 print(f"Medians of {rounds} interleaved round(s) of {duration}s each.\n")
-ALL = ["direct", "handoff", "handoff-w1", "handoff-pg", "nginx", "portkey", "litellm"]
+ALL = ["direct", "handoff", "handoff-w1", "handoff-ws", "handoff-pg", "nginx", "portkey", "litellm"]
 def table(title, kind, errors=False):
     got = {t: wrk(kind, t) for t in ALL}
     got = {t: v for t, v in got.items() if v}
@@ -312,7 +317,7 @@ def table(title, kind, errors=False):
         print(f"| {t} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} |" + (f" {v[3]:.0f} |" if errors else "") + f" {v[4]:.0f} |")
     return got
 def ratios(label, got):
-    for name in ("handoff", "handoff-w1"):
+    for name in ("handoff", "handoff-w1", "handoff-ws"):
         h, n = got.get(name), got.get("nginx")
         if not (h and n):
             continue
@@ -340,7 +345,7 @@ streams("chat streaming (64 deltas, 20 ms apart)", "stream")
 c1 = table("small chat, 1 connection", "c1")
 c1long = table("long conversation, 1 connection", "c1long")
 for name, got in (("small", c1), ("long", c1long)):
-    for proxy in ("handoff", "handoff-w1"):
+    for proxy in ("handoff", "handoff-w1", "handoff-ws"):
         if got.get(proxy) and got.get("direct"):
             h, d, n = got[proxy], got["direct"], got.get("nginx")
             print(f"\nc=1 {name}: latency added by {proxy} over direct p50 {h[1] - d[1]:.3f} ms, p99 {h[2] - d[2]:.3f} ms"
