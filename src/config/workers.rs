@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(try_from = "Written", into = "Written")]
 pub enum Workers {
-    /// One worker per core the process may run on.
+    /// One worker per core the process may run on (`available_parallelism`: its CPU
+    /// affinity and a container's CPU quota count).
     #[default]
     Auto,
     /// One work-stealing runtime with a thread per core (`0`).
