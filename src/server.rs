@@ -286,27 +286,10 @@ async fn accept_loop(listener: std::net::TcpListener, shared: Shared) {
         drained: _,
     } = shared;
     loop {
-        // A slot first: when none is free, a silent connection makes room; past that,
-        // new connections wait in the backlog.
-        let next = async {
-            let permit = match Arc::clone(&connections).try_acquire_owned() {
-                Ok(permit) => Ok(permit),
-                Err(_) => {
-                    if peers.shed_silent() {
-                        tracing::debug!(
-                            "every connection slot taken; closed the oldest silent one"
-                        );
-                    }
-                    Arc::clone(&connections).acquire_owned().await
-                }
-            };
-            (permit, listener.accept().await)
-        };
-        let (permit, stream, peer) = tokio::select! {
-            (permit, accepted) = next => match (permit, accepted) {
-                (Ok(permit), Ok((stream, peer))) => (permit, stream, peer),
-                (Err(_), _) => break,
-                (_, Err(err)) => {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
                     // EMFILE and friends: keep serving the connections we have.
                     tracing::warn!(error = %err, "accept failed");
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -314,6 +297,25 @@ async fn accept_loop(listener: std::net::TcpListener, shared: Shared) {
                 }
             },
             () = stop.cancelled() => break,
+        };
+        // Then a slot. Taken before the accept, every idle worker would hold one, and
+        // a connection landing beside them would shed a silent socket for nothing. When
+        // none is free, a silent connection makes room; past that, this worker accepts
+        // no more until one is, and new connections wait in the backlog.
+        let permit = match Arc::clone(&connections).try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                if peers.shed_silent() {
+                    tracing::debug!("every connection slot taken; closed the oldest silent one");
+                }
+                tokio::select! {
+                    permit = Arc::clone(&connections).acquire_owned() => match permit {
+                        Ok(permit) => permit,
+                        Err(_) => break,
+                    },
+                    () = stop.cancelled() => break,
+                }
+            }
         };
         let Some(admitted) = peers.admit(peer.ip()) else {
             tracing::debug!(%peer, "closing: the peer holds limits.max_connections_per_peer connections, none silent");
