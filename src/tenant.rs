@@ -14,14 +14,18 @@ use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
+use hmac::digest::KeyInit;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 pub use crate::store::layout::SECRET_FILE;
 
 /// The server's secret: the key of the HMAC that turns credentials into tenants.
+///
+/// Held keyed: every request derives its tenant, and keying the HMAC is half of that
+/// work (two of its four SHA-256 blocks), the same for every credential.
 #[derive(Clone)]
-pub struct ServerSecret([u8; 32]);
+pub struct ServerSecret(Hmac<Sha256>);
 
 impl fmt::Debug for ServerSecret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -32,7 +36,11 @@ impl fmt::Debug for ServerSecret {
 impl ServerSecret {
     /// A secret from known bytes (tests, a shared backend).
     pub fn from_bytes(bytes: [u8; 32]) -> Self {
-        Self(bytes)
+        // HMAC pads a key shorter than the hash's block with zeros, so the padded key
+        // is the same key, and keying with a full block cannot fail.
+        let mut block = [0u8; 64];
+        block[..32].copy_from_slice(&bytes);
+        Self(<Hmac<Sha256> as KeyInit>::new(&block.into()))
     }
 
     /// Reads `<data_dir>/secret`, creating it (0600, 32 random bytes) on first start.
@@ -48,7 +56,7 @@ impl ServerSecret {
                 crate::store::perms::check_secret(&file, &path).map_err(std::io::Error::other)?;
                 let mut bytes = [0u8; 32];
                 file.read_exact(&mut bytes)?;
-                return Ok(Self(bytes));
+                return Ok(Self::from_bytes(bytes));
             }
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
             Err(err) => return Err(err),
@@ -67,7 +75,7 @@ impl ServerSecret {
             Ok(mut file) => {
                 file.write_all(&bytes)?;
                 file.sync_all()?;
-                Ok(Self(bytes))
+                Ok(Self::from_bytes(bytes))
             }
             Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
                 Self::load_or_create(data_dir)
@@ -79,14 +87,10 @@ impl ServerSecret {
     /// The tenant of a caller presenting `credential` (an `Authorization` or
     /// `x-api-key` value, or `anonymous`).
     pub fn tenant_for(&self, credential: &[u8]) -> TenantId {
-        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&self.0) else {
-            // HMAC takes keys of any length; this branch cannot be reached.
-            return TenantId::legacy();
-        };
+        let mut mac = self.0.clone();
         mac.update(credential);
         let digest = mac.finalize().into_bytes();
-        let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-        TenantId::derived(&hex)
+        TenantId::derived(&digest[..8])
     }
 }
 
@@ -137,12 +141,28 @@ mod tests {
     }
 
     #[test]
+    fn a_tenant_is_the_standard_hmac_so_its_name_never_changes() {
+        // HMAC-SHA256(key = 32 bytes of 7, "Bearer sk-alpha"), its first 8 bytes: what
+        // any HMAC implementation gives (Python's `hmac` made this one), and so the
+        // name every tenant logged so far has on disk.
+        let secret = ServerSecret::from_bytes([7; 32]);
+        assert_eq!(
+            secret.tenant_for(b"Bearer sk-alpha").as_str(),
+            "t-17de92ddd6557509"
+        );
+    }
+
+    #[test]
     fn the_secret_is_created_once_with_0600() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let first = ServerSecret::load_or_create(dir.path()).unwrap();
         let again = ServerSecret::load_or_create(dir.path()).unwrap();
-        assert_eq!(first.0, again.0);
+        assert_eq!(
+            first.tenant_for(b"k"),
+            again.tenant_for(b"k"),
+            "the same key"
+        );
         let mode = std::fs::metadata(dir.path().join(SECRET_FILE))
             .unwrap()
             .permissions()

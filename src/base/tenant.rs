@@ -32,9 +32,16 @@ impl TenantId {
         }
     }
 
-    /// The tenant named by 16 hex digits of a keyed hash: `t-<hex>`.
-    pub fn derived(hex: &str) -> Self {
-        Self(format!("t-{hex}"))
+    /// The tenant named by the hex digits of a keyed hash's leading bytes: `t-<hex>`.
+    pub fn derived(hash: &[u8]) -> Self {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut name = String::with_capacity(2 + 2 * hash.len());
+        name.push_str("t-");
+        for byte in hash {
+            name.push(char::from(DIGITS[usize::from(byte >> 4)]));
+            name.push(char::from(DIGITS[usize::from(byte & 0xf)]));
+        }
+        Self(name)
     }
 
     /// The tenant of conversations logged before tenants existed.
