@@ -161,15 +161,16 @@ impl Registry {
             }
             return self.chain(&names);
         }
+        // Borrowed: this runs on every tracked request.
         let route = config
             .routes
             .iter()
             .find(|r| r.matches(model))
-            .and_then(|r| r.chain.clone());
+            .and_then(|r| r.chain.as_deref());
         let own = config
             .model(model)
             .and_then(|m| m.compaction.as_ref())
-            .map(|c| c.chain.clone());
-        self.chain(&route.or(own).unwrap_or_else(|| self.global.clone()))
+            .map(|c| c.chain.as_slice());
+        self.chain(route.or(own).unwrap_or(&self.global))
     }
 }
