@@ -14,7 +14,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion};
 use futures_util::future::BoxFuture;
 use handoff::compaction::budget::RequestBudget;
-use handoff::compaction::chain::NamedStrategy;
+use handoff::compaction::chain::{Chain, NamedStrategy};
 use handoff::compaction::service::{Compactor, Job};
 use handoff::config::{Config, FsyncPolicy, ModelConfig, Tokenizer};
 use handoff::conversation::{ConversationId, Tracked, Tracker};
@@ -80,14 +80,14 @@ fn benches(c: &mut Criterion) {
     let budget = RequestBudget::new(&config, &request, &tokens)
         .unwrap_or_else(|| unreachable!("gpt-4o has a window"));
     let client: Arc<dyn ModelClient> = Arc::new(NoModel);
-    let chain = vec![NamedStrategy {
+    let chain: Chain = Arc::new([NamedStrategy {
         name: "extract".into(),
         strategy: Arc::new(Extract),
         timeout: None,
         summary_model: None,
         prune: None,
         handoff_tokens: None,
-    }];
+    }]);
     let warm = Tracked::compute(
         ConversationId::derived(TenantId::legacy(), &handoff::digest::bytes_digest(b"warm")),
         &request,
@@ -113,7 +113,7 @@ fn benches(c: &mut Criterion) {
             &config.compaction,
             &budget,
             Arc::clone(&client),
-            chain.clone(),
+            Arc::clone(&chain),
         );
         runtime
             .block_on(compactor.compact(&job))

@@ -10,7 +10,7 @@ use handoff_strategy_exec::Exec;
 use handoff_strategy_extract::Extract;
 use handoff_strategy_summarize::{Summarize, DEFAULT_PROMPT};
 
-use crate::compaction::chain::{NamedStrategy, SummaryModel};
+use crate::compaction::chain::{Chain, NamedStrategy, SummaryModel};
 use crate::config::{Config, StrategyConfig};
 
 /// Why the registry could not be built.
@@ -36,10 +36,15 @@ pub enum ChainError {
     },
 }
 
-/// Every strategy of a config, by name.
+/// Every strategy of a config, by name, and every chain the config names, built once.
 pub struct Registry {
     by_name: HashMap<String, NamedStrategy>,
     global: Vec<String>,
+    /// The global chain, each route's and each model's, by their names: a request
+    /// takes one of these by reference count, not by copying its strategies.
+    chains: HashMap<Box<[String]>, Chain>,
+    /// The chain a client's override of each strategy selects.
+    overrides: HashMap<String, Chain>,
 }
 
 fn read_prompt(key: &str, path: Option<&std::path::PathBuf>) -> Result<String, ChainError> {
@@ -128,38 +133,74 @@ impl Registry {
                 },
             );
         }
-        Ok(Self {
+        let mut registry = Self {
             by_name,
             global: compaction.global_chain(),
-        })
+            chains: HashMap::new(),
+            overrides: HashMap::new(),
+        };
+        let routes = config.routes.iter().filter_map(|r| r.chain.as_deref());
+        let models = config
+            .models
+            .values()
+            .filter_map(|m| m.compaction.as_ref())
+            .map(|c| c.chain.as_slice());
+        let named: Vec<&[String]> = std::iter::once(registry.global.as_slice())
+            .chain(routes)
+            .chain(models)
+            .collect();
+        let chains = named
+            .into_iter()
+            .map(|names| (names.into(), registry.chain(names)))
+            .collect();
+        let overrides = registry
+            .by_name
+            .keys()
+            .map(|name| (name.clone(), registry.overridden(name)))
+            .collect();
+        registry.chains = chains;
+        registry.overrides = overrides;
+        Ok(registry)
     }
 
     /// The strategies called `names`, in order (unknown names were refused at load).
-    pub fn chain(&self, names: &[String]) -> Vec<NamedStrategy> {
+    pub fn chain(&self, names: &[String]) -> Chain {
         names
             .iter()
             .filter_map(|n| self.by_name.get(n).cloned())
             .collect()
     }
 
+    /// The chain a client's override selects: `name`, then the global chain's
+    /// deterministic end unless `name` is deterministic itself.
+    fn overridden(&self, name: &str) -> Chain {
+        let mut names = vec![name.to_owned()];
+        let deterministic = self
+            .by_name
+            .get(name)
+            .is_some_and(|named| named.strategy.is_deterministic());
+        if !deterministic {
+            names.extend(self.global.last().cloned());
+        }
+        self.chain(&names)
+    }
+
+    /// The chain called `names`: built at load when the config names it.
+    fn named(&self, names: &[String]) -> Chain {
+        match self.chains.get(names) {
+            Some(chain) => Arc::clone(chain),
+            None => self.chain(names),
+        }
+    }
+
     /// The chain for a request: the client's allowed override (then the global chain's
     /// deterministic end), else the route's, else the model's, else the global one.
-    pub fn select(
-        &self,
-        config: &Config,
-        model: &str,
-        override_name: Option<&str>,
-    ) -> Vec<NamedStrategy> {
+    pub fn select(&self, config: &Config, model: &str, override_name: Option<&str>) -> Chain {
         if let Some(name) = override_name {
-            let mut names = vec![name.to_owned()];
-            let deterministic = self
-                .by_name
-                .get(name)
-                .is_some_and(|named| named.strategy.is_deterministic());
-            if !deterministic {
-                names.extend(self.global.last().cloned());
-            }
-            return self.chain(&names);
+            return match self.overrides.get(name) {
+                Some(chain) => Arc::clone(chain),
+                None => self.overridden(name),
+            };
         }
         // Borrowed: this runs on every tracked request.
         let route = config
@@ -171,6 +212,49 @@ impl Registry {
             .model(model)
             .and_then(|m| m.compaction.as_ref())
             .map(|c| c.chain.as_slice());
-        self.chain(route.or(own).unwrap_or(&self.global))
+        self.named(route.or(own).unwrap_or(&self.global))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(chain: &Chain) -> Vec<&str> {
+        chain.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    #[test]
+    fn each_request_shares_the_chain_built_at_load_and_selects_as_documented() {
+        let config = crate::config::from_toml(
+            "[models.\"own\"]\ncontext_window = 4096\n[models.\"own\".compaction]\nchain = [\"extract\"]\n\
+             [[routes]]\nmatch = \"rt-*\"\nchain = [\"quick\", \"extract\"]\n\
+             [compaction]\nchain = [\"summarize\", \"extract\"]\n\
+             request_override_allow = [\"quick\", \"extract\"]\n\
+             [compaction.strategies.quick]\nkind = \"summarize\"\n",
+        )
+        .unwrap();
+        let registry = Registry::build(&config).unwrap();
+        let select = |model: &str, chosen: Option<&str>| registry.select(&config, model, chosen);
+
+        assert_eq!(names(&select("gpt-4o", None)), ["summarize", "extract"]);
+        assert_eq!(names(&select("rt-1", None)), ["quick", "extract"]);
+        assert_eq!(names(&select("own", None)), ["extract"]);
+        // An override keeps the global chain's deterministic end, unless it is one.
+        assert_eq!(names(&select("own", Some("quick"))), ["quick", "extract"]);
+        assert_eq!(names(&select("rt-1", Some("extract"))), ["extract"]);
+
+        // Two requests get the same chain, not two copies of its strategies.
+        for (model, chosen) in [
+            ("gpt-4o", None),
+            ("rt-1", None),
+            ("own", None),
+            ("own", Some("quick")),
+        ] {
+            assert!(
+                Arc::ptr_eq(&select(model, chosen), &select(model, chosen)),
+                "{model} {chosen:?} built its chain again"
+            );
+        }
     }
 }

@@ -32,7 +32,7 @@ use crate::auth::Admission;
 use crate::base::digest::PrefixDigest;
 use crate::body::{full, ProxyBody};
 use crate::compaction::budget::RequestBudget;
-use crate::compaction::chain::NamedStrategy;
+use crate::compaction::chain::Chain;
 use crate::compaction::service::{CompactError, Fitted, Job};
 use crate::compaction::{prepare, Reason};
 use crate::conversation::{identify, ConversationId, Tracked, CONVERSATION_HEADER};
@@ -113,7 +113,7 @@ struct Exchange<'s> {
     /// The parsed request.
     chat: ChatRequest,
     /// The strategies a compaction of this request tries.
-    chain: Vec<NamedStrategy>,
+    chain: Chain,
     /// The window budget, when compaction applies to this model.
     budget: Option<RequestBudget>,
     /// Digests and adopted compactions, once tracked.
@@ -376,7 +376,7 @@ impl<'s> Exchange<'s> {
             tracked: tracked.clone(),
             budget: budget.clone(),
             client: self.summary_client(budget),
-            chain: self.chain.clone(),
+            chain: Arc::clone(&self.chain),
             seen_compact_id: fitted.view.compact_id().map(str::to_owned),
         }
         .spawn(ticket);
@@ -412,7 +412,7 @@ impl<'s> Exchange<'s> {
             &self.snap.config.compaction,
             budget,
             client,
-            self.chain.clone(),
+            Arc::clone(&self.chain),
         );
         job.threshold = threshold;
         job.reason = reason;

@@ -16,6 +16,10 @@ use serde_json::{json, Map, Value};
 use crate::base::record::Attempt;
 use crate::config::Tokenizer;
 
+/// A chain of strategies, first to last: built once per config and shared by the
+/// requests that select it.
+pub type Chain = Arc<[NamedStrategy]>;
+
 /// A strategy with its name in the chain and its own settings.
 #[derive(Clone)]
 pub struct NamedStrategy {

@@ -19,7 +19,7 @@ use handoff_plugin_api::ModelClient;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::budget::RequestBudget;
-use super::chain::NamedStrategy;
+use super::chain::Chain;
 use super::service::{Compactor, Job};
 use super::Adopted;
 use crate::base::digest::PrefixDigest;
@@ -143,7 +143,7 @@ pub struct Preparation {
     /// The summary client, with the client's credential.
     pub client: Arc<dyn ModelClient>,
     /// The chain.
-    pub chain: Vec<NamedStrategy>,
+    pub chain: Chain,
     /// The compaction the request's view was built on.
     pub seen_compact_id: Option<String>,
 }
@@ -168,7 +168,7 @@ impl Preparation {
             &self.config.compaction,
             &self.budget,
             Arc::clone(&self.client),
-            self.chain.clone(),
+            Arc::clone(&self.chain),
         );
         job.reason = Reason::Prepared;
         job.seen_compact_id = self.seen_compact_id.clone();

@@ -12,7 +12,7 @@ use std::time::Instant;
 use handoff_plugin_api::{CancellationToken, ModelClient, ModelInfo};
 
 use super::budget::{RequestBudget, Scale, ScaledCounter};
-use super::chain::NamedStrategy;
+use super::chain::Chain;
 use super::prepare::{
     settled_view, Background, PREPARED_ADOPTED, PREPARED_WAITED, PREPARED_WASTED,
 };
@@ -103,7 +103,7 @@ pub struct Job<'a> {
     /// The client for model calls.
     pub client: Arc<dyn ModelClient>,
     /// The strategies to try, first to last.
-    pub chain: Vec<NamedStrategy>,
+    pub chain: Chain,
 }
 
 impl Job<'_> {
@@ -152,7 +152,7 @@ impl<'a> Job<'a> {
         config: &'a CompactionConfig,
         budget: &RequestBudget,
         client: Arc<dyn ModelClient>,
-        chain: Vec<NamedStrategy>,
+        chain: Chain,
     ) -> Self {
         Self {
             tracker,
