@@ -48,6 +48,7 @@ pub mod conversation;
 pub mod dialect;
 pub mod error;
 pub mod eval;
+pub mod finish;
 pub mod forward;
 pub mod gate;
 pub mod headers;

@@ -5,8 +5,9 @@
 //! frame the reply ends, e.g. after the blank line that closes `data: [DONE]`. That
 //! frame, cut at that point, or the end of the body when no frame said so, is released only once the observer's end work (logging the reply)
 //! has finished: a client that closes as soon as it has read the end can no longer
-//! win a race against the log. That work is spawned, so a client that leaves never
-//! cancels it. A frame that stops coming for `read_timeout`, a broken upstream stream,
+//! win a race against the log. That work runs in place, in the body's own poll, and is
+//! spawned only if the body is dropped before it ends ([`Finish`]), so a client that
+//! leaves never cancels it. A frame that stops coming for `read_timeout`, a broken upstream stream,
 //! or a reply that could not be logged ends the client's body with an error, so the
 //! client sees a cut and never a clean end.
 
@@ -19,11 +20,11 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use tokio::task::JoinHandle;
 use tokio::time::{Instant, Sleep};
 
 use crate::base::outcome::Outcome;
 use crate::body::BoxError;
+use crate::finish::Finish;
 
 /// What an observer makes of one frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,8 +43,8 @@ pub type EndWork = BoxFuture<'static, Result<(), RelayError>>;
 pub trait Observer: Send {
     /// Sees a copy of one data frame; must return quickly.
     fn on_data(&mut self, data: &Bytes) -> Flow;
-    /// Called once with how the body ended. The returned work is spawned and runs to
-    /// its end whatever the client does; for a complete body the client sees the end
+    /// Called once with how the body ended. The returned work runs to its end whatever
+    /// the client does; for a complete body the client sees the end
     /// only after it finished. It must be bounded in time.
     fn on_end(&mut self, outcome: Outcome) -> Option<EndWork>;
 }
@@ -122,7 +123,7 @@ pin_project_lite::pin_project! {
         bytes: u64,
         settle: Settle,
         // The observer's end work; `held` (if any) waits for it.
-        finishing: Option<JoinHandle<Result<(), RelayError>>>,
+        finishing: Option<Finish<Result<(), RelayError>>>,
         held: Option<Frame<Bytes>>,
         // Bytes already read from `inner` (a peek at the stream's opening), sent first.
         prefix: Option<Bytes>,
@@ -165,7 +166,7 @@ impl RelayBody {
         let prefix = (!prefix.is_empty()).then_some(prefix);
         let inner = if inner.is_end_stream() && prefix.is_none() {
             // hyper never polls a body that is empty from the start.
-            finishing = settle.end(Outcome::Complete).map(tokio::spawn);
+            finishing = settle.end(Outcome::Complete).map(Finish::new);
             None
         } else {
             Some(inner)
@@ -203,8 +204,8 @@ impl Body for RelayBody {
                         *this.inner = None;
                         return Poll::Ready(Some(Err(Box::new(err))));
                     }
-                    // The observer's task panicked: a capture failure never breaks the stream.
-                    Err(err) => tracing::error!(error = %err, "reply capture task failed"),
+                    // The observer's work panicked: a capture failure never breaks the stream.
+                    Err(err) => tracing::error!(error = %err, "reply capture failed"),
                 }
                 if let Some(frame) = this.held.take() {
                     return Poll::Ready(Some(Ok(frame)));
@@ -249,7 +250,7 @@ impl Body for RelayBody {
                         }
                         if let Some(work) = this.settle.end(Outcome::Complete) {
                             *this.held = Some(frame);
-                            *this.finishing = Some(tokio::spawn(work));
+                            *this.finishing = Some(Finish::new(work));
                             continue;
                         }
                     }
@@ -268,7 +269,7 @@ impl Body for RelayBody {
                 Poll::Ready(None) => {
                     *this.inner = None;
                     match this.settle.end(Outcome::Complete) {
-                        Some(work) => *this.finishing = Some(tokio::spawn(work)),
+                        Some(work) => *this.finishing = Some(Finish::new(work)),
                         None => return Poll::Ready(None),
                     }
                 }

@@ -13,6 +13,7 @@ use hyper::body::Incoming;
 use crate::body::ProxyBody;
 use crate::capture::{ReplyCapture, ReplyTarget};
 use crate::error::ApiError;
+use crate::finish::Finish;
 use crate::forward::relay_after;
 use crate::relay::Observer;
 use crate::rewrite::{Rewrite, Rewritten};
@@ -47,16 +48,16 @@ pub async fn answer_read(
     target: ReplyTarget,
 ) -> Response<ProxyBody> {
     let dialect = target.dialect;
-    // Spawned: a client that leaves now must not cancel the log write.
+    // A client that leaves now must not cancel the log write: abandoned, it is spawned.
     let logging = {
         let body = body.clone();
-        tokio::spawn(async move { target.log_json(&body).await })
+        Finish::new(Box::pin(async move { target.log_json(&body).await }))
     };
     match logging.await {
         Ok(Err(unlogged)) => ApiError::storage(unlogged.to_string()).into_response_for(dialect),
         Ok(Ok(())) => crate::forward::buffered(head, body),
         Err(err) => {
-            tracing::error!(error = %err, "reply capture task failed");
+            tracing::error!(error = %err, "reply capture failed");
             crate::forward::buffered(head, body)
         }
     }
