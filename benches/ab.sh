@@ -6,6 +6,8 @@
 #
 #   benches/ab.sh [--duration S] [--rounds N] NAME=BINARY[@WORKERS] ...
 #   e.g. benches/ab.sh before=/tmp/old/handoff after=target/release/handoff after-w1=target/release/handoff@1
+#   floor=target/release/bench-floor@2 runs the floor proxy (handoff's shape on hyper
+#   and tokio, doing nothing else; two workers unless @WORKERS) as one more variant.
 #
 # Prints one line per run: variant, body, req/s, p50, CPU µs per request, RSS.
 set -euo pipefail
@@ -21,7 +23,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ $# -gt 0 ] || { echo "usage: benches/ab.sh NAME=BINARY[@WORKERS] ..." >&2; exit 2; }
-cargo build --release --quiet --bin bench-upstream -p mock-upstream
+cargo build --release --quiet --bin bench-upstream --bin bench-floor -p mock-upstream
 WORK=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 python3 benches/e2e/bodies.py "$WORK"
@@ -38,7 +40,12 @@ for round in $(seq 1 "$ROUNDS"); do
       rm -rf "$WORK/data"
       printf 'listen = "127.0.0.1:%s"\ndata_dir = "%s/data"\n%s\n[upstream]\nbase_url = "http://127.0.0.1:%s"\n[models."bench-model"]\ncontext_window = 1000000\n' \
         "$HO" "$WORK" "$workers" "$UP" > "$WORK/handoff.toml"
-      "$binary" serve --config "$WORK/handoff.toml" 2>"$WORK/../handoff-ab.log" & pid=$!
+      if [ "$(basename "$binary")" = bench-floor ]; then
+        # The floor: handoff's threading shape on hyper and tokio, doing nothing else.
+        "$binary" "127.0.0.1:$HO" "http://127.0.0.1:$UP" ${workers#workers = } 2>"$WORK/../handoff-ab.log" & pid=$!
+      else
+        "$binary" serve --config "$WORK/handoff.toml" 2>"$WORK/../handoff-ab.log" & pid=$!
+      fi
       for _ in $(seq 1 100); do (echo > "/dev/tcp/127.0.0.1/$HO") 2>/dev/null && break; sleep 0.1; done
       conns=32 conversation=""
       [ "$body" = long ] && conns=8 conversation=bench-long
