@@ -354,19 +354,25 @@ impl Tracker {
         id: &ConversationId,
         batch: CapturedReplies,
     ) -> Result<(), StoreError> {
-        let entry = self.entry(id).await?;
-        let mut state = entry.state.lock().await;
+        // Each reply is read and digested before the conversation is locked: none of it
+        // depends on the state, and a request of the same conversation on another worker
+        // would otherwise wait for it (and be woken across threads).
         let mut parent = batch.parent;
-        let mut lines = Vec::with_capacity(batch.replies.len());
-        let mut added = Vec::with_capacity(batch.replies.len());
+        let mut read = Vec::with_capacity(batch.replies.len());
         for reply in batch.replies {
             let value: Value = serde_json::from_str(reply.message.get())?;
             let message_digest = message_digest(&value);
             let digest = next_prefix(parent.as_ref(), &message_digest);
-            let this_parent = parent;
+            read.push((reply, value, message_digest, digest, parent));
             if batch.sequence {
                 parent = Some(digest);
             }
+        }
+        let entry = self.entry(id).await?;
+        let mut state = entry.state.lock().await;
+        let mut lines = Vec::with_capacity(read.len());
+        let mut added = Vec::with_capacity(read.len());
+        for (reply, value, message_digest, digest, this_parent) in read {
             if state.known.contains(&digest) || added.iter().any(|(d, _, _, _)| *d == digest) {
                 // The same reply twice (a cached answer, n > 1 with equal choices).
                 continue;
