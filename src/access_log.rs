@@ -152,7 +152,7 @@ impl Drop for RequestLog {
         if let (Some(metrics), Some(head), Some(upstream)) =
             (&self.metrics, self.head_at, self.upstream_time)
         {
-            metrics.observe_overhead(head.saturating_sub(upstream).as_secs_f64());
+            metrics.observe_overhead(head.saturating_sub(upstream));
         }
         tracing::info!(
             target: crate::telemetry::ACCESS_TARGET,

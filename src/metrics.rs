@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
 /// The counter of replies that did not reach the log, by cause.
 pub const REPLIES_UNLOGGED: &str = "handoff_replies_unlogged_total";
@@ -27,11 +29,23 @@ const OVERHEAD_BUCKETS: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
 
+/// Shards of the overhead histogram: one per worker thread, up to this many.
+const SHARDS: usize = 16;
+
+/// One worker's share of the overhead histogram, alone on its cache lines: every
+/// request adds to it, and workers sharing a lock or a line would wait for each other.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Shard {
+    buckets: [AtomicU64; OVERHEAD_BUCKETS.len() + 1],
+    nanos: AtomicU64,
+}
+
 /// The proxy's counters, and the histogram of its own overhead.
 #[derive(Debug, Default)]
 pub struct Metrics {
     counters: Mutex<BTreeMap<(&'static str, String), f64>>,
-    overhead: Mutex<[u64; OVERHEAD_BUCKETS.len() + 1]>,
+    overhead: [Shard; SHARDS],
 }
 
 /// Help text of each metric.
@@ -123,16 +137,18 @@ impl Metrics {
     }
 
     /// Records one request's overhead: the time to its response head minus the time the
-    /// upstream took to send its head (TensorZero's measure).
-    pub fn observe_overhead(&self, seconds: f64) {
+    /// upstream took to send its head (TensorZero's measure). Lock-free, in the calling
+    /// worker's own shard: it runs on every request.
+    pub fn observe_overhead(&self, took: Duration) {
+        let seconds = took.as_secs_f64();
         let bucket = OVERHEAD_BUCKETS
             .iter()
             .position(|bound| seconds <= *bound)
             .unwrap_or(OVERHEAD_BUCKETS.len());
-        if let Ok(mut counts) = self.overhead.lock() {
-            counts[bucket] += 1;
-        }
-        self.add("handoff_overhead_seconds_sum", &[], seconds);
+        let shard = &self.overhead[crate::worker::index() % SHARDS];
+        shard.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        shard.nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
     /// The current value of `name{labels}` (0 if never set).
@@ -156,12 +172,16 @@ impl Metrics {
                 let _ = writeln!(out, "{metric}{labels} {value}");
             }
         }
-        let sum = counters
-            .get(&("handoff_overhead_seconds_sum", String::new()))
-            .copied()
-            .unwrap_or(0.0);
         drop(counters);
-        let counts = self.overhead.lock().map(|c| *c).unwrap_or_default();
+        let mut counts = [0u64; OVERHEAD_BUCKETS.len() + 1];
+        let mut nanos = 0u64;
+        for shard in &self.overhead {
+            for (count, bucket) in counts.iter_mut().zip(&shard.buckets) {
+                *count += bucket.load(Ordering::Relaxed);
+            }
+            nanos = nanos.saturating_add(shard.nanos.load(Ordering::Relaxed));
+        }
+        let sum = nanos as f64 / 1e9;
         let _ = writeln!(
             out,
             "# HELP handoff_overhead_seconds Time spent in the proxy itself: response head time minus upstream head time.\n# TYPE handoff_overhead_seconds histogram"
@@ -182,5 +202,52 @@ impl Metrics {
         let _ = writeln!(out, "handoff_overhead_seconds_sum {sum}");
         let _ = writeln!(out, "handoff_overhead_seconds_count {cumulative}");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+    }
+
+    #[test]
+    fn overhead_observed_on_every_worker_adds_up_in_one_histogram() {
+        let metrics = std::sync::Arc::new(Metrics::default());
+        let threads: Vec<_> = (0..3)
+            .map(|worker| {
+                let metrics = std::sync::Arc::clone(&metrics);
+                std::thread::spawn(move || {
+                    crate::worker::enter(worker);
+                    metrics.observe_overhead(Duration::from_micros(50));
+                    metrics.observe_overhead(Duration::from_millis(3));
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        metrics.observe_overhead(Duration::from_secs(2));
+        let text = metrics.render();
+        let bucket = |le: &str| {
+            line(
+                &text,
+                &format!("handoff_overhead_seconds_bucket{{le=\"{le}\"}}"),
+            )
+        };
+        assert_eq!(bucket("0.0001"), Some("3"));
+        assert_eq!(bucket("0.0025"), Some("3"));
+        assert_eq!(bucket("0.005"), Some("6"));
+        assert_eq!(bucket("1"), Some("6"));
+        assert_eq!(bucket("+Inf"), Some("7"));
+        assert_eq!(line(&text, "handoff_overhead_seconds_count"), Some("7"));
+        let sum: f64 = line(&text, "handoff_overhead_seconds_sum")
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((sum - 2.00915).abs() < 1e-9, "sum {sum}");
     }
 }
