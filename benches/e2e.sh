@@ -15,6 +15,11 @@
 # default is one worker per core; on a box it shares with wrk and the mock, one thread
 # spends the least CPU per request.
 #
+# "floor" is bench-floor: handoff's threading shape (one current-thread runtime and
+# SO_REUSEPORT listener per core, a pooled client each) on hyper and tokio, doing
+# nothing else. It is the least a proxy on handoff's stack spends; what handoff spends
+# above it is handoff's own work.
+#
 # When PostgreSQL is installed (Debian's postgresql), a second handoff on the postgres
 # store (a throwaway cluster) runs the same loads as "handoff-pg", and the database's
 # statements it receives during the repeated-body runs are counted: a request that
@@ -56,11 +61,11 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-UP=18000 HO=18001 NG=18002 LL=18003 HP=18004 PGPORT=18005 PK=18006 HW=18007 HS=18008
+UP=18000 HO=18001 NG=18002 LL=18003 HP=18004 PGPORT=18005 PK=18006 HW=18007 HS=18008 HF=18009
 command -v node >/dev/null || PORTKEY=0
 
 cargo build --release --quiet --bin handoff -p handoff
-cargo build --release --quiet --bin bench-upstream -p mock-upstream
+cargo build --release --quiet --bin bench-upstream --bin bench-floor -p mock-upstream
 python3 benches/e2e/bodies.py "$WORK"
 
 wait_port() { for _ in $(seq 1 900); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 did not open" >&2; exit 1; }
@@ -81,6 +86,7 @@ target/release/handoff serve --config "$WORK/handoff.toml" 2>"$WORK/handoff.log"
 target/release/handoff serve --config "$WORK/handoff-w1.toml" 2>"$WORK/handoff-w1.log" & HW_PID=$!; PIDS+=($HW_PID)
 { echo "workers = 0"; sed -e "s/127.0.0.1:$HO/127.0.0.1:$HS/" -e "s#$WORK/data#$WORK/data-ws#" "$WORK/handoff.toml"; } > "$WORK/handoff-ws.toml"
 target/release/handoff serve --config "$WORK/handoff-ws.toml" 2>"$WORK/handoff-ws.log" & HS_PID=$!; PIDS+=($HS_PID)
+target/release/bench-floor "127.0.0.1:$HF" "http://127.0.0.1:$UP" "$(nproc)" & HF_PID=$!; PIDS+=($HF_PID)
 
 PG=0
 if [ -n "$PGBIN" ] && [ -x "$PGBIN/initdb" ]; then
@@ -142,7 +148,7 @@ if [ "$PORTKEY" = 1 ]; then
     npm install --prefix "$PKDIR" --no-audit --no-fund --loglevel=error @portkey-ai/gateway@1.15.2 >/dev/null
   NODE_ENV=production node "$PKDIR/node_modules/@portkey-ai/gateway/build/start-server.js" --port="$PK" --headless >"$WORK/portkey.log" 2>&1 & PK_PID=$!; PIDS+=($PK_PID)
 fi
-for port in $UP $HO $HW $HS $NG; do wait_port "$port"; done
+for port in $UP $HO $HW $HS $HF $NG; do wait_port "$port"; done
 if [ "$PORTKEY" = 1 ]; then wait_port "$PK"; fi
 if [ "$PG" = 1 ]; then wait_port "$HP"; fi
 if [ "$LITELLM" = 1 ]; then wait_port "$LL"; fi
@@ -171,6 +177,7 @@ target_pid() {
     handoff-pg) echo "${HP_PID:-}" ;;
     handoff-w1) echo "$HW_PID" ;;
     handoff-ws) echo "$HS_PID" ;;
+    floor) echo "$HF_PID" ;;
     nginx) cat "$WORK/nginx.pid" ;;
     litellm) echo "${LL_PID:-}" ;;
     portkey) echo "${PK_PID:-}" ;;
@@ -209,12 +216,12 @@ PY
 
 PEERS=(direct handoff nginx)
 [ "$PORTKEY" = 1 ] && PEERS+=(portkey)
-TARGETS=("${PEERS[@]}" handoff-w1 handoff-ws)
+TARGETS=("${PEERS[@]}" handoff-w1 handoff-ws floor)
 [ "$LITELLM" = 1 ] && TARGETS+=(litellm)
 [ "$PG" = 1 ] && TARGETS+=(handoff-pg)
-REPEATED=("${PEERS[@]}" handoff-w1 handoff-ws)
+REPEATED=("${PEERS[@]}" handoff-w1 handoff-ws floor)
 [ "$PG" = 1 ] && REPEATED+=(handoff-pg)
-declare -A PORT=([direct]=$UP [handoff]=$HO [nginx]=$NG [litellm]=$LL [handoff-pg]=$HP [portkey]=$PK [handoff-w1]=$HW [handoff-ws]=$HS)
+declare -A PORT=([direct]=$UP [handoff]=$HO [nginx]=$NG [litellm]=$LL [handoff-pg]=$HP [portkey]=$PK [handoff-w1]=$HW [handoff-ws]=$HS [floor]=$HF)
 RESULTS="$WORK/results.txt"
 # Every handoff sends each body once before the runs, with the conversation id the runs
 # use: the runs then repeat what the store has, and the first request's one-off work
@@ -307,7 +314,7 @@ def wrk(kind, target):
     vals = [list(map(float, r.split())) for r in rows.get((kind, target), [])]
     return [med([v[i] for v in vals if len(v) > i]) for i in range(5)] if vals else None
 print(f"Medians of {rounds} interleaved round(s) of {duration}s each.\n")
-ALL = ["direct", "handoff", "handoff-w1", "handoff-ws", "handoff-pg", "nginx", "portkey", "litellm"]
+ALL = ["direct", "handoff", "handoff-w1", "handoff-ws", "handoff-pg", "floor", "nginx", "portkey", "litellm"]
 def table(title, kind, errors=False):
     got = {t: wrk(kind, t) for t in ALL}
     got = {t: v for t, v in got.items() if v}
@@ -322,6 +329,8 @@ def ratios(label, got):
         if not (h and n):
             continue
         line = f"\n{label}: {name}/nginx throughput {h[0]/n[0]:.2f}×, p50 added over nginx {h[1] - n[1]:.3f} ms, CPU per request {h[4]:.0f} µs (nginx {n[4]:.0f})"
+        if got.get("floor"):
+            line += f", {h[4] - got['floor'][4]:.0f} µs above the floor ({got['floor'][4]:.0f})"
         for peer in ("portkey", "litellm"):
             if got.get(peer):
                 line += f"; {name}/{peer} throughput {h[0]/got[peer][0]:.1f}×"
@@ -345,7 +354,7 @@ streams("chat streaming (64 deltas, 20 ms apart)", "stream")
 c1 = table("small chat, 1 connection", "c1")
 c1long = table("long conversation, 1 connection", "c1long")
 for name, got in (("small", c1), ("long", c1long)):
-    for proxy in ("handoff", "handoff-w1", "handoff-ws"):
+    for proxy in ("handoff", "handoff-w1", "handoff-ws", "floor"):
         if got.get(proxy) and got.get("direct"):
             h, d, n = got[proxy], got["direct"], got.get("nginx")
             print(f"\nc=1 {name}: latency added by {proxy} over direct p50 {h[1] - d[1]:.3f} ms, p99 {h[2] - d[2]:.3f} ms"
