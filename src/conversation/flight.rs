@@ -53,7 +53,7 @@ impl Tracker {
             return Ok(());
         }
         let entry = self.entry(id).await?;
-        let mut state = entry.state.lock().await;
+        let mut state = entry.lock().await;
         self.catch_up(id, &mut state).await
     }
 

@@ -161,7 +161,7 @@ impl Tracker {
             return Ok(id);
         }
         let entry = self.entry(&id).await?;
-        let new = entry.state.lock().await.known.is_empty();
+        let new = entry.lock().await.known.is_empty();
         Ok(if new { found } else { id })
     }
 
@@ -242,7 +242,7 @@ impl Tracker {
         let mut message_digests: Vec<MessageDigest> = rest.iter().map(Message::digest).collect();
         let pinned_digests: Vec<MessageDigest> = pinned.iter().map(Message::digest).collect();
         let (entry, fresh) = self.entry_loaded(&id).await?;
-        let mut state = entry.state.lock().await;
+        let mut state = entry.lock().await;
         let pinned_set = state.pinned_set(pinned);
         let mut prefix = match base {
             None => state.prefixes_of(&message_digests),
@@ -369,7 +369,7 @@ impl Tracker {
             }
         }
         let entry = self.entry(id).await?;
-        let mut state = entry.state.lock().await;
+        let mut state = entry.lock().await;
         let mut lines = Vec::with_capacity(read.len());
         let mut added = Vec::with_capacity(read.len());
         for (reply, value, message_digest, digest, this_parent) in read {
@@ -449,7 +449,7 @@ impl Tracker {
         id: &ConversationId,
     ) -> Result<HashMap<PrefixDigest, Arc<Adopted>>, StoreError> {
         let entry = self.entry(id).await?;
-        let state = entry.state.lock().await;
+        let state = entry.lock().await;
         Ok(state.compactions.clone())
     }
 
@@ -459,7 +459,7 @@ impl Tracker {
         id: &ConversationId,
     ) -> Result<Option<Calibration>, StoreError> {
         let entry = self.entry(id).await?;
-        let state = entry.state.lock().await;
+        let state = entry.lock().await;
         Ok(state.calibration.clone())
     }
 
@@ -474,7 +474,7 @@ impl Tracker {
         let adopted = Arc::new(Adopted::new(record.clone())?);
         let prefix = adopted.record.source.prefix_digest;
         let entry = self.entry(id).await?;
-        let mut state = entry.state.lock().await;
+        let mut state = entry.lock().await;
         match self.store.commit_compaction(id, record, lease).await? {
             Committed::Written => {
                 state.compactions.insert(prefix, Arc::clone(&adopted));

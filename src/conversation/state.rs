@@ -6,7 +6,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use serde_json::Value;
-use tokio::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Mutex, MutexGuard};
 
 use crate::adoption::{adopt, Adopted};
 use crate::base::calibration::Calibration;
@@ -99,6 +101,11 @@ pub struct ConversationEntry {
     pub(super) weight: std::sync::atomic::AtomicU32,
 }
 
+/// How long a contended state is retried in place, with other workers running, before
+/// the task parks: a holder on another worker that only reads or checks the state lets
+/// go well within it, and parking costs both workers a wake-up across threads.
+const SPIN: Duration = Duration::from_micros(2);
+
 impl ConversationEntry {
     pub(super) fn new(state: ConversationState) -> Self {
         let weight = state.weight();
@@ -106,6 +113,29 @@ impl ConversationEntry {
             state: Mutex::new(state),
             weight: weight.into(),
         }
+    }
+
+    /// Locks the state: at once when it is free, after a short spin when another
+    /// worker holds it briefly, else in the lock's queue.
+    pub async fn lock(&self) -> MutexGuard<'_, ConversationState> {
+        // With one worker the holder is a task of this thread: spinning cannot help.
+        self.lock_spinning(crate::worker::count() > 1).await
+    }
+
+    async fn lock_spinning(&self, spin: bool) -> MutexGuard<'_, ConversationState> {
+        if let Ok(guard) = self.state.try_lock() {
+            return guard;
+        }
+        if spin {
+            let started = Instant::now();
+            while started.elapsed() < SPIN {
+                std::hint::spin_loop();
+                if let Ok(guard) = self.state.try_lock() {
+                    return guard;
+                }
+            }
+        }
+        self.state.lock().await
     }
 }
 
@@ -301,5 +331,39 @@ impl ConversationState {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::base::digest::bytes_digest;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_held_state_is_waited_for_past_the_spin_and_every_change_is_kept() {
+        let entry = Arc::new(ConversationEntry::new(ConversationState::default()));
+        // Free: taken at once, spinning or not.
+        entry.lock_spinning(true).await.last_chain.clear();
+        entry.lock_spinning(false).await.last_chain.clear();
+
+        // Held far longer than the spin while a task on another thread wants it: the
+        // waiter parks, then gets the state with the holder's change in it.
+        let mut held = entry.lock_spinning(true).await;
+        let waiter = {
+            let entry = Arc::clone(&entry);
+            tokio::spawn(async move { entry.lock_spinning(true).await.known.len() })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "the waiter took a held state");
+        held.known.insert(bytes_digest(b"a prefix"));
+        drop(held);
+        assert_eq!(
+            waiter.await.unwrap(),
+            1,
+            "the waiter saw the holder's change"
+        );
     }
 }
