@@ -185,3 +185,77 @@ async fn each_credential_s_conversations_are_its_tenant_s() {
         .collect();
     assert_eq!(seen, ["Bearer sk-one", "Bearer sk-two"]);
 }
+
+#[tokio::test]
+async fn a_reply_being_logged_when_the_client_leaves_is_still_logged() {
+    let mock = MockUpstream::replying(Reply::chat_text("ok")).await;
+    let proxy = Harness::start(&mock.url(), "").await;
+    assert_eq!(
+        proxy
+            .chat("left", "m", &[json!({"role": "user", "content": "hi"})])
+            .await
+            .status,
+        200
+    );
+    let log = proxy.log("left").await;
+    let ids = proxy
+        .state
+        .tracker
+        .store()
+        .list(None, None, 10)
+        .await
+        .unwrap();
+    let id = ids.into_iter().find(|id| id.as_str() == "left").unwrap();
+    let parent = log.lines.iter().rev().find_map(|line| match &line.entry {
+        Entry::Message(message) => Some(message.digest),
+        _ => None,
+    });
+    let target = || crate::capture::ReplyTarget {
+        tracker: std::sync::Arc::clone(&proxy.state.tracker),
+        id: id.clone(),
+        parent,
+        model: "m".into(),
+        dialect: crate::dialect::DialectKind::OpenAiChat,
+        estimate: None,
+        required: true,
+        conversation: None,
+        metrics: std::sync::Arc::clone(&proxy.state.metrics),
+    };
+    let reply = |text: &str| {
+        json!({"choices": [{"index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": text}}]})
+        .to_string()
+    };
+    let head = || http::Response::new(()).into_parts().0;
+    let replies = || async {
+        let log = proxy.log("left").await;
+        log.lines
+            .into_iter()
+            .filter(|line| matches!(&line.entry, Entry::Message(m) if m.source == Source::Upstream))
+            .count()
+    };
+    assert_eq!(replies().await, 1);
+
+    // The log write waits for the conversation, which the test holds; the client's
+    // request is dropped meanwhile, as hyper drops it when the client closes.
+    let entry = proxy.state.tracker.entry(&id).await.unwrap();
+    let held = entry.lock().await;
+    let answering = tokio::spawn(super::reply::answer_read(
+        head(),
+        reply("again").into(),
+        target(),
+    ));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!answering.is_finished(), "the answer waited for the log");
+    answering.abort();
+    assert!(answering.await.unwrap_err().is_cancelled());
+    assert_eq!(replies().await, 1, "nothing logged while the state is held");
+    drop(held);
+    for _ in 0..100 {
+        if replies().await == 2 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the reply whose client left was never logged");
+}
