@@ -425,7 +425,12 @@ fn serve(args: &ConfigArgs) -> ExitCode {
     // N workers (one per core by default): N threads, each its own current-thread
     // runtime and listener (crate::server); 0: one work-stealing runtime.
     let runtime = match config.workers.threads() {
-        None => runtime(),
+        None => {
+            // The work-stealing runtime's default: a thread per core it may use.
+            let cores = std::thread::available_parallelism().map_or(1, usize::from);
+            crate::worker::set_stealing(cores);
+            runtime()
+        }
         Some(count) => {
             crate::worker::set_count(count);
             worker_runtime()

@@ -101,7 +101,7 @@ pub struct ConversationEntry {
     pub(super) weight: std::sync::atomic::AtomicU32,
 }
 
-/// How long a contended state is retried in place, with other workers running, before
+/// How long a contended state is retried in place, with other threads serving, before
 /// the task parks: a holder on another worker that only reads or checks the state lets
 /// go well within it, and parking costs both workers a wake-up across threads.
 const SPIN: Duration = Duration::from_micros(2);
@@ -118,8 +118,8 @@ impl ConversationEntry {
     /// Locks the state: at once when it is free, after a short spin when another
     /// worker holds it briefly, else in the lock's queue.
     pub async fn lock(&self) -> MutexGuard<'_, ConversationState> {
-        // With one worker the holder is a task of this thread: spinning cannot help.
-        self.lock_spinning(crate::worker::count() > 1).await
+        // With one thread the holder is a task of this thread: spinning cannot help.
+        self.lock_spinning(crate::worker::parallel()).await
     }
 
     async fn lock_spinning(&self, spin: bool) -> MutexGuard<'_, ConversationState> {
