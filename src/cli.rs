@@ -426,9 +426,8 @@ fn serve(args: &ConfigArgs) -> ExitCode {
     // runtime and listener (crate::server); 0: one work-stealing runtime.
     let runtime = match config.workers.threads() {
         None => {
-            // The work-stealing runtime's default: a thread per core it may use.
-            let cores = std::thread::available_parallelism().map_or(1, usize::from);
-            crate::worker::set_stealing(cores);
+            // tokio's default for the work-stealing runtime: a thread per core.
+            crate::worker::set_stealing(config::cores());
             runtime()
         }
         Some(count) => {

@@ -197,20 +197,18 @@ async fn a_reply_being_logged_when_the_client_leaves_is_still_logged() {
             .status,
         200
     );
-    let log = proxy.log("left").await;
-    let ids = proxy
-        .state
-        .tracker
-        .store()
-        .list(None, None, 10)
+    let id = proxy.conversation("left").await.unwrap();
+    let parent = proxy
+        .log("left")
         .await
-        .unwrap();
-    let id = ids.into_iter().find(|id| id.as_str() == "left").unwrap();
-    let parent = log.lines.iter().rev().find_map(|line| match &line.entry {
-        Entry::Message(message) => Some(message.digest),
-        _ => None,
-    });
-    let target = || crate::capture::ReplyTarget {
+        .lines
+        .iter()
+        .rev()
+        .find_map(|line| match &line.entry {
+            Entry::Message(message) => Some(message.digest),
+            _ => None,
+        });
+    let target = crate::capture::ReplyTarget {
         tracker: std::sync::Arc::clone(&proxy.state.tracker),
         id: id.clone(),
         parent,
@@ -221,12 +219,9 @@ async fn a_reply_being_logged_when_the_client_leaves_is_still_logged() {
         conversation: None,
         metrics: std::sync::Arc::clone(&proxy.state.metrics),
     };
-    let reply = |text: &str| {
-        json!({"choices": [{"index": 0, "finish_reason": "stop",
-            "message": {"role": "assistant", "content": text}}]})
-        .to_string()
-    };
-    let head = || http::Response::new(()).into_parts().0;
+    let reply = json!({"choices": [{"index": 0, "finish_reason": "stop",
+        "message": {"role": "assistant", "content": "again"}}]})
+    .to_string();
     let replies = || async {
         let log = proxy.log("left").await;
         log.lines
@@ -240,11 +235,8 @@ async fn a_reply_being_logged_when_the_client_leaves_is_still_logged() {
     // request is dropped meanwhile, as hyper drops it when the client closes.
     let entry = proxy.state.tracker.entry(&id).await.unwrap();
     let held = entry.lock().await;
-    let answering = tokio::spawn(super::reply::answer_read(
-        head(),
-        reply("again").into(),
-        target(),
-    ));
+    let head = http::Response::new(()).into_parts().0;
+    let answering = tokio::spawn(super::reply::answer_read(head, reply.into(), target));
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!answering.is_finished(), "the answer waited for the log");
     answering.abort();

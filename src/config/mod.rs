@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 pub use load::{check_serve, config_file, from_toml, load, strategy_kind, ConfigError, Overrides};
 pub use mask::masked;
-pub use workers::Workers;
+pub use workers::{cores, Workers};
 
 /// The whole effective configuration, as one validated snapshot.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -22,13 +22,18 @@ impl Workers {
     /// The workers to start, or `None` for the shared work-stealing runtime.
     pub fn threads(self) -> Option<usize> {
         match self {
-            Workers::Auto => {
-                Some(std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get))
-            }
+            Workers::Auto => Some(cores()),
             Workers::Shared => None,
             Workers::Count(count) => Some(count),
         }
     }
+}
+
+/// The cores the process may run on (`available_parallelism`: its CPU affinity and a
+/// container's CPU quota count): `"auto"`'s workers, and the work-stealing runtime's
+/// threads.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
 
 /// The key as written: a count, or the word `auto`.

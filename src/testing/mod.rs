@@ -24,6 +24,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 
 use crate::base::record::CompactionRecord;
+use crate::conversation::ConversationId;
 use crate::state::AppState;
 use crate::store::ConversationLog;
 use crate::tokens::Tokens;
@@ -170,12 +171,22 @@ impl Harness {
             .unwrap_or_default()
     }
 
+    /// Conversation `id` of any tenant, if it exists.
+    pub async fn conversation(&self, id: &str) -> Option<ConversationId> {
+        let ids = self
+            .state
+            .tracker
+            .store()
+            .list(None, None, 1000)
+            .await
+            .unwrap();
+        ids.into_iter().find(|found| found.as_str() == id)
+    }
+
     /// The log of conversation `id` of any tenant, if it exists.
     async fn find_log(&self, id: &str) -> Option<ConversationLog> {
-        let store = self.state.tracker.store();
-        let ids = store.list(None, None, 1000).await.unwrap();
-        let found = ids.iter().find(|found| found.as_str() == id)?;
-        Some(store.read(found).await.unwrap())
+        let found = self.conversation(id).await?;
+        Some(self.state.tracker.store().read(&found).await.unwrap())
     }
 
     /// Sends `request` and reads the whole answer.
