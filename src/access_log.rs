@@ -177,7 +177,10 @@ struct Millis(Duration);
 impl std::fmt::Display for Millis {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let hundredths = (self.0.as_nanos() + 5_000) / 10_000;
-        write!(f, "{}.{:02}", hundredths / 100, hundredths % 100)
+        let fraction = hundredths % 100;
+        f.write_str(itoa::Buffer::new().format(hundredths / 100))?;
+        f.write_str(if fraction < 10 { ".0" } else { "." })?;
+        f.write_str(itoa::Buffer::new().format(fraction))
     }
 }
 

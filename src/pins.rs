@@ -4,6 +4,8 @@
 //! pinned set, so editing one in place continues the conversation.
 
 use std::borrow::Cow;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use regex::Regex;
 use serde_json::Value;
@@ -36,12 +38,19 @@ struct Rule {
 pub struct Pins {
     first: usize,
     rules: Vec<Rule>,
+    /// This build's key for the verdicts kept with each message's facts; none when
+    /// there are more rules than a verdict has bits.
+    memo: Option<NonZeroU32>,
 }
+
+/// The next build's memo key: distinct per build, so a reloaded rule set never reads
+/// the verdicts of the one before.
+static NEXT_MEMO: AtomicU32 = AtomicU32::new(1);
 
 impl Pins {
     /// Compiles `config`'s rules; the error names the pattern.
     pub fn build(config: &PinConfig) -> Result<Self, regex::Error> {
-        let rules = config
+        let rules: Vec<Rule> = config
             .rules
             .iter()
             .map(|rule| {
@@ -53,9 +62,13 @@ impl Pins {
                 })
             })
             .collect::<Result<_, regex::Error>>()?;
+        let memo = (rules.len() <= u32::BITS as usize)
+            .then(|| NonZeroU32::new(NEXT_MEMO.fetch_add(1, Ordering::Relaxed)))
+            .flatten();
         Ok(Self {
             first: config.first,
             rules,
+            memo,
         })
     }
 
@@ -71,21 +84,45 @@ impl Pins {
             .any(|rule| rule.through == through && (rule.role == name || rule.role.is_empty()))
     }
 
-    /// The rule that covers `message`, if any; `through` selects which kind.
+    /// The rule that covers `message`, if any; `through` selects which kind. Which
+    /// rules match depends on the message's bytes alone, so it is worked out once per
+    /// distinct message and kept with its facts: a conversation re-sends its files
+    /// message in every request, and it is not parsed again each time.
     fn rule_for(&self, message: &Message, through: bool) -> Option<&Rule> {
         if !self.may_cover(message, through) {
             return None;
         }
+        let Some(key) = self.memo else {
+            return self
+                .matches(message)
+                .find(|(_, rule)| rule.through == through)
+                .map(|(_, rule)| rule);
+        };
+        let matching = message.remembered(key, || {
+            self.matches(message)
+                .fold(0, |matching, (index, _)| matching | 1 << index)
+        });
+        self.rules
+            .iter()
+            .enumerate()
+            .find(|(index, rule)| rule.through == through && matching & (1 << index) != 0)
+            .map(|(_, rule)| rule)
+    }
+
+    /// The rules whose role and pattern match `message`, in order, with their places.
+    fn matches<'p, 'm>(
+        &'p self,
+        message: &'m Message,
+    ) -> impl Iterator<Item = (usize, &'p Rule)> + use<'p, 'm> {
         let value = message.value();
         let role = value.get("role").and_then(Value::as_str).unwrap_or("");
         let mut text = None;
-        self.rules
-            .iter()
-            .filter(|rule| rule.through == through && rule.role == role)
-            .find(|rule| {
-                let text = text.get_or_insert_with(|| head_text(value));
-                rule.pattern.is_match(text)
-            })
+        self.rules.iter().enumerate().filter(move |(_, rule)| {
+            rule.role == role
+                && rule
+                    .pattern
+                    .is_match(text.get_or_insert_with(|| head_text(value)))
+        })
     }
 
     /// Widens `request`'s pinned part: the leading system messages, through the end of
@@ -223,5 +260,49 @@ fn head_text(message: &Value) -> Cow<'_, str> {
             Cow::Owned(out)
         }
         _ => Cow::Borrowed(""),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::config::PinRule;
+    use crate::dialect::DialectKind;
+
+    fn pins(pattern: &str) -> Pins {
+        let config = PinConfig {
+            first: 0,
+            rules: vec![PinRule {
+                role: "user".into(),
+                pattern: pattern.into(),
+                with_reply: true,
+                through: false,
+            }],
+        };
+        Pins::build(&config).unwrap()
+    }
+
+    /// How many messages `pins` pins of a files message, its reply and a question.
+    fn pinned_by(pins: &Pins) -> usize {
+        let body = Bytes::from_static(
+            br#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"Here are the files: pins-memo.rs"},{"role":"assistant","content":"Ok."},{"role":"user","content":"Fix it."}]}"#,
+        );
+        let mut chat = DialectKind::OpenAiChat.get().parse_body(&body).unwrap();
+        pins.apply(&mut chat);
+        chat.pinned_len()
+    }
+
+    #[test]
+    fn a_verdict_is_reused_by_its_rule_set_and_never_by_another() {
+        let files = pins("^Here are the files");
+        let other = pins("^Here are summaries");
+        // Each body is parsed afresh, but its messages share their facts (and the
+        // verdicts kept there) with every earlier body that had the same bytes.
+        assert_eq!(pinned_by(&files), 3);
+        assert_eq!(pinned_by(&files), 3);
+        assert_eq!(pinned_by(&other), 1, "read the verdict of another rule set");
+        assert_eq!(pinned_by(&files), 3, "kept the verdict of another rule set");
     }
 }

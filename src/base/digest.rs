@@ -40,6 +40,11 @@ impl Digest {
         self.0.to_hex().to_string()
     }
 
+    /// The 64 hex digits, on the stack.
+    pub fn hex(&self) -> impl std::ops::Deref<Target = str> {
+        self.0.to_hex()
+    }
+
     /// The first `n` hex digits, for display.
     pub fn short(&self, n: usize) -> String {
         let hex = self.0.to_hex();

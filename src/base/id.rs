@@ -3,6 +3,7 @@
 //! it is checked strictly.
 
 use std::fmt;
+use std::sync::Arc;
 
 use super::digest::Digest;
 use super::tenant::TenantId;
@@ -25,11 +26,12 @@ pub enum IdError {
 }
 
 /// A validated conversation id within its tenant, safe to use as a folder name. Two
-/// tenants' conversations of the same name are different conversations.
+/// tenants' conversations of the same name are different conversations. Cloned by
+/// reference count: a request hands it to the cache, the log and the reply's logger.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConversationId {
     tenant: TenantId,
-    name: String,
+    name: Arc<str>,
 }
 
 impl ConversationId {
@@ -50,15 +52,18 @@ impl ConversationId {
         }
         Ok(Self {
             tenant,
-            name: text.to_owned(),
+            name: Arc::from(text),
         })
     }
 
     /// The id a conversation gets from the digest of its first non-pinned message.
     pub fn derived(tenant: TenantId, first: &Digest) -> Self {
+        let mut name = String::with_capacity(34);
+        name.push_str("c-");
+        name.push_str(&first.hex()[..32]);
         Self {
             tenant,
-            name: format!("c-{}", first.short(32)),
+            name: Arc::from(name),
         }
     }
 

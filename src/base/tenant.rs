@@ -1,6 +1,7 @@
 //! Tenant names: who a conversation belongs to, checked to be safe as folder names.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// The tenant that conversations logged before tenants existed are moved to.
 pub const LEGACY: &str = "legacy";
@@ -13,9 +14,10 @@ pub enum TenantError {
     Invalid(String),
 }
 
-/// A validated tenant name, safe to use as a folder name.
+/// A validated tenant name, safe to use as a folder name. Shared, not copied: every
+/// request's conversation id and log line carries it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TenantId(String);
+pub struct TenantId(Arc<str>);
 
 impl TenantId {
     /// Checks `text` against `[A-Za-z0-9._-]{1,64}`, dots-only names excluded.
@@ -26,7 +28,7 @@ impl TenantId {
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
             && !text.chars().all(|c| c == '.');
         if valid {
-            Ok(Self(text.to_owned()))
+            Ok(Self(Arc::from(text)))
         } else {
             Err(TenantError::Invalid(text.chars().take(80).collect()))
         }
@@ -41,12 +43,12 @@ impl TenantId {
             name.push(char::from(DIGITS[usize::from(byte >> 4)]));
             name.push(char::from(DIGITS[usize::from(byte & 0xf)]));
         }
-        Self(name)
+        Self(Arc::from(name))
     }
 
     /// The tenant of conversations logged before tenants existed.
     pub fn legacy() -> Self {
-        Self(LEGACY.to_owned())
+        Self(Arc::from(LEGACY))
     }
 
     /// The name as text.

@@ -3,7 +3,8 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -161,6 +162,9 @@ pub(super) struct Facts {
     results_lead: bool,
     /// Token counts, by tokenizer, filled on first use.
     counts: [OnceLock<u32>; TOKENIZERS],
+    /// One consumer's verdict on these bytes ([`Message::remembered`]): its key in the
+    /// high half, the verdict in the low half, 0 when none is kept.
+    memo: AtomicU64,
 }
 
 /// How many tokenizers there are (`Tokenizer as usize` indexes `Facts::counts`).
@@ -328,6 +332,7 @@ impl Message {
             },
             results_lead: results_lead(&value),
             counts: Default::default(),
+            memo: AtomicU64::new(0),
         };
         Self {
             role,
@@ -387,6 +392,22 @@ impl Message {
             u32::try_from(count).unwrap_or(u32::MAX)
         });
         u64::from(*count)
+    }
+
+    /// The verdict `compute` gives on this message, kept with its facts under `key`, so
+    /// every request that repeats these bytes reads it instead of parsing them. One
+    /// verdict is kept: a consumer with another key (a rebuilt config) replaces it.
+    pub fn remembered(&self, key: NonZeroU32, compute: impl FnOnce() -> u32) -> u32 {
+        let key = u64::from(key.get()) << 32;
+        let kept = self.facts.memo.load(Ordering::Relaxed);
+        if kept & !u64::from(u32::MAX) == key {
+            return kept as u32;
+        }
+        let verdict = compute();
+        self.facts
+            .memo
+            .store(key | u64::from(verdict), Ordering::Relaxed);
+        verdict
     }
 
     /// True when counting it with `tokenizer` needs no tokenising.

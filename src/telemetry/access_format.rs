@@ -9,7 +9,6 @@ use std::fmt;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
@@ -48,9 +47,13 @@ where
         {
             return self.inner.format_event(ctx, writer, event);
         }
-        if SystemTime.format_time(&mut writer).is_err() {
-            writer.write_str("<unknown time>")?;
-        }
+        // The text format's timestamp (RFC 3339, microseconds, UTC), without its
+        // field-by-field `write!`s.
+        write!(
+            writer,
+            "{}",
+            humantime::format_rfc3339_micros(std::time::SystemTime::now())
+        )?;
         write!(writer, " {:>5} {ACCESS_TARGET}: ", meta.level().as_str())?;
         let mut fields = Fields {
             writer: writer.by_ref(),
@@ -212,9 +215,17 @@ mod tests {
         assert_eq!(untimed(&lean), untimed(&general));
         assert_eq!(untimed(&lean).len(), 3);
         assert!(lean.contains(r#"status=200 total_ms=0.23 upstream_ms="0.14" bytes=285 outcome="complete" tenant="t-a1116d50c5ad8342""#), "{lean}");
-        // The timestamp is the text format's own.
-        let stamp = lean.split(' ').next().unwrap();
-        assert!(stamp.ends_with('Z') && stamp.contains('T'), "{stamp}");
+        // The timestamp has the text format's own shape: digits where it has digits,
+        // its separators where it has them (`2026-12-02T18:56:48.123456Z`).
+        let shape = |line: &str| -> String {
+            let stamp = line.split(' ').next().unwrap();
+            stamp
+                .chars()
+                .map(|c| if c.is_ascii_digit() { '9' } else { c })
+                .collect()
+        };
+        assert_eq!(shape(&lean), shape(&general), "{lean}\n{general}");
+        assert_eq!(shape(&lean), "9999-99-99T99:99:99.999999Z");
     }
 
     #[test]
