@@ -8,6 +8,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
 
 pub use crate::base::tenant::{TenantError, TenantId, LEGACY};
 use std::io::{Read, Write};
@@ -22,10 +23,23 @@ pub use crate::store::layout::SECRET_FILE;
 
 /// The server's secret: the key of the HMAC that turns credentials into tenants.
 ///
-/// Held keyed: every request derives its tenant, and keying the HMAC is half of that
-/// work (two of its four SHA-256 blocks), the same for every credential.
+/// Held keyed: keying the HMAC is half the work of a tenant (two of its four SHA-256
+/// blocks), the same for every credential. The tenants of recent credentials are kept
+/// too: a client sends the same credential with every request, and its tenant never
+/// changes. They are kept in memory only, looked up by the credential's exact bytes,
+/// and never logged.
 #[derive(Clone)]
-pub struct ServerSecret(Hmac<Sha256>);
+pub struct ServerSecret {
+    mac: Hmac<Sha256>,
+    tenants: Arc<quick_cache::sync::Cache<Box<[u8]>, TenantId>>,
+}
+
+/// How many credentials' tenants are kept.
+const KEPT_TENANTS: usize = 4096;
+
+/// The longest credential whose tenant is kept: a longer one is derived each time, so
+/// no request can make the cache hold more than this per entry.
+const KEPT_CREDENTIAL_BYTES: usize = 512;
 
 impl fmt::Debug for ServerSecret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -40,7 +54,10 @@ impl ServerSecret {
         // is the same key, and keying with a full block cannot fail.
         let mut block = [0u8; 64];
         block[..32].copy_from_slice(&bytes);
-        Self(<Hmac<Sha256> as KeyInit>::new(&block.into()))
+        Self {
+            mac: <Hmac<Sha256> as KeyInit>::new(&block.into()),
+            tenants: Arc::new(quick_cache::sync::Cache::new(KEPT_TENANTS)),
+        }
     }
 
     /// Reads `<data_dir>/secret`, creating it (0600, 32 random bytes) on first start.
@@ -87,7 +104,19 @@ impl ServerSecret {
     /// The tenant of a caller presenting `credential` (an `Authorization` or
     /// `x-api-key` value, or `anonymous`).
     pub fn tenant_for(&self, credential: &[u8]) -> TenantId {
-        let mut mac = self.0.clone();
+        if let Some(tenant) = self.tenants.get(credential) {
+            return tenant;
+        }
+        let tenant = self.derive(credential);
+        if credential.len() <= KEPT_CREDENTIAL_BYTES {
+            self.tenants.insert(Box::from(credential), tenant.clone());
+        }
+        tenant
+    }
+
+    /// The tenant of `credential`, worked out from the secret.
+    fn derive(&self, credential: &[u8]) -> TenantId {
+        let mut mac = self.mac.clone();
         mac.update(credential);
         let digest = mac.finalize().into_bytes();
         TenantId::derived(&digest[..8])
@@ -150,6 +179,32 @@ mod tests {
             secret.tenant_for(b"Bearer sk-alpha").as_str(),
             "t-17de92ddd6557509"
         );
+    }
+
+    #[test]
+    fn a_kept_tenant_is_the_derived_one_and_only_for_the_same_bytes() {
+        let secret = ServerSecret::from_bytes([7; 32]);
+        let long = [b"Bearer ".as_slice(), &[b'k'; 600]].concat();
+        for credential in [b"Bearer sk-alpha".as_slice(), b"Bearer sk-alph", &long] {
+            let first = secret.tenant_for(credential);
+            assert_eq!(first, secret.derive(credential));
+            assert_eq!(
+                secret.tenant_for(credential),
+                first,
+                "kept, or derived again"
+            );
+        }
+        // A clone shares what is kept, and keeps deriving the same names.
+        let clone = secret.clone();
+        assert_eq!(
+            clone.tenant_for(b"Bearer sk-alpha").as_str(),
+            "t-17de92ddd6557509"
+        );
+        assert_ne!(
+            secret.tenant_for(b"Bearer sk-alph"),
+            secret.tenant_for(b"Bearer sk-alpha")
+        );
+        assert_eq!(secret.tenants.len(), 2, "the long credential is not kept");
     }
 
     #[test]

@@ -20,8 +20,19 @@ use serde_json::Value;
 const CHAIN_TAG: &[u8] = b"handoff/chain/v1";
 
 /// A blake3 digest, shown and stored as 64 hex digits.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Digest(blake3::Hash);
+
+impl std::hash::Hash for Digest {
+    /// Its first 8 bytes: a digest is already uniform, and the sets and maps of a
+    /// conversation's digests are looked up several times per request. The map's own
+    /// keyed hasher still mixes them, and equality compares all 32 bytes.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let mut head = [0u8; 8];
+        head.copy_from_slice(&self.0.as_bytes()[..8]);
+        state.write_u64(u64::from_le_bytes(head));
+    }
+}
 
 /// The digest of one message's canonical JSON.
 pub type MessageDigest = Digest;
