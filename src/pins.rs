@@ -208,11 +208,11 @@ impl Pins {
         let mut index = last.saturating_sub(FLOAT_WITHIN).max(at);
         while index < last {
             let message = &messages[index];
-            let rule = (message.role != Role::Assistant
-                && self.may_cover(message, false)
-                && text_only(message))
-            .then(|| self.rule_for(message, false))
-            .flatten();
+            // The rule first: its verdict is kept per message, the marker scan is not.
+            let rule = (message.role != Role::Assistant)
+                .then(|| self.rule_for(message, false))
+                .flatten()
+                .filter(|_| text_only(message));
             let Some(rule) = rule else {
                 index += 1;
                 continue;

@@ -40,6 +40,8 @@ pub enum ChainError {
 pub struct Registry {
     by_name: HashMap<String, NamedStrategy>,
     global: Vec<String>,
+    /// The global chain, built: what most requests take, without a lookup.
+    global_chain: Chain,
     /// The global chain, each route's and each model's, by their names: a request
     /// takes one of these by reference count, not by copying its strategies.
     chains: HashMap<Box<[String]>, Chain>,
@@ -136,6 +138,7 @@ impl Registry {
         let mut registry = Self {
             by_name,
             global: compaction.global_chain(),
+            global_chain: Chain::default(),
             chains: HashMap::new(),
             overrides: HashMap::new(),
         };
@@ -160,6 +163,7 @@ impl Registry {
             .collect();
         registry.chains = chains;
         registry.overrides = overrides;
+        registry.global_chain = registry.named(&registry.global);
         Ok(registry)
     }
 
@@ -212,7 +216,10 @@ impl Registry {
             .model(model)
             .and_then(|m| m.compaction.as_ref())
             .map(|c| c.chain.as_slice());
-        self.named(route.or(own).unwrap_or(&self.global))
+        match route.or(own) {
+            Some(names) => self.named(names),
+            None => Arc::clone(&self.global_chain),
+        }
     }
 }
 

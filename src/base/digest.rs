@@ -11,7 +11,7 @@
 //! How clients re-send a logged message in other forms is the wire formats' business:
 //! [`crate::dialect::echo`].
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
@@ -91,7 +91,7 @@ impl<'de> Deserialize<'de> for Digest {
 /// The digest of `message`'s canonical JSON.
 pub fn message_digest(message: &Value) -> MessageDigest {
     let mut hasher = blake3::Hasher::new();
-    hash_canonical(message, &mut hasher);
+    Feed::new(&mut hasher).canonical(message);
     Digest(hasher.finalize())
 }
 
@@ -100,7 +100,7 @@ pub fn message_digest(message: &Value) -> MessageDigest {
 pub fn tagged_digest(tag: &[u8], value: &Value) -> Digest {
     let mut hasher = blake3::Hasher::new();
     hasher.update(tag);
-    hash_canonical(value, &mut hasher);
+    Feed::new(&mut hasher).canonical(value);
     Digest(hasher.finalize())
 }
 
@@ -157,47 +157,123 @@ fn is_elided(value: &Value) -> bool {
     }
 }
 
-/// Feeds the canonical form of `value` to `hasher` without building a string.
-fn hash_canonical(value: &Value, hasher: &mut blake3::Hasher) {
-    match value {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map
-                .iter()
-                .filter(|(_, v)| !is_elided(v))
-                .map(|(k, _)| k)
-                .collect();
-            keys.sort_unstable();
-            hasher.update(b"{");
-            for key in keys {
-                hash_string(key, hasher);
-                hasher.update(b":");
-                if let Some(child) = map.get(key) {
-                    hash_canonical(child, hasher);
+/// Bytes gathered before they are handed to the hasher.
+const FEED: usize = 2048;
+
+/// A piece at least this long goes to the hasher as it is: blake3 hashes a long
+/// input several chunks at a time, which a copy into the buffer would undo.
+const DIRECT: usize = 1024;
+
+/// Feeds a value's canonical form to a hasher without building a string. The form is
+/// dozens of tiny pieces (a quote, a length, a key, a colon), and each `update` costs
+/// more than such a piece, so they are gathered first: the bytes hashed, and so every
+/// digest, are the same as piece by piece.
+struct Feed<'h> {
+    hasher: &'h mut blake3::Hasher,
+    buf: [u8; FEED],
+    len: usize,
+}
+
+impl<'h> Feed<'h> {
+    fn new(hasher: &'h mut blake3::Hasher) -> Self {
+        Self {
+            hasher,
+            buf: [0; FEED],
+            len: 0,
+        }
+    }
+
+    /// Feeds the canonical form of `value`, then everything gathered.
+    fn canonical(mut self, value: &Value) {
+        self.value(value);
+        self.flush();
+    }
+
+    fn put(&mut self, bytes: &[u8]) {
+        if bytes.len() > FEED - self.len || bytes.len() >= DIRECT {
+            self.flush();
+            if bytes.len() >= DIRECT {
+                self.hasher.update(bytes);
+                return;
+            }
+        }
+        match self.buf.get_mut(self.len..self.len + bytes.len()) {
+            Some(slot) => {
+                slot.copy_from_slice(bytes);
+                self.len += bytes.len();
+            }
+            // Unreachable: the piece fits after a flush. Hashed in order regardless.
+            None => {
+                self.flush();
+                self.hasher.update(bytes);
+            }
+        }
+    }
+
+    fn flush(&mut self) {
+        self.hasher.update(&self.buf[..self.len.min(FEED)]);
+        self.len = 0;
+    }
+
+    fn value(&mut self, value: &Value) {
+        match value {
+            Value::Object(map) => {
+                self.put(b"{");
+                let kept = |(_, v): &(&String, &Value)| !is_elided(v);
+                if map.keys().is_sorted() {
+                    // serde_json's map is ordered by key unless a crate in the build
+                    // asks for insertion order: then the keys are sorted here.
+                    for (key, child) in map.iter().filter(kept) {
+                        self.member(key, child);
+                    }
+                } else {
+                    let mut members: Vec<(&String, &Value)> = map.iter().filter(kept).collect();
+                    members.sort_unstable_by_key(|(key, _)| *key);
+                    for (key, child) in members {
+                        self.member(key, child);
+                    }
                 }
-                hasher.update(b",");
+                self.put(b"}");
             }
-            hasher.update(b"}");
-        }
-        Value::Array(items) => {
-            hasher.update(b"[");
-            for item in items {
-                hash_canonical(item, hasher);
-                hasher.update(b",");
+            Value::Array(items) => {
+                self.put(b"[");
+                for item in items {
+                    self.value(item);
+                    self.put(b",");
+                }
+                self.put(b"]");
             }
-            hasher.update(b"]");
+            Value::String(text) => self.string(text),
+            Value::Null => self.put(b"null"),
+            Value::Bool(true) => self.put(b"true"),
+            Value::Bool(false) => self.put(b"false"),
+            Value::Number(number) => {
+                // The text `to_string` gives, without its String.
+                let _ = write!(self, "{number}");
+            }
         }
-        Value::String(text) => hash_string(text, hasher),
-        other => {
-            hasher.update(other.to_string().as_bytes());
-        }
+    }
+
+    fn member(&mut self, key: &str, child: &Value) {
+        self.string(key);
+        self.put(b":");
+        self.value(child);
+        self.put(b",");
+    }
+
+    fn string(&mut self, text: &str) {
+        // Length-prefixed, so no string content can imitate the structure around it.
+        self.put(b"\"");
+        self.put(&(text.len() as u64).to_le_bytes());
+        self.put(text.as_bytes());
     }
 }
 
-fn hash_string(text: &str, hasher: &mut blake3::Hasher) {
-    // Length-prefixed, so no string content can imitate the structure around it.
-    hasher.update(b"\"");
-    hasher.update(&(text.len() as u64).to_le_bytes());
-    hasher.update(text.as_bytes());
+impl fmt::Write for Feed<'_> {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        self.put(text.as_bytes());
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -213,6 +289,73 @@ mod tests {
         assert_eq!(message_digest(&upstream), message_digest(&echoed));
         let edited = json!({"role": "assistant", "content": "hi!"});
         assert_ne!(message_digest(&upstream), message_digest(&edited));
+    }
+
+    /// The canonical form as first written, one `update` per piece: the definition
+    /// every digest on disk was made by.
+    fn piecewise(value: &Value, hasher: &mut blake3::Hasher) {
+        let string = |text: &str, hasher: &mut blake3::Hasher| {
+            hasher.update(b"\"");
+            hasher.update(&(text.len() as u64).to_le_bytes());
+            hasher.update(text.as_bytes());
+        };
+        match value {
+            Value::Object(map) => {
+                let mut keys: Vec<&String> = map
+                    .iter()
+                    .filter(|(_, v)| !is_elided(v))
+                    .map(|(k, _)| k)
+                    .collect();
+                keys.sort_unstable();
+                hasher.update(b"{");
+                for key in keys {
+                    string(key, hasher);
+                    hasher.update(b":");
+                    piecewise(&map[key.as_str()], hasher);
+                    hasher.update(b",");
+                }
+                hasher.update(b"}");
+            }
+            Value::Array(items) => {
+                hasher.update(b"[");
+                for item in items {
+                    piecewise(item, hasher);
+                    hasher.update(b",");
+                }
+                hasher.update(b"]");
+            }
+            Value::String(text) => string(text, hasher),
+            other => {
+                hasher.update(other.to_string().as_bytes());
+            }
+        }
+    }
+
+    #[test]
+    fn gathering_the_pieces_hashes_the_same_bytes() {
+        let long = "é".repeat(700);
+        let values = [
+            json!({"role": "assistant", "content": "Hello from the benchmark upstream."}),
+            json!({"z": [1, -2, 3.5, 1e300, true, false, null, [], {}], "a": {"y": null, "b": "x"}}),
+            // Pieces longer than the direct threshold, and a form longer than the buffer.
+            json!({"role": "user", "content": long, "parts": (0..300).map(|n| format!("p{n}")).collect::<Vec<_>>()}),
+            json!("plain"),
+            json!(42),
+        ];
+        for value in &values {
+            let mut reference = blake3::Hasher::new();
+            piecewise(value, &mut reference);
+            assert_eq!(
+                message_digest(value),
+                Digest(reference.finalize()),
+                "{value}"
+            );
+        }
+        // And the digest the previous build logged for this reply (benchmark upstream).
+        assert_eq!(
+            message_digest(&values[0]).to_hex(),
+            "b118ff0d1869f84aaa650c3d8819d76937b8de3903ee2daa2b7f4651842004b5"
+        );
     }
 
     #[test]
