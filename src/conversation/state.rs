@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Mutex, MutexGuard};
+use async_lock::{Mutex, MutexGuard};
 
 use crate::adoption::{adopt, Adopted};
 use crate::base::calibration::Calibration;
@@ -94,7 +94,12 @@ const TURN_HINT: &str = "\\n\\n";
 /// A conversation's cached state.
 #[derive(Debug, Default)]
 pub struct ConversationEntry {
-    /// The state; held only for short, non-blocking work.
+    /// The state; held only for short, non-blocking work. `async-lock`'s mutex, not
+    /// tokio's: tokio's hands a released lock to the first queued task, which holds it
+    /// until its worker wakes up to run it, and meanwhile every request of the
+    /// conversation on a running worker finds it taken and queues too. Requests of one
+    /// conversation on two workers formed that convoy under load. This one lets a
+    /// running task take a released lock (fair again after 0.5 ms of starvation).
     pub state: Mutex<ConversationState>,
     /// The state's size in bytes when it was last weighed, for the cache's weigher
     /// (which cannot take the lock).
@@ -123,14 +128,14 @@ impl ConversationEntry {
     }
 
     async fn lock_spinning(&self, spin: bool) -> MutexGuard<'_, ConversationState> {
-        if let Ok(guard) = self.state.try_lock() {
+        if let Some(guard) = self.state.try_lock() {
             return guard;
         }
         if spin {
             let started = Instant::now();
             while started.elapsed() < SPIN {
                 std::hint::spin_loop();
-                if let Ok(guard) = self.state.try_lock() {
+                if let Some(guard) = self.state.try_lock() {
                     return guard;
                 }
             }
