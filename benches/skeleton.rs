@@ -103,8 +103,8 @@ fn benches(c: &mut Criterion) {
         group.bench_function("access_line", |b| {
             b.iter(|| {
                 let mut log = RequestLog::start(http::Method::POST, "/v1/chat/completions".into());
-                log.set_tenant("t-235ecda15170b4f7");
-                log.set_conversation("c-0123456789abcdef");
+                log.set_tenant(&tenant);
+                log.set_conversation(&id);
                 drop(log);
             })
         });

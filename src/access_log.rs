@@ -15,7 +15,9 @@ use bytes::Bytes;
 use http::{Method, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 
+use crate::base::id::ConversationId;
 pub use crate::base::outcome::Outcome;
+use crate::base::tenant::TenantId;
 use crate::body::{BoxError, ProxyBody};
 use crate::metrics::Metrics;
 
@@ -29,8 +31,8 @@ pub struct RequestLog {
     upstream_time: Option<Duration>,
     bytes: u64,
     outcome: Outcome,
-    conversation: Option<String>,
-    tenant: Option<String>,
+    conversation: Option<ConversationId>,
+    tenant: Option<TenantId>,
     head_at: Option<Duration>,
     metrics: Option<Arc<Metrics>>,
 }
@@ -82,13 +84,13 @@ impl RequestLog {
     }
 
     /// Records the tenant the request was admitted as.
-    pub fn set_tenant(&mut self, tenant: &str) {
-        self.tenant = Some(tenant.to_owned());
+    pub fn set_tenant(&mut self, tenant: &TenantId) {
+        self.tenant = Some(tenant.clone());
     }
 
     /// Records the conversation this request belongs to.
-    pub fn set_conversation(&mut self, id: &str) {
-        self.conversation = Some(id.to_owned());
+    pub fn set_conversation(&mut self, id: &ConversationId) {
+        self.conversation = Some(id.clone());
     }
 
     /// Total time so far.
@@ -163,8 +165,8 @@ impl Drop for RequestLog {
             upstream_ms = self.upstream_time.map(Millis).map(tracing::field::display),
             bytes = self.bytes,
             outcome = self.outcome.as_str(),
-            tenant = self.tenant.as_deref(),
-            conversation = self.conversation.as_deref(),
+            tenant = self.tenant.as_ref().map(TenantId::as_str),
+            conversation = self.conversation.as_ref().map(ConversationId::as_str),
             "request"
         );
     }

@@ -66,7 +66,7 @@ async fn dispatch(
         Ok(admission) => admission,
         Err(err) => return err.into_response_for(dialect),
     };
-    log.set_tenant(admission.tenant.as_str());
+    log.set_tenant(&admission.tenant);
     if let Err(err) = admission.check_path(path) {
         return err.into_response_for(dialect);
     }

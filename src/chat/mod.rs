@@ -88,7 +88,7 @@ async fn run(
     })?;
     let mut exchange = Exchange::admit(state, snap, request, &admission, dialect).await?;
     let (id, base) = exchange.identify(admission).await?;
-    log.set_conversation(id.as_str());
+    log.set_conversation(&id);
     let Some(tracked) = exchange.track(id, base).await? else {
         // store.required is false and the log failed: the request goes as it came.
         let upstream = exchange.upstream().clone();

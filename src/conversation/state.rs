@@ -4,11 +4,10 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-
-use serde_json::Value;
 use std::time::{Duration, Instant};
 
 use async_lock::{Mutex, MutexGuard};
+use serde_json::Value;
 
 use crate::adoption::{adopt, Adopted};
 use crate::base::calibration::Calibration;
@@ -100,7 +99,7 @@ pub struct ConversationEntry {
     /// conversation on a running worker finds it taken and queues too. Requests of one
     /// conversation on two workers formed that convoy under load. This one lets a
     /// running task take a released lock (fair again after 0.5 ms of starvation).
-    pub state: Mutex<ConversationState>,
+    state: Mutex<ConversationState>,
     /// The state's size in bytes when it was last weighed, for the cache's weigher
     /// (which cannot take the lock).
     pub(super) weight: std::sync::atomic::AtomicU32,
