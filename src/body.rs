@@ -3,6 +3,8 @@
 use std::convert::Infallible;
 
 use bytes::Bytes;
+
+use crate::base::chunks::Chunks;
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
 
 /// Errors a body may yield while streaming.
@@ -21,6 +23,14 @@ pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
 /// A body made of `parts`, sent in order without joining them; its length is known.
 pub fn parts(parts: Vec<Bytes>) -> ProxyBody {
     Parts(parts.into()).boxed_unsync()
+}
+
+/// A body read as frames, sent on as those frames.
+pub fn chunked(body: Chunks) -> ProxyBody {
+    match body.parts() {
+        [one] => full(one.clone()),
+        _ => parts(body.into_parts()),
+    }
 }
 
 struct Parts(std::collections::VecDeque<Bytes>);

@@ -3,11 +3,12 @@
 
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
+use crate::base::chunks::Chunks;
 use crate::config::LimitsConfig;
 use crate::error::ApiError;
 
@@ -20,7 +21,7 @@ pub async fn read_body(
     mut body: Incoming,
     limits: &LimitsConfig,
     headers: &http::HeaderMap,
-) -> Result<Bytes, ApiError> {
+) -> Result<Chunks, ApiError> {
     let limit = limits.max_body_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -30,11 +31,9 @@ pub async fn read_body(
         drain(body, limit);
         return Err(ApiError::body_too_large(limit));
     }
-    // One frame (a small body) is passed on as it is. More are copied into one buffer as
-    // each arrives, while it is still in cache, rather than joined at the end; the
-    // declared length sizes that buffer once.
-    let mut first: Option<Bytes> = None;
-    let mut joined = BytesMut::new();
+    // The frames are kept as they came: most of a long body is bytes read before, which
+    // a reader of `Chunks` hashes or shares where they lie instead of copying.
+    let mut chunks = Chunks::default();
     let mut total = 0usize;
     let read = tokio::time::timeout(limits.body_timeout, async {
         while let Some(frame) = body.frame().await {
@@ -49,16 +48,7 @@ pub async fn read_body(
                 if total > limit {
                     return Ok(false);
                 }
-                match first.take() {
-                    None if joined.is_empty() => first = Some(data),
-                    None => joined.extend_from_slice(&data),
-                    Some(held) => {
-                        let expected = declared.map_or(0, |length| length as usize);
-                        joined.reserve(expected.max(held.len() + data.len()));
-                        joined.extend_from_slice(&held);
-                        joined.extend_from_slice(&data);
-                    }
-                }
+                chunks.push(data);
             }
         }
         Ok(true)
@@ -71,7 +61,7 @@ pub async fn read_body(
             drain(body, limit);
             Err(ApiError::body_too_large(limit))
         }
-        Ok(Ok(true)) => Ok(first.unwrap_or_else(|| joined.freeze())),
+        Ok(Ok(true)) => Ok(chunks),
     }
 }
 
@@ -120,8 +110,10 @@ mod tests {
             let service = service_fn(|request: Request<Incoming>| async move {
                 let (parts, body) = request.into_parts();
                 let read = read_body(body, &LimitsConfig::default(), &parts.headers).await;
-                let bytes =
-                    read.unwrap_or_else(|err| Bytes::from(format!("error: {}", err.message)));
+                let bytes = read.map_or_else(
+                    |err| Bytes::from(format!("error: {}", err.message)),
+                    |chunks| chunks.contiguous().clone(),
+                );
                 Ok::<_, Infallible>(Response::new(Full::new(bytes)))
             });
             let _ = hyper::server::conn::http1::Builder::new()

@@ -56,8 +56,9 @@ pub async fn handle(
             Charged::new(body, admission.clone(), Arc::clone(&state.limiter)).boxed_unsync()
         }
         Some(_) => {
+            // Read for its model and the objects it names: one buffer.
             let bytes = match read_body(body, &snap.config.limits, &parts.headers).await {
-                Ok(bytes) => bytes,
+                Ok(chunks) => chunks.contiguous().clone(),
                 Err(err) => return err.into_response_for(dialect),
             };
             admission.charge_read(&state.limiter, bytes.len());

@@ -289,7 +289,10 @@ mod tests {
         let body = Bytes::from_static(
             br#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"Here are the files: pins-memo.rs"},{"role":"assistant","content":"Ok."},{"role":"user","content":"Fix it."}]}"#,
         );
-        let mut chat = DialectKind::OpenAiChat.get().parse_body(&body).unwrap();
+        let mut chat = DialectKind::OpenAiChat
+            .get()
+            .parse_body(&body.into())
+            .unwrap();
         pins.apply(&mut chat);
         chat.pinned_len()
     }

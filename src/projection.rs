@@ -16,6 +16,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::adoption::Adopted;
+use crate::base::chunks::Chunks;
 use crate::base::digest::{MessageDigest, PrefixDigest};
 use crate::base::line::ShortenedBody;
 use crate::config::Tokenizer;
@@ -219,23 +220,23 @@ impl ModelView<'_> {
 
     /// The request body with this view as its list (`messages`, `input`); the client's
     /// bytes when the view is the request itself.
-    pub fn render_body(&self, body: &Bytes) -> Result<Bytes, ProjectionError> {
+    pub fn render_body(&self, body: &Chunks) -> Result<Chunks, ProjectionError> {
         if self.compaction.is_none() && matches!(self.live, Cow::Borrowed(_)) {
             return Ok(body.clone());
         }
         let known = self.list.clone().filter(|list| {
-            body.get(list.start) == Some(&b'[')
+            body.byte(list.start) == Some(b'[')
                 && list.end > 0
-                && body.get(list.end - 1) == Some(&b']')
+                && body.byte(list.end - 1) == Some(b']')
         });
         let (start, end) = match known {
             Some(list) => (list.start, list.end),
-            None => list_in(body, self.dialect.get().list_field())?,
+            None => list_in(body.contiguous(), self.dialect.get().list_field())?,
         };
         let messages = self.raw_messages();
         let size: usize = messages.iter().map(|m| m.len() + 1).sum();
         let mut out = Vec::with_capacity(body.len() - (end - start) + size + 2);
-        out.extend_from_slice(&body[..start]);
+        body.copy_into(0..start, &mut out);
         out.push(b'[');
         for (index, message) in messages.iter().enumerate() {
             if index > 0 {
@@ -244,8 +245,8 @@ impl ModelView<'_> {
             out.extend_from_slice(message.as_bytes());
         }
         out.push(b']');
-        out.extend_from_slice(&body[end..]);
-        Ok(Bytes::from(out))
+        body.copy_into(end..body.len(), &mut out);
+        Ok(Chunks::from(out))
     }
 }
 

@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 use bytes::Bytes;
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
+use handoff::base::chunks::Chunks;
 use handoff::base::line::{encode, Entry, Line, RequestLine};
 use handoff::compaction::unit::split_into_units;
 use handoff::dialect::{ChatRequest, DialectKind, Message};
@@ -155,6 +156,19 @@ fn dialects() -> impl Strategy<Value = DialectKind> {
 }
 
 /// The body again from its parsed messages: the list spliced back from their raw bytes.
+/// `body` in frames, cut at `cuts`.
+fn framed(body: &Bytes, cuts: &[prop::sample::Index]) -> Chunks {
+    let mut at: Vec<usize> = cuts.iter().map(|cut| cut.index(body.len() + 1)).collect();
+    at.sort_unstable();
+    let mut chunks = Chunks::default();
+    let mut from = 0;
+    for to in at.into_iter().chain(std::iter::once(body.len())) {
+        chunks.push(body.slice(from..to));
+        from = to;
+    }
+    chunks
+}
+
 fn rendered(dialect: DialectKind, body: &Bytes, request: &ChatRequest) -> Vec<u8> {
     let field = format!("\"{}\":", dialect.get().list_field());
     let at = body
@@ -184,12 +198,17 @@ proptest! {
 
     /// Every dialect's parser reads real conversations and gives back the same bytes.
     #[test]
-    fn parsers_round_trip_real_conversations(dialect in dialects(), messages in window(), c in 0usize..6) {
+    fn parsers_round_trip_real_conversations(
+        dialect in dialects(),
+        messages in window(),
+        c in 0usize..6,
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..4),
+    ) {
         let tools = &conversations()[c % conversations().len()].1;
         let body = body_of(dialect, &messages, tools);
         // A window may open with a tool result or cut a call from its result: a clean
-        // error is fine, a panic is not.
-        if let Ok(request) = dialect.get().parse_body(&body) {
+        // error is fine, a panic is not. The body arrives in frames cut anywhere.
+        if let Ok(request) = dialect.get().parse_body(&framed(&body, &cuts)) {
             prop_assert_eq!(rendered(dialect, &body, &request), body.to_vec());
         }
     }
@@ -201,6 +220,7 @@ proptest! {
         messages in window(),
         cut in any::<prop::sample::Index>(),
         flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..8),
+        flips_at in prop::collection::vec(any::<prop::sample::Index>(), 0..3),
     ) {
         let mut body = body_of(dialect, &messages, &Value::Null).to_vec();
         for (at, byte) in flips {
@@ -208,7 +228,7 @@ proptest! {
             body[i] = byte;
         }
         body.truncate(cut.index(body.len() + 1));
-        let _ = dialect.get().parse_body(&Bytes::from(body));
+        let _ = dialect.get().parse_body(&framed(&Bytes::from(body), &flips_at));
     }
 
     /// Units cover the messages in order, without gaps or overlaps.
@@ -216,7 +236,7 @@ proptest! {
     fn units_tile_any_message_sequence(messages in window()) {
         let body = body_of(DialectKind::OpenAiChat, &messages, &Value::Null);
         // Units are cut on what parses, checked or not.
-        let parsed: Vec<Message> = match DialectKind::OpenAiChat.get().parse_body(&body) {
+        let parsed: Vec<Message> = match DialectKind::OpenAiChat.get().parse_body(&body.into()) {
             Ok(request) => request.messages,
             Err(_) => return Ok(()),
         };
@@ -340,7 +360,7 @@ fn the_seeds_parse_in_every_dialect() {
             let body = body_of(dialect, messages, tools);
             let request = dialect
                 .get()
-                .parse_body(&body)
+                .parse_body(&body.clone().into())
                 .unwrap_or_else(|err| panic!("{dialect:?}: {err}"));
             assert!(!request.messages.is_empty());
             assert_eq!(rendered(dialect, &body, &request), body.to_vec());

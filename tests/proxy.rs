@@ -460,3 +460,77 @@ async fn two_workers_share_one_port_serve_every_connection_and_drain_on_sigterm(
         proxy.logs()
     );
 }
+
+/// Posts `body` on a raw socket in pieces of `piece` bytes, each flushed on its own, so
+/// the proxy reads it in many frames cut mid-message; the answer's status.
+async fn post_in_pieces(addr: std::net::SocketAddr, body: &[u8], piece: usize) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    socket.set_nodelay(true).unwrap();
+    let head = format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\n\
+         authorization: Bearer sk-test-123\r\nx-handoff-conversation-id: framed\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    );
+    socket.write_all(head.as_bytes()).await.unwrap();
+    for chunk in body.chunks(piece) {
+        socket.write_all(chunk).await.unwrap();
+        socket.flush().await.unwrap();
+        tokio::task::yield_now().await;
+    }
+    let mut answer = Vec::new();
+    socket.read_to_end(&mut answer).await.unwrap();
+    let line = String::from_utf8_lossy(&answer[..answer.len().min(12)]).into_owned();
+    line[9..12]
+        .parse()
+        .unwrap_or_else(|_| panic!("no status in {line:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_body_in_many_frames_reaches_the_upstream_and_the_log_whole() {
+    let mock = MockUpstream::replying(Reply::chat_text("noted")).await;
+    let proxy = Proxy::start(&mock.url());
+    // Over 256 KB, so the second turn is read through the first one's memo.
+    let mut messages = vec![json!({"role": "system", "content": "framed session"})];
+    for turn in 0..120 {
+        messages.push(
+            json!({"role": "user", "content": format!("step {turn} é ✓ {}", "x".repeat(2500))}),
+        );
+        messages.push(json!({"role": "assistant", "content": format!("done {turn}")}));
+    }
+    let first = json!({"model": "gpt-4o", "messages": messages}).to_string();
+    assert_eq!(
+        post_in_pieces(proxy.addr(), first.as_bytes(), 7919).await,
+        200
+    );
+    messages.push(json!({"role": "assistant", "content": "noted"}));
+    messages.push(json!({"role": "user", "content": "and the next step?"}));
+    let second = json!({"model": "gpt-4o", "messages": messages, "stream": false}).to_string();
+    assert_eq!(
+        post_in_pieces(proxy.addr(), second.as_bytes(), 4099).await,
+        200
+    );
+
+    let seen = mock.requests();
+    assert_eq!(seen.len(), 2);
+    assert!(
+        seen[0].body == first.as_bytes(),
+        "the first body changed on its way"
+    );
+    assert!(
+        seen[1].body == second.as_bytes(),
+        "the second body changed on its way"
+    );
+    // Every message after the pinned system one logged once, each turn's reply after it.
+    let logged: Vec<serde_json::Value> = support::message_lines(&proxy, "framed")
+        .into_iter()
+        .map(|line| line["message"].clone())
+        .collect();
+    let mut expected = messages[1..messages.len() - 2].to_vec();
+    expected.push(json!({"role": "assistant", "content": "noted"}));
+    expected.push(json!({"role": "user", "content": "and the next step?"}));
+    expected.push(json!({"role": "assistant", "content": "noted"}));
+    assert_eq!(logged.len(), expected.len());
+    assert!(logged == expected, "the log differs from what was sent");
+}

@@ -20,7 +20,6 @@ mod send;
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{request, Request, Response};
 use hyper::body::Incoming;
@@ -29,8 +28,9 @@ pub use admit::STRATEGY_HEADER;
 
 use crate::access_log::RequestLog;
 use crate::auth::Admission;
+use crate::base::chunks::Chunks;
 use crate::base::digest::PrefixDigest;
-use crate::body::{full, ProxyBody};
+use crate::body::{chunked, ProxyBody};
 use crate::compaction::budget::RequestBudget;
 use crate::compaction::chain::Chain;
 use crate::compaction::service::{CompactError, Fitted, Job};
@@ -93,7 +93,7 @@ async fn run(
         // store.required is false and the log failed: the request goes as it came.
         let upstream = exchange.upstream().clone();
         let Exchange { parts, body, .. } = exchange;
-        return Ok(forward(&upstream, parts, full(body), log).await);
+        return Ok(forward(&upstream, parts, chunked(body), log).await);
     };
     exchange.tracked = Some(tracked);
     let fitted = exchange.fit().await?;
@@ -108,8 +108,8 @@ struct Exchange<'s> {
     snap: Arc<Snapshot>,
     /// The request head, with the headers as the upstream will get them.
     parts: request::Parts,
-    /// The body exactly as the client sent it.
-    body: Bytes,
+    /// The body exactly as the client sent it, in the frames it arrived in.
+    body: Chunks,
     /// The parsed request.
     chat: ChatRequest,
     /// The strategies a compaction of this request tries.
@@ -134,7 +134,7 @@ impl<'s> Exchange<'s> {
         admission.charge_read(&state.limiter, body.len());
         if snap.credentials.shares_upstream_key() {
             // A continued response, a conversation, a file: only the tenant's own.
-            let named = crate::ownership::body_objects(&body);
+            let named = crate::ownership::body_objects(body.contiguous());
             state.check_owned(&admission.tenant, &named).await?;
         }
         let mut chat = dialect.get().parse_body(&body).map_err(ApiError::from)?;

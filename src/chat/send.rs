@@ -12,7 +12,7 @@ use hyper::body::{Body, Incoming};
 
 use super::{reply, Exchange, Halt};
 use crate::access_log::RequestLog;
-use crate::body::{full, parts, ProxyBody};
+use crate::body::{chunked, parts, ProxyBody};
 use crate::capture::ReplyTarget;
 use crate::compaction::service::Fitted;
 use crate::compaction::Reason;
@@ -57,7 +57,7 @@ impl Exchange<'_> {
             };
             let (body, rewrite) = match asked {
                 Some((asked, rewrite)) => (parts(asked), Some(rewrite)),
-                None => (full(body), None),
+                None => (chunked(body), None),
             };
             let request = upstream_request(
                 upstream,

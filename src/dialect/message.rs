@@ -212,9 +212,9 @@ impl RawMessage {
         }
     }
 
-    /// The bytes `range` spans in `body`, shared.
-    pub(super) fn slice(body: &Bytes, range: std::ops::Range<usize>) -> Self {
-        Self(body.slice(range))
+    /// A message's bytes cut from a body, shared.
+    pub(super) fn shared(bytes: Bytes) -> Self {
+        Self(bytes)
     }
 
     /// Its bytes.

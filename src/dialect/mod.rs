@@ -29,6 +29,7 @@ pub use openai::check_tool_pairs;
 pub use prefix::size_prefix_cache;
 use prefix::Reading;
 
+use crate::base::chunks::Chunks;
 use crate::base::reply::Assembled;
 use crate::error::ApiError;
 
@@ -388,11 +389,11 @@ pub trait Dialect: Send + Sync {
 
     /// Parses and checks a request body; the error says where it went wrong. The
     /// messages share `body`'s bytes.
-    fn parse_body(&self, body: &Bytes) -> Result<ChatRequest, DialectError>;
+    fn parse_body(&self, body: &Chunks) -> Result<ChatRequest, DialectError>;
 
     /// Like [`Dialect::parse_body`], for a body held elsewhere (copied once).
     fn parse(&self, body: &[u8]) -> Result<ChatRequest, DialectError> {
-        self.parse_body(&Bytes::copy_from_slice(body))
+        self.parse_body(&Chunks::from(Bytes::copy_from_slice(body)))
     }
 
     /// Checks the API's tool pairing rules over `messages` (no pinned ones).
@@ -540,7 +541,7 @@ pub trait Dialect: Send + Sync {
     /// `body` asking for the usage its stream would omit (in parts, sent in order), and
     /// what takes it out of the client's stream again; `None` where a stream always
     /// carries usage.
-    fn ask_usage(&self, body: &Bytes) -> Option<(Vec<Bytes>, Box<dyn crate::rewrite::Rewrite>)> {
+    fn ask_usage(&self, body: &Chunks) -> Option<(Vec<Bytes>, Box<dyn crate::rewrite::Rewrite>)> {
         let _ = body;
         None
     }

@@ -22,13 +22,13 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use serde_json::value::RawValue;
-use xxhash_rust::xxh3::{xxh3_128_with_seed, xxh3_64_with_seed};
-
 use bytes::Bytes;
+use serde_json::value::RawValue;
+use xxhash_rust::xxh3::{xxh3_128_with_seed, xxh3_64_with_seed, Xxh3};
 
 use super::message::Facts;
 use super::{json_body, DialectError, DialectKind, Message, RawMessage};
+use crate::base::chunks::Chunks;
 
 /// The lengths of the leading bytes a memo is found by; the first is also the
 /// shortest body remembered.
@@ -106,22 +106,44 @@ impl Memos {
     }
 }
 
-/// The next link of a chain: `bytes` hashed with the chain so far as the seed.
-fn link(chain: u128, bytes: &[u8]) -> u128 {
-    xxh3_128_with_seed(bytes, (chain as u64) ^ ((chain >> 64) as u64))
+/// The next link of a chain: the bytes of `range` hashed with the chain so far as the
+/// seed. Bytes across frames are hashed as they lie, to the same value.
+fn link(chain: u128, body: &Chunks, range: Range<usize>) -> u128 {
+    let seed = (chain as u64) ^ ((chain >> 64) as u64);
+    match body.single(range.clone()) {
+        Some(bytes) => xxh3_128_with_seed(bytes, seed),
+        None => {
+            let mut hasher = Xxh3::with_seed(seed);
+            body.pieces(range).for_each(|piece| hasher.update(piece));
+            hasher.digest128()
+        }
+    }
+}
+
+/// The hash of `body`'s first `length` bytes; the caller checked it has them.
+fn lead_hash(body: &Chunks, length: usize, seed: u64) -> u64 {
+    match body.single(0..length) {
+        Some(bytes) => xxh3_64_with_seed(bytes, seed),
+        None => {
+            let mut hasher = Xxh3::with_seed(seed);
+            body.pieces(0..length)
+                .for_each(|piece| hasher.update(piece));
+            hasher.digest()
+        }
+    }
 }
 
 /// How many of `memo`'s leading elements `body` repeats byte for byte, with the
 /// bytes before each.
-fn agreed(memo: &Memo, body: &[u8], origin: u128) -> usize {
+fn agreed(memo: &Memo, body: &Chunks, origin: u128) -> usize {
     let (mut chain, mut at) = (origin, 0);
     memo.marks
         .iter()
         .take_while(|mark| {
-            let Some(bytes) = body.get(at..mark.span.end) else {
+            if at > mark.span.end || mark.span.end > body.len() {
                 return false;
-            };
-            chain = link(chain, bytes);
+            }
+            chain = link(chain, body, at..mark.span.end);
             at = mark.span.end;
             chain == mark.chain
         })
@@ -133,6 +155,8 @@ struct Reuse {
     memo: Arc<Memo>,
     /// How many leading elements are the memo's.
     count: usize,
+    /// Their bytes in this body.
+    raws: Vec<Bytes>,
     /// The bytes cut out of the body: the reused elements and the comma after them.
     cut: Range<usize>,
     /// The body without `cut`.
@@ -142,15 +166,12 @@ struct Reuse {
 impl Reuse {
     /// The cut that takes `memo`'s first `count` elements out of `body`, if what
     /// follows them is the list going on or ending.
-    fn new(body: &[u8], memo: Arc<Memo>, count: usize) -> Option<Self> {
+    fn new(body: &Chunks, memo: Arc<Memo>, count: usize) -> Option<Self> {
         let start = memo.marks.first()?.span.start;
         let end = memo.marks.get(count.checked_sub(1)?)?.span.end;
         let next = |from: usize| {
-            let skip = body
-                .get(from..)?
-                .iter()
-                .position(|b| !b.is_ascii_whitespace())?;
-            Some((from + skip, body[from + skip]))
+            let at = body.position(from, |b| !b.is_ascii_whitespace())?;
+            Some((at, body.byte(at)?))
         };
         let cut_end = match next(end)? {
             // `[a, ]` is not JSON; cut, it would read as `[ ]`.
@@ -158,14 +179,19 @@ impl Reuse {
             (close, b']') => close,
             _ => return None,
         };
-        let head = std::str::from_utf8(&body[..start]).ok()?;
-        let tail = std::str::from_utf8(&body[cut_end..]).ok()?;
-        let mut text = String::with_capacity(head.len() + tail.len());
-        text.push_str(head);
-        text.push_str(tail);
+        let raws = memo.marks[..count]
+            .iter()
+            .map(|mark| body.slice(mark.span.clone()))
+            .collect::<Option<Vec<_>>>()?;
+        let mut text = Vec::with_capacity(start + body.len() - cut_end);
+        body.copy_into(0..start, &mut text);
+        body.copy_into(cut_end..body.len(), &mut text);
+        // Cut at an element's edges, both parts are whole UTF-8 when the body is.
+        let text = String::from_utf8(text).ok()?;
         Some(Self {
             memo,
             count,
+            raws,
             cut: start..cut_end,
             text,
         })
@@ -175,7 +201,7 @@ impl Reuse {
 /// A request body being read, with the elements it repeats from a recent body
 /// already known.
 pub struct Reading<'b> {
-    body: &'b Bytes,
+    body: &'b Chunks,
     kind: DialectKind,
     /// The body's hash of each of [`LEADS`] it is long enough for, hashed when needed.
     leads: [OnceCell<u64>; LEADS.len()],
@@ -188,7 +214,7 @@ pub struct Reading<'b> {
 
 impl<'b> Reading<'b> {
     /// Starts reading `body` in `kind`, finding the memo it repeats the most of.
-    pub fn new(body: &'b Bytes, kind: DialectKind) -> Self {
+    pub fn new(body: &'b Chunks, kind: DialectKind) -> Self {
         let mut reading = Self {
             body,
             kind,
@@ -237,7 +263,7 @@ impl<'b> Reading<'b> {
             return None;
         }
         let seed = memos().seed;
-        Some(*self.leads[lead].get_or_init(|| xxh3_64_with_seed(&self.body[..length], seed)))
+        Some(*self.leads[lead].get_or_init(|| lead_hash(self.body, length, seed)))
     }
 
     /// The body read as `W`: without the reused elements when there are some, so the
@@ -249,7 +275,7 @@ impl<'b> Reading<'b> {
             }
             self.whole.set(true);
         }
-        json_body(self.body)
+        json_body(self.body.contiguous())
     }
 
     /// The list's messages: the reused ones, then `read` of each element of `list`
@@ -263,17 +289,16 @@ impl<'b> Reading<'b> {
         let reuse = self.reuse.as_ref().filter(|_| !self.whole.get());
         let reused = reuse.map_or(&[][..], |reuse| &reuse.memo.marks[..reuse.count]);
         let mut messages = Vec::with_capacity(reused.len() + list.len());
-        messages.extend(reused.iter().map(|mark| {
-            Message::known(
-                RawMessage::slice(self.body, mark.span.clone()),
-                Arc::clone(&mark.facts),
-            )
-        }));
+        if let Some(reuse) = reuse {
+            messages.extend(reused.iter().zip(&reuse.raws).map(|(mark, raw)| {
+                Message::known(RawMessage::shared(raw.clone()), Arc::clone(&mark.facts))
+            }));
+        }
         let mut spans = Vec::with_capacity(list.len());
         for (index, element) in list.iter().enumerate() {
             let span = self.span_of(reuse, element.get());
-            let raw = match &span {
-                Some(span) => RawMessage::slice(self.body, span.clone()),
+            let raw = match span.clone().and_then(|span| self.body.slice(span)) {
+                Some(bytes) => RawMessage::shared(bytes),
                 None => RawMessage::from(element.get().to_owned()),
             };
             messages.push(read(reused.len() + index, raw)?);
@@ -302,25 +327,17 @@ impl<'b> Reading<'b> {
 
     /// The `[`…`]` around the elements from `start` to `end`, whitespace between.
     fn list_around(&self, start: usize, end: usize) -> Option<(usize, usize)> {
-        let open = self
-            .body
-            .get(..start)?
-            .iter()
-            .rposition(|b| !b.is_ascii_whitespace())?;
-        let close = end
-            + self
-                .body
-                .get(end..)?
-                .iter()
-                .position(|b| !b.is_ascii_whitespace())?;
-        (self.body[open] == b'[' && self.body[close] == b']').then_some((open, close + 1))
+        let open = self.body.rposition(start, |b| !b.is_ascii_whitespace())?;
+        let close = self.body.position(end, |b| !b.is_ascii_whitespace())?;
+        (self.body.byte(open)? == b'[' && self.body.byte(close)? == b']')
+            .then_some((open, close + 1))
     }
 
     /// Where `element` (borrowed from the text serde read) lies in the body.
     fn span_of(&self, reuse: Option<&Reuse>, element: &str) -> Option<Range<usize>> {
         let (text, cut) = match reuse {
             Some(reuse) => (reuse.text.as_bytes(), reuse.cut.clone()),
-            None => (&self.body[..], 0..0),
+            None => (&self.body.contiguous()[..], 0..0),
         };
         let offset = (element.as_ptr() as usize).wrapping_sub(text.as_ptr() as usize);
         let start = if offset >= cut.start {
@@ -329,7 +346,9 @@ impl<'b> Reading<'b> {
             offset
         };
         let span = start..start.checked_add(element.len())?;
-        (self.body.get(span.clone())? == element.as_bytes()).then_some(span)
+        self.body
+            .holds_at(span.start, element.as_bytes())
+            .then_some(span)
     }
 
     /// Keeps this body's list for the next body that repeats it.
@@ -348,7 +367,7 @@ impl<'b> Reading<'b> {
             let Some(span) = span.clone().filter(|span| span.start >= at) else {
                 break;
             };
-            chain = link(chain, &self.body[at..span.end]);
+            chain = link(chain, self.body, at..span.end);
             at = span.end;
             marks.push(Mark {
                 span,

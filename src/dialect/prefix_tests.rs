@@ -19,13 +19,23 @@ fn body(session: &str, turns: usize, size: usize) -> Value {
     json!({"max_tokens": 100, "model": "m", "messages": messages, "stream": false})
 }
 
-fn bytes(value: &Value) -> Bytes {
-    Bytes::from(value.to_string())
+fn bytes(value: &Value) -> Chunks {
+    Chunks::from(Bytes::from(value.to_string()))
+}
+
+/// `value`'s text cut into frames of `size` bytes, as a body may arrive.
+fn frames(value: &Value, size: usize) -> Chunks {
+    let text = Bytes::from(value.to_string());
+    let mut chunks = Chunks::default();
+    for start in (0..text.len()).step_by(size) {
+        chunks.push(text.slice(start..(start + size).min(text.len())));
+    }
+    chunks
 }
 
 /// What reading `body` gives: each message's bytes and digest, and how many came from
 /// a memo.
-fn read(body: &Bytes) -> (Vec<(String, crate::base::digest::MessageDigest)>, usize) {
+fn read(body: &Chunks) -> (Vec<(String, crate::base::digest::MessageDigest)>, usize) {
     let reading = Reading::new(body, DialectKind::OpenAiChat);
     #[derive(serde::Deserialize)]
     struct Wire<'a> {
@@ -123,8 +133,11 @@ fn a_short_body_is_not_remembered() {
 
 /// The error the dialect gives for `text`, and the one serde gives reading it whole.
 fn errors(text: String) -> (String, String) {
-    let body = Bytes::from(text);
-    let whole = serde_json::from_slice::<Value>(&body).expect_err("not JSON");
+    let whole = serde_json::from_str::<Value>(&text).expect_err("not JSON");
+    // In two frames: the error's place is the body's, not a frame's.
+    let text = Bytes::from(text);
+    let mut body = Chunks::from(text.slice(..text.len() / 2));
+    body.push(text.slice(text.len() / 2..));
     let dialect = crate::dialect::openai::OpenAiChat
         .parse_body(&body)
         .map(|_: ChatRequest| ())
@@ -137,7 +150,7 @@ fn a_broken_tail_after_reused_messages_is_refused_where_it_breaks() {
     let first = body("broken", 40, 2000);
     let text = first.to_string();
     crate::dialect::openai::OpenAiChat
-        .parse_body(&Bytes::from(text.clone()))
+        .parse_body(&Chunks::from(Bytes::from(text.clone())))
         .expect("reads");
     // A trailing comma: cut out with the messages before it, it would read as `[]`.
     let cut = text.rfind(']').expect("the list ends");
@@ -148,4 +161,59 @@ fn a_broken_tail_after_reused_messages_is_refused_where_it_breaks() {
     let broken = format!("{},{{\"role\":]{}", &text[..cut], &text[cut + 1..]);
     let (dialect, whole) = errors(broken);
     assert!(dialect.ends_with(&whole), "{dialect} / {whole}");
+}
+
+#[test]
+fn a_body_in_frames_reads_as_the_same_body_in_one() {
+    for (session, size) in [
+        ("frames-7", 7),
+        ("frames-1000", 1000),
+        ("frames-4099", 4099),
+    ] {
+        let mut body = body(session, 40, 2000);
+        let (seen, reused) = read(&frames(&body, size));
+        assert_eq!((seen, reused), (expected(&body), 0), "{size}");
+        // Sent again in other frames, every message comes from the memo.
+        let (seen, reused) = read(&frames(&body, size + 13));
+        assert_eq!(reused, 121, "{size}");
+        assert_eq!(seen, expected(&body), "{size}");
+        // The next turn, in one frame, reuses what the framed body left.
+        let list = body["messages"].as_array_mut().expect("a list");
+        list.push(json!({"role": "user", "content": "and now?"}));
+        let (seen, reused) = read(&bytes(&body));
+        assert_eq!(reused, 121, "{size}");
+        assert_eq!(seen, expected(&body), "{size}");
+        // An edit in the middle (past the lead the memo is found by), in frames, ends
+        // the reuse where it is.
+        body["messages"][60]["content"] = json!("y".repeat(2000));
+        let (seen, reused) = read(&frames(&body, size));
+        assert_eq!(reused, 60, "{size}");
+        assert_eq!(seen, expected(&body), "{size}");
+    }
+}
+
+#[test]
+fn a_chain_over_frames_is_the_chain_over_the_bytes() {
+    let text: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let whole = Chunks::from(text.clone());
+    for size in [1, 16, 239, 241, 1024, 2999] {
+        let mut framed = Chunks::default();
+        for start in (0..text.len()).step_by(size) {
+            framed.push(Bytes::copy_from_slice(
+                &text[start..(start + size).min(text.len())],
+            ));
+        }
+        for range in [0..0, 0..3000, 5..245, 100..2900, 1500..1501] {
+            assert_eq!(
+                link(7, &framed, range.clone()),
+                link(7, &whole, range.clone()),
+                "{size} {range:?}"
+            );
+        }
+        assert_eq!(
+            lead_hash(&framed, 2048, 3),
+            lead_hash(&whole, 2048, 3),
+            "{size}"
+        );
+    }
 }

@@ -11,7 +11,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use handoff_plugin_api::{content_text, ModelClient};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -22,6 +21,7 @@ use super::{
     json_body, ChatRequest, Dialect, DialectError, DialectKind, KeyHeader, Markers, Message,
     RawMessage, StreamEnd, StreamReply,
 };
+use crate::base::chunks::Chunks;
 use crate::base::reply::{Assembled, CapturedReply};
 use crate::error::ApiError;
 
@@ -85,7 +85,8 @@ impl Dialect for StubDialect {
         "turns"
     }
 
-    fn parse_body(&self, body: &Bytes) -> Result<ChatRequest, DialectError> {
+    fn parse_body(&self, body: &Chunks) -> Result<ChatRequest, DialectError> {
+        let body = body.contiguous();
         let wire: Wire<'_> = json_body(body).map_err(|err| DialectError::json(API, err))?;
         let messages = wire
             .turns

@@ -14,7 +14,6 @@ mod summary;
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use handoff_plugin_api::ModelClient;
 use http::StatusCode;
 use serde::Deserialize;
@@ -28,6 +27,7 @@ use super::{
     ChatRequest, Dialect, DialectError, DialectKind, KeyHeader, Markers, Message, Opening, Role,
     StreamEnd, StreamReply,
 };
+use crate::base::chunks::Chunks;
 use crate::base::reply::Assembled;
 use crate::dialect::pair::CONTINUATION;
 use crate::error::ApiError;
@@ -140,7 +140,7 @@ impl Dialect for AnthropicMessages {
         content::push_part(part, push)
     }
 
-    fn parse_body(&self, body: &Bytes) -> Result<ChatRequest, DialectError> {
+    fn parse_body(&self, body: &Chunks) -> Result<ChatRequest, DialectError> {
         let reading = Reading::new(body, DialectKind::Anthropic);
         let wire: Wire<'_> = reading.json().map_err(|err| DialectError::json(API, err))?;
         let conversation = reading.messages(&wire.messages, |index, raw| {

@@ -24,6 +24,7 @@ use super::{
     ChatRequest, Dialect, DialectError, DialectKind, Markers, Message, Reading, Role, StreamEnd,
     StreamReply,
 };
+use crate::base::chunks::Chunks;
 use crate::base::reply::{Assembled, CapturedReply};
 use crate::error::ApiError;
 use crate::rewrite::Rewrite;
@@ -108,7 +109,7 @@ impl Dialect for OpenAiChat {
         content::push_part(part, push)
     }
 
-    fn parse_body(&self, body: &Bytes) -> Result<ChatRequest, DialectError> {
+    fn parse_body(&self, body: &Chunks) -> Result<ChatRequest, DialectError> {
         let reading = Reading::new(body, DialectKind::OpenAiChat);
         let wire: Wire<'_> = reading.json().map_err(|err| DialectError::json(API, err))?;
         let messages = reading.messages(&wire.messages, |index, raw| {
@@ -166,7 +167,7 @@ impl Dialect for OpenAiChat {
         Box::<StreamAssembler>::default()
     }
 
-    fn ask_usage(&self, body: &Bytes) -> Option<(Vec<Bytes>, Box<dyn Rewrite>)> {
+    fn ask_usage(&self, body: &Chunks) -> Option<(Vec<Bytes>, Box<dyn Rewrite>)> {
         Some((usage::ask(body)?, Box::<usage::StripUsage>::default()))
     }
 

@@ -8,31 +8,35 @@
 
 use bytes::{Bytes, BytesMut};
 
+use crate::base::chunks::Chunks;
+
 use crate::rewrite::Rewrite;
 
 /// The member handoff adds at the start of the body.
 const ASK: &[u8] = br#""stream_options":{"include_usage":true},"#;
 
-/// `body` (a JSON object) asking for usage in its stream, in two parts sent one after
-/// the other: its opening with the member handoff adds, then the rest of `body`,
-/// shared, not copied.
-pub fn ask(body: &Bytes) -> Option<Vec<Bytes>> {
-    let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
-    if body[open] != b'{' {
+/// `body` (a JSON object) asking for usage in its stream, in parts sent one after the
+/// other: its opening with the member handoff adds, then the rest of `body`, shared,
+/// not copied.
+pub fn ask(body: &Chunks) -> Option<Vec<Bytes>> {
+    let open = body.position(0, |b| !b.is_ascii_whitespace())?;
+    if body.byte(open)? != b'{' {
         return None;
     }
-    let mut head = BytesMut::with_capacity(open + 1 + ASK.len());
-    head.extend_from_slice(&body[..=open]);
-    let empty = body[open + 1..]
-        .iter()
-        .find(|b| !b.is_ascii_whitespace())
-        .is_some_and(|b| *b == b'}');
+    let mut head = Vec::with_capacity(open + 1 + ASK.len());
+    body.copy_into(0..open + 1, &mut head);
+    let empty = body
+        .position(open + 1, |b| !b.is_ascii_whitespace())
+        .and_then(|at| body.byte(at))
+        .is_some_and(|b| b == b'}');
     if empty {
         head.extend_from_slice(&ASK[..ASK.len() - 1]);
     } else {
         head.extend_from_slice(ASK);
     }
-    Some(vec![head.freeze(), body.slice(open + 1..)])
+    let mut parts = vec![Bytes::from(head)];
+    parts.extend(body.parts_of(open + 1..body.len()));
+    Some(parts)
 }
 
 /// Takes the usage handoff asked for out of an OpenAI chat stream, line by line.
@@ -221,8 +225,9 @@ mod tests {
 
     #[test]
     fn the_ask_opens_the_body() {
-        let asked =
-            |body: &'static [u8]| ask(&Bytes::from_static(body)).map(|parts| parts.concat());
+        let asked = |body: &'static [u8]| {
+            ask(&Chunks::from(Bytes::from_static(body))).map(|parts| parts.concat())
+        };
         assert_eq!(
             asked(b" {\"model\":\"m\"}").unwrap(),
             b" {\"stream_options\":{\"include_usage\":true},\"model\":\"m\"}"
@@ -232,5 +237,17 @@ mod tests {
             b"{\"stream_options\":{\"include_usage\":true} }"
         );
         assert!(asked(b"[1]").is_none());
+        // A body in frames is asked the same, its frames after the opening shared.
+        let text = b" { \"model\":\"m\", \"stream\":true}";
+        for cut in 0..=text.len() {
+            let mut chunks = Chunks::from(Bytes::from_static(&text[..cut]));
+            chunks.push(Bytes::from_static(&text[cut..]));
+            let parts = ask(&chunks).unwrap_or_default();
+            assert_eq!(
+                parts.concat(),
+                b" {\"stream_options\":{\"include_usage\":true}, \"model\":\"m\", \"stream\":true}",
+                "cut at {cut}"
+            );
+        }
     }
 }

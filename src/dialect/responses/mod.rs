@@ -15,7 +15,6 @@ mod summary;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use handoff_plugin_api::ModelClient;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -27,6 +26,7 @@ use super::{
     StreamReply,
 };
 use super::{RawMessage, Reading};
+use crate::base::chunks::Chunks;
 use crate::base::reply::Assembled;
 use crate::dialect::overflow::is_context_length_error;
 use crate::dialect::pair::CONTINUATION;
@@ -185,7 +185,7 @@ impl Dialect for OpenAiResponses {
         true
     }
 
-    fn parse_body(&self, body: &Bytes) -> Result<ChatRequest, DialectError> {
+    fn parse_body(&self, body: &Chunks) -> Result<ChatRequest, DialectError> {
         let reading = Reading::new(body, DialectKind::Responses);
         let wire: Wire<'_> = reading.json().map_err(|err| DialectError::json(API, err))?;
         let server_held = wire.previous_response_id.is_some()
