@@ -25,11 +25,11 @@ pub fn parts(parts: Vec<Bytes>) -> ProxyBody {
     Parts(parts.into()).boxed_unsync()
 }
 
-/// A body read as frames, sent on as those frames.
-pub fn chunked(body: Chunks) -> ProxyBody {
+/// A body read as frames, sent on as those frames (shared, not copied).
+pub fn chunked(body: &Chunks) -> ProxyBody {
     match body.parts() {
         [one] => full(one.clone()),
-        _ => parts(body.into_parts()),
+        many => parts(many.to_vec()),
     }
 }
 

@@ -31,9 +31,10 @@ pub async fn read_body(
         drain(body, limit);
         return Err(ApiError::body_too_large(limit));
     }
-    // The frames are kept as they came: most of a long body is bytes read before, which
-    // a reader of `Chunks` hashes or shares where they lie instead of copying.
-    let mut chunks = Chunks::default();
+    // The frames are kept as they came, and a long body's blocks digested as they arrive:
+    // most of a long body is bytes read before, which a reader then compares by those
+    // digests and shares where they lie, instead of reading and copying them again.
+    let mut chunks = Chunks::reading();
     let mut total = 0usize;
     let read = tokio::time::timeout(limits.body_timeout, async {
         while let Some(frame) = body.frame().await {

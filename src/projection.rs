@@ -220,9 +220,9 @@ impl ModelView<'_> {
 
     /// The request body with this view as its list (`messages`, `input`); the client's
     /// bytes when the view is the request itself.
-    pub fn render_body(&self, body: &Chunks) -> Result<Chunks, ProjectionError> {
+    pub fn render_body<'b>(&self, body: &'b Chunks) -> Result<Cow<'b, Chunks>, ProjectionError> {
         if self.compaction.is_none() && matches!(self.live, Cow::Borrowed(_)) {
-            return Ok(body.clone());
+            return Ok(Cow::Borrowed(body));
         }
         let known = self.list.clone().filter(|list| {
             body.byte(list.start) == Some(b'[')
@@ -246,7 +246,7 @@ impl ModelView<'_> {
         }
         out.push(b']');
         body.copy_into(end..body.len(), &mut out);
-        Ok(Chunks::from(out))
+        Ok(Cow::Owned(Chunks::from(out)))
     }
 }
 

@@ -5,11 +5,26 @@
 //! request, 14% of a long request's CPU. [`Chunks`] keeps the frames as hyper delivered
 //! them: a range inside one frame is shared, not copied, and the frames are joined only
 //! for a reader that needs one buffer, and then once.
+//!
+//! A body being read also digests each whole [`BLOCK`] of its bytes as its frames
+//! arrive, while they are still in cache ([`Chunks::reading`]): what a later reader
+//! compares to find the bytes a body repeats from an earlier one, without reading
+//! those bytes again.
 
+use std::borrow::Cow;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
 use std::ops::Range;
 use std::sync::OnceLock;
 
 use bytes::{Bytes, BytesMut};
+use xxhash_rust::xxh3::{xxh3_128_with_seed, Xxh3};
+
+/// The bytes each block digest covers.
+pub const BLOCK: usize = 4 << 10;
+
+/// A body shorter than this has no block digests: it is read faster than compared.
+pub const DIGESTED_FROM: usize = 32 << 10;
 
 /// A body as a list of frames, read as one run of bytes.
 #[derive(Debug, Clone, Default)]
@@ -20,6 +35,10 @@ pub struct Chunks {
     ends: Vec<usize>,
     /// The frames joined, once a reader needed one buffer.
     joined: OnceLock<Bytes>,
+    /// True when each block is digested as its frames arrive.
+    digesting: bool,
+    /// The digest of each whole block so far, once the body is [`DIGESTED_FROM`] long.
+    blocks: Vec<u128>,
 }
 
 impl From<Bytes> for Chunks {
@@ -37,6 +56,14 @@ impl From<Vec<u8>> for Chunks {
 }
 
 impl Chunks {
+    /// An empty body that digests its blocks as frames are pushed.
+    pub fn reading() -> Self {
+        Self {
+            digesting: true,
+            ..Self::default()
+        }
+    }
+
     /// Appends a frame.
     pub fn push(&mut self, part: Bytes) {
         if part.is_empty() {
@@ -46,6 +73,52 @@ impl Chunks {
         self.parts.push(part);
         self.ends.push(end);
         self.joined = OnceLock::new();
+        if self.digesting && end >= DIGESTED_FROM {
+            let whole = end / BLOCK;
+            while self.blocks.len() < whole {
+                let digest = self.block_digest(self.blocks.len());
+                self.blocks.push(digest);
+            }
+        }
+    }
+
+    /// The digest of each whole block, when the body is [`DIGESTED_FROM`] long:
+    /// those taken as it was read, or taken now.
+    pub fn blocks(&self) -> Cow<'_, [u128]> {
+        if self.len() < DIGESTED_FROM {
+            return Cow::Borrowed(&[]);
+        }
+        if self.digesting {
+            return Cow::Borrowed(&self.blocks);
+        }
+        Cow::Owned(
+            (0..self.len() / BLOCK)
+                .map(|block| self.block_digest(block))
+                .collect(),
+        )
+    }
+
+    /// The digest of the bytes of `range`, seeded per process, whichever frames hold
+    /// them; `None` past the end.
+    pub fn digest(&self, range: Range<usize>) -> Option<u128> {
+        if range.start > range.end || range.end > self.len() {
+            return None;
+        }
+        let seed = block_seed();
+        Some(match self.single(range.clone()) {
+            Some(bytes) => xxh3_128_with_seed(bytes, seed),
+            None => {
+                let mut hasher = Xxh3::with_seed(seed);
+                self.pieces(range).for_each(|piece| hasher.update(piece));
+                hasher.digest128()
+            }
+        })
+    }
+
+    /// The digest of block `block`, which the body holds whole.
+    fn block_digest(&self, block: usize) -> u128 {
+        self.digest(block * BLOCK..(block + 1) * BLOCK)
+            .unwrap_or_default()
     }
 
     /// The body's length in bytes.
@@ -61,11 +134,6 @@ impl Chunks {
     /// The frames, in order.
     pub fn parts(&self) -> &[Bytes] {
         &self.parts
-    }
-
-    /// The frames, given up.
-    pub fn into_parts(self) -> Vec<Bytes> {
-        self.parts
     }
 
     /// The whole body as one buffer: the frame itself when there is one, else the
@@ -84,14 +152,22 @@ impl Chunks {
         })
     }
 
+    /// The body in one buffer, when it is one already: a single frame, or joined.
+    fn whole(&self) -> Option<&Bytes> {
+        match self.parts.as_slice() {
+            [one] => Some(one),
+            _ => self.joined.get(),
+        }
+    }
+
     /// The bytes of `range` as one buffer: shared when they lie in one frame (or the
     /// body was joined), copied otherwise; `None` past the end.
     pub fn slice(&self, range: Range<usize>) -> Option<Bytes> {
         if range.start > range.end || range.end > self.len() {
             return None;
         }
-        if let Some(joined) = self.joined.get() {
-            return Some(joined.slice(range));
+        if let Some(whole) = self.whole() {
+            return Some(whole.slice(range));
         }
         if range.is_empty() {
             return Some(Bytes::new());
@@ -113,8 +189,8 @@ impl Chunks {
 
     /// The bytes of `range` when they lie in one frame (or the body was joined).
     pub fn single(&self, range: Range<usize>) -> Option<&[u8]> {
-        if let Some(joined) = self.joined.get() {
-            return joined.get(range);
+        if let Some(whole) = self.whole() {
+            return whole.get(range);
         }
         if range.is_empty() {
             return (range.end <= self.len()).then_some(&[][..]);
@@ -148,12 +224,19 @@ impl Chunks {
 
     /// The byte at `at`.
     pub fn byte(&self, at: usize) -> Option<u8> {
+        if let Some(whole) = self.whole() {
+            return whole.get(at).copied();
+        }
         let part = self.part_at(at);
         self.parts.get(part)?.get(at - self.start_of(part)).copied()
     }
 
     /// Where the first byte at or after `from` that `matches` lies.
     pub fn position(&self, from: usize, mut matches: impl FnMut(u8) -> bool) -> Option<usize> {
+        if let Some(whole) = self.whole() {
+            let found = whole.get(from..)?.iter().position(|b| matches(*b))?;
+            return Some(from + found);
+        }
         let mut at = from;
         for piece in self.pieces(from..self.len()) {
             if let Some(found) = piece.iter().position(|b| matches(*b)) {
@@ -166,6 +249,12 @@ impl Chunks {
 
     /// Where the last byte before `end` that `matches` lies.
     pub fn rposition(&self, end: usize, mut matches: impl FnMut(u8) -> bool) -> Option<usize> {
+        if let Some(whole) = self.whole() {
+            return whole
+                .get(..end.min(whole.len()))?
+                .iter()
+                .rposition(|b| matches(*b));
+        }
         let mut at = end.min(self.len());
         while at > 0 {
             let part = self.part_at(at - 1);
@@ -187,6 +276,9 @@ impl Chunks {
         else {
             return false;
         };
+        if let Some(whole) = self.single(start..end) {
+            return whole == bytes;
+        }
         let mut rest = bytes;
         self.pieces(start..end).all(|piece| {
             let (head, tail) = rest.split_at(piece.len().min(rest.len()));
@@ -228,6 +320,31 @@ impl Chunks {
         out
     }
 
+    /// The slices of `ranges`, in order and ascending, each as [`Chunks::slice`] gives it,
+    /// walking the frames once; `None` if one lies past the end.
+    pub fn slices(&self, ranges: impl Iterator<Item = Range<usize>>) -> Option<Vec<Bytes>> {
+        let mut out = Vec::with_capacity(ranges.size_hint().0);
+        let mut part = 0;
+        for range in ranges {
+            while self.ends.get(part).is_some_and(|end| *end <= range.start) {
+                part += 1;
+            }
+            let start = self.start_of(part);
+            let inside = self.joined.get().is_none()
+                && range.start >= start
+                && range.start < range.end
+                && self
+                    .parts
+                    .get(part)
+                    .is_some_and(|bytes| range.end - start <= bytes.len());
+            out.push(match (inside, self.parts.get(part)) {
+                (true, Some(bytes)) => bytes.slice(range.start - start..range.end - start),
+                _ => self.slice(range)?,
+            });
+        }
+        Some(out)
+    }
+
     /// The frame that holds byte `at` (`parts.len()` past the end).
     fn part_at(&self, at: usize) -> usize {
         self.ends.partition_point(|end| *end <= at)
@@ -240,6 +357,13 @@ impl Chunks {
             .copied()
             .unwrap_or(0)
     }
+}
+
+/// The seed of every body's digests: one per process, so no one can craft bytes whose
+/// digests agree with another body's.
+fn block_seed() -> u64 {
+    static SEED: OnceLock<u64> = OnceLock::new();
+    *SEED.get_or_init(|| RandomState::new().hash_one(0x626c_6f63_6b73_u64))
 }
 
 #[cfg(test)]
@@ -281,7 +405,6 @@ mod tests {
         let space = |b: u8| b.is_ascii_whitespace();
         for chunks in cuttings() {
             assert_eq!(chunks.len(), n);
-            assert_eq!(&chunks.contiguous()[..], TEXT);
             for start in 0..=n {
                 assert_eq!(chunks.byte(start), TEXT.get(start).copied());
                 assert_eq!(
@@ -312,6 +435,8 @@ mod tests {
                 }
             }
             assert!(!chunks.holds_at(1, &TEXT[..2]));
+            // Joined last: until then every reading above went through the frames.
+            assert_eq!(&chunks.contiguous()[..], TEXT);
         }
     }
 
@@ -341,5 +466,66 @@ mod tests {
         let joined = chunks.contiguous().as_ptr();
         let spanning = chunks.slice(8..12).unwrap_or_default();
         assert_eq!(spanning.as_ptr(), joined.wrapping_add(8));
+    }
+}
+
+#[cfg(test)]
+mod block_tests {
+    use super::*;
+
+    /// A body of `len` bytes, varied, cut into frames of `size`.
+    fn body(len: usize, size: usize, reading: bool) -> Chunks {
+        let text: Vec<u8> = (0..len).map(|i| (i * 31 % 253) as u8).collect();
+        let mut chunks = if reading {
+            Chunks::reading()
+        } else {
+            Chunks::default()
+        };
+        for start in (0..len).step_by(size) {
+            chunks.push(Bytes::copy_from_slice(
+                &text[start..(start + size).min(len)],
+            ));
+        }
+        chunks
+    }
+
+    #[test]
+    fn blocks_are_the_same_however_the_body_arrived() {
+        let len = DIGESTED_FROM + 5 * BLOCK + 123;
+        let whole = body(len, len, false).blocks().into_owned();
+        assert_eq!(whole.len(), len / BLOCK);
+        for size in [1, 7, 1000, BLOCK, BLOCK + 1, 20_000, len] {
+            assert_eq!(&*body(len, size, true).blocks(), &whole[..], "{size}");
+        }
+        // Each block's digest is its bytes' own: equal blocks, equal digests.
+        let repeated = Chunks::from(vec![7u8; DIGESTED_FROM]).blocks().into_owned();
+        assert!(repeated.windows(2).all(|pair| pair[0] == pair[1]));
+        assert_ne!(whole[0], whole[1]);
+    }
+
+    #[test]
+    fn a_short_body_has_no_blocks() {
+        assert!(body(DIGESTED_FROM - 1, 100, true).blocks().is_empty());
+        assert!(body(DIGESTED_FROM - 1, 100, false).blocks().is_empty());
+    }
+
+    #[test]
+    fn slices_walked_in_order_are_the_slices() {
+        let chunks = body(10_000, 777, false);
+        let ranges = [
+            0..5,
+            5..800,
+            800..2000,
+            2000..2000,
+            2100..2200,
+            9_990..10_000,
+        ];
+        let walked = chunks.slices(ranges.iter().cloned()).unwrap_or_default();
+        let each: Vec<Bytes> = ranges
+            .iter()
+            .filter_map(|r| chunks.slice(r.clone()))
+            .collect();
+        assert_eq!(walked, each);
+        assert!(chunks.slices([0..10, 9_999..10_001].into_iter()).is_none());
     }
 }

@@ -93,7 +93,7 @@ async fn run(
         // store.required is false and the log failed: the request goes as it came.
         let upstream = exchange.upstream().clone();
         let Exchange { parts, body, .. } = exchange;
-        return Ok(forward(&upstream, parts, chunked(body), log).await);
+        return Ok(forward(&upstream, parts, chunked(&body), log).await);
     };
     exchange.tracked = Some(tracked);
     let fitted = exchange.fit().await?;

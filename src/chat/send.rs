@@ -57,7 +57,7 @@ impl Exchange<'_> {
             };
             let (body, rewrite) = match asked {
                 Some((asked, rewrite)) => (parts(asked), Some(rewrite)),
-                None => (chunked(body), None),
+                None => (chunked(&body), None),
             };
             let request = upstream_request(
                 upstream,

@@ -3,18 +3,21 @@
 //! A client re-sends its whole conversation every turn, so a long body is mostly an
 //! earlier one plus a few messages, and scanning the repeated part again was most of
 //! a long request's CPU. After a body is read, a [`Memo`] keeps where each element of
-//! its list (`messages`, `input`) lay, the element's facts, and a chained hash of the
-//! body's bytes up to the element's end. A later body whose bytes agree up to some
-//! element's end takes those elements from the memo: the chain is checked over the new
-//! body's own bytes, nothing is assumed. serde then reads the body with those elements
-//! cut out (the fields, and the elements after them), and a body the cut reading
-//! refuses is read whole, so every error names its true place.
+//! its list (`messages`, `input`) lay, the element's facts, and the digests of the
+//! body's bytes up to the last element's end: one per whole block
+//! ([`Chunks::blocks`], taken as the body arrived) and one of the bytes after them. A
+//! later body whose bytes agree up to some element's end takes those elements from the
+//! memo: the digests compared are the new body's own, nothing is assumed. serde then
+//! reads the body with those elements cut out (the fields, and the elements after
+//! them), and a body the cut reading refuses is read whole, so every error names its
+//! true place.
 //!
 //! Only bodies of at least [`LEADS`]`[0]` bytes are remembered: a shorter one is read
-//! faster than it is looked up. Memos are found by a hash of the body's leading bytes
-//! at a few lengths, the longest first, with a few memos under each, so sessions that
-//! share a system prompt or a tool list still find their own.
+//! faster than it is looked up. Memos are found by a hash of the body's leading blocks'
+//! digests at a few lengths, the longest first, with a few memos under each, so
+//! sessions that share a system prompt or a tool list still find their own.
 
+use std::borrow::Cow;
 use std::cell::{Cell, OnceCell};
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -24,15 +27,15 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use serde_json::value::RawValue;
-use xxhash_rust::xxh3::{xxh3_128_with_seed, xxh3_64_with_seed, Xxh3};
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::message::Facts;
 use super::{json_body, DialectError, DialectKind, Message, RawMessage};
-use crate::base::chunks::Chunks;
+use crate::base::chunks::{Chunks, BLOCK, DIGESTED_FROM};
 
 /// The lengths of the leading bytes a memo is found by; the first is also the
 /// shortest body remembered.
-const LEADS: [usize; 4] = [32 << 10, 256 << 10, 2 << 20, 16 << 20];
+const LEADS: [usize; 4] = [DIGESTED_FROM, 256 << 10, 2 << 20, 16 << 20];
 
 /// Memos kept under one lead hash.
 const WAYS: u8 = 4;
@@ -52,14 +55,17 @@ pub fn size_prefix_cache(elements: usize) {
 struct Mark {
     /// Where its bytes lay in the body.
     span: Range<usize>,
-    /// The chained hash of the body's bytes up to `span.end`.
-    chain: u128,
     facts: Arc<Facts>,
 }
 
-/// A body's list as read: its elements in order.
+/// A body's list as read: its elements in order, and the digests of the bytes up to
+/// the last one's end.
 struct Memo {
     marks: Box<[Mark]>,
+    /// The digest of each whole block before the last element's end.
+    blocks: Box<[u128]>,
+    /// The digest of the bytes from those blocks' end to the last element's end.
+    rest: u128,
     /// Which of a lead's [`WAYS`] it is kept under.
     way: u8,
 }
@@ -72,13 +78,13 @@ struct ByElements;
 
 impl quick_cache::Weighter<Key, Arc<Memo>> for ByElements {
     fn weight(&self, _key: &Key, memo: &Arc<Memo>) -> u64 {
-        memo.marks.len() as u64 + 1
+        // A block's digest is about a quarter of an element's memory.
+        memo.marks.len() as u64 + memo.blocks.len() as u64 / 4 + 1
     }
 }
 
 struct Memos {
-    /// Seeds every hash, per process, so no one can craft bytes that agree with
-    /// another body's chain.
+    /// Seeds the lead hashes, per process, as [`Chunks`] seeds its digests.
     seed: u64,
     cache: quick_cache::sync::Cache<Key, Arc<Memo>, ByElements>,
 }
@@ -99,54 +105,23 @@ fn memos() -> &'static Memos {
     })
 }
 
-impl Memos {
-    /// The chain before any byte.
-    fn origin(&self) -> u128 {
-        u128::from(self.seed)
+/// How many of `memo`'s leading elements `body` (whose block digests are `blocks`)
+/// repeats byte for byte, with every byte before them.
+fn agreed(memo: &Memo, body: &Chunks, blocks: &[u128]) -> usize {
+    let same = memo
+        .blocks
+        .iter()
+        .zip(blocks)
+        .take_while(|(was, is)| was == is)
+        .count();
+    let last = memo.marks.last().map_or(0, |mark| mark.span.end);
+    let from = same * BLOCK;
+    if same == memo.blocks.len() && body.digest(from..last) == Some(memo.rest) {
+        return memo.marks.len();
     }
-}
-
-/// The next link of a chain: the bytes of `range` hashed with the chain so far as the
-/// seed. Bytes across frames are hashed as they lie, to the same value.
-fn link(chain: u128, body: &Chunks, range: Range<usize>) -> u128 {
-    let seed = (chain as u64) ^ ((chain >> 64) as u64);
-    match body.single(range.clone()) {
-        Some(bytes) => xxh3_128_with_seed(bytes, seed),
-        None => {
-            let mut hasher = Xxh3::with_seed(seed);
-            body.pieces(range).for_each(|piece| hasher.update(piece));
-            hasher.digest128()
-        }
-    }
-}
-
-/// The hash of `body`'s first `length` bytes; the caller checked it has them.
-fn lead_hash(body: &Chunks, length: usize, seed: u64) -> u64 {
-    match body.single(0..length) {
-        Some(bytes) => xxh3_64_with_seed(bytes, seed),
-        None => {
-            let mut hasher = Xxh3::with_seed(seed);
-            body.pieces(0..length)
-                .for_each(|piece| hasher.update(piece));
-            hasher.digest()
-        }
-    }
-}
-
-/// How many of `memo`'s leading elements `body` repeats byte for byte, with the
-/// bytes before each.
-fn agreed(memo: &Memo, body: &Chunks, origin: u128) -> usize {
-    let (mut chain, mut at) = (origin, 0);
     memo.marks
         .iter()
-        .take_while(|mark| {
-            if at > mark.span.end || mark.span.end > body.len() {
-                return false;
-            }
-            chain = link(chain, body, at..mark.span.end);
-            at = mark.span.end;
-            chain == mark.chain
-        })
+        .take_while(|mark| mark.span.end <= from)
         .count()
 }
 
@@ -179,10 +154,7 @@ impl Reuse {
             (close, b']') => close,
             _ => return None,
         };
-        let raws = memo.marks[..count]
-            .iter()
-            .map(|mark| body.slice(mark.span.clone()))
-            .collect::<Option<Vec<_>>>()?;
+        let raws = body.slices(memo.marks[..count].iter().map(|mark| mark.span.clone()))?;
         let mut text = Vec::with_capacity(start + body.len() - cut_end);
         body.copy_into(0..start, &mut text);
         body.copy_into(cut_end..body.len(), &mut text);
@@ -203,6 +175,8 @@ impl Reuse {
 pub struct Reading<'b> {
     body: &'b Chunks,
     kind: DialectKind,
+    /// The body's block digests.
+    blocks: Cow<'b, [u128]>,
     /// The body's hash of each of [`LEADS`] it is long enough for, hashed when needed.
     leads: [OnceCell<u64>; LEADS.len()],
     reuse: Option<Reuse>,
@@ -218,6 +192,7 @@ impl<'b> Reading<'b> {
         let mut reading = Self {
             body,
             kind,
+            blocks: body.blocks(),
             leads: Default::default(),
             reuse: None,
             whole: Cell::new(false),
@@ -237,7 +212,7 @@ impl<'b> Reading<'b> {
                 let Some(memo) = memos.cache.get(&(kind as u8, lead as u8, way, hash)) else {
                     continue;
                 };
-                let count = agreed(&memo, body, memos.origin());
+                let count = agreed(&memo, body, &reading.blocks);
                 let all = count == memo.marks.len();
                 if count > best.as_ref().map_or(0, |(most, _)| *most) {
                     best = Some((count, memo));
@@ -256,14 +231,15 @@ impl<'b> Reading<'b> {
         reading
     }
 
-    /// The body's hash of `LEADS[lead]` leading bytes, if it has that many.
+    /// The body's hash of `LEADS[lead]` leading bytes (of their blocks' digests), if it
+    /// has that many.
     fn lead(&self, lead: usize) -> Option<u64> {
-        let length = LEADS[lead];
-        if self.body.len() < length {
-            return None;
-        }
+        let digests = self.blocks.get(..LEADS[lead] / BLOCK)?;
         let seed = memos().seed;
-        Some(*self.leads[lead].get_or_init(|| lead_hash(self.body, length, seed)))
+        Some(*self.leads[lead].get_or_init(|| {
+            let bytes: Vec<u8> = digests.iter().flat_map(|d| d.to_le_bytes()).collect();
+            xxh3_64_with_seed(&bytes, seed)
+        }))
     }
 
     /// The body read as `W`: without the reused elements when there are some, so the
@@ -358,30 +334,32 @@ impl<'b> Reading<'b> {
         }
         let memos = memos();
         let reused = reuse.map_or(&[][..], |reuse| &reuse.memo.marks[..reuse.count]);
-        let (mut chain, mut at) = reused
-            .last()
-            .map_or((memos.origin(), 0), |mark| (mark.chain, mark.span.end));
+        let mut at = reused.last().map_or(0, |mark| mark.span.end);
         let mut marks = Vec::with_capacity(reused.len() + fresh.len());
         marks.extend_from_slice(reused);
         for (message, span) in fresh.iter().zip(spans) {
             let Some(span) = span.clone().filter(|span| span.start >= at) else {
                 break;
             };
-            chain = link(chain, self.body, at..span.end);
             at = span.end;
             marks.push(Mark {
                 span,
-                chain,
                 facts: message.shared_facts(),
             });
         }
+        let whole = (at / BLOCK).min(self.blocks.len());
+        let Some(rest) = self.body.digest(whole * BLOCK..at) else {
+            return;
+        };
         // A body that repeats most of a memo continues its session and takes its way;
         // one that shares only a lead (a system prompt, a tool list) takes its own.
         let way = reuse
             .filter(|reuse| reuse.count * 2 >= reuse.memo.marks.len())
-            .map_or((chain as u8) % WAYS, |reuse| reuse.memo.way);
+            .map_or((rest as u8) % WAYS, |reuse| reuse.memo.way);
         let memo = Arc::new(Memo {
             marks: marks.into_boxed_slice(),
+            blocks: self.blocks[..whole].into(),
+            rest,
             way,
         });
         for lead in (0..LEADS.len()).take_while(|&lead| LEADS[lead] <= at) {

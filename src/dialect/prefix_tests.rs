@@ -26,7 +26,7 @@ fn bytes(value: &Value) -> Chunks {
 /// `value`'s text cut into frames of `size` bytes, as a body may arrive.
 fn frames(value: &Value, size: usize) -> Chunks {
     let text = Bytes::from(value.to_string());
-    let mut chunks = Chunks::default();
+    let mut chunks = Chunks::reading();
     for start in (0..text.len()).step_by(size) {
         chunks.push(text.slice(start..(start + size).min(text.len())));
     }
@@ -91,6 +91,31 @@ fn the_next_turn_reuses_the_last_body_and_reads_only_what_it_added() {
     assert_eq!(reused, 123);
 }
 
+/// How many of `before`'s messages `after` repeats with every byte before them, in
+/// whole blocks: what a memo of `before` may give `after`.
+fn repeated(before: &Value, after: &Value) -> usize {
+    let (was, is) = (before.to_string(), after.to_string());
+    let same = was
+        .bytes()
+        .zip(is.bytes())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let agreed = same / crate::base::chunks::BLOCK * crate::base::chunks::BLOCK;
+    let mut at = 0;
+    before["messages"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .take_while(|message| {
+            let text = message.to_string();
+            at = was[at..]
+                .find(&text)
+                .map_or(usize::MAX, |found| at + found + text.len());
+            at <= agreed
+        })
+        .count()
+}
+
 #[test]
 fn a_message_edited_in_the_middle_ends_the_reuse_there() {
     let first = body("edited", 40, 2000);
@@ -98,7 +123,9 @@ fn a_message_edited_in_the_middle_ends_the_reuse_there() {
     let mut edited = first.clone();
     edited["messages"][60]["content"] = json!("x".repeat(1999) + "y");
     let (seen, reused) = read(&bytes(&edited));
-    assert_eq!(reused, 60);
+    // Up to the block the edit falls in: a few messages short of the edited one.
+    assert_eq!(reused, repeated(&first, &edited));
+    assert!((55..=60).contains(&reused), "{reused}");
     assert_eq!(seen, expected(&edited));
 }
 
@@ -185,35 +212,11 @@ fn a_body_in_frames_reads_as_the_same_body_in_one() {
         assert_eq!(seen, expected(&body), "{size}");
         // An edit in the middle (past the lead the memo is found by), in frames, ends
         // the reuse where it is.
+        let before = body.clone();
         body["messages"][60]["content"] = json!("y".repeat(2000));
         let (seen, reused) = read(&frames(&body, size));
-        assert_eq!(reused, 60, "{size}");
+        assert_eq!(reused, repeated(&before, &body), "{size}");
+        assert!((55..=60).contains(&reused), "{reused}");
         assert_eq!(seen, expected(&body), "{size}");
-    }
-}
-
-#[test]
-fn a_chain_over_frames_is_the_chain_over_the_bytes() {
-    let text: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 251) as u8).collect();
-    let whole = Chunks::from(text.clone());
-    for size in [1, 16, 239, 241, 1024, 2999] {
-        let mut framed = Chunks::default();
-        for start in (0..text.len()).step_by(size) {
-            framed.push(Bytes::copy_from_slice(
-                &text[start..(start + size).min(text.len())],
-            ));
-        }
-        for range in [0..0, 0..3000, 5..245, 100..2900, 1500..1501] {
-            assert_eq!(
-                link(7, &framed, range.clone()),
-                link(7, &whole, range.clone()),
-                "{size} {range:?}"
-            );
-        }
-        assert_eq!(
-            lead_hash(&framed, 2048, 3),
-            lead_hash(&whole, 2048, 3),
-            "{size}"
-        );
     }
 }
