@@ -18,7 +18,7 @@ use std::ops::Range;
 use std::sync::OnceLock;
 
 use bytes::{Bytes, BytesMut};
-use xxhash_rust::xxh3::{xxh3_128_with_seed, Xxh3};
+use twox_hash::XxHash3_128;
 
 /// The bytes each block digest covers.
 pub const BLOCK: usize = 4 << 10;
@@ -106,11 +106,11 @@ impl Chunks {
         }
         let seed = block_seed();
         Some(match self.single(range.clone()) {
-            Some(bytes) => xxh3_128_with_seed(bytes, seed),
+            Some(bytes) => XxHash3_128::oneshot_with_seed(seed, bytes),
             None => {
-                let mut hasher = Xxh3::with_seed(seed);
-                self.pieces(range).for_each(|piece| hasher.update(piece));
-                hasher.digest128()
+                let mut hasher = XxHash3_128::with_seed(seed);
+                self.pieces(range).for_each(|piece| hasher.write(piece));
+                hasher.finish_128()
             }
         })
     }

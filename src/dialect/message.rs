@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::Value;
-use xxhash_rust::xxh3::xxh3_128_with_seed;
+use twox_hash::XxHash3_128;
 
 use super::DialectKind;
 use crate::base::digest::{message_digest, MessageDigest};
@@ -281,7 +281,7 @@ impl Message {
         let api = dialect.api();
         let cache = facts_cache();
         let key = (
-            xxh3_128_with_seed(raw.as_bytes(), cache.seed),
+            XxHash3_128::oneshot_with_seed(cache.seed, raw.as_bytes()),
             dialect as u8,
         );
         if let Some(facts) = cache.entries.get(&key) {

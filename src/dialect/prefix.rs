@@ -27,7 +27,7 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use serde_json::value::RawValue;
-use xxhash_rust::xxh3::xxh3_64_with_seed;
+use twox_hash::XxHash3_64;
 
 use super::message::Facts;
 use super::{json_body, DialectError, DialectKind, Message, RawMessage};
@@ -238,7 +238,7 @@ impl<'b> Reading<'b> {
         let seed = memos().seed;
         Some(*self.leads[lead].get_or_init(|| {
             let bytes: Vec<u8> = digests.iter().flat_map(|d| d.to_le_bytes()).collect();
-            xxh3_64_with_seed(&bytes, seed)
+            XxHash3_64::oneshot_with_seed(seed, &bytes)
         }))
     }
 
