@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -11,6 +11,49 @@ use hyper::body::Incoming;
 use crate::base::chunks::Chunks;
 use crate::config::LimitsConfig;
 use crate::error::ApiError;
+
+/// Frames shorter than this are gathered into one before they are kept.
+const SMALL_FRAME: usize = 8 << 10;
+
+/// Small frames on their way into a [`Chunks`]: one is kept as it came (a small body
+/// is one frame, and is not copied), more are copied together up to [`SMALL_FRAME`].
+#[derive(Default)]
+struct Gathered {
+    one: Option<Bytes>,
+    many: BytesMut,
+}
+
+impl Gathered {
+    /// Takes a frame, keeping in `chunks` what is big enough.
+    fn add(&mut self, data: Bytes, chunks: &mut Chunks) {
+        if data.len() >= SMALL_FRAME {
+            self.flush(chunks);
+            chunks.push(data);
+            return;
+        }
+        if self.one.is_none() && self.many.is_empty() {
+            self.one = Some(data);
+            return;
+        }
+        if let Some(one) = self.one.take() {
+            self.many.extend_from_slice(&one);
+        }
+        self.many.extend_from_slice(&data);
+        if self.many.len() >= SMALL_FRAME {
+            chunks.push(self.many.split().freeze());
+        }
+    }
+
+    /// Keeps what is gathered in `chunks`.
+    fn flush(&mut self, chunks: &mut Chunks) {
+        if let Some(one) = self.one.take() {
+            chunks.push(one);
+        }
+        if !self.many.is_empty() {
+            chunks.push(self.many.split().freeze());
+        }
+    }
+}
 
 /// Reads a body within `limits.max_body_bytes` and `limits.body_timeout`.
 ///
@@ -34,7 +77,10 @@ pub async fn read_body(
     // The frames are kept as they came, and a long body's blocks digested as they arrive:
     // most of a long body is bytes read before, which a reader then compares by those
     // digests and shares where they lie, instead of reading and copying them again.
+    // Small frames are gathered first, so a body sent in tiny chunks is not kept as
+    // a frame (and its bookkeeping) per byte.
     let mut chunks = Chunks::reading();
+    let mut gathered = Gathered::default();
     let mut total = 0usize;
     let read = tokio::time::timeout(limits.body_timeout, async {
         while let Some(frame) = body.frame().await {
@@ -49,7 +95,7 @@ pub async fn read_body(
                 if total > limit {
                     return Ok(false);
                 }
-                chunks.push(data);
+                gathered.add(data, &mut chunks);
             }
         }
         Ok(true)
@@ -62,7 +108,10 @@ pub async fn read_body(
             drain(body, limit);
             Err(ApiError::body_too_large(limit))
         }
-        Ok(Ok(true)) => Ok(chunks),
+        Ok(Ok(true)) => {
+            gathered.flush(&mut chunks);
+            Ok(chunks)
+        }
     }
 }
 
@@ -104,6 +153,11 @@ mod tests {
     /// flushed apart so that they arrive as separate frames; `length` sends
     /// Content-Length, else the body is chunked.
     async fn read_back(pieces: &[&[u8]], length: bool) -> Vec<u8> {
+        read_frames(pieces, length).await.1
+    }
+
+    /// How many frames `read_body` kept of a body written in `pieces`, and the body.
+    async fn read_frames(pieces: &[&[u8]], length: bool) -> (usize, Vec<u8>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         tokio::spawn(async move {
@@ -111,11 +165,13 @@ mod tests {
             let service = service_fn(|request: Request<Incoming>| async move {
                 let (parts, body) = request.into_parts();
                 let read = read_body(body, &LimitsConfig::default(), &parts.headers).await;
-                let bytes = read.map_or_else(
-                    |err| Bytes::from(format!("error: {}", err.message)),
-                    |chunks| chunks.contiguous().clone(),
+                let (frames, bytes) = read.map_or_else(
+                    |err| (0, Bytes::from(format!("error: {}", err.message))),
+                    |chunks| (chunks.parts().len(), chunks.contiguous().clone()),
                 );
-                Ok::<_, Infallible>(Response::new(Full::new(bytes)))
+                let mut response = Response::new(Full::new(bytes));
+                response.headers_mut().insert("x-frames", frames.into());
+                Ok::<_, Infallible>(response)
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -148,7 +204,13 @@ mod tests {
         let mut answer = Vec::new();
         client.read_to_end(&mut answer).await.unwrap();
         let at = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-        answer.split_off(at + 4)
+        let head = String::from_utf8_lossy(&answer[..at]).to_lowercase();
+        let frames = head
+            .lines()
+            .find_map(|line| line.strip_prefix("x-frames: "))
+            .and_then(|count| count.trim().parse().ok())
+            .unwrap_or(usize::MAX);
+        (frames, answer.split_off(at + 4))
     }
 
     #[tokio::test]
@@ -164,6 +226,20 @@ mod tests {
             );
         }
         // One frame is passed on as it came.
-        assert_eq!(read_back(&[b"{}"], true).await, b"{}");
+        assert_eq!(read_frames(&[b"{}"], true).await, (1, b"{}".to_vec()));
+    }
+
+    #[tokio::test]
+    async fn a_body_in_tiny_chunks_is_kept_in_few_frames() {
+        let text: Vec<u8> = (0..40_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        let mut pieces: Vec<&[u8]> = text.chunks(3).take(60).collect();
+        pieces.push(&text[180..]);
+        let (frames, body) = read_frames(&pieces, false).await;
+        assert_eq!(body, text);
+        // 180 bytes in 60 chunks, then the rest in frames of hyper's reads.
+        assert!(
+            frames <= 1 + text.len() / SMALL_FRAME + 1,
+            "{frames} frames"
+        );
     }
 }
