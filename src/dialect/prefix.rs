@@ -237,7 +237,10 @@ impl<'b> Reading<'b> {
         let digests = self.blocks.get(..LEADS[lead] / BLOCK)?;
         let seed = memos().seed;
         Some(*self.leads[lead].get_or_init(|| {
-            let bytes: Vec<u8> = digests.iter().flat_map(|d| d.to_le_bytes()).collect();
+            let mut bytes = Vec::with_capacity(digests.len() * 16);
+            digests
+                .iter()
+                .for_each(|digest| bytes.extend_from_slice(&digest.to_le_bytes()));
             XxHash3_64::oneshot_with_seed(seed, &bytes)
         }))
     }
