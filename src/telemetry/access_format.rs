@@ -47,14 +47,8 @@ where
         {
             return self.inner.format_event(ctx, writer, event);
         }
-        // The text format's timestamp (RFC 3339, microseconds, UTC), without its
-        // field-by-field `write!`s.
-        write!(
-            writer,
-            "{}",
-            humantime::format_rfc3339_micros(std::time::SystemTime::now())
-        )?;
-        write!(writer, " {:>5} {ACCESS_TARGET}: ", meta.level().as_str())?;
+        write_timestamp(&mut writer, std::time::SystemTime::now())?;
+        writer.write_str(level_and_target(*meta.level()))?;
         let mut fields = Fields {
             writer: writer.by_ref(),
             first: true,
@@ -63,6 +57,45 @@ where
         event.record(&mut fields);
         fields.result?;
         writer.write_char('\n')
+    }
+}
+
+/// Writes the text format's timestamp (RFC 3339, microseconds, UTC). Its date and
+/// time to the second are formatted once per second per thread, not per line.
+fn write_timestamp(writer: &mut Writer<'_>, now: std::time::SystemTime) -> fmt::Result {
+    thread_local! {
+        /// The second last formatted, and its `YYYY-MM-DDTHH:MM:SS`.
+        static SECOND: std::cell::RefCell<(u64, String)> =
+            const { std::cell::RefCell::new((u64::MAX, String::new())) };
+    }
+    let since = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let mut fraction = *b".000000Z";
+    let mut micros = since.subsec_micros();
+    for digit in fraction[1..7].iter_mut().rev() {
+        *digit = b'0' + (micros % 10) as u8;
+        micros /= 10;
+    }
+    SECOND.with_borrow_mut(|(kept, text)| {
+        if *kept != since.as_secs() {
+            *text = humantime::format_rfc3339_seconds(now).to_string();
+            text.pop(); // its `Z`: the fraction comes first
+            *kept = since.as_secs();
+        }
+        writer.write_str(text)
+    })?;
+    writer.write_str(std::str::from_utf8(&fraction).unwrap_or(".000000Z"))
+}
+
+/// The text format's level, right-aligned in five columns, and the access target.
+fn level_and_target(level: tracing::Level) -> &'static str {
+    match level {
+        tracing::Level::TRACE => " TRACE handoff::access: ",
+        tracing::Level::DEBUG => " DEBUG handoff::access: ",
+        tracing::Level::INFO => "  INFO handoff::access: ",
+        tracing::Level::WARN => "  WARN handoff::access: ",
+        tracing::Level::ERROR => " ERROR handoff::access: ",
     }
 }
 
@@ -226,6 +259,43 @@ mod tests {
         };
         assert_eq!(shape(&lean), shape(&general), "{lean}\n{general}");
         assert_eq!(shape(&lean), "9999-99-99T99:99:99.999999Z");
+    }
+
+    #[test]
+    fn the_timestamp_is_humantimes_at_every_instant() {
+        use std::time::{Duration, UNIX_EPOCH};
+        // Within one second, across a second, a minute and a year, and fractions with
+        // leading zeros: the second kept from the line before must never be reused.
+        for micros in [
+            1_764_720_000_000_000_u64,
+            1_764_720_000_000_007,
+            1_764_720_000_999_999,
+            1_764_720_001_000_000,
+            1_764_720_059_123_456,
+            1_764_720_060_010_000,
+            1_767_225_599_999_999,
+            1_767_225_600_000_001,
+        ] {
+            let now = UNIX_EPOCH + Duration::from_micros(micros);
+            let mut line = String::new();
+            write_timestamp(&mut Writer::new(&mut line), now).unwrap();
+            assert_eq!(line, humantime::format_rfc3339_micros(now).to_string());
+        }
+    }
+
+    #[test]
+    fn every_level_is_padded_as_the_text_format_pads_it() {
+        use tracing::Level;
+        for level in [
+            Level::TRACE,
+            Level::DEBUG,
+            Level::INFO,
+            Level::WARN,
+            Level::ERROR,
+        ] {
+            let general = format!(" {:>5} {ACCESS_TARGET}: ", level.as_str());
+            assert_eq!(level_and_target(level), general);
+        }
     }
 
     #[test]
