@@ -9,6 +9,10 @@
 # load.
 #
 #   benches/e2e.sh [--duration SECONDS] [--rounds N] [--no-litellm] [--no-portkey] [--smoke]
+#                  [--handoff PATH]
+#
+# --handoff runs every handoff row on that binary (e.g. the profile-guided build of
+# scripts/pgo-build.sh) instead of target/release/handoff.
 #
 # "handoff-w1" is the same handoff with `workers = 1` (one current-thread runtime), and
 # "handoff-ws" with `workers = 0` (one work-stealing runtime), on the chat rows: the
@@ -33,7 +37,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DURATION=10 ROUNDS=3 LITELLM=1 PORTKEY=1
+DURATION=10 ROUNDS=3 LITELLM=1 PORTKEY=1 HANDOFF=target/release/handoff
 while [ $# -gt 0 ]; do
   case "$1" in
     --duration) DURATION=$2; shift ;;
@@ -41,6 +45,7 @@ while [ $# -gt 0 ]; do
     --no-litellm) LITELLM=0 ;;
     --no-portkey) PORTKEY=0 ;;
     --smoke) DURATION=1 ROUNDS=1 LITELLM=0 PORTKEY=0 ;;
+    --handoff) HANDOFF=$2; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -81,11 +86,11 @@ level = "warn"
 [models."bench-model"]
 context_window = 1000000
 TOML
-target/release/handoff serve --config "$WORK/handoff.toml" 2>"$WORK/handoff.log" & HANDOFF_PID=$!; PIDS+=($HANDOFF_PID)
+"$HANDOFF" serve --config "$WORK/handoff.toml" 2>"$WORK/handoff.log" & HANDOFF_PID=$!; PIDS+=($HANDOFF_PID)
 { echo "workers = 1"; sed -e "s/127.0.0.1:$HO/127.0.0.1:$HW/" -e "s#$WORK/data#$WORK/data-w1#" "$WORK/handoff.toml"; } > "$WORK/handoff-w1.toml"
-target/release/handoff serve --config "$WORK/handoff-w1.toml" 2>"$WORK/handoff-w1.log" & HW_PID=$!; PIDS+=($HW_PID)
+"$HANDOFF" serve --config "$WORK/handoff-w1.toml" 2>"$WORK/handoff-w1.log" & HW_PID=$!; PIDS+=($HW_PID)
 { echo "workers = 0"; sed -e "s/127.0.0.1:$HO/127.0.0.1:$HS/" -e "s#$WORK/data#$WORK/data-ws#" "$WORK/handoff.toml"; } > "$WORK/handoff-ws.toml"
-target/release/handoff serve --config "$WORK/handoff-ws.toml" 2>"$WORK/handoff-ws.log" & HS_PID=$!; PIDS+=($HS_PID)
+"$HANDOFF" serve --config "$WORK/handoff-ws.toml" 2>"$WORK/handoff-ws.log" & HS_PID=$!; PIDS+=($HS_PID)
 target/release/bench-floor "127.0.0.1:$HF" "http://127.0.0.1:$UP" "$(nproc)" & HF_PID=$!; PIDS+=($HF_PID)
 
 PG=0
@@ -97,7 +102,7 @@ if [ -n "$PGBIN" ] && [ -x "$PGBIN/initdb" ]; then
   "${AS_PG[@]}" "$PGBIN/pg_ctl" -D "$WORK/pg/data" -o "-p $PGPORT -k $WORK/pg -c listen_addresses=127.0.0.1" -l "$WORK/pg/log" -w start >/dev/null
   sed -e "s/127.0.0.1:$HO/127.0.0.1:$HP/" -e "s#$WORK/data#$WORK/data-pg#" "$WORK/handoff.toml" > "$WORK/handoff-pg.toml"
   printf '[store]\nbackend = "postgres"\nurl = "postgres://postgres@127.0.0.1:%s/postgres"\n' "$PGPORT" >> "$WORK/handoff-pg.toml"
-  target/release/handoff serve --config "$WORK/handoff-pg.toml" 2>"$WORK/handoff-pg.log" & HP_PID=$!; PIDS+=($HP_PID)
+  "$HANDOFF" serve --config "$WORK/handoff-pg.toml" 2>"$WORK/handoff-pg.log" & HP_PID=$!; PIDS+=($HP_PID)
 fi
 # Statement logging on or off (reloaded at once by every session): while it is on, the
 # server log has one line per statement handoff sends.
