@@ -6,7 +6,11 @@
 # inlined and branched the way traffic goes. See BENCHMARKS.md ("ninth session") for
 # what it saves.
 #
-#   scripts/pgo-build.sh [--out PATH]        default: target/pgo/handoff
+#   scripts/pgo-build.sh [--bolt] [--out PATH]        default: target/pgo/handoff
+#
+# --bolt then lays the optimised binary out again with BOLT (llvm-bolt, Debian's
+# bolt-N), from a profile of the same load taken by BOLT's instrumentation: the code
+# each request runs packed into fewer pages, cold code split off.
 #
 # Needs python3 and an llvm-profdata of rustc's LLVM major version: $LLVM_PROFDATA,
 # rustup's (rustup component add llvm-tools), llvm-profdata-N or /usr/lib/llvm-N
@@ -14,10 +18,11 @@
 # (target/pgo-generate, target/pgo-use), so the ordinary build's cache is untouched.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=target/pgo/handoff
+OUT=target/pgo/handoff BOLT=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT=$2; shift ;;
+    --bolt) BOLT=1 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -34,11 +39,23 @@ done
   echo "no llvm-profdata for LLVM $major: rustup component add llvm-tools, or apt-get install llvm-$major" >&2
   exit 1
 }
+LLVM_BOLT=""
+if [ "$BOLT" = 1 ]; then
+  for candidate in "${LLVM_BOLT_BIN:-}" "$(command -v llvm-bolt || true)" "$(command -v "llvm-bolt-$major" || true)" \
+    "/usr/lib/llvm-$major/bin/llvm-bolt"; do
+    if [ -n "$candidate" ] && [ -x "$candidate" ]; then LLVM_BOLT=$candidate; break; fi
+  done
+  [ -n "$LLVM_BOLT" ] || { echo "--bolt: no llvm-bolt (apt-get install bolt-$major)" >&2; exit 1; }
+fi
 
 WORK=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 cargo build --release --quiet --bin bench-upstream -p mock-upstream
-RUSTFLAGS="-Cprofile-generate=$WORK/raw" \
+# The instrumented build writes its profiles to a fixed path, so it is rebuilt only when
+# the sources change; the optimised one reads a new path each time, so it always is.
+RAW=target/pgo-generate/profiles
+rm -rf "$RAW"
+RUSTFLAGS="-Cprofile-generate=$PWD/$RAW" \
   cargo build --release --quiet --bin handoff -p handoff --target-dir target/pgo-generate
 
 python3 benches/e2e/bodies.py "$WORK"
@@ -56,17 +73,35 @@ context_window = 1000000
 [models."train-compact"]
 context_window = 60000
 TOML
-target/pgo-generate/release/handoff serve --config "$WORK/handoff.toml" 2>"$WORK/handoff.log" &
-pid=$!
-for _ in $(seq 1 300); do (echo > "/dev/tcp/127.0.0.1/$HO") 2>/dev/null && break; sleep 0.1; done
-python3 scripts/pgo_train.py "127.0.0.1:$HO" "$WORK" || { tail -20 "$WORK/handoff.log" >&2; exit 1; }
-# The profile is written at exit: SIGTERM drains and exits cleanly.
-kill -TERM "$pid"
-wait "$pid"
-"$PROFDATA" merge -o "$WORK/handoff.profdata" "$WORK/raw"
+# Serves the training load with BINARY, and exits it cleanly: the profiles are written
+# at exit, and SIGTERM drains and exits.
+train() {
+  local pid
+  rm -rf "$WORK/data"
+  "$1" serve --config "$WORK/handoff.toml" 2>"$WORK/handoff.log" &
+  pid=$!
+  for _ in $(seq 1 300); do (echo > "/dev/tcp/127.0.0.1/$HO") 2>/dev/null && break; sleep 0.1; done
+  python3 scripts/pgo_train.py "127.0.0.1:$HO" "$WORK" || { tail -20 "$WORK/handoff.log" >&2; exit 1; }
+  kill -TERM "$pid"
+  wait "$pid"
+}
+train target/pgo-generate/release/handoff
+"$PROFDATA" merge -o "$WORK/handoff.profdata" "$RAW"
 
-RUSTFLAGS="-Cprofile-use=$WORK/handoff.profdata -Cllvm-args=-pgo-warn-missing-function=false" \
-  cargo build --release --quiet --bin handoff -p handoff --target-dir target/pgo-use
+USE_FLAGS="-Cprofile-use=$WORK/handoff.profdata -Cllvm-args=-pgo-warn-missing-function=false"
+# BOLT moves functions only in a binary that kept its relocations.
+if [ "$BOLT" = 1 ]; then USE_FLAGS="$USE_FLAGS -Clink-arg=-Wl,--emit-relocs"; fi
+RUSTFLAGS="$USE_FLAGS" cargo build --release --quiet --bin handoff -p handoff --target-dir target/pgo-use
 mkdir -p "$(dirname "$OUT")"
-cp target/pgo-use/release/handoff "$OUT"
+if [ "$BOLT" = 1 ]; then
+  # BOLT's warnings (about ring's assembly, mimalloc's cold splits) are kept for a failure.
+  "$LLVM_BOLT" target/pgo-use/release/handoff -instrument -o "$WORK/handoff.instrumented" \
+    --instrumentation-file="$WORK/bolt.fdata" >"$WORK/bolt.log" 2>&1 || { tail -20 "$WORK/bolt.log" >&2; exit 1; }
+  train "$WORK/handoff.instrumented"
+  "$LLVM_BOLT" target/pgo-use/release/handoff -o "$OUT" -data="$WORK/bolt.fdata" \
+    -reorder-blocks=ext-tsp -reorder-functions=cdsort -split-functions -split-all-cold \
+    -split-eh -icf=1 -use-gnu-stack >"$WORK/bolt.log" 2>&1 || { tail -20 "$WORK/bolt.log" >&2; exit 1; }
+else
+  cp target/pgo-use/release/handoff "$OUT"
+fi
 echo "$OUT"
