@@ -7,6 +7,10 @@
 # what it saves.
 #
 #   scripts/pgo-build.sh [--bolt] [--out PATH]        default: target/pgo/handoff
+#   scripts/pgo-build.sh --check     only the training load, on target/release/handoff
+#
+# --check is what CI runs: a training load that no longer gets the answers it expects
+# (an API changed) fails there, not in the next deployment's build.
 #
 # --bolt then lays the optimised binary out again with BOLT (llvm-bolt, Debian's
 # bolt-N), from a profile of the same load taken by BOLT's instrumentation: the code
@@ -18,34 +22,37 @@
 # (target/pgo-generate, target/pgo-use), so the ordinary build's cache is untouched.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=target/pgo/handoff BOLT=0
+OUT=target/pgo/handoff BOLT=0 CHECK=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT=$2; shift ;;
     --bolt) BOLT=1 ;;
+    --check) CHECK=1 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
 done
 
 major=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
-host=$(rustc -vV | sed -n 's/^host: //p')
-PROFDATA=""
-for candidate in "${LLVM_PROFDATA:-}" "$(rustc --print sysroot)/lib/rustlib/$host/bin/llvm-profdata" \
-  "$(command -v "llvm-profdata-$major" || true)" "/usr/lib/llvm-$major/bin/llvm-profdata"; do
-  if [ -n "$candidate" ] && [ -x "$candidate" ]; then PROFDATA=$candidate; break; fi
-done
-[ -n "$PROFDATA" ] || {
-  echo "no llvm-profdata for LLVM $major: rustup component add llvm-tools, or apt-get install llvm-$major" >&2
-  exit 1
-}
-LLVM_BOLT=""
-if [ "$BOLT" = 1 ]; then
-  for candidate in "${LLVM_BOLT_BIN:-}" "$(command -v llvm-bolt || true)" "$(command -v "llvm-bolt-$major" || true)" \
-    "/usr/lib/llvm-$major/bin/llvm-bolt"; do
-    if [ -n "$candidate" ] && [ -x "$candidate" ]; then LLVM_BOLT=$candidate; break; fi
+if [ "$CHECK" = 0 ]; then
+  host=$(rustc -vV | sed -n 's/^host: //p')
+  PROFDATA=""
+  for candidate in "${LLVM_PROFDATA:-}" "$(rustc --print sysroot)/lib/rustlib/$host/bin/llvm-profdata" \
+    "$(command -v "llvm-profdata-$major" || true)" "/usr/lib/llvm-$major/bin/llvm-profdata"; do
+    if [ -n "$candidate" ] && [ -x "$candidate" ]; then PROFDATA=$candidate; break; fi
   done
-  [ -n "$LLVM_BOLT" ] || { echo "--bolt: no llvm-bolt (apt-get install bolt-$major)" >&2; exit 1; }
+  [ -n "$PROFDATA" ] || {
+    echo "no llvm-profdata for LLVM $major: rustup component add llvm-tools, or apt-get install llvm-$major" >&2
+    exit 1
+  }
+  LLVM_BOLT=""
+  if [ "$BOLT" = 1 ]; then
+    for candidate in "${LLVM_BOLT_BIN:-}" "$(command -v llvm-bolt || true)" "$(command -v "llvm-bolt-$major" || true)" \
+      "/usr/lib/llvm-$major/bin/llvm-bolt"; do
+      if [ -n "$candidate" ] && [ -x "$candidate" ]; then LLVM_BOLT=$candidate; break; fi
+    done
+    [ -n "$LLVM_BOLT" ] || { echo "--bolt: no llvm-bolt (apt-get install bolt-$major)" >&2; exit 1; }
+  fi
 fi
 
 WORK=$(mktemp -d)
@@ -54,9 +61,13 @@ cargo build --release --quiet --bin bench-upstream -p mock-upstream
 # The instrumented build writes its profiles to a fixed path, so it is rebuilt only when
 # the sources change; the optimised one reads a new path each time, so it always is.
 RAW=target/pgo-generate/profiles
-rm -rf "$RAW"
-RUSTFLAGS="-Cprofile-generate=$PWD/$RAW" \
-  cargo build --release --quiet --bin handoff -p handoff --target-dir target/pgo-generate
+if [ "$CHECK" = 1 ]; then
+  cargo build --release --quiet --bin handoff -p handoff
+else
+  rm -rf "$RAW"
+  RUSTFLAGS="-Cprofile-generate=$PWD/$RAW" \
+    cargo build --release --quiet --bin handoff -p handoff --target-dir target/pgo-generate
+fi
 
 python3 benches/e2e/bodies.py "$WORK"
 UP=18250 HO=18251
@@ -85,6 +96,11 @@ train() {
   kill -TERM "$pid"
   wait "$pid"
 }
+if [ "$CHECK" = 1 ]; then
+  train target/release/handoff
+  echo "the training load got the answers it expects"
+  exit 0
+fi
 train target/pgo-generate/release/handoff
 "$PROFDATA" merge -o "$WORK/handoff.profdata" "$RAW"
 

@@ -69,5 +69,15 @@ streams = [subprocess.Popen([sys.executable, probe, host, port, "4", api], stdou
 if any(stream.wait() != 0 for stream in streams):
     failures.append("a stream probe failed")
 
+# The compacting conversation must have compacted, or the profile lacks that path.
+connection = http.client.HTTPConnection(host, int(port))
+connection.request("GET", "/handoff/metrics")
+metrics = connection.getresponse().read().decode()
+compactions = sum(
+    float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("handoff_compactions_total")
+)
+if compactions == 0:
+    failures.append("the growing conversation was never compacted")
+
 if failures:
     sys.exit(f"training load: {len(failures)} unexpected answers, first: {failures[0]}")
