@@ -12,7 +12,8 @@
 #                  [--handoff PATH]
 #
 # --handoff runs every handoff row on that binary (e.g. the profile-guided build of
-# scripts/pgo-build.sh) instead of target/release/handoff.
+# scripts/pgo-build.sh) instead of target/release/handoff, which then runs beside them
+# as "handoff-plain" (chat rows), so one run compares the two builds.
 #
 # "handoff-w1" is the same handoff with `workers = 1` (one current-thread runtime), and
 # "handoff-ws" with `workers = 0` (one work-stealing runtime), on the chat rows: the
@@ -66,7 +67,7 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-UP=18000 HO=18001 NG=18002 LL=18003 HP=18004 PGPORT=18005 PK=18006 HW=18007 HS=18008 HF=18009
+UP=18000 HO=18001 NG=18002 LL=18003 HP=18004 PGPORT=18005 PK=18006 HW=18007 HS=18008 HF=18009 HX=18010
 command -v node >/dev/null || PORTKEY=0
 
 cargo build --release --quiet --bin handoff -p handoff
@@ -91,6 +92,12 @@ TOML
 "$HANDOFF" serve --config "$WORK/handoff-w1.toml" 2>"$WORK/handoff-w1.log" & HW_PID=$!; PIDS+=($HW_PID)
 { echo "workers = 0"; sed -e "s/127.0.0.1:$HO/127.0.0.1:$HS/" -e "s#$WORK/data#$WORK/data-ws#" "$WORK/handoff.toml"; } > "$WORK/handoff-ws.toml"
 "$HANDOFF" serve --config "$WORK/handoff-ws.toml" 2>"$WORK/handoff-ws.log" & HS_PID=$!; PIDS+=($HS_PID)
+PLAIN=0
+if [ "$HANDOFF" != target/release/handoff ]; then
+  PLAIN=1
+  sed -e "s/127.0.0.1:$HO/127.0.0.1:$HX/" -e "s#$WORK/data#$WORK/data-plain#" "$WORK/handoff.toml" > "$WORK/handoff-plain.toml"
+  target/release/handoff serve --config "$WORK/handoff-plain.toml" 2>"$WORK/handoff-plain.log" & HX_PID=$!; PIDS+=($HX_PID)
+fi
 target/release/bench-floor "127.0.0.1:$HF" "http://127.0.0.1:$UP" "$(nproc)" & HF_PID=$!; PIDS+=($HF_PID)
 
 PG=0
@@ -156,6 +163,7 @@ fi
 for port in $UP $HO $HW $HS $HF $NG; do wait_port "$port"; done
 if [ "$PORTKEY" = 1 ]; then wait_port "$PK"; fi
 if [ "$PG" = 1 ]; then wait_port "$HP"; fi
+if [ "$PLAIN" = 1 ]; then wait_port "$HX"; fi
 if [ "$LITELLM" = 1 ]; then wait_port "$LL"; fi
 sleep 1
 IDLE_RSS=$(ps -o rss= -p "$HANDOFF_PID")
@@ -182,6 +190,7 @@ target_pid() {
     handoff-pg) echo "${HP_PID:-}" ;;
     handoff-w1) echo "$HW_PID" ;;
     handoff-ws) echo "$HS_PID" ;;
+    handoff-plain) echo "${HX_PID:-}" ;;
     floor) echo "$HF_PID" ;;
     nginx) cat "$WORK/nginx.pid" ;;
     litellm) echo "${LL_PID:-}" ;;
@@ -222,11 +231,13 @@ PY
 PEERS=(direct handoff nginx)
 [ "$PORTKEY" = 1 ] && PEERS+=(portkey)
 TARGETS=("${PEERS[@]}" handoff-w1 handoff-ws floor)
+[ "$PLAIN" = 1 ] && TARGETS+=(handoff-plain)
 [ "$LITELLM" = 1 ] && TARGETS+=(litellm)
 [ "$PG" = 1 ] && TARGETS+=(handoff-pg)
 REPEATED=("${PEERS[@]}" handoff-w1 handoff-ws floor)
+[ "$PLAIN" = 1 ] && REPEATED+=(handoff-plain)
 [ "$PG" = 1 ] && REPEATED+=(handoff-pg)
-declare -A PORT=([direct]=$UP [handoff]=$HO [nginx]=$NG [litellm]=$LL [handoff-pg]=$HP [portkey]=$PK [handoff-w1]=$HW [handoff-ws]=$HS [floor]=$HF)
+declare -A PORT=([direct]=$UP [handoff]=$HO [nginx]=$NG [litellm]=$LL [handoff-pg]=$HP [portkey]=$PK [handoff-w1]=$HW [handoff-ws]=$HS [floor]=$HF [handoff-plain]=$HX)
 RESULTS="$WORK/results.txt"
 # Every handoff sends each body once before the runs, with the conversation id the runs
 # use: the runs then repeat what the store has, and the first request's one-off work
@@ -254,6 +265,7 @@ warm() { # port
 warm "$HO"
 warm "$HW"
 warm "$HS"
+if [ "$PLAIN" = 1 ]; then warm "$HX"; fi
 if [ "$PG" = 1 ]; then
   warm "$HP"
   pg_log_statements all
@@ -319,7 +331,7 @@ def wrk(kind, target):
     vals = [list(map(float, r.split())) for r in rows.get((kind, target), [])]
     return [med([v[i] for v in vals if len(v) > i]) for i in range(5)] if vals else None
 print(f"Medians of {rounds} interleaved round(s) of {duration}s each.\n")
-ALL = ["direct", "handoff", "handoff-w1", "handoff-ws", "handoff-pg", "floor", "nginx", "portkey", "litellm"]
+ALL = ["direct", "handoff", "handoff-w1", "handoff-ws", "handoff-plain", "handoff-pg", "floor", "nginx", "portkey", "litellm"]
 def table(title, kind, errors=False):
     got = {t: wrk(kind, t) for t in ALL}
     got = {t: v for t, v in got.items() if v}
@@ -329,7 +341,7 @@ def table(title, kind, errors=False):
         print(f"| {t} | {v[0]:.0f} | {v[1]:.3f} | {v[2]:.3f} |" + (f" {v[3]:.0f} |" if errors else "") + f" {v[4]:.0f} |")
     return got
 def ratios(label, got):
-    for name in ("handoff", "handoff-w1", "handoff-ws"):
+    for name in ("handoff", "handoff-w1", "handoff-ws", "handoff-plain"):
         h, n = got.get(name), got.get("nginx")
         if not (h and n):
             continue
@@ -359,7 +371,7 @@ streams("chat streaming (64 deltas, 20 ms apart)", "stream")
 c1 = table("small chat, 1 connection", "c1")
 c1long = table("long conversation, 1 connection", "c1long")
 for name, got in (("small", c1), ("long", c1long)):
-    for proxy in ("handoff", "handoff-w1", "handoff-ws", "floor"):
+    for proxy in ("handoff", "handoff-w1", "handoff-ws", "handoff-plain", "floor"):
         if got.get(proxy) and got.get("direct"):
             h, d, n = got[proxy], got["direct"], got.get("nginx")
             print(f"\nc=1 {name}: latency added by {proxy} over direct p50 {h[1] - d[1]:.3f} ms, p99 {h[2] - d[2]:.3f} ms"
