@@ -79,7 +79,10 @@ fn write_timestamp(writer: &mut Writer<'_>, now: std::time::SystemTime) -> fmt::
     }
     SECOND.with_borrow_mut(|(kept, text)| {
         if *kept != since.as_secs() {
-            *text = humantime::format_rfc3339_seconds(now).to_string();
+            // From the whole seconds since the epoch, not `now`: humantime panics on a
+            // clock set before 1970, and this runs in a request's drop.
+            let second = std::time::UNIX_EPOCH + std::time::Duration::from_secs(since.as_secs());
+            *text = humantime::format_rfc3339_seconds(second).to_string();
             text.pop(); // its `Z`: the fraction comes first
             *kept = since.as_secs();
         }
@@ -281,6 +284,14 @@ mod tests {
             write_timestamp(&mut Writer::new(&mut line), now).unwrap();
             assert_eq!(line, humantime::format_rfc3339_micros(now).to_string());
         }
+    }
+
+    #[test]
+    fn a_clock_before_the_epoch_writes_the_epoch() {
+        let now = std::time::UNIX_EPOCH - std::time::Duration::from_secs(5);
+        let mut line = String::new();
+        write_timestamp(&mut Writer::new(&mut line), now).unwrap();
+        assert_eq!(line, "1970-01-01T00:00:00.000000Z");
     }
 
     #[test]
