@@ -78,6 +78,7 @@ impl ReplyTarget {
                     })
                 });
         let batch = CapturedReplies {
+            dialect: self.dialect,
             parent: self.parent,
             model: self.model.clone(),
             usage,

@@ -31,7 +31,7 @@ use crate::base::digest::{
 use crate::base::line::{Entry, Line, MessageLine, PinnedLine, RequestLine, Source};
 use crate::base::record::CompactionRecord;
 use crate::dialect::echo::{echo_digest, turn_forms};
-use crate::dialect::{ChatRequest, DialectKind, Message};
+use crate::dialect::{ChatRequest, DialectKind, Message, RawMessage};
 use crate::store::{Committed, Lease, Store, StoreError};
 use crate::tenant::TenantId;
 
@@ -370,10 +370,9 @@ impl Tracker {
         let mut parent = batch.parent;
         let mut read = Vec::with_capacity(batch.replies.len());
         for reply in batch.replies {
-            let value: Value = serde_json::from_str(reply.message.get())?;
-            let message_digest = message_digest(&value);
+            let (message_digest, echo) = reply_digests(batch.dialect, &reply)?;
             let digest = next_prefix(parent.as_ref(), &message_digest);
-            read.push((reply, value, message_digest, digest, parent));
+            read.push((reply, echo, message_digest, digest, parent));
             if batch.sequence {
                 parent = Some(digest);
             }
@@ -382,12 +381,12 @@ impl Tracker {
         let mut state = entry.lock().await;
         let mut lines = Vec::with_capacity(read.len());
         let mut added = Vec::with_capacity(read.len());
-        for (reply, value, message_digest, digest, this_parent) in read {
+        for (reply, echo, message_digest, digest, this_parent) in read {
             if state.known.contains(&digest) || added.iter().any(|(d, _, _, _)| *d == digest) {
                 // The same reply twice (a cached answer, n > 1 with equal choices).
                 continue;
             }
-            added.push((digest, message_digest, value, this_parent));
+            added.push((digest, message_digest, echo, this_parent));
             lines.push(Line::now(Entry::Message(MessageLine {
                 digest,
                 parent: this_parent,
@@ -405,9 +404,9 @@ impl Tracker {
         if !lines.is_empty() {
             self.store.append(id, lines).await?;
         }
-        for (digest, message_digest, value, parent) in added {
+        for (digest, message_digest, echo, parent) in added {
             state.known.insert(digest);
-            state.remember_echo(parent, echo_digest(&value), message_digest, digest);
+            state.remember_echo(parent, echo, message_digest, digest);
         }
         // `parent` is now the last item of the response: what a follow-up continues. A
         // server-side conversation moves on to it too; a response id stays where it is.
@@ -503,6 +502,21 @@ impl Tracker {
     }
 }
 
+/// A reply's message digest and echo digest. Read through the dialect's facts cache, so
+/// a reply is parsed once and a client that echoes it byte for byte finds it parsed; a
+/// reply no request could carry as it is (no role) is parsed here and not cached.
+fn reply_digests(
+    dialect: DialectKind,
+    reply: &CapturedReply,
+) -> Result<(MessageDigest, Option<MessageDigest>), StoreError> {
+    let raw = RawMessage::from(reply.message.get().to_owned());
+    if let Ok(message) = dialect.get().read_reply(raw) {
+        return Ok((message.digest(), message.echo_digest()));
+    }
+    let value: Value = serde_json::from_str(reply.message.get())?;
+    Ok((message_digest(&value), echo_digest(&value)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -573,5 +587,51 @@ mod tests {
             &serde_json::json!({"role": "user", "content": "new"}),
         ));
         assert_eq!(state.prefixes_of(&next), prefix_digests(&next));
+    }
+
+    fn reply(message: &str) -> CapturedReply {
+        CapturedReply {
+            message: serde_json::value::RawValue::from_string(message.to_owned()).unwrap(),
+            finish_reason: None,
+            choice: 0,
+        }
+    }
+
+    /// Reads `raw` as a request message whose role no one may ask for: it succeeds
+    /// only when the facts of these bytes are already cached.
+    fn cached(dialect: DialectKind, raw: &str) -> Option<MessageDigest> {
+        let refuse = |_: &Value| Err(crate::dialect::DialectError::MissingRole { index: 0 });
+        Message::read(RawMessage::from(raw.to_owned()), dialect, refuse)
+            .ok()
+            .map(|m| m.digest())
+    }
+
+    #[test]
+    fn a_reply_is_parsed_once_and_its_byte_for_byte_echo_finds_it() {
+        let chat = r#"{"role":"assistant","content":"reply digests, chat 7f3a"}"#;
+        let item = r#"{"type":"function_call","call_id":"c-7f3a","name":"ls","arguments":"{}"}"#;
+        for (dialect, raw) in [
+            (DialectKind::OpenAiChat, chat),
+            (DialectKind::Responses, item),
+        ] {
+            assert_eq!(cached(dialect, raw), None, "{raw} must not be cached yet");
+            let (digest, echo) = reply_digests(dialect, &reply(raw)).unwrap();
+            let value: Value = serde_json::from_str(raw).unwrap();
+            assert_eq!(digest, message_digest(&value));
+            assert_eq!(echo, echo_digest(&value));
+            assert_eq!(cached(dialect, raw), Some(digest), "{raw}");
+        }
+    }
+
+    #[test]
+    fn a_reply_no_request_could_carry_is_digested_but_not_cached() {
+        // No role: a request carrying it is refused, so the cache must not vouch for it.
+        let raw = r#"{"content":"a reply without a role, 7f3a"}"#;
+        let (digest, _) = reply_digests(DialectKind::OpenAiChat, &reply(raw)).unwrap();
+        assert_eq!(digest, message_digest(&serde_json::from_str(raw).unwrap()));
+        assert!(
+            Message::from_raw(0, RawMessage::from(raw.to_owned()), DialectKind::OpenAiChat)
+                .is_err()
+        );
     }
 }

@@ -12,7 +12,7 @@ use crate::base::digest::{prefix_digests, MessageDigest, PrefixDigest};
 use crate::base::id::ConversationId;
 use crate::base::outcome::Outcome;
 use crate::base::reply::CapturedReply;
-use crate::dialect::{ChatRequest, Message};
+use crate::dialect::{ChatRequest, DialectKind, Message};
 
 /// A request after tracking: its conversation and the digests of its prefix.
 #[derive(Debug, Clone)]
@@ -62,6 +62,8 @@ impl Tracked {
 /// The reply choices of one response, ready to be logged.
 #[derive(Debug)]
 pub struct CapturedReplies {
+    /// The dialect the replies came in, which reads them as its messages.
+    pub dialect: DialectKind,
     /// Chain digest of the request's last message, the replies' parent.
     pub parent: Option<PrefixDigest>,
     /// The request's model.

@@ -477,6 +477,13 @@ pub trait Dialect: Send + Sync {
         false
     }
 
+    /// One captured reply read as a request message of this dialect: its facts are the
+    /// ones a later request gets when the client echoes the reply byte for byte, so they
+    /// go into the same cache. `Err` when a request could not carry it as it is.
+    fn read_reply(&self, raw: RawMessage) -> Result<Message, DialectError> {
+        Message::from_raw(0, raw, self.kind())
+    }
+
     /// The pair as one message, when it may not stand as two before `next` (roles must
     /// alternate); `None` when the two messages go as they are.
     fn joined_pair(

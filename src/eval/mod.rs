@@ -455,6 +455,7 @@ impl Replayer {
                 server,
             });
             let batch = CapturedReplies {
+                dialect: step.dialect,
                 parent: tracked.head(),
                 model: chat.model.clone(),
                 usage: usage.clone(),

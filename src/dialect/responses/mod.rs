@@ -121,15 +121,18 @@ fn items(reading: &Reading<'_>, input: Option<&Input<'_>>) -> Result<Vec<Message
                 value,
             )])
         }
-        Some(Input::Items(list)) => reading.messages(list, |index, raw| {
-            Message::read(raw, DialectKind::Responses, |value| {
-                if !value.is_object() {
-                    return Err(DialectError::NotAnObject { index });
-                }
-                item_role(index, value)
-            })
-        }),
+        Some(Input::Items(list)) => reading.messages(list, read_item),
     }
+}
+
+/// One input item at `index`, through the facts cache.
+fn read_item(index: usize, raw: RawMessage) -> Result<Message, DialectError> {
+    Message::read(raw, DialectKind::Responses, |value| {
+        if !value.is_object() {
+            return Err(DialectError::NotAnObject { index });
+        }
+        item_role(index, value)
+    })
 }
 
 impl Dialect for OpenAiResponses {
@@ -183,6 +186,10 @@ impl Dialect for OpenAiResponses {
 
     fn reply_is_items(&self) -> bool {
         true
+    }
+
+    fn read_reply(&self, raw: RawMessage) -> Result<Message, DialectError> {
+        read_item(0, raw)
     }
 
     fn parse_body(&self, body: &Chunks) -> Result<ChatRequest, DialectError> {
