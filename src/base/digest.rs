@@ -12,12 +12,18 @@
 //! [`crate::dialect::echo`].
 
 use std::fmt::{self, Write as _};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
+use twox_hash::XxHash3_128;
 
 /// Domain tag of the first link, so a chain digest never equals a message digest.
 const CHAIN_TAG: &[u8] = b"handoff/chain/v1";
+
+/// The second half of every [`bytes_key`].
+const KEY_TAG: &[u8; 16] = b"handoff/key/v1\0\0";
 
 /// A blake3 digest, shown and stored as 64 hex digits.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -107,6 +113,21 @@ pub fn tagged_digest(tag: &[u8], value: &Value) -> Digest {
 /// The digest of raw bytes, e.g. a request's `tools` schemas.
 pub fn bytes_digest(bytes: &[u8]) -> Digest {
     Digest(blake3::hash(bytes))
+}
+
+/// A fast keyed digest of raw bytes, for in-memory cache keys only (the token count of
+/// a request's `tools` schemas, which agents resend whole, tens of KB, every turn):
+/// xxh3-128 under a per-process random seed, a tenth of blake3's cost, and no one can
+/// aim a collision without the seed. Never stored or shown: it names nothing outside
+/// this process. Its second half is a fixed tag, so it is never a blake3 digest.
+pub fn bytes_key(bytes: &[u8]) -> Digest {
+    static SEED: OnceLock<u64> = OnceLock::new();
+    let seed = *SEED.get_or_init(|| RandomState::new().hash_one(KEY_TAG));
+    let hash = XxHash3_128::oneshot_with_seed(seed, bytes).to_le_bytes();
+    let mut key = [0u8; 32];
+    key[..16].copy_from_slice(&hash);
+    key[16..].copy_from_slice(KEY_TAG);
+    Digest(blake3::Hash::from_bytes(key))
 }
 
 /// The chain link after `parent` for a message with digest `message`.
@@ -280,6 +301,20 @@ impl fmt::Write for Feed<'_> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_bytes_key_names_the_bytes_in_this_process_and_is_never_a_digest() {
+        let tools = br#"[{"type":"function","function":{"name":"ls"}}]"#;
+        assert_eq!(bytes_key(tools), bytes_key(&tools.to_vec()));
+        assert_ne!(bytes_key(tools), bytes_key(&tools[1..]));
+        assert_ne!(bytes_key(tools), bytes_key(b""));
+        assert_ne!(bytes_key(tools), bytes_digest(tools));
+        assert!(bytes_key(tools).hex().ends_with(&hex_of(KEY_TAG)));
+    }
+
+    fn hex_of(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
 
     #[test]
     fn key_order_nulls_and_empty_arrays_do_not_change_the_digest() {

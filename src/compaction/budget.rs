@@ -4,7 +4,7 @@
 use handoff_plugin_api::{ModelInfo, TokenCounter};
 
 pub use crate::base::calibration::Calibration;
-use crate::base::digest::bytes_digest;
+use crate::base::digest::bytes_key;
 use crate::config::{Config, ModelConfig, Tokenizer};
 use crate::dialect::ChatRequest;
 use crate::tokens::Tokens;
@@ -47,7 +47,7 @@ impl RequestBudget {
         let tools_tokens = request.tools.as_ref().map_or(0, |tools| {
             tokens.count_raw(
                 model.tokenizer,
-                &bytes_digest(tools.get().as_bytes()),
+                &bytes_key(tools.get().as_bytes()),
                 tools.get(),
             )
         });
