@@ -305,7 +305,8 @@ mod tests {
     #[test]
     fn a_bytes_key_names_the_bytes_in_this_process_and_is_never_a_digest() {
         let tools = br#"[{"type":"function","function":{"name":"ls"}}]"#;
-        assert_eq!(bytes_key(tools), bytes_key(&tools.to_vec()));
+        let elsewhere = tools.to_vec();
+        assert_eq!(bytes_key(tools), bytes_key(&elsewhere));
         assert_ne!(bytes_key(tools), bytes_key(&tools[1..]));
         assert_ne!(bytes_key(tools), bytes_key(b""));
         assert_ne!(bytes_key(tools), bytes_digest(tools));
