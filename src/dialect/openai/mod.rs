@@ -209,7 +209,7 @@ struct CompletionChoice {
 
 /// The choices of a non-streamed completion, each message exactly as sent.
 pub fn replies_from_json(body: &[u8]) -> Result<Assembled, serde_json::Error> {
-    let completion: Completion = serde_json::from_slice(body)?;
+    let completion: Completion = crate::dialect::json_body(body)?;
     let replies = completion
         .choices
         .into_iter()
