@@ -6,7 +6,7 @@
 # divided by MANY-FEW is the cost of one request, start-up and exit cancelled out. All
 # threads are counted (the log writer's too); syscalls and waiting are not.
 #
-#   benches/instructions.sh [--body small|long] [--top N] NAME=BINARY ...
+#   benches/instructions.sh [--body small|long|small_anthropic|long_responses|...] [--top N] NAME=BINARY ...
 #   e.g. benches/instructions.sh before=/tmp/old/handoff after=target/release/handoff \
 #        floor=target/release/bench-floor
 #
@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
 done
 [ $# -gt 0 ] || { echo "usage: benches/instructions.sh NAME=BINARY ..." >&2; exit 2; }
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
-[ "$BODY" = long ] && FEW=50 MANY=250
+case "$BODY" in long*) FEW=50 MANY=250 ;; esac
 cargo build --release --quiet --bin bench-upstream -p mock-upstream
 WORK=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
@@ -47,7 +47,7 @@ run() {
   fi
   for _ in $(seq 1 600); do (echo > "/dev/tcp/127.0.0.1/$HO") 2>/dev/null && break; sleep 0.1; done
   local conversation=""
-  [ "$BODY" = long ] && conversation=bench-long
+  case "$BODY" in long*) conversation=bench-$BODY ;; esac
   python3 benches/e2e/repeat.py "127.0.0.1:$HO" "$WORK/$BODY.json" $((WARMUP + count)) $conversation
   # SIGTERM: handoff drains and exits; bench-floor dies of it, and valgrind still writes.
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true

@@ -1,8 +1,11 @@
 """Sends one JSON body COUNT times over one keep-alive connection, each after the last
 answer is read whole: the steady load benches/instructions.sh counts instructions under.
+A body named *anthropic* goes to /v1/messages, *responses* to /v1/responses, any other to
+/v1/chat/completions (the names benches/e2e/bodies.py writes).
 
     python3 benches/e2e/repeat.py HOST:PORT BODY.json COUNT [CONVERSATION]
 """
+import os
 import socket
 import sys
 
@@ -10,8 +13,10 @@ address, path, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 conversation = sys.argv[4] if len(sys.argv) > 4 else ""
 host, port = address.rsplit(":", 1)
 body = open(path, "rb").read()
+name = os.path.basename(path)
+route = "/v1/messages" if "anthropic" in name else "/v1/responses" if "responses" in name else "/v1/chat/completions"
 head = (
-    "POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\n"
+    f"POST {route} HTTP/1.1\r\nHost: bench\r\n"
     "Content-Type: application/json\r\nAuthorization: Bearer sk-bench\r\n"
     + (f"x-handoff-conversation-id: {conversation}\r\n" if conversation else "")
     + f"Content-Length: {len(body)}\r\n\r\n"

@@ -266,7 +266,7 @@ enum Inspected {
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+    memchr::memmem::find(haystack, needle).is_some()
 }
 
 fn json_of(body: &Bytes) -> serde_json::Value {

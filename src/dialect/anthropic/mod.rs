@@ -304,8 +304,11 @@ impl Dialect for AnthropicMessages {
         struct Stopped {
             stop_reason: Option<String>,
         }
-        serde_json::from_slice::<Stopped>(reply)
-            .is_ok_and(|r| r.stop_reason.as_deref() == Some("model_context_window_exceeded"))
+        const STOP: &str = "model_context_window_exceeded";
+        // Nearly every reply lacks the word: its bytes are searched before any parse.
+        memchr::memmem::find(reply, STOP.as_bytes()).is_some()
+            && crate::dialect::json_body::<Stopped>(reply)
+                .is_ok_and(|r| r.stop_reason.as_deref() == Some(STOP))
     }
 
     fn replies_from_json(&self, body: &[u8]) -> Result<Assembled, serde_json::Error> {
@@ -367,6 +370,11 @@ mod tests {
             json!({"type": "message", "stop_reason": "end_turn"})
         ));
         assert!(!overflowed(json!({"type": "message", "stop_reason": null})));
+        // The word in the text is not the stop reason.
+        assert!(!overflowed(
+            json!({"type": "message", "content": [{"type": "text", "text": "model_context_window_exceeded"}],
+            "stop_reason": "end_turn"})
+        ));
         assert!(!AnthropicMessages.reply_overflowed(b"not json"));
     }
 

@@ -320,10 +320,12 @@ impl Dialect for OpenAiResponses {
             status: Option<String>,
             error: Option<Value>,
         }
-        serde_json::from_slice::<Failed>(reply).is_ok_and(|r| {
-            r.status.as_deref() == Some("failed")
-                && r.error.as_ref().is_some_and(is_context_length_error)
-        })
+        // Nearly every reply lacks the word: its bytes are searched before any parse.
+        memchr::memmem::find(reply, b"failed").is_some()
+            && crate::dialect::json_body::<Failed>(reply).is_ok_and(|r| {
+                r.status.as_deref() == Some("failed")
+                    && r.error.as_ref().is_some_and(is_context_length_error)
+            })
     }
 
     fn replies_from_json(&self, body: &[u8]) -> Result<Assembled, serde_json::Error> {
