@@ -104,11 +104,10 @@ impl Chunks {
         if range.start > range.end || range.end > self.len() {
             return None;
         }
-        let seed = block_seed();
         Some(match self.single(range.clone()) {
-            Some(bytes) => XxHash3_128::oneshot_with_seed(seed, bytes),
+            Some(bytes) => keyed_hash(bytes),
             None => {
-                let mut hasher = XxHash3_128::with_seed(seed);
+                let mut hasher = XxHash3_128::with_seed(block_seed());
                 self.pieces(range).for_each(|piece| hasher.write(piece));
                 hasher.finish_128()
             }
@@ -351,6 +350,12 @@ impl Chunks {
             .copied()
             .unwrap_or(0)
     }
+}
+
+/// The seeded xxh3-128 of `bytes`, as [`Chunks::digest`] gives it: for in-memory keys
+/// that no one outside this process can aim a collision at.
+pub fn keyed_hash(bytes: &[u8]) -> u128 {
+    XxHash3_128::oneshot_with_seed(block_seed(), bytes)
 }
 
 /// The seed of every body's digests: one per process, so no one can craft bytes whose

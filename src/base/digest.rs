@@ -12,12 +12,9 @@
 //! [`crate::dialect::echo`].
 
 use std::fmt::{self, Write as _};
-use std::hash::{BuildHasher, RandomState};
-use std::sync::OnceLock;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
-use twox_hash::XxHash3_128;
 
 /// Domain tag of the first link, so a chain digest never equals a message digest.
 const CHAIN_TAG: &[u8] = b"handoff/chain/v1";
@@ -116,14 +113,12 @@ pub fn bytes_digest(bytes: &[u8]) -> Digest {
 }
 
 /// A fast keyed digest of raw bytes, for in-memory cache keys only (the token count of
-/// a request's `tools` schemas, which agents resend whole, tens of KB, every turn):
-/// xxh3-128 under a per-process random seed, a tenth of blake3's cost, and no one can
-/// aim a collision without the seed. Never stored or shown: it names nothing outside
+/// a request's `tools` schemas, which agents resend whole, tens of KB, every turn): the
+/// body digests' seeded xxh3-128 ([`crate::base::chunks::keyed_hash`]), a tenth of
+/// blake3's cost, and no one can aim a collision without the seed. Never stored or shown: it names nothing outside
 /// this process. Its second half is a fixed tag, so it is never a blake3 digest.
 pub fn bytes_key(bytes: &[u8]) -> Digest {
-    static SEED: OnceLock<u64> = OnceLock::new();
-    let seed = *SEED.get_or_init(|| RandomState::new().hash_one(KEY_TAG));
-    let hash = XxHash3_128::oneshot_with_seed(seed, bytes).to_le_bytes();
+    let hash = crate::base::chunks::keyed_hash(bytes).to_le_bytes();
     let mut key = [0u8; 32];
     key[..16].copy_from_slice(&hash);
     key[16..].copy_from_slice(KEY_TAG);
