@@ -6,10 +6,13 @@
 # divided by MANY-FEW is the cost of one request, start-up and exit cancelled out. All
 # threads are counted (the log writer's too); syscalls and waiting are not.
 #
-#   benches/instructions.sh [--body small|long|small_anthropic|long_responses|...] [--top N] NAME=BINARY ...
+#   benches/instructions.sh [--body small|long|small_anthropic|long_responses|...|FILE.json] [--top N] NAME=BINARY ...
 #   e.g. benches/instructions.sh before=/tmp/old/handoff after=target/release/handoff \
 #        floor=target/release/bench-floor
 #
+# --body FILE.json sends that file instead (named *anthropic* or *responses* for those
+# APIs, as repeat.py routes them; it must ask for no stream): e.g. a real agent's
+# request, captured by benches/e2e/capture_agent.py.
 # --top N also prints each binary's N costliest functions per request (exclusive).
 # Needs valgrind (Debian: apt-get install valgrind).
 set -euo pipefail
@@ -26,11 +29,14 @@ while [ $# -gt 0 ]; do
 done
 [ $# -gt 0 ] || { echo "usage: benches/instructions.sh NAME=BINARY ..." >&2; exit 2; }
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
-case "$BODY" in long*) FEW=50 MANY=250 ;; esac
+FILE=""
+if [ -f "$BODY" ]; then FILE=$(realpath "$BODY"); BODY=$(basename "$BODY" .json); fi
+case "$BODY" in long*|*agent*) FEW=50 MANY=250 ;; esac
 cargo build --release --quiet --bin bench-upstream -p mock-upstream
 WORK=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 python3 benches/e2e/bodies.py "$WORK"
+[ -z "$FILE" ] || cp "$FILE" "$WORK/$BODY.json"
 UP=18220 HO=18221
 target/release/bench-upstream "127.0.0.1:$UP" 2>/dev/null &
 
@@ -47,7 +53,7 @@ run() {
   fi
   for _ in $(seq 1 600); do (echo > "/dev/tcp/127.0.0.1/$HO") 2>/dev/null && break; sleep 0.1; done
   local conversation=""
-  case "$BODY" in long*) conversation=bench-$BODY ;; esac
+  case "$BODY" in long*|*agent*) conversation=bench-$BODY ;; esac
   python3 benches/e2e/repeat.py "127.0.0.1:$HO" "$WORK/$BODY.json" $((WARMUP + count)) $conversation
   # SIGTERM: handoff drains and exits; bench-floor dies of it, and valgrind still writes.
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
