@@ -11,6 +11,7 @@ pub mod openai;
 pub mod overflow;
 pub mod pair;
 mod prefix;
+mod repeated;
 pub mod responses;
 #[cfg(test)]
 mod stub;
@@ -133,8 +134,8 @@ pub struct ChatRequest {
     /// `compaction.pin` found them after the history and floated them into the pinned
     /// part: the log keeps the places, so a replay puts them back.
     pub floated: Vec<usize>,
-    /// The `tools` schemas, raw.
-    pub tools: Option<Box<RawValue>>,
+    /// The `tools` schemas, raw JSON.
+    pub tools: Option<Box<str>>,
     /// True when the client asked for SSE.
     pub stream: bool,
     /// True when the client streams without asking for usage (OpenAI's
@@ -291,6 +292,11 @@ pub fn json_body<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ser
         // Not UTF-8: serde_json's own reading reports where.
         Err(_) => serde_json::from_slice(body),
     }
+}
+
+/// An owned copy of a member [`Reading::member`] gave.
+fn owned(member: std::borrow::Cow<'_, str>) -> Box<str> {
+    member.into_owned().into_boxed_str()
 }
 
 /// What the opening bytes of a streamed answer say.

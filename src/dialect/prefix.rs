@@ -30,6 +30,7 @@ use serde_json::value::RawValue;
 use twox_hash::XxHash3_64;
 
 use super::message::Facts;
+use super::repeated::{self, Held};
 use super::{json_body, DialectError, DialectKind, Message, RawMessage};
 use crate::base::chunks::{Chunks, BLOCK, DIGESTED_FROM};
 
@@ -184,6 +185,10 @@ pub struct Reading<'b> {
     whole: Cell<bool>,
     /// Where the list lay, `[` to `]`, once its messages were read.
     span: Cell<Option<(usize, usize)>>,
+    /// The body as text, when no cut text stands for it: checked as UTF-8 once.
+    checked: OnceCell<Option<&'b str>>,
+    /// The text serde read with the values it repeats held out, when it had some.
+    held: OnceCell<Held>,
 }
 
 impl<'b> Reading<'b> {
@@ -197,6 +202,8 @@ impl<'b> Reading<'b> {
             reuse: None,
             whole: Cell::new(false),
             span: Cell::new(None),
+            checked: OnceCell::new(),
+            held: OnceCell::new(),
         };
         // A short body never touches the memos (nor makes them, on a small-only load).
         if body.len() < LEADS[0] {
@@ -246,15 +253,60 @@ impl<'b> Reading<'b> {
     }
 
     /// The body read as `W`: without the reused elements when there are some, so the
-    /// list `W` holds is what follows them.
-    pub fn json<'s, W: serde::Deserialize<'s>>(&'s self) -> Result<W, serde_json::Error> {
-        if let Some(reuse) = &self.reuse {
-            if let Ok(wire) = serde_json::from_str(&reuse.text) {
-                return Ok(wire);
+    /// list `W` holds is what follows them, and with the values under `keys` that
+    /// repeat ones read before held out ([`Reading::member`] gives them).
+    pub fn json<'s, W: serde::Deserialize<'s>>(
+        &'s self,
+        keys: &[&'static str],
+    ) -> Result<W, serde_json::Error> {
+        if let Some(source) = self.source() {
+            if let Some(held) = repeated::hold(source, keys) {
+                let held = self.held.get_or_init(|| held);
+                if let Ok(wire) = serde_json::from_str(&held.text) {
+                    return Ok(wire);
+                }
+                self.whole.set(true);
+            } else if self.reuse.is_some() {
+                if let Ok(wire) = serde_json::from_str(source) {
+                    return Ok(wire);
+                }
+                self.whole.set(true);
+            } else {
+                return serde_json::from_str(source);
             }
-            self.whole.set(true);
         }
         json_body(self.body.contiguous())
+    }
+
+    /// The text serde reads before any value is held out: the cut text, or the body
+    /// when it is UTF-8; `None` once the body is read whole.
+    fn source(&self) -> Option<&str> {
+        if self.whole.get() {
+            return None;
+        }
+        match &self.reuse {
+            Some(reuse) => Some(&reuse.text),
+            None => *self
+                .checked
+                .get_or_init(|| std::str::from_utf8(self.body.contiguous()).ok()),
+        }
+    }
+
+    /// The top-level value under `key` as the body holds it: the held one, else what
+    /// serde read (`parsed`), which a later body that repeats it need not have read.
+    pub fn member(&self, key: &str, parsed: Option<Box<RawValue>>) -> Option<Cow<'_, str>> {
+        let held = self
+            .held
+            .get()
+            .zip(self.source())
+            .and_then(|(held, source)| held.value(source, key));
+        if let Some(value) = held {
+            return Some(Cow::Borrowed(value));
+        }
+        parsed.map(|raw| {
+            repeated::remember(raw.get());
+            Cow::Owned(Box::<str>::from(raw).into_string())
+        })
     }
 
     /// The list's messages: the reused ones, then `read` of each element of `list`
@@ -318,7 +370,13 @@ impl<'b> Reading<'b> {
             Some(reuse) => (reuse.text.as_bytes(), reuse.cut.clone()),
             None => (&self.body.contiguous()[..], 0..0),
         };
-        let offset = (element.as_ptr() as usize).wrapping_sub(text.as_ptr() as usize);
+        let held = self.held.get().filter(|_| !self.whole.get());
+        let offset = match held {
+            Some(held) => held.original_offset(
+                (element.as_ptr() as usize).wrapping_sub(held.text.as_ptr() as usize),
+            ),
+            None => (element.as_ptr() as usize).wrapping_sub(text.as_ptr() as usize),
+        };
         let start = if offset >= cut.start {
             offset.checked_add(cut.len())?
         } else {

@@ -42,7 +42,7 @@ fn read(body: &Chunks) -> (Vec<(String, crate::base::digest::MessageDigest)>, us
         #[serde(borrow)]
         messages: Vec<&'a RawValue>,
     }
-    let wire: Wire<'_> = reading.json().expect("reads");
+    let wire: Wire<'_> = reading.json(&[]).expect("reads");
     let reused = reading.reuse.as_ref().map_or(0, |reuse| reuse.count);
     let messages = reading
         .messages(&wire.messages, |index, raw| {

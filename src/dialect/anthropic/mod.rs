@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 
 use super::translate::TranslatingClient;
 use super::RawMessage;
-use super::Reading;
+use super::{owned, Reading};
 use super::{
     ChatRequest, Dialect, DialectError, DialectKind, KeyHeader, Markers, Message, Opening, Role,
     StreamEnd, StreamReply,
@@ -64,8 +64,7 @@ fn block_type(block: &Value) -> &str {
 }
 
 /// The pinned message standing for a top-level `system`: its bytes kept inside.
-fn system_message(raw: &RawValue) -> Result<Option<Message>, DialectError> {
-    let text = raw.get();
+fn system_message(text: &str) -> Result<Option<Message>, DialectError> {
     let empty = matches!(text, "null" | "\"\"")
         || (text.starts_with('[') && text[1..text.len() - 1].trim().is_empty());
     if empty {
@@ -142,13 +141,15 @@ impl Dialect for AnthropicMessages {
 
     fn parse_body(&self, body: &Chunks) -> Result<ChatRequest, DialectError> {
         let reading = Reading::new(body, DialectKind::Anthropic);
-        let wire: Wire<'_> = reading.json().map_err(|err| DialectError::json(API, err))?;
+        let wire: Wire<'_> = reading
+            .json(&["system", "tools"])
+            .map_err(|err| DialectError::json(API, err))?;
         let conversation = reading.messages(&wire.messages, |index, raw| {
             Message::from_raw(index, raw, DialectKind::Anthropic)
         })?;
         let mut messages = Vec::with_capacity(conversation.len() + 1);
-        if let Some(system) = wire.system.as_deref() {
-            messages.extend(system_message(system)?);
+        if let Some(system) = reading.member("system", wire.system) {
+            messages.extend(system_message(&system)?);
         }
         let top_level = messages.len();
         messages.extend(conversation);
@@ -162,7 +163,7 @@ impl Dialect for AnthropicMessages {
             dialect: DialectKind::Anthropic,
             model: wire.model.unwrap_or_default(),
             messages,
-            tools: wire.tools,
+            tools: reading.member("tools", wire.tools).map(owned),
             stream: wire.stream.unwrap_or(false),
             max_output: wire.max_tokens,
             thinking,

@@ -21,8 +21,8 @@ use serde_json::{json, Value};
 pub use assemble::{AssembledChoice, StreamAssembler};
 
 use super::{
-    ChatRequest, Dialect, DialectError, DialectKind, Markers, Message, Reading, Role, StreamEnd,
-    StreamReply,
+    owned, ChatRequest, Dialect, DialectError, DialectKind, Markers, Message, Reading, Role,
+    StreamEnd, StreamReply,
 };
 use crate::base::chunks::Chunks;
 use crate::base::reply::{Assembled, CapturedReply};
@@ -111,7 +111,9 @@ impl Dialect for OpenAiChat {
 
     fn parse_body(&self, body: &Chunks) -> Result<ChatRequest, DialectError> {
         let reading = Reading::new(body, DialectKind::OpenAiChat);
-        let wire: Wire<'_> = reading.json().map_err(|err| DialectError::json(API, err))?;
+        let wire: Wire<'_> = reading
+            .json(&["tools"])
+            .map_err(|err| DialectError::json(API, err))?;
         let messages = reading.messages(&wire.messages, |index, raw| {
             Message::from_raw(index, raw, DialectKind::OpenAiChat)
         })?;
@@ -119,7 +121,7 @@ impl Dialect for OpenAiChat {
             dialect: DialectKind::OpenAiChat,
             model: wire.model.unwrap_or_default(),
             messages,
-            tools: wire.tools,
+            tools: reading.member("tools", wire.tools).map(owned),
             stream: wire.stream.unwrap_or(false),
             usage_unasked: wire.stream == Some(true) && wire.stream_options.is_none(),
             max_output: wire.max_completion_tokens.or(wire.max_tokens),

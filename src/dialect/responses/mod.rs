@@ -21,11 +21,11 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::translate::TranslatingClient;
+use super::{owned, RawMessage, Reading};
 use super::{
     ChatRequest, Dialect, DialectError, DialectKind, Markers, Message, Opening, Role, StreamEnd,
     StreamReply,
 };
-use super::{RawMessage, Reading};
 use crate::base::chunks::Chunks;
 use crate::base::reply::Assembled;
 use crate::dialect::overflow::is_context_length_error;
@@ -194,17 +194,17 @@ impl Dialect for OpenAiResponses {
 
     fn parse_body(&self, body: &Chunks) -> Result<ChatRequest, DialectError> {
         let reading = Reading::new(body, DialectKind::Responses);
-        let wire: Wire<'_> = reading.json().map_err(|err| DialectError::json(API, err))?;
+        let wire: Wire<'_> = reading
+            .json(&["instructions", "tools"])
+            .map_err(|err| DialectError::json(API, err))?;
         let server_held = wire.previous_response_id.is_some()
             || wire.conversation.as_ref().is_some_and(|c| !c.is_null());
         let input = items(&reading, wire.input.as_ref())?;
         let mut messages = Vec::with_capacity(input.len() + 1);
-        if let Some(instructions) = wire.instructions.as_deref() {
-            if !matches!(instructions.get(), "null" | "\"\"") {
-                let raw = RawMessage::from(format!(
-                    r#"{{"role":"system","content":{}}}"#,
-                    instructions.get()
-                ));
+        if let Some(instructions) = reading.member("instructions", wire.instructions) {
+            if !matches!(&*instructions, "null" | "\"\"") {
+                let raw =
+                    RawMessage::from(format!(r#"{{"role":"system","content":{instructions}}}"#));
                 // Through the facts cache: an agent's instructions come back in every
                 // request, tens of KB to parse and digest.
                 messages.push(Message::read(raw, DialectKind::Responses, |_| {
@@ -219,7 +219,7 @@ impl Dialect for OpenAiResponses {
             list: reading.list_span(),
             model: wire.model.unwrap_or_default(),
             messages,
-            tools: wire.tools,
+            tools: reading.member("tools", wire.tools).map(owned),
             stream: wire.stream.unwrap_or(false),
             max_output: wire.max_output_tokens,
             thinking: false,
