@@ -5,11 +5,14 @@
 # (B minus A), which is what to read on a shared machine; the medians of A and B alone
 # move by several µs from run to run.
 #
-#   benches/pair.sh [--body small|long] [--pairs N] [--duration S] [--workers W] A B
+#   benches/pair.sh [--body small|long|FILE.json] [--pairs N] [--duration S] [--workers W] A B
 #   e.g. benches/pair.sh --body long /tmp/old/handoff target/release/handoff
 #
 # small: the small chat body, 32 connections (the harness's small-chat row); long: the
-# ~700 KB conversation, 8 connections. CPU is read from /proc/<pid>/stat around each run.
+# ~700 KB conversation, 8 connections; FILE.json: that body (e.g. a real agent's request
+# from benches/e2e/capture_agent.py, sent to /v1/messages when its name says anthropic,
+# /v1/responses when it says responses), 8 connections, as one conversation. CPU is
+# read from /proc/<pid>/stat around each run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BODY=small PAIRS=8 DURATION=2 WORKERS=2
@@ -48,12 +51,16 @@ start() {
 PIDA=$(start "$A" $PA)
 PIDB=$(start "$B" $PB)
 
+ROUTE=/v1/chat/completions
 if [ "$BODY" = long ]; then
   export BODY="$WORK/long.json" CONVERSATION=bench-long; CONNS=8
+elif [ -f "$BODY" ]; then
+  case "$(basename "$BODY")" in *anthropic*) ROUTE=/v1/messages ;; *responses*) ROUTE=/v1/responses ;; esac
+  export BODY CONVERSATION=bench-file; CONNS=8
 else
   export BODY="$WORK/small.json"; CONNS=32
 fi
-load() { wrk -t2 -c"$CONNS" -d"$1" -s benches/e2e/post.lua "http://127.0.0.1:$2/v1/chat/completions"; }
+load() { wrk -t2 -c"$CONNS" -d"$1" -s benches/e2e/post.lua "http://127.0.0.1:$2$ROUTE"; }
 for port in $PA $PB; do
   for _ in $(seq 1 100); do (echo > "/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
   load 1s "$port" >/dev/null
