@@ -25,6 +25,11 @@
 # nothing else. It is the least a proxy on handoff's stack spends; what handoff spends
 # above it is handoff's own work.
 #
+# When the real agents of tests/agents are installed (scripts/test.sh does it), one more
+# table sends Claude Code's first request, captured by benches/e2e/capture_agent.py, to
+# direct, handoff, nginx and the floor: the tool list and system prompt an agent
+# re-sends every turn, which the synthetic bodies lack.
+#
 # When PostgreSQL is installed (Debian's postgresql), a second handoff on the postgres
 # store (a throwaway cluster) runs the same loads as "handoff-pg", and the database's
 # statements it receives during the repeated-body runs are counted: a request that
@@ -73,6 +78,13 @@ command -v node >/dev/null || PORTKEY=0
 cargo build --release --quiet --bin handoff -p handoff
 cargo build --release --quiet --bin bench-upstream --bin bench-floor -p mock-upstream
 python3 benches/e2e/bodies.py "$WORK"
+# A real agent's request, when scripts/test.sh has installed the agents: Claude Code's
+# first request (its 48 KB of tools and 29 KB of system prompt re-sent every turn).
+AGENT=0
+if [ -x tests/agents/node_modules/.bin/claude ] && [ -x tests/agents/node_modules/.bin/codex ] &&
+  python3 benches/e2e/capture_agent.py "$WORK" >/dev/null 2>&1; then
+  AGENT=1
+fi
 
 wait_port() { for _ in $(seq 1 900); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 did not open" >&2; exit 1; }
 
@@ -245,7 +257,9 @@ RESULTS="$WORK/results.txt"
 # p99 alike. A cold start is its own figure: see BENCHMARKS.md.
 warm() { # port
   local body path id
-  for body in small long small_anthropic long_anthropic small_responses long_responses; do
+  local bodies=(small long small_anthropic long_anthropic small_responses long_responses)
+  if [ "$AGENT" = 1 ]; then bodies+=(claude_agent_anthropic); fi
+  for body in "${bodies[@]}"; do
     case "$body" in
       *anthropic) path=/v1/messages ;;
       *responses) path=/v1/responses ;;
@@ -256,6 +270,7 @@ warm() { # port
       long) id=bench-long ;;
       long_anthropic) id=bench-long-anthropic ;;
       long_responses) id=bench-long-responses ;;
+      claude_agent_anthropic) id=bench-agent ;;
     esac
     # The headers post.lua sends, so the runs land in the same tenant.
     curl -s -o /dev/null -H 'content-type: application/json' -H 'authorization: Bearer sk-bench' \
@@ -293,6 +308,11 @@ for round in $(seq 1 "$ROUNDS"); do
     echo "rsmall $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/responses" 32 "$WORK/small_responses.json" "" "$target" responses)" >> "$RESULTS"
     echo "rlong $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/responses" 8 "$WORK/long_responses.json" bench-long-responses "$target" responses)" >> "$RESULTS"
   done
+  if [ "$AGENT" = 1 ]; then
+    for target in "${PEERS[@]}" floor; do
+      echo "agent $target $(run_wrk "http://127.0.0.1:${PORT[$target]}/v1/messages" 8 "$WORK/claude_agent_anthropic.json" bench-agent "$target" anthropic)" >> "$RESULTS"
+    done
+  fi
   for target in direct handoff nginx; do
     echo "astream $target $(python3 benches/e2e/stream_probe.py 127.0.0.1 "${PORT[$target]}" 3 anthropic)" >> "$RESULTS"
     echo "rstream $target $(python3 benches/e2e/stream_probe.py 127.0.0.1 "${PORT[$target]}" 3 responses)" >> "$RESULTS"
@@ -382,6 +402,9 @@ for api, prefix in (("Anthropic Messages", "a"), ("Responses", "r")):
     l_ = table(f"{api}, long, 8 conn", prefix + "long", errors=True)
     ratios(f"{api} long", l_)
     streams(f"{api} streaming", prefix + "stream")
+if rows.get(("agent", "handoff")):
+    agent = table("Claude Code's first request (87 KB: 48 KB tools, 29 KB system), 8 conn", "agent", errors=True)
+    ratios("Claude Code's request", agent)
 print(f"\nhandoff RSS: idle {int(idle)/1024:.1f} MB; after the load runs {int(loaded)/1024:.1f} MB; with {tracked.strip()} tracked conversations {int(full)/1024:.1f} MB")
 if pg_tx:
     print(f"\npostgres store: {pg_tx}")
