@@ -31,6 +31,8 @@ const HEAD: usize = 64;
 const WAYS: usize = 4;
 
 /// The heads remembered: a few tool lists and prompts per client version and tenant.
+/// Only lengths and digests are kept, never the values: about 1 MB in all, so it is
+/// not a setting.
 const REMEMBERED: usize = 4096;
 
 /// A value serde read: its length, and the digest of its bytes.
