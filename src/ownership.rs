@@ -10,6 +10,7 @@ use std::sync::{Arc, OnceLock};
 use aho_corasick::AhoCorasick;
 use serde_json::Value;
 
+use crate::base::json_lex::{skip_space, string_end};
 use crate::base::tenant::TenantId;
 use crate::error::ApiError;
 use crate::store::{Store, StoreError};
@@ -124,26 +125,14 @@ fn escaped_key(body: &[u8]) -> bool {
             at = slash + 2;
             continue;
         }
-        // To the string's closing quote: a key when a colon follows it.
-        let mut end = slash + 2;
-        loop {
-            let Some(found) = body
-                .get(end..)
-                .and_then(|rest| memchr::memchr2(b'"', b'\\', rest))
-            else {
-                return false;
-            };
-            if body[end + found] == b'"' {
-                end += found;
-                break;
-            }
-            end += found + 2;
-        }
-        let next = body[end + 1..].iter().find(|b| !b.is_ascii_whitespace());
-        if next == Some(&b':') {
+        // Read on to the string's end: a key when a colon follows it.
+        let Some(end) = string_end(body, slash + 1) else {
+            return false;
+        };
+        if body.get(skip_space(body, end)) == Some(&b':') {
             return true;
         }
-        at = end + 1;
+        at = end;
     }
     false
 }

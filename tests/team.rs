@@ -276,29 +276,18 @@ async fn one_team_never_reaches_another_teams_upstream_objects() {
     }
     let (status, text) = raw(addr, &get(TEAM_B, "/v1/files", "GET"), b"").await;
     assert_eq!(status, 403, "{text}");
-    let follow = format!(
-        r#"{{"model":"gpt-4o","previous_response_id":"{response_id}","input":"and now?"}}"#
-    );
-    let (head, body) = post(
-        "/v1/responses",
-        TEAM_B,
-        "application/json",
-        follow.as_bytes(),
-    );
-    let (status, text) = raw(addr, &head, &body).await;
-    assert_eq!(status, 404, "{text}");
-    // The upstream reads a key spelled with escapes as the name it spells.
-    let escaped = format!(
-        r#"{{"model":"gpt-4o","previous_resp\u006fnse_id":"{response_id}","input":"and now?"}}"#
-    );
-    let (head, body) = post(
-        "/v1/responses",
-        TEAM_B,
-        "application/json",
-        escaped.as_bytes(),
-    );
-    let (status, text) = raw(addr, &head, &body).await;
-    assert_eq!(status, 404, "{text}");
+    // Also with the key spelled in escapes, which the upstream reads as the name.
+    for key in ["previous_response_id", r"previous_resp\u006fnse_id"] {
+        let follow = format!(r#"{{"model":"gpt-4o","{key}":"{response_id}","input":"and now?"}}"#);
+        let (head, body) = post(
+            "/v1/responses",
+            TEAM_B,
+            "application/json",
+            follow.as_bytes(),
+        );
+        let (status, text) = raw(addr, &head, &body).await;
+        assert_eq!(status, 404, "{key}: {text}");
+    }
     let batch = format!(
         r#"{{"input_file_id":"{file_id}","endpoint":"/v1/chat/completions","completion_window":"24h"}}"#
     );

@@ -260,19 +260,13 @@ impl<'b> Reading<'b> {
         keys: &[&'static str],
     ) -> Result<W, serde_json::Error> {
         if let Some(source) = self.source() {
-            if let Some(held) = repeated::hold(source, keys) {
-                let held = self.held.get_or_init(|| held);
-                if let Ok(wire) = serde_json::from_str(&held.text) {
-                    return Ok(wire);
-                }
-                self.whole.set(true);
-            } else if self.reuse.is_some() {
-                if let Ok(wire) = serde_json::from_str(source) {
-                    return Ok(wire);
-                }
-                self.whole.set(true);
-            } else {
-                return serde_json::from_str(source);
+            let held = repeated::hold(source, keys).map(|held| self.held.get_or_init(|| held));
+            match serde_json::from_str(held.map_or(source, |held| &held.text)) {
+                Ok(wire) => return Ok(wire),
+                // The body as it came: its error is the answer.
+                Err(err) if held.is_none() && self.reuse.is_none() => return Err(err),
+                // A cut or held text refused: the body read whole names the true place.
+                Err(_) => self.whole.set(true),
             }
         }
         json_body(self.body.contiguous())

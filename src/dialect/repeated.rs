@@ -20,6 +20,7 @@ use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
 use crate::base::chunks::keyed_hash;
+use crate::base::json_lex::{skip_space, string_end};
 
 /// A value shorter than this is validated faster than it is digested and looked up.
 pub const HELD_FROM: usize = 1 << 10;
@@ -191,26 +192,6 @@ fn top_members(text: &[u8], mut known: impl FnMut(&[u8], usize) -> Option<usize>
             Some(b'}') => return true,
             _ => return false,
         }
-    }
-}
-
-fn skip_space(text: &[u8], mut at: usize) -> usize {
-    while matches!(text.get(at), Some(b' ' | b'\n' | b'\r' | b'\t')) {
-        at += 1;
-    }
-    at
-}
-
-/// The end of the string whose opening quote is at `at`: one past its closing quote.
-fn string_end(text: &[u8], at: usize) -> Option<usize> {
-    let mut at = at + 1;
-    loop {
-        at += memchr::memchr2(b'"', b'\\', text.get(at..)?)?;
-        if text[at] == b'"' {
-            return Some(at + 1);
-        }
-        // An escape: whatever follows the backslash cannot close the string.
-        at += 2;
     }
 }
 
