@@ -126,13 +126,14 @@ impl Tokens {
         self.count_message(tokenizer, digest, message())
     }
 
-    /// Tokens of raw text known by `digest` (e.g. the `tools` schemas); cached.
-    pub fn count_raw(&self, tokenizer: Tokenizer, digest: &Digest, text: &str) -> u64 {
+    /// Tokens of raw UTF-8 text known by `digest` (e.g. the `tools` schemas); cached,
+    /// so only a miss reads the bytes as text.
+    pub fn count_raw(&self, tokenizer: Tokenizer, digest: &Digest, text: &[u8]) -> u64 {
         let key = (*digest, tokenizer as u8);
         if let Some(count) = self.cache.get(&key) {
             return u64::from(count);
         }
-        let count = self.count_text(tokenizer, text);
+        let count = self.count_text(tokenizer, &String::from_utf8_lossy(text));
         self.cache
             .insert(key, u32::try_from(count).unwrap_or(u32::MAX));
         count

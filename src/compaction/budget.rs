@@ -45,7 +45,7 @@ impl RequestBudget {
         let summary_window = summary_entry.map_or(model.context_window, |m| m.context_window);
         let summary_tokenizer = summary_entry.map_or(model.tokenizer, |m| m.tokenizer);
         let tools_tokens = request.tools.as_ref().map_or(0, |tools| {
-            tokens.count_raw(model.tokenizer, &bytes_key(tools.as_bytes()), tools)
+            tokens.count_raw(model.tokenizer, &bytes_key(tools), tools)
         });
         Some(Self {
             info: ModelInfo {

@@ -134,8 +134,9 @@ pub struct ChatRequest {
     /// `compaction.pin` found them after the history and floated them into the pinned
     /// part: the log keeps the places, so a replay puts them back.
     pub floated: Vec<usize>,
-    /// The `tools` schemas, raw JSON.
-    pub tools: Option<Box<str>>,
+    /// The `tools` schemas, raw JSON (UTF-8), shared with the body where they lie in
+    /// one of its frames.
+    pub tools: Option<Bytes>,
     /// True when the client asked for SSE.
     pub stream: bool,
     /// True when the client streams without asking for usage (OpenAI's
@@ -287,16 +288,11 @@ pub struct StreamEnd {
 /// Reads a JSON body whose values borrow from it. The body is checked as UTF-8 once,
 /// so serde_json does not check each borrowed message again.
 pub fn json_body<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, serde_json::Error> {
-    match std::str::from_utf8(body) {
+    match simdutf8::basic::from_utf8(body) {
         Ok(text) => serde_json::from_str(text),
         // Not UTF-8: serde_json's own reading reports where.
         Err(_) => serde_json::from_slice(body),
     }
-}
-
-/// An owned copy of a member [`Reading::member`] gave.
-fn owned(member: std::borrow::Cow<'_, str>) -> Box<str> {
-    member.into_owned().into_boxed_str()
 }
 
 /// What the opening bytes of a streamed answer say.

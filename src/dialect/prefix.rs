@@ -131,8 +131,9 @@ struct Reuse {
     memo: Arc<Memo>,
     /// How many leading elements are the memo's.
     count: usize,
-    /// Their bytes in this body.
-    raws: Vec<Bytes>,
+    /// Their bytes in this body, until [`Reading::messages`] moves them into its
+    /// messages: a clone each would cost two atomic operations a message.
+    raws: Cell<Vec<Bytes>>,
     /// The bytes cut out of the body: the reused elements and the comma after them.
     cut: Range<usize>,
     /// The body without `cut`.
@@ -164,7 +165,7 @@ impl Reuse {
         Some(Self {
             memo,
             count,
-            raws,
+            raws: Cell::new(raws),
             cut: start..cut_end,
             text,
         })
@@ -282,7 +283,7 @@ impl<'b> Reading<'b> {
             Some(reuse) => Some(&reuse.text),
             None => *self
                 .checked
-                .get_or_init(|| std::str::from_utf8(self.body.contiguous()).ok()),
+                .get_or_init(|| simdutf8::basic::from_utf8(self.body.contiguous()).ok()),
         }
     }
 
@@ -303,6 +304,22 @@ impl<'b> Reading<'b> {
         })
     }
 
+    /// [`Reading::member`] as bytes, shared with the body where they lie in one of its
+    /// frames: an agent re-sends its tool list, tens of KB, on every turn.
+    pub fn member_bytes(&self, key: &str, parsed: Option<Box<RawValue>>) -> Option<Bytes> {
+        let text = match self.member(key, parsed)? {
+            Cow::Owned(text) => return Some(Bytes::from(text)),
+            Cow::Borrowed(text) => text,
+        };
+        let shared = self.source().and_then(|source| {
+            let offset = (text.as_ptr() as usize).wrapping_sub(source.as_ptr() as usize);
+            let cut = self.reuse.as_ref().map_or(0..0, |reuse| reuse.cut.clone());
+            let start = in_body(&cut, offset)?;
+            self.body.slice(start..start.checked_add(text.len())?)
+        });
+        Some(shared.unwrap_or_else(|| Bytes::copy_from_slice(text.as_bytes())))
+    }
+
     /// The list's messages: the reused ones, then `read` of each element of `list`
     /// (the list [`Reading::json`] gave), indexed in the whole list. Remembers the list
     /// for the next body.
@@ -315,8 +332,19 @@ impl<'b> Reading<'b> {
         let reused = reuse.map_or(&[][..], |reuse| &reuse.memo.marks[..reuse.count]);
         let mut messages = Vec::with_capacity(reused.len() + list.len());
         if let Some(reuse) = reuse {
-            messages.extend(reused.iter().zip(&reuse.raws).map(|(mark, raw)| {
-                Message::known(RawMessage::shared(raw.clone()), Arc::clone(&mark.facts))
+            let mut raws = reuse.raws.take();
+            if raws.len() != reused.len() {
+                // Read before: cut them again (Reuse::new cut them once, so they fit).
+                raws = (self
+                    .body
+                    .slices(reused.iter().map(|mark| mark.span.clone())))
+                .ok_or_else(|| DialectError::Shape {
+                    index: 0,
+                    rule: "the reused messages no longer fit the body".into(),
+                })?;
+            }
+            messages.extend(reused.iter().zip(raws).map(|(mark, raw)| {
+                Message::known(RawMessage::shared(raw), Arc::clone(&mark.facts))
             }));
         }
         let mut spans = Vec::with_capacity(list.len());
@@ -371,11 +399,7 @@ impl<'b> Reading<'b> {
             ),
             None => (element.as_ptr() as usize).wrapping_sub(text.as_ptr() as usize),
         };
-        let start = if offset >= cut.start {
-            offset.checked_add(cut.len())?
-        } else {
-            offset
-        };
+        let start = in_body(&cut, offset)?;
         let span = start..start.checked_add(element.len())?;
         self.body
             .holds_at(span.start, element.as_bytes())
@@ -424,6 +448,16 @@ impl<'b> Reading<'b> {
             let key = (self.kind as u8, lead as u8, way, hash);
             memos.cache.insert(key, Arc::clone(&memo));
         }
+    }
+}
+
+/// Where byte `offset` of the text serde read before any value was held out lies in
+/// the body, when that text is the body without `cut`.
+fn in_body(cut: &Range<usize>, offset: usize) -> Option<usize> {
+    if offset >= cut.start {
+        offset.checked_add(cut.len())
+    } else {
+        Some(offset)
     }
 }
 

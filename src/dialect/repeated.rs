@@ -311,6 +311,14 @@ mod tests {
         assert!(hold(&other, &["tools"]).is_none());
     }
 
+    /// True when `part` lies inside `body`'s one buffer: shared, not copied.
+    fn shares(body: &Chunks, part: Option<&[u8]>) -> bool {
+        let (whole, part) = (body.contiguous(), part.unwrap_or_default());
+        let start = whole.as_ptr() as usize;
+        let at = part.as_ptr() as usize;
+        !part.is_empty() && at >= start && at + part.len() <= start + whole.len()
+    }
+
     /// An Anthropic body with a system prompt and tools named after `tag`, and `rest`
     /// after the tools.
     fn agent_body(tag: &str, messages: &str, rest: &str) -> Chunks {
@@ -348,7 +356,11 @@ mod tests {
             .tools
             .as_deref()
             .unwrap()
-            .starts_with(r#"[{"name":"held-a""#));
+            .starts_with(br#"[{"name":"held-a""#));
+        assert!(
+            shares(&body, again.tools.as_deref()),
+            "held tools are not copied"
+        );
         assert_eq!(again.max_output, Some(7));
         let raws = |request: &ChatRequest| -> Vec<String> {
             request
@@ -408,6 +420,8 @@ mod tests {
         let longer = agent_body("held-c", &list(41), "");
         let again = AnthropicMessages.parse_body(&longer).unwrap();
         assert_eq!(again.tools, first.tools);
+        // Held in the text cut around the reused messages, and found in the body past them.
+        assert!(shares(&longer, again.tools.as_deref()));
         assert_eq!(again.messages.len(), first.messages.len() + 2);
         let text = std::str::from_utf8(longer.contiguous()).unwrap();
         let span = again.list.clone().unwrap();
@@ -439,7 +453,11 @@ mod tests {
             let body = body(turns);
             let request = OpenAiChat.parse_body(&body).unwrap();
             let text = std::str::from_utf8(body.contiguous()).unwrap();
-            assert_eq!(request.tools.as_deref(), Some(tools.as_str()));
+            assert_eq!(request.tools.as_deref(), Some(tools.as_bytes()));
+            assert!(
+                turns == 3 || shares(&body, request.tools.as_deref()),
+                "{turns}"
+            );
             let span = request.list.clone().expect("the list's place");
             assert!(text[span.clone()].starts_with(r#"[{"role":"user","content":"0 vvv"#));
             assert_eq!(span.end, text.len() - 1);

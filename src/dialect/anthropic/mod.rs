@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 
 use super::translate::TranslatingClient;
 use super::RawMessage;
-use super::{owned, Reading};
+use super::Reading;
 use super::{
     ChatRequest, Dialect, DialectError, DialectKind, KeyHeader, Markers, Message, Opening, Role,
     StreamEnd, StreamReply,
@@ -72,7 +72,13 @@ fn system_message(text: &str) -> Result<Option<Message>, DialectError> {
     }
     // Read through the facts cache: a system prompt comes back in every request, and
     // an agent's is tens of KB to parse and digest.
-    let raw = RawMessage::from(format!(r#"{{"role":"system","content":{text}}}"#));
+    // Sized up front: `format!` would grow a prompt of tens of KB by reallocations.
+    const HEAD: &str = r#"{"role":"system","content":"#;
+    let mut raw = String::with_capacity(HEAD.len() + text.len() + 1);
+    raw.push_str(HEAD);
+    raw.push_str(text);
+    raw.push('}');
+    let raw = RawMessage::from(raw);
     Message::read(raw, DialectKind::Anthropic, |_| Ok(Role::System)).map(Some)
 }
 
@@ -163,7 +169,7 @@ impl Dialect for AnthropicMessages {
             dialect: DialectKind::Anthropic,
             model: wire.model.unwrap_or_default(),
             messages,
-            tools: reading.member("tools", wire.tools).map(owned),
+            tools: reading.member_bytes("tools", wire.tools),
             stream: wire.stream.unwrap_or(false),
             max_output: wire.max_tokens,
             thinking,

@@ -21,8 +21,8 @@ use serde_json::{json, Value};
 pub use assemble::{AssembledChoice, StreamAssembler};
 
 use super::{
-    owned, ChatRequest, Dialect, DialectError, DialectKind, Markers, Message, Reading, Role,
-    StreamEnd, StreamReply,
+    ChatRequest, Dialect, DialectError, DialectKind, Markers, Message, Reading, Role, StreamEnd,
+    StreamReply,
 };
 use crate::base::chunks::Chunks;
 use crate::base::reply::{Assembled, CapturedReply};
@@ -121,7 +121,7 @@ impl Dialect for OpenAiChat {
             dialect: DialectKind::OpenAiChat,
             model: wire.model.unwrap_or_default(),
             messages,
-            tools: reading.member("tools", wire.tools).map(owned),
+            tools: reading.member_bytes("tools", wire.tools),
             stream: wire.stream.unwrap_or(false),
             usage_unasked: wire.stream == Some(true) && wire.stream_options.is_none(),
             max_output: wire.max_completion_tokens.or(wire.max_tokens),

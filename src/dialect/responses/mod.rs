@@ -21,11 +21,11 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::translate::TranslatingClient;
-use super::{owned, RawMessage, Reading};
 use super::{
     ChatRequest, Dialect, DialectError, DialectKind, Markers, Message, Opening, Role, StreamEnd,
     StreamReply,
 };
+use super::{RawMessage, Reading};
 use crate::base::chunks::Chunks;
 use crate::base::reply::Assembled;
 use crate::dialect::overflow::is_context_length_error;
@@ -219,7 +219,7 @@ impl Dialect for OpenAiResponses {
             list: reading.list_span(),
             model: wire.model.unwrap_or_default(),
             messages,
-            tools: reading.member("tools", wire.tools).map(owned),
+            tools: reading.member_bytes("tools", wire.tools),
             stream: wire.stream.unwrap_or(false),
             max_output: wire.max_output_tokens,
             thinking: false,
