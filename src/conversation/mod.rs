@@ -254,11 +254,12 @@ impl Tracker {
         let (entry, fresh) = self.entry_loaded(&id).await?;
         let mut state = entry.lock().await;
         let pinned_set = state.pinned_set(pinned);
-        let mut prefix = match base {
+        let (mut prefix, same) = match base {
             None => state.prefixes_of(&message_digests),
-            Some(_) => prefix_digests_after(base, &message_digests),
+            Some(_) => (prefix_digests_after(base, &message_digests), 0),
         };
-        let originals = (base.is_none()).then(|| message_digests.clone());
+        // The digests as sent: known_prefix may map echoed forms onto logged ones.
+        let sent = (base.is_none()).then(|| message_digests[same..].to_vec());
         // Prefix-closed: if d[i] is logged, so is every d[j < i].
         let mut known = state.known_prefix(rest, &mut message_digests, &mut prefix);
         if known < rest.len() && self.store.shared() && !fresh {
@@ -267,8 +268,8 @@ impl Tracker {
             self.catch_up(&id, &mut state).await?;
             known = state.known_prefix(rest, &mut message_digests, &mut prefix);
         }
-        if let Some(originals) = originals {
-            state.last_chain = originals.into_iter().zip(prefix.iter().copied()).collect();
+        if let Some(sent) = sent {
+            state.keep_chain(same, &sent, &prefix);
         }
         let mut lines = Vec::with_capacity(rest.len() - known + 2);
         if let Some(digest) = pinned_set.filter(|d| !state.pinned.contains(d)) {
@@ -574,19 +575,33 @@ mod tests {
         let digests: Vec<MessageDigest> = (0..6)
             .map(|i| message_digest(&serde_json::json!({"role": "user", "content": i})))
             .collect();
+        let chain = |digests: &[MessageDigest]| -> Vec<(MessageDigest, PrefixDigest)> {
+            digests
+                .iter()
+                .copied()
+                .zip(prefix_digests(digests))
+                .collect()
+        };
         let mut state = ConversationState::default();
-        assert_eq!(state.prefixes_of(&digests), prefix_digests(&digests));
-        state.last_chain = digests
-            .iter()
-            .copied()
-            .zip(prefix_digests(&digests))
-            .collect();
+        let (prefix, same) = state.prefixes_of(&digests);
+        assert_eq!((&prefix, same), (&prefix_digests(&digests), 0));
+        state.keep_chain(same, &digests, &prefix);
+        assert_eq!(state.last_chain, chain(&digests));
         // The next request repeats four messages and then differs.
         let mut next = digests[..4].to_vec();
         next.push(message_digest(
             &serde_json::json!({"role": "user", "content": "new"}),
         ));
-        assert_eq!(state.prefixes_of(&next), prefix_digests(&next));
+        let (prefix, same) = state.prefixes_of(&next);
+        assert_eq!((&prefix, same), (&prefix_digests(&next), 4));
+        state.keep_chain(same, &next[same..], &prefix);
+        assert_eq!(state.last_chain, chain(&next));
+        // A chain digest mapped onto a logged form among the repeated ones is kept too.
+        let mut mapped = prefix.clone();
+        mapped[1] = prefix[3];
+        state.keep_chain(same, &next[same..], &mapped);
+        assert_eq!(state.last_chain[1], (next[1], prefix[3]));
+        assert_eq!(state.last_chain[4], (next[4], prefix[4]));
     }
 
     fn reply(message: &str) -> CapturedReply {

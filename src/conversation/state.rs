@@ -46,8 +46,8 @@ pub struct ConversationState {
 
 impl ConversationState {
     /// The chain digests of `digests` from the root, reusing the latest request's
-    /// where its messages are the same.
-    pub(super) fn prefixes_of(&mut self, digests: &[MessageDigest]) -> Vec<PrefixDigest> {
+    /// where its messages are the same; and how many leading ones are.
+    pub(super) fn prefixes_of(&self, digests: &[MessageDigest]) -> (Vec<PrefixDigest>, usize) {
         let same = digests
             .iter()
             .zip(&self.last_chain)
@@ -59,7 +59,25 @@ impl ConversationState {
             let next = next_prefix(prefix.last(), digest);
             prefix.push(next);
         }
-        prefix
+        (prefix, same)
+    }
+
+    /// Keeps a request's chain for the next one: its first `same` messages are the
+    /// last chain's (their chain digests as `prefix` now has them), then `tail`. In
+    /// place, so a long conversation's growing chain is not rebuilt every turn.
+    pub(super) fn keep_chain(
+        &mut self,
+        same: usize,
+        tail: &[MessageDigest],
+        prefix: &[PrefixDigest],
+    ) {
+        self.last_chain.truncate(same);
+        for (entry, digest) in self.last_chain.iter_mut().zip(prefix) {
+            entry.1 = *digest;
+        }
+        let rest = prefix.get(same..).unwrap_or_default();
+        self.last_chain
+            .extend(tail.iter().copied().zip(rest.iter().copied()));
     }
 
     /// The digest of the pinned set with these message digests, computed only when
