@@ -14,14 +14,21 @@
 # APIs, as repeat.py routes them; it must ask for no stream): e.g. a real agent's
 # request, captured by benches/e2e/capture_agent.py.
 # --top N also prints each binary's N costliest functions per request (exclusive).
+# --team runs handoff as a shared gateway: the bench's key is a team's proxy key and the
+# upstream key is handoff's own (`upstream.api_key_env`), so every request's body is
+# checked for upstream objects it names.
 # Needs valgrind (Debian: apt-get install valgrind).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BODY=small TOP=0 WARMUP=200 FEW=500 MANY=2500
+BODY=small TOP=0 TEAM="" WARMUP=200 FEW=500 MANY=2500
 while [ $# -gt 0 ]; do
   case "$1" in
     --body) BODY=$2; shift ;;
     --top) TOP=$2; shift ;;
+    --team) TEAM="api_key_env = \"BENCH_UPSTREAM_KEY\"
+[[auth.keys]]
+name = \"bench\"
+sha256 = \"$(printf %s sk-bench | sha256sum | cut -d' ' -f1)\"" ;;
     *=*) break ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
@@ -29,6 +36,8 @@ while [ $# -gt 0 ]; do
 done
 [ $# -gt 0 ] || { echo "usage: benches/instructions.sh NAME=BINARY ..." >&2; exit 2; }
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
+# The upstream key a --team run's handoff sends (bench-upstream takes any).
+export BENCH_UPSTREAM_KEY=sk-upstream-bench
 FILE=""
 if [ -f "$BODY" ]; then FILE=$(realpath "$BODY"); BODY=$(basename "$BODY" .json); fi
 case "$BODY" in long*|*agent*) FEW=50 MANY=250 ;; esac
@@ -44,8 +53,8 @@ target/release/bench-upstream "127.0.0.1:$UP" 2>/dev/null &
 run() {
   local binary=$1 count=$2 out=$3 pid
   rm -rf "$WORK/data"
-  printf 'listen = "127.0.0.1:%s"\ndata_dir = "%s/data"\nworkers = 1\n[upstream]\nbase_url = "http://127.0.0.1:%s"\n[models."bench-model"]\ncontext_window = 1000000\n' \
-    "$HO" "$WORK" "$UP" > "$WORK/handoff.toml"
+  printf 'listen = "127.0.0.1:%s"\ndata_dir = "%s/data"\nworkers = 1\n[models."bench-model"]\ncontext_window = 1000000\n[upstream]\nbase_url = "http://127.0.0.1:%s"\n%s\n' \
+    "$HO" "$WORK" "$UP" "$TEAM" > "$WORK/handoff.toml"
   if [ "$(basename "$binary")" = bench-floor ]; then
     valgrind --tool=callgrind --callgrind-out-file="$out" "$binary" "127.0.0.1:$HO" "http://127.0.0.1:$UP" 1 2>/dev/null & pid=$!
   else

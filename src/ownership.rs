@@ -5,13 +5,14 @@
 //! a body (`previous_response_id`, `file_id`…). An object handoff never saw created is
 //! refused too, and so is a listing of a collection, which would show every team's.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use aho_corasick::AhoCorasick;
 use serde_json::Value;
 
-use crate::base::json_lex::{skip_space, string_end};
+use crate::base::chunks::Chunks;
+use crate::base::object_fields::{may_name_objects, ID_FIELDS};
 use crate::base::tenant::TenantId;
+use crate::dialect::{ChatRequest, Message};
 use crate::error::ApiError;
 use crate::store::{Store, StoreError};
 
@@ -36,22 +37,6 @@ const ID_PREFIXES: &[&str] = &[
     "cfile_",
     "eval_",
     "evalrun_",
-];
-
-/// Body fields that name upstream objects (a string or a list of strings).
-const ID_FIELDS: &[&str] = &[
-    "previous_response_id",
-    "conversation",
-    "file_id",
-    "file_ids",
-    "input_file_id",
-    "vector_store_id",
-    "vector_store_ids",
-    "assistant_id",
-    "thread_id",
-    "batch_id",
-    "container",
-    "container_id",
 ];
 
 /// Collections a `GET` lists whole: through a shared key, every team's objects.
@@ -91,50 +76,42 @@ pub fn body_objects(body: &[u8]) -> Vec<String> {
     if !may_name_objects(body) {
         return Vec::new();
     }
+    named_in(body)
+}
+
+/// The object ids a chat request names, as [`body_objects`] finds them in its body, but
+/// with each message searched once in its life (the verdict is kept with its facts) and
+/// only the text around the message list searched per request. A long conversation
+/// re-sends hundreds of messages every turn: searching them all cost more than the
+/// whole request does without a shared key.
+///
+/// Exact because no string straddles the list's edges or an element's, so a field
+/// name or an escaped key lies inside one of the parts searched.
+pub fn request_objects(body: &Chunks, chat: &ChatRequest) -> Vec<String> {
+    let listed = chat.messages.get(chat.top_level..).unwrap_or_default();
+    let may = match chat.list.clone() {
+        Some(list) if !listed.is_empty() => {
+            let around = |range| body.slice(range).is_none_or(|part| may_name_objects(&part));
+            around(0..list.start)
+                || around(list.end..body.len())
+                || listed.iter().any(Message::may_name_objects)
+        }
+        _ => return body_objects(body.contiguous()),
+    };
+    if !may {
+        return Vec::new();
+    }
+    named_in(body.contiguous())
+}
+
+/// The object ids in `body`, parsed whole.
+fn named_in(body: &[u8]) -> Vec<String> {
     let Ok(value) = serde_json::from_slice::<Value>(body) else {
         return Vec::new();
     };
     let mut found = Vec::new();
     collect(&value, &mut found);
     found
-}
-
-/// True when `body` may hold one of [`ID_FIELDS`] as a key: its quoted name appears,
-/// or a key is spelled with a `\u` escape, which can spell any name (and which the
-/// upstream reads as that name).
-///
-/// One pass for all the names, where a search per name (after a lossy UTF-8 copy) read
-/// a long body a dozen times: 1.3M instructions on Claude Code's 87 KB request.
-fn may_name_objects(body: &[u8]) -> bool {
-    static NAMES: OnceLock<Option<AhoCorasick>> = OnceLock::new();
-    let names = NAMES.get_or_init(|| {
-        AhoCorasick::new(ID_FIELDS.iter().map(|field| format!("\"{field}\""))).ok()
-    });
-    // The patterns are constants; were they ever refused, every body is parsed.
-    names.as_ref().is_none_or(|names| names.is_match(body)) || escaped_key(body)
-}
-
-/// True when a key of `body` holds a `\u` escape. Every backslash of a JSON text is in a
-/// string and starts an escape or is escaped, so the backslashes are read in order,
-/// and a string with a `\u` is read to its end once.
-fn escaped_key(body: &[u8]) -> bool {
-    let mut at = 0;
-    while let Some(found) = body.get(at..).and_then(|rest| memchr::memchr(b'\\', rest)) {
-        let slash = at + found;
-        if body.get(slash + 1) != Some(&b'u') {
-            at = slash + 2;
-            continue;
-        }
-        // Read on to the string's end: a key when a colon follows it.
-        let Some(end) = string_end(body, slash + 1) else {
-            return false;
-        };
-        if body.get(skip_space(body, end)) == Some(&b':') {
-            return true;
-        }
-        at = end;
-    }
-    false
 }
 
 fn collect(value: &Value, found: &mut Vec<String>) {
@@ -257,6 +234,87 @@ mod tests {
         assert!(body_objects(br#"{"messages":[{"role":"user","content":"file-x"}]}"#).is_empty());
         assert!(!is_object_id("resp_"));
         assert!(!is_object_id("resp_../x"));
+    }
+
+    /// What `request_objects` finds in `body` read as `dialect`, twice (the second time
+    /// every message comes from the facts cache), and what a search of the whole finds.
+    fn in_request(dialect: &dyn crate::dialect::Dialect, body: &str) -> [Vec<String>; 3] {
+        let body = Chunks::from(body.as_bytes().to_vec());
+        let mut first = request_objects(&body, &dialect.parse_body(&body).unwrap());
+        let mut again = request_objects(&body, &dialect.parse_body(&body).unwrap());
+        let mut whole = body_objects(body.contiguous());
+        for found in [&mut first, &mut again, &mut whole] {
+            found.sort();
+        }
+        [first, again, whole]
+    }
+
+    #[test]
+    fn a_request_names_what_its_whole_body_names_in_messages_and_around_them() {
+        use crate::dialect::responses::OpenAiResponses as Responses;
+        use crate::dialect::{anthropic::AnthropicMessages, openai::OpenAiChat};
+        let pad = "p".repeat(40_000);
+        let cases: [(&dyn crate::dialect::Dialect, String, &[&str]); 7] = [
+            // In a message, past a long list the memo keeps.
+            (
+                &Responses,
+                format!(
+                    r#"{{"model":"m","input":[{{"role":"user","content":"{pad}"}},{{"role":"user","content":[{{"type":"input_file","file_id":"file-in"}}]}}]}}"#
+                ),
+                &["file-in"],
+            ),
+            // Before the list, and after it.
+            (
+                &Responses,
+                format!(
+                    r#"{{"model":"m","previous_response_id":"resp_before","input":[{{"role":"user","content":"{pad}"}}]}}"#
+                ),
+                &["resp_before"],
+            ),
+            (
+                &Responses,
+                format!(
+                    r#"{{"model":"m","input":[{{"role":"user","content":"{pad}"}}],"tools":[{{"type":"file_search","vector_store_ids":["vs_after"]}}]}}"#
+                ),
+                &["vs_after"],
+            ),
+            // A key spelled with an escape, inside a message.
+            (
+                &OpenAiChat,
+                format!(
+                    r#"{{"model":"m","messages":[{{"role":"user","content":"{pad}"}},{{"role":"user","content":"x","f\u0069le_id":"file-esc"}}]}}"#
+                ),
+                &["file-esc"],
+            ),
+            // Anthropic's top-level system is outside the list: searched as text there.
+            (
+                &AnthropicMessages,
+                format!(
+                    r#"{{"model":"m","system":[{{"type":"text","text":"s","container":"cntr_sys"}}],"messages":[{{"role":"user","content":"{pad}"}}]}}"#
+                ),
+                &["cntr_sys"],
+            ),
+            // Field names only as values, and ids only in text: nothing.
+            (
+                &OpenAiChat,
+                format!(
+                    r#"{{"model":"m","messages":[{{"role":"user","content":"\"file_id\": file-x {pad}"}}]}}"#
+                ),
+                &[],
+            ),
+            // A string input has no list: the whole body is searched.
+            (
+                &Responses,
+                r#"{"model":"m","input":"hi","conversation":"conv_str"}"#.to_owned(),
+                &["conv_str"],
+            ),
+        ];
+        for (dialect, body, named) in cases {
+            let [first, again, whole] = in_request(dialect, &body);
+            assert_eq!(first, named, "{}", &body[..80.min(body.len())]);
+            assert_eq!(again, named, "read again: {}", &body[..80.min(body.len())]);
+            assert_eq!(whole, named);
+        }
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The leaf vocabulary every layer shares: tenant and conversation ids, digests, a body
-//! as the frames it arrived in, the lexing of JSON text, the lines of the message log,
+//! as the frames it arrived in, the lexing of JSON text, the fields that name upstream objects, the lines of the message log,
 //! how a reply ended, compaction records and calibration. It imports nothing of
 //! handoff's but itself, so `store`, `conversation` and `compaction` can all build on
 //! it without importing each other.
@@ -11,6 +11,7 @@ pub mod id;
 pub mod json_lex;
 pub mod ledger;
 pub mod line;
+pub mod object_fields;
 pub mod outcome;
 pub mod record;
 pub mod reply;

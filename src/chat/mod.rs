@@ -132,12 +132,12 @@ impl<'s> Exchange<'s> {
         let (mut parts, body) = request.into_parts();
         let body = crate::body_read::read_body(body, &snap.config.limits, &parts.headers).await?;
         admission.charge_read(&state.limiter, body.len());
+        let mut chat = dialect.get().parse_body(&body).map_err(ApiError::from)?;
         if snap.credentials.shares_upstream_key() {
             // A continued response, a conversation, a file: only the tenant's own.
-            let named = crate::ownership::body_objects(body.contiguous());
+            let named = crate::ownership::request_objects(&body, &chat);
             state.check_owned(&admission.tenant, &named).await?;
         }
-        let mut chat = dialect.get().parse_body(&body).map_err(ApiError::from)?;
         let most = snap.config.limits.max_messages;
         if chat.messages.len() > most {
             return Err(ApiError::invalid_request(

@@ -14,6 +14,7 @@ use twox_hash::XxHash3_128;
 
 use super::DialectKind;
 use crate::base::digest::{message_digest, MessageDigest};
+use crate::base::object_fields::may_name_objects;
 use crate::config::Tokenizer;
 use crate::dialect::echo::{echo_digest, identity_digest};
 use crate::error::ApiError;
@@ -162,6 +163,9 @@ pub(super) struct Facts {
     results_lead: bool,
     /// Token counts, by tokenizer, filled on first use.
     counts: [OnceLock<u32>; TOKENIZERS],
+    /// Whether its bytes may name upstream objects ([`may_name_objects`]), read on
+    /// first use: a shared key's ownership check then searches each message once.
+    names_objects: OnceLock<bool>,
     /// One consumer's verdict on these bytes ([`Message::remembered`]): its key in the
     /// high half, the verdict in the low half, 0 when none is kept.
     memo: AtomicU64,
@@ -332,6 +336,7 @@ impl Message {
             },
             results_lead: results_lead(&value),
             counts: Default::default(),
+            names_objects: OnceLock::new(),
             memo: AtomicU64::new(0),
         };
         Self {
@@ -392,6 +397,15 @@ impl Message {
             u32::try_from(count).unwrap_or(u32::MAX)
         });
         u64::from(*count)
+    }
+
+    /// True when its bytes may name upstream objects ([`may_name_objects`]): searched
+    /// once per distinct message, then read from its facts.
+    pub fn may_name_objects(&self) -> bool {
+        *self
+            .facts
+            .names_objects
+            .get_or_init(|| may_name_objects(self.raw.as_bytes()))
     }
 
     /// The verdict `compute` gives on this message, kept with its facts under `key`, so

@@ -295,6 +295,17 @@ pub fn json_body<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ser
     }
 }
 
+/// The pinned system message standing for a top-level prompt (`content` is its JSON
+/// text), sized up front: `format!` would grow a prompt of tens of KB by reallocations.
+fn system_raw(content: &str) -> RawMessage {
+    const HEAD: &str = r#"{"role":"system","content":"#;
+    let mut raw = String::with_capacity(HEAD.len() + content.len() + 1);
+    raw.push_str(HEAD);
+    raw.push_str(content);
+    raw.push('}');
+    RawMessage::from(raw)
+}
+
 /// What the opening bytes of a streamed answer say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Opening {

@@ -21,7 +21,6 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::translate::TranslatingClient;
-use super::RawMessage;
 use super::Reading;
 use super::{
     ChatRequest, Dialect, DialectError, DialectKind, KeyHeader, Markers, Message, Opening, Role,
@@ -72,13 +71,7 @@ fn system_message(text: &str) -> Result<Option<Message>, DialectError> {
     }
     // Read through the facts cache: a system prompt comes back in every request, and
     // an agent's is tens of KB to parse and digest.
-    // Sized up front: `format!` would grow a prompt of tens of KB by reallocations.
-    const HEAD: &str = r#"{"role":"system","content":"#;
-    let mut raw = String::with_capacity(HEAD.len() + text.len() + 1);
-    raw.push_str(HEAD);
-    raw.push_str(text);
-    raw.push('}');
-    let raw = RawMessage::from(raw);
+    let raw = super::system_raw(text);
     Message::read(raw, DialectKind::Anthropic, |_| Ok(Role::System)).map(Some)
 }
 

@@ -203,8 +203,7 @@ impl Dialect for OpenAiResponses {
         let mut messages = Vec::with_capacity(input.len() + 1);
         if let Some(instructions) = reading.member("instructions", wire.instructions) {
             if !matches!(&*instructions, "null" | "\"\"") {
-                let raw =
-                    RawMessage::from(format!(r#"{{"role":"system","content":{instructions}}}"#));
+                let raw = super::system_raw(&instructions);
                 // Through the facts cache: an agent's instructions come back in every
                 // request, tens of KB to parse and digest.
                 messages.push(Message::read(raw, DialectKind::Responses, |_| {
