@@ -5,7 +5,8 @@
 //! a body (`previous_response_id`, `file_id`…). An object handoff never saw created is
 //! refused too, and so is a listing of a collection, which would show every team's.
 
-use std::sync::Arc;
+use std::ops::Range;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 
@@ -91,9 +92,8 @@ pub fn request_objects(body: &Chunks, chat: &ChatRequest) -> Vec<String> {
     let listed = chat.messages.get(chat.top_level..).unwrap_or_default();
     let may = match chat.list.clone() {
         Some(list) if !listed.is_empty() => {
-            let around = |range| body.slice(range).is_none_or(|part| may_name_objects(&part));
-            around(0..list.start)
-                || around(list.end..body.len())
+            around_may_name_objects(body, 0..list.start)
+                || around_may_name_objects(body, list.end..body.len())
                 || listed.iter().any(Message::may_name_objects)
         }
         _ => return body_objects(body.contiguous()),
@@ -102,6 +102,35 @@ pub fn request_objects(body: &Chunks, chat: &ChatRequest) -> Vec<String> {
         return Vec::new();
     }
     named_in(body.contiguous())
+}
+
+/// Text around a list from this long on is searched once per distinct text: an agent
+/// re-sends its tool list and prompt, tens of KB, every turn, and a digest of them
+/// costs a fraction of the search.
+const SEARCHED_ONCE_FROM: usize = 16 * 1024;
+
+/// How many such texts' verdicts are kept (a digest and a bit each, so not a setting).
+const KEPT_VERDICTS: usize = 4096;
+
+/// [`may_name_objects`] on the `range` of `body`, which starts and ends between tokens.
+/// A long text's verdict is kept under its seeded digest, the same keyed hash a
+/// message's facts (this verdict among them) are kept under.
+fn around_may_name_objects(body: &Chunks, range: Range<usize>) -> bool {
+    let search = |range| body.slice(range).is_none_or(|part| may_name_objects(&part));
+    if range.len() < SEARCHED_ONCE_FROM {
+        return search(range);
+    }
+    static VERDICTS: OnceLock<quick_cache::sync::Cache<u128, bool>> = OnceLock::new();
+    let verdicts = VERDICTS.get_or_init(|| quick_cache::sync::Cache::new(KEPT_VERDICTS));
+    let Some(digest) = body.digest(range.clone()) else {
+        return search(range);
+    };
+    if let Some(verdict) = verdicts.get(&digest) {
+        return verdict;
+    }
+    let verdict = search(range);
+    verdicts.insert(digest, verdict);
+    verdict
 }
 
 /// The object ids in `body`, parsed whole.
@@ -254,7 +283,7 @@ mod tests {
         use crate::dialect::responses::OpenAiResponses as Responses;
         use crate::dialect::{anthropic::AnthropicMessages, openai::OpenAiChat};
         let pad = "p".repeat(40_000);
-        let cases: [(&dyn crate::dialect::Dialect, String, &[&str]); 7] = [
+        let cases: [(&dyn crate::dialect::Dialect, String, &[&str]); 9] = [
             // In a message, past a long list the memo keeps.
             (
                 &Responses,
@@ -301,6 +330,22 @@ mod tests {
                     r#"{{"model":"m","messages":[{{"role":"user","content":"\"file_id\": file-x {pad}"}}]}}"#
                 ),
                 &[],
+            ),
+            // Long text around the list (an agent's tools) is searched once per distinct
+            // text: the same length without the field, then with it.
+            (
+                &OpenAiChat,
+                format!(
+                    r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"tools":[{{"type":"function","description":"{pad}","x":"vector_store_idz"}}]}}"#
+                ),
+                &[],
+            ),
+            (
+                &OpenAiChat,
+                format!(
+                    r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"tools":[{{"type":"function","description":"{pad}","vector_store_id":"vs_2"}}]}}"#
+                ),
+                &["vs_2"],
             ),
             // A string input has no list: the whole body is searched.
             (
