@@ -71,6 +71,14 @@ async fn raw(addr: SocketAddr, head: &str, body: &[u8]) -> (u16, String) {
     (status, text)
 }
 
+/// A Responses request by `team` continuing `response_id`, named under `key` (the
+/// field as the body spells it).
+async fn follow_up(addr: SocketAddr, team: &str, key: &str, response_id: &str) -> (u16, String) {
+    let follow = format!(r#"{{"model":"gpt-4o","{key}":"{response_id}","input":"and now?"}}"#);
+    let (head, body) = post("/v1/responses", team, "application/json", follow.as_bytes());
+    raw(addr, &head, &body).await
+}
+
 fn post(path: &str, key: &str, content_type: &str, body: &[u8]) -> (String, Vec<u8>) {
     (
         format!(
@@ -278,14 +286,7 @@ async fn one_team_never_reaches_another_teams_upstream_objects() {
     assert_eq!(status, 403, "{text}");
     // Also with the key spelled in escapes, which the upstream reads as the name.
     for key in ["previous_response_id", r"previous_resp\u006fnse_id"] {
-        let follow = format!(r#"{{"model":"gpt-4o","{key}":"{response_id}","input":"and now?"}}"#);
-        let (head, body) = post(
-            "/v1/responses",
-            TEAM_B,
-            "application/json",
-            follow.as_bytes(),
-        );
-        let (status, text) = raw(addr, &head, &body).await;
+        let (status, text) = follow_up(addr, TEAM_B, key, &response_id).await;
         assert_eq!(status, 404, "{key}: {text}");
     }
     let batch = format!(
@@ -304,16 +305,7 @@ async fn one_team_never_reaches_another_teams_upstream_objects() {
         let (status, text) = raw(addr, &get(TEAM_A, &path, "GET"), b"").await;
         assert_eq!(status, 200, "{path}: {text}");
     }
-    let follow = format!(
-        r#"{{"model":"gpt-4o","previous_response_id":"{response_id}","input":"and now?"}}"#
-    );
-    let (head, body) = post(
-        "/v1/responses",
-        TEAM_A,
-        "application/json",
-        follow.as_bytes(),
-    );
-    let (status, text) = raw(addr, &head, &body).await;
+    let (status, text) = follow_up(addr, TEAM_A, "previous_response_id", &response_id).await;
     assert_eq!(status, 200, "{text}");
 
     // Ownership is on disk: after a restart, the file is still team A's alone.

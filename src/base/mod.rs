@@ -1,8 +1,8 @@
 //! The leaf vocabulary every layer shares: tenant and conversation ids, digests, a body
-//! as the frames it arrived in, the lexing of JSON text, the fields that name upstream objects, the lines of the message log,
-//! how a reply ended, compaction records and calibration. It imports nothing of
-//! handoff's but itself, so `store`, `conversation` and `compaction` can all build on
-//! it without importing each other.
+//! as the frames it arrived in, the lexing of JSON text, the fields that name upstream
+//! objects, the lines of the message log, how a reply ended, compaction records and
+//! calibration. It imports nothing of handoff's but itself, so `store`, `conversation`
+//! and `compaction` can all build on it without importing each other.
 
 pub mod calibration;
 pub mod chunks;
