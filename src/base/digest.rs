@@ -118,7 +118,12 @@ pub fn bytes_digest(bytes: &[u8]) -> Digest {
 /// blake3's cost, and no one can aim a collision without the seed. Never stored or shown: it names nothing outside
 /// this process. Its second half is a fixed tag, so it is never a blake3 digest.
 pub fn bytes_key(bytes: &[u8]) -> Digest {
-    let hash = crate::base::chunks::keyed_hash(bytes).to_le_bytes();
+    hash_key(crate::base::chunks::keyed_hash(bytes))
+}
+
+/// [`bytes_key`] of bytes whose keyed hash was already taken (a held tool list's).
+pub fn hash_key(keyed_hash: u128) -> Digest {
+    let hash = keyed_hash.to_le_bytes();
     let mut key = [0u8; 32];
     key[..16].copy_from_slice(&hash);
     key[16..].copy_from_slice(KEY_TAG);
@@ -306,6 +311,9 @@ mod tests {
         assert_ne!(bytes_key(tools), bytes_key(b""));
         assert_ne!(bytes_key(tools), bytes_digest(tools));
         assert!(bytes_key(tools).hex().ends_with(&hex_of(KEY_TAG)));
+        // A held tool list's hash, taken once, keys its count as its bytes would.
+        let taken = crate::base::chunks::keyed_hash(tools);
+        assert_eq!(hash_key(taken), bytes_key(tools));
     }
 
     fn hex_of(bytes: &[u8]) -> String {

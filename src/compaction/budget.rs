@@ -4,7 +4,7 @@
 use handoff_plugin_api::{ModelInfo, TokenCounter};
 
 pub use crate::base::calibration::Calibration;
-use crate::base::digest::bytes_key;
+use crate::base::digest::{bytes_key, hash_key};
 use crate::config::{Config, ModelConfig, Tokenizer};
 use crate::dialect::ChatRequest;
 use crate::tokens::Tokens;
@@ -45,7 +45,10 @@ impl RequestBudget {
         let summary_window = summary_entry.map_or(model.context_window, |m| m.context_window);
         let summary_tokenizer = summary_entry.map_or(model.tokenizer, |m| m.tokenizer);
         let tools_tokens = request.tools.as_ref().map_or(0, |tools| {
-            tokens.count_raw(model.tokenizer, &bytes_key(tools), tools)
+            let key = request
+                .tools_digest
+                .map_or_else(|| bytes_key(tools), hash_key);
+            tokens.count_raw(model.tokenizer, &key, tools)
         });
         Some(Self {
             info: ModelInfo {

@@ -10,6 +10,7 @@ mod message;
 pub mod openai;
 pub mod overflow;
 pub mod pair;
+mod pinned;
 mod prefix;
 mod repeated;
 pub mod responses;
@@ -137,6 +138,9 @@ pub struct ChatRequest {
     /// The `tools` schemas, raw JSON (UTF-8), shared with the body where they lie in
     /// one of its frames.
     pub tools: Option<Bytes>,
+    /// The [`keyed_hash`](crate::base::chunks::keyed_hash) of `tools`, when the reading
+    /// took it already (a tool list held out as a repeat).
+    pub tools_digest: Option<u128>,
     /// True when the client asked for SSE.
     pub stream: bool,
     /// True when the client streams without asking for usage (OpenAI's
@@ -293,17 +297,6 @@ pub fn json_body<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ser
         // Not UTF-8: serde_json's own reading reports where.
         Err(_) => serde_json::from_slice(body),
     }
-}
-
-/// The pinned system message standing for a top-level prompt (`content` is its JSON
-/// text), sized up front: `format!` would grow a prompt of tens of KB by reallocations.
-fn system_raw(content: &str) -> RawMessage {
-    const HEAD: &str = r#"{"role":"system","content":"#;
-    let mut raw = String::with_capacity(HEAD.len() + content.len() + 1);
-    raw.push_str(HEAD);
-    raw.push_str(content);
-    raw.push('}');
-    RawMessage::from(raw)
 }
 
 /// What the opening bytes of a streamed answer say.

@@ -73,8 +73,9 @@ pub fn remember(value: &str) {
     seen().insert(head, list);
 }
 
-/// The end of the value at `start` in `text` when its bytes are ones serde read.
-fn seen_end(text: &[u8], start: usize) -> Option<usize> {
+/// The end of the value at `start` in `text` when its bytes are ones serde read, with
+/// their digest ([`keyed_hash`]).
+fn seen_end(text: &[u8], start: usize) -> Option<(usize, u128)> {
     let list = seen().get(&head_hash(text.get(start..)?)?)?;
     let closing = match text.get(start)? {
         b'[' => b']',
@@ -86,7 +87,8 @@ fn seen_end(text: &[u8], start: usize) -> Option<usize> {
         let value = text.get(start..end)?;
         // A value of another length (a tool list that grew) seldom ends where this
         // one's would: one byte rules it out before a digest of all of them.
-        (value.last() == Some(&closing) && keyed_hash(value) == seen.digest).then_some(end)
+        (value.last() == Some(&closing) && keyed_hash(value) == seen.digest)
+            .then_some((end, seen.digest))
     })
 }
 
@@ -94,21 +96,38 @@ fn seen_end(text: &[u8], start: usize) -> Option<usize> {
 pub struct Held {
     /// What serde reads: the text with each held value's placeholder.
     pub text: String,
-    /// Each held value: its key, and where it lay in the original text.
-    values: Vec<(&'static str, Range<usize>)>,
+    /// Each held value: its key, where it lay in the original text, and its digest.
+    values: Vec<HeldValue>,
+}
+
+/// A value held out of a text.
+struct HeldValue {
+    key: &'static str,
+    span: Range<usize>,
+    /// The [`keyed_hash`] of its bytes, taken when they were found to repeat.
+    digest: u128,
 }
 
 impl Held {
     /// The original text of the value held under `key`.
     pub fn value<'t>(&self, original: &'t str, key: &str) -> Option<&'t str> {
-        let (_, span) = self.values.iter().find(|(held, _)| *held == key)?;
-        original.get(span.clone())
+        original.get(self.held(key)?.span.clone())
+    }
+
+    /// The [`keyed_hash`] of the value held under `key`: a consumer that keys a cache
+    /// by the value's bytes need not digest them again.
+    pub fn digest(&self, key: &str) -> Option<u128> {
+        self.held(key).map(|held| held.digest)
+    }
+
+    fn held(&self, key: &str) -> Option<&HeldValue> {
+        self.values.iter().find(|held| held.key == key)
     }
 
     /// Where byte `at` of the held text lies in the original.
     pub fn original_offset(&self, at: usize) -> usize {
         let mut shift = 0;
-        for (_, span) in &self.values {
+        for HeldValue { span, .. } in &self.values {
             let placeholder_start = span.start - shift;
             if at <= placeholder_start {
                 break;
@@ -135,8 +154,12 @@ pub fn hold(text: &str, keys: &[&'static str]) -> Option<Held> {
         if !matches!(bytes.get(start), Some(b'[' | b'{' | b'"')) {
             return None;
         }
-        let end = seen_end(bytes, start)?;
-        values.push((*key, start..end));
+        let (end, digest) = seen_end(bytes, start)?;
+        values.push(HeldValue {
+            key,
+            span: start..end,
+            digest,
+        });
         Some(end)
     });
     if !whole || values.is_empty() {
@@ -144,7 +167,7 @@ pub fn hold(text: &str, keys: &[&'static str]) -> Option<Held> {
     }
     let mut held = String::with_capacity(text.len());
     let mut at = 0;
-    for (_, span) in &values {
+    for HeldValue { span, .. } in &values {
         held.push_str(text.get(at..span.start)?);
         held.push_str(match bytes[span.start] {
             b'[' => "[]",

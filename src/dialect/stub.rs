@@ -111,6 +111,7 @@ impl Dialect for StubDialect {
             pinned: None,
             floated: Vec::new(),
             tools: None,
+            tools_digest: None,
             stream: wire.stream.unwrap_or(false),
             usage_unasked: false,
             max_output: None,

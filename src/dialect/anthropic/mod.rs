@@ -62,17 +62,15 @@ fn block_type(block: &Value) -> &str {
     block.get("type").and_then(Value::as_str).unwrap_or("")
 }
 
-/// The pinned message standing for a top-level `system`: its bytes kept inside.
-fn system_message(text: &str) -> Result<Option<Message>, DialectError> {
+/// The pinned message standing for a top-level `system` (`digest` as
+/// [`Reading::member_digest`] gives it): its bytes kept inside.
+fn system_message(text: &str, digest: Option<u128>) -> Result<Option<Message>, DialectError> {
     let empty = matches!(text, "null" | "\"\"")
         || (text.starts_with('[') && text[1..text.len() - 1].trim().is_empty());
     if empty {
         return Ok(None);
     }
-    // Read through the facts cache: a system prompt comes back in every request, and
-    // an agent's is tens of KB to parse and digest.
-    let raw = super::system_raw(text);
-    Message::read(raw, DialectKind::Anthropic, |_| Ok(Role::System)).map(Some)
+    super::pinned::system_message(text, digest, DialectKind::Anthropic).map(Some)
 }
 
 impl Dialect for AnthropicMessages {
@@ -148,7 +146,7 @@ impl Dialect for AnthropicMessages {
         })?;
         let mut messages = Vec::with_capacity(conversation.len() + 1);
         if let Some(system) = reading.member("system", wire.system) {
-            messages.extend(system_message(&system)?);
+            messages.extend(system_message(&system, reading.member_digest("system"))?);
         }
         let top_level = messages.len();
         messages.extend(conversation);
@@ -163,6 +161,7 @@ impl Dialect for AnthropicMessages {
             model: wire.model.unwrap_or_default(),
             messages,
             tools: reading.member_bytes("tools", wire.tools),
+            tools_digest: reading.member_digest("tools"),
             stream: wire.stream.unwrap_or(false),
             max_output: wire.max_tokens,
             thinking,

@@ -122,6 +122,7 @@ impl Dialect for OpenAiChat {
             model: wire.model.unwrap_or_default(),
             messages,
             tools: reading.member_bytes("tools", wire.tools),
+            tools_digest: reading.member_digest("tools"),
             stream: wire.stream.unwrap_or(false),
             usage_unasked: wire.stream == Some(true) && wire.stream_options.is_none(),
             max_output: wire.max_completion_tokens.or(wire.max_tokens),

@@ -203,12 +203,12 @@ impl Dialect for OpenAiResponses {
         let mut messages = Vec::with_capacity(input.len() + 1);
         if let Some(instructions) = reading.member("instructions", wire.instructions) {
             if !matches!(&*instructions, "null" | "\"\"") {
-                let raw = super::system_raw(&instructions);
-                // Through the facts cache: an agent's instructions come back in every
-                // request, tens of KB to parse and digest.
-                messages.push(Message::read(raw, DialectKind::Responses, |_| {
-                    Ok(Role::System)
-                })?);
+                let digest = reading.member_digest("instructions");
+                messages.push(super::pinned::system_message(
+                    &instructions,
+                    digest,
+                    DialectKind::Responses,
+                )?);
             }
         }
         let top_level = messages.len();
@@ -219,6 +219,7 @@ impl Dialect for OpenAiResponses {
             model: wire.model.unwrap_or_default(),
             messages,
             tools: reading.member_bytes("tools", wire.tools),
+            tools_digest: reading.member_digest("tools"),
             stream: wire.stream.unwrap_or(false),
             max_output: wire.max_output_tokens,
             thinking: false,
