@@ -43,7 +43,7 @@ fn built() -> &'static BuiltCache {
 /// `digest` is the [`keyed_hash`](crate::base::chunks::keyed_hash) of `content` when
 /// the reading took it already, which finds the message built for it before.
 pub fn system_message(
-    content: &str,
+    content: &[u8],
     digest: Option<u128>,
     dialect: DialectKind,
 ) -> Result<Message, DialectError> {
@@ -64,7 +64,13 @@ pub fn system_message(
 
 /// Builds the message `{"role":"system","content":<content>}` and reads it through the
 /// facts cache.
-fn build(content: &str, dialect: DialectKind) -> Result<Message, DialectError> {
+fn build(content: &[u8], dialect: DialectKind) -> Result<Message, DialectError> {
+    // Checked here, once per distinct prompt: a held prompt repeats bytes serde read,
+    // so the reading does not check them on every request.
+    let content = simdutf8::basic::from_utf8(content).map_err(|_| DialectError::Shape {
+        index: 0,
+        rule: "the top-level system prompt is not UTF-8".into(),
+    })?;
     Message::read(system_raw(content), dialect, |_| Ok(Role::System))
 }
 

@@ -136,8 +136,8 @@ struct Reuse {
     raws: Cell<Vec<Bytes>>,
     /// The bytes cut out of the body: the reused elements and the comma after them.
     cut: Range<usize>,
-    /// The body without `cut`.
-    text: String,
+    /// The body without `cut`; checked as UTF-8 where serde reads it ([`Reading::json`]).
+    text: Vec<u8>,
 }
 
 impl Reuse {
@@ -160,8 +160,6 @@ impl Reuse {
         let mut text = Vec::with_capacity(start + body.len() - cut_end);
         body.copy_into(0..start, &mut text);
         body.copy_into(cut_end..body.len(), &mut text);
-        // Cut at an element's edges, both parts are whole UTF-8 when the body is.
-        let text = String::from_utf8(text).ok()?;
         Some(Self {
             memo,
             count,
@@ -186,8 +184,6 @@ pub struct Reading<'b> {
     whole: Cell<bool>,
     /// Where the list lay, `[` to `]`, once its messages were read.
     span: Cell<Option<(usize, usize)>>,
-    /// The body as text, when no cut text stands for it: checked as UTF-8 once.
-    checked: OnceCell<Option<&'b str>>,
     /// The text serde read with the values it repeats held out, when it had some.
     held: OnceCell<Held>,
 }
@@ -203,7 +199,6 @@ impl<'b> Reading<'b> {
             reuse: None,
             whole: Cell::new(false),
             span: Cell::new(None),
-            checked: OnceCell::new(),
             held: OnceCell::new(),
         };
         // A short body never touches the memos (nor makes them, on a small-only load).
@@ -260,47 +255,52 @@ impl<'b> Reading<'b> {
         &'s self,
         keys: &[&'static str],
     ) -> Result<W, serde_json::Error> {
-        if let Some(source) = self.source() {
-            let held = repeated::hold(source, keys).map(|held| self.held.get_or_init(|| held));
-            match serde_json::from_str(held.map_or(source, |held| &held.text)) {
-                Ok(wire) => return Ok(wire),
+        if let Some(text) = self.text() {
+            let held = repeated::hold(text, keys).map(|held| self.held.get_or_init(|| held));
+            // Held values repeat bytes serde read: only the text around them is checked.
+            let checked = match held {
+                Some(held) => Some(held.text.as_str()),
+                None => simdutf8::basic::from_utf8(text).ok(),
+            };
+            match checked.map(serde_json::from_str) {
+                Some(Ok(wire)) => return Ok(wire),
                 // The body as it came: its error is the answer.
-                Err(err) if held.is_none() && self.reuse.is_none() => return Err(err),
-                // A cut or held text refused: the body read whole names the true place.
-                Err(_) => self.whole.set(true),
+                Some(Err(err)) if held.is_none() && self.reuse.is_none() => return Err(err),
+                // A cut or held text refused, or not UTF-8: the body read whole names
+                // the true place.
+                _ => self.whole.set(true),
             }
         }
         json_body(self.body.contiguous())
     }
 
-    /// The text serde reads before any value is held out: the cut text, or the body
-    /// when it is UTF-8; `None` once the body is read whole.
-    fn source(&self) -> Option<&str> {
+    /// The bytes serde reads before any value is held out: the cut text, or the body;
+    /// `None` once the body is read whole.
+    fn text(&self) -> Option<&[u8]> {
         if self.whole.get() {
             return None;
         }
-        match &self.reuse {
-            Some(reuse) => Some(&reuse.text),
-            None => *self
-                .checked
-                .get_or_init(|| simdutf8::basic::from_utf8(self.body.contiguous()).ok()),
-        }
+        Some(match &self.reuse {
+            Some(reuse) => &reuse.text,
+            None => self.body.contiguous(),
+        })
     }
 
     /// The top-level value under `key` as the body holds it: the held one, else what
     /// serde read (`parsed`), which a later body that repeats it need not have read.
-    pub fn member(&self, key: &str, parsed: Option<Box<RawValue>>) -> Option<Cow<'_, str>> {
+    /// UTF-8 either way; a held value is not checked again.
+    pub fn member(&self, key: &str, parsed: Option<Box<RawValue>>) -> Option<Cow<'_, [u8]>> {
         let held = self
             .held
             .get()
-            .zip(self.source())
-            .and_then(|(held, source)| held.value(source, key));
+            .zip(self.text())
+            .and_then(|(held, text)| held.value(text, key));
         if let Some(value) = held {
             return Some(Cow::Borrowed(value));
         }
         parsed.map(|raw| {
             repeated::remember(raw.get());
-            Cow::Owned(Box::<str>::from(raw).into_string())
+            Cow::Owned(Box::<str>::from(raw).into_string().into_bytes())
         })
     }
 
@@ -314,17 +314,17 @@ impl<'b> Reading<'b> {
     /// [`Reading::member`] as bytes, shared with the body where they lie in one of its
     /// frames: an agent re-sends its tool list, tens of KB, on every turn.
     pub fn member_bytes(&self, key: &str, parsed: Option<Box<RawValue>>) -> Option<Bytes> {
-        let text = match self.member(key, parsed)? {
-            Cow::Owned(text) => return Some(Bytes::from(text)),
-            Cow::Borrowed(text) => text,
+        let value = match self.member(key, parsed)? {
+            Cow::Owned(value) => return Some(Bytes::from(value)),
+            Cow::Borrowed(value) => value,
         };
-        let shared = self.source().and_then(|source| {
-            let offset = (text.as_ptr() as usize).wrapping_sub(source.as_ptr() as usize);
+        let shared = self.text().and_then(|text| {
+            let offset = (value.as_ptr() as usize).wrapping_sub(text.as_ptr() as usize);
             let cut = self.reuse.as_ref().map_or(0..0, |reuse| reuse.cut.clone());
             let start = in_body(&cut, offset)?;
-            self.body.slice(start..start.checked_add(text.len())?)
+            self.body.slice(start..start.checked_add(value.len())?)
         });
-        Some(shared.unwrap_or_else(|| Bytes::copy_from_slice(text.as_bytes())))
+        Some(shared.unwrap_or_else(|| Bytes::copy_from_slice(value)))
     }
 
     /// The list's messages: the reused ones, then `read` of each element of `list`
@@ -396,7 +396,7 @@ impl<'b> Reading<'b> {
     /// Where `element` (borrowed from the text serde read) lies in the body.
     fn span_of(&self, reuse: Option<&Reuse>, element: &str) -> Option<Range<usize>> {
         let (text, cut) = match reuse {
-            Some(reuse) => (reuse.text.as_bytes(), reuse.cut.clone()),
+            Some(reuse) => (&reuse.text[..], reuse.cut.clone()),
             None => (&self.body.contiguous()[..], 0..0),
         };
         let held = self.held.get().filter(|_| !self.whole.get());

@@ -159,8 +159,9 @@ fn a_short_body_is_not_remembered() {
 }
 
 /// The error the dialect gives for `text`, and the one serde gives reading it whole.
-fn errors(text: String) -> (String, String) {
-    let whole = serde_json::from_str::<Value>(&text).expect_err("not JSON");
+fn errors(text: impl Into<Vec<u8>>) -> (String, String) {
+    let text = text.into();
+    let whole = serde_json::from_slice::<Value>(&text).expect_err("not JSON");
     // In two frames: the error's place is the body's, not a frame's.
     let text = Bytes::from(text);
     let mut body = Chunks::from(text.slice(..text.len() / 2));
@@ -187,6 +188,15 @@ fn a_broken_tail_after_reused_messages_is_refused_where_it_breaks() {
     // Broken JSON after the reused messages names its place in the whole body.
     let broken = format!("{},{{\"role\":]{}", &text[..cut], &text[cut + 1..]);
     let (dialect, whole) = errors(broken);
+    assert!(dialect.ends_with(&whole), "{dialect} / {whole}");
+    // A byte that is not UTF-8 in what serde reads past the reused messages.
+    let mut invalid = text.as_bytes()[..cut].to_vec();
+    invalid.extend_from_slice(br#",{"role":"user","content":"bad "#);
+    invalid.push(0xff);
+    invalid.extend_from_slice(br#""}"#);
+    invalid.extend_from_slice(&text.as_bytes()[cut..]);
+    let (dialect, whole) = errors(invalid);
+    assert!(whole.contains("invalid unicode"), "{whole}");
     assert!(dialect.ends_with(&whole), "{dialect} / {whole}");
 }
 

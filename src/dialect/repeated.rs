@@ -109,8 +109,9 @@ struct HeldValue {
 }
 
 impl Held {
-    /// The original text of the value held under `key`.
-    pub fn value<'t>(&self, original: &'t str, key: &str) -> Option<&'t str> {
+    /// The original bytes of the value held under `key`: UTF-8, as the bytes serde
+    /// read before that they repeat, though not checked again.
+    pub fn value<'t>(&self, original: &'t [u8], key: &str) -> Option<&'t [u8]> {
         original.get(self.held(key)?.span.clone())
     }
 
@@ -142,19 +143,20 @@ impl Held {
 const PLACEHOLDER: usize = 2;
 
 /// `text` (a JSON object) with the top-level members under `keys` whose values serde
-/// read before replaced by placeholders; `None` when none is.
-pub fn hold(text: &str, keys: &[&'static str]) -> Option<Held> {
+/// read before replaced by placeholders; `None` when none is, or when the bytes around
+/// them are not UTF-8. Only those bytes are checked: a held value repeats bytes serde
+/// read, and it ends at an ASCII byte, so no character straddles its edges.
+pub fn hold(text: &[u8], keys: &[&'static str]) -> Option<Held> {
     if text.len() < HELD_FROM {
         return None;
     }
-    let bytes = text.as_bytes();
     let mut values = Vec::new();
-    let whole = top_members(bytes, |key, start| {
+    let whole = top_members(text, |key, start| {
         let key = keys.iter().find(|wanted| wanted.as_bytes() == key)?;
-        if !matches!(bytes.get(start), Some(b'[' | b'{' | b'"')) {
+        if !matches!(text.get(start), Some(b'[' | b'{' | b'"')) {
             return None;
         }
-        let (end, digest) = seen_end(bytes, start)?;
+        let (end, digest) = seen_end(text, start)?;
         values.push(HeldValue {
             key,
             span: start..end,
@@ -165,18 +167,20 @@ pub fn hold(text: &str, keys: &[&'static str]) -> Option<Held> {
     if !whole || values.is_empty() {
         return None;
     }
-    let mut held = String::with_capacity(text.len());
+    let spanned: usize = values.iter().map(|value| value.span.len()).sum();
+    let mut held = String::with_capacity(text.len() - spanned + values.len() * PLACEHOLDER);
     let mut at = 0;
+    let around = |range: Range<usize>| simdutf8::basic::from_utf8(text.get(range)?).ok();
     for HeldValue { span, .. } in &values {
-        held.push_str(text.get(at..span.start)?);
-        held.push_str(match bytes[span.start] {
-            b'[' => "[]",
-            b'{' => "{}",
+        held.push_str(around(at..span.start)?);
+        held.push_str(match text.get(span.start) {
+            Some(b'[') => "[]",
+            Some(b'{') => "{}",
             _ => "\"\"",
         });
         at = span.end;
     }
-    held.push_str(text.get(at..)?);
+    held.push_str(around(at..text.len())?);
     Some(Held { text: held, values })
 }
 
@@ -305,20 +309,20 @@ mod tests {
         let text =
             format!(r#"{{"system":{system},"messages":[{{"role":"user"}}],"tools":{tools}}}"#);
         assert!(
-            hold(&text, &["system", "tools"]).is_none(),
+            hold(text.as_bytes(), &["system", "tools"]).is_none(),
             "nothing read yet"
         );
         remember(&tools);
-        let held = hold(&text, &["system", "tools"]).unwrap();
+        let held = hold(text.as_bytes(), &["system", "tools"]).unwrap();
         assert_eq!(
             held.text,
             format!(r#"{{"system":{system},"messages":[{{"role":"user"}}],"tools":[]}}"#)
         );
-        assert_eq!(held.value(&text, "tools"), Some(tools.as_str()));
-        assert_eq!(held.value(&text, "system"), None);
+        assert_eq!(held.value(text.as_bytes(), "tools"), Some(tools.as_bytes()));
+        assert_eq!(held.value(text.as_bytes(), "system"), None);
 
         remember(&system);
-        let held = hold(&text, &["system", "tools"]).unwrap();
+        let held = hold(text.as_bytes(), &["system", "tools"]).unwrap();
         assert_eq!(
             held.text,
             r#"{"system":"","messages":[{"role":"user"}],"tools":[]}"#
@@ -329,9 +333,9 @@ mod tests {
             r#"{"role":"user"}"#
         );
         // Not a key it was asked for; a value one byte off is not the one read.
-        assert!(hold(&text, &["instructions"]).is_none());
+        assert!(hold(text.as_bytes(), &["instructions"]).is_none());
         let other = text.replace("tttt\"", "tttu\"");
-        assert!(hold(&other, &["tools"]).is_none());
+        assert!(hold(other.as_bytes(), &["tools"]).is_none());
     }
 
     /// True when `part` lies inside `body`'s one buffer: shared, not copied.
@@ -365,8 +369,8 @@ mod tests {
             .parse_body(&agent_body("held-a", messages, ""))
             .unwrap();
         let body = agent_body("held-a", messages, r#","max_tokens":7"#);
-        let source = std::str::from_utf8(body.contiguous()).unwrap();
-        let held = hold(source, &["system", "tools"]).expect("both repeat the first body's");
+        let held =
+            hold(body.contiguous(), &["system", "tools"]).expect("both repeat the first body's");
         assert!(
             held.text.contains(r#""system":"","tools":[]"#),
             "{}",
@@ -413,6 +417,33 @@ mod tests {
     }
 
     #[test]
+    fn bytes_beside_held_values_that_are_not_utf8_are_refused_where_they_are() {
+        let messages = r#"[{"role":"user","content":"fine"}]"#;
+        AnthropicMessages
+            .parse_body(&agent_body("held-e", messages, ""))
+            .unwrap();
+        let fine = agent_body("held-e", messages, "");
+        assert!(hold(fine.contiguous(), &["system", "tools"]).is_some());
+        for at in ["fine", "\"tools\""] {
+            let mut broken = fine.contiguous().to_vec();
+            let place = fine
+                .contiguous()
+                .windows(at.len())
+                .position(|window| window == at.as_bytes())
+                .unwrap();
+            // Inside a message, and inside the key between the held values.
+            broken[place + 1] = 0xff;
+            let whole = serde_json::from_slice::<serde_json::Value>(&broken).unwrap_err();
+            assert!(hold(&broken, &["system", "tools"]).is_none(), "{at}");
+            let err = AnthropicMessages
+                .parse_body(&Chunks::from(broken))
+                .unwrap_err()
+                .to_string();
+            assert!(err.ends_with(&whole.to_string()), "{err} / {whole}");
+        }
+    }
+
+    #[test]
     fn a_value_is_held_only_at_the_top_level_under_its_key() {
         let first = agent_body("held-b", "[]", "");
         AnthropicMessages.parse_body(&first).unwrap();
@@ -420,11 +451,11 @@ mod tests {
         let tools = &text[text.find(r#""tools":"#).unwrap() + 8..text.len() - 1];
         // The same bytes inside a message, and under another key, are read as usual.
         let inside = format!(r#"{{"model":"m","messages":[{{"role":"user","content":{tools}}}]}}"#);
-        assert!(hold(&inside, &["tools"]).is_none());
+        assert!(hold(inside.as_bytes(), &["tools"]).is_none());
         let other = format!(r#"{{"model":"m","messages":[],"metadata":{tools}}}"#);
-        assert!(hold(&other, &["tools"]).is_none());
+        assert!(hold(other.as_bytes(), &["tools"]).is_none());
         let top = format!(r#"{{"model":"m","messages":[],"tools":{tools}}}"#);
-        assert!(hold(&top, &["tools"]).is_some());
+        assert!(hold(top.as_bytes(), &["tools"]).is_some());
     }
 
     #[test]

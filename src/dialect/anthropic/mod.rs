@@ -64,9 +64,12 @@ fn block_type(block: &Value) -> &str {
 
 /// The pinned message standing for a top-level `system` (`digest` as
 /// [`Reading::member_digest`] gives it): its bytes kept inside.
-fn system_message(text: &str, digest: Option<u128>) -> Result<Option<Message>, DialectError> {
-    let empty = matches!(text, "null" | "\"\"")
-        || (text.starts_with('[') && text[1..text.len() - 1].trim().is_empty());
+fn system_message(text: &[u8], digest: Option<u128>) -> Result<Option<Message>, DialectError> {
+    let empty = matches!(text, b"null" | b"\"\"")
+        || text
+            .strip_prefix(b"[")
+            .and_then(|list| list.strip_suffix(b"]"))
+            .is_some_and(|inside| inside.trim_ascii().is_empty());
     if empty {
         return Ok(None);
     }

@@ -202,7 +202,7 @@ impl Dialect for OpenAiResponses {
         let input = items(&reading, wire.input.as_ref())?;
         let mut messages = Vec::with_capacity(input.len() + 1);
         if let Some(instructions) = reading.member("instructions", wire.instructions) {
-            if !matches!(&*instructions, "null" | "\"\"") {
+            if !matches!(&*instructions, b"null" | b"\"\"") {
                 let digest = reading.member_digest("instructions");
                 messages.push(super::pinned::system_message(
                     &instructions,
