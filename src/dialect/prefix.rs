@@ -12,10 +12,13 @@
 //! them), and a body the cut reading refuses is read whole, so every error names its
 //! true place.
 //!
-//! Only bodies of at least [`LEADS`]`[0]` bytes are remembered: a shorter one is read
-//! faster than it is looked up. Memos are found by a hash of the body's leading blocks'
-//! digests at a few lengths, the longest first, with a few memos under each, so
-//! sessions that share a system prompt or a tool list still find their own.
+//! Only bodies of at least [`DIGESTED_FROM`] bytes are remembered: a shorter one is
+//! read faster than it is looked up. Memos are found by a hash of the body's leading
+//! blocks' digests at a few lengths, the longest first, with a few memos under each, so
+//! sessions that share a system prompt or a tool list still find their own. The
+//! shortest lead is half that length: an agent whose list opens its body (Codex's
+//! `input`) re-sends a list that ends before 32 KB for its first turns, in a body
+//! longer than that.
 
 use std::borrow::Cow;
 use std::cell::{Cell, OnceCell};
@@ -34,9 +37,17 @@ use super::repeated::{self, Held};
 use super::{json_body, DialectError, DialectKind, Message, RawMessage};
 use crate::base::chunks::{Chunks, BLOCK, DIGESTED_FROM};
 
-/// The lengths of the leading bytes a memo is found by; the first is also the
-/// shortest body remembered.
-const LEADS: [usize; 4] = [DIGESTED_FROM, 256 << 10, 2 << 20, 16 << 20];
+/// The lengths of the leading bytes a memo is found by; a memo is kept under each one
+/// its list reaches. Every session of one agent may share the shortest (its prompt's
+/// first 16 KB), and a lead keeps only [`WAYS`] memos: the longer ones tell sessions
+/// apart.
+const LEADS: [usize; 5] = [
+    DIGESTED_FROM / 2,
+    DIGESTED_FROM,
+    256 << 10,
+    2 << 20,
+    16 << 20,
+];
 
 /// Memos kept under one lead hash.
 const WAYS: u8 = 4;
@@ -202,7 +213,7 @@ impl<'b> Reading<'b> {
             held: OnceCell::new(),
         };
         // A short body never touches the memos (nor makes them, on a small-only load).
-        if body.len() < LEADS[0] {
+        if body.len() < DIGESTED_FROM {
             return reading;
         }
         let memos = memos();
@@ -415,7 +426,9 @@ impl<'b> Reading<'b> {
 
     /// Keeps this body's list for the next body that repeats it.
     fn remember(&self, reuse: Option<&Reuse>, fresh: &[Message], spans: &[Option<Range<usize>>]) {
-        if self.body.len() < LEADS[0] || fresh.is_empty() {
+        let ends = spans.iter().rev().find_map(|span| Some(span.as_ref()?.end));
+        if self.body.len() < DIGESTED_FROM || ends.is_none_or(|end| end < LEADS[0]) {
+            // No lead to keep it under.
             return;
         }
         let memos = memos();

@@ -230,3 +230,30 @@ fn a_body_in_frames_reads_as_the_same_body_in_one() {
         assert_eq!(seen, expected(&body), "{size}");
     }
 }
+
+#[test]
+fn a_list_that_ends_before_32_kb_in_a_longer_body_is_remembered() {
+    // Codex's shape: the list opens the body and ends near 20 KB; tools follow it.
+    let mut first = body("early", 6, 3000);
+    first["tools"] = json!([{"type": "function", "function": {
+        "name": "shell", "description": "t".repeat(20_000)}}]);
+    let text = first.to_string();
+    let list_end = text.find(r#""stream""#).expect("after the list");
+    assert!((LEADS[0]..DIGESTED_FROM).contains(&list_end), "{list_end}");
+    assert!(text.len() > DIGESTED_FROM);
+    assert_eq!(read(&bytes(&first)).1, 0);
+    let (seen, reused) = read(&bytes(&first));
+    assert_eq!((seen, reused), (expected(&first), 19));
+    // The next turn reads only what it added.
+    first["messages"]
+        .as_array_mut()
+        .expect("a list")
+        .push(json!({"role": "user", "content": "next"}));
+    let (seen, reused) = read(&bytes(&first));
+    assert_eq!((seen, reused), (expected(&first), 19));
+    // A list that ends before the shortest lead is not remembered.
+    let mut short = body("early-short", 2, 3000);
+    short["tools"] = first["tools"].clone();
+    read(&bytes(&short));
+    assert_eq!(read(&bytes(&short)).1, 0);
+}
