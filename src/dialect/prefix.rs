@@ -16,9 +16,10 @@
 //! read faster than it is looked up. Memos are found by a hash of the body's leading
 //! blocks' digests at a few lengths, the longest first, with a few memos under each, so
 //! sessions that share a system prompt or a tool list still find their own. The
-//! shortest lead is half that length: an agent whose list opens its body (Codex's
-//! `input`) re-sends a list that ends before 32 KB for its first turns, in a body
-//! longer than that.
+//! shortest lead is a quarter of that length: an agent whose list opens its body
+//! re-sends a list that ends before 32 KB for its first turns, in a body longer than
+//! that (Codex's `input` ends near 20 KB, before its tools; Claude Code's first
+//! `messages` near 11 KB, before its prompt and tools).
 
 use std::borrow::Cow;
 use std::cell::{Cell, OnceCell};
@@ -38,10 +39,11 @@ use super::{json_body, DialectError, DialectKind, Message, RawMessage};
 use crate::base::chunks::{Chunks, BLOCK, DIGESTED_FROM};
 
 /// The lengths of the leading bytes a memo is found by; a memo is kept under each one
-/// its list reaches. Every session of one agent may share the shortest (its prompt's
-/// first 16 KB), and a lead keeps only [`WAYS`] memos: the longer ones tell sessions
-/// apart.
-const LEADS: [usize; 5] = [
+/// its list reaches. Every session of one agent may share the shortest ones (Codex's
+/// prompt is its first 17.7 KB), and a lead keeps only [`WAYS`] memos: the longer
+/// ones tell sessions apart.
+const LEADS: [usize; 6] = [
+    DIGESTED_FROM / 4,
     DIGESTED_FROM / 2,
     DIGESTED_FROM,
     256 << 10,

@@ -233,27 +233,33 @@ fn a_body_in_frames_reads_as_the_same_body_in_one() {
 
 #[test]
 fn a_list_that_ends_before_32_kb_in_a_longer_body_is_remembered() {
-    // Codex's shape: the list opens the body and ends near 20 KB; tools follow it.
-    let mut first = body("early", 6, 3000);
-    first["tools"] = json!([{"type": "function", "function": {
-        "name": "shell", "description": "t".repeat(20_000)}}]);
-    let text = first.to_string();
-    let list_end = text.find(r#""stream""#).expect("after the list");
-    assert!((LEADS[0]..DIGESTED_FROM).contains(&list_end), "{list_end}");
-    assert!(text.len() > DIGESTED_FROM);
-    assert_eq!(read(&bytes(&first)).1, 0);
-    let (seen, reused) = read(&bytes(&first));
-    assert_eq!((seen, reused), (expected(&first), 19));
-    // The next turn reads only what it added.
-    first["messages"]
-        .as_array_mut()
-        .expect("a list")
-        .push(json!({"role": "user", "content": "next"}));
-    let (seen, reused) = read(&bytes(&first));
-    assert_eq!((seen, reused), (expected(&first), 19));
+    let tools = json!([{"type": "function", "function": {
+        "name": "shell", "description": "t".repeat(24_000)}}]);
+    // The list opens the body and ends near 20 KB (Codex's shape) or 11 KB (Claude
+    // Code's first turns); the tools follow it.
+    for (session, turns) in [("early-20", 6), ("early-11", 3)] {
+        let mut first = body(session, turns, 3000);
+        first["tools"] = tools.clone();
+        let text = first.to_string();
+        let list_end = text.find(r#""stream""#).expect("after the list");
+        assert!((LEADS[0]..DIGESTED_FROM).contains(&list_end), "{list_end}");
+        assert!(text.len() > DIGESTED_FROM);
+        assert_eq!(read(&bytes(&first)).1, 0);
+        let all = 1 + 3 * turns;
+        let (seen, reused) = read(&bytes(&first));
+        assert_eq!((seen, reused), (expected(&first), all), "{session}");
+        // The next turn reads only what it added.
+        first["messages"]
+            .as_array_mut()
+            .expect("a list")
+            .push(json!({"role": "user", "content": "next"}));
+        let (seen, reused) = read(&bytes(&first));
+        assert_eq!((seen, reused), (expected(&first), all), "{session}");
+    }
     // A list that ends before the shortest lead is not remembered.
-    let mut short = body("early-short", 2, 3000);
-    short["tools"] = first["tools"].clone();
+    let mut short = body("early-short", 1, 3000);
+    short["tools"] = tools;
+    assert!(short.to_string().find(r#""stream""#) < Some(LEADS[0]));
     read(&bytes(&short));
     assert_eq!(read(&bytes(&short)).1, 0);
 }
