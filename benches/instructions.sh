@@ -14,6 +14,8 @@
 # APIs, as repeat.py routes them; it must ask for no stream): e.g. a real agent's
 # request, captured by benches/e2e/capture_agent.py.
 # --top N also prints each binary's N costliest functions per request (exclusive).
+# --distinct gives each request's body a leading field of its own, so no prefix memo is
+# ever found: what building one costs when nothing repeats it.
 # --team runs handoff as a shared gateway: the bench's key is a team's proxy key and the
 # upstream key is handoff's own (`upstream.api_key_env`), so every request's body is
 # checked for upstream objects it names.
@@ -25,6 +27,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --body) BODY=$2; shift ;;
     --top) TOP=$2; shift ;;
+    --distinct) export DISTINCT=1 ;;
     --team) TEAM="api_key_env = \"BENCH_UPSTREAM_KEY\"
 [[auth.keys]]
 name = \"bench\"

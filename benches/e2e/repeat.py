@@ -4,6 +4,10 @@ A body named *anthropic* goes to /v1/messages, *responses* to /v1/responses, any
 /v1/chat/completions (the names benches/e2e/bodies.py writes).
 
     python3 benches/e2e/repeat.py HOST:PORT BODY.json COUNT [CONVERSATION]
+
+With DISTINCT=1 in the environment, each request's body opens with a field of its own
+(`"distinct": N`), so no two bodies share their leading bytes and no prefix memo is ever
+found: what a memo costs when nothing repeats it.
 """
 import os
 import socket
@@ -22,6 +26,7 @@ head = (
     + f"Content-Length: {len(body)}\r\n\r\n"
 )
 request = head.encode() + body
+distinct = os.environ.get("DISTINCT") == "1"
 connection = socket.create_connection((host, int(port)))
 connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
@@ -42,6 +47,10 @@ def answer():
         rest += connection.recv(65536)
 
 
-for _ in range(count):
-    connection.sendall(request)
+for n in range(count):
+    if distinct:
+        own = b'{"distinct": %d, ' % n + body.lstrip()[1:]
+        connection.sendall(head.replace(f"Content-Length: {len(body)}", f"Content-Length: {len(own)}").encode() + own)
+    else:
+        connection.sendall(request)
     answer()
