@@ -34,7 +34,7 @@ use serde_json::value::RawValue;
 use twox_hash::XxHash3_64;
 
 use super::message::Facts;
-use super::repeated::{self, Held};
+use super::repeated::{self, Held, HELD_FROM};
 use super::{json_body, DialectError, DialectKind, Message, RawMessage};
 use crate::base::chunks::{Chunks, BLOCK, DIGESTED_FROM};
 
@@ -149,8 +149,9 @@ struct Reuse {
     raws: Cell<Vec<Bytes>>,
     /// The bytes cut out of the body: the reused elements and the comma after them.
     cut: Range<usize>,
-    /// The body without `cut`; checked as UTF-8 where serde reads it ([`Reading::json`]).
-    text: Vec<u8>,
+    /// The body without `cut`, copied only when serde reads it as it is (nothing after
+    /// the list is held out); checked as UTF-8 where serde reads it ([`Reading::json`]).
+    text: OnceCell<Vec<u8>>,
 }
 
 impl Reuse {
@@ -170,16 +171,37 @@ impl Reuse {
             _ => return None,
         };
         let raws = body.slices(memo.marks[..count].iter().map(|mark| mark.span.clone()))?;
-        let mut text = Vec::with_capacity(start + body.len() - cut_end);
-        body.copy_into(0..start, &mut text);
-        body.copy_into(cut_end..body.len(), &mut text);
         Some(Self {
             memo,
             count,
             raws: Cell::new(raws),
             cut: start..cut_end,
-            text,
+            text: OnceCell::new(),
         })
+    }
+
+    /// The body without the cut, as one run of bytes.
+    fn text(&self, body: &Chunks) -> &[u8] {
+        self.text.get_or_init(|| {
+            let mut text = Vec::with_capacity(body.len() - self.cut.len());
+            body.copy_into(0..self.cut.start, &mut text);
+            body.copy_into(self.cut.end..body.len(), &mut text);
+            text
+        })
+    }
+
+    /// [`repeated::hold`] of the text, read in place: the body before the cut, and
+    /// after it when that lies in one frame. `Err` when it cannot be read in place (the
+    /// part before the cut is long enough to hold a value itself, or the part after it
+    /// spans frames), so the text is to be copied and held whole.
+    fn hold_in_place(&self, body: &Chunks, keys: &[&'static str]) -> Result<Option<Held>, ()> {
+        let head = body
+            .single(0..self.cut.start)
+            .filter(|head| head.len() < HELD_FROM);
+        match (head, body.single(self.cut.end..body.len())) {
+            (Some(head), Some(tail)) => Ok(repeated::hold_after_list(head, tail, keys)),
+            _ => Err(()),
+        }
     }
 }
 
@@ -268,12 +290,21 @@ impl<'b> Reading<'b> {
         &'s self,
         keys: &[&'static str],
     ) -> Result<W, serde_json::Error> {
-        if let Some(text) = self.text() {
-            let held = repeated::hold(text, keys).map(|held| self.held.get_or_init(|| held));
+        if !self.whole.get() {
+            let held = match &self.reuse {
+                // Held in place: the prompt and tools after the list are not copied.
+                Some(reuse) => reuse
+                    .hold_in_place(self.body, keys)
+                    .unwrap_or_else(|()| repeated::hold(reuse.text(self.body), keys)),
+                None => repeated::hold(self.body.contiguous(), keys),
+            };
+            let held = held.map(|held| self.held.get_or_init(|| held));
             // Held values repeat bytes serde read: only the text around them is checked.
             let checked = match held {
                 Some(held) => Some(held.text.as_str()),
-                None => simdutf8::basic::from_utf8(text).ok(),
+                None => self
+                    .text()
+                    .and_then(|text| simdutf8::basic::from_utf8(text).ok()),
             };
             match checked.map(serde_json::from_str) {
                 Some(Ok(wire)) => return Ok(wire),
@@ -287,29 +318,40 @@ impl<'b> Reading<'b> {
         json_body(self.body.contiguous())
     }
 
-    /// The bytes serde reads before any value is held out: the cut text, or the body;
-    /// `None` once the body is read whole.
+    /// The bytes serde reads before any value is held out: the cut text (copied now if
+    /// it was not), or the body; `None` once the body is read whole.
     fn text(&self) -> Option<&[u8]> {
         if self.whole.get() {
             return None;
         }
         Some(match &self.reuse {
-            Some(reuse) => &reuse.text,
+            Some(reuse) => reuse.text(self.body),
             None => self.body.contiguous(),
         })
+    }
+
+    /// Where the value held under `key` lies in the body, when one is.
+    fn held_span(&self, key: &str) -> Option<Range<usize>> {
+        let held = self.held.get().filter(|_| !self.whole.get())?;
+        let span = held.span(key)?;
+        let cut = self.reuse.as_ref().map_or(0..0, |reuse| reuse.cut.clone());
+        // A held value is a top-level member: wholly before the cut or after it.
+        let start = in_body(&cut, span.start)?;
+        Some(start..start.checked_add(span.len())?)
     }
 
     /// The top-level value under `key` as the body holds it: the held one, else what
     /// serde read (`parsed`), which a later body that repeats it need not have read.
     /// UTF-8 either way; a held value is not checked again.
     pub fn member(&self, key: &str, parsed: Option<Box<RawValue>>) -> Option<Cow<'_, [u8]>> {
-        let held = self
-            .held
-            .get()
-            .zip(self.text())
-            .and_then(|(held, text)| held.value(text, key));
-        if let Some(value) = held {
-            return Some(Cow::Borrowed(value));
+        if let Some(span) = self.held_span(key) {
+            return match self.body.single(span.clone()) {
+                Some(value) => Some(Cow::Borrowed(value)),
+                None => self
+                    .body
+                    .slice(span)
+                    .map(|value| Cow::Owned(value.to_vec())),
+            };
         }
         parsed.map(|raw| {
             repeated::remember(raw.get());
@@ -327,17 +369,11 @@ impl<'b> Reading<'b> {
     /// [`Reading::member`] as bytes, shared with the body where they lie in one of its
     /// frames: an agent re-sends its tool list, tens of KB, on every turn.
     pub fn member_bytes(&self, key: &str, parsed: Option<Box<RawValue>>) -> Option<Bytes> {
-        let value = match self.member(key, parsed)? {
-            Cow::Owned(value) => return Some(Bytes::from(value)),
-            Cow::Borrowed(value) => value,
-        };
-        let shared = self.text().and_then(|text| {
-            let offset = (value.as_ptr() as usize).wrapping_sub(text.as_ptr() as usize);
-            let cut = self.reuse.as_ref().map_or(0..0, |reuse| reuse.cut.clone());
-            let start = in_body(&cut, offset)?;
-            self.body.slice(start..start.checked_add(value.len())?)
-        });
-        Some(shared.unwrap_or_else(|| Bytes::copy_from_slice(value)))
+        if let Some(span) = self.held_span(key) {
+            return self.body.slice(span);
+        }
+        self.member(key, parsed)
+            .map(|value| Bytes::from(value.into_owned()))
     }
 
     /// The list's messages: the reused ones, then `read` of each element of `list`
@@ -408,16 +444,20 @@ impl<'b> Reading<'b> {
 
     /// Where `element` (borrowed from the text serde read) lies in the body.
     fn span_of(&self, reuse: Option<&Reuse>, element: &str) -> Option<Range<usize>> {
-        let (text, cut) = match reuse {
-            Some(reuse) => (&reuse.text[..], reuse.cut.clone()),
-            None => (&self.body.contiguous()[..], 0..0),
-        };
+        let cut = reuse.map_or(0..0, |reuse| reuse.cut.clone());
         let held = self.held.get().filter(|_| !self.whole.get());
         let offset = match held {
             Some(held) => held.original_offset(
                 (element.as_ptr() as usize).wrapping_sub(held.text.as_ptr() as usize),
             ),
-            None => (element.as_ptr() as usize).wrapping_sub(text.as_ptr() as usize),
+            // Serde read the text itself: the cut text, or the body.
+            None => {
+                let text = match reuse {
+                    Some(reuse) => reuse.text(self.body),
+                    None => self.body.contiguous(),
+                };
+                (element.as_ptr() as usize).wrapping_sub(text.as_ptr() as usize)
+            }
         };
         let start = in_body(&cut, offset)?;
         let span = start..start.checked_add(element.len())?;

@@ -263,3 +263,47 @@ fn a_list_that_ends_before_32_kb_in_a_longer_body_is_remembered() {
     read(&bytes(&short));
     assert_eq!(read(&bytes(&short)).1, 0);
 }
+
+#[test]
+fn values_after_the_list_are_held_without_copying_the_text_around_them() {
+    let mut first = body("in-place", 40, 1000);
+    first["tools"] = json!([{"type": "function", "function": {
+        "name": "in-place", "description": "t".repeat(4000)}}]);
+    let dialect = crate::dialect::openai::OpenAiChat;
+    dialect.parse_body(&bytes(&first)).expect("reads");
+    first["messages"]
+        .as_array_mut()
+        .expect("a list")
+        .push(json!({"role": "user", "content": "next"}));
+    let tools = first["tools"].to_string();
+    // In one frame, the text after the cut is read in place; in frames, it is copied.
+    // (The second reading finds the memo the first one left, one message longer.)
+    let readings = [
+        (bytes(&first), true, 121),
+        (frames(&first, 4099), false, 122),
+    ];
+    for (body, in_place, reused) in readings {
+        let reading = Reading::new(&body, DialectKind::OpenAiChat);
+        #[derive(serde::Deserialize)]
+        struct Wire<'a> {
+            #[serde(borrow)]
+            messages: Vec<&'a RawValue>,
+        }
+        let wire: Wire<'_> = reading.json(&["tools"]).expect("reads");
+        let messages = reading
+            .messages(&wire.messages, |index, raw| {
+                Message::from_raw(index, raw, DialectKind::OpenAiChat)
+            })
+            .expect("messages");
+        let reuse = reading.reuse.as_ref().expect("the memo's messages");
+        assert_eq!(reuse.count, reused);
+        assert_eq!(reuse.text.get().is_none(), in_place, "{in_place}");
+        let held = reading.member_bytes("tools", None).expect("held");
+        assert_eq!(held, tools.as_bytes(), "{in_place}");
+        let seen: Vec<_> = messages
+            .iter()
+            .map(|m| (m.raw.get().to_owned(), m.digest()))
+            .collect();
+        assert_eq!(seen, expected(&first), "{in_place}");
+    }
+}
