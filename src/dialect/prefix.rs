@@ -347,10 +347,11 @@ impl<'b> Reading<'b> {
         if let Some(span) = self.held_span(key) {
             return match self.body.single(span.clone()) {
                 Some(value) => Some(Cow::Borrowed(value)),
+                // Across frames: the one copy `slice` makes.
                 None => self
                     .body
                     .slice(span)
-                    .map(|value| Cow::Owned(value.to_vec())),
+                    .map(|value| Cow::Owned(Vec::from(value))),
             };
         }
         parsed.map(|raw| {

@@ -115,12 +115,6 @@ impl Held {
         self.held(key).map(|held| held.span.clone())
     }
 
-    /// The original bytes of the value held under `key`.
-    #[cfg(test)]
-    fn value<'t>(&self, original: &'t [u8], key: &str) -> Option<&'t [u8]> {
-        original.get(self.span(key)?)
-    }
-
     /// The [`keyed_hash`] of the value held under `key`: a consumer that keys a cache
     /// by the value's bytes need not digest them again.
     pub fn digest(&self, key: &str) -> Option<u128> {
@@ -157,10 +151,12 @@ pub fn hold(text: &[u8], keys: &[&'static str]) -> Option<Held> {
         return None;
     }
     let mut values = Vec::new();
-    let whole = top_members(text, |key, start| {
+    if !top_members(text, |key, start| {
         held_at(text, keys, key, start, &mut values)
-    });
-    whole.then(|| held_text(b"", text, values))?
+    }) {
+        return None;
+    }
+    held_text(b"", text, values)
 }
 
 /// [`hold`] of the text `head` then `tail`, without joining them, where `tail` starts
@@ -174,10 +170,12 @@ pub fn hold_after_list(head: &[u8], tail: &[u8], keys: &[&'static str]) -> Optio
     }
     let after = closing(tail, 0, 1)?;
     let mut values = Vec::new();
-    let whole = members_after(tail, after, |key, start| {
+    if !members_after(tail, after, |key, start| {
         held_at(tail, keys, key, start, &mut values)
-    });
-    whole.then(|| held_text(head, tail, values))?
+    }) {
+        return None;
+    }
+    held_text(head, tail, values)
 }
 
 /// For the member under `key` whose value starts at `start`: its end when it is one of
