@@ -86,34 +86,62 @@ impl ModelView<'_> {
 
     /// Estimated input tokens: every message (cached counts), `tools`, reply priming.
     pub fn estimate(&self, tokens: &Tokens, tokenizer: Tokenizer, tools_tokens: u64) -> u64 {
+        let messages: u64 = self
+            .messages()
+            .map(|m| m.token_count(tokens, tokenizer))
+            .sum();
+        tools_tokens + REPLY_PRIMING + messages + self.compaction_tokens(tokens, tokenizer)
+    }
+
+    /// [`ModelView::estimate`] in one pass when everything it counts was counted
+    /// before, so nothing is tokenised; else the bytes of the messages not counted yet
+    /// (an upper bound on the tokenising work `estimate` will do).
+    pub fn cached_estimate(
+        &self,
+        tokens: &Tokens,
+        tokenizer: Tokenizer,
+        tools_tokens: u64,
+    ) -> Result<u64, usize> {
         let mut total = tools_tokens + REPLY_PRIMING;
-        for m in &self.pinned {
-            total += m.message.token_count(tokens, tokenizer);
+        let mut uncounted = 0;
+        for message in self.messages() {
+            match message.cached_count(tokens, tokenizer) {
+                Some(count) => total += count,
+                None => uncounted += message.raw.as_bytes().len(),
+            }
         }
-        for m in &self.lifted {
-            total += m.token_count(tokens, tokenizer);
+        let pair = match &self.compaction {
+            None => Some(0),
+            Some(adopted) => tokens
+                .cached(tokenizer, &adopted.continuation_digest)
+                .zip(tokens.cached(tokenizer, &adopted.handoff_digest))
+                .map(|(continuation, handoff)| continuation + handoff),
+        };
+        match pair {
+            Some(pair) if uncounted == 0 => Ok(total + pair),
+            _ => Err(uncounted),
         }
-        if let Some(adopted) = &self.compaction {
-            total += tokens.count_message(
+    }
+
+    /// The adopted compaction's continuation and handoff, when there is one.
+    fn compaction_tokens(&self, tokens: &Tokens, tokenizer: Tokenizer) -> u64 {
+        self.compaction.as_ref().map_or(0, |adopted| {
+            tokens.count_message(
                 tokenizer,
                 &adopted.continuation_digest,
                 &adopted.record.continuation,
-            );
-            total +=
-                tokens.count_message(tokenizer, &adopted.handoff_digest, &adopted.record.handoff);
-        }
-        for message in self.live.iter() {
-            total += message.token_count(tokens, tokenizer);
-        }
-        total
+            ) + tokens.count_message(tokenizer, &adopted.handoff_digest, &adopted.record.handoff)
+        })
     }
 
-    /// Bytes of messages whose token count is not cached yet (an upper bound on the
-    /// tokenising work `estimate` will do).
-    pub fn uncounted_bytes(&self, tokens: &Tokens, tokenizer: Tokenizer) -> usize {
-        self.uncounted_messages(tokens, tokenizer)
-            .map(|m| m.raw.as_bytes().len())
-            .sum()
+    /// Every message the view sends but the adopted compaction's pair, in the order
+    /// `estimate` counts them.
+    fn messages(&self) -> impl Iterator<Item = &Message> {
+        self.pinned
+            .iter()
+            .map(|m| m.message)
+            .chain(self.lifted.iter().copied())
+            .chain(self.live.iter())
     }
 
     /// The messages whose token count is not cached yet, shared, for counting them
@@ -130,11 +158,7 @@ impl ModelView<'_> {
         tokens: &'s Tokens,
         tokenizer: Tokenizer,
     ) -> impl Iterator<Item = &'s Message> {
-        self.pinned
-            .iter()
-            .map(|m| m.message)
-            .chain(self.lifted.iter().copied())
-            .chain(self.live.iter())
+        self.messages()
             .filter(move |m| !m.is_counted(tokens, tokenizer))
     }
 
@@ -365,5 +389,38 @@ mod tests {
         );
         let mut short = json!({"type": "function_call_output", "call_id": "c", "output": "ok"});
         assert!(!shorten(DialectKind::Responses, &mut short));
+    }
+
+    #[test]
+    fn the_cached_estimate_is_the_estimate_once_each_message_was_counted() {
+        let tokens = Tokens::new(crate::dialect::text::message_text);
+        let body = json!({"model": "m", "messages": [
+            {"role": "system", "content": "You are terse, and you answer in one word."},
+            {"role": "user", "content": "What is the capital of France, in one word?"},
+            {"role": "assistant", "content": "Paris."},
+            {"role": "user", "content": "And the capital of Spain, in one word?"}]});
+        let request = ChatRequest::parse(body.to_string().as_bytes()).unwrap();
+        let tenant = crate::base::tenant::TenantId::parse("team").unwrap();
+        let id = crate::base::id::ConversationId::parse(tenant, "estimate").unwrap();
+        let tracked = Tracked::compute(id, &request);
+        let view = project_view(&request, &tracked, &HashMap::new());
+        let tokenizer = Tokenizer::Estimate;
+        let bytes: usize = request
+            .messages
+            .iter()
+            .map(|m| m.raw.as_bytes().len())
+            .sum();
+        assert_eq!(view.cached_estimate(&tokens, tokenizer, 7), Err(bytes));
+        // Counting one message leaves the others' bytes.
+        request.messages[2].token_count(&tokens, tokenizer);
+        let rest = bytes - request.messages[2].raw.as_bytes().len();
+        assert_eq!(view.cached_estimate(&tokens, tokenizer, 7), Err(rest));
+        let estimate = view.estimate(&tokens, tokenizer, 7);
+        assert!(estimate > 7 + REPLY_PRIMING);
+        assert_eq!(view.cached_estimate(&tokens, tokenizer, 7), Ok(estimate));
+        // The same messages read afresh find their counts in the cache.
+        let again = ChatRequest::parse(body.to_string().as_bytes()).unwrap();
+        let view = project_view(&again, &tracked, &HashMap::new());
+        assert_eq!(view.cached_estimate(&tokens, tokenizer, 7), Ok(estimate));
     }
 }

@@ -94,6 +94,11 @@ impl Tokens {
         self.cache.contains_key(&(*digest, tokenizer as u8))
     }
 
+    /// The cached count of the message with `digest`, overhead included, if any.
+    pub fn cached(&self, tokenizer: Tokenizer, digest: &MessageDigest) -> Option<u64> {
+        self.cache.get(&(*digest, tokenizer as u8)).map(u64::from)
+    }
+
     /// Tokens of a message with known digest, overhead included; cached.
     pub fn count_message(
         &self,

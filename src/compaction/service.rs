@@ -272,28 +272,36 @@ impl Compactor {
         // is then counted, off the async path when that is heavy.
         let settled = settled_view(request, tracked, budget.threshold, calibrated);
         let mut view = valid_or_plain(request, tracked, settled);
-        let uncounted = view.uncounted_bytes(tokens, budget.tokenizer());
         let tokenizer = budget.tokenizer();
-        if uncounted > BIG_UNCOUNTED || !tokens.is_loaded(tokenizer) {
-            // Tokenising hundreds of KB, or loading the tokenizer, takes tens of ms or
-            // more: done on the blocking pool, so the worker thread (one of a few, or
-            // the only one of a `workers = N` runtime) serves its other connections
-            // meanwhile. The counts land in the messages' facts, so the estimate below
-            // only reads them.
-            let work = view.uncounted(tokens, tokenizer);
-            let counter = Arc::clone(tokens);
-            let counted = tokio::task::spawn_blocking(move || {
-                counter.load(tokenizer);
-                for message in &work {
-                    message.token_count(&counter, tokenizer);
+        // Between compactions every message but the newest was counted on an earlier
+        // turn: one pass reads the counts and finds nothing to tokenise.
+        let mut local = match view.cached_estimate(tokens, tokenizer, budget.tools_tokens) {
+            Ok(local) if tokens.is_loaded(tokenizer) => local,
+            cached => {
+                let uncounted = cached.err().unwrap_or(0);
+                if uncounted > BIG_UNCOUNTED || !tokens.is_loaded(tokenizer) {
+                    // Tokenising hundreds of KB, or loading the tokenizer, takes tens of
+                    // ms or more: done on the blocking pool, so the worker thread (one
+                    // of a few, or the only one of a `workers = N` runtime) serves its
+                    // other connections meanwhile. The counts land in the messages'
+                    // facts, so the estimate below only reads them.
+                    let work = view.uncounted(tokens, tokenizer);
+                    let counter = Arc::clone(tokens);
+                    let counted = tokio::task::spawn_blocking(move || {
+                        counter.load(tokenizer);
+                        for message in &work {
+                            message.token_count(&counter, tokenizer);
+                        }
+                    })
+                    .await;
+                    if let Err(err) = counted {
+                        tracing::error!(conversation = %tracked.id, error = %err, "counting off the async path failed; counting in place");
+                    }
                 }
-            })
-            .await;
-            if let Err(err) = counted {
-                tracing::error!(conversation = %tracked.id, error = %err, "counting off the async path failed; counting in place");
+                view.estimate(tokens, tokenizer, budget.tools_tokens)
             }
-        }
-        let current = calibrated(&view);
+        };
+        let current = scale.view(local, view.compact_id());
         tracing::debug!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, "view estimated");
         self.note_adoption(tracker, tracked, &view).await;
         if current > budget.threshold {
@@ -307,11 +315,11 @@ impl Compactor {
             // carry (and move) it, though few requests compact.
             view = Box::pin(self.compact(&job(budget, view.compact_id()))).await?;
             self.note_adoption(tracker, tracked, &view).await;
+            local = view.estimate(tokens, tokenizer, budget.tools_tokens);
         }
-        let estimate = Some(view.estimate(tokens, budget.tokenizer(), budget.tools_tokens));
         Ok(Fitted {
             view,
-            estimate,
+            estimate: Some(local),
             before: Some(current),
         })
     }

@@ -399,6 +399,19 @@ impl Message {
         u64::from(*count)
     }
 
+    /// Its tokens with `tokenizer` when counted before (in its facts or the cache),
+    /// without tokenising it.
+    pub fn cached_count(&self, tokens: &Tokens, tokenizer: Tokenizer) -> Option<u64> {
+        let slot = &self.facts.counts[tokenizer as usize % TOKENIZERS];
+        if let Some(count) = slot.get() {
+            return Some(u64::from(*count));
+        }
+        let count = tokens.cached(tokenizer, &self.facts.digest)?;
+        Some(u64::from(
+            *slot.get_or_init(|| u32::try_from(count).unwrap_or(u32::MAX)),
+        ))
+    }
+
     /// True when its bytes may name upstream objects ([`may_name_objects`]): searched
     /// once per distinct message, then read from its facts.
     pub fn may_name_objects(&self) -> bool {
