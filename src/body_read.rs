@@ -79,7 +79,7 @@ pub async fn read_body(
     // digests and shares where they lie, instead of reading and copying them again.
     // Small frames are gathered first, so a body sent in tiny chunks is not kept as
     // a frame (and its bookkeeping) per byte.
-    let mut chunks = Chunks::reading();
+    let mut chunks = Chunks::reading(declared);
     let mut gathered = Gathered::default();
     let mut total = 0usize;
     let read = tokio::time::timeout(limits.body_timeout, async {

@@ -9,7 +9,8 @@
 //! A body being read also digests each whole [`BLOCK`] of its bytes as its frames
 //! arrive, while they are still in cache ([`Chunks::reading`]): what a later reader
 //! compares to find the bytes a body repeats from an earlier one, without reading
-//! those bytes again.
+//! those bytes again. A mid-sized body digests only its leading blocks so; the rest
+//! are digested if a reader asks for them.
 
 use std::borrow::Cow;
 use std::collections::hash_map::RandomState;
@@ -26,6 +27,14 @@ pub const BLOCK: usize = 4 << 10;
 /// A body shorter than this has no block digests: it is read faster than compared.
 pub const DIGESTED_FROM: usize = 32 << 10;
 
+/// A body declared shorter than this has its blocks digested as they arrive only up to
+/// [`DIGESTED_FROM`], the longest lead such a body is looked up by; the rest when a
+/// reader asks. An agent's mid-sized body often ends with a prompt and a tool list
+/// that no memo compares (Claude Code's first turns: 77 of 87 KB after the list).
+/// A longer body is a long conversation, its list most of it: digested as it arrives,
+/// while the kernel's copy is still in cache.
+pub const DIGESTED_WHOLE_FROM: usize = 8 * DIGESTED_FROM;
+
 /// A body as a list of frames, read as one run of bytes.
 #[derive(Debug, Clone, Default)]
 pub struct Chunks {
@@ -37,6 +46,8 @@ pub struct Chunks {
     joined: OnceLock<Bytes>,
     /// True when each block is digested as its frames arrive.
     digesting: bool,
+    /// How far blocks are digested as the frames arrive (the rest on demand).
+    digest_to: usize,
     /// The digest of each whole block so far, once the body is [`DIGESTED_FROM`] long.
     blocks: Vec<u128>,
 }
@@ -56,10 +67,14 @@ impl From<Vec<u8>> for Chunks {
 }
 
 impl Chunks {
-    /// An empty body that digests its blocks as frames are pushed.
-    pub fn reading() -> Self {
+    /// An empty body that digests its blocks as frames are pushed: all of them, or
+    /// only the leading ones when its `declared` length is under
+    /// [`DIGESTED_WHOLE_FROM`].
+    pub fn reading(declared: Option<u64>) -> Self {
+        let short = declared.is_some_and(|length| length < DIGESTED_WHOLE_FROM as u64);
         Self {
             digesting: true,
+            digest_to: if short { DIGESTED_FROM } else { usize::MAX },
             ..Self::default()
         }
     }
@@ -74,7 +89,7 @@ impl Chunks {
         self.ends.push(end);
         self.joined = OnceLock::new();
         if self.digesting && end >= DIGESTED_FROM {
-            let whole = end / BLOCK;
+            let whole = end.min(self.digest_to) / BLOCK;
             while self.blocks.len() < whole {
                 let digest = self.block_digest(self.blocks.len());
                 self.blocks.push(digest);
@@ -83,8 +98,22 @@ impl Chunks {
     }
 
     /// The digest of each whole block, when the body is [`DIGESTED_FROM`] long:
-    /// those taken as it was read, or taken now.
+    /// those taken as it was read, and the others taken now.
     pub fn blocks(&self) -> Cow<'_, [u128]> {
+        let taken = self.blocks_read();
+        let whole = self.whole_blocks();
+        if taken.len() == whole {
+            return taken;
+        }
+        let mut blocks = taken.into_owned();
+        blocks.extend((blocks.len()..whole).map(|block| self.block_digest(block)));
+        Cow::Owned(blocks)
+    }
+
+    /// The block digests taken as the body was read (all of them, for a body that was
+    /// not read frame by frame): a prefix of [`Chunks::blocks`], got without hashing
+    /// any byte when the body was read.
+    pub fn blocks_read(&self) -> Cow<'_, [u128]> {
         if self.len() < DIGESTED_FROM {
             return Cow::Borrowed(&[]);
         }
@@ -92,10 +121,19 @@ impl Chunks {
             return Cow::Borrowed(&self.blocks);
         }
         Cow::Owned(
-            (0..self.len() / BLOCK)
+            (0..self.whole_blocks())
                 .map(|block| self.block_digest(block))
                 .collect(),
         )
+    }
+
+    /// How many whole blocks a body of this length has digests for.
+    fn whole_blocks(&self) -> usize {
+        if self.len() < DIGESTED_FROM {
+            0
+        } else {
+            self.len() / BLOCK
+        }
     }
 
     /// The digest of the bytes of `range`, seeded per process, whichever frames hold
@@ -476,7 +514,7 @@ mod block_tests {
     fn body(len: usize, size: usize, reading: bool) -> Chunks {
         let text: Vec<u8> = (0..len).map(|i| (i * 31 % 253) as u8).collect();
         let mut chunks = if reading {
-            Chunks::reading()
+            Chunks::reading(None)
         } else {
             Chunks::default()
         };
@@ -500,6 +538,27 @@ mod block_tests {
         let repeated = Chunks::from(vec![7u8; DIGESTED_FROM]).blocks().into_owned();
         assert!(repeated.windows(2).all(|pair| pair[0] == pair[1]));
         assert_ne!(whole[0], whole[1]);
+    }
+
+    #[test]
+    fn a_mid_sized_body_digests_its_leading_blocks_as_it_arrives_and_the_rest_when_asked() {
+        let len = DIGESTED_FROM + 9 * BLOCK + 5;
+        let whole = body(len, len, false).blocks().into_owned();
+        let mut declared = Chunks::reading(Some(len as u64));
+        let text = body(len, len, false).contiguous().clone();
+        for start in (0..len).step_by(3000) {
+            declared.push(text.slice(start..(start + 3000).min(len)));
+        }
+        assert_eq!(declared.blocks_read().len(), DIGESTED_FROM / BLOCK);
+        assert_eq!(&*declared.blocks_read(), &whole[..DIGESTED_FROM / BLOCK]);
+        assert_eq!(&*declared.blocks(), &whole[..]);
+        // A long one, or one of unknown length, digests every block as it arrives.
+        let long = DIGESTED_WHOLE_FROM as u64;
+        for length in [Some(long), None] {
+            let mut chunks = Chunks::reading(length);
+            chunks.push(text.clone());
+            assert_eq!(&*chunks.blocks_read(), &whole[..], "{length:?}");
+        }
     }
 
     #[test]

@@ -5,12 +5,12 @@
 //! a long request's CPU. After a body is read, a [`Memo`] keeps where each element of
 //! its list (`messages`, `input`) lay, the element's facts, and the digests of the
 //! body's bytes up to the last element's end: one per whole block
-//! ([`Chunks::blocks`], taken as the body arrived) and one of the bytes after them. A
-//! later body whose bytes agree up to some element's end takes those elements from the
-//! memo: the digests compared are the new body's own, nothing is assumed. serde then
-//! reads the body with those elements cut out (the fields, and the elements after
-//! them), and a body the cut reading refuses is read whole, so every error names its
-//! true place.
+//! ([`Chunks::blocks`], taken as the body arrived or when first needed) and one of the
+//! bytes after them. A later body whose bytes agree up to some element's end takes
+//! those elements from the memo: the digests compared are the new body's own, nothing
+//! is assumed. serde then reads the body with those elements cut out (the fields, and
+//! the elements after them), and a body the cut reading refuses is read whole, so
+//! every error names its true place.
 //!
 //! Only bodies of at least [`DIGESTED_FROM`] bytes are remembered: a shorter one is
 //! read faster than it is looked up. Memos are found by a hash of the body's leading
@@ -210,8 +210,10 @@ impl Reuse {
 pub struct Reading<'b> {
     body: &'b Chunks,
     kind: DialectKind,
-    /// The body's block digests.
-    blocks: Cow<'b, [u128]>,
+    /// The body's block digests taken as it was read.
+    blocks_read: Cow<'b, [u128]>,
+    /// All of them, taken once when a reader needs more than those.
+    blocks_all: OnceCell<Cow<'b, [u128]>>,
     /// The body's hash of each of [`LEADS`] it is long enough for, hashed when needed.
     leads: [OnceCell<u64>; LEADS.len()],
     reuse: Option<Reuse>,
@@ -229,7 +231,8 @@ impl<'b> Reading<'b> {
         let mut reading = Self {
             body,
             kind,
-            blocks: body.blocks(),
+            blocks_read: body.blocks_read(),
+            blocks_all: OnceCell::new(),
             leads: Default::default(),
             reuse: None,
             whole: Cell::new(false),
@@ -250,7 +253,7 @@ impl<'b> Reading<'b> {
                 let Some(memo) = memos.cache.get(&(kind as u8, lead as u8, way, hash)) else {
                     continue;
                 };
-                let count = agreed(&memo, body, &reading.blocks);
+                let count = agreed(&memo, body, reading.blocks(memo.blocks.len()));
                 let all = count == memo.marks.len();
                 if count > best.as_ref().map_or(0, |(most, _)| *most) {
                     best = Some((count, memo));
@@ -269,10 +272,26 @@ impl<'b> Reading<'b> {
         reading
     }
 
+    /// The body's first `count` block digests, or all it has when fewer: those taken as
+    /// it was read when they are enough (a mid-sized body's prompt and tools after its
+    /// list are then never hashed as blocks).
+    fn blocks(&self, count: usize) -> &[u128] {
+        let blocks = if self.blocks_read.len() >= count {
+            &self.blocks_read
+        } else {
+            self.blocks_all.get_or_init(|| self.body.blocks())
+        };
+        &blocks[..count.min(blocks.len())]
+    }
+
     /// The body's hash of `LEADS[lead]` leading bytes (of their blocks' digests), if it
     /// has that many.
     fn lead(&self, lead: usize) -> Option<u64> {
-        let digests = self.blocks.get(..LEADS[lead] / BLOCK)?;
+        if LEADS[lead] > self.body.len() {
+            return None;
+        }
+        let count = LEADS[lead] / BLOCK;
+        let digests = Some(self.blocks(count)).filter(|digests| digests.len() == count)?;
         let seed = memos().seed;
         Some(*self.leads[lead].get_or_init(|| {
             let mut bytes = Vec::with_capacity(digests.len() * 16);
@@ -489,7 +508,8 @@ impl<'b> Reading<'b> {
                 facts: message.shared_facts(),
             });
         }
-        let whole = (at / BLOCK).min(self.blocks.len());
+        let blocks = self.blocks(at / BLOCK);
+        let whole = blocks.len();
         let Some(rest) = self.body.digest(whole * BLOCK..at) else {
             return;
         };
@@ -500,7 +520,7 @@ impl<'b> Reading<'b> {
             .map_or((rest as u8) % WAYS, |reuse| reuse.memo.way);
         let memo = Arc::new(Memo {
             marks: marks.into_boxed_slice(),
-            blocks: self.blocks[..whole].into(),
+            blocks: blocks.into(),
             rest,
             way,
         });

@@ -26,7 +26,18 @@ fn bytes(value: &Value) -> Chunks {
 /// `value`'s text cut into frames of `size` bytes, as a body may arrive.
 fn frames(value: &Value, size: usize) -> Chunks {
     let text = Bytes::from(value.to_string());
-    let mut chunks = Chunks::reading();
+    let mut chunks = Chunks::reading(None);
+    for start in (0..text.len()).step_by(size) {
+        chunks.push(text.slice(start..(start + size).min(text.len())));
+    }
+    chunks
+}
+
+/// `value`'s text in frames of `size` bytes, its length declared as a client's
+/// `Content-Length` declares it.
+fn declared(value: &Value, size: usize) -> Chunks {
+    let text = Bytes::from(value.to_string());
+    let mut chunks = Chunks::reading(Some(text.len() as u64));
     for start in (0..text.len()).step_by(size) {
         chunks.push(text.slice(start..(start + size).min(text.len())));
     }
@@ -306,4 +317,22 @@ fn values_after_the_list_are_held_without_copying_the_text_around_them() {
             .collect();
         assert_eq!(seen, expected(&first), "{in_place}");
     }
+}
+
+#[test]
+fn a_mid_sized_body_finds_its_memo_with_the_blocks_past_its_leads_digested_late() {
+    // About 100 KB: under the length whose blocks are all digested as they arrive, so
+    // the blocks past the first 32 KB are digested when the memo is compared and kept.
+    let first = body("late", 40, 2300);
+    let length = first.to_string().len();
+    assert!(length > 3 * DIGESTED_FROM && length < crate::base::chunks::DIGESTED_WHOLE_FROM);
+    let (seen, reused) = read(&declared(&first, 16_384));
+    assert_eq!((seen, reused), (expected(&first), 0));
+    let mut next = first.clone();
+    if let Some(messages) = next["messages"].as_array_mut() {
+        messages.push(json!({"role": "user", "content": "and then?"}));
+    }
+    let (seen, reused) = read(&declared(&next, 16_384));
+    assert_eq!(reused, 121, "system + 40 turns of three");
+    assert_eq!(seen, expected(&next));
 }
