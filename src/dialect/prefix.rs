@@ -36,7 +36,7 @@ use twox_hash::XxHash3_64;
 use super::message::Facts;
 use super::repeated::{self, Held, HELD_FROM};
 use super::{json_body, DialectError, DialectKind, Message, RawMessage};
-use crate::base::chunks::{Chunks, BLOCK, DIGESTED_FROM};
+use crate::base::chunks::{Chunks, BLOCK, DIGESTED_FROM, DIGESTED_WHOLE_FROM};
 
 /// The lengths of the leading bytes a memo is found by; a memo is kept under each one
 /// its list reaches. Every session of one agent may share the shortest ones (Codex's
@@ -46,10 +46,14 @@ const LEADS: [usize; 6] = [
     DIGESTED_FROM / 4,
     DIGESTED_FROM / 2,
     DIGESTED_FROM,
-    256 << 10,
+    DIGESTED_WHOLE_FROM,
     2 << 20,
     16 << 20,
 ];
+
+// A body shorter than the first lead past `DIGESTED_FROM` has its blocks past that
+// digested late (`Chunks::reading`): its leads must all lie within it.
+const _: () = assert!(LEADS[2] == DIGESTED_FROM && LEADS[3] == DIGESTED_WHOLE_FROM);
 
 /// Memos kept under one lead hash.
 const WAYS: u8 = 4;
