@@ -159,7 +159,7 @@ impl ModelView<'_> {
         tokenizer: Tokenizer,
     ) -> impl Iterator<Item = &'s Message> {
         self.messages()
-            .filter(move |m| !m.is_counted(tokens, tokenizer))
+            .filter(move |m| m.cached_count(tokens, tokenizer).is_none())
     }
 
     /// Checks the view: tool pairs complete, the continuation a user message, the

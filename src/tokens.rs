@@ -89,11 +89,6 @@ impl Tokens {
         }
     }
 
-    /// True when the message with `digest` has a cached count.
-    pub fn is_counted(&self, tokenizer: Tokenizer, digest: &MessageDigest) -> bool {
-        self.cache.contains_key(&(*digest, tokenizer as u8))
-    }
-
     /// The cached count of the message with `digest`, overhead included, if any.
     pub fn cached(&self, tokenizer: Tokenizer, digest: &MessageDigest) -> Option<u64> {
         self.cache.get(&(*digest, tokenizer as u8)).map(u64::from)
@@ -124,11 +119,8 @@ impl Tokens {
         digest: &MessageDigest,
         message: impl FnOnce() -> &'v Value,
     ) -> u64 {
-        let key = (*digest, tokenizer as u8);
-        if let Some(count) = self.cache.get(&key) {
-            return u64::from(count);
-        }
-        self.count_message(tokenizer, digest, message())
+        self.cached(tokenizer, digest)
+            .unwrap_or_else(|| self.count_message(tokenizer, digest, message()))
     }
 
     /// Tokens of raw UTF-8 text known by `digest` (e.g. the `tools` schemas); cached,

@@ -437,14 +437,6 @@ impl Message {
         verdict
     }
 
-    /// True when counting it with `tokenizer` needs no tokenising.
-    pub fn is_counted(&self, tokens: &Tokens, tokenizer: Tokenizer) -> bool {
-        self.facts.counts[tokenizer as usize % TOKENIZERS]
-            .get()
-            .is_some()
-            || tokens.is_counted(tokenizer, &self.facts.digest)
-    }
-
     /// The Responses item type (`function_call`, `reasoning`, …), if it has one.
     pub fn item_type(&self) -> Option<&str> {
         self.facts.item_type.as_deref()
