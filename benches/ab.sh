@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A/B of handoff binaries (or settings) on CPU per request: each variant in front of
-# bench-upstream, small chat with 32 connections and the ~700 KB conversation with 8,
+# bench-upstream, small chat with 32 connections and the ~440 KB conversation with 8,
 # at the default log level (info: one access line per request, to a file outside the
 # config's folder), interleaved over ROUNDS rounds.
 #

@@ -374,7 +374,7 @@ def ratios(label, got):
         print(line)
 small = table("small chat, 32 conn", "small", errors=True)
 ratios("small chat", small)
-long = table("tracked long conversation (~700 KB body, ~100k tokens), 8 conn", "long")
+long = table("tracked long conversation (~440 KB body, 620 messages), 8 conn", "long")
 ratios("long chat", long)
 def streams(title, kind):
     print(f"\n| {title} | TTFB p50 ms | gap p50 ms | gap max ms |")

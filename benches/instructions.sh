@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Instructions per request, counted by callgrind: deterministic where CPU time on a
 # shared machine is not, so a change of 1% shows. One worker, one connection, a small
-# chat request (or the ~700 KB conversation) to bench-upstream, repeated. Each binary
+# chat request (or the ~440 KB conversation) to bench-upstream, repeated. Each binary
 # runs twice under callgrind, with WARMUP+FEW and WARMUP+MANY requests; the difference
 # divided by MANY-FEW is the cost of one request, start-up and exit cancelled out. All
 # threads are counted (the log writer's too); syscalls and waiting are not.

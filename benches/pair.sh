@@ -9,7 +9,7 @@
 #   e.g. benches/pair.sh --body long /tmp/old/handoff target/release/handoff
 #
 # small: the small chat body, 32 connections (the harness's small-chat row); long: the
-# ~700 KB conversation, 8 connections; FILE.json: that body (e.g. a real agent's request
+# ~440 KB conversation, 8 connections; FILE.json: that body (e.g. a real agent's request
 # from benches/e2e/capture_agent.py, sent to /v1/messages when its name says anthropic,
 # /v1/responses when it says responses), 8 connections, as one conversation. CPU is
 # read from /proc/<pid>/stat around each run.
