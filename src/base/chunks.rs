@@ -114,9 +114,7 @@ impl Chunks {
     /// not read frame by frame): a prefix of [`Chunks::blocks`], got without hashing
     /// any byte when the body was read.
     pub fn blocks_read(&self) -> Cow<'_, [u128]> {
-        if self.len() < DIGESTED_FROM {
-            return Cow::Borrowed(&[]);
-        }
+        // A body read frame by frame digests no block before DIGESTED_FROM bytes.
         if self.digesting {
             return Cow::Borrowed(&self.blocks);
         }

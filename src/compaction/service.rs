@@ -234,6 +234,31 @@ fn valid_or_plain<'a>(
 /// New message text above which tokenising is moved off the async path.
 const BIG_UNCOUNTED: usize = 256 * 1024;
 
+/// Counts the messages of `view` not counted yet, and loads `tokenizer`, on the blocking
+/// pool: tokenising hundreds of KB, or loading a tokenizer, takes tens of ms or more,
+/// and the worker thread (one of a few, or the only one of a `workers = N` runtime)
+/// serves its other connections meanwhile. A failure only leaves the counting to the
+/// caller's estimate, in place.
+async fn count_on_the_blocking_pool(
+    tokens: &Arc<Tokens>,
+    view: &ModelView<'_>,
+    tokenizer: Tokenizer,
+    tracked: &Tracked,
+) {
+    let work = view.uncounted(tokens, tokenizer);
+    let counter = Arc::clone(tokens);
+    let counted = tokio::task::spawn_blocking(move || {
+        counter.load(tokenizer);
+        for message in &work {
+            message.token_count(&counter, tokenizer);
+        }
+    })
+    .await;
+    if let Err(err) = counted {
+        tracing::error!(conversation = %tracked.id, error = %err, "counting off the async path failed; counting in place");
+    }
+}
+
 impl Compactor {
     /// The view's calibrated estimate: the count every decision is made with.
     fn count(&self, job: &Job<'_>, view: &ModelView<'_>) -> u64 {
@@ -280,23 +305,8 @@ impl Compactor {
             cached => {
                 let uncounted = cached.err().unwrap_or(0);
                 if uncounted > BIG_UNCOUNTED || !tokens.is_loaded(tokenizer) {
-                    // Tokenising hundreds of KB, or loading the tokenizer, takes tens of
-                    // ms or more: done on the blocking pool, so the worker thread (one
-                    // of a few, or the only one of a `workers = N` runtime) serves its
-                    // other connections meanwhile. The counts land in the messages'
-                    // facts, so the estimate below only reads them.
-                    let work = view.uncounted(tokens, tokenizer);
-                    let counter = Arc::clone(tokens);
-                    let counted = tokio::task::spawn_blocking(move || {
-                        counter.load(tokenizer);
-                        for message in &work {
-                            message.token_count(&counter, tokenizer);
-                        }
-                    })
-                    .await;
-                    if let Err(err) = counted {
-                        tracing::error!(conversation = %tracked.id, error = %err, "counting off the async path failed; counting in place");
-                    }
+                    // The counts land in the messages' facts: the estimate only reads them.
+                    count_on_the_blocking_pool(tokens, &view, tokenizer, tracked).await;
                 }
                 view.estimate(tokens, tokenizer, budget.tools_tokens)
             }
