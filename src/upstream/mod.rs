@@ -1,18 +1,18 @@
-//! The connection to the provider: one pooled client, rustls for HTTPS with HTTP/2 by
-//! ALPN, `TCP_NODELAY` on every socket, and the timeouts that turn a stuck upstream
-//! into a 504 instead of a hung client.
+//! The connection to the provider: a pool of connections per worker, rustls for HTTPS
+//! with HTTP/2 by ALPN, `TCP_NODELAY` on every socket, and the timeouts that turn a
+//! stuck upstream into a 504 instead of a hung client.
 
-use std::error::Error as _;
+mod pool;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderValue, Request, Response, Uri};
 use hyper::body::Incoming;
-use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+
+use pool::{Connector, Pool, SendError};
 
 use crate::body::ProxyBody;
 use crate::config::UpstreamConfig;
@@ -68,14 +68,17 @@ impl From<UpstreamError> for ApiError {
     }
 }
 
-/// A pooled client bound to one base URL.
+/// Pooled connections to one base URL.
 #[derive(Clone)]
 pub struct Upstream {
     /// One pool per worker thread: a connection is driven by the runtime that uses it,
     /// so a request never wakes another thread to reach the provider.
-    clients: Arc<[Client<HttpsConnector<HttpConnector>, ProxyBody>]>,
+    pools: Arc<[Pool]>,
+    connector: Connector,
     scheme: Scheme,
     authority: Authority,
+    /// `Host` for HTTP/1.1: the authority without credentials, as a header.
+    host: HeaderValue,
     // Host and port only: the authority may carry credentials, which no error shows.
     shown: String,
     prefix: String,
@@ -121,8 +124,17 @@ impl Upstream {
             && self.authority.host() == other.authority.host()
             && self.authority.port_u16() == other.authority.port_u16()
     }
-    /// Builds the client for `config`.
+    /// Builds the pools for `config`, trusting the Web PKI's roots.
     pub fn new(config: &UpstreamConfig) -> Result<Self, UpstreamError> {
+        let tls = hyper_rustls::HttpsConnectorBuilder::new().with_webpki_roots();
+        Self::build(config, tls)
+    }
+
+    /// Builds the pools for `config`, with `tls` for HTTPS.
+    fn build(
+        config: &UpstreamConfig,
+        tls: hyper_rustls::HttpsConnectorBuilder<hyper_rustls::builderstates::WantsSchemes>,
+    ) -> Result<Self, UpstreamError> {
         let bad = |reason: String| UpstreamError::BadTarget {
             target: crate::redact::shown_url(&config.base_url).into_owned(),
             reason,
@@ -146,27 +158,26 @@ impl Upstream {
         http.set_nodelay(true);
         http.enforce_http(false);
         http.set_connect_timeout(Some(config.connect_timeout));
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
+        let connector = tls
             .https_or_http()
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
-        let clients = (0..crate::worker::count())
-            .map(|_| {
-                Client::builder(TokioExecutor::new())
-                    .pool_idle_timeout(Duration::from_secs(90))
-                    .build(https.clone())
-            })
+        let pools = (0..crate::worker::count())
+            .map(|_| Pool::new(IDLE_TIMEOUT))
             .collect();
         let shown = match authority.port() {
             Some(port) => format!("{}:{port}", authority.host()),
             None => authority.host().to_owned(),
         };
+        let host = HeaderValue::try_from(shown.as_str())
+            .map_err(|err| bad(format!("its host is not a header value: {err}")))?;
         Ok(Self {
-            clients,
+            pools,
+            connector,
             scheme,
             authority,
+            host,
             shown,
             prefix,
             connect_timeout: config.connect_timeout,
@@ -176,8 +187,8 @@ impl Upstream {
     }
 
     /// The calling worker's pool.
-    fn client(&self) -> &Client<HttpsConnector<HttpConnector>, ProxyBody> {
-        &self.clients[crate::worker::index() % self.clients.len()]
+    fn pool(&self) -> &Pool {
+        &self.pools[crate::worker::index() % self.pools.len()]
     }
 
     /// The time allowed between two body frames.
@@ -214,17 +225,24 @@ impl Upstream {
         &self,
         request: Request<ProxyBody>,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        match tokio::time::timeout(self.read_timeout, self.client().request(request)).await {
+        let sent = self.pool().send(&self.connector, &self.host, request);
+        match tokio::time::timeout(self.read_timeout, sent).await {
             Err(_) => Err(UpstreamError::ReadTimeout {
                 authority: self.shown.clone(),
                 timeout: self.read_timeout,
             }),
             Ok(Ok(response)) => Ok(response),
-            Ok(Err(err)) if is_timeout(&err) => Err(UpstreamError::ConnectTimeout {
+            Ok(Err(SendError::Connect(err))) if is_timeout(&*err) => {
+                Err(UpstreamError::ConnectTimeout {
+                    authority: self.shown.clone(),
+                    timeout: self.connect_timeout,
+                })
+            }
+            Ok(Err(SendError::Connect(err))) => Err(UpstreamError::Unreachable {
                 authority: self.shown.clone(),
-                timeout: self.connect_timeout,
+                reason: innermost(&*err),
             }),
-            Ok(Err(err)) => Err(UpstreamError::Unreachable {
+            Ok(Err(SendError::Exchange(err))) => Err(UpstreamError::Unreachable {
                 authority: self.shown.clone(),
                 reason: innermost(&err),
             }),
@@ -232,8 +250,11 @@ impl Upstream {
     }
 }
 
-fn is_timeout(err: &hyper_util::client::legacy::Error) -> bool {
-    let mut source = err.source();
+/// How long a connection may idle in its pool before it is closed, not reused.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+fn is_timeout(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(err);
     while let Some(cause) = source {
         if let Some(io) = cause.downcast_ref::<std::io::Error>() {
             if io.kind() == std::io::ErrorKind::TimedOut {
@@ -255,59 +276,4 @@ fn innermost(err: &(dyn std::error::Error + 'static)) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn upstream(base: &str) -> Upstream {
-        let config = UpstreamConfig {
-            base_url: base.into(),
-            ..UpstreamConfig::default()
-        };
-        Upstream::new(&config).unwrap()
-    }
-
-    #[test]
-    fn client_path_and_query_are_appended_to_the_base_path() {
-        let up = upstream("http://127.0.0.1:9/proxy/");
-        let pq = PathAndQuery::from_static("/v1/models?limit=2");
-        assert_eq!(
-            up.target(Some(&pq)).unwrap().to_string(),
-            "http://127.0.0.1:9/proxy/v1/models?limit=2"
-        );
-        let plain = upstream("https://api.openai.com");
-        assert_eq!(
-            plain.target(Some(&pq)).unwrap().to_string(),
-            "https://api.openai.com/v1/models?limit=2"
-        );
-        let slash = upstream("http://127.0.0.1:9/");
-        assert_eq!(
-            slash.target(Some(&pq)).unwrap().to_string(),
-            "http://127.0.0.1:9/v1/models?limit=2"
-        );
-        assert_eq!(
-            slash.target(None).unwrap().to_string(),
-            "http://127.0.0.1:9/"
-        );
-    }
-
-    #[tokio::test]
-    async fn errors_never_show_the_credentials_of_the_base_url() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let up = upstream(&format!("http://user:sk-in-url-secret@127.0.0.1:{port}"));
-        let request = Request::builder()
-            .uri(up.target(None).unwrap())
-            .body(crate::body::full(""))
-            .unwrap();
-        let err = up.send(request).await.unwrap_err();
-        let shown = ApiError::from(err).message;
-        assert!(shown.contains(&format!("127.0.0.1:{port}")), "{shown}");
-        assert!(
-            !shown.contains("sk-in-url-secret") && !shown.contains("user:"),
-            "{shown}"
-        );
-    }
-}
+mod tests;
