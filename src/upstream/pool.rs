@@ -9,6 +9,11 @@
 //! Here a connection stays in its worker's list while it is in use, and a request takes
 //! the first one hyper says is ready: HTTP/1.1's `SendRequest` is ready again once the
 //! connection has read the last response whole and waits for the next request.
+//!
+//! A connection idle past the pool's timeout is closed when a later request meets it.
+//! One that no request meets again ends when the upstream closes it (providers close
+//! idle connections themselves), or when its pool is dropped with the config it was
+//! built for.
 
 use std::future::poll_fn;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -44,9 +49,9 @@ pub enum SendError {
     Exchange(#[from] hyper::Error),
 }
 
-/// An HTTP/1.1 connection in the list, in use or idle.
-struct Http1 {
-    sender: http1::SendRequest<ProxyBody>,
+/// A connection in the pool, in use or idle.
+struct Open<S> {
+    sender: S,
     /// When it last took a request: an idle connection older than the pool's idle
     /// timeout is closed rather than reused.
     used: Instant,
@@ -54,8 +59,8 @@ struct Http1 {
 
 #[derive(Default)]
 struct Connections {
-    http1: Vec<Http1>,
-    http2: Option<http2::SendRequest<ProxyBody>>,
+    http1: Vec<Open<http1::SendRequest<ProxyBody>>>,
+    http2: Option<Open<http2::SendRequest<ProxyBody>>>,
 }
 
 /// A connection a request may go on now.
@@ -70,9 +75,12 @@ impl Connections {
     /// A connection a request may go on now; closed connections, and those idle past
     /// `idle_timeout`, leave the list on the way.
     fn ready(&mut self, now: Instant, idle_timeout: Duration) -> Option<Ready<'_>> {
-        if let Some(http2) = &self.http2 {
-            if !http2.is_closed() {
-                return Some(Ready::Http2(http2.clone()));
+        if let Some(http2) = &mut self.http2 {
+            // h2 carries any number of requests: it is idle only if none came lately.
+            let expired = now.duration_since(http2.used) > idle_timeout;
+            if !(http2.sender.is_closed() || expired) {
+                http2.used = now;
+                return Some(Ready::Http2(http2.sender.clone()));
             }
             self.http2 = None;
         }
@@ -169,13 +177,16 @@ impl Pool {
             let (mut sender, connection) = http2::handshake(TokioExecutor::new(), stream).await?;
             tokio::spawn(drive(connection));
             let response = sender.send_request(absolute(request, target));
-            self.lock().http2.get_or_insert(sender);
+            self.lock().http2.get_or_insert(Open {
+                sender,
+                used: Instant::now(),
+            });
             return Ok(response.await?);
         }
         let (mut sender, connection) = http1::handshake(stream).await?;
         tokio::spawn(drive(connection));
         let response = sender.send_request(origin(request, host));
-        self.lock().http1.push(Http1 {
+        self.lock().http1.push(Open {
             sender,
             used: Instant::now(),
         });
