@@ -2,28 +2,32 @@
 //! stack does, for `benches/ab.sh` to measure beside handoff.
 //!
 //! It has handoff's shape (one current-thread tokio runtime per worker, each with its
-//! own `SO_REUSEPORT` listener and its own hyper-util pooled client, `TCP_NODELAY` on
-//! both sides, hyper-util's auto server) and does nothing else: no body read, no
-//! parsing, no tracking, no log line. Each request's head and body go upstream as
-//! they came, and the answer comes back as it came. What handoff spends above this
-//! floor is handoff's own; the floor itself is hyper's and tokio's.
+//! own `SO_REUSEPORT` listener and its own list of HTTP/1.1 connections to the
+//! upstream, taken when hyper says one is ready, `TCP_NODELAY` on both sides,
+//! hyper-util's auto server) and does nothing else: no body read, no parsing, no
+//! tracking, no log line. Each request's head and body go upstream as they came, and
+//! the answer comes back as it came. What handoff spends above this floor is
+//! handoff's own; the floor itself is hyper's and tokio's.
 //!
 //! Usage: `bench-floor LISTEN UPSTREAM_URL [WORKERS]`, e.g.
 //! `bench-floor 127.0.0.1:18202 http://127.0.0.1:18200 2`.
 
+use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http::{Request, Response, Uri};
+use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
 use hyper::service::service_fn;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use socket2::{Domain, Protocol, Socket, Type};
 
-type Upstream = Client<HttpConnector, Incoming>;
+thread_local! {
+    /// This worker's connections to the upstream, each kept while in use.
+    static CONNECTIONS: RefCell<Vec<SendRequest<Incoming>>> = const { RefCell::new(Vec::new()) };
+}
 
 fn listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
@@ -36,35 +40,48 @@ fn listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 }
 
 async fn forward(
-    client: &Upstream,
-    base: &str,
+    upstream: &str,
+    host: &HeaderValue,
     request: Request<Incoming>,
-) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
+) -> std::io::Result<Response<Incoming>> {
     let (mut parts, body) = request.into_parts();
-    let target = format!(
-        "{base}{}",
-        parts.uri.path_and_query().map_or("/", |p| p.as_str())
-    );
-    if let Ok(uri) = target.parse::<Uri>() {
-        parts.uri = uri;
-    }
-    parts.headers.remove(http::header::HOST);
-    client.request(Request::from_parts(parts, body)).await
+    parts.headers.insert(http::header::HOST, host.clone());
+    let request = Request::from_parts(parts, body);
+    let ready = CONNECTIONS.with(|connections| {
+        let mut connections = connections.borrow_mut();
+        connections.retain(|sender| !sender.is_closed());
+        connections.iter().rposition(SendRequest::is_ready)
+    });
+    let exchange = match ready {
+        Some(index) => {
+            CONNECTIONS.with(|connections| connections.borrow_mut()[index].send_request(request))
+        }
+        None => {
+            let stream = tokio::net::TcpStream::connect(upstream).await?;
+            stream.set_nodelay(true)?;
+            let (mut sender, connection) = http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(std::io::Error::other)?;
+            tokio::spawn(connection);
+            let exchange = sender.send_request(request);
+            CONNECTIONS.with(|connections| connections.borrow_mut().push(sender));
+            exchange
+        }
+    };
+    exchange.await.map_err(std::io::Error::other)
 }
 
-async fn worker(listener: std::net::TcpListener, base: Arc<str>) -> std::io::Result<()> {
+async fn worker(listener: std::net::TcpListener, upstream: Arc<str>) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    let client: Upstream = Client::builder(TokioExecutor::new()).build(connector);
+    let host = HeaderValue::from_str(&upstream).map_err(std::io::Error::other)?;
     loop {
         let (stream, _) = listener.accept().await?;
         stream.set_nodelay(true)?;
-        let (client, base) = (client.clone(), Arc::clone(&base));
+        let (upstream, host) = (Arc::clone(&upstream), host.clone());
         tokio::spawn(async move {
             let service = service_fn(move |request| {
-                let (client, base) = (client.clone(), Arc::clone(&base));
-                async move { forward(&client, &base, request).await }
+                let (upstream, host) = (Arc::clone(&upstream), host.clone());
+                async move { forward(&upstream, &host, request).await }
             });
             let _ = auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(stream), service)
@@ -77,7 +94,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let usage = "usage: bench-floor LISTEN UPSTREAM_URL [WORKERS]";
     let addr: SocketAddr = args.next().ok_or(usage)?.parse()?;
-    let base: Arc<str> = args.next().ok_or(usage)?.trim_end_matches('/').into();
+    // The floor speaks plain HTTP/1.1 to bench-upstream: its host and port are all it needs.
+    let base: Arc<str> = args
+        .next()
+        .ok_or(usage)?
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .into();
     let workers: usize = args.next().map_or(Ok(2), |n| n.parse())?;
     let threads: Vec<_> = (0..workers.max(1))
         .map(|_| {
