@@ -230,38 +230,27 @@ async fn sequential_requests_share_one_connection_in_origin_form_with_the_upstre
 async fn requests_in_flight_together_each_get_a_connection_which_is_reused_after() {
     let (addr, seen) = serve(Serving::Together(2), None).await;
     let up = upstream(&format!("http://{addr}"));
-    let (first, second) = tokio::join!(get(&up, "/a"), get(&up, "/b"));
+    let opened = together(&up, &seen).await;
+    assert_eq!(opened, 2, "HTTP/1.1 carries one request at a time");
+    let reused = together(&up, &seen).await;
+    assert_eq!(reused, 2, "both connections were idle again, and reused");
+}
+
+/// Sends two requests at once; the connections the upstream then had accepted.
+async fn together(up: &Upstream, seen: &Seen) -> usize {
+    let (first, second) = tokio::join!(get(up, "/a"), get(up, "/b"));
     assert_eq!(
         (first.0, second.0),
         (http::StatusCode::OK, http::StatusCode::OK)
     );
-    assert_eq!(
-        seen.connections(),
-        2,
-        "HTTP/1.1 carries one request at a time"
-    );
-    let (third, fourth) = tokio::join!(get(&up, "/c"), get(&up, "/d"));
-    assert_eq!(
-        (third.0, fourth.0),
-        (http::StatusCode::OK, http::StatusCode::OK)
-    );
-    assert_eq!(
-        seen.connections(),
-        2,
-        "both connections were idle again, and reused"
-    );
+    seen.connections()
 }
 
 #[tokio::test]
 async fn a_connection_the_upstream_closed_is_not_taken_again() {
     let (addr, seen) = serve(Serving::Close, None).await;
     let up = upstream(&format!("http://{addr}"));
-    for _ in 0..3 {
-        assert_eq!(get(&up, "/x").await.0, http::StatusCode::OK);
-        // The close reaches the pool's connection task before the next request.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(seen.connections(), 3);
+    assert_eq!(one_by_one(&up, &seen, 3).await, 3);
 }
 
 #[tokio::test]
@@ -269,11 +258,17 @@ async fn a_connection_idle_past_the_timeout_is_closed_not_reused() {
     let (addr, seen) = serve(Serving::KeepAlive, None).await;
     let mut up = upstream(&format!("http://{addr}"));
     up.pools = Arc::from(vec![Pool::new(Duration::ZERO)]);
-    for _ in 0..2 {
-        assert_eq!(get(&up, "/x").await.0, http::StatusCode::OK);
-        tokio::time::sleep(Duration::from_millis(2)).await;
+    assert_eq!(one_by_one(&up, &seen, 2).await, 2);
+}
+
+/// Sends `count` requests one after another, a little apart; the connections the
+/// upstream then had accepted.
+async fn one_by_one(up: &Upstream, seen: &Seen, count: usize) -> usize {
+    for _ in 0..count {
+        assert_eq!(get(up, "/x").await.0, http::StatusCode::OK);
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(seen.connections(), 2);
+    seen.connections()
 }
 
 #[tokio::test]
