@@ -72,6 +72,21 @@ enum Ready<'a> {
 }
 
 impl Connections {
+    /// Keeps `sender` as the h2 connection, unless another request opened one meanwhile
+    /// that is still open.
+    fn keep_http2(&mut self, sender: http2::SendRequest<ProxyBody>) {
+        if self
+            .http2
+            .as_ref()
+            .is_none_or(|open| open.sender.is_closed())
+        {
+            self.http2 = Some(Open {
+                sender,
+                used: Instant::now(),
+            });
+        }
+    }
+
     /// A connection a request may go on now; closed connections, and those idle past
     /// `idle_timeout`, leave the list on the way.
     fn ready(&mut self, now: Instant, idle_timeout: Duration) -> Option<Ready<'_>> {
@@ -177,10 +192,7 @@ impl Pool {
             let (mut sender, connection) = http2::handshake(TokioExecutor::new(), stream).await?;
             tokio::spawn(drive(connection));
             let response = sender.send_request(absolute(request, target));
-            self.lock().http2.get_or_insert(Open {
-                sender,
-                used: Instant::now(),
-            });
+            self.lock().keep_http2(sender);
             return Ok(response.await?);
         }
         let (mut sender, connection) = http1::handshake(stream).await?;
