@@ -9,6 +9,7 @@ use serde_json::json;
 
 use crate::audit::{summarize, Tree};
 use crate::body::{json, ProxyBody};
+use crate::browser_guard::host_of;
 
 use crate::compaction::budget::RequestBudget;
 use crate::compaction::service::{CompactError, Job};
@@ -514,19 +515,6 @@ fn authorize(
             "admin endpoints answer Authorization: Bearer <admin.token>, or (unless admin.loopback = false) loopback clients addressing localhost without a foreign Origin",
         ))
     }
-}
-
-/// The host part of a `Host` value or of an origin's authority: no port, no path.
-fn host_of(authority: &str) -> String {
-    let authority = authority.split('/').next().unwrap_or(authority);
-    if let Some(rest) = authority.strip_prefix('[') {
-        return format!("[{}]", rest.split(']').next().unwrap_or(rest));
-    }
-    authority
-        .split(':')
-        .next()
-        .unwrap_or(authority)
-        .to_ascii_lowercase()
 }
 
 fn is_local_host(host: &str) -> bool {

@@ -103,6 +103,26 @@ impl ApiError {
         )
     }
 
+    /// 403 for a request addressed to a name that is not this listener's (DNS rebinding).
+    pub fn host_not_allowed(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            Some("host_not_allowed"),
+            message.into(),
+        )
+    }
+
+    /// 403 for a request a web page sent from an origin not in `allowed_origins`.
+    pub fn origin_not_allowed(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            Some("origin_not_allowed"),
+            message.into(),
+        )
+    }
+
     /// 429 with `Retry-After` when a key's rate limit is hit.
     pub fn rate_limited(message: impl Into<String>, retry_after: std::time::Duration) -> Self {
         let mut err = Self::new(
@@ -121,6 +141,16 @@ impl ApiError {
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
             Some(code),
+            message.into(),
+        )
+    }
+
+    /// 415 for a body whose content type its path does not take (a form sent for JSON).
+    pub fn unsupported_media_type(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_request_error",
+            Some("unsupported_media_type"),
             message.into(),
         )
     }

@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 use serde_json::Value;
 
 use crate::base::chunks::Chunks;
-use crate::base::object_fields::{may_name_objects, ID_FIELDS};
+use crate::base::object_fields::{may_name_objects, ID_FIELDS, REFERENCE_TYPE};
 use crate::base::tenant::TenantId;
 use crate::dialect::{ChatRequest, Message};
 use crate::error::ApiError;
@@ -146,6 +146,13 @@ fn named_in(body: &[u8]) -> Vec<String> {
 fn collect(value: &Value, found: &mut Vec<String>) {
     match value {
         Value::Object(map) => {
+            // `{"type": "item_reference", "id": "msg_…"}` names a stored item of any kind
+            // (`msg_`, `fc_`, `rs_`…): the tenant's when its conversation logged it.
+            if map.get("type").and_then(Value::as_str) == Some(REFERENCE_TYPE) {
+                if let Some(id) = map.get("id").and_then(Value::as_str) {
+                    found.push(id.to_owned());
+                }
+            }
             for (key, inner) in map {
                 if ID_FIELDS.contains(&key.as_str()) {
                     let named = match inner {
@@ -188,54 +195,69 @@ pub fn created_object(body: &[u8]) -> Option<String> {
     created.id.filter(|id| is_object_id(id))
 }
 
-/// The objects each tenant created, in the store, with a cache of the answers found.
+/// The objects each tenant created, in the store, with a cache of the owners found:
+/// keyed by a digest of the id, so an entry's size does not depend on the id's length.
 pub struct Ownership {
     store: Arc<dyn Store>,
-    owned: moka::sync::Cache<(TenantId, String), ()>,
+    owners: moka::sync::Cache<u128, TenantId>,
+}
+
+/// What [`Ownership::record`] did with an object an upstream answer named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recorded {
+    /// The object is now the tenant's (or already was).
+    Owned,
+    /// Another tenant created it: it stays theirs.
+    OthersAlready(TenantId),
 }
 
 impl Ownership {
-    /// Ownership kept in `store`, `capacity` answers cached.
+    /// Ownership kept in `store`, `capacity` owners cached.
     pub fn new(store: Arc<dyn Store>, capacity: u64) -> Self {
         Self {
             store,
-            owned: moka::sync::Cache::new(capacity),
+            owners: moka::sync::Cache::new(capacity),
         }
     }
 
-    /// Records that `tenant` created `object`.
-    pub async fn record(&self, tenant: &TenantId, object: &str) -> Result<(), StoreError> {
+    /// Records that `tenant` created `object`, unless another tenant did.
+    pub async fn record(&self, tenant: &TenantId, object: &str) -> Result<Recorded, StoreError> {
+        match self.owner(object).await? {
+            Some(owner) if owner == *tenant => return Ok(Recorded::Owned),
+            Some(owner) => return Ok(Recorded::OthersAlready(owner)),
+            None => {}
+        }
         self.store.record_object(tenant, object).await?;
-        self.owned.insert((tenant.clone(), object.to_owned()), ());
-        Ok(())
+        self.owners.insert(key(object), tenant.clone());
+        Ok(Recorded::Owned)
     }
 
-    /// True when `tenant` created `object`.
-    pub async fn owns(&self, tenant: &TenantId, object: &str) -> Result<bool, StoreError> {
-        let key = (tenant.clone(), object.to_owned());
-        if self.owned.contains_key(&key) {
-            return Ok(true);
+    /// The tenant that created `object`, if one did through handoff.
+    pub async fn owner(&self, object: &str) -> Result<Option<TenantId>, StoreError> {
+        if let Some(owner) = self.owners.get(&key(object)) {
+            return Ok(Some(owner));
         }
-        let owns = self.store.owns_object(tenant, object).await?;
-        if owns {
-            self.owned.insert(key, ());
+        let owner = self.store.object_owner(object).await?;
+        if let Some(owner) = &owner {
+            self.owners.insert(key(object), owner.clone());
         }
-        Ok(owns)
+        Ok(owner)
     }
 
     /// Refuses, as the upstream would refuse an unknown id, a request by `tenant` that
-    /// names an object it did not create.
+    /// names an object it did not create. Each distinct id is looked up once.
     pub async fn check<'a>(
         &self,
         tenant: &TenantId,
         objects: impl IntoIterator<Item = &'a str>,
     ) -> Result<(), ApiError> {
-        for object in objects {
-            let owns = self
-                .owns(tenant, object)
+        let distinct: std::collections::BTreeSet<&str> = objects.into_iter().collect();
+        for object in distinct {
+            let owner = self
+                .owner(object)
                 .await
                 .map_err(|err| ApiError::storage(err.to_string()))?;
-            if !owns {
+            if owner.as_ref() != Some(tenant) {
                 return Err(ApiError::not_found(format!(
                     "No such object: {object:?} (not created through this key)"
                 )));
@@ -243,6 +265,10 @@ impl Ownership {
         }
         Ok(())
     }
+}
+
+fn key(object: &str) -> u128 {
+    twox_hash::XxHash3_128::oneshot(object.as_bytes())
 }
 
 #[cfg(test)]
@@ -262,6 +288,10 @@ mod tests {
         assert_eq!(found, ["conv_9", "file-x", "resp_1", "vs_a", "vs_b"]);
         assert!(body_objects(br#"{"messages":[{"role":"user","content":"file-x"}]}"#).is_empty());
         assert!(!is_object_id("resp_"));
+        let referenced = br#"{"model":"m","input":[{"type":"item_reference","id":"msg_A"},{"type":"reasoning","id":"rs_1","summary":[]}]}"#;
+        assert_eq!(body_objects(referenced), ["msg_A"]);
+        let spelt = br#"{"input":[{"type":"item_refer\u0065nce","id":"fc_B"}]}"#;
+        assert_eq!(body_objects(spelt), ["fc_B"]);
         assert!(!is_object_id("resp_../x"));
     }
 

@@ -22,12 +22,9 @@ use crate::body_read::read_body;
 use crate::dialect::DialectKind;
 use crate::error::ApiError;
 use crate::forward::{forward, relay, send_timed, upstream_request};
+use crate::named_model::{self, Reading};
 use crate::ownership;
 use crate::state::{AppState, Snapshot};
-
-/// Paths whose multipart form names a model (transcription, translation, image edits):
-/// read whole like a JSON body. Other multipart bodies (file uploads) stream.
-const MODEL_FORMS: &[&str] = &["/v1/audio/", "/v1/images/"];
 
 /// Forwards a request that is not tracked, after its admission.
 pub async fn handle(
@@ -52,24 +49,30 @@ pub async fn handle(
         .collect();
     let body = match admission.key.as_ref() {
         None => body.map_err(Into::into).boxed_unsync(),
-        Some(_) if !reads_whole(&parts.method, parts.uri.path(), &parts.headers) => {
-            Charged::new(body, admission.clone(), Arc::clone(&state.limiter)).boxed_unsync()
-        }
-        Some(_) => {
-            // Read for its model and the objects it names: one buffer.
-            let bytes = match read_body(body, &snap.config.limits, &parts.headers).await {
-                Ok(chunks) => chunks.contiguous().clone(),
-                Err(err) => return err.into_response_for(dialect),
-            };
-            admission.charge_read(&state.limiter, bytes.len());
-            if let Some(model) = named_model(&parts.headers, &bytes) {
-                if let Err(err) = admission.check_model(&model) {
+        Some(_) => match reading(&parts.method, parts.uri.path(), &parts.headers) {
+            Err(err) => return err.into_response_for(dialect),
+            Ok(Reading::Streamed) => {
+                Charged::new(body, admission.clone(), Arc::clone(&state.limiter)).boxed_unsync()
+            }
+            Ok(Reading::Whole) => {
+                // Read for its model and the objects it names: one buffer.
+                let bytes = match read_body(body, &snap.config.limits, &parts.headers).await {
+                    Ok(chunks) => chunks.contiguous().clone(),
+                    Err(err) => return err.into_response_for(dialect),
+                };
+                admission.charge_read(&state.limiter, bytes.len());
+                let checked = match named_model::named_model(&parts.headers, &bytes).await {
+                    Ok(Some(model)) => admission.check_model(&model),
+                    Ok(None) => Ok(()),
+                    Err(err) => Err(err),
+                };
+                if let Err(err) = checked {
                     return err.into_response_for(dialect);
                 }
+                named.extend(ownership::body_objects(&bytes));
+                full(bytes)
             }
-            named.extend(ownership::body_objects(&bytes));
-            full(bytes)
-        }
+        },
     };
     if shared {
         if let Err(err) = state.check_owned(&admission.tenant, &named).await {
@@ -107,11 +110,25 @@ pub async fn handle(
                 .into_response_for(dialect)
         }
     };
-    if let Some(object) = ownership::created_object(&body) {
-        if let Err(err) = state.ownership.record(&admission.tenant, &object).await {
-            // Unrecorded, the object would be refused to its own tenant: say so now.
-            tracing::warn!(object = %object, error = %err, "cannot record an upstream object's owner");
-            return ApiError::storage(err.to_string()).into_response_for(dialect);
+    // Only a new object: an answer that names one the request named (a conversation
+    // updated, a file attached) creates nothing, and another tenant's stays theirs.
+    let created = ownership::created_object(&body).filter(|object| !named.contains(object));
+    if let Some(object) = created {
+        match state.ownership.record(&admission.tenant, &object).await {
+            Ok(ownership::Recorded::Owned) => {}
+            Ok(ownership::Recorded::OthersAlready(owner)) => {
+                // Not shown either: the answer is another tenant's object.
+                tracing::warn!(object = %object, owner = %owner, tenant = %admission.tenant, "an upstream answer named another tenant's object as created; not recorded");
+                return ApiError::not_found(format!(
+                    "No such object: {object:?} (not created through this key)"
+                ))
+                .into_response_for(dialect);
+            }
+            Err(err) => {
+                // Unrecorded, the object would be refused to its own tenant: say so now.
+                tracing::warn!(object = %object, error = %err, "cannot record an upstream object's owner");
+                return ApiError::storage(err.to_string()).into_response_for(dialect);
+            }
         }
     }
     crate::forward::buffered(head, body)
@@ -120,87 +137,13 @@ pub async fn handle(
 /// The largest answer read to learn the id of the object it created.
 const MAX_CREATED_BODY: usize = 4 << 20;
 
-/// True when a body is read whole to be checked: any body but a multipart upload that
-/// names no model.
-fn reads_whole(method: &Method, path: &str, headers: &http::HeaderMap) -> bool {
+/// How a body is admitted: none to read for a `GET`, `HEAD` or `OPTIONS`; otherwise as
+/// [`named_model::reading`] says.
+fn reading(method: &Method, path: &str, headers: &http::HeaderMap) -> Result<Reading, ApiError> {
     if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
-        return false;
+        return Ok(Reading::Streamed);
     }
-    let multipart = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.to_ascii_lowercase().starts_with("multipart/"));
-    !multipart || MODEL_FORMS.iter().any(|prefix| path.starts_with(prefix))
-}
-
-/// The model a body names: a JSON object's `model`, or a multipart form's `model`
-/// field.
-pub fn named_model(headers: &http::HeaderMap, body: &[u8]) -> Option<String> {
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if let Some(boundary) = multipart_boundary(content_type) {
-        return form_field(body, boundary.as_bytes(), b"model");
-    }
-    #[derive(serde::Deserialize)]
-    struct Named {
-        model: Option<serde_json::Value>,
-    }
-    let named: Named = serde_json::from_slice(body).ok()?;
-    match named.model? {
-        serde_json::Value::String(model) => Some(model),
-        // Not a name the allow-list can pass: checked as its JSON text, so refused.
-        other => Some(other.to_string()),
-    }
-}
-
-fn multipart_boundary(content_type: &str) -> Option<&str> {
-    if !content_type.to_ascii_lowercase().starts_with("multipart/") {
-        return None;
-    }
-    content_type.split(';').find_map(|part| {
-        let (name, value) = part.trim().split_once('=')?;
-        name.eq_ignore_ascii_case("boundary")
-            .then(|| value.trim_matches('"'))
-    })
-}
-
-/// The value of the form field `name` in a multipart body.
-fn form_field(body: &[u8], boundary: &[u8], name: &[u8]) -> Option<String> {
-    let mut delimiter = b"--".to_vec();
-    delimiter.extend_from_slice(boundary);
-    let mut parts = split(body, &delimiter).into_iter().skip(1);
-    parts.find_map(|part| {
-        let head_end = find(part, b"\r\n\r\n")?;
-        let head = String::from_utf8_lossy(&part[..head_end]).to_ascii_lowercase();
-        let wanted = format!("name=\"{}\"", String::from_utf8_lossy(name));
-        let disposition = head
-            .lines()
-            .find(|line| line.trim_start().starts_with("content-disposition"))?;
-        let names_it = disposition.split(';').any(|param| param.trim() == wanted);
-        if !names_it {
-            return None;
-        }
-        let value = &part[head_end + 4..];
-        let value = value.strip_suffix(b"\r\n").unwrap_or(value);
-        Some(String::from_utf8_lossy(value).into_owned())
-    })
-}
-
-fn split<'a>(haystack: &'a [u8], needle: &[u8]) -> Vec<&'a [u8]> {
-    let mut out = Vec::new();
-    let mut rest = haystack;
-    while let Some(at) = find(rest, needle) {
-        out.push(&rest[..at]);
-        rest = &rest[at + needle.len()..];
-    }
-    out.push(rest);
-    out
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
+    named_model::reading(path, headers)
 }
 
 pin_project_lite::pin_project! {
@@ -263,35 +206,5 @@ impl Body for Charged {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_model_is_found_in_json_and_in_a_form() {
-        let mut headers = http::HeaderMap::new();
-        headers.insert(header::CONTENT_TYPE, "application/json".parse().unwrap());
-        assert_eq!(
-            named_model(
-                &headers,
-                br#"{"input":"x","model":"text-embedding-3-large"}"#
-            )
-            .as_deref(),
-            Some("text-embedding-3-large")
-        );
-        assert_eq!(
-            named_model(&headers, br#"{"model":["a"]}"#).as_deref(),
-            Some("[\"a\"]")
-        );
-        assert_eq!(named_model(&headers, b"not json"), None);
-        headers.insert(
-            header::CONTENT_TYPE,
-            "multipart/form-data; boundary=XyZ".parse().unwrap(),
-        );
-        let form = b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nRIFF\r\n--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n--XyZ--\r\n";
-        assert_eq!(named_model(&headers, form).as_deref(), Some("whisper-1"));
     }
 }

@@ -234,7 +234,8 @@ impl AppState {
         tenant: &crate::tenant::TenantId,
         named: &[String],
     ) -> Result<(), crate::error::ApiError> {
-        for object in named {
+        let distinct: std::collections::BTreeSet<&String> = named.iter().collect();
+        for object in distinct {
             let logged = self
                 .tracker
                 .conversation_of_response(tenant, object)

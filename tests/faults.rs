@@ -75,7 +75,7 @@ async fn slow_and_unfinished_requests_are_cut_off_while_others_are_served() {
         let mut trickling: Vec<TcpStream> = (0..300)
             .map(|_| {
                 let mut s = TcpStream::connect(addr).unwrap();
-                s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+                s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\n")
                     .unwrap();
                 s
             })
@@ -83,7 +83,7 @@ async fn slow_and_unfinished_requests_are_cut_off_while_others_are_served() {
         let mut unfinished: Vec<TcpStream> = (0..20)
             .map(|_| {
                 let mut s = TcpStream::connect(addr).unwrap();
-                s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 10000\r\n\r\n{\"model\":").unwrap();
+                s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: 10000\r\n\r\n{\"model\":").unwrap();
                 s
             })
             .collect();
@@ -187,7 +187,7 @@ except urllib.error.HTTPError as err:
     let addr = proxy.addr();
     let raw = tokio::task::spawn_blocking(move || {
         let mut s = TcpStream::connect(addr).unwrap();
-        s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n").unwrap();
+        s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n").unwrap();
         let chunk = vec![b'x'; 64 * 1024];
         for _ in 0..48 {
             s.write_all(format!("{:x}\r\n", chunk.len()).as_bytes()).unwrap();

@@ -228,7 +228,7 @@ async fn a_replica_killed_mid_summary_is_taken_over_after_its_lease_expires() {
     // A raw connection: the request dies with its replica, and that is expected.
     let body = json!({"model": "strict", "messages": messages}).to_string();
     let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nauthorization: Bearer sk-x\r\nx-handoff-conversation-id: crash\r\ncontent-length: {}\r\n\r\n",
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\nauthorization: Bearer sk-x\r\nx-handoff-conversation-id: crash\r\ncontent-length: {}\r\n\r\n",
         body.len()
     );
     let mut doomed = tokio::net::TcpStream::connect(first.addr()).await.unwrap();

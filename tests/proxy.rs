@@ -468,7 +468,7 @@ async fn post_in_pieces(addr: std::net::SocketAddr, body: &[u8], piece: usize) -
     let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
     socket.set_nodelay(true).unwrap();
     let head = format!(
-        "POST {CHAT} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\n\
+        "POST {CHAT} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\ncontent-type: application/json\r\n\
          authorization: Bearer sk-test-123\r\nx-handoff-conversation-id: framed\r\n\
          content-length: {}\r\n\r\n",
         body.len()

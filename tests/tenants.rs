@@ -322,7 +322,7 @@ async fn the_admin_surface_answers_its_token_or_local_tools_only() {
     assert_eq!(get(&[]).await.status, 200, "a local tool");
     let rebound = get(&[("host", "evil.example")]).await;
     assert_eq!(rebound.status, 403);
-    assert_eq!(rebound.json()["error"]["code"], "forbidden");
+    assert_eq!(rebound.json()["error"]["code"], "host_not_allowed");
     assert_eq!(get(&[("origin", "http://evil.example")]).await.status, 403);
     // A page on another local port is another site: it may not act for the user.
     assert_eq!(
@@ -335,11 +335,14 @@ async fn the_admin_surface_answers_its_token_or_local_tools_only() {
         200,
         "the web view's own page"
     );
-    let with_token = get(&[
+    // The token opens the admin API, but only under one of the listener's names.
+    let rebound_with_token = get(&[
         ("host", "evil.example"),
         ("authorization", "Bearer admin-token-7"),
     ])
     .await;
+    assert_eq!(rebound_with_token.status, 403);
+    let with_token = get(&[("authorization", "Bearer admin-token-7")]).await;
     assert_eq!(with_token.status, 200);
     let wrong = get(&[("authorization", "Bearer nope")]).await;
     assert_eq!(wrong.status, 403);

@@ -25,7 +25,11 @@ pub const ID_FIELDS: &[&str] = &[
     "container_id",
 ];
 
-/// True when the JSON text `body` may hold one of [`ID_FIELDS`] as a key: its quoted
+/// The `type` of an input item that names a stored item by its `id`.
+pub const REFERENCE_TYPE: &str = "item_reference";
+
+/// True when the JSON text `body` may hold one of [`ID_FIELDS`] as a key, or an
+/// [`REFERENCE_TYPE`] item: its quoted
 /// name appears, or a key is spelled with a `\u` escape. `body` is a whole value, or a
 /// run of a value's text cut between tokens, where no string can straddle the cut.
 ///
@@ -34,15 +38,17 @@ pub const ID_FIELDS: &[&str] = &[
 pub fn may_name_objects(body: &[u8]) -> bool {
     static NAMES: OnceLock<Option<AhoCorasick>> = OnceLock::new();
     let names = NAMES.get_or_init(|| {
-        AhoCorasick::new(ID_FIELDS.iter().map(|field| format!("\"{field}\""))).ok()
+        let quoted = ID_FIELDS.iter().chain([&REFERENCE_TYPE]);
+        AhoCorasick::new(quoted.map(|field| format!("\"{field}\""))).ok()
     });
     // The patterns are constants; were they ever refused, every body is parsed.
     names.as_ref().is_none_or(|names| names.is_match(body)) || escaped_key(body)
 }
 
-/// True when a key of `body` holds a `\u` escape. Every backslash of a JSON text is in a
-/// string and starts an escape or is escaped, so the backslashes are read in order,
-/// and a string with a `\u` is read to its end once.
+/// True when a key of `body` holds a `\u` escape, or a value spelled with one reads as
+/// [`REFERENCE_TYPE`]. Every backslash of a JSON text is in a string and starts an
+/// escape or is escaped, so the backslashes are read in order, and a string with a
+/// `\u` is read to its end once.
 fn escaped_key(body: &[u8]) -> bool {
     let mut at = 0;
     while let Some(found) = body.get(at..).and_then(|rest| memchr::memchr(b'\\', rest)) {
@@ -58,7 +64,37 @@ fn escaped_key(body: &[u8]) -> bool {
         if body.get(skip_space(body, end)) == Some(&b':') {
             return true;
         }
+        if end - slash <= SPELT_REFERENCE_MAX && spells_reference(body, slash, end) {
+            return true;
+        }
         at = end;
     }
     false
+}
+
+/// The longest string that decodes to [`REFERENCE_TYPE`]: every character a `\uXXXX`,
+/// and its quotes.
+const SPELT_REFERENCE_MAX: usize = REFERENCE_TYPE.len() * 6 + 2;
+
+/// True when the string that holds the escape at `slash` and ends at `end` decodes to
+/// [`REFERENCE_TYPE`]. Its opening quote is the nearest one before `slash` that no
+/// backslash escapes; only a string short enough to is looked for.
+fn spells_reference(body: &[u8], slash: usize, end: usize) -> bool {
+    let floor = end.saturating_sub(SPELT_REFERENCE_MAX);
+    let mut open = slash;
+    let start = loop {
+        let Some(quote) = memchr::memrchr(b'"', &body[floor..open]).map(|at| floor + at) else {
+            return false;
+        };
+        let escapes = body[..quote]
+            .iter()
+            .rev()
+            .take_while(|b| **b == b'\\')
+            .count();
+        if escapes % 2 == 0 {
+            break quote;
+        }
+        open = quote;
+    };
+    serde_json::from_slice::<String>(&body[start..end]).is_ok_and(|text| text == REFERENCE_TYPE)
 }

@@ -25,6 +25,15 @@ pub use workers::{cores, Workers};
 pub struct Config {
     /// Address the proxy listens on.
     pub listen: SocketAddr,
+    /// Host names clients may address this listener by, beside IP addresses and
+    /// `localhost` (and `*.localhost`): `"proxy.internal"`, `".example.com"` for a domain
+    /// and its subdomains, `"*"` for any (behind a reverse proxy that checks names).
+    /// Any other `Host` is refused, so a web page cannot reach the proxy by DNS rebinding.
+    pub allowed_hosts: Vec<String>,
+    /// Web origins (`"https://app.example.com"`) whose pages may call the proxy API;
+    /// a request with any other `Origin` is refused before it is forwarded or logged.
+    /// Empty by default: no web page may use the proxy, or its upstream key.
+    pub allowed_origins: Vec<String>,
     /// Folder for conversation logs and compaction records.
     pub data_dir: PathBuf,
     /// How long in-flight requests may run after SIGINT/SIGTERM.
@@ -125,6 +134,8 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
             data_dir: PathBuf::from("handoff-data"),
             shutdown_grace: Duration::from_secs(10),
             workers: Workers::Auto,

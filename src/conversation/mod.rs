@@ -382,12 +382,16 @@ impl Tracker {
         let mut state = entry.lock().await;
         let mut lines = Vec::with_capacity(read.len());
         let mut added = Vec::with_capacity(read.len());
+        let mut item_ids = Vec::new();
         for (reply, echo, message_digest, digest, this_parent) in read {
             if state.known.contains(&digest) || added.iter().any(|(d, _, _, _)| *d == digest) {
                 // The same reply twice (a cached answer, n > 1 with equal choices).
                 continue;
             }
             added.push((digest, message_digest, echo, this_parent));
+            if batch.sequence {
+                item_ids.push(item_id(&reply.message));
+            }
             lines.push(Line::now(Entry::Message(MessageLine {
                 digest,
                 parent: this_parent,
@@ -405,14 +409,30 @@ impl Tracker {
         if !lines.is_empty() {
             self.store.append(id, lines).await?;
         }
+        let mut items = Vec::new();
         for (digest, message_digest, echo, parent) in added {
             state.known.insert(digest);
             state.remember_echo(parent, echo, message_digest, digest);
+            if batch.sequence {
+                items.push(digest);
+            }
         }
         // `parent` is now the last item of the response: what a follow-up continues. A
         // server-side conversation moves on to it too; a response id stays where it is.
         let head = if batch.sequence { parent } else { batch.parent };
-        for key in batch.response_id.into_iter().chain(batch.conversation) {
+        // Each output item ends its own prefix: an `item_reference` to it is the
+        // tenant's, and continues the conversation there.
+        let items = item_ids
+            .into_iter()
+            .zip(items)
+            .filter_map(|(item, digest)| Some((item?, Some(digest))));
+        let ends = batch
+            .response_id
+            .into_iter()
+            .chain(batch.conversation)
+            .map(|key| (key, head))
+            .chain(items);
+        for (key, head) in ends {
             let cached = (id.tenant().clone(), key);
             // The same id at the same place again (a retried request): stored already.
             if self
@@ -516,6 +536,18 @@ fn reply_digests(
     }
     let value: Value = serde_json::from_str(reply.message.get())?;
     Ok((message_digest(&value), echo_digest(&value)))
+}
+
+/// The `id` of a reply item (a Responses output item), when it has one.
+fn item_id(message: &serde_json::value::RawValue) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Item {
+        id: Option<String>,
+    }
+    serde_json::from_str::<Item>(message.get())
+        .ok()?
+        .id
+        .filter(|id| !id.is_empty() && id.len() <= 256)
 }
 
 #[cfg(test)]

@@ -49,6 +49,8 @@ pub struct DiskStore {
     /// Bytes each tenant's folder holds, counted once (a walk of the folder) and then
     /// kept up to date by the appends.
     usage: std::sync::Mutex<std::collections::HashMap<TenantId, u64>>,
+    /// Who created each upstream object, read on the first lookup.
+    objects: tokio::sync::OnceCell<std::sync::Mutex<response_index::ObjectOwners>>,
 }
 
 impl DiskStore {
@@ -58,7 +60,26 @@ impl DiskStore {
             data_dir: data_dir.to_owned(),
             writer,
             usage: std::sync::Mutex::default(),
+            objects: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// The object owners, read from every tenant's index the first time.
+    async fn owners(&self) -> Result<&std::sync::Mutex<response_index::ObjectOwners>, StoreError> {
+        let data_dir = self.data_dir.clone();
+        self.objects
+            .get_or_try_init(|| async move {
+                tokio::task::spawn_blocking(move || response_index::ObjectOwners::load(&data_dir))
+                    .await
+                    .map_err(|join| std::io::Error::other(join.to_string()))
+                    .and_then(|read| read)
+                    .map(std::sync::Mutex::new)
+                    .map_err(|source| StoreError::Read {
+                        id: response_index::OBJECTS_FILE.into(),
+                        source,
+                    })
+            })
+            .await
     }
 
     fn messages_path(&self, id: &ConversationId) -> PathBuf {
@@ -267,35 +288,32 @@ impl Store for DiskStore {
     ) -> BoxFuture<'_, Result<(), StoreError>> {
         let path = response_index::objects_path(&self.data_dir, tenant);
         let line = response_index::encode_object(object);
+        let (tenant, object) = (tenant.clone(), object.to_owned());
         async move {
+            let owners = self.owners().await?;
             self.writer
                 .append(path, line)
                 .await
                 .map_err(|source| StoreError::Write {
                     id: response_index::OBJECTS_FILE.into(),
                     source,
-                })
+                })?;
+            if let Ok(mut owners) = owners.lock() {
+                owners.insert(&object, &tenant);
+            }
+            Ok(())
         }
         .boxed()
     }
 
-    fn owns_object(
-        &self,
-        tenant: &TenantId,
-        object: &str,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let path = response_index::objects_path(&self.data_dir, tenant);
+    fn object_owner(&self, object: &str) -> BoxFuture<'_, Result<Option<TenantId>, StoreError>> {
         let object = object.to_owned();
         async move {
-            let found =
-                tokio::task::spawn_blocking(move || response_index::has_object(&path, &object))
-                    .await
-                    .map_err(|join| std::io::Error::other(join.to_string()))
-                    .and_then(|read| read);
-            found.map_err(|source| StoreError::Read {
-                id: response_index::OBJECTS_FILE.into(),
-                source,
-            })
+            let owners = self.owners().await?;
+            Ok(owners
+                .lock()
+                .ok()
+                .and_then(|owners| owners.owner(&object).cloned()))
         }
         .boxed()
     }

@@ -17,7 +17,7 @@ use crate::base::tenant::TenantId;
 #[derive(Default)]
 pub struct MemoryStore {
     conversations: Mutex<BTreeMap<ConversationId, ConversationLog>>,
-    objects: Mutex<std::collections::HashSet<(TenantId, String)>>,
+    objects: Mutex<std::collections::HashMap<String, TenantId>>,
 }
 
 impl MemoryStore {
@@ -90,21 +90,20 @@ impl Store for MemoryStore {
         object: &str,
     ) -> BoxFuture<'_, Result<(), StoreError>> {
         if let Ok(mut objects) = self.objects.lock() {
-            objects.insert((tenant.clone(), object.to_owned()));
+            objects
+                .entry(object.to_owned())
+                .or_insert_with(|| tenant.clone());
         }
         Box::pin(async { Ok(()) })
     }
 
-    fn owns_object(
-        &self,
-        tenant: &TenantId,
-        object: &str,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let owns = self
+    fn object_owner(&self, object: &str) -> BoxFuture<'_, Result<Option<TenantId>, StoreError>> {
+        let owner = self
             .objects
             .lock()
-            .is_ok_and(|objects| objects.contains(&(tenant.clone(), object.to_owned())));
-        Box::pin(async move { Ok(owns) })
+            .ok()
+            .and_then(|objects| objects.get(object).cloned());
+        Box::pin(async move { Ok(owner) })
     }
 
     fn describe(&self) -> String {

@@ -218,12 +218,9 @@ pub trait Store: Send + Sync {
         object: &str,
     ) -> BoxFuture<'_, Result<(), StoreError>>;
 
-    /// True when `tenant` created the upstream object `object`.
-    fn owns_object(
-        &self,
-        tenant: &TenantId,
-        object: &str,
-    ) -> BoxFuture<'_, Result<bool, StoreError>>;
+    /// The tenant that created the upstream object `object`, if any did. One lookup in
+    /// an index, whatever the number of objects.
+    fn object_owner(&self, object: &str) -> BoxFuture<'_, Result<Option<TenantId>, StoreError>>;
 
     /// How many bytes `tenant`'s conversations hold in the store; `None` where the
     /// store does not count them.

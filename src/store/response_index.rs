@@ -133,19 +133,48 @@ pub fn encode_object(object: &str) -> Vec<u8> {
     line
 }
 
-/// True when the object index at `path` holds `object` (blocking; a missing file
-/// holds none).
-pub fn has_object(path: &Path, object: &str) -> std::io::Result<bool> {
-    let file = match std::fs::File::open(path) {
-        Ok(file) => file,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(err) => return Err(err),
-    };
-    for line in std::io::BufReader::new(file).lines() {
-        let line = line?;
-        if serde_json::from_str::<Object>(&line).is_ok_and(|entry| entry.object == object) {
-            return Ok(true);
+/// Every tenant's upstream objects, by a digest of the id: 16 bytes and a shared
+/// tenant name per object, however long the upstream made its ids. Loaded from the
+/// tenants' object indexes once, then kept up to date by the appends.
+#[derive(Default)]
+pub struct ObjectOwners {
+    owners: std::collections::HashMap<u128, TenantId>,
+}
+
+impl ObjectOwners {
+    /// Reads every tenant's object index under `data_dir` (blocking). The first owner
+    /// recorded for an object keeps it; an unreadable line is skipped.
+    pub fn load(data_dir: &Path) -> std::io::Result<Self> {
+        let mut owners = Self::default();
+        for tenant in super::layout::tenants(data_dir)? {
+            let path = objects_path(data_dir, &tenant);
+            let file = match std::fs::File::open(&path) {
+                Ok(file) => file,
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(err) => return Err(err),
+            };
+            for line in std::io::BufReader::new(file).lines() {
+                if let Ok(entry) = serde_json::from_str::<Object>(&line?) {
+                    owners.insert(&entry.object, &tenant);
+                }
+            }
         }
+        Ok(owners)
     }
-    Ok(false)
+
+    /// Records `tenant` as `object`'s owner, unless it has one already.
+    pub fn insert(&mut self, object: &str, tenant: &TenantId) {
+        self.owners
+            .entry(object_key(object))
+            .or_insert_with(|| tenant.clone());
+    }
+
+    /// The tenant that created `object`.
+    pub fn owner(&self, object: &str) -> Option<&TenantId> {
+        self.owners.get(&object_key(object))
+    }
+}
+
+fn object_key(object: &str) -> u128 {
+    twox_hash::XxHash3_128::oneshot(object.as_bytes())
 }

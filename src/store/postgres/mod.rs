@@ -407,22 +407,21 @@ impl Store for PgStore {
         .boxed()
     }
 
-    fn owns_object(
-        &self,
-        tenant: &TenantId,
-        object: &str,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let (tenant, object) = (tenant.clone(), object.to_owned());
+    fn object_owner(&self, object: &str) -> BoxFuture<'_, Result<Option<TenantId>, StoreError>> {
+        let object = object.to_owned();
         async move {
             let client = self.pool.get().await.map_err(db)?;
+            // Ownership refuses to record an object for a second tenant: one row.
             let row = client
                 .query_opt(
-                    "SELECT 1 FROM handoff_objects WHERE tenant = $1 AND object = $2",
-                    &[&tenant.as_str(), &object],
+                    "SELECT tenant FROM handoff_objects WHERE object = $1 LIMIT 1",
+                    &[&object],
                 )
                 .await
                 .map_err(db)?;
-            Ok(row.is_some())
+            row.map(|row| TenantId::parse(row.get::<_, &str>(0)))
+                .transpose()
+                .map_err(|err| StoreError::Database(err.to_string()))
         }
         .boxed()
     }

@@ -85,6 +85,13 @@ CREATE TABLE handoff_objects (
 );
 "#,
     ),
+    (
+        3,
+        r#"
+-- An object's owner is looked up by the object alone: one tenant may name it.
+CREATE INDEX handoff_objects_by_object ON handoff_objects (object);
+"#,
+    ),
 ];
 
 /// The newest schema version this build knows.

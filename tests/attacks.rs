@@ -1,0 +1,641 @@
+//! The attacker's suite: what someone who read SECURITY.md would try next against a
+//! team gateway (two teams behind one upstream key) or a local proxy holding a key,
+//! over HTTP/1.1 and h2c. Each test names the promise it holds; to add a probe, add a
+//! case to the table of the test whose promise it attacks.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use mock_upstream::{MockUpstream, Reply};
+use sha2::{Digest, Sha256};
+use support::{Proxy, ProxyOptions};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TEAM_A: &str = "hk-team-a-0123456789";
+const TEAM_B: &str = "hk-team-b-9876543210";
+const UPSTREAM_KEY: &str = "sk-upstream-shared-key-77";
+
+fn sha256_hex(text: &str) -> String {
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Two teams behind one upstream key.
+fn team_proxy(upstream: &str) -> Proxy {
+    let toml = format!(
+        "[upstream]\napi_key_env = \"UPSTREAM_KEY_FOR_TEST\"\n\
+         [[auth.keys]]\nname = \"team-a\"\nsha256 = \"{}\"\n\
+         [[auth.keys]]\nname = \"team-b\"\nsha256 = \"{}\"\n",
+        sha256_hex(TEAM_A),
+        sha256_hex(TEAM_B)
+    );
+    with_key(upstream, &toml)
+}
+
+fn with_key(upstream: &str, toml: &str) -> Proxy {
+    Proxy::start_with(
+        upstream,
+        ProxyOptions {
+            extra_toml: toml.to_owned(),
+            env: vec![("UPSTREAM_KEY_FOR_TEST".into(), UPSTREAM_KEY.into())],
+            ..Default::default()
+        },
+    )
+}
+
+/// One request, sent as an attacker writes it: the target and `Host` (HTTP/1.1) or
+/// `:authority` (h2c) exactly as given, on a fresh connection.
+struct Probe<'a> {
+    method: &'a str,
+    target: &'a str,
+    host: Option<String>,
+    headers: Vec<(&'a str, String)>,
+    body: Vec<u8>,
+}
+
+impl<'a> Probe<'a> {
+    fn new(method: &'a str, target: &'a str) -> Self {
+        Self {
+            method,
+            target,
+            host: None,
+            headers: Vec::new(),
+            body: Vec::new(),
+        }
+    }
+
+    fn key(mut self, key: &str) -> Self {
+        self.headers
+            .push(("authorization", format!("Bearer {key}")));
+        self
+    }
+
+    fn header(mut self, name: &'a str, value: &str) -> Self {
+        self.headers.push((name, value.to_owned()));
+        self
+    }
+
+    fn host(mut self, host: &str) -> Self {
+        self.host = Some(host.to_owned());
+        self
+    }
+
+    fn json(mut self, body: &str) -> Self {
+        self.headers
+            .push(("content-type", "application/json".into()));
+        self.body = body.as_bytes().to_vec();
+        self
+    }
+
+    /// Sends over HTTP/1.1 or h2c; the status and the body.
+    async fn send(&self, addr: SocketAddr, h2: bool) -> (u16, String) {
+        let host = self.host.clone().unwrap_or_else(|| addr.to_string());
+        if h2 {
+            return self.send_h2(addr, &host).await;
+        }
+        let mut head = format!(
+            "{} {} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n",
+            self.method, self.target
+        );
+        for (name, value) in &self.headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str(&format!("content-length: {}\r\n\r\n", self.body.len()));
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut bytes = head.into_bytes();
+        bytes.extend_from_slice(&self.body);
+        stream.write_all(&bytes).await.unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out)).await;
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let body = text
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_owned();
+        (status, body)
+    }
+
+    async fn send_h2(&self, addr: SocketAddr, authority: &str) -> (u16, String) {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut sender, connection) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(connection);
+        let uri = format!("http://{authority}{}", self.target);
+        let mut request = http::Request::builder().method(self.method).uri(uri);
+        for (name, value) in &self.headers {
+            request = request.header(*name, value);
+        }
+        let request = request
+            .body(Full::new(Bytes::from(self.body.clone())))
+            .unwrap();
+        let response = tokio::time::timeout(Duration::from_secs(10), sender.send_request(request))
+            .await
+            .unwrap()
+            .unwrap();
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+}
+
+/// An upstream that stores what it is asked to, as a real one would: every path is
+/// decoded before it is routed, responses, files and conversations get fresh ids, and
+/// anything named by id is answered as found.
+async fn storing_upstream() -> MockUpstream {
+    let serial = std::sync::atomic::AtomicUsize::new(0);
+    MockUpstream::with(move |request| {
+        let n = serial.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let path = request.target.split('?').next().unwrap_or("").to_owned();
+        match (request.method.as_str(), path.as_str()) {
+            ("POST", "/v1/responses") => Reply::json(serde_json::json!({
+                "id": format!("resp_A{n}"), "object": "response", "status": "completed",
+                "model": "gpt-4o",
+                "output": [{"type": "message", "id": format!("msg_A{n}"), "role": "assistant", "status": "completed",
+                            "content": [{"type": "output_text", "text": "stored", "annotations": []}]}],
+                "usage": {"input_tokens": 5, "output_tokens": 1, "total_tokens": 6}})),
+            ("POST", "/v1/files") => Reply::json(serde_json::json!({
+                "id": format!("file-A{n}"), "object": "file", "bytes": 4, "purpose": "batch"})),
+            ("POST", "/v1/conversations") => Reply::json(serde_json::json!({
+                "id": format!("conv_A{n}"), "object": "conversation"})),
+            // A conversation updated answers with itself, as OpenAI's does.
+            ("POST", p) if p.starts_with("/v1/conversations/") => Reply::json(serde_json::json!({
+                "id": p.trim_start_matches("/v1/conversations/"), "object": "conversation"})),
+            _ => Reply::json(serde_json::json!({"id": "whatever", "object": "found", "deleted": false})),
+        }
+    })
+    .await
+}
+
+/// The id of a JSON answer.
+fn id_of(body: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(body).unwrap()["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no id in {body}"))
+        .to_owned()
+}
+
+/// Every way to spell the first letter of `id` and its `_` or `-`: the same id to a
+/// server that decodes the path before routing.
+fn spellings(id: &str) -> Vec<String> {
+    let first = id.as_bytes()[0];
+    let mut spelt = vec![
+        format!("%{first:02x}{}", &id[1..]),
+        format!("%{first:02X}{}", &id[1..]),
+        id.chars().map(|c| format!("%{:02X}", c as u32)).collect(),
+    ];
+    if let Some(at) = id.find(['_', '-']) {
+        let code = id.as_bytes()[at];
+        spelt.push(format!("{}%{code:02x}{}", &id[..at], &id[at + 1..]));
+    }
+    spelt
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_encoded_id_is_the_id_to_ownership_over_http1_and_h2c() {
+    let mock = storing_upstream().await;
+    let proxy = team_proxy(&mock.url());
+    let addr = proxy.addr();
+    // Team A stores a response (tracked), a file and a conversation (passed through).
+    let (status, body) = Probe::new("POST", "/v1/responses")
+        .key(TEAM_A)
+        .json(r#"{"model":"gpt-4o","store":true,"input":"remember this"}"#)
+        .send(addr, false)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let response = id_of(&body);
+    let (status, body) = Probe::new("POST", "/v1/files")
+        .key(TEAM_A)
+        .json(r#"{"purpose":"batch"}"#)
+        .send(addr, false)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let file = id_of(&body);
+    let (status, body) = Probe::new("POST", "/v1/conversations")
+        .key(TEAM_A)
+        .json(r#"{"items":[]}"#)
+        .send(addr, false)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let conversation = id_of(&body);
+    let before = mock.requests().len();
+
+    for h2 in [false, true] {
+        for (method, template, id) in [
+            ("GET", "/v1/responses/{}", &response),
+            ("DELETE", "/v1/responses/{}", &response),
+            ("GET", "/v1/responses/{}/input_items", &response),
+            ("GET", "/v1/files/{}/content", &file),
+            ("GET", "/v1/conversations/{}", &conversation),
+            ("POST", "/v1/conversations/{}", &conversation),
+        ] {
+            for spelt in spellings(id).into_iter().chain([id.clone()]) {
+                let target = template.replace("{}", &spelt);
+                let (status, body) = Probe::new(method, &target)
+                    .key(TEAM_B)
+                    .json(r#"{"metadata":{"x":"y"}}"#)
+                    .send(addr, h2)
+                    .await;
+                assert_eq!(status, 404, "h2={h2} {method} {target}: {body}");
+            }
+        }
+    }
+    assert_eq!(mock.requests().len(), before, "team B reached the upstream");
+    let team_b = proxy.data_dir().join("tenants/team-b/objects.jsonl");
+    assert!(
+        !team_b.exists(),
+        "team B owns {:?}",
+        std::fs::read_to_string(&team_b)
+    );
+
+    // Team A's own spelling goes upstream in the one canonical form that was checked.
+    for h2 in [false, true] {
+        let target = format!("/v1/responses/{}", spellings(&response)[0]);
+        let (status, body) = Probe::new("GET", &target).key(TEAM_A).send(addr, h2).await;
+        assert_eq!(status, 200, "{body}");
+        let seen = mock.requests().last().unwrap().target.clone();
+        assert_eq!(seen, format!("/v1/responses/{response}"));
+    }
+    // Updating its conversation leaves team A its only owner.
+    let target = format!("/v1/conversations/{}", spellings(&conversation)[0]);
+    let (status, body) = Probe::new("POST", &target)
+        .key(TEAM_A)
+        .json(r#"{"metadata":{"x":"y"}}"#)
+        .send(addr, false)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(!team_b.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_cannot_be_decoded_to_one_path_is_refused_before_routing() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = team_proxy(&format!("{}/gw/openai", mock.url()));
+    for h2 in [false, true] {
+        for target in [
+            "/v1/%2e%2e/outside",
+            "/v1/..%2foutside",
+            "/v1/files%2Ffile-x",
+            "/v1/files/file-x%5c..",
+            "/v1/files/file%00x",
+            "/v1/files/file%0ax",
+            "/v1/files/file%",
+            "/v1/files/file%g0",
+            "/v1/%C0%AE%C0%AE/outside",
+            "/v1/%E0%80%AE/outside",
+            "/v1/files/%FF",
+            "/v1/models%3Bx",
+        ] {
+            let (status, body) = Probe::new("GET", target)
+                .key(TEAM_A)
+                .send(proxy.addr(), h2)
+                .await;
+            assert_eq!(status, 400, "h2={h2} {target}: {body}");
+            assert!(body.contains("invalid_path"), "{body}");
+        }
+    }
+    assert!(mock.requests().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_naming_an_object_the_request_did_not_create_is_not_recorded() {
+    // A misbehaving (or shared-cache) upstream answers team B's upload with team A's file.
+    let handed = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+    let seen = std::sync::Arc::clone(&handed);
+    let mock = MockUpstream::with(move |request| {
+        let mut handed = seen.lock().unwrap();
+        let id = handed.get_or_insert_with(|| "file-A1".to_owned()).clone();
+        match request.method.as_str() {
+            "POST" => Reply::json(serde_json::json!({"id": id, "object": "file"})),
+            _ => Reply::json(serde_json::json!({"id": id, "object": "file", "bytes": 4})),
+        }
+    })
+    .await;
+    let proxy = team_proxy(&mock.url());
+    let addr = proxy.addr();
+    let upload = |key| {
+        Probe::new("POST", "/v1/files")
+            .key(key)
+            .json(r#"{"purpose":"batch"}"#)
+    };
+    let (status, body) = upload(TEAM_A).send(addr, false).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = upload(TEAM_B).send(addr, false).await;
+    assert_eq!(status, 404, "team B was shown team A's file: {body}");
+    let (status, _) = Probe::new("GET", "/v1/files/file-A1")
+        .key(TEAM_B)
+        .send(addr, false)
+        .await;
+    assert_eq!(status, 404);
+    let (status, _) = Probe::new("GET", "/v1/files/file-A1")
+        .key(TEAM_A)
+        .send(addr, false)
+        .await;
+    assert_eq!(status, 200);
+    assert!(!proxy
+        .data_dir()
+        .join("tenants/team-b/objects.jsonl")
+        .exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_reference_reaches_only_its_own_teams_items() {
+    let mock = storing_upstream().await;
+    let proxy = team_proxy(&mock.url());
+    let addr = proxy.addr();
+    let (status, body) = Probe::new("POST", "/v1/responses")
+        .key(TEAM_A)
+        .json(r#"{"model":"gpt-4o","store":true,"input":"remember this"}"#)
+        .send(addr, false)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let item = serde_json::from_str::<serde_json::Value>(&body).unwrap()["output"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let reference = |item: &str, spelling: &str| {
+        format!(
+            r#"{{"model":"gpt-4o","input":[{{"type":"{spelling}","id":"{item}"}},{{"role":"user","content":"go on"}}]}}"#
+        )
+    };
+    let before = mock.requests().len();
+    for h2 in [false, true] {
+        for spelling in ["item_reference", r"item_refer\u0065nce"] {
+            for named in [
+                item.as_str(),
+                "msg_never_made",
+                "fc_never_made",
+                "rs_never_made",
+            ] {
+                let (status, body) = Probe::new("POST", "/v1/responses")
+                    .key(TEAM_B)
+                    .json(&reference(named, spelling))
+                    .send(addr, h2)
+                    .await;
+                assert_eq!(status, 404, "h2={h2} {spelling} {named}: {body}");
+            }
+        }
+    }
+    assert_eq!(mock.requests().len(), before, "team B reached the upstream");
+    let (status, body) = Probe::new("POST", "/v1/responses")
+        .key(TEAM_A)
+        .json(&reference(&item, "item_reference"))
+        .send(addr, false)
+        .await;
+    assert_eq!(status, 200, "team A's own item: {body}");
+}
+
+/// A local proxy as most people run it: no proxy keys, the upstream key on the server.
+fn local_proxy(upstream: &str, extra: &str) -> Proxy {
+    with_key(
+        upstream,
+        &format!("{extra}\n[upstream]\napi_key_env = \"UPSTREAM_KEY_FOR_TEST\"\n"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_web_page_can_use_a_local_proxy_or_its_key() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = local_proxy(&mock.url(), "");
+    let addr = proxy.addr();
+    let port = addr.port();
+    let chat = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+    let rebound = format!("rebind.example:{port}");
+    for h2 in [false, true] {
+        // DNS rebinding: the page's own name, now resolving to 127.0.0.1.
+        for (method, target) in [
+            ("GET", "/v1/files"),
+            ("POST", "/v1/chat/completions"),
+            ("GET", "/handoff/metrics"),
+        ] {
+            let (status, body) = Probe::new(method, target)
+                .host(&rebound)
+                .json(chat)
+                .send(addr, h2)
+                .await;
+            assert_eq!(status, 403, "h2={h2} {method} {target}: {body}");
+            assert!(body.contains("host_not_allowed"), "{body}");
+        }
+        // A cross-site form or fetch: text/plain needs no preflight.
+        for origin in [
+            "http://evil.example",
+            "null",
+            &format!("http://127.0.0.1:{port}"),
+        ] {
+            let (status, body) = Probe::new("POST", "/v1/chat/completions")
+                .header("origin", origin)
+                .header("content-type", "text/plain")
+                .json(chat)
+                .send(addr, h2)
+                .await;
+            assert_eq!(status, 403, "h2={h2} {origin}: {body}");
+            assert!(body.contains("origin_not_allowed"), "{body}");
+        }
+    }
+    assert!(
+        mock.requests().is_empty(),
+        "a web page reached the upstream"
+    );
+    assert!(
+        proxy.conversation_dirs().is_empty(),
+        "a web page's request was logged"
+    );
+    // Absolute form naming a foreign host, to the admin API and the proxy API.
+    for target in [
+        "http://evil.example/handoff/metrics",
+        "http://evil.example/v1/models",
+    ] {
+        let (status, body) = Probe::new("GET", target).send(addr, false).await;
+        assert_eq!(status, 403, "{target}: {body}");
+    }
+    // Loopback names and addresses still serve.
+    for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}")] {
+        let (status, body) = Probe::new("POST", "/v1/chat/completions")
+            .host(&host)
+            .json(chat)
+            .send(addr, false)
+            .await;
+        assert_eq!(status, 200, "{host}: {body}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_app_is_served_once_its_name_and_origin_are_allowed() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = local_proxy(
+        &mock.url(),
+        "allowed_hosts = [\"proxy.internal\"]\nallowed_origins = [\"https://app.example.com\"]",
+    );
+    let chat = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+    for h2 in [false, true] {
+        let (status, body) = Probe::new("POST", "/v1/chat/completions")
+            .host("proxy.internal:443")
+            .header("origin", "https://app.example.com")
+            .json(chat)
+            .send(proxy.addr(), h2)
+            .await;
+        assert_eq!(status, 200, "h2={h2}: {body}");
+        let (status, _) = Probe::new("POST", "/v1/chat/completions")
+            .host("proxy.internal")
+            .header("origin", "https://other.example.com")
+            .json(chat)
+            .send(proxy.addr(), h2)
+            .await;
+        assert_eq!(status, 403);
+    }
+    assert_eq!(mock.requests().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_allow_list_reads_each_body_as_the_upstream_would() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let toml = format!(
+        "[[auth.keys]]\nname = \"team-a\"\nsha256 = \"{}\"\nmodels = [\"m1\"]\n",
+        sha256_hex(TEAM_A)
+    );
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: toml,
+            ..Default::default()
+        },
+    );
+    let addr = proxy.addr();
+    let form = |boundary: &str, fields: &[(&str, &str)], eol: &str| {
+        let mut body = String::new();
+        for (name, value) in fields {
+            body.push_str(&format!(
+                "--{boundary}{eol}Content-Disposition: form-data; {name}{eol}{eol}{value}{eol}"
+            ));
+        }
+        body.push_str(&format!("--{boundary}--{eol}"));
+        body.into_bytes()
+    };
+    let utf16: Vec<u8> = "{\"model\":\"gpt-4o\",\"input\":\"x\"}"
+        .encode_utf16()
+        .flat_map(u16::to_le_bytes)
+        .collect();
+    let probes: Vec<(&str, String, Vec<u8>, u16)> = vec![
+        (
+            "/v1/embeddings",
+            "application/json".into(),
+            br#"{"model":"m1","input":"x","model":"gpt-4o"}"#.to_vec(),
+            400,
+        ),
+        (
+            "/v1/messages/count_tokens",
+            "application/json".into(),
+            br#"{"model":"m1","messages":[],"model":"gpt-4o"}"#.to_vec(),
+            400,
+        ),
+        (
+            "/v1/embeddings",
+            "application/json".into(),
+            br#"{"model":"m1","mod\u0065l":"gpt-4o"}"#.to_vec(),
+            400,
+        ),
+        (
+            "/v1/embeddings",
+            "application/json; charset=utf-16".into(),
+            utf16.clone(),
+            400,
+        ),
+        (
+            "/v1/embeddings",
+            "multipart/form-data; boundary=B".into(),
+            form("B", &[("name=\"model\"", "gpt-4o")], "\r\n"),
+            415,
+        ),
+        (
+            "/v1/audio/transcriptions",
+            "multipart/form-data; boundary=B".into(),
+            form(
+                "B",
+                &[("name=\"model\"", "m1"), ("name=\"model\"", "gpt-4o")],
+                "\r\n",
+            ),
+            400,
+        ),
+        (
+            "/v1/audio/transcriptions",
+            "multipart/form-data; boundary=B; boundary=C".into(),
+            form("B", &[("name=\"model\"", "m1")], "\r\n"),
+            400,
+        ),
+        (
+            "/v1/audio/transcriptions",
+            "multipart/form-data; boundary=B".into(),
+            form("B", &[("name=model", "gpt-4o")], "\r\n"),
+            403,
+        ),
+        (
+            "/v1/audio/transcriptions",
+            "multipart/form-data; boundary=B".into(),
+            form("B", &[("name=\"model\"", "gpt-4o")], "\n"),
+            400,
+        ),
+        (
+            "/v1/audio/transcriptions",
+            "multipart/form-data; boundary=B".into(),
+            form("B", &[("name=\"model\"", "gpt-4o")], "\r\n"),
+            403,
+        ),
+        (
+            "/v1/embeddings",
+            "application/json".into(),
+            br#"{"model":"gpt-4o","input":"x"}"#.to_vec(),
+            403,
+        ),
+        // What the key may send still goes.
+        (
+            "/v1/embeddings",
+            "application/json".into(),
+            br#"{"model":"m1","input":"x"}"#.to_vec(),
+            200,
+        ),
+        (
+            "/v1/audio/transcriptions",
+            "multipart/form-data; boundary=B".into(),
+            form("B", &[("name=\"model\"", "m1")], "\r\n"),
+            200,
+        ),
+    ];
+    for h2 in [false, true] {
+        for (path, content_type, body, expected) in &probes {
+            let mut probe = Probe::new("POST", path)
+                .key(TEAM_A)
+                .header("content-type", content_type);
+            probe.body = body.clone();
+            let (status, text) = probe.send(addr, h2).await;
+            // A form whose field name a parser reads two ways is refused, not passed.
+            let refused = *expected == 403 && status == 400;
+            assert!(
+                status == *expected || refused,
+                "h2={h2} {path} {content_type}: {status} {text}"
+            );
+        }
+    }
+    for seen in mock.requests() {
+        let body = String::from_utf8_lossy(&seen.body).into_owned();
+        assert!(!body.contains("gpt-4o"), "the upstream got {body}");
+    }
+    assert_eq!(
+        mock.requests().len(),
+        4,
+        "only the allowed bodies went upstream"
+    );
+}
