@@ -38,6 +38,7 @@ pub async fn handle(
     let (mut parts, body) = request.into_parts();
     let shared = snap.credentials.shares_upstream_key();
     if shared && ownership::is_listing(&parts.method, parts.uri.path()) {
+        admission.refund(&state.limiter, admission.reserved_tokens);
         return ApiError::listing_not_allowed(format!(
                 "{} would list every team's objects of the shared upstream account; fetch your own by id",
             parts.uri.path()
@@ -50,7 +51,11 @@ pub async fn handle(
     let body = match admission.key.as_ref() {
         None => body.map_err(Into::into).boxed_unsync(),
         Some(_) => match reading(&parts.method, parts.uri.path(), &parts.headers) {
-            Err(err) => return err.into_response_for(dialect),
+            Err(err) => {
+                admission.refund(&state.limiter, admission.reserved_tokens);
+                crate::body_read::drain(body, snap.config.limits.max_body_bytes);
+                return err.into_response_for(dialect);
+            }
             Ok(Reading::Streamed) => {
                 Charged::new(body, admission.clone(), Arc::clone(&state.limiter)).boxed_unsync()
             }
@@ -60,7 +65,9 @@ pub async fn handle(
                     Ok(chunks) => chunks.contiguous().clone(),
                     Err(err) => return err.into_response_for(dialect),
                 };
-                admission.charge_read(&state.limiter, bytes.len());
+                if let Err(err) = admission.settle_read(&state.limiter, bytes.len()) {
+                    return err.into_response_for(dialect);
+                }
                 let checked = match named_model::named_model(&parts.headers, &bytes).await {
                     Ok(Some(model)) => admission.check_model(&model),
                     Ok(None) => Ok(()),
@@ -147,21 +154,26 @@ fn reading(method: &Method, path: &str, headers: &http::HeaderMap) -> Result<Rea
 }
 
 pin_project_lite::pin_project! {
-    /// A streamed upload, charged to its key's `tpm` by the bytes it held when it ends.
+    /// A streamed upload, charged to its key's `tpm` as it arrives: past its
+    /// reservation each frame takes what it holds, and a frame the key cannot cover
+    /// cuts the upload. What the reservation held beyond the body is given back.
     struct Charged {
         #[pin]
         inner: Incoming,
         admission: Admission,
         limiter: Arc<RateLimiter>,
         read: usize,
-        charged: bool,
+        // Tokens taken so far, the reservation included.
+        taken: u64,
+        settled: bool,
     }
 
     impl PinnedDrop for Charged {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if !*this.charged {
-                this.admission.charge_read(this.limiter, *this.read);
+            if !*this.settled {
+                let used = *this.read as u64 / 4;
+                this.admission.refund(this.limiter, this.taken.saturating_sub(used));
             }
         }
     }
@@ -169,12 +181,14 @@ pin_project_lite::pin_project! {
 
 impl Charged {
     fn new(inner: Incoming, admission: Admission, limiter: Arc<RateLimiter>) -> Self {
+        let taken = admission.reserved_tokens;
         Self {
             inner,
             admission,
             limiter,
             read: 0,
-            charged: false,
+            taken,
+            settled: false,
         }
     }
 }
@@ -190,10 +204,25 @@ impl Body for Charged {
         let this = self.project();
         let polled = ready!(this.inner.poll_frame(cx));
         match &polled {
-            Some(Ok(frame)) => *this.read += frame.data_ref().map_or(0, Bytes::len),
+            Some(Ok(frame)) => {
+                *this.read += frame.data_ref().map_or(0, Bytes::len);
+                let used = *this.read as u64 / 4;
+                if used > *this.taken {
+                    if let Err(err) = this
+                        .admission
+                        .take_streamed(this.limiter, used - *this.taken)
+                    {
+                        *this.settled = true;
+                        return Poll::Ready(Some(Err(err.into())));
+                    }
+                    *this.taken = used;
+                }
+            }
             None => {
-                this.admission.charge_read(this.limiter, *this.read);
-                *this.charged = true;
+                let used = *this.read as u64 / 4;
+                this.admission
+                    .refund(this.limiter, this.taken.saturating_sub(used));
+                *this.settled = true;
             }
             Some(Err(_)) => {}
         }

@@ -68,8 +68,11 @@ async fn dispatch(
     let path = request.uri().path();
     // One snapshot for the whole request: a reload mid-way does not change its config.
     let snap = state.snapshot();
+    // Every answer on a dialect's paths, errors included, is in that dialect's shape.
+    let dialect = DialectKind::for_path(path);
+    let limit = snap.config.limits.max_body_bytes;
     if let Err(err) = crate::browser_guard::check_host(&snap.config, &request) {
-        return err.into_response_for(DialectKind::for_path(path));
+        return refuse(request, err, dialect, limit);
     }
     if path == "/handoff" || path.starts_with("/handoff/") {
         // Boxed: the admin API's future is the largest of the three (kilobytes), and
@@ -78,29 +81,23 @@ async fn dispatch(
     }
     // Before admission: a web page's request is neither charged, forwarded nor logged.
     if let Err(err) = crate::browser_guard::check_origin(&snap.config, &request) {
-        return err.into_response_for(DialectKind::for_path(path));
+        return refuse(request, err, dialect, limit);
     }
-    // The body's size is the estimate rate limits count before anything is read.
-    let estimated_tokens = request
-        .headers()
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .map_or(0, |bytes| bytes / 4);
-    // Every answer on a dialect's paths, errors included, is in that dialect's shape.
-    let dialect = DialectKind::for_path(path);
+    // Reserved before anything is read, settled once the body's size is known.
+    let reservation = crate::auth::reservation(request.method(), request.headers());
     let admission = match snap.credentials.admit(
         &state.secret,
         &state.limiter,
         request.headers(),
-        estimated_tokens,
+        reservation,
     ) {
         Ok(admission) => admission,
-        Err(err) => return err.into_response_for(dialect),
+        Err(err) => return refuse(request, err, dialect, limit),
     };
     log.set_tenant(&admission.tenant);
     if let Err(err) = admission.check_path(path) {
-        return err.into_response_for(dialect);
+        admission.refund(&state.limiter, admission.reserved_tokens);
+        return refuse(request, err, dialect, limit);
     }
     if request.method() == Method::POST {
         if let Some(tracking) = DialectKind::tracking(path) {
@@ -108,4 +105,17 @@ async fn dispatch(
         }
     }
     crate::passthrough::handle(state, snap, request, log, admission, dialect).await
+}
+
+/// The answer to a request refused before its body is read: the body is read and
+/// dropped on the side, so a client that sends it all before reading reads the error,
+/// not a broken pipe.
+fn refuse(
+    request: Request<Incoming>,
+    err: ApiError,
+    dialect: DialectKind,
+    limit: usize,
+) -> Response<ProxyBody> {
+    crate::body_read::drain(request.into_body(), limit);
+    err.into_response_for(dialect)
 }

@@ -639,3 +639,113 @@ async fn a_model_allow_list_reads_each_body_as_the_upstream_would() {
         "only the allowed bodies went upstream"
     );
 }
+
+/// A key with `tpm = 1000` (about 4,000 bytes of body a minute).
+fn tpm_proxy(upstream: &str) -> Proxy {
+    let toml = format!(
+        "[[auth.keys]]\nname = \"team-a\"\nsha256 = \"{}\"\ntpm = 1000\n",
+        sha256_hex(TEAM_A)
+    );
+    Proxy::start_with(
+        upstream,
+        ProxyOptions {
+            extra_toml: toml,
+            ..Default::default()
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tpm_is_reserved_before_a_request_is_admitted() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = tpm_proxy(&mock.url());
+    let addr = proxy.addr();
+    // Ten chunked requests whose heads all arrive before any body.
+    let body = format!(
+        r#"{{"model":"gpt-4o","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "x".repeat(400)
+    );
+    let mut held = Vec::new();
+    for _ in 0..10 {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {TEAM_A}\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        held.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut served = 0;
+    for mut stream in held {
+        let chunk = format!("{:x}\r\n{body}\r\n0\r\n\r\n", body.len());
+        // A refused request may be answered and closed before its body is sent.
+        let _ = stream.write_all(chunk.as_bytes()).await;
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out)).await;
+        let text = String::from_utf8_lossy(&out);
+        match text.split_whitespace().nth(1) {
+            Some("200") => served += 1,
+            Some("429") => assert!(text.contains("rate_limit_exceeded"), "{text}"),
+            other => panic!("{other:?}: {text}"),
+        }
+    }
+    assert_eq!(served, 1, "the first reservation holds the minute");
+    assert_eq!(mock.requests().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_larger_than_a_minute_of_tpm_is_refused_on_every_path() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = tpm_proxy(&mock.url());
+    let addr = proxy.addr();
+    let chat = format!(
+        r#"{{"model":"gpt-4o","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "x".repeat(400_000)
+    );
+    let embeddings = format!(r#"{{"model":"e","input":"{}"}}"#, "x".repeat(2_000_000));
+    let mut upload = b"--B\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.jsonl\"\r\n\r\n".to_vec();
+    upload.extend(std::iter::repeat_n(b'x', 5_000_000));
+    upload.extend_from_slice(b"\r\n--B--\r\n");
+    for h2 in [false, true] {
+        for (path, content_type, body) in [
+            (
+                "/v1/chat/completions",
+                "application/json",
+                chat.as_bytes().to_vec(),
+            ),
+            (
+                "/v1/embeddings",
+                "application/json",
+                embeddings.as_bytes().to_vec(),
+            ),
+            (
+                "/v1/files",
+                "multipart/form-data; boundary=B",
+                upload.clone(),
+            ),
+        ] {
+            let mut probe = Probe::new("POST", path)
+                .key(TEAM_A)
+                .header("content-type", content_type);
+            probe.body = body;
+            let (status, text) = probe.send(addr, h2).await;
+            assert_eq!(status, 429, "h2={h2} {path}: {text}");
+            assert!(text.contains("larger than"), "{text}");
+        }
+    }
+    // The same chat body sent chunked is refused once read, before it is forwarded.
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {TEAM_A}\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n{:x}\r\n{chat}\r\n0\r\n\r\n",
+        chat.len()
+    );
+    let _ = stream.write_all(head.as_bytes()).await;
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out)).await;
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 429"), "{text}");
+    assert!(
+        mock.requests().is_empty(),
+        "an oversize body reached the upstream"
+    );
+}

@@ -16,7 +16,7 @@ use std::time::Instant;
 use http::header::{self, HeaderMap};
 use sha2::{Digest, Sha256};
 
-pub use limit::{Exceeded, RateLimiter};
+pub use limit::{too_large, Exceeded, RateLimiter, Want, WantKind};
 
 use crate::config::Config;
 use crate::dialect::{DialectKind, KeyHeader};
@@ -61,6 +61,8 @@ pub struct ProxyKey {
     pub rpm: Option<u32>,
     /// Estimated input tokens per minute.
     pub tpm: Option<u64>,
+    /// A request over a minute's `tpm` waits and owes, rather than being refused.
+    pub tpm_oversize: bool,
     /// Path prefixes it may use.
     pub paths: Vec<String>,
 }
@@ -125,6 +127,7 @@ impl Credentials {
                     models: key.models.clone(),
                     rpm: key.rpm,
                     tpm: key.tpm,
+                    tpm_oversize: key.tpm_oversize,
                     paths: key.paths.clone().unwrap_or_else(|| {
                         crate::config::DEFAULT_KEY_PATHS
                             .iter()
@@ -161,13 +164,13 @@ impl Credentials {
         secret: &ServerSecret,
         limiter: &RateLimiter,
         headers: &HeaderMap,
-        estimated_tokens: u64,
+        reservation: Reservation,
     ) -> Result<Admission, ApiError> {
         if !self.requires_keys() {
             return Ok(Admission {
                 tenant: secret.tenant_for(&credential(headers)),
                 key: None,
-                estimated_tokens,
+                reserved_tokens: 0,
             });
         }
         let presented = presented_key(headers).ok_or_else(|| {
@@ -179,34 +182,22 @@ impl Credentials {
         let key = self.keys.get(&digest).ok_or_else(|| {
             ApiError::invalid_api_key("incorrect API key provided; this proxy does not know it")
         })?;
-        limiter
-            .admit(
-                key.tenant.as_str(),
-                key.rpm,
-                key.tpm,
-                estimated_tokens,
-                Instant::now(),
-            )
-            .map_err(|hit| {
-                ApiError::rate_limited(
-                    format!(
-                        "rate limit of key {} reached: {} {} per minute; retry in {:.1} s",
-                        key.tenant,
-                        hit.per_minute,
-                        if hit.limit == "rpm" {
-                            "requests"
-                        } else {
-                            "input tokens"
-                        },
-                        hit.retry_after.as_secs_f64()
-                    ),
-                    hit.retry_after,
-                )
-            })?;
+        let kind = match (reservation.declared, key.tpm_oversize) {
+            (false, _) => WantKind::Estimate,
+            (true, true) => WantKind::OversizeAllowed,
+            (true, false) => WantKind::Declared,
+        };
+        let want = Want {
+            tokens: reservation.tokens,
+            kind,
+        };
+        let reserved_tokens = limiter
+            .admit(key.tenant.as_str(), key.rpm, key.tpm, want, Instant::now())
+            .map_err(|hit| rate_limited(key, &hit))?;
         Ok(Admission {
             tenant: key.tenant.clone(),
             key: Some(Arc::clone(key)),
-            estimated_tokens,
+            reserved_tokens,
         })
     }
 
@@ -243,17 +234,126 @@ pub struct Admission {
     pub tenant: TenantId,
     /// The key, when keys are configured.
     pub key: Option<Arc<ProxyKey>>,
-    /// The input tokens it was admitted with, estimated from its declared length.
-    pub estimated_tokens: u64,
+    /// The input tokens reserved for it at admission: its declared length's, or for a
+    /// body of unknown length what the bucket held, up to [`CHUNKED_RESERVE_TOKENS`].
+    pub reserved_tokens: u64,
+}
+
+/// The tokens a body of unknown length (chunked, or h2 without `content-length`)
+/// reserves until its size is known: 64 KiB of text.
+pub const CHUNKED_RESERVE_TOKENS: u64 = 16 * 1024;
+
+/// What a request reserves of its key's `tpm` before it is admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservation {
+    /// Estimated input tokens: a quarter of the body's bytes.
+    pub tokens: u64,
+    /// True when the body declared its length; otherwise `tokens` is an estimate,
+    /// capped at the key's minute, and the body is refused only once it is read.
+    pub declared: bool,
+}
+
+/// What a request reserves: its declared length's tokens, [`CHUNKED_RESERVE_TOKENS`]
+/// for a body of unknown length, none for a request without a body.
+pub fn reservation(method: &http::Method, headers: &HeaderMap) -> Reservation {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let bodiless = matches!(
+        *method,
+        http::Method::GET | http::Method::HEAD | http::Method::OPTIONS | http::Method::DELETE
+    );
+    match declared {
+        Some(bytes) => Reservation {
+            tokens: bytes / 4,
+            declared: true,
+        },
+        None if bodiless => Reservation {
+            tokens: 0,
+            declared: true,
+        },
+        None => Reservation {
+            tokens: CHUNKED_RESERVE_TOKENS,
+            declared: false,
+        },
+    }
+}
+
+/// The 429 for a key whose limit `hit` was reached.
+fn rate_limited(key: &ProxyKey, hit: &Exceeded) -> ApiError {
+    let unit = if hit.limit == "rpm" {
+        "requests"
+    } else {
+        "input tokens"
+    };
+    let message = if hit.oversize {
+        format!(
+            "the request alone is larger than key {}'s {} {unit} per minute; send less, or set tpm_oversize on the key",
+            key.tenant, hit.per_minute
+        )
+    } else {
+        format!(
+            "rate limit of key {} reached: {} {unit} per minute; retry in {:.1} s",
+            key.tenant,
+            hit.per_minute,
+            hit.retry_after.as_secs_f64()
+        )
+    };
+    ApiError::rate_limited(message, hit.retry_after)
 }
 
 impl Admission {
-    /// Charges the key's `tpm` for the `read` bytes a body held, beyond the tokens it
-    /// was admitted with (a chunked body declares no length).
-    pub fn charge_read(&self, limiter: &RateLimiter, read: usize) {
-        if let Some(key) = &self.key {
-            let tokens = (read as u64 / 4).saturating_sub(self.estimated_tokens);
+    /// Settles the reservation once a body read whole held `read` bytes: gives back
+    /// what it did not use, or takes what it held beyond, refusing the request (before
+    /// anything is sent) when the key's `tpm` cannot cover it.
+    pub fn settle_read(&self, limiter: &RateLimiter, read: usize) -> Result<(), ApiError> {
+        let Some(key) = &self.key else {
+            return Ok(());
+        };
+        let tokens = read as u64 / 4;
+        let tenant = key.tenant.as_str();
+        let now = Instant::now();
+        if tokens <= self.reserved_tokens {
+            limiter.refund(tenant, key.tpm, self.reserved_tokens - tokens, now);
+            return Ok(());
+        }
+        let extra = tokens - self.reserved_tokens;
+        match key.tpm {
+            Some(per_minute) if tokens > per_minute && key.tpm_oversize => {
+                limiter.charge(tenant, key.tpm, extra, now);
+                Ok(())
+            }
+            Some(per_minute) if tokens > per_minute => {
+                limiter.refund(tenant, key.tpm, self.reserved_tokens, now);
+                Err(rate_limited(key, &too_large(per_minute)))
+            }
+            _ => limiter.take(tenant, key.tpm, extra, now).map_err(|hit| {
+                limiter.refund(tenant, key.tpm, self.reserved_tokens, now);
+                rate_limited(key, &hit)
+            }),
+        }
+    }
+
+    /// Takes `tokens` more for a streamed body that passed its reservation; `Err` when
+    /// the key's `tpm` cannot cover them (the stream is then cut).
+    pub fn take_streamed(&self, limiter: &RateLimiter, tokens: u64) -> Result<(), ApiError> {
+        let Some(key) = &self.key else {
+            return Ok(());
+        };
+        if key.tpm_oversize {
             limiter.charge(key.tenant.as_str(), key.tpm, tokens, Instant::now());
+            return Ok(());
+        }
+        limiter
+            .take(key.tenant.as_str(), key.tpm, tokens, Instant::now())
+            .map_err(|hit| rate_limited(key, &hit))
+    }
+
+    /// Gives back `tokens` of the reservation a streamed body did not use.
+    pub fn refund(&self, limiter: &RateLimiter, tokens: u64) {
+        if let Some(key) = &self.key {
+            limiter.refund(key.tenant.as_str(), key.tpm, tokens, Instant::now());
         }
     }
 

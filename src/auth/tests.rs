@@ -3,7 +3,12 @@
 use http::{HeaderMap, HeaderValue, StatusCode};
 use sha2::{Digest, Sha256};
 
-use super::{Credentials, RateLimiter};
+use super::{Credentials, RateLimiter, Reservation};
+
+const NO_BODY: Reservation = Reservation {
+    tokens: 0,
+    declared: true,
+};
 use crate::config::from_toml;
 use crate::dialect::DialectKind;
 use crate::tenant::ServerSecret;
@@ -46,7 +51,7 @@ fn without_keys_each_credential_is_its_own_tenant_in_either_header() {
     let open = Credentials::build(&from_toml("").unwrap()).unwrap();
     let limiter = RateLimiter::default();
     let tenant = |pairs: &[(&str, &str)]| {
-        open.admit(&secret(), &limiter, &headers(pairs), 0)
+        open.admit(&secret(), &limiter, &headers(pairs), NO_BODY)
             .unwrap()
             .tenant
     };
@@ -63,7 +68,8 @@ fn without_keys_each_credential_is_its_own_tenant_in_either_header() {
 fn with_keys_a_request_needs_a_known_key_and_gets_its_tenant_and_models() {
     let credentials = keyed("");
     let limiter = RateLimiter::default();
-    let admit = |pairs: &[(&str, &str)]| credentials.admit(&secret(), &limiter, &headers(pairs), 0);
+    let admit =
+        |pairs: &[(&str, &str)]| credentials.admit(&secret(), &limiter, &headers(pairs), NO_BODY);
     let missing = admit(&[]).unwrap_err();
     assert_eq!(missing.status, StatusCode::UNAUTHORIZED);
     assert_eq!(missing.code, Some("invalid_api_key"));
@@ -85,14 +91,16 @@ fn a_key_over_its_rate_is_told_when_to_come_back() {
     let limiter = RateLimiter::default();
     let a = headers(&[("authorization", "Bearer hk-a")]);
     for _ in 0..2 {
-        credentials.admit(&secret(), &limiter, &a, 0).unwrap();
+        credentials.admit(&secret(), &limiter, &a, NO_BODY).unwrap();
     }
-    let limited = credentials.admit(&secret(), &limiter, &a, 0).unwrap_err();
+    let limited = credentials
+        .admit(&secret(), &limiter, &a, NO_BODY)
+        .unwrap_err();
     assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
     assert!(limited.retry_after.is_some_and(|s| s >= 1), "{limited:?}");
     // Another key's budget is its own.
     let b = headers(&[("authorization", "Bearer hk-b")]);
-    credentials.admit(&secret(), &limiter, &b, 0).unwrap();
+    credentials.admit(&secret(), &limiter, &b, NO_BODY).unwrap();
 }
 
 #[test]

@@ -131,7 +131,7 @@ impl<'s> Exchange<'s> {
     ) -> Result<Self, Halt> {
         let (mut parts, body) = request.into_parts();
         let body = crate::body_read::read_body(body, &snap.config.limits, &parts.headers).await?;
-        admission.charge_read(&state.limiter, body.len());
+        admission.settle_read(&state.limiter, body.len())?;
         let mut chat = dialect.get().parse_body(&body).map_err(ApiError::from)?;
         if snap.credentials.shares_upstream_key() {
             // A continued response, a conversation, a file: only the tenant's own.

@@ -335,9 +335,14 @@ pub struct KeyConfig {
     /// Requests per minute.
     #[serde(default)]
     pub rpm: Option<u32>,
-    /// Estimated input tokens per minute.
+    /// Estimated input tokens per minute (a body's bytes / 4), reserved before a
+    /// request is admitted and settled once its size is known.
     #[serde(default)]
     pub tpm: Option<u64>,
+    /// Let a request larger than a whole minute's `tpm` wait for a full bucket and owe
+    /// the rest, instead of being refused with 429.
+    #[serde(default)]
+    pub tpm_oversize: bool,
     /// Paths the key may use, each with everything under it (`/v1/files` covers
     /// `/v1/files/file-…`); when unset, the inference APIs and their objects.
     #[serde(default)]
