@@ -11,7 +11,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -105,7 +105,11 @@ pub async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeErro
         tls,
         connections: Arc::new(tokio::sync::Semaphore::new(limits.max_connections)),
         peers: crate::peers::Peers::new(limits.max_connections_per_peer),
-        header_timeout: limits.header_timeout,
+        timeouts: Timeouts {
+            header: limits.header_timeout,
+            idle: limits.idle_timeout,
+        },
+        slots: limits.max_connections,
         stop: CancellationToken::new(),
         drained: Arc::new(Drained::new(workers)),
     };
@@ -169,7 +173,9 @@ struct Shared {
     tls: Option<TlsAcceptor>,
     connections: Arc<tokio::sync::Semaphore>,
     peers: Arc<crate::peers::Peers>,
-    header_timeout: Duration,
+    timeouts: Timeouts,
+    /// `limits.max_connections`: the slots shared out when they run short.
+    slots: usize,
     grace: Duration,
     /// Cancelled on SIGINT/SIGTERM, or when a worker cannot start.
     stop: CancellationToken,
@@ -280,7 +286,8 @@ async fn accept_loop(listener: std::net::TcpListener, shared: Shared) {
         tls,
         connections,
         peers,
-        header_timeout,
+        timeouts,
+        slots,
         grace,
         stop,
         drained: _,
@@ -299,14 +306,14 @@ async fn accept_loop(listener: std::net::TcpListener, shared: Shared) {
             () = stop.cancelled() => break,
         };
         // Then a slot. Taken before the accept, every idle worker would hold one, and
-        // a connection landing beside them would shed a silent socket for nothing. When
-        // none is free, a silent connection makes room; past that, this worker accepts
+        // a connection landing beside them would shed an idle one for nothing. When
+        // none is free, an idle connection makes room; past that, this worker accepts
         // no more until one is, and new connections wait in the backlog.
         let permit = match Arc::clone(&connections).try_acquire_owned() {
             Ok(permit) => permit,
             Err(_) => {
-                if peers.shed_silent() {
-                    tracing::debug!("every connection slot taken; closed the oldest silent one");
+                if peers.shed_idle(slots) {
+                    tracing::debug!("every connection slot taken; closing the oldest idle one");
                 }
                 tokio::select! {
                     permit = Arc::clone(&connections).acquire_owned() => match permit {
@@ -326,7 +333,7 @@ async fn accept_loop(listener: std::net::TcpListener, shared: Shared) {
         }
         let state = Arc::clone(&state);
         let watcher = graceful.watcher();
-        let deadline = tokio::time::Instant::now() + header_timeout;
+        let deadline = tokio::time::Instant::now() + timeouts.header;
         match tls.clone() {
             Some(acceptor) => {
                 tokio::spawn(async move {
@@ -344,7 +351,7 @@ async fn accept_loop(listener: std::net::TcpListener, shared: Shared) {
                                 peer,
                                 state,
                                 watcher,
-                                (deadline, header_timeout),
+                                (deadline, timeouts),
                                 admitted,
                             )
                             .await;
@@ -359,15 +366,8 @@ async fn accept_loop(listener: std::net::TcpListener, shared: Shared) {
             None => {
                 tokio::spawn(async move {
                     let _permit = permit;
-                    serve_connection(
-                        stream,
-                        peer,
-                        state,
-                        watcher,
-                        (deadline, header_timeout),
-                        admitted,
-                    )
-                    .await;
+                    serve_connection(stream, peer, state, watcher, (deadline, timeouts), admitted)
+                        .await;
                 });
             }
         }
@@ -380,55 +380,126 @@ async fn accept_loop(listener: std::net::TcpListener, shared: Shared) {
     }
 }
 
-/// Serves one connection; closes it if no request head arrived by the deadline, or
-/// when it is shed before its first one.
+/// How long a connection may wait for a request head, and stay idle between requests.
+#[derive(Debug, Clone, Copy)]
+struct Timeouts {
+    header: Duration,
+    idle: Duration,
+}
+
+/// How often a shed connection with a request in flight looks again whether it is idle.
+const SHED_RECHECK: Duration = Duration::from_millis(100);
+
+/// Serves one connection; closes it if no request head arrived by the deadline, when
+/// it has been idle for `idle`, or, once it is shed, as soon as no request is in flight.
 async fn serve_connection<S>(
     stream: S,
     peer: SocketAddr,
     state: Arc<AppState>,
     watcher: hyper_util::server::graceful::Watcher,
-    (deadline, header_timeout): (tokio::time::Instant, Duration),
+    (deadline, timeouts): (tokio::time::Instant, Timeouts),
     admitted: crate::peers::Admitted,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let headed = Arc::new(AtomicBool::new(false));
-    let seen = Arc::clone(&headed);
     let shed = admitted.shed.clone();
-    let admitted = Arc::new(admitted);
-    let speaker = Arc::clone(&admitted);
+    let requests = Arc::clone(&admitted.state);
+    let connection_state = Arc::clone(&admitted.state);
     let service = service_fn(move |request| {
-        if !seen.swap(true, Ordering::Relaxed) {
-            speaker.spoke();
-        }
+        let in_flight = requests.start();
         let state = Arc::clone(&state);
-        async move { Ok::<_, Infallible>(route(&state, request, peer).await) }
+        async move {
+            let response = route(&state, request, peer).await;
+            Ok::<_, Infallible>(response.map(|body| InFlightBody::new(body, in_flight)))
+        }
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout);
+        .header_read_timeout(timeouts.header);
     builder.http2().timer(TokioTimer::new());
     let connection = watcher.watch(builder.serve_connection(TokioIo::new(stream), service));
     tokio::pin!(connection);
-    // The sniff and the first head have no timer of hyper's: this is theirs.
-    let ended = tokio::select! {
-        ended = &mut connection => ended,
-        () = shed.cancelled(), if !headed.load(Ordering::Relaxed) => {
-            tracing::debug!(%peer, "shed: silent while every slot was taken");
-            return;
+    let mut shed_seen = false;
+    let ended = loop {
+        let state = &connection_state;
+        // The sniff and the first head have no timer of hyper's: `deadline` is theirs.
+        let next_check = match state.idle_for() {
+            _ if shed_seen => tokio::time::Instant::now() + SHED_RECHECK,
+            Some(idle) => tokio::time::Instant::now() + timeouts.idle.saturating_sub(idle),
+            None => tokio::time::Instant::now() + timeouts.idle,
+        };
+        tokio::select! {
+            ended = &mut connection => break ended,
+            () = shed.cancelled(), if !shed_seen => shed_seen = true,
+            // Its condition is read when the loop turns: a head may have come since.
+            () = tokio::time::sleep_until(deadline), if !state.spoke() => {
+                if !state.spoke() {
+                    tracing::debug!(%peer, "no request head within limits.header_timeout; closing");
+                    return;
+                }
+            }
+            () = tokio::time::sleep_until(next_check) => {}
         }
-        () = tokio::time::sleep_until(deadline) => {
-            if !headed.load(Ordering::Relaxed) {
-                tracing::debug!(%peer, "no request head within limits.header_timeout; closing");
+        match state.idle_for() {
+            Some(_) if shed_seen => {
+                tracing::debug!(%peer, "shed: idle while every slot was taken");
                 return;
             }
-            connection.await
+            Some(idle) if idle >= timeouts.idle => {
+                tracing::debug!(%peer, ?idle, "idle past limits.idle_timeout; closing");
+                return;
+            }
+            _ => {}
         }
     };
     if let Err(err) = ended {
         tracing::debug!(%peer, error = %err, "connection ended with an error");
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that holds its request in flight on the connection until it
+    /// ends: a stream that runs for minutes keeps its connection from being idle.
+    struct InFlightBody<B> {
+        #[pin]
+        body: B,
+        in_flight: Option<crate::peers::InFlight>,
+    }
+}
+
+impl<B> InFlightBody<B> {
+    fn new(body: B, in_flight: crate::peers::InFlight) -> Self {
+        Self {
+            body,
+            in_flight: Some(in_flight),
+        }
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for InFlightBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        let polled = this.body.poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(None)) {
+            this.in_flight.take();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 

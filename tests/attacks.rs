@@ -749,3 +749,105 @@ async fn a_body_larger_than_a_minute_of_tpm_is_refused_on_every_path() {
         "an oversize body reached the upstream"
     );
 }
+
+/// An h2c connection that has sent one request and keeps its connection open.
+async fn idle_h2(addr: SocketAddr) -> tokio::task::JoinHandle<()> {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    let open = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let request = http::Request::builder()
+        .uri(format!("http://{addr}/v1/models"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let _ = response.into_body().collect().await;
+    // The sender is kept by the task: the connection stays open until the proxy ends it.
+    tokio::spawn(async move {
+        let _sender = sender;
+        let _ = open.await;
+    })
+}
+
+/// An HTTP/1.1 keep-alive connection sending a request every `every`, until dropped.
+async fn chatty_h1(addr: SocketAddr, every: Duration) -> tokio::task::JoinHandle<()> {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    tokio::spawn(async move {
+        loop {
+            let request = http::Request::builder()
+                .uri("/v1/models")
+                .header("host", addr.to_string())
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            match sender.send_request(request).await {
+                Ok(response) => {
+                    let _ = response.into_body().collect().await;
+                }
+                Err(_) => return,
+            }
+            tokio::time::sleep(every).await;
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_spoke_once_give_way_when_every_slot_is_taken() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: "[limits]\nmax_connections = 8\nheader_timeout = \"60s\"\n".into(),
+            ..Default::default()
+        },
+    );
+    let addr = proxy.addr();
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(idle_h2(addr).await);
+    }
+    for _ in 0..4 {
+        held.push(chatty_h1(addr, Duration::from_secs(2)).await);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every slot is held by a connection that spoke; a new client is still served at
+    // once, not after an idle or header timeout.
+    for h2 in [false, true] {
+        let served = tokio::time::timeout(
+            Duration::from_secs(10),
+            Probe::new("GET", "/v1/models").send(addr, h2),
+        )
+        .await
+        .expect("served while every slot was held by idle connections");
+        assert_eq!(served.0, 200, "h2={h2}: {}", served.1);
+    }
+    for task in held {
+        task.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_h2_connection_is_closed_after_the_idle_timeout() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: "[limits]\nidle_timeout = \"1s\"\n".into(),
+            ..Default::default()
+        },
+    );
+    let open = idle_h2(proxy.addr()).await;
+    tokio::time::timeout(Duration::from_secs(20), open)
+        .await
+        .expect("the proxy closed the idle h2 connection")
+        .unwrap();
+}

@@ -214,6 +214,12 @@ pub struct LimitsConfig {
     /// head, and for each later request head.
     #[serde(with = "humantime_serde")]
     pub header_timeout: Duration,
+    /// Time a connection may stay open with no request in flight (HTTP/1.1 keep-alive
+    /// and h2 alike); HTTP/1.1 is also closed when no next request head arrives within
+    /// `header_timeout`. When every slot is taken, the oldest idle connection is
+    /// closed at once for the new one.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
     /// Time to read a tracked request's whole body.
     #[serde(with = "humantime_serde")]
     pub body_timeout: Duration,
@@ -225,9 +231,9 @@ pub struct LimitsConfig {
     /// a line on disk, so a body of tiny messages would write many times its size.
     pub max_messages: usize,
     /// Connections one peer address may hold open at once (0: no cap of its own);
-    /// past it, that peer's oldest connection that has sent nothing is closed for the
-    /// new one, or the new one is. Whatever it is, when every slot is taken the
-    /// busiest peer's oldest silent connection makes room.
+    /// past it, that peer's oldest idle connection is closed for the new one, or the
+    /// new one is. Whatever it is, when every slot is taken the oldest idle connection
+    /// of a peer holding more than its share makes room, else the oldest idle one.
     pub max_connections_per_peer: usize,
 }
 
@@ -237,6 +243,7 @@ impl Default for LimitsConfig {
             max_body_bytes: 32 * 1024 * 1024,
             max_connections: 4096,
             header_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
             body_timeout: Duration::from_secs(60),
             max_concurrent_chat: 512,
             chat_queue: 64,
