@@ -45,6 +45,14 @@ pub async fn handle(
         ))
         .into_response_for(dialect);
     }
+    if parts.method == Method::POST {
+        // What a POST creates is recorded: a tenant at its quota creates nothing more.
+        if let Err(err) = state.check_quota(&snap, &admission.tenant).await {
+            admission.refund(&state.limiter, admission.reserved_tokens);
+            crate::body_read::drain(body, snap.config.limits.max_body_bytes);
+            return err.into_response_for(dialect);
+        }
+    }
     let mut named: Vec<String> = ownership::path_objects(parts.uri.path())
         .map(str::to_owned)
         .collect();

@@ -248,6 +248,32 @@ impl AppState {
         Ok(())
     }
 
+    /// Refuses (507) a request of a tenant whose log already holds its
+    /// `store.tenant_quota_bytes`. The store refuses, before writing, the lines that
+    /// would take it past; this spares the work of a request that cannot be logged.
+    pub async fn check_quota(
+        &self,
+        snap: &Snapshot,
+        tenant: &crate::tenant::TenantId,
+    ) -> Result<(), crate::error::ApiError> {
+        let quota = snap.config.store.tenant_quota_bytes;
+        if quota == 0 {
+            return Ok(());
+        }
+        let used = self
+            .tracker
+            .store()
+            .tenant_bytes(tenant)
+            .await
+            .map_err(|err| crate::error::ApiError::from(&err))?;
+        match used.filter(|used| *used >= quota) {
+            Some(used) => Err(crate::error::ApiError::quota_exceeded(format!(
+                "tenant {tenant} holds {used} bytes of logged conversations, its quota is {quota} (store.tenant_quota_bytes)"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Builds the state for `config` (loaded with `overrides`), opening its store.
     pub async fn new(config: Config, overrides: Overrides) -> Result<Self, StateError> {
         // With postgres the database is the system of record: nothing goes to data_dir.
@@ -264,6 +290,7 @@ impl AppState {
         let metrics = Arc::new(Metrics::default());
         let opened =
             crate::store::open(&config.store, &config.data_dir, Arc::clone(&metrics)).await?;
+        opened.store.set_quota(config.store.tenant_quota_bytes);
         let secret = match opened.secret {
             Some(bytes) => ServerSecret::from_bytes(bytes),
             None => ServerSecret::load_or_create(&config.data_dir).map_err(|source| {

@@ -851,3 +851,95 @@ async fn an_idle_h2_connection_is_closed_after_the_idle_timeout() {
         .expect("the proxy closed the idle h2 connection")
         .unwrap();
 }
+
+/// Bytes of every file under `dir`.
+fn bytes_under(dir: &std::path::Path) -> u64 {
+    support::read_tree(dir)
+        .iter()
+        .map(|(_, bytes)| bytes.len() as u64)
+        .sum()
+}
+
+/// A chat body of `n` one-character user messages naming `model`.
+fn tiny_messages(n: usize, model: &str) -> String {
+    let messages: Vec<String> = (0..n)
+        .map(|i| {
+            format!(
+                r#"{{"role":"user","content":"{}"}}"#,
+                (b'a' + (i % 26) as u8) as char
+            )
+        })
+        .collect();
+    format!(
+        r#"{{"model":"{model}","messages":[{}]}}"#,
+        messages.join(",")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_request_leaves_a_tenant_past_its_quota() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: "[store]\ntenant_quota_bytes = 1000000\n".into(),
+            ..Default::default()
+        },
+    );
+    let addr = proxy.addr();
+    let send = |body: String| async move {
+        Probe::new("POST", "/v1/chat/completions")
+            .header("authorization", "Bearer sk-client-quota-1")
+            .json(&body)
+            .send(addr, false)
+            .await
+    };
+    let (status, text) = send(tiny_messages(10, "gpt-4o")).await;
+    assert_eq!(status, 200, "{text}");
+    // ~470 kB of body that would write several MB: refused before a byte is written.
+    let (status, text) = send(tiny_messages(15_000, "gpt-4o")).await;
+    assert_eq!(status, 507, "{text}");
+    assert!(text.contains("tenant_quota_exceeded"), "{text}");
+    let held = bytes_under(&proxy.data_dir().join("tenants"));
+    assert!(
+        held <= 1_000_000,
+        "the tenant holds {held} bytes, past its quota"
+    );
+    // What fits is still served.
+    let (status, text) = send(tiny_messages(12, "gpt-4o")).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        mock.requests().len(),
+        2,
+        "the refused request was not forwarded"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_model_name_is_written_once_per_request_not_per_message() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = Proxy::start(&mock.url());
+    let addr = proxy.addr();
+    let mut written = Vec::new();
+    for (client, model) in [
+        ("sk-client-model-1", "m".to_owned()),
+        ("sk-client-model-2", "m".repeat(8_000)),
+    ] {
+        let body = tiny_messages(2_000, &model);
+        let (status, text) = Probe::new("POST", "/v1/chat/completions")
+            .header("authorization", &format!("Bearer {client}"))
+            .json(&body)
+            .send(addr, false)
+            .await;
+        assert_eq!(status, 200, "{text}");
+        let before: u64 = written.iter().sum();
+        written.push(bytes_under(&proxy.data_dir().join("tenants")) - before);
+    }
+    // The long name costs its own length a few times (the request and reply lines),
+    // never once per message (2,000 × 8,000 bytes).
+    let extra = written[1].saturating_sub(written[0]);
+    assert!(
+        extra < 100_000,
+        "an 8,000-character model wrote {extra} bytes more: {written:?}"
+    );
+}

@@ -82,7 +82,7 @@ pub fn timeline(
                     "position": depth,
                     "source": format!("{:?}", message.source).to_lowercase(),
                     "role": role_of(&value),
-                    "model": message.model,
+                    "model": (!message.model.is_empty()).then_some(&message.model),
                     "tokens": counted,
                     "message": value,
                     "usage": message.usage,

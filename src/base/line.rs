@@ -148,7 +148,9 @@ pub struct MessageLine {
     pub message_digest: MessageDigest,
     /// Client or upstream.
     pub source: Source,
-    /// The request's model.
+    /// For replies: the model that answered (the request's). A client's message leaves
+    /// it empty, unwritten: its request line names the model once, not every message.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub model: String,
     /// The message exactly as received, unknown fields included.
     pub message: Box<RawValue>,

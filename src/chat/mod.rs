@@ -153,22 +153,7 @@ impl<'s> Exchange<'s> {
         let chosen = admit::strategy_override(&snap, &parts.headers)?;
         let chain = snap.registry.select(&snap.config, &chat.model, chosen);
         admission.check_model(&chat.model)?;
-        let quota = snap.config.store.tenant_quota_bytes;
-        if quota > 0 {
-            let used = state
-                .tracker
-                .store()
-                .tenant_bytes(&admission.tenant)
-                .await
-                .map_err(|err| ApiError::storage(err.to_string()))?;
-            if let Some(used) = used.filter(|used| *used >= quota) {
-                return Err(ApiError::quota_exceeded(format!(
-                    "tenant {} holds {used} bytes of logged conversations, its quota is {quota} (store.tenant_quota_bytes)",
-                    admission.tenant
-                ))
-                .into());
-            }
-        }
+        state.check_quota(&snap, &admission.tenant).await?;
         // A server-held conversation is the upstream's to manage: never rewritten.
         let budget = (!chat.server_held)
             .then(|| RequestBudget::new(&snap.config, &chat, &state.tokens))
@@ -291,6 +276,10 @@ impl<'s> Exchange<'s> {
             .await
         {
             Ok(tracked) => Ok(Some(tracked)),
+            // A quota is a limit, not a failure: the request is refused either way.
+            Err(err @ crate::store::StoreError::QuotaExceeded { .. }) => {
+                Err(ApiError::from(&err).into())
+            }
             Err(err) if self.snap.config.store.required => {
                 tracing::error!(conversation = %id, error = %err, "refusing the request: its originals cannot be stored");
                 Err(ApiError::storage(format!("{err}; the request was not forwarded")).into())
@@ -431,7 +420,7 @@ fn compaction_failed(err: CompactError) -> Halt {
         CompactError::Uncompactable(_) => {
             ApiError::invalid_request("invalid_tool_pairs", err.to_string())
         }
-        CompactError::Store(_) => ApiError::storage(err.to_string()),
+        CompactError::Store(store) => ApiError::from(store),
         CompactError::Cancelled => {
             ApiError::unavailable("handoff is shutting down; retry the request")
         }

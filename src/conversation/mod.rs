@@ -284,7 +284,9 @@ impl Tracker {
                 parent: index.checked_sub(1).map(|p| prefix[p]).or(base),
                 message_digest: message_digests[index],
                 source: Source::Client,
-                model: request.model.clone(),
+                // On the request line, once: a long model name per message multiplied
+                // what a body of tiny messages wrote.
+                model: String::new(),
                 message: rest[index].raw.to_raw_value(),
                 usage: None,
                 finish_reason: None,

@@ -51,6 +51,17 @@ pub struct DiskStore {
     usage: std::sync::Mutex<std::collections::HashMap<TenantId, u64>>,
     /// Who created each upstream object, read on the first lookup.
     objects: tokio::sync::OnceCell<std::sync::Mutex<response_index::ObjectOwners>>,
+    /// `store.tenant_quota_bytes`; 0: none.
+    quota: std::sync::atomic::AtomicU64,
+}
+
+/// Whether a write may be refused for the tenant's quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Quota {
+    /// A request's lines, a compaction: refused when they would pass the quota.
+    Checked,
+    /// A reply and its indexes, written after the client was answered: always logged.
+    Counted,
 }
 
 impl DiskStore {
@@ -61,6 +72,43 @@ impl DiskStore {
             writer,
             usage: std::sync::Mutex::default(),
             objects: tokio::sync::OnceCell::new(),
+            quota: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Counts `bytes` against `tenant`'s usage before they are written; a checked write
+    /// that would pass the quota is refused, and nothing is counted.
+    async fn account(&self, tenant: &TenantId, bytes: u64, quota: Quota) -> Result<(), StoreError> {
+        let limit = self.quota.load(std::sync::atomic::Ordering::Relaxed);
+        if limit > 0 {
+            // Usage is read from the folder once, then kept by these counts.
+            self.tenant_bytes(tenant).await?;
+        }
+        let Ok(mut usage) = self.usage.lock() else {
+            return Ok(());
+        };
+        // Without a quota nobody asked yet: the first count walks the folder.
+        let Some(used) = usage.get_mut(tenant) else {
+            return Ok(());
+        };
+        if quota == Quota::Checked && limit > 0 && *used + bytes > limit {
+            return Err(StoreError::QuotaExceeded {
+                tenant: tenant.to_string(),
+                used: *used,
+                wanted: bytes,
+                quota: limit,
+            });
+        }
+        *used += bytes;
+        Ok(())
+    }
+
+    /// Takes back the count of a write that failed.
+    fn unaccount(&self, tenant: &TenantId, bytes: u64) {
+        if let Ok(mut usage) = self.usage.lock() {
+            if let Some(used) = usage.get_mut(tenant) {
+                *used = used.saturating_sub(bytes);
+            }
         }
     }
 
@@ -130,18 +178,22 @@ impl Store for DiskStore {
         async move {
             let bytes = encode(&lines)?;
             let written = bytes.len() as u64;
-            self.writer
-                .append(path, bytes)
-                .await
-                .map_err(|source| StoreError::Write { id, source })?;
-            if let Ok(mut usage) = self.usage.lock() {
-                if let Some(used) = usage.get_mut(&tenant) {
-                    *used += written;
-                }
-            }
-            Ok(())
+            let replies = lines.iter().all(|line| {
+                matches!(&line.entry, Entry::Message(m) if m.source == crate::base::line::Source::Upstream)
+            });
+            let quota = if replies { Quota::Counted } else { Quota::Checked };
+            self.account(&tenant, written, quota).await?;
+            self.writer.append(path, bytes).await.map_err(|source| {
+                self.unaccount(&tenant, written);
+                StoreError::Write { id, source }
+            })
         }
         .boxed()
+    }
+
+    fn set_quota(&self, bytes: u64) {
+        self.quota
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn tenant_bytes(&self, tenant: &TenantId) -> BoxFuture<'_, Result<Option<u64>, StoreError>> {
@@ -188,11 +240,14 @@ impl Store for DiskStore {
     ) -> BoxFuture<'_, Result<Committed, StoreError>> {
         let records = self.compactions_path(id);
         let messages = self.messages_path(id);
+        let tenant = id.tenant().clone();
         let id = id.to_string();
         async move {
             let mut record_bytes = serde_json::to_vec(&record)?;
             record_bytes.push(b'\n');
             let boundary = encode(&[Line::now(Entry::CompactBoundary(record.boundary()))])?;
+            let both = (record_bytes.len() + boundary.len()) as u64;
+            self.account(&tenant, both, Quota::Checked).await?;
             // Record first, boundary second: a crash between them leaves an orphan record,
             // which recovery ignores, never a boundary that points at nothing.
             self.writer
@@ -245,12 +300,15 @@ impl Store for DiskStore {
     ) -> BoxFuture<'_, Result<(), StoreError>> {
         let path = response_index::index_path(&self.data_dir, id.tenant());
         let line = response_index::encode_line(id, response_id, head);
+        let tenant = id.tenant().clone();
         let id = id.to_string();
         async move {
             let line = line.map_err(|err| StoreError::Write {
                 id: id.clone(),
                 source: std::io::Error::other(err),
             })?;
+            self.account(&tenant, line.len() as u64, Quota::Counted)
+                .await?;
             self.writer
                 .append(path, line)
                 .await
@@ -291,6 +349,9 @@ impl Store for DiskStore {
         let (tenant, object) = (tenant.clone(), object.to_owned());
         async move {
             let owners = self.owners().await?;
+            // The object exists upstream already: recorded, counted, never refused.
+            self.account(&tenant, line.len() as u64, Quota::Counted)
+                .await?;
             self.writer
                 .append(path, line)
                 .await

@@ -60,6 +60,19 @@ pub enum StoreError {
     /// The database could not be reached or refused the statement.
     #[error("the database is unavailable: {0}")]
     Database(String),
+    /// The write would take the tenant past `store.tenant_quota_bytes`: nothing was
+    /// written.
+    #[error("tenant {tenant} holds {used} bytes of logged conversations; {wanted} more would pass its quota of {quota} (store.tenant_quota_bytes)")]
+    QuotaExceeded {
+        /// The tenant.
+        tenant: String,
+        /// Bytes it holds.
+        used: u64,
+        /// Bytes the refused write would have added.
+        wanted: u64,
+        /// Its quota.
+        quota: u64,
+    },
     /// This replica's compaction lease expired or was taken over: it commits nothing.
     #[error("lost the compaction lease of conversation {0}; nothing was committed")]
     LeaseLost(String),
@@ -222,6 +235,14 @@ pub trait Store: Send + Sync {
     /// an index, whatever the number of objects.
     fn object_owner(&self, object: &str) -> BoxFuture<'_, Result<Option<TenantId>, StoreError>>;
 
+    /// Sets the bytes each tenant may hold (0: no quota); a store that counts them
+    /// refuses, before writing, a request's lines that would pass it. Replies, and the
+    /// indexes written with them, are always logged: they are counted, and the next
+    /// request is refused.
+    fn set_quota(&self, bytes: u64) {
+        let _ = bytes;
+    }
+
     /// How many bytes `tenant`'s conversations hold in the store; `None` where the
     /// store does not count them.
     fn tenant_bytes(&self, tenant: &TenantId) -> BoxFuture<'_, Result<Option<u64>, StoreError>> {
@@ -263,5 +284,15 @@ pub async fn resolve_in(
             id: name.to_owned(),
             tenants: found.iter().map(|id| id.tenant().to_string()).collect(),
         }),
+    }
+}
+
+impl From<&StoreError> for crate::error::ApiError {
+    /// 507 for a write past the tenant's quota; 503 for any other store failure.
+    fn from(err: &StoreError) -> Self {
+        match err {
+            StoreError::QuotaExceeded { .. } => Self::quota_exceeded(err.to_string()),
+            _ => Self::storage(err.to_string()),
+        }
     }
 }
