@@ -64,9 +64,22 @@ impl StripUsage {
             out.extend_from_slice(line);
             return;
         };
-        if self.honoured && is_usage_chunk(data) {
-            self.drop_blank = true;
-            return;
+        if self.honoured {
+            match usage_chunk(data) {
+                UsageChunk::Not => {}
+                UsageChunk::Only => {
+                    self.drop_blank = true;
+                    return;
+                }
+                UsageChunk::With(rest) => {
+                    // Other data rode along (Azure's `prompt_filter_results`): only
+                    // the usage the client never asked for goes.
+                    out.extend_from_slice(b"data: ");
+                    out.extend_from_slice(&rest);
+                    out.extend_from_slice(&line[body.len()..]);
+                    return;
+                }
+            }
         }
         match strip_null_usage(body) {
             Some((before, after)) => {
@@ -110,19 +123,54 @@ fn trim_break(line: &[u8]) -> &[u8] {
     line.strip_suffix(b"\r").unwrap_or(line)
 }
 
-/// True for the chunk that carries only the usage: empty `choices`, a usage object.
-fn is_usage_chunk(data: &[u8]) -> bool {
+/// What a chunk is to the usage handoff asked for.
+enum UsageChunk {
+    /// Not the usage chunk.
+    Not,
+    /// The usage chunk and nothing else: the chunk's envelope, empty `choices`, usage.
+    Only,
+    /// The usage chunk with more data: that data without the usage, as JSON.
+    With(Vec<u8>),
+}
+
+/// The members a bare usage chunk has beside `choices` and `usage`.
+const ENVELOPE: &[&str] = &[
+    "id",
+    "object",
+    "created",
+    "model",
+    "system_fingerprint",
+    "service_tier",
+    "obfuscation",
+    "choices",
+    "usage",
+];
+
+/// Reads a chunk with empty `choices` and a usage object.
+fn usage_chunk(data: &[u8]) -> UsageChunk {
     if !contains(data, b"\"usage\"") {
-        return false;
+        return UsageChunk::Not;
     }
-    let Ok(chunk) = serde_json::from_slice::<serde_json::Value>(data.trim_ascii()) else {
-        return false;
+    let Ok(serde_json::Value::Object(mut chunk)) =
+        serde_json::from_slice::<serde_json::Value>(data.trim_ascii())
+    else {
+        return UsageChunk::Not;
     };
     let no_choices = chunk
         .get("choices")
         .and_then(|c| c.as_array())
         .is_some_and(|c| c.is_empty());
-    no_choices && chunk.get("usage").is_some_and(|u| u.is_object())
+    if !(no_choices && chunk.get("usage").is_some_and(|u| u.is_object())) {
+        return UsageChunk::Not;
+    }
+    if chunk.keys().all(|key| ENVELOPE.contains(&key.as_str())) {
+        return UsageChunk::Only;
+    }
+    chunk.remove("usage");
+    match serde_json::to_vec(&chunk) {
+        Ok(rest) => UsageChunk::With(rest),
+        Err(_) => UsageChunk::Not,
+    }
 }
 
 /// The line around a `"usage":null` member that closes the chunk's object, as the
@@ -193,6 +241,22 @@ mod tests {
             let (a, b) = asked.split_at(at);
             assert_eq!(strip_in(&[a, b]), PLAIN.as_bytes(), "split at {at}");
         }
+    }
+
+    #[test]
+    fn other_data_in_the_usage_chunk_reaches_the_client() {
+        let asked = concat!(
+            "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\n",
+            "data: {\"id\":\"c\",\"choices\":[],\"prompt_filter_results\":[{\"prompt_index\":0}],\"usage\":{\"prompt_tokens\":9}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let out = String::from_utf8(strip_in(&[asked.as_bytes()])).unwrap();
+        assert!(out.contains("prompt_filter_results"), "{out}");
+        assert!(!out.contains("prompt_tokens"), "{out}");
+        let chunk = out.lines().nth(2).unwrap().strip_prefix("data: ").unwrap();
+        let chunk: serde_json::Value = serde_json::from_str(chunk).unwrap();
+        assert_eq!(chunk["prompt_filter_results"][0]["prompt_index"], 0);
+        assert!(chunk.get("usage").is_none());
     }
 
     #[test]
