@@ -304,8 +304,9 @@ impl AppState {
             crate::dialect::text::message_text,
             config.store.count_cache_entries,
         ));
-        crate::dialect::size_facts_cache(config.store.facts_cache_entries);
-        crate::dialect::size_prefix_cache(config.store.prefix_cache_entries);
+        let half = usize::try_from(config.store.message_cache_bytes / 2).unwrap_or(usize::MAX);
+        crate::dialect::size_facts_cache(config.store.facts_cache_entries, half);
+        crate::dialect::size_prefix_cache(config.store.prefix_cache_entries, half);
         let parts = Parts {
             store: opened.store,
             secret,

@@ -882,7 +882,7 @@ async fn no_request_leaves_a_tenant_past_its_quota() {
     let proxy = Proxy::start_with(
         &mock.url(),
         ProxyOptions {
-            extra_toml: "[store]\ntenant_quota_bytes = 1000000\n".into(),
+            extra_toml: "[store]\ntenant_quota_bytes = 300000\n".into(),
             ..Default::default()
         },
     );
@@ -896,13 +896,13 @@ async fn no_request_leaves_a_tenant_past_its_quota() {
     };
     let (status, text) = send(tiny_messages(10, "gpt-4o")).await;
     assert_eq!(status, 200, "{text}");
-    // ~470 kB of body that would write several MB: refused before a byte is written.
+    // ~450 kB of body that would write as much again: refused before a byte is written.
     let (status, text) = send(tiny_messages(15_000, "gpt-4o")).await;
     assert_eq!(status, 507, "{text}");
     assert!(text.contains("tenant_quota_exceeded"), "{text}");
     let held = bytes_under(&proxy.data_dir().join("tenants"));
     assert!(
-        held <= 1_000_000,
+        held <= 300_000,
         "the tenant holds {held} bytes, past its quota"
     );
     // What fits is still served.
@@ -915,31 +915,209 @@ async fn no_request_leaves_a_tenant_past_its_quota() {
     );
 }
 
+/// Bodies shaped to make the log write more than they hold, as (path, body).
+fn amplifying_bodies() -> Vec<(&'static str, &'static str, String)> {
+    let tiny = |n: usize, role: &dyn Fn(usize) -> &'static str| -> String {
+        (0..n)
+            .map(|i| {
+                let letter = (b'a' + (i % 26) as u8) as char;
+                format!(r#"{{"role":"{}","content":"{letter}"}}"#, role(i))
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let alternate = |i: usize| {
+        if i.is_multiple_of(2) {
+            "user"
+        } else {
+            "assistant"
+        }
+    };
+    vec![
+        (
+            "chat, 20,000 one-letter messages",
+            "/v1/chat/completions",
+            tiny_messages(20_000, "gpt-4o"),
+        ),
+        (
+            "chat, an 8,000-character model",
+            "/v1/chat/completions",
+            tiny_messages(2_000, &"m".repeat(8_000)),
+        ),
+        (
+            "chat, 19,999 one-letter system messages",
+            "/v1/chat/completions",
+            format!(
+                r#"{{"model":"gpt-4o","messages":[{},{{"role":"user","content":"go"}}]}}"#,
+                tiny(19_999, &|_| "system")
+            ),
+        ),
+        (
+            "Anthropic, 19,999 one-letter turns",
+            "/v1/messages",
+            format!(
+                r#"{{"model":"claude-x","max_tokens":16,"messages":[{},{{"role":"user","content":"go"}}]}}"#,
+                tiny(19_999, &alternate)
+            ),
+        ),
+        (
+            "Responses, 20,000 one-letter items",
+            "/v1/responses",
+            format!(
+                r#"{{"model":"gpt-4o","store":false,"input":[{}]}}"#,
+                tiny(20_000, &|_| "user")
+            ),
+        ),
+    ]
+}
+
+/// A reply in the wire format of `path`.
+fn reply_for(path: &str) -> Reply {
+    match path {
+        "/v1/messages" => Reply::json(serde_json::json!({
+            "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x",
+            "content": [{"type": "text", "text": "fine"}],
+            "stop_reason": "end_turn", "usage": {"input_tokens": 5, "output_tokens": 1}
+        })),
+        "/v1/responses" => Reply::json(serde_json::json!({
+            "id": "resp_1", "object": "response", "status": "completed", "model": "gpt-4o",
+            "output": [{"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+                        "content": [{"type": "output_text", "text": "fine", "annotations": []}]}],
+            "usage": {"input_tokens": 5, "output_tokens": 1, "total_tokens": 6}
+        })),
+        _ => Reply::chat_text("fine"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_long_model_name_is_written_once_per_request_not_per_message() {
-    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+async fn no_body_shape_writes_more_than_one_and_a_half_times_its_size() {
+    let mock = MockUpstream::with(|request| reply_for(request.target.as_str())).await;
     let proxy = Proxy::start(&mock.url());
     let addr = proxy.addr();
-    let mut written = Vec::new();
-    for (client, model) in [
-        ("sk-client-model-1", "m".to_owned()),
-        ("sk-client-model-2", "m".repeat(8_000)),
-    ] {
-        let body = tiny_messages(2_000, &model);
+    let mut report = Vec::new();
+    for (n, (shape, path, body)) in amplifying_bodies().into_iter().enumerate() {
+        let before = bytes_under(&proxy.data_dir().join("tenants"));
+        let (status, text) = Probe::new("POST", path)
+            .header("authorization", &format!("Bearer sk-client-shape-{n}"))
+            .header("x-api-key", &format!("sk-client-shape-{n}"))
+            .json(&body)
+            .send(addr, false)
+            .await;
+        assert_eq!(status, 200, "{shape}: {text}");
+        let written = bytes_under(&proxy.data_dir().join("tenants")) - before;
+        report.push((shape, body.len(), written));
+    }
+    let ratio = |body: usize, written: u64| written as f64 / body as f64;
+    let table: Vec<String> = report
+        .iter()
+        .map(|(shape, body, written)| {
+            format!(
+                "{shape}: {body} bytes of body wrote {written} ({:.2}x)",
+                ratio(*body, *written)
+            )
+        })
+        .collect();
+    eprintln!("{}", table.join("\n"));
+    assert!(
+        report
+            .iter()
+            .all(|(_, body, written)| ratio(*body, *written) <= 1.5),
+        "past 1.5 bytes on disk per byte of body:\n{}",
+        table.join("\n")
+    );
+}
+
+/// The proxy's resident memory, in bytes.
+fn rss_of(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().strip_suffix("kB"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// A chat body whose one assistant turn makes `calls` tool calls with distinct
+/// `id_len`-byte ids, each answered.
+fn distinct_tool_ids(request: usize, calls: usize, id_len: usize) -> String {
+    let id = |call: usize| {
+        let tag = format!("call_{request}_{call}_");
+        format!("{tag}{}", "x".repeat(id_len - tag.len()))
+    };
+    let made: Vec<String> = (0..calls)
+        .map(|c| {
+            format!(
+                r#"{{"id":"{}","type":"function","function":{{"name":"f","arguments":"{{}}"}}}}"#,
+                id(c)
+            )
+        })
+        .collect();
+    let answered: Vec<String> = (0..calls)
+        .map(|c| {
+            format!(
+                r#"{{"role":"tool","tool_call_id":"{}","content":"ok"}}"#,
+                id(c)
+            )
+        })
+        .collect();
+    format!(
+        r#"{{"model":"gpt-4o","messages":[{{"role":"user","content":"run {request}"}},{{"role":"assistant","content":null,"tool_calls":[{}]}},{}]}}"#,
+        made.join(","),
+        answered.join(",")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distinct_tool_ids_leave_memory_under_its_byte_budgets() {
+    const MIB: u64 = 1 << 20;
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: format!(
+                "[compaction]\nenabled = false\n[store]\ncache_bytes = {}\nmessage_cache_bytes = {}\n",
+                8 * MIB,
+                16 * MIB
+            ),
+            ..Default::default()
+        },
+    );
+    let addr = proxy.addr();
+    let send = |n: usize| async move {
+        let body = distinct_tool_ids(n, 1_500, 2_048);
         let (status, text) = Probe::new("POST", "/v1/chat/completions")
-            .header("authorization", &format!("Bearer {client}"))
+            .header("authorization", "Bearer sk-client-memory-1")
             .json(&body)
             .send(addr, false)
             .await;
         assert_eq!(status, 200, "{text}");
-        let before: u64 = written.iter().sum();
-        written.push(bytes_under(&proxy.data_dir().join("tenants")) - before);
+        body.len() as u64
+    };
+    // Two bodies first, so the base holds the allocator's and the runtime's own growth
+    // for bodies of this size.
+    for n in 0..2 {
+        send(n).await;
     }
-    // The long name costs its own length a few times (the request and reply lines),
-    // never once per message (2,000 × 8,000 bytes).
-    let extra = written[1].saturating_sub(written[0]);
+    let base = rss_of(proxy.pid());
+    let mut sent = 0;
+    for n in 2..42 {
+        sent += send(n).await;
+    }
+    let grown = rss_of(proxy.pid()).saturating_sub(base);
+    eprintln!(
+        "{} MiB of distinct tool ids sent; RSS grew {} MiB over {} MiB",
+        sent / MIB,
+        grown / MIB,
+        base / MIB
+    );
+    // The budgets (8 + 16 MiB) and room for what a body costs while it is read: far
+    // under the ~240 MiB of ids the bodies held, which the caches once kept whole.
     assert!(
-        extra < 100_000,
-        "an 8,000-character model wrote {extra} bytes more: {written:?}"
+        grown <= 24 * MIB + 40 * MIB,
+        "RSS grew {} MiB past its budgets after {} MiB of distinct ids",
+        grown / MIB,
+        sent / MIB
     );
 }

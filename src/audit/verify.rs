@@ -76,10 +76,16 @@ pub fn incomplete_replies(log: &ConversationLog) -> Vec<(usize, String)> {
         .collect()
 }
 
-/// The 1-based file line of each good line: every number not taken by a problem.
-fn line_numbers(log: &ConversationLog) -> impl Iterator<Item = usize> + '_ {
+/// The 1-based file line of each good line: as read, or, for a log that does not say
+/// (a database's), every number not taken by a problem.
+fn line_numbers(log: &ConversationLog) -> Box<dyn Iterator<Item = usize> + '_> {
+    if log.file_lines.len() == log.lines.len() {
+        return Box::new(log.file_lines.iter().copied());
+    }
     let bad: HashSet<usize> = log.problems.iter().map(|p| p.line).collect();
-    (1..)
-        .filter(move |n| !bad.contains(n))
-        .take(log.lines.len())
+    Box::new(
+        (1..)
+            .filter(move |n| !bad.contains(n))
+            .take(log.lines.len()),
+    )
 }

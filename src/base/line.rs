@@ -7,10 +7,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::digest::{Digest, MessageDigest, PrefixDigest};
+use super::digest::{message_digest, next_prefix, Digest, MessageDigest, PrefixDigest};
 
-/// Version written on every line; readers refuse lines from a newer version.
+/// Version written on every line but a run of messages.
 pub const FORMAT_VERSION: u32 = 1;
+
+/// Version of a `messages` run line, and the newest a reader accepts: an older build
+/// reports a run as too new rather than reading it as nothing.
+pub const NEWEST_VERSION: u32 = 2;
 
 /// Who produced an original.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,6 +67,36 @@ impl Line {
             at: header.at,
             entry,
         })
+    }
+
+    /// Parses one line of the log into the lines it stands for, appended to `out`: a
+    /// `messages` run is one line for each of its messages, with the digests that
+    /// follow from their bytes; any other kind is itself.
+    pub fn parse_into(bytes: &[u8], out: &mut Vec<Line>) -> Result<(), LineError> {
+        let header: Header = serde_json::from_slice(bytes)?;
+        if header.kind != RUN_KIND {
+            out.push(Self::parse(bytes)?);
+            return Ok(());
+        }
+        let run: RunLine = serde_json::from_slice(bytes)?;
+        let start = out.len();
+        let mut parent = run.parent;
+        for message in run.messages {
+            let value: Value = serde_json::from_str(message.get())?;
+            let message_digest = message_digest(&value);
+            let digest = next_prefix(parent.as_ref(), &message_digest);
+            out.push(Self {
+                v: header.v,
+                at: header.at.clone(),
+                entry: Entry::Message(MessageLine::client(digest, parent, message_digest, message)),
+            });
+            parent = Some(digest);
+        }
+        if parent != Some(run.head) {
+            out.truncate(start);
+            return Err(LineError::RunHead(run.head.short(12)));
+        }
+        Ok(())
     }
 
     /// A line of the current version stamped with the current time.
@@ -172,6 +206,70 @@ pub struct MessageLine {
     pub incomplete: Option<String>,
 }
 
+impl MessageLine {
+    /// A client's original: the message and its digests, nothing a reply carries.
+    pub fn client(
+        digest: PrefixDigest,
+        parent: Option<PrefixDigest>,
+        message_digest: MessageDigest,
+        message: Box<RawValue>,
+    ) -> Self {
+        Self {
+            digest,
+            parent,
+            message_digest,
+            source: Source::Client,
+            model: String::new(),
+            message,
+            usage: None,
+            finish_reason: None,
+            choice: None,
+            complete: None,
+            incomplete: None,
+        }
+    }
+
+    /// True for a client's original that carries nothing but the message and its
+    /// digests, so a run line can stand for it.
+    fn is_plain_client(&self) -> bool {
+        self.source == Source::Client
+            && self.model.is_empty()
+            && self.usage.is_none()
+            && self.finish_reason.is_none()
+            && self.choice.is_none()
+            && self.complete.is_none()
+            && self.incomplete.is_none()
+    }
+}
+
+/// The `kind` of a run line.
+pub const RUN_KIND: &str = "messages";
+
+/// Consecutive client originals, each the parent of the next, as one line. The
+/// digests follow from the messages' bytes, so only the run's ends are written: a
+/// message line's three digests are ~270 bytes, and a body of 20,000 one-word
+/// messages wrote eleven times its size as one line per message.
+#[derive(Serialize, Deserialize)]
+struct RunLine {
+    /// Chain digest of the prefix before the run's first message.
+    parent: Option<PrefixDigest>,
+    /// Chain digest of the prefix ending with its last message: a reader checks it.
+    head: PrefixDigest,
+    /// The messages exactly as received.
+    messages: Vec<Box<RawValue>>,
+}
+
+/// A run line as it is written, borrowing its messages.
+#[derive(Serialize)]
+struct RunLineOut<'a> {
+    v: u32,
+    at: &'a str,
+    kind: &'static str,
+    parent: Option<PrefixDigest>,
+    head: PrefixDigest,
+    messages: Vec<&'a RawValue>,
+}
+
 /// A set of pinned (leading system/developer) messages.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PinnedLine {
@@ -221,16 +319,120 @@ pub enum LineError {
     /// A `kind` this build does not know.
     #[error("unknown line kind {0:?}")]
     UnknownKind(String),
+    /// A run's messages do not chain to the head it names: a changed message.
+    #[error("the messages of the run do not chain to its head {0}")]
+    RunHead(String),
 }
 
-/// Serialises `lines` as JSONL, one `\n`-terminated line each.
+/// Serialises `lines` as JSONL, one `\n`-terminated line each, but two or more
+/// consecutive plain client originals that chain, which become one run line.
 pub fn encode(lines: &[Line]) -> Result<Vec<u8>, serde_json::Error> {
     let mut out = Vec::with_capacity(lines.len() * 256);
-    for line in lines {
-        serde_json::to_writer(&mut out, line)?;
+    for unit in written_units(lines) {
+        unit.write(&mut out)?;
         out.push(b'\n');
     }
     Ok(out)
+}
+
+/// What one written line stands for: a line, or a run of chaining client originals.
+#[derive(Debug, Clone, Copy)]
+pub enum Written<'a> {
+    /// One line as it is.
+    Line(&'a Line),
+    /// Two or more plain client originals, each the parent of the next.
+    Run(&'a [Line]),
+}
+
+impl Written<'_> {
+    /// Its JSON, without the line break.
+    pub fn write(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+        match self {
+            Written::Line(line) => serde_json::to_writer(out, line),
+            Written::Run(run) => encode_run(run, out),
+        }
+    }
+
+    /// A run's parent and head chain digests; nothing for a single line.
+    pub fn run_ends(&self) -> Option<(Option<PrefixDigest>, PrefixDigest)> {
+        let Written::Run(run) = self else {
+            return None;
+        };
+        let (
+            Some(Line {
+                entry: Entry::Message(first),
+                ..
+            }),
+            Some(Line {
+                entry: Entry::Message(last),
+                ..
+            }),
+        ) = (run.first(), run.last())
+        else {
+            return None;
+        };
+        Some((first.parent, last.digest))
+    }
+}
+
+/// The lines `lines` are written as, in order.
+pub fn written_units(lines: &[Line]) -> impl Iterator<Item = Written<'_>> {
+    let mut rest = lines;
+    std::iter::from_fn(move || {
+        let first = rest.first()?;
+        let run = run_length(rest);
+        let unit = if run >= 2 {
+            Written::Run(&rest[..run])
+        } else {
+            Written::Line(first)
+        };
+        rest = &rest[run.max(1)..];
+        Some(unit)
+    })
+}
+
+/// How many lines from the start of `lines` a run line can stand for.
+fn run_length(lines: &[Line]) -> usize {
+    let mut parent = None;
+    let mut length = 0;
+    for line in lines {
+        let Entry::Message(message) = &line.entry else {
+            break;
+        };
+        let chains = length == 0 || message.parent == parent;
+        if !(chains && message.is_plain_client()) {
+            break;
+        }
+        parent = Some(message.digest);
+        length += 1;
+    }
+    length
+}
+
+/// Writes `run` (chaining plain client originals) as one line.
+fn encode_run(run: &[Line], out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+    let written = Written::Run(run);
+    let (Some(first), Some((parent, head))) = (run.first(), written.run_ends()) else {
+        return Ok(());
+    };
+    let messages = run
+        .iter()
+        .filter_map(|line| match &line.entry {
+            Entry::Message(message) => Some(&*message.message),
+            _ => None,
+        })
+        .collect();
+    serde_json::to_writer(
+        out,
+        &RunLineOut {
+            v: NEWEST_VERSION,
+            at: &first.at,
+            kind: RUN_KIND,
+            parent,
+            head,
+            messages,
+        },
+    )
 }
 
 #[cfg(test)]
@@ -268,5 +470,103 @@ mod tests {
         };
         assert_eq!(message.message.get(), raw.get());
         assert_eq!(back.v, FORMAT_VERSION);
+    }
+
+    fn client_chain(texts: &[&str], parent: Option<PrefixDigest>) -> Vec<Line> {
+        let mut parent = parent;
+        texts
+            .iter()
+            .map(|text| {
+                let raw =
+                    RawValue::from_string(format!(r#"{{"role":"user", "content":"{text}"}}"#))
+                        .unwrap();
+                let md = message_digest(&serde_json::from_str(raw.get()).unwrap());
+                let digest = next_prefix(parent.as_ref(), &md);
+                let line = Line::now(Entry::Message(MessageLine::client(digest, parent, md, raw)));
+                parent = Some(digest);
+                line
+            })
+            .collect()
+    }
+
+    fn read_back(bytes: &[u8]) -> Vec<Line> {
+        let mut out = Vec::new();
+        for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            Line::parse_into(line, &mut out).unwrap();
+        }
+        out
+    }
+
+    fn messages_of(
+        lines: &[Line],
+    ) -> Vec<(PrefixDigest, Option<PrefixDigest>, MessageDigest, String)> {
+        lines
+            .iter()
+            .filter_map(|line| match &line.entry {
+                Entry::Message(m) => Some((
+                    m.digest,
+                    m.parent,
+                    m.message_digest,
+                    m.message.get().to_owned(),
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn chaining_client_messages_are_one_line_that_reads_back_as_each_message() {
+        let first = client_chain(&["a"], None);
+        let Entry::Message(m) = &first[0].entry else {
+            unreachable!()
+        };
+        let mut lines = client_chain(&["b", "c", "d"], Some(m.digest));
+        lines.push(Line::now(Entry::Request(RequestLine {
+            dialect: None,
+            top_level: None,
+            server_held: None,
+            model: "m".into(),
+            head: None,
+            pinned: None,
+            floated: Vec::new(),
+            stream: false,
+            new_messages: 3,
+        })));
+        let bytes = encode(&lines).unwrap();
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(text.starts_with(r#"{"v":2,"#), "{text}");
+        // Each message's bytes as received, not re-serialised.
+        assert!(text.contains(r#"{"role":"user", "content":"c"}"#), "{text}");
+        let back = read_back(&bytes);
+        assert_eq!(messages_of(&back), messages_of(&lines));
+        assert!(matches!(back[3].entry, Entry::Request(_)));
+    }
+
+    #[test]
+    fn a_lone_message_a_fork_and_a_reply_stay_lines_of_their_own() {
+        let mut lines = client_chain(&["a"], None);
+        lines.extend(client_chain(&["b"], None)); // a second root: does not chain
+        let Entry::Message(mut reply) = client_chain(&["c"], None).remove(0).entry else {
+            unreachable!()
+        };
+        reply.source = Source::Upstream;
+        lines.push(Line::now(Entry::Message(reply)));
+        let bytes = encode(&lines).unwrap();
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert_eq!(text.lines().count(), 3, "{text}");
+        assert!(!text.contains(r#""kind":"messages""#), "{text}");
+        assert_eq!(messages_of(&read_back(&bytes)), messages_of(&lines));
+    }
+
+    #[test]
+    fn a_run_whose_messages_were_changed_is_refused_whole() {
+        let lines = client_chain(&["a", "b"], None);
+        let text = String::from_utf8(encode(&lines).unwrap()).unwrap();
+        let edited = text.replace(r#""content":"b""#, r#""content":"B""#);
+        let mut out = Vec::new();
+        let err = Line::parse_into(edited.trim_end().as_bytes(), &mut out).unwrap_err();
+        assert!(matches!(err, LineError::RunHead(_)), "{err}");
+        assert!(out.is_empty(), "nothing of a refused run is read");
     }
 }

@@ -423,6 +423,10 @@ pub struct StoreConfig {
     /// About how many bytes of conversation state are kept in memory, all
     /// conversations together; the least used reload from the store.
     pub cache_bytes: u64,
+    /// Bytes the per-message caches may hold, all together: the parsed facts of
+    /// messages and the memos of recent long bodies, half each, weighed with the
+    /// client's strings they keep.
+    pub message_cache_bytes: u64,
     /// Messages whose token counts are kept in memory (about 60 bytes each).
     pub count_cache_entries: u64,
     /// Distinct messages whose parsed facts (ids, tool pairs, counted text's length)
@@ -447,6 +451,7 @@ impl Default for StoreConfig {
             required: true,
             cache_capacity: 10_000,
             cache_bytes: 128 * 1024 * 1024,
+            message_cache_bytes: 64 * 1024 * 1024,
             count_cache_entries: 1_000_000,
             facts_cache_entries: 500_000,
             prefix_cache_entries: 1_000_000,

@@ -279,22 +279,15 @@ impl Tracker {
             })));
         }
         for index in known..rest.len() {
-            lines.push(Line::now(Entry::Message(MessageLine {
-                digest: prefix[index],
-                parent: index.checked_sub(1).map(|p| prefix[p]).or(base),
-                message_digest: message_digests[index],
-                source: Source::Client,
-                // On the request line, once: a long model name per message multiplied
-                // what a body of tiny messages wrote.
-                model: String::new(),
-                message: rest[index].raw.to_raw_value(),
-                usage: None,
-                finish_reason: None,
-                choice: None,
-                complete: None,
-                incomplete: None,
-            })));
             let parent = index.checked_sub(1).map(|p| prefix[p]).or(base);
+            // The model is on the request line, once: a long model name per message
+            // multiplied what a body of tiny messages wrote.
+            lines.push(Line::now(Entry::Message(MessageLine::client(
+                prefix[index],
+                parent,
+                message_digests[index],
+                rest[index].raw.to_raw_value(),
+            ))));
             state.remember_echo(
                 parent,
                 rest[index].echo_digest(),

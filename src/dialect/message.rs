@@ -174,28 +174,72 @@ pub(super) struct Facts {
 /// How many tokenizers there are (`Tokenizer as usize` indexes `Facts::counts`).
 const TOKENIZERS: usize = 3;
 
-/// Distinct messages whose facts are kept, unless [`size_facts_cache`] said otherwise
-/// before the first message was parsed.
+/// Distinct messages whose facts are kept, and the bytes they may hold, unless
+/// [`size_facts_cache`] said otherwise before the first message was parsed.
 static FACTS_ENTRIES: AtomicUsize = AtomicUsize::new(500_000);
+static FACTS_BYTES: AtomicUsize = AtomicUsize::new(32 << 20);
 
-/// Sets how many messages' facts are kept (`store.facts_cache_entries`); only the
-/// first parse reads it, so call it at start.
-pub fn size_facts_cache(entries: usize) {
+/// Sets how many messages' facts are kept (`store.facts_cache_entries`) and the bytes
+/// they may hold in all (half of `store.message_cache_bytes`); only the first parse
+/// reads them, so call it at start.
+pub fn size_facts_cache(entries: usize, bytes: usize) {
     FACTS_ENTRIES.store(entries.max(1), Ordering::Relaxed);
+    FACTS_BYTES.store(bytes.max(1), Ordering::Relaxed);
+}
+
+impl Facts {
+    /// The bytes it holds: itself and the client's strings in it (tool call ids can
+    /// be kilobytes each, thousands to a message).
+    pub(super) fn bytes(&self) -> u64 {
+        let strings = |list: &[Box<str>]| -> usize {
+            list.iter()
+                .map(|s| s.len() + std::mem::size_of::<Box<str>>())
+                .sum()
+        };
+        let held = std::mem::size_of::<Self>()
+            + strings(&self.calls)
+            + strings(&self.answers)
+            + self.item_type.as_ref().map_or(0, |t| t.len());
+        held as u64
+    }
+}
+
+/// Weighs facts by their bytes, and each at least a share of the budget, so the count
+/// limit holds too.
+#[derive(Clone)]
+struct ByBytes {
+    least: u64,
+}
+
+impl quick_cache::Weighter<(u128, u8), Arc<Facts>> for ByBytes {
+    fn weight(&self, _key: &(u128, u8), facts: &Arc<Facts>) -> u64 {
+        facts.bytes().max(self.least)
+    }
 }
 
 /// The facts cache: keyed by a 128-bit xxh3 of the raw bytes, seeded per process so
-/// no one can craft a message that collides with another's, and by dialect.
+/// no one can craft a message that collides with another's, and by dialect; weighed
+/// in bytes.
 struct FactsCache {
     seed: u64,
-    entries: quick_cache::sync::Cache<(u128, u8), Arc<Facts>>,
+    entries: quick_cache::sync::Cache<(u128, u8), Arc<Facts>, ByBytes>,
 }
 
 fn facts_cache() -> &'static FactsCache {
     static CACHE: OnceLock<FactsCache> = OnceLock::new();
-    CACHE.get_or_init(|| FactsCache {
-        seed: RandomState::new().hash_one(0x68616e646f6666_u64),
-        entries: quick_cache::sync::Cache::new(FACTS_ENTRIES.load(Ordering::Relaxed)),
+    CACHE.get_or_init(|| {
+        let entries = FACTS_ENTRIES.load(Ordering::Relaxed);
+        let bytes = FACTS_BYTES.load(Ordering::Relaxed) as u64;
+        FactsCache {
+            seed: RandomState::new().hash_one(0x68616e646f6666_u64),
+            entries: quick_cache::sync::Cache::with_weighter(
+                entries.min(1 << 16),
+                bytes,
+                ByBytes {
+                    least: (bytes / entries as u64).max(1),
+                },
+            ),
+        }
     })
 }
 

@@ -58,14 +58,17 @@ const _: () = assert!(LEADS[2] == DIGESTED_FROM && LEADS[3] == DIGESTED_WHOLE_FR
 /// Memos kept under one lead hash.
 const WAYS: u8 = 4;
 
-/// Elements remembered, all memos together, unless [`size_prefix_cache`] said
-/// otherwise before the first long body.
+/// Elements remembered, all memos together, and the bytes they may hold, unless
+/// [`size_prefix_cache`] said otherwise before the first long body.
 static ELEMENTS: AtomicUsize = AtomicUsize::new(1_000_000);
+static BYTES: AtomicUsize = AtomicUsize::new(32 << 20);
 
-/// Sets how many elements the memos hold in all (`store.prefix_cache_entries`); only
-/// the first long body reads it, so call it at start.
-pub fn size_prefix_cache(elements: usize) {
+/// Sets how many elements the memos hold in all (`store.prefix_cache_entries`) and
+/// the bytes they may hold (half of `store.message_cache_bytes`); only the first long
+/// body reads them, so call it at start.
+pub fn size_prefix_cache(elements: usize, bytes: usize) {
     ELEMENTS.store(elements.max(1), Ordering::Relaxed);
+    BYTES.store(bytes.max(1), Ordering::Relaxed);
 }
 
 /// One element of a remembered list.
@@ -91,33 +94,47 @@ struct Memo {
 /// A memo's place: the dialect, which of [`LEADS`], the way, the lead's hash.
 type Key = (u8, u8, u8, u64);
 
+/// Weighs a memo by the bytes it holds, the facts of its elements included (shared
+/// with the facts cache, but kept alive by the memo once that cache lets them go),
+/// and each element at least a share of the budget, so the element limit holds too.
 #[derive(Clone)]
-struct ByElements;
+struct ByBytes {
+    /// The budget over the element limit.
+    per_element: u64,
+}
 
-impl quick_cache::Weighter<Key, Arc<Memo>> for ByElements {
+impl quick_cache::Weighter<Key, Arc<Memo>> for ByBytes {
     fn weight(&self, _key: &Key, memo: &Arc<Memo>) -> u64 {
-        // A block's digest is about a quarter of an element's memory.
-        memo.marks.len() as u64 + memo.blocks.len() as u64 / 4 + 1
+        let facts: u64 = memo.marks.iter().map(|mark| mark.facts.bytes()).sum();
+        let own = std::mem::size_of::<Memo>()
+            + memo.marks.len() * std::mem::size_of::<Mark>()
+            + memo.blocks.len() * std::mem::size_of::<u128>();
+        let least = (memo.marks.len() as u64 + memo.blocks.len() as u64 / 4 + 1)
+            .saturating_mul(self.per_element);
+        (own as u64 + facts).max(least)
     }
 }
 
 struct Memos {
     /// Seeds the lead hashes, per process, as [`Chunks`] seeds its digests.
     seed: u64,
-    cache: quick_cache::sync::Cache<Key, Arc<Memo>, ByElements>,
+    cache: quick_cache::sync::Cache<Key, Arc<Memo>, ByBytes>,
 }
 
 fn memos() -> &'static Memos {
     static MEMOS: OnceLock<Memos> = OnceLock::new();
     MEMOS.get_or_init(|| {
         let elements = ELEMENTS.load(Ordering::Relaxed);
+        let bytes = BYTES.load(Ordering::Relaxed) as u64;
         Memos {
             seed: RandomState::new().hash_one(0x7072_6566_6978_u64),
             // About a hundred elements a memo, as a starting size.
             cache: quick_cache::sync::Cache::with_weighter(
                 (elements / 100).max(16),
-                elements as u64,
-                ByElements,
+                bytes,
+                ByBytes {
+                    per_element: (bytes / elements as u64).max(1),
+                },
             ),
         }
     })

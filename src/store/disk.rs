@@ -13,7 +13,7 @@ use super::response_index;
 use super::{Committed, KeepText, Lease, ResponseEnd, Store, StoreError, Writer};
 use crate::base::digest::PrefixDigest;
 use crate::base::id::ConversationId;
-use crate::base::line::{encode, Entry, Line, FORMAT_VERSION};
+use crate::base::line::{encode, Entry, Line, NEWEST_VERSION};
 use crate::base::record::CompactionRecord;
 use crate::base::tenant::TenantId;
 
@@ -31,6 +31,9 @@ pub struct LineProblem {
 pub struct ConversationLog {
     /// The good lines of `messages.jsonl`, in file order.
     pub lines: Vec<Line>,
+    /// The line of `messages.jsonl` each of `lines` was read from (a run line stands
+    /// for several); empty where lines have no file (a database).
+    pub file_lines: Vec<usize>,
     /// Lines of `messages.jsonl` that were skipped.
     pub problems: Vec<LineProblem>,
     /// The readable records of `compactions.jsonl`, adopted or not.
@@ -417,8 +420,12 @@ pub fn read_conversation(messages: &Path) -> std::io::Result<ConversationLog> {
 /// `log` with the compaction records that lie beside `messages`.
 fn with_records(messages: &Path, mut log: ConversationLog) -> std::io::Result<ConversationLog> {
     if let Some(dir) = messages.parent() {
-        let (records, problems) = read_jsonl(&dir.join(COMPACTIONS_FILE), |bytes| {
-            serde_json::from_slice::<CompactionRecord>(bytes).map_err(|err| err.to_string())
+        let mut records = Vec::new();
+        let problems = read_jsonl(&dir.join(COMPACTIONS_FILE), |bytes, _| {
+            records.push(
+                serde_json::from_slice::<CompactionRecord>(bytes).map_err(|err| err.to_string())?,
+            );
+            Ok(())
         })?;
         log.compactions = records;
         log.compaction_problems = problems;
@@ -456,37 +463,43 @@ pub fn read_log_file(path: &Path) -> std::io::Result<ConversationLog> {
 
 /// Reads a message log, passing each good line through `keep` before it is kept.
 fn read_lines(path: &Path, keep: impl Fn(&mut Line)) -> std::io::Result<ConversationLog> {
-    let (lines, problems) = read_jsonl(path, |bytes| {
-        let mut line = Line::parse(bytes).map_err(|err| err.to_string())?;
-        keep(&mut line);
-        if line.v > FORMAT_VERSION {
+    let mut lines = Vec::new();
+    let mut file_lines = Vec::new();
+    let problems = read_jsonl(path, |bytes, number| {
+        let start = lines.len();
+        Line::parse_into(bytes, &mut lines).map_err(|err| err.to_string())?;
+        if let Some(line) = lines[start..].iter().find(|l| l.v > NEWEST_VERSION) {
+            let v = line.v;
+            lines.truncate(start);
             return Err(format!(
-                "format version {} is newer than this build's {FORMAT_VERSION}",
-                line.v
+                "format version {v} is newer than this build's {NEWEST_VERSION}"
             ));
         }
-        Ok(line)
+        for line in &mut lines[start..] {
+            keep(line);
+        }
+        file_lines.resize(lines.len(), number);
+        Ok(())
     })?;
     Ok(ConversationLog {
         lines,
+        file_lines,
         problems,
         ..ConversationLog::default()
     })
 }
 
-/// Reads a JSONL file with `parse`; a missing file is empty, bad and torn lines are reported.
-fn read_jsonl<T>(
+/// Reads a JSONL file, handing each line and its number to `parse`; a missing file is
+/// empty, bad and torn lines are reported.
+fn read_jsonl(
     path: &Path,
-    parse: impl Fn(&[u8]) -> Result<T, String>,
-) -> std::io::Result<(Vec<T>, Vec<LineProblem>)> {
+    mut parse: impl FnMut(&[u8], usize) -> Result<(), String>,
+) -> std::io::Result<Vec<LineProblem>> {
     let file = match std::fs::File::open(path) {
         Ok(file) => file,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-            return Ok((Vec::new(), Vec::new()))
-        }
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(err) => return Err(err),
     };
-    let mut items = Vec::new();
     let mut problems = Vec::new();
     let mut reader = std::io::BufReader::new(file);
     let mut buffer = Vec::new();
@@ -502,19 +515,18 @@ fn read_jsonl<T>(
         if text.is_empty() {
             continue;
         }
-        match parse(text) {
-            Ok(item) => items.push(item),
-            Err(err) => problems.push(LineProblem {
+        if let Err(err) = parse(text, number) {
+            problems.push(LineProblem {
                 line: number,
                 reason: if torn {
                     format!("torn last line ({} bytes, no newline): {err}", text.len())
                 } else {
                     format!("invalid line: {err}")
                 },
-            }),
+            });
         }
     }
-    Ok((items, problems))
+    Ok(problems)
 }
 
 /// The bytes of the files under `folder` (blocking; an unreadable entry counts 0).

@@ -4,7 +4,7 @@
 use super::rows::columns;
 use super::{db, PgStore};
 use crate::base::id::ConversationId;
-use crate::base::line::Entry;
+use crate::base::line::{Entry, Written};
 use crate::base::record::CompactionRecord;
 use crate::store::{ConversationLog, StoreError};
 
@@ -75,7 +75,7 @@ impl PgStore {
                 }
                 records += 1;
             }
-            let (kind, digest, parent) = columns(line);
+            let (kind, digest, parent) = columns(&Written::Line(line));
             let written = tx
                 .execute(
                     "INSERT INTO handoff_lines (tenant, conversation, seq, kind, digest, parent, line)

@@ -28,7 +28,7 @@ use futures_util::FutureExt;
 use super::{Committed, ConversationLog, Lease, ResponseEnd, Store, StoreError};
 use crate::base::digest::{Digest, PrefixDigest};
 use crate::base::id::ConversationId;
-use crate::base::line::{Entry, Line};
+use crate::base::line::{written_units, Entry, Line, Written};
 use crate::base::record::CompactionRecord;
 use crate::base::tenant::TenantId;
 
@@ -59,14 +59,16 @@ impl Store for PgStore {
             let mut kinds = Vec::with_capacity(lines.len());
             let mut digests = Vec::with_capacity(lines.len());
             let mut parents = Vec::with_capacity(lines.len());
-            for line in &lines {
-                let (kind, digest, parent) = columns(line);
-                texts.push(serde_json::to_string(line)?);
+            for unit in written_units(&lines) {
+                let (kind, digest, parent) = columns(&unit);
+                let mut text = Vec::new();
+                unit.write(&mut text)?;
+                texts.push(String::from_utf8(text).map_err(db)?);
                 kinds.push(kind);
                 digests.push(digest);
                 parents.push(parent);
             }
-            let count = i64::try_from(lines.len()).map_err(db)?;
+            let count = i64::try_from(texts.len()).map_err(db)?;
             let client = self.pool.get().await.map_err(db)?;
             // One statement, so one round trip and atomic by itself: the upsert takes the
             // conversation's row lock and hands out the positions, the insert uses them.
@@ -220,7 +222,7 @@ impl Store for PgStore {
         async move {
             let text = serde_json::to_string(&record)?;
             let boundary = Line::now(Entry::CompactBoundary(record.boundary()));
-            let (kind, _, parent) = columns(&boundary);
+            let (kind, _, parent) = columns(&Written::Line(&boundary));
             let boundary_text = serde_json::to_string(&boundary)?;
             let (tenant, conversation) = (id.tenant().as_str(), id.as_str());
             let mut client = self.pool.get().await.map_err(db)?;

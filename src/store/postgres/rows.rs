@@ -4,8 +4,9 @@
 use tokio_postgres::Row;
 
 use super::db;
+use crate::base::digest::PrefixDigest;
 use crate::base::id::ConversationId;
-use crate::base::line::{Entry, Line, FORMAT_VERSION};
+use crate::base::line::{Entry, Line, Written, NEWEST_VERSION, RUN_KIND};
 use crate::base::record::CompactionRecord;
 use crate::base::tenant::TenantId;
 use crate::store::{ConversationLog, LineProblem, StoreError};
@@ -16,6 +17,10 @@ pub(super) fn log_of(lines: &[Row], records: &[Row], after: u64) -> Conversation
         last_seq: after,
         ..ConversationLog::default()
     };
+    // Message digests read so far, filled on the first run: a run is unique by its
+    // head only, so two replicas that logged overlapping runs in a race both wrote
+    // the messages they share (single lines are unique by their own digest).
+    let mut seen = None;
     for row in lines {
         let seq: i64 = row.get(0);
         let text: &str = row.get(1);
@@ -24,12 +29,20 @@ pub(super) fn log_of(lines: &[Row], records: &[Row], after: u64) -> Conversation
             line: usize::try_from(seq).unwrap_or(0),
             reason,
         };
-        match Line::parse(text.as_bytes()) {
-            Ok(line) if line.v > FORMAT_VERSION => log.problems.push(problem(format!(
-                "format version {} is newer than this build's {FORMAT_VERSION}",
-                line.v
-            ))),
-            Ok(line) => log.lines.push(line),
+        let start = log.lines.len();
+        match Line::parse_into(text.as_bytes(), &mut log.lines) {
+            Ok(()) => {
+                if let Some(line) = log.lines[start..].iter().find(|l| l.v > NEWEST_VERSION) {
+                    let v = line.v;
+                    log.lines.truncate(start);
+                    log.problems.push(problem(format!(
+                        "format version {v} is newer than this build's {NEWEST_VERSION}"
+                    )));
+                } else {
+                    let run = log.lines.len() - start > 1;
+                    drop_read_twice(&mut log.lines, start, run, &mut seen);
+                }
+            }
             Err(err) => log.problems.push(problem(format!("invalid line: {err}"))),
         }
     }
@@ -47,8 +60,41 @@ pub(super) fn log_of(lines: &[Row], records: &[Row], after: u64) -> Conversation
     log
 }
 
-/// The columns of one line: kind, unique digest (messages and pinned sets), parent.
-pub(super) fn columns(line: &Line) -> (&'static str, Option<String>, Option<String>) {
+/// Drops from the lines just read into `lines[start..]` the messages read before:
+/// `seen` starts at the first run and then follows every message read.
+fn drop_read_twice(
+    lines: &mut Vec<Line>,
+    start: usize,
+    run: bool,
+    seen: &mut Option<std::collections::HashSet<PrefixDigest>>,
+) {
+    let digest_of = |line: &Line| match &line.entry {
+        Entry::Message(message) => Some(message.digest),
+        _ => None,
+    };
+    if seen.is_none() && !run {
+        return;
+    }
+    let seen = seen.get_or_insert_with(|| lines[..start].iter().filter_map(digest_of).collect());
+    let mut fresh = lines.split_off(start);
+    fresh.retain(|line| digest_of(line).is_none_or(|digest| seen.insert(digest)));
+    lines.append(&mut fresh);
+}
+
+/// The columns of one written line: kind, unique digest (messages, runs of them by
+/// their head, and pinned sets), parent.
+pub(super) fn columns(unit: &Written<'_>) -> (&'static str, Option<String>, Option<String>) {
+    let line = match unit {
+        Written::Line(line) => line,
+        Written::Run(_) => {
+            let ends = unit.run_ends();
+            return (
+                RUN_KIND,
+                ends.map(|(_, head)| head.to_hex()),
+                ends.and_then(|(parent, _)| parent).map(|p| p.to_hex()),
+            );
+        }
+    };
     match &line.entry {
         Entry::Message(m) => (
             "message",
