@@ -171,6 +171,15 @@ impl ConfigArgs {
 
 /// Parses the command line and runs it.
 pub fn main() -> ExitCode {
+    let mut args = std::env::args_os().skip(1);
+    if args.next().as_deref() == Some(std::ffi::OsStr::new(handoff_strategy_exec::GUARD_ARG)) {
+        // This process stands between a handoff and an exec plugin (strategies.rs).
+        let code = handoff_strategy_exec::guard_main(args.collect());
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
+    if let Ok(binary) = std::env::current_exe() {
+        crate::strategies::guard_exec_plugins_with(binary);
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve(&args),

@@ -7,6 +7,16 @@ use std::sync::Arc;
 
 use handoff_plugin_api::Strategy;
 use handoff_strategy_exec::Exec;
+
+/// The binary exec plugins start under ([`handoff_strategy_exec::guard_main`]).
+static EXEC_GUARD: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Starts exec plugins under `binary`, handoff's own, which runs the guard when asked:
+/// a plugin then dies with the process. Only the real binary can: a test harness that
+/// embeds the library would run its tests instead.
+pub fn guard_exec_plugins_with(binary: std::path::PathBuf) {
+    let _ = EXEC_GUARD.set(binary);
+}
 use handoff_strategy_extract::Extract;
 use handoff_strategy_summarize::{Summarize, DEFAULT_PROMPT};
 
@@ -100,11 +110,17 @@ impl Registry {
                     Arc::new(Summarize::new(prompt, settings.request_extra.clone()))
                 }
                 "extract" => Arc::new(Extract),
-                "exec" => Arc::new(Exec::new(
-                    settings.command.clone(),
-                    settings.env.clone(),
-                    settings.max_output_bytes,
-                )),
+                "exec" => {
+                    let exec = Exec::new(
+                        settings.command.clone(),
+                        settings.env.clone(),
+                        settings.max_output_bytes,
+                    );
+                    Arc::new(match EXEC_GUARD.get() {
+                        Some(guard) => exec.guarded_by(guard.clone()),
+                        None => exec,
+                    })
+                }
                 other => match crate::config::kinds::factory(other) {
                     Some(factory) => factory(settings),
                     None => {

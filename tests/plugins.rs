@@ -112,6 +112,83 @@ async fn what_an_exec_plugin_forks_dies_with_it() {
     panic!("the plugin's child {} outlived it", pid.trim());
 }
 
+/// True once `pid` no longer runs: gone, or a zombie for init to reap.
+fn stopped(pid: &str) -> bool {
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    state.is_empty() || state.contains(") Z")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_exec_plugin_and_what_it_forked_die_with_a_killed_handoff() {
+    let (_strict, mock) = strict_mock(4096).await;
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pids");
+    let extra = format!(
+        "[compaction]\nchain = [\"hung\", \"extract\"]\n[compaction.strategies.hung]\nkind = \"exec\"\ncommand = [\"python3\", {:?}, \"hang-fork\", {:?}]\ntimeout = \"600s\"\n",
+        repo("tests/plugins/misbehave.py"),
+        pid_file.display().to_string()
+    );
+    let mut proxy = support::Proxy::start_with(&mock.url(), options(4096, &extra));
+    let url = format!("{}/v1/chat/completions", proxy.url());
+    // Turns until the plugin runs; the turn that started it waits on it (and panics,
+    // unseen, once the proxy is killed).
+    let driver = tokio::spawn(async move {
+        let mut messages = vec![json!({"role": "system", "content": "be brief"})];
+        for n in 0..20 {
+            messages.push(big_user(n, 500));
+            let body = json!({"model": "strict", "messages": messages}).to_string();
+            let headers = [
+                ("content-type", "application/json"),
+                ("x-handoff-conversation-id", "hung"),
+                ("authorization", "Bearer sk-x"),
+            ];
+            let got = client::send_within(
+                request("POST", &url, &headers, body),
+                false,
+                Duration::from_secs(600),
+            )
+            .await;
+            let reply = got.json()["choices"][0]["message"].clone();
+            let call = reply["tool_calls"][0]["id"].as_str().map(str::to_owned);
+            messages.push(reply);
+            if let Some(call) = call {
+                messages.push(json!({"role": "tool", "tool_call_id": call, "content": "ok"}));
+            }
+        }
+    });
+    let mut pids = String::new();
+    for _ in 0..1000 {
+        pids = std::fs::read_to_string(&pid_file).unwrap_or_default();
+        if !pids.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pids: Vec<String> = pids.split_whitespace().map(str::to_owned).collect();
+    assert_eq!(
+        pids.len(),
+        2,
+        "the plugin never ran: {:?}",
+        records(&proxy, "hung")
+    );
+    assert!(
+        !stopped(&pids[0]) && !stopped(&pids[1]),
+        "both run before the kill"
+    );
+    proxy.kill9();
+    driver.abort();
+    for _ in 0..250 {
+        if pids.iter().all(|pid| stopped(pid)) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "the plugin {} or its child {} outlived a killed handoff",
+        pids[0], pids[1]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_three_strategy_chain_records_every_attempt() {
     let (strict, mock) = strict_mock(4096).await;

@@ -1,6 +1,8 @@
 """An exec plugin that misbehaves on purpose: hang, crash, garbage, huge, error,
-chatty (writes without end), fork PIDFILE (leaves a child behind, then answers)."""
+chatty (writes without end), fork PIDFILE (leaves a child behind, then answers),
+hang-fork PIDFILE (leaves a child behind, writes both pids, then hangs)."""
 import json
+import os
 import subprocess
 import sys
 import time
@@ -26,3 +28,9 @@ elif mode == "fork":
     with open(sys.argv[2], "w") as f:
         f.write(str(child.pid))
     json.dump({"summary": "a summary from a plugin that forked"}, sys.stdout)
+elif mode == "hang-fork":
+    child = subprocess.Popen(["sleep", "300"], start_new_session=False)
+    with open(sys.argv[2] + ".tmp", "w") as f:
+        f.write(f"{os.getpid()} {child.pid}")
+    os.rename(sys.argv[2] + ".tmp", sys.argv[2])
+    time.sleep(3600)

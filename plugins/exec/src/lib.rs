@@ -7,10 +7,18 @@
 //! drops the attempt: a plugin that forks leaves nothing behind. stdout and stderr are
 //! read to the end (stderr kept up to a cap), so a chatty plugin never blocks on a
 //! full pipe.
+//!
+//! A host that can run [`guard_main`] (its binary calls it when started with
+//! [`GUARD_ARG`]) has each plugin started under a guard: the group's first process,
+//! which kills the group when the host is gone, so a plugin hung when the host was
+//! `kill -9`ed does not run on for ever.
 
 #![forbid(unsafe_code)]
 
+use std::ffi::OsString;
+use std::path::PathBuf;
 use std::process::Stdio;
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -74,6 +82,8 @@ pub struct Exec {
     command: Vec<String>,
     env: Vec<String>,
     max_output_bytes: usize,
+    /// The binary that runs [`guard_main`], if the host has one.
+    guard: Option<PathBuf>,
 }
 
 impl Exec {
@@ -84,7 +94,91 @@ impl Exec {
             command,
             env,
             max_output_bytes,
+            guard: None,
         }
+    }
+
+    /// Starts the program under `guard`, a binary that calls [`guard_main`] when its
+    /// first argument is [`GUARD_ARG`]: the plugin then dies with the host.
+    pub fn guarded_by(mut self, guard: PathBuf) -> Self {
+        self.guard = Some(guard);
+        self
+    }
+
+    /// The command that starts `program args`: itself, or the guard in front of it.
+    fn command(&self, program: &str, args: &[String]) -> Command {
+        let Some(guard) = &self.guard else {
+            let mut command = Command::new(program);
+            command.args(args);
+            return command;
+        };
+        let mut command = Command::new(guard);
+        command
+            .arg(GUARD_ARG)
+            .arg(std::process::id().to_string())
+            .arg(program)
+            .args(args);
+        command
+    }
+}
+
+/// The first argument that has a host's binary run [`guard_main`] instead of itself.
+pub const GUARD_ARG: &str = "__handoff-exec-guard";
+
+/// How often the guard looks for its host.
+const GUARD_POLL: Duration = Duration::from_millis(50);
+
+/// The guard's work, given the arguments after [`GUARD_ARG`] (the host's pid, the
+/// program, its arguments): runs the program in this process's group with this
+/// process's stdio and environment, and returns the exit code to leave with, the
+/// program's. When the host is gone (this process has another parent), it kills the
+/// whole group, itself included: the host can no longer.
+pub fn guard_main(args: Vec<OsString>) -> i32 {
+    use nix::unistd::{getpgrp, getppid, Pid};
+    use std::os::unix::process::ExitStatusExt;
+
+    let mut args = args.into_iter();
+    let host = args
+        .next()
+        .and_then(|pid| pid.to_str().and_then(|p| p.parse::<i32>().ok()));
+    let (Some(host), Some(program)) = (host, args.next()) else {
+        eprintln!("usage: {GUARD_ARG} HOST_PID PROGRAM [ARG...]");
+        return 2;
+    };
+    let kill_group = || {
+        let _ = nix::sys::signal::killpg(getpgrp(), nix::sys::signal::Signal::SIGKILL);
+    };
+    if getppid() != Pid::from_raw(host) {
+        // The host died before the guard began.
+        return 1;
+    }
+    let mut child = match std::process::Command::new(&program).args(args).spawn() {
+        Ok(child) => child,
+        Err(err) => {
+            eprintln!("cannot start {}: {err}", program.to_string_lossy());
+            return 127;
+        }
+    };
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                return status
+                    .code()
+                    .or_else(|| status.signal().map(|signal| 128 + signal))
+                    .unwrap_or(1)
+            }
+            Ok(None) => {}
+            Err(err) => {
+                eprintln!("cannot wait for {}: {err}", program.to_string_lossy());
+                kill_group();
+                return 1;
+            }
+        }
+        if getppid() != Pid::from_raw(host) {
+            kill_group();
+            return 1;
+        }
+        std::thread::sleep(GUARD_POLL);
     }
 }
 
@@ -131,9 +225,8 @@ impl Exec {
             .command
             .split_first()
             .ok_or_else(|| failed("exec strategy has no command".into()))?;
-        let mut command = Command::new(program);
+        let mut command = self.command(program, args);
         command
-            .args(args)
             .env_clear()
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -148,7 +241,7 @@ impl Exec {
         let mut child = command
             .spawn()
             .map_err(|err| failed(format!("cannot start {program}: {err}")))?;
-        // process_group(0): the group's id is the child's pid.
+        // process_group(0): the group's id is the child's pid (the guard's, if any).
         let group = Group(
             child
                 .id()
