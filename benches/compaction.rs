@@ -53,8 +53,12 @@ fn benches(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap_or_else(|err| unreachable!("{err}"));
     let tokens = Arc::new(Tokens::new(handoff::dialect::text::message_text));
     let (tracker, compactor) = runtime.block_on(async {
-        let writer = Writer::start(FsyncPolicy::Batch, Default::default())
-            .unwrap_or_else(|err| unreachable!("{err}"));
+        let writer = Writer::start(
+            FsyncPolicy::Batch,
+            Default::default(),
+            dir.path().to_owned(),
+        )
+        .unwrap_or_else(|err| unreachable!("{err}"));
         let store: Arc<dyn Store> = Arc::new(DiskStore::new(dir.path(), writer));
         let compactor = Compactor {
             tokens: Arc::clone(&tokens),

@@ -62,7 +62,8 @@ pub fn scrub_secrets(text: &str) -> Cow<'_, str> {
     }
 }
 
-/// `text` with each of `values` (at least 8 bytes long) replaced by [`REDACTED`].
+/// `text` with each of `values` (at least 8 bytes long) replaced by [`REDACTED`], in
+/// its own spelling and URL-encoded ([`encoded_forms`]).
 pub fn scrub_values<'t, 'v>(
     text: &'t str,
     values: impl IntoIterator<Item = &'v str>,
@@ -71,6 +72,50 @@ pub fn scrub_values<'t, 'v>(
     for value in values.into_iter().filter(|v| v.len() >= MIN_SECRET) {
         if out.contains(value) {
             out = Cow::Owned(out.replace(value, REDACTED));
+        }
+        if out.contains('%') {
+            for form in encoded_forms(value) {
+                if out.contains(&form) {
+                    out = Cow::Owned(out.replace(&form, REDACTED));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The ways a URL carries `value`: escaping what is not alphanumeric, or every byte,
+/// with upper- or lower-case hex (an upstream that quotes the URL it was called with
+/// quotes the key in one of them).
+fn encoded_forms(value: &str) -> Vec<String> {
+    use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+    let some = utf8_percent_encode(value, NON_ALPHANUMERIC).to_string();
+    let every: String = value.bytes().map(|b| format!("%{b:02X}")).collect();
+    let mut forms = Vec::with_capacity(4);
+    for form in [some, every] {
+        let lower = lower_hex(&form);
+        for form in [form, lower] {
+            if form != value && !forms.contains(&form) {
+                forms.push(form);
+            }
+        }
+    }
+    forms
+}
+
+/// `encoded` with the hex digits of its escapes in lower case.
+fn lower_hex(encoded: &str) -> String {
+    let mut out = String::with_capacity(encoded.len());
+    let mut hex_left = 0;
+    for c in encoded.chars() {
+        if c == '%' {
+            hex_left = 2;
+            out.push(c);
+        } else if hex_left > 0 {
+            hex_left -= 1;
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
         }
     }
     out
@@ -206,5 +251,26 @@ mod tests {
             "https://example.com/v1"
         );
         assert_eq!(strip_controls("gpt\u{1b}[2J-4o\r"), "gpt[2J-4o");
+    }
+
+    #[test]
+    fn a_secret_in_a_url_is_scrubbed_in_every_escaping() {
+        let key = "sk/plain+key=4242";
+        for text in [
+            "called /v1?key=sk%2Fplain%2Bkey%3D4242 and failed".to_owned(),
+            "called /v1?key=sk%2fplain%2bkey%3d4242 and failed".to_owned(),
+            format!(
+                "called /v1?key={} and failed",
+                key.bytes().map(|b| format!("%{b:02x}")).collect::<String>()
+            ),
+            format!(
+                "called /v1?key={} and failed",
+                key.bytes().map(|b| format!("%{b:02X}")).collect::<String>()
+            ),
+        ] {
+            let scrubbed = scrub_values(&text, [key]);
+            assert_eq!(scrubbed, "called /v1?key=[redacted] and failed", "{text}");
+        }
+        assert_eq!(scrub_values("100% plain text", [key]), "100% plain text");
     }
 }

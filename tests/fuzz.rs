@@ -277,7 +277,7 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("messages.jsonl");
         std::fs::write(&path, &damaged).unwrap();
-        let log = read_log_file(&path).unwrap();
+        let log = read_log_file(dir.path(), &path).unwrap();
         let whole = bytes[..cut].iter().filter(|b| **b == b'\n').count();
         // Garbage may complete a cut line into something unreadable, never into a line.
         prop_assert!(log.lines.len() >= whole, "{} of {} whole lines read", log.lines.len(), whole);

@@ -401,10 +401,12 @@ async fn a_credential_an_upstream_echoes_is_never_stored() {
                 .unwrap_or("")
                 .trim_start_matches("Bearer ")
                 .to_owned();
+            // Quoted plain, and as a URL carries it, every byte escaped.
+            let escaped: String = presented.bytes().map(|b| format!("%{b:02X}")).collect();
             return Reply::error(
                 401,
                 "invalid_api_key",
-                &format!("Invalid credential {presented}"),
+                &format!("Invalid credential {presented} (GET /v1/models?key={escaped})"),
             );
         }
         Reply::chat_text("ok")
@@ -460,6 +462,10 @@ async fn a_credential_an_upstream_echoes_is_never_stored() {
         )
     {
         assert!(!text.contains(plain), "the credential is in {where_}");
+        assert!(
+            !text.contains("%75%70%73%74%72%65%61%6D"),
+            "the URL-encoded credential is in {where_}"
+        );
     }
 }
 

@@ -28,7 +28,7 @@ pub fn bench_track_seen(
     request: &ChatRequest,
 ) {
     let tracker = runtime.block_on(async {
-        let writer = Writer::start(FsyncPolicy::Never, Default::default())
+        let writer = Writer::start(FsyncPolicy::Never, Default::default(), dir.to_owned())
             .unwrap_or_else(|err| unreachable!("{err}"));
         let store: Arc<dyn Store> = Arc::new(DiskStore::new(dir, writer));
         Arc::new(Tracker::new(store, 1000))

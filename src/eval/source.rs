@@ -78,7 +78,7 @@ pub fn from_data_dir(data_dir: &Path, ids: &[String]) -> Result<Vec<Replay>, Sou
     let mut replays = Vec::with_capacity(ids.len());
     for id in ids {
         let path = conversation_dir(data_dir, &id).join(MESSAGES_FILE);
-        let log = read_conversation(&path).map_err(|source| SourceError::Read {
+        let log = read_conversation(data_dir, &path).map_err(|source| SourceError::Read {
             path: path.display().to_string(),
             source,
         })?;

@@ -64,7 +64,7 @@ pub async fn copy_data_dir(data_dir: &Path, store: &PgStore) -> Result<CopyRepor
     let ids = list_ids(data_dir, None, None, usize::MAX).map_err(read_error(data_dir))?;
     for id in ids {
         let path = conversation_dir(data_dir, &id).join(MESSAGES_FILE);
-        let log = read_conversation(&path).map_err(read_error(&path))?;
+        let log = read_conversation(data_dir, &path).map_err(read_error(&path))?;
         report.skipped_lines += log.problems.len();
         match store.import(&id, &log).await? {
             Imported::Copied { lines, records } => {

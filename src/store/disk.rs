@@ -149,11 +149,12 @@ impl DiskStore {
         index: Option<KeepText>,
     ) -> BoxFuture<'_, Result<ConversationLog, StoreError>> {
         let path = self.messages_path(id);
+        let root = self.data_dir.clone();
         let id = id.to_string();
         async move {
             let read = tokio::task::spawn_blocking(move || match index {
-                Some(keep) => read_conversation_index(&path, keep),
-                None => read_conversation(&path),
+                Some(keep) => read_conversation_index(&root, &path, keep),
+                None => read_conversation(&root, &path),
             })
             .await;
             match read {
@@ -413,15 +414,19 @@ async fn scan<T: Send + 'static>(
 }
 
 /// Reads a conversation from its `messages.jsonl` path and the records beside it.
-pub fn read_conversation(messages: &Path) -> std::io::Result<ConversationLog> {
-    with_records(messages, read_log_file(messages)?)
+pub fn read_conversation(data_dir: &Path, messages: &Path) -> std::io::Result<ConversationLog> {
+    with_records(data_dir, messages, read_log_file(data_dir, messages)?)
 }
 
 /// `log` with the compaction records that lie beside `messages`.
-fn with_records(messages: &Path, mut log: ConversationLog) -> std::io::Result<ConversationLog> {
+fn with_records(
+    data_dir: &Path,
+    messages: &Path,
+    mut log: ConversationLog,
+) -> std::io::Result<ConversationLog> {
     if let Some(dir) = messages.parent() {
         let mut records = Vec::new();
-        let problems = read_jsonl(&dir.join(COMPACTIONS_FILE), |bytes, _| {
+        let problems = read_jsonl(data_dir, &dir.join(COMPACTIONS_FILE), |bytes, _| {
             records.push(
                 serde_json::from_slice::<CompactionRecord>(bytes).map_err(|err| err.to_string())?,
             );
@@ -437,17 +442,18 @@ fn with_records(messages: &Path, mut log: ConversationLog) -> std::io::Result<Co
 /// not its text, dropped line by line, so memory follows the number of lines, not the
 /// size of the log.
 pub fn read_conversation_index(
+    data_dir: &Path,
     messages: &Path,
     keep: KeepText,
 ) -> std::io::Result<ConversationLog> {
-    let log = read_lines(messages, |line| {
+    let log = read_lines(data_dir, messages, |line| {
         if let Entry::Message(message) = &mut line.entry {
             if !keep(message.message.get()) {
                 message.message = dropped_text();
             }
         }
     })?;
-    with_records(messages, log)
+    with_records(data_dir, messages, log)
 }
 
 /// What a dropped message text is replaced with.
@@ -457,15 +463,19 @@ fn dropped_text() -> Box<serde_json::value::RawValue> {
 }
 
 /// Reads a message log; a missing file is an empty log, bad lines are reported.
-pub fn read_log_file(path: &Path) -> std::io::Result<ConversationLog> {
-    read_lines(path, |_| {})
+pub fn read_log_file(data_dir: &Path, path: &Path) -> std::io::Result<ConversationLog> {
+    read_lines(data_dir, path, |_| {})
 }
 
 /// Reads a message log, passing each good line through `keep` before it is kept.
-fn read_lines(path: &Path, keep: impl Fn(&mut Line)) -> std::io::Result<ConversationLog> {
+fn read_lines(
+    data_dir: &Path,
+    path: &Path,
+    keep: impl Fn(&mut Line),
+) -> std::io::Result<ConversationLog> {
     let mut lines = Vec::new();
     let mut file_lines = Vec::new();
-    let problems = read_jsonl(path, |bytes, number| {
+    let problems = read_jsonl(data_dir, path, |bytes, number| {
         let start = lines.len();
         Line::parse_into(bytes, &mut lines).map_err(|err| err.to_string())?;
         if let Some(line) = lines[start..].iter().find(|l| l.v > NEWEST_VERSION) {
@@ -492,10 +502,12 @@ fn read_lines(path: &Path, keep: impl Fn(&mut Line)) -> std::io::Result<Conversa
 /// Reads a JSONL file, handing each line and its number to `parse`; a missing file is
 /// empty, bad and torn lines are reported.
 fn read_jsonl(
+    data_dir: &Path,
     path: &Path,
     mut parse: impl FnMut(&[u8], usize) -> Result<(), String>,
 ) -> std::io::Result<Vec<LineProblem>> {
-    let file = match std::fs::File::open(path) {
+    // No link followed below the data dir: a planted one would read another's log.
+    let file = match super::perms::open_beneath(data_dir, path, super::perms::Access::Read) {
         Ok(file) => file,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(err) => return Err(err),
@@ -577,8 +589,10 @@ mod tests {
             encode(&[message(big.clone()), message(call.clone())]).unwrap(),
         )
         .unwrap();
-        let index = read_conversation_index(&path, |raw| raw.contains("\"tool_calls\"")).unwrap();
-        let full = read_conversation(&path).unwrap();
+        let index =
+            read_conversation_index(dir.path(), &path, |raw| raw.contains("\"tool_calls\""))
+                .unwrap();
+        let full = read_conversation(dir.path(), &path).unwrap();
         let texts = |log: &ConversationLog| -> Vec<(String, String)> {
             log.lines
                 .iter()

@@ -47,7 +47,8 @@ pub async fn open(
             "store.url is not set".into(),
         ))),
         (StoreBackend::Disk, _) => {
-            let writer = Writer::start(config.fsync, metrics).map_err(OpenError::Writer)?;
+            let writer = Writer::start(config.fsync, metrics, data_dir.to_owned())
+                .map_err(OpenError::Writer)?;
             Ok(Opened {
                 store: Arc::new(DiskStore::new(data_dir, writer)),
                 secret: None,

@@ -13,6 +13,89 @@ pub fn no_follow() -> i32 {
     i32::try_from(rustix::fs::OFlags::NOFOLLOW.bits()).unwrap_or(0)
 }
 
+/// How [`open_beneath`] opens a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// For reading.
+    Read,
+    /// For appending, creating `0700` folders and a `0600` file; with `durable`, each
+    /// folder and file it creates is synced into its parent.
+    Append {
+        /// Sync what it creates.
+        durable: bool,
+    },
+}
+
+/// Opens `path`, which lies under `root`, without following a symbolic link at any
+/// component below `root`: each folder is opened from the one before with
+/// `O_NOFOLLOW | O_DIRECTORY`, so a link planted in place of a tenant's or a
+/// conversation's folder is an error, not a way into another folder. `root` itself (the
+/// data dir) may be a link.
+pub fn open_beneath(root: &Path, path: &Path, access: Access) -> std::io::Result<File> {
+    use rustix::fs::{fsync, mkdirat, openat, Mode, OFlags, CWD};
+    use rustix::io::Errno;
+    use std::path::Component;
+
+    let outside = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} is not a file under {}", path.display(), root.display()),
+        )
+    };
+    let mut parts = Vec::new();
+    for component in path.strip_prefix(root).map_err(|_| outside())?.components() {
+        match component {
+            Component::Normal(part) => parts.push(part),
+            _ => return Err(outside()),
+        }
+    }
+    let name = parts.pop().ok_or_else(outside)?;
+    let (create, durable) = match access {
+        Access::Read => (false, false),
+        Access::Append { durable } => (true, durable),
+    };
+    let folder = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC;
+    let mut dir = openat(CWD, root, folder, Mode::empty())?;
+    for part in parts {
+        dir = match openat(&dir, part, folder | OFlags::NOFOLLOW, Mode::empty()) {
+            Err(Errno::NOENT) if create => {
+                match mkdirat(&dir, part, Mode::from_raw_mode(0o700)) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(err) => return Err(err.into()),
+                }
+                if durable {
+                    fsync(&dir)?;
+                }
+                openat(&dir, part, folder | OFlags::NOFOLLOW, Mode::empty())?
+            }
+            opened => opened?,
+        };
+    }
+    let file = OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = match access {
+        Access::Read => openat(&dir, name, file | OFlags::RDONLY, Mode::empty())?,
+        Access::Append { .. } => {
+            let append = file | OFlags::RDWR | OFlags::APPEND;
+            match openat(&dir, name, append, Mode::empty()) {
+                Err(Errno::NOENT) => {
+                    let fd = openat(
+                        &dir,
+                        name,
+                        append | OFlags::CREATE,
+                        Mode::from_raw_mode(0o600),
+                    )?;
+                    if durable {
+                        fsync(&dir)?;
+                    }
+                    fd
+                }
+                opened => opened?,
+            }
+        }
+    };
+    Ok(File::from(fd))
+}
+
 /// Why a path is not trusted.
 #[derive(Debug, thiserror::Error)]
 pub enum PermError {
@@ -125,5 +208,35 @@ mod tests {
             .custom_flags(no_follow())
             .open(&link);
         assert!(opened.is_err());
+    }
+
+    #[test]
+    fn a_linked_folder_below_the_root_is_never_followed() {
+        let root = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::fs::write(elsewhere.path().join("messages.jsonl"), "theirs\n").unwrap();
+        let tenant = root.path().join("tenants/a/conversations");
+        std::fs::create_dir_all(&tenant).unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), tenant.join("c-1")).unwrap();
+        let linked = tenant.join("c-1/messages.jsonl");
+        assert!(open_beneath(root.path(), &linked, Access::Read).is_err());
+        assert!(open_beneath(root.path(), &linked, Access::Append { durable: true }).is_err());
+        // A link higher up, in place of a tenant's folder, too.
+        std::os::unix::fs::symlink(elsewhere.path(), root.path().join("tenants/b")).unwrap();
+        let higher = root.path().join("tenants/b/messages.jsonl");
+        assert!(open_beneath(root.path(), &higher, Access::Read).is_err());
+        assert_eq!(
+            std::fs::read_to_string(elsewhere.path().join("messages.jsonl")).unwrap(),
+            "theirs\n"
+        );
+        // What is not a link is created and opened, and `..` never leaves the root.
+        let own = root
+            .path()
+            .join("tenants/a/conversations/c-2/messages.jsonl");
+        let mut file = open_beneath(root.path(), &own, Access::Append { durable: true }).unwrap();
+        std::io::Write::write_all(&mut file, b"ours\n").unwrap();
+        assert!(open_beneath(root.path(), &own, Access::Read).is_ok());
+        let escape = root.path().join("tenants/../../x");
+        assert!(open_beneath(root.path(), &escape, Access::Read).is_err());
     }
 }

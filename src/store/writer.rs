@@ -18,10 +18,9 @@
 //! crash cannot lose a conversation's folder after its lines were acknowledged.
 
 use std::collections::{HashMap, HashSet};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -54,12 +53,17 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Starts the writer thread with `policy`, counting failed batched syncs in `metrics`.
-    pub fn start(policy: FsyncPolicy, metrics: Arc<Metrics>) -> std::io::Result<Self> {
+    /// Starts the writer thread with `policy` for files under `root` (the data dir),
+    /// counting failed batched syncs in `metrics`.
+    pub fn start(
+        policy: FsyncPolicy,
+        metrics: Arc<Metrics>,
+        root: PathBuf,
+    ) -> std::io::Result<Self> {
         let (commands, receiver) = mpsc::channel(1024);
         std::thread::Builder::new()
             .name("handoff-writer".into())
-            .spawn(move || run(receiver, policy, &metrics))?;
+            .spawn(move || run(receiver, policy, &metrics, root))?;
         if policy == FsyncPolicy::Batch {
             let ticker = commands.clone();
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -89,7 +93,12 @@ impl Writer {
     }
 }
 
-fn run(mut receiver: mpsc::Receiver<Command>, policy: FsyncPolicy, metrics: &Metrics) {
+fn run(
+    mut receiver: mpsc::Receiver<Command>,
+    policy: FsyncPolicy,
+    metrics: &Metrics,
+    root: PathBuf,
+) {
     let mut files: HashMap<PathBuf, File> = HashMap::new();
     let mut dirty: HashSet<PathBuf> = HashSet::new();
     while let Some(command) = receiver.blocking_recv() {
@@ -100,7 +109,7 @@ fn run(mut receiver: mpsc::Receiver<Command>, policy: FsyncPolicy, metrics: &Met
                     sync_dirty(&files, &mut dirty, metrics);
                     files.clear();
                 }
-                let result = append(&mut files, &path, &bytes, policy);
+                let result = append(&root, &mut files, &path, &bytes, policy);
                 if result.is_ok() && policy == FsyncPolicy::Batch {
                     dirty.insert(path);
                 }
@@ -126,13 +135,18 @@ fn sync_dirty(files: &HashMap<PathBuf, File>, dirty: &mut HashSet<PathBuf>, metr
 }
 
 fn append(
+    root: &Path,
     files: &mut HashMap<PathBuf, File>,
     path: &Path,
     bytes: &[u8],
     policy: FsyncPolicy,
 ) -> std::io::Result<()> {
     if !files.contains_key(path) {
-        let file = open_for_append(path, policy != FsyncPolicy::Never)?;
+        // Never through a link, at any folder below the data dir: one planted there
+        // would redirect the append.
+        let durable = policy != FsyncPolicy::Never;
+        let file =
+            super::perms::open_beneath(root, path, super::perms::Access::Append { durable })?;
         files.insert(path.to_owned(), file);
     }
     let Some(file) = files.get_mut(path) else {
@@ -155,44 +169,6 @@ fn append(
         }
     }
     Ok(())
-}
-
-/// Opens for appending, creating `0700` folders and a `0600` file; with `durable`,
-/// each folder and file it creates is synced into its parent.
-fn open_for_append(path: &Path, durable: bool) -> std::io::Result<File> {
-    let mut created: Vec<&Path> = Vec::new();
-    let mut missing = path.parent();
-    while let Some(dir) = missing.filter(|dir| !dir.as_os_str().is_empty() && !dir.exists()) {
-        created.push(dir);
-        missing = dir.parent();
-    }
-    if let Some(parent) = path.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(parent)?;
-    }
-    let existed = path.exists();
-    // Never through a link: one planted in the folder would redirect the append.
-    let file = OpenOptions::new()
-        .read(true)
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(super::perms::no_follow())
-        .open(path)?;
-    if durable {
-        if !existed {
-            created.insert(0, path);
-        }
-        // Innermost first: each new entry is synced into the folder that holds it.
-        for entry in created {
-            if let Some(parent) = entry.parent().filter(|p| !p.as_os_str().is_empty()) {
-                File::open(parent)?.sync_all()?;
-            }
-        }
-    }
-    Ok(file)
 }
 
 /// Ends a torn last line (a crash mid-write) so that the next line starts clean;
@@ -224,7 +200,8 @@ mod tests {
     async fn a_torn_line_is_sealed_and_the_next_append_stays_whole() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c/messages.jsonl");
-        let writer = Writer::start(FsyncPolicy::Always, Arc::default()).unwrap();
+        let writer =
+            Writer::start(FsyncPolicy::Always, Arc::default(), dir.path().to_owned()).unwrap();
         let line = br#"{"v":1,"at":"t","kind":"request","model":"m","head":null,"pinned":null,"stream":false,"new_messages":0}"#;
         writer
             .append(path.clone(), [line.as_slice(), b"\n"].concat())
@@ -239,7 +216,7 @@ mod tests {
             .await
             .unwrap();
 
-        let log = read_log_file(&path).unwrap();
+        let log = read_log_file(dir.path(), &path).unwrap();
         assert_eq!(log.lines.len(), 2, "both whole lines survive");
         assert_eq!(log.problems.len(), 1);
         assert_eq!(log.problems[0].line, 2);

@@ -412,13 +412,17 @@ pub fn closed_port() -> u16 {
     listener.local_addr().unwrap().port()
 }
 
-/// The `message` lines of a conversation's log, parsed, in file order.
+/// The `message` lines of a conversation's log, parsed, in file order: a run of a
+/// request's messages written as one line reads as a line for each, as handoff reads it.
 pub fn message_lines(proxy: &Proxy, id: &str) -> Vec<serde_json::Value> {
     let path = proxy.conversation_dir(id).join("messages.jsonl");
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+    let mut lines = Vec::new();
+    for line in std::fs::read_to_string(path).unwrap_or_default().lines() {
+        let _ = handoff::store::line::Line::parse_into(line.as_bytes(), &mut lines);
+    }
+    lines
+        .iter()
+        .filter_map(|line| serde_json::to_value(line).ok())
         .filter(|line| line["kind"] == "message")
         .collect()
 }
