@@ -254,6 +254,38 @@ async fn an_encoded_id_is_the_id_to_ownership_over_http1_and_h2c() {
             }
         }
     }
+    // The same ids in a body the ownership scan cannot read as UTF-8: refused, not
+    // forwarded to an upstream that might decode it (UTF-16, either order, a BOM).
+    let naming = format!(r#"{{"model":"gpt-4o","previous_response_id":"{response}"}}"#);
+    let utf16 = |big: bool| -> Vec<u8> {
+        let mut bytes = if big {
+            vec![0xfe, 0xff]
+        } else {
+            vec![0xff, 0xfe]
+        };
+        for unit in naming.encode_utf16() {
+            bytes.extend(if big {
+                unit.to_be_bytes()
+            } else {
+                unit.to_le_bytes()
+            });
+        }
+        bytes
+    };
+    for h2 in [false, true] {
+        for body in [
+            utf16(false),
+            utf16(true),
+            [b"\xef\xbb\xbf".as_slice(), naming.as_bytes()].concat(),
+        ] {
+            let mut probe = Probe::new("POST", "/v1/responses/input_tokens")
+                .key(TEAM_B)
+                .json("");
+            probe.body = body;
+            let (status, answer) = probe.send(addr, h2).await;
+            assert_eq!(status, 400, "h2={h2}: {answer}");
+        }
+    }
     assert_eq!(mock.requests().len(), before, "team B reached the upstream");
     let team_b = proxy.data_dir().join("tenants/team-b/objects.jsonl");
     assert!(
