@@ -24,6 +24,11 @@ pub const PREPARED_WAITED: &str = "handoff_prepared_waited_total";
 /// Prepared compactions superseded before any request adopted them.
 pub const PREPARED_WASTED: &str = "handoff_prepared_wasted_total";
 
+/// Summary calls made for a key's conversations, by key.
+pub const KEY_SUMMARY_CALLS: &str = "handoff_key_summary_calls_total";
+/// Tokens those calls used (their `usage`), charged to the key's `tpm`, by key.
+pub const KEY_SUMMARY_TOKENS: &str = "handoff_key_summary_tokens_total";
+
 /// Upper bounds, in seconds, of the overhead histogram's buckets.
 const OVERHEAD_BUCKETS: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
@@ -109,6 +114,16 @@ const HELP: &[(&str, &str, &str)] = &[
         "handoff_chat_rejected_total",
         "counter",
         "Tracked requests refused with 503 past limits.max_concurrent_chat and its queue.",
+    ),
+    (
+        KEY_SUMMARY_CALLS,
+        "counter",
+        "Summary calls made for the conversations of a proxy key, by key.",
+    ),
+    (
+        KEY_SUMMARY_TOKENS,
+        "counter",
+        "Tokens the summary calls for a proxy key's conversations used, charged to its tpm.",
     ),
     (
         "handoff_store_sync_failures_total",

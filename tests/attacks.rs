@@ -782,6 +782,80 @@ async fn a_body_larger_than_a_minute_of_tpm_is_refused_on_every_path() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn summary_calls_are_charged_to_the_key_whose_conversation_needed_them() {
+    // Every summary call uses 3,000 tokens of the shared upstream key (and writes no
+    // valid handoff, so the deterministic fallback commits the compaction).
+    let mock = MockUpstream::with(|request| {
+        let body = String::from_utf8_lossy(&request.body);
+        if body.contains(mock_upstream::strict::SUMMARY_PROMPT_START) {
+            let mut answer = mock_upstream::chat_completion("not a handoff");
+            answer["usage"] = serde_json::json!({"prompt_tokens": 2990, "completion_tokens": 10});
+            return Reply::json(answer);
+        }
+        Reply::chat_text("noted")
+    })
+    .await;
+    let toml = format!(
+        "[upstream]\napi_key_env = \"UPSTREAM_KEY_FOR_TEST\"\n[models.\"small\"]\ncontext_window = 2000\n\
+         [[auth.keys]]\nname = \"team-a\"\nsha256 = \"{}\"\ntpm = 5000\n\
+         [[auth.keys]]\nname = \"team-b\"\nsha256 = \"{}\"\ntpm = 5000\n",
+        sha256_hex(TEAM_A),
+        sha256_hex(TEAM_B)
+    );
+    let proxy = with_key(&mock.url(), &toml);
+    let addr = proxy.addr();
+    let mut messages = Vec::new();
+    for n in 0..12 {
+        messages.push(support::scenario::big_user(n, 200));
+        messages.push(serde_json::json!({"role": "assistant", "content": format!("noted {n}")}));
+    }
+    messages.push(serde_json::json!({"role": "user", "content": "and now?"}));
+    let body = serde_json::json!({"model": "small", "messages": messages}).to_string();
+    let send = |key: &'static str| {
+        let body = body.clone();
+        async move {
+            Probe::new("POST", "/v1/chat/completions")
+                .key(key)
+                .json(&body)
+                .send(addr, false)
+                .await
+        }
+    };
+    // ~1,300 tokens of body, then ~3,000 of summary calls made for it.
+    let (status, text) = send(TEAM_A).await;
+    assert_eq!(status, 200, "{text}");
+    let summaries = mock
+        .requests()
+        .iter()
+        .filter(|r| {
+            String::from_utf8_lossy(&r.body).contains(mock_upstream::strict::SUMMARY_PROMPT_START)
+        })
+        .count();
+    assert!(summaries >= 1, "the request needed a summary call");
+    // The key's minute is spent: its own next request waits, another key's does not.
+    let (status, text) = send(TEAM_A).await;
+    assert_eq!(status, 429, "{text}");
+    assert!(text.contains("rate_limit_exceeded"), "{text}");
+    let (status, text) = send(TEAM_B).await;
+    assert_eq!(status, 200, "{text}");
+    let (status, metrics) = Probe::new("GET", "/handoff/metrics")
+        .host(&format!("localhost:{}", addr.port()))
+        .send(addr, false)
+        .await;
+    assert_eq!(status, 200, "{metrics}");
+    let tokens = |key: &str| -> f64 {
+        let line = format!("handoff_key_summary_tokens_total{{key=\"{key}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert_eq!(tokens("team-a"), 3000.0 * summaries as f64, "{metrics}");
+    assert!(tokens("team-b") >= 3000.0, "{metrics}");
+}
+
 /// An h2c connection that has sent one request and keeps its connection open.
 async fn idle_h2(addr: SocketAddr) -> tokio::task::JoinHandle<()> {
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();

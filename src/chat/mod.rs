@@ -15,6 +15,7 @@
 //! becomes the client's answer.
 
 mod admit;
+mod charged;
 mod reply;
 mod send;
 
@@ -118,6 +119,8 @@ struct Exchange<'s> {
     budget: Option<RequestBudget>,
     /// Digests and adopted compactions, once tracked.
     tracked: Option<Tracked>,
+    /// The proxy key its summary calls are charged to, when keys are configured.
+    key: Option<Arc<crate::auth::ProxyKey>>,
 }
 
 impl<'s> Exchange<'s> {
@@ -191,6 +194,7 @@ impl<'s> Exchange<'s> {
             chain,
             budget,
             tracked: None,
+            key: admission.key.clone(),
         })
     }
 
@@ -374,14 +378,23 @@ impl<'s> Exchange<'s> {
     /// The summary client of this request: its upstream, path and the client's own
     /// credential and API headers.
     fn summary_client(&self, budget: &RequestBudget) -> Arc<dyn handoff_plugin_api::ModelClient> {
-        crate::compaction::model_client::summary_client(
+        let client = crate::compaction::model_client::summary_client(
             &self.snap.config,
             &budget.info.summary_model,
             self.chat.dialect,
             self.upstream().clone(),
             self.parts.uri.path_and_query().cloned(),
             self.parts.headers.clone(),
-        )
+        );
+        match &self.key {
+            Some(key) => Arc::new(charged::ChargedClient::new(
+                client,
+                Arc::clone(key),
+                Arc::clone(&self.state.limiter),
+                Arc::clone(&self.state.metrics),
+            )),
+            None => client,
+        }
     }
 
     /// The compaction job of this request: the one place a chat request builds one.
