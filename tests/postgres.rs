@@ -586,3 +586,61 @@ async fn a_compaction_prepared_on_one_replica_is_adopted_on_another() {
     let last = agent_requests(&mock).pop().unwrap().json().to_string();
     assert!(last.contains(&json!(record["handoff"]["content"]).to_string()[1..40]));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_body_shape_writes_more_than_one_and_a_half_times_its_size_in_postgres() {
+    let db = Postgres::start();
+    let mock =
+        MockUpstream::with(|request| support::shapes::reply_for(request.target.as_str())).await;
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        support::ProxyOptions {
+            extra_toml: db.store_toml(""),
+            ..Default::default()
+        },
+    );
+    // Every table's heap, TOAST and indexes, after a checkpoint of what the last
+    // request wrote.
+    let stored = || {
+        db.count(
+            "SELECT sum(pg_total_relation_size(c.oid))::bigint FROM pg_class c \
+             WHERE c.relkind = 'r' AND c.relname LIKE 'handoff_%'",
+        )
+    };
+    let mut report = Vec::new();
+    for (n, (shape, path, body)) in support::shapes::amplifying_bodies().into_iter().enumerate() {
+        let before = stored();
+        let key = format!("sk-client-shape-{n}");
+        let got = support::client::send(support::client::request(
+            "POST",
+            &format!("{}{path}", proxy.url()),
+            &[
+                ("content-type", "application/json"),
+                ("authorization", &format!("Bearer {key}")),
+                ("x-api-key", &key),
+            ],
+            body.clone(),
+        ))
+        .await;
+        assert_eq!(got.status, 200, "{shape}: {}", got.text());
+        let written = stored().saturating_sub(before);
+        report.push((shape, body.len(), written));
+    }
+    let table: Vec<String> = report
+        .iter()
+        .map(|(shape, body, written)| {
+            format!(
+                "{shape}: {body} bytes of body stored {written} ({:.2}x)",
+                *written as f64 / *body as f64
+            )
+        })
+        .collect();
+    eprintln!("{}", table.join("\n"));
+    assert!(
+        report
+            .iter()
+            .all(|(_, body, written)| *written as f64 <= 1.5 * *body as f64),
+        "past 1.5 bytes stored per byte of body:\n{}",
+        table.join("\n")
+    );
+}

@@ -5,6 +5,7 @@
 pub mod client;
 pub mod postgres;
 pub mod scenario;
+pub mod shapes;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
