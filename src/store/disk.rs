@@ -607,4 +607,39 @@ mod tests {
         assert_eq!(index[0].1, "null", "the 100 KB text is not held");
         assert_eq!(index[1], full[1], "tool calls are kept for echo matching");
     }
+
+    #[tokio::test]
+    async fn object_owners_are_one_index_read_once_not_a_scan_per_lookup() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = Writer::start(
+            crate::config::FsyncPolicy::Never,
+            Default::default(),
+            dir.path().to_owned(),
+        )
+        .unwrap();
+        let store = DiskStore::new(dir.path(), writer);
+        let (a, b) = (
+            TenantId::parse("team-a").unwrap(),
+            TenantId::parse("team-b").unwrap(),
+        );
+        store.record_object(&a, "file-a1").await.unwrap();
+        store.record_object(&b, "file-b1").await.unwrap();
+        let index = dir
+            .path()
+            .join(super::super::layout::TENANTS_DIR)
+            .join("team-a")
+            .join(response_index::OBJECTS_FILE);
+        assert!(index.is_file());
+        // With its file gone, every lookup still answers: from the index in memory, which
+        // the records after it keep up to date, never from a scan of the file.
+        std::fs::remove_file(&index).unwrap();
+        for _ in 0..10_000 {
+            assert_eq!(
+                store.object_owner("file-a1").await.unwrap(),
+                Some(a.clone())
+            );
+        }
+        assert_eq!(store.object_owner("file-b1").await.unwrap(), Some(b));
+        assert_eq!(store.object_owner("file-c1").await.unwrap(), None);
+    }
 }
