@@ -20,7 +20,8 @@ body = open(path, "rb").read()
 name = os.path.basename(path)
 route = "/v1/messages" if "anthropic" in name else "/v1/responses" if "responses" in name else "/v1/chat/completions"
 head = (
-    f"POST {route} HTTP/1.1\r\nHost: bench\r\n"
+    # The listener's own address: handoff refuses a Host that is not one of its names.
+    f"POST {route} HTTP/1.1\r\nHost: {address}\r\n"
     "Content-Type: application/json\r\nAuthorization: Bearer sk-bench\r\n"
     + (f"x-handoff-conversation-id: {conversation}\r\n" if conversation else "")
     + f"Content-Length: {len(body)}\r\n\r\n"
