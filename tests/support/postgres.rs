@@ -42,11 +42,10 @@ impl Postgres {
                 .expect("chown");
             assert!(status.success(), "chown the cluster dir to postgres");
         }
-        let port = super::closed_port();
-        let cluster = Self {
+        let mut cluster = Self {
             dir,
             bin,
-            port,
+            port: cluster_port(),
             as_root,
         };
         let data = cluster.data();
@@ -64,7 +63,21 @@ impl Postgres {
             ],
         );
         assert!(init.status.success(), "initdb: {}", text(&init));
-        cluster.ctl_start();
+        // A port free when it was picked can be taken before the server binds it (the
+        // tests run side by side): another port, then.
+        let mut started = cluster.try_ctl_start();
+        for _ in 0..4 {
+            match &started {
+                Err(log) if log.contains("Address already in use") => {
+                    cluster.port = cluster_port();
+                    started = cluster.try_ctl_start();
+                }
+                _ => break,
+            }
+        }
+        if let Err(log) = started {
+            panic!("pg_ctl start: {log}");
+        }
         cluster
     }
 
@@ -90,6 +103,13 @@ impl Postgres {
 
     /// `pg_ctl start`, waiting until it accepts connections.
     pub fn ctl_start(&self) {
+        if let Err(log) = self.try_ctl_start() {
+            panic!("pg_ctl start: {log}");
+        }
+    }
+
+    /// `pg_ctl start`; its output and the server's log when it fails.
+    fn try_ctl_start(&self) -> Result<(), String> {
         let options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
             self.port,
@@ -109,12 +129,14 @@ impl Postgres {
                 "start",
             ],
         );
-        assert!(
-            started.status.success(),
-            "pg_ctl start: {}\n{}",
+        if started.status.success() {
+            return Ok(());
+        }
+        Err(format!(
+            "{}\n{}",
             text(&started),
             std::fs::read_to_string(&log).unwrap_or_default()
-        );
+        ))
     }
 
     /// `pg_ctl stop -m immediate`: the database vanishes as in a crash.
@@ -202,4 +224,19 @@ fn text(output: &Output) -> String {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     )
+}
+
+/// A free port below the kernel's ephemeral range (32768 and up on Linux), which the
+/// tests' own servers and clients draw from, so they rarely take it first.
+fn cluster_port() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    for _ in 0..100 {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u32(std::process::id());
+        let port = 20_000 + (hasher.finish() % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    super::closed_port()
 }
