@@ -327,10 +327,11 @@ impl Store for DiskStore {
         response_id: &str,
     ) -> BoxFuture<'_, Result<Option<ResponseEnd>, StoreError>> {
         let path = response_index::index_path(&self.data_dir, tenant);
+        let root = self.data_dir.clone();
         let (tenant, response_id) = (tenant.clone(), response_id.to_owned());
         async move {
             let found = tokio::task::spawn_blocking(move || {
-                response_index::lookup(&path, &tenant, &response_id)
+                response_index::lookup(&root, &path, &tenant, &response_id)
             })
             .await
             .map_err(|join| std::io::Error::other(join.to_string()))

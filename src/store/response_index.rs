@@ -49,14 +49,15 @@ pub fn encode_line(
     Ok(line)
 }
 
-/// Looks `response_id` up in the index at `path` (blocking; a missing file knows none).
-/// The newest line wins; an unreadable line is skipped.
+/// Looks `response_id` up in the index at `path` under `data_dir` (blocking; a missing
+/// file knows none). The newest line wins; an unreadable line is skipped.
 pub fn lookup(
+    data_dir: &Path,
     path: &Path,
     tenant: &TenantId,
     response_id: &str,
 ) -> std::io::Result<Option<ResponseEnd>> {
-    let file = match std::fs::File::open(path) {
+    let file = match super::perms::open_beneath(data_dir, path, super::perms::Access::Read) {
         Ok(file) => file,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(err) => return Err(err),
@@ -97,13 +98,45 @@ mod tests {
         bytes.extend(encode_line(&id, "resp_2", None).unwrap());
         std::fs::write(&path, bytes).unwrap();
         assert_eq!(
-            lookup(&path, &tenant, "resp_1").unwrap(),
+            lookup(dir.path(), &path, &tenant, "resp_1").unwrap(),
             Some((id.clone(), head))
         );
-        assert_eq!(lookup(&path, &tenant, "resp_2").unwrap(), Some((id, None)));
-        assert_eq!(lookup(&path, &tenant, "resp_9").unwrap(), None);
+        assert_eq!(
+            lookup(dir.path(), &path, &tenant, "resp_2").unwrap(),
+            Some((id, None))
+        );
+        assert_eq!(lookup(dir.path(), &path, &tenant, "resp_9").unwrap(), None);
         let missing = dir.path().join("none.jsonl");
-        assert_eq!(lookup(&missing, &tenant, "resp_1").unwrap(), None);
+        assert_eq!(
+            lookup(dir.path(), &missing, &tenant, "resp_1").unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn a_tenant_folder_that_is_a_link_owns_nothing_and_reads_no_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = TenantId::parse("team-a").unwrap();
+        let b = TenantId::parse("team-b").unwrap();
+        let objects = objects_path(dir.path(), &a);
+        std::fs::create_dir_all(objects.parent().unwrap()).unwrap();
+        std::fs::write(&objects, encode_object("file-a1")).unwrap();
+        let id = ConversationId::parse(a.clone(), "chain-1").unwrap();
+        std::fs::write(
+            index_path(dir.path(), &a),
+            encode_line(&id, "resp_1", None).unwrap(),
+        )
+        .unwrap();
+        // team-b's folder planted as a link to team-a's.
+        std::os::unix::fs::symlink(
+            objects.parent().unwrap(),
+            objects.parent().unwrap().with_file_name("team-b"),
+        )
+        .unwrap();
+        let owners = ObjectOwners::load(dir.path()).unwrap();
+        assert_eq!(owners.owner("file-a1"), Some(&a));
+        let linked = index_path(dir.path(), &b);
+        assert!(lookup(dir.path(), &linked, &b, "resp_1").is_err());
     }
 }
 
@@ -148,9 +181,20 @@ impl ObjectOwners {
         let mut owners = Self::default();
         for tenant in super::layout::tenants(data_dir)? {
             let path = objects_path(data_dir, &tenant);
-            let file = match std::fs::File::open(&path) {
+            let file = match super::perms::open_beneath(data_dir, &path, super::perms::Access::Read)
+            {
                 Ok(file) => file,
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+                // A link in place of a tenant's folder is not a tenant: its objects
+                // would become that name's.
+                Err(err)
+                    if [rustix::io::Errno::LOOP, rustix::io::Errno::NOTDIR]
+                        .iter()
+                        .any(|no| err.raw_os_error() == Some(no.raw_os_error())) =>
+                {
+                    tracing::warn!(path = %path.display(), "skipping a tenant folder that is a symbolic link");
+                    continue;
+                }
                 Err(err) => return Err(err),
             };
             for line in std::io::BufReader::new(file).lines() {
