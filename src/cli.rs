@@ -93,7 +93,8 @@ enum AuditCommand {
         #[arg(long)]
         tenant: Option<String>,
     },
-    /// The originals of the latest branch (or of --branch) as a JSON array.
+    /// A request exactly as the client sent it, then its reply, as a JSON array: the
+    /// latest branch's last request, or --request N, or the last on --branch.
     Replay {
         #[command(flatten)]
         config: ConfigArgs,
@@ -103,8 +104,11 @@ enum AuditCommand {
         #[arg(long)]
         tenant: Option<String>,
         /// Digest of the branch's last message.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "request")]
         branch: Option<String>,
+        /// The request's number, from 1, as `audit show` numbers them.
+        #[arg(long, value_name = "N")]
+        request: Option<usize>,
     },
     /// The model view the next request would be sent with (compactions applied).
     View {
@@ -379,8 +383,12 @@ fn audit(command: AuditCommand) -> ExitCode {
         AuditCommand::List { json, .. } => audit.list(*json, &mut out),
         AuditCommand::Show { id, tenant, .. } => audit.show(id, tenant.as_deref(), &mut out),
         AuditCommand::Replay {
-            id, tenant, branch, ..
-        } => audit.replay(id, tenant.as_deref(), branch.as_deref(), &mut out),
+            id,
+            tenant,
+            branch,
+            request,
+            ..
+        } => audit.replay(id, tenant.as_deref(), branch.as_deref(), *request, &mut out),
         AuditCommand::View { id, tenant, .. } => audit.view(id, tenant.as_deref(), &mut out),
         AuditCommand::Verify { id, tenant, .. } => {
             audit.verify(id.as_deref(), tenant.as_deref(), &mut out)

@@ -268,6 +268,8 @@ proptest! {
                 floated: Vec::new(),
                 stream: n % 2 == 0,
                 new_messages: n,
+                forms: Vec::new(),
+                carried: None,
             })))
             .collect();
         let bytes = encode(&lines).unwrap();

@@ -36,7 +36,8 @@ impl<'a> Tree<'a> {
                     tree.pinned.entry(pinned.digest).or_insert(pinned);
                 }
                 Entry::Request(request) => tree.requests.push(request),
-                Entry::CompactBoundary(_) | Entry::Rescue(_) | Entry::Adopt(_) => {}
+                Entry::CompactBoundary(_) | Entry::Rescue(_) | Entry::Adopt(_) | Entry::Form(_) => {
+                }
             }
         }
         tree
@@ -213,7 +214,7 @@ impl<'a> Tree<'a> {
 
 /// Moves the last `places.len()` of the first `pinned` messages of `list` back to the
 /// places they had in the client's request.
-fn put_back<T>(list: &mut Vec<T>, pinned: usize, places: &[usize]) {
+pub(super) fn put_back<T>(list: &mut Vec<T>, pinned: usize, places: &[usize]) {
     let Some(start) = pinned.checked_sub(places.len()) else {
         return;
     };

@@ -2,6 +2,7 @@
 //! server writes (appends only ever add whole lines).
 
 mod branch;
+mod sent;
 mod summary;
 mod timeline;
 mod verify;
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 pub use branch::Tree;
+pub use sent::{sent_requests, RebuildProblem, SentRequest};
 pub use summary::{summarize, ConversationSummary};
 pub use timeline::{next_view, timeline};
 pub use verify::{incomplete_replies, verify_log};
@@ -47,6 +49,12 @@ pub enum AuditError {
     /// `verify` found problems.
     #[error("{0} problem(s) found")]
     Problems(usize),
+    /// `replay --request N` named a request the conversation does not have.
+    #[error("no request {0}: the conversation has {1} request(s), numbered from 1")]
+    Request(usize, usize),
+    /// The request's line names what the log does not hold.
+    #[error("request {0} cannot be rebuilt: {1}")]
+    Rebuild(usize, String),
 }
 
 impl AuditError {
@@ -149,8 +157,20 @@ impl Audit {
             summary.branches,
             summary.models.join(",")
         )?;
+        let mut requests = 0;
         for line in &log.lines {
             match &line.entry {
+                Entry::Form(form) => writeln!(
+                    out,
+                    "{}  form     {} of {}  {}",
+                    line.at,
+                    form.digest.short(12),
+                    form.of.map_or("a pinned message".to_owned(), |o| o.short(12)),
+                    preview(
+                        dialect,
+                        &serde_json::from_str(form.message.get()).unwrap_or(Value::Null)
+                    ),
+                )?,
                 Entry::Message(message) => {
                     let value: Value =
                         serde_json::from_str(message.message.get()).unwrap_or(Value::Null);
@@ -196,12 +216,21 @@ impl Audit {
                 )?,
                 Entry::Request(request) => writeln!(
                     out,
-                    "{}  request  model={} stream={} new={} head={}{}",
+                    "{}  request  #{} model={} stream={} new={} head={}{}{}",
                     line.at,
+                    {
+                        requests += 1;
+                        requests
+                    },
                     strip_controls(&request.model),
                     request.stream,
                     request.new_messages,
                     request.head.map_or("-".to_owned(), |h| h.short(12)),
+                    if request.forms.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" forms={}", request.forms.len())
+                    },
                     if request.server_held == Some(true) {
                         "  SERVER-HELD (history kept by the upstream; never rewritten)"
                     } else {
@@ -269,32 +298,82 @@ impl Audit {
         Ok(())
     }
 
-    /// `audit replay`: the originals of a branch (the latest by default) as a JSON array.
+    /// `audit replay`: a request as the client sent it, then its reply, as one JSON
+    /// array: request `number` (from 1, in log order), else the latest request on the
+    /// branch ending at `branch` (the latest branch by default).
     pub fn replay(
         &self,
         id: &str,
         tenant: Option<&str>,
         branch: Option<&str>,
+        number: Option<usize>,
         out: &mut dyn Write,
     ) -> Result<(), AuditError> {
         let (_, log) = self.read(id, tenant)?;
         let tree = Tree::new(&log);
-        let tip = match branch {
-            Some(text) => {
-                Digest::from_hex(text).ok_or_else(|| AuditError::Branch(text.to_owned()))?
-            }
-            None => match tree.latest_tip() {
-                Some(tip) => tip,
-                None => {
-                    writeln!(out, "[]")?;
+        let sent = sent_requests(&log, &tree);
+        let chosen = match number {
+            Some(number) => Some(
+                sent.get(number.wrapping_sub(1))
+                    .ok_or(AuditError::Request(number, sent.len()))?,
+            ),
+            None => {
+                let tip = match branch {
+                    Some(text) => {
+                        Digest::from_hex(text).ok_or_else(|| AuditError::Branch(text.to_owned()))?
+                    }
+                    None => match tree.latest_tip() {
+                        Some(tip) => tip,
+                        None => {
+                            writeln!(out, "[]")?;
+                            return Ok(());
+                        }
+                    },
+                };
+                let on_branch = tree
+                    .branch(&tip)
+                    .ok_or_else(|| AuditError::Branch(tip.to_hex()))?;
+                let on_branch: std::collections::HashSet<_> =
+                    on_branch.iter().map(|m| m.digest).collect();
+                let head = |r: &Result<SentRequest, RebuildProblem>| match r {
+                    Ok(r) => r.request.head,
+                    Err(p) => match &log.lines[p.line].entry {
+                        Entry::Request(request) => request.head,
+                        _ => None,
+                    },
+                };
+                let latest = sent
+                    .iter()
+                    .rev()
+                    .find(|r| head(r).is_some_and(|h| on_branch.contains(&h)));
+                if latest.is_none() {
+                    // A branch no request line names (a log from before request lines).
+                    let messages = tree
+                        .client_messages(&tip)
+                        .ok_or_else(|| AuditError::Branch(tip.to_hex()))?;
+                    serde_json::to_writer_pretty(&mut *out, &messages)?;
+                    writeln!(out)?;
                     return Ok(());
                 }
-            },
+                latest
+            }
         };
-        let messages = tree
-            .client_messages(&tip)
-            .ok_or_else(|| AuditError::Branch(tip.to_hex()))?;
-        serde_json::to_writer_pretty(&mut *out, &messages)?;
+        let Some(chosen) = chosen else {
+            return Ok(());
+        };
+        let request = chosen
+            .as_ref()
+            .map_err(|problem| AuditError::Rebuild(problem.number, problem.reason.clone()))?;
+        // A server-held request carried only its new items: the history it continued
+        // comes first, as the client sent it in the requests before.
+        let all: Vec<&serde_json::value::RawValue> = request
+            .held
+            .iter()
+            .chain(&request.messages)
+            .chain(&request.reply)
+            .copied()
+            .collect();
+        serde_json::to_writer_pretty(&mut *out, &all)?;
         writeln!(out)?;
         Ok(())
     }
@@ -331,6 +410,7 @@ impl Audit {
             let id = format!("{}/{id}", id.tenant());
             let mut problems = verify_log(&log);
             problems.extend(crate::adoption::compaction_problems(&log));
+            problems.sort_by_key(|p| p.line);
             for problem in &problems {
                 writeln!(out, "{id}: line {}: {}", problem.line, problem.reason)?;
             }

@@ -48,6 +48,7 @@ pub fn timeline(
     let mut message_tokens: HashMap<PrefixDigest, u64> = HashMap::new();
     let mut events = Vec::new();
     let mut pending: Option<(usize, (&str, &RequestLine))> = None;
+    let mut requests = 0usize;
     let mut rescues: HashMap<Option<PrefixDigest>, &RescueLine> = HashMap::new();
     for line in &log.lines {
         match &line.entry {
@@ -103,10 +104,14 @@ pub fn timeline(
                         &count,
                         earlier.1,
                     );
+                    let number = events[at]["number"].take();
                     events[at] = request_event(earlier, &sent);
+                    events[at]["number"] = number;
                 }
                 pending = Some((events.len(), (line.at.as_str(), request)));
-                events.push(Value::Null);
+                // Numbered as `audit replay --request N` and the requests endpoint take it.
+                requests += 1;
+                events.push(json!({"number": requests}));
             }
             Entry::Rescue(rescue) => {
                 rescues.insert(rescue.head, rescue);
@@ -158,6 +163,13 @@ pub fn timeline(
                     "handoff": handoff_text(&record.handoff),
                 }));
             }
+            Entry::Form(form) => events.push(json!({
+                "type": "form",
+                "at": line.at,
+                "digest": form.digest.to_hex(),
+                "of": form.of.map(|o| o.to_hex()),
+                "message": form.message,
+            })),
             Entry::Pinned(pinned) => events.push(json!({
                 "type": "pinned",
                 "at": line.at,
@@ -176,7 +188,9 @@ pub fn timeline(
             &count,
             last.1,
         );
+        let number = events[at]["number"].take();
         events[at] = request_event(last, &sent);
+        events[at]["number"] = number;
     }
     let uncommitted = adoption.uncommitted.clone();
     let (window, trigger, input_budget) = budget_of(&tree, config, tokens);
@@ -244,6 +258,7 @@ fn request_event((at, request): (&str, &RequestLine), sent: &Sent) -> Value {
         "stream": request.stream,
         "head": request.head.map(|h| h.to_hex()),
         "new_messages": request.new_messages,
+        "forms": request.forms.iter().map(|(slot, form)| json!({"of": slot.to_hex(), "form": form.to_hex()})).collect::<Vec<_>>(),
         "server_held": request.server_held.unwrap_or(false),
         "estimated_tokens": sent.tokens,
         "compaction": sent.compaction,

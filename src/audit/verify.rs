@@ -54,6 +54,21 @@ pub fn verify_log(log: &ConversationLog) -> Vec<LineProblem> {
             ));
         }
     }
+    // Every request can be rebuilt as the client sent it.
+    let numbers: Vec<usize> = line_numbers(log).collect();
+    let tree = super::Tree::new(log);
+    for problem in super::sent_requests(log, &tree)
+        .into_iter()
+        .filter_map(Result::err)
+    {
+        problems.push(LineProblem {
+            line: numbers.get(problem.line).copied().unwrap_or(0),
+            reason: format!(
+                "request {} cannot be rebuilt: {}",
+                problem.number, problem.reason
+            ),
+        });
+    }
     problems.sort_by_key(|p| p.line);
     problems
 }

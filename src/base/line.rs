@@ -12,9 +12,15 @@ use super::digest::{message_digest, next_prefix, Digest, MessageDigest, PrefixDi
 /// Version written on every line but a run of messages.
 pub const FORMAT_VERSION: u32 = 1;
 
-/// Version of a `messages` run line, and the newest a reader accepts: an older build
-/// reports a run as too new rather than reading it as nothing.
-pub const NEWEST_VERSION: u32 = 2;
+/// Version of a `messages` run line: an older build reports a run as too new rather
+/// than reading it as nothing.
+pub const RUN_VERSION: u32 = 2;
+
+/// Version of a `form` line.
+pub const FORM_VERSION: u32 = 3;
+
+/// The newest version a reader accepts.
+pub const NEWEST_VERSION: u32 = FORM_VERSION;
 
 /// Who produced an original.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,6 +66,7 @@ impl Line {
             "compact_boundary" => Entry::CompactBoundary(serde_json::from_slice(bytes)?),
             "rescue" => Entry::Rescue(serde_json::from_slice(bytes)?),
             "adopt" => Entry::Adopt(serde_json::from_slice(bytes)?),
+            "form" => Entry::Form(serde_json::from_slice(bytes)?),
             _ => return Err(LineError::UnknownKind(header.kind)),
         };
         Ok(Self {
@@ -101,8 +108,12 @@ impl Line {
 
     /// A line of the current version stamped with the current time.
     pub fn now(entry: Entry) -> Self {
+        let v = match entry {
+            Entry::Form(_) => FORM_VERSION,
+            _ => FORMAT_VERSION,
+        };
         Self {
-            v: FORMAT_VERSION,
+            v,
             at: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
             entry,
         }
@@ -125,6 +136,33 @@ pub enum Entry {
     Rescue(RescueLine),
     /// The first request that adopted a prepared compaction.
     Adopt(AdoptLine),
+    /// Another form of a logged message, as a client re-sent it: written once per
+    /// distinct form, and named by the request lines that carried it.
+    Form(FormLine),
+}
+
+/// The slot a request line's `forms` names the `index`th message of the pinned set
+/// `set` by: pinned messages have no chain digest of their own.
+pub fn pinned_slot(set: &Digest, index: usize) -> PrefixDigest {
+    super::digest::tagged_digest(
+        b"handoff/pinned-slot/v1",
+        &serde_json::json!([set.to_hex(), index]),
+    )
+}
+
+/// A logged message as a client re-sent it in other bytes: an echo form (whitespace,
+/// re-serialised arguments, a moved `cache_control`, an `item_reference`), a turn
+/// without its reminder, or the same JSON in another key order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FormLine {
+    /// Digest of the bytes of `message`: what request lines name it by.
+    pub digest: Digest,
+    /// Chain digest of the logged message it stands for, when it is not pinned: for
+    /// reading only, as the same bytes may stand for another message too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub of: Option<PrefixDigest>,
+    /// The message exactly as the client sent it.
+    pub message: Box<RawValue>,
 }
 
 /// A prepared compaction adopted by the request that crossed the trigger.
@@ -308,6 +346,17 @@ pub struct RequestLine {
     pub stream: bool,
     /// How many of its messages were new to the log.
     pub new_messages: usize,
+    /// Which messages the request carried in other bytes than they last had in the
+    /// log (the logged original, until a request sent another form): each message's
+    /// chain digest ([`pinned_slot`] for a pinned one), and the digest of the bytes
+    /// sent, a `form` line's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forms: Vec<(PrefixDigest, Digest)>,
+    /// How many of the branch's last messages the request carried, when not all of
+    /// them from the root: a server-held request sends only what follows the response
+    /// it continues.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carried: Option<usize>,
 }
 
 /// Why a line could not be read.
@@ -425,7 +474,7 @@ fn encode_run(run: &[Line], out: &mut Vec<u8>) -> Result<(), serde_json::Error> 
     serde_json::to_writer(
         out,
         &RunLineOut {
-            v: NEWEST_VERSION,
+            v: RUN_VERSION,
             at: &first.at,
             kind: RUN_KIND,
             parent,
@@ -531,6 +580,8 @@ mod tests {
             floated: Vec::new(),
             stream: false,
             new_messages: 3,
+            forms: Vec::new(),
+            carried: None,
         })));
         let bytes = encode(&lines).unwrap();
         let text = String::from_utf8(bytes.clone()).unwrap();

@@ -7,6 +7,7 @@
 //! moka cache and rebuilt from disk on a miss; start-up reads nothing.
 
 mod flight;
+mod forms;
 mod state;
 mod tracked;
 
@@ -30,7 +31,7 @@ use crate::base::digest::{
 };
 use crate::base::line::{Entry, Line, MessageLine, PinnedLine, RequestLine, Source};
 use crate::base::record::CompactionRecord;
-use crate::dialect::echo::{echo_digest, turn_forms};
+use crate::dialect::echo::{echo_digest, reference_digest, turn_forms};
 use crate::dialect::{ChatRequest, DialectKind, Message, RawMessage};
 use crate::store::{Committed, Lease, Store, StoreError};
 use crate::tenant::TenantId;
@@ -268,11 +269,14 @@ impl Tracker {
             self.catch_up(&id, &mut state).await?;
             known = state.known_prefix(rest, &mut message_digests, &mut prefix);
         }
-        if let Some(sent) = sent {
-            state.keep_chain(same, &sent, &prefix);
+        let keys: Vec<u128> = rest.iter().map(Message::bytes_key).collect();
+        let pinned_known = pinned_set.filter(|d| state.pinned.contains_key(d));
+        let forms = state.form_changes(pinned, pinned_known, rest, &prefix, known, sent.is_some());
+        if let Some(sent) = &sent {
+            state.keep_chain(same, sent, &prefix, &keys);
         }
-        let mut lines = Vec::with_capacity(rest.len() - known + 2);
-        if let Some(digest) = pinned_set.filter(|d| !state.pinned.contains(d)) {
+        let mut lines = Vec::with_capacity(rest.len() - known + 2 + forms.lines.len());
+        if let Some(digest) = pinned_set.filter(|d| !state.pinned.contains_key(d)) {
             lines.push(Line::now(Entry::Pinned(PinnedLine {
                 digest,
                 messages: pinned.iter().map(|m| m.raw.to_raw_value()).collect(),
@@ -288,12 +292,9 @@ impl Tracker {
                 message_digests[index],
                 rest[index].raw.to_raw_value(),
             ))));
-            state.remember_echo(
-                parent,
-                rest[index].echo_digest(),
-                message_digests[index],
-                prefix[index],
-            );
+            for echo in [rest[index].echo_digest(), rest[index].reference_digest()] {
+                state.remember_echo(parent, echo, message_digests[index], prefix[index]);
+            }
             if index + 1 == rest.len() {
                 state.remember_turn(
                     parent,
@@ -303,8 +304,11 @@ impl Tracker {
                 );
             }
         }
-        if known == rest.len() && lines.is_empty() {
+        if known == rest.len() && lines.is_empty() && forms.is_empty() {
             // A retry or a repeat adds nothing to the log: no write, and the lock is brief.
+            if sent.is_some() {
+                state.chain_changes = state.form_changes;
+            }
             return Ok(Tracked {
                 id,
                 pinned_len,
@@ -316,6 +320,8 @@ impl Tracker {
                 calibration: state.calibration.clone(),
             });
         }
+        let form_entries = forms.entries.clone();
+        lines.extend(forms.lines.iter().cloned());
         lines.push(Line::now(Entry::Request(RequestLine {
             dialect: (request.dialect != DialectKind::OpenAiChat)
                 .then(|| request.dialect.name().to_owned()),
@@ -327,6 +333,8 @@ impl Tracker {
             floated: request.floated.clone(),
             stream: request.stream,
             new_messages: rest.len() - known,
+            forms: form_entries,
+            carried: base.map(|_| rest.len()),
         })));
         self.store.append(&id, lines).await?;
         if state.known.is_empty() && base.is_none() {
@@ -337,9 +345,18 @@ impl Tracker {
                 }
             }
         }
-        state.known.extend(prefix[known..].iter().copied());
+        for index in known..rest.len() {
+            state.known.insert(prefix[index], keys[index]);
+        }
         if let Some(digest) = pinned_set {
-            state.pinned.insert(digest);
+            state
+                .pinned
+                .entry(digest)
+                .or_insert_with(|| pinned.iter().map(Message::bytes_key).collect());
+        }
+        state.apply_forms(forms);
+        if sent.is_some() {
+            state.chain_changes = state.form_changes;
         }
         self.reweigh(&id, &entry, &state).await;
         Ok(Tracked {
@@ -366,9 +383,9 @@ impl Tracker {
         let mut parent = batch.parent;
         let mut read = Vec::with_capacity(batch.replies.len());
         for reply in batch.replies {
-            let (message_digest, echo) = reply_digests(batch.dialect, &reply)?;
-            let digest = next_prefix(parent.as_ref(), &message_digest);
-            read.push((reply, echo, message_digest, digest, parent));
+            let facts = reply_digests(batch.dialect, &reply)?;
+            let digest = next_prefix(parent.as_ref(), &facts.digest);
+            read.push((reply, facts, digest, parent));
             if batch.sequence {
                 parent = Some(digest);
             }
@@ -378,12 +395,13 @@ impl Tracker {
         let mut lines = Vec::with_capacity(read.len());
         let mut added = Vec::with_capacity(read.len());
         let mut item_ids = Vec::new();
-        for (reply, echo, message_digest, digest, this_parent) in read {
-            if state.known.contains(&digest) || added.iter().any(|(d, _, _, _)| *d == digest) {
+        for (reply, facts, digest, this_parent) in read {
+            if state.known.contains_key(&digest) || added.iter().any(|(d, _, _)| *d == digest) {
                 // The same reply twice (a cached answer, n > 1 with equal choices).
                 continue;
             }
-            added.push((digest, message_digest, echo, this_parent));
+            let message_digest = facts.digest;
+            added.push((digest, facts, this_parent));
             if batch.sequence {
                 item_ids.push(item_id(&reply.message));
             }
@@ -405,9 +423,11 @@ impl Tracker {
             self.store.append(id, lines).await?;
         }
         let mut items = Vec::new();
-        for (digest, message_digest, echo, parent) in added {
-            state.known.insert(digest);
-            state.remember_echo(parent, echo, message_digest, digest);
+        for (digest, facts, parent) in added {
+            state.known.insert(digest, facts.key);
+            for echo in [facts.echo, facts.reference] {
+                state.remember_echo(parent, echo, facts.digest, digest);
+            }
             if batch.sequence {
                 items.push(digest);
             }
@@ -518,19 +538,35 @@ impl Tracker {
     }
 }
 
-/// A reply's message digest and echo digest. Read through the dialect's facts cache, so
-/// a reply is parsed once and a client that echoes it byte for byte finds it parsed; a
-/// reply no request could carry as it is (no role) is parsed here and not cached.
-fn reply_digests(
-    dialect: DialectKind,
-    reply: &CapturedReply,
-) -> Result<(MessageDigest, Option<MessageDigest>), StoreError> {
+/// What tracking keeps of a reply: its digest, the digests it is echoed by, and the
+/// keyed hash of its bytes.
+struct ReplyFacts {
+    digest: MessageDigest,
+    echo: Option<MessageDigest>,
+    reference: Option<MessageDigest>,
+    key: u128,
+}
+
+/// A reply's digests. Read through the dialect's facts cache, so a reply is parsed
+/// once and a client that echoes it byte for byte finds it parsed; a reply no request
+/// could carry as it is (no role) is parsed here and not cached.
+fn reply_digests(dialect: DialectKind, reply: &CapturedReply) -> Result<ReplyFacts, StoreError> {
     let raw = RawMessage::from(reply.message.get().to_owned());
     if let Ok(message) = dialect.get().read_reply(raw) {
-        return Ok((message.digest(), message.echo_digest()));
+        return Ok(ReplyFacts {
+            digest: message.digest(),
+            echo: message.echo_digest(),
+            reference: message.reference_digest(),
+            key: message.bytes_key(),
+        });
     }
     let value: Value = serde_json::from_str(reply.message.get())?;
-    Ok((message_digest(&value), echo_digest(&value)))
+    Ok(ReplyFacts {
+        digest: message_digest(&value),
+        echo: echo_digest(&value),
+        reference: reference_digest(&value),
+        key: crate::base::chunks::keyed_hash(reply.message.get().as_bytes()),
+    })
 }
 
 /// The `id` of a reply item (a Responses output item), when it has one.
@@ -602,17 +638,20 @@ mod tests {
         let digests: Vec<MessageDigest> = (0..6)
             .map(|i| message_digest(&serde_json::json!({"role": "user", "content": i})))
             .collect();
-        let chain = |digests: &[MessageDigest]| -> Vec<(MessageDigest, PrefixDigest)> {
+        let keys = |n: usize| -> Vec<u128> { (0..n as u128).collect() };
+        let chain = |digests: &[MessageDigest]| -> Vec<(MessageDigest, PrefixDigest, u128)> {
             digests
                 .iter()
                 .copied()
                 .zip(prefix_digests(digests))
+                .zip(keys(digests.len()))
+                .map(|((d, p), k)| (d, p, k))
                 .collect()
         };
         let mut state = ConversationState::default();
         let (prefix, same) = state.prefixes_of(&digests);
         assert_eq!((&prefix, same), (&prefix_digests(&digests), 0));
-        state.keep_chain(same, &digests, &prefix);
+        state.keep_chain(same, &digests, &prefix, &keys(6));
         assert_eq!(state.last_chain, chain(&digests));
         // The next request repeats four messages and then differs.
         let mut next = digests[..4].to_vec();
@@ -621,14 +660,14 @@ mod tests {
         ));
         let (prefix, same) = state.prefixes_of(&next);
         assert_eq!((&prefix, same), (&prefix_digests(&next), 4));
-        state.keep_chain(same, &next[same..], &prefix);
+        state.keep_chain(same, &next[same..], &prefix, &keys(5));
         assert_eq!(state.last_chain, chain(&next));
         // A chain digest mapped onto a logged form among the repeated ones is kept too.
         let mut mapped = prefix.clone();
         mapped[1] = prefix[3];
-        state.keep_chain(same, &next[same..], &mapped);
-        assert_eq!(state.last_chain[1], (next[1], prefix[3]));
-        assert_eq!(state.last_chain[4], (next[4], prefix[4]));
+        state.keep_chain(same, &next[same..], &mapped, &keys(5));
+        assert_eq!(state.last_chain[1], (next[1], prefix[3], 1));
+        assert_eq!(state.last_chain[4], (next[4], prefix[4], 4));
     }
 
     fn reply(message: &str) -> CapturedReply {
@@ -657,11 +696,11 @@ mod tests {
             (DialectKind::Responses, item),
         ] {
             assert_eq!(cached(dialect, raw), None, "{raw} must not be cached yet");
-            let (digest, echo) = reply_digests(dialect, &reply(raw)).unwrap();
+            let facts = reply_digests(dialect, &reply(raw)).unwrap();
             let value: Value = serde_json::from_str(raw).unwrap();
-            assert_eq!(digest, message_digest(&value));
-            assert_eq!(echo, echo_digest(&value));
-            assert_eq!(cached(dialect, raw), Some(digest), "{raw}");
+            assert_eq!(facts.digest, message_digest(&value));
+            assert_eq!(facts.echo, echo_digest(&value));
+            assert_eq!(cached(dialect, raw), Some(facts.digest), "{raw}");
         }
     }
 
@@ -669,8 +708,11 @@ mod tests {
     fn a_reply_no_request_could_carry_is_digested_but_not_cached() {
         // No role: a request carrying it is refused, so the cache must not vouch for it.
         let raw = r#"{"content":"a reply without a role, 7f3a"}"#;
-        let (digest, _) = reply_digests(DialectKind::OpenAiChat, &reply(raw)).unwrap();
-        assert_eq!(digest, message_digest(&serde_json::from_str(raw).unwrap()));
+        let facts = reply_digests(DialectKind::OpenAiChat, &reply(raw)).unwrap();
+        assert_eq!(
+            facts.digest,
+            message_digest(&serde_json::from_str(raw).unwrap())
+        );
         assert!(
             Message::from_raw(0, RawMessage::from(raw.to_owned()), DialectKind::OpenAiChat)
                 .is_err()

@@ -11,19 +11,32 @@ use serde_json::Value;
 
 use crate::adoption::{adopt, Adopted};
 use crate::base::calibration::Calibration;
+use crate::base::chunks::keyed_hash;
 use crate::base::digest::{next_prefix, pinned_digest, Digest, MessageDigest, PrefixDigest};
-use crate::base::line::Entry;
-use crate::dialect::echo::{echo_digest, turn_forms};
+use crate::base::line::{pinned_slot, Entry, RequestLine};
+use crate::dialect::echo::{echo_digest, reference_digest, turn_forms};
 use crate::dialect::Message;
 use crate::store::ConversationLog;
 
 /// What the tracker remembers of one conversation.
 #[derive(Debug, Default)]
 pub struct ConversationState {
-    /// Every prefix digest already in the log.
-    pub(super) known: HashSet<PrefixDigest>,
-    /// Every pinned set already in the log.
-    pub(super) pinned: HashSet<Digest>,
+    /// Every prefix digest already in the log, with the keyed hash of the bytes its
+    /// message was last sent in ([`Message::bytes_key`]): the logged original, or the
+    /// form a later request carried. [`UNKNOWN_FORM`] when a shared store's other
+    /// replica changed it in a way this one could not follow.
+    pub(super) known: HashMap<PrefixDigest, u128>,
+    /// Every pinned set already in the log, with the keyed hash of the bytes each of
+    /// its messages was last sent in.
+    pub(super) pinned: HashMap<Digest, Box<[u128]>>,
+    /// The forms in the log (`form` lines), by the digest of their bytes, with their
+    /// keyed hash: a form is written once.
+    pub(super) forms: HashMap<Digest, u128>,
+    /// How many times a request changed the form of a message logged before it: the
+    /// latest chain's keys stand for the messages' forms while it is unchanged.
+    pub(super) form_changes: u64,
+    /// `form_changes` when the latest chain was kept.
+    pub(super) chain_changes: u64,
     /// Logged messages that clients echo in other forms: `next_prefix(parent, echo digest)`
     /// to the logged message digest and prefix digest.
     pub(super) echoes: HashMap<PrefixDigest, (MessageDigest, PrefixDigest)>,
@@ -34,9 +47,10 @@ pub struct ConversationState {
     pub(super) compactions: HashMap<PrefixDigest, Arc<Adopted>>,
     /// The last upstream-reported input size and its local estimate.
     pub(super) calibration: Option<Calibration>,
-    /// The latest root request's message digests and their chain digests: the next
-    /// request repeats most of them, and reuses their chain instead of rehashing it.
-    pub(super) last_chain: Vec<(MessageDigest, PrefixDigest)>,
+    /// The latest root request's message digests, their chain digests and the keyed
+    /// hashes of their bytes: the next request repeats most of them, and reuses their
+    /// chain instead of rehashing it.
+    pub(super) last_chain: Vec<(MessageDigest, PrefixDigest, u128)>,
     /// The latest pinned messages' digests and the digest of their set.
     pub(super) last_pinned: Option<(Vec<MessageDigest>, Digest)>,
     /// A shared store's position of the last line folded in: what other replicas
@@ -51,10 +65,10 @@ impl ConversationState {
         let same = digests
             .iter()
             .zip(&self.last_chain)
-            .take_while(|(digest, (last, _))| *digest == last)
+            .take_while(|(digest, (last, _, _))| *digest == last)
             .count();
         let mut prefix: Vec<PrefixDigest> = Vec::with_capacity(digests.len());
-        prefix.extend(self.last_chain[..same].iter().map(|(_, p)| *p));
+        prefix.extend(self.last_chain[..same].iter().map(|(_, p, _)| *p));
         for digest in &digests[same..] {
             let next = next_prefix(prefix.last(), digest);
             prefix.push(next);
@@ -63,21 +77,31 @@ impl ConversationState {
     }
 
     /// Keeps a request's chain for the next one: its first `same` messages are the
-    /// last chain's (their chain digests as `prefix` now has them), then `tail`. In
-    /// place, so a long conversation's growing chain is not rebuilt every turn.
+    /// last chain's (their chain digests as `prefix` now has them), then `tail`; `keys`
+    /// are every message's bytes keys. In place, so a long conversation's growing
+    /// chain is not rebuilt every turn.
     pub(super) fn keep_chain(
         &mut self,
         same: usize,
         tail: &[MessageDigest],
         prefix: &[PrefixDigest],
+        keys: &[u128],
     ) {
         self.last_chain.truncate(same);
-        for (entry, digest) in self.last_chain.iter_mut().zip(prefix) {
+        for ((entry, digest), key) in self.last_chain.iter_mut().zip(prefix).zip(keys) {
             entry.1 = *digest;
+            entry.2 = *key;
         }
         let rest = prefix.get(same..).unwrap_or_default();
-        self.last_chain
-            .extend(tail.iter().copied().zip(rest.iter().copied()));
+        let rest_keys = keys.get(same..).unwrap_or_default();
+        self.last_chain.extend(
+            tail.iter()
+                .zip(rest)
+                .zip(rest_keys)
+                .map(|((d, p), k)| (*d, *p, *k)),
+        );
+        // Its keys describe the forms only once its request's forms are written.
+        self.chain_changes = u64::MAX;
     }
 
     /// The digest of the pinned set with these message digests, computed only when
@@ -103,6 +127,10 @@ impl ConversationState {
 pub(super) fn keeps_text(raw: &str) -> bool {
     crate::dialect::any_marker(raw, crate::dialect::MarkerKind::Indexed)
 }
+
+/// The form of a message whose bytes this process does not know: no request's
+/// bytes have this keyed hash in practice, so the next one names its form.
+pub(super) const UNKNOWN_FORM: u128 = 0;
 
 /// What a logged turn must contain to have shorter forms ([`turn_forms`]): a blank
 /// line, as escaped in its JSON.
@@ -165,8 +193,9 @@ impl ConversationState {
     /// About how many bytes the state holds: what the tracking cache is weighed in.
     pub(super) fn weight(&self) -> u32 {
         // A digest is 32 bytes; a hash set slot about as much again.
-        let digests = self.known.len() * 64
+        let digests = self.known.len() * 80
             + self.pinned.len() * 64
+            + self.forms.len() * 80
             + (self.echoes.len() + self.turns.len()) * 128
             + self.last_chain.len() * 64;
         let records: usize = self
@@ -217,7 +246,8 @@ impl ConversationState {
         next: &Message,
         next_digest: &MessageDigest,
     ) -> bool {
-        self.known.contains(&next_prefix(Some(&at), next_digest))
+        self.known
+            .contains_key(&next_prefix(Some(&at), next_digest))
             || next
                 .echo_digest()
                 .and_then(|echo| self.echoes.get(&next_prefix(Some(&at), &echo)))
@@ -234,7 +264,7 @@ impl ConversationState {
         digests: &mut [MessageDigest],
         prefix: &mut [PrefixDigest],
     ) -> usize {
-        let mut known = prefix.partition_point(|d| self.known.contains(d));
+        let mut known = prefix.partition_point(|d| self.known.contains_key(d));
         while let Some(message) = messages.get(known) {
             let parent = known.checked_sub(1).map(|p| prefix[p]);
             // Echo digests are facts: computed once per distinct message.
@@ -242,12 +272,12 @@ impl ConversationState {
             let logged = echo
                 .and_then(|echo| self.echoes.get(&next_prefix(parent.as_ref(), &echo)))
                 // Only onto a form already in the log, never one still being written.
-                .filter(|(_, logged_prefix)| self.known.contains(logged_prefix))
+                .filter(|(_, logged_prefix)| self.known.contains_key(logged_prefix))
                 .or_else(|| {
                     let (next, next_digest) =
                         messages.get(known + 1).zip(digests.get(known + 1))?;
                     echo.and_then(|echo| self.turns.get(&next_prefix(parent.as_ref(), &echo)))
-                        .filter(|(_, logged_prefix)| self.known.contains(logged_prefix))
+                        .filter(|(_, logged_prefix)| self.known.contains_key(logged_prefix))
                         .filter(|(_, logged_prefix)| {
                             self.continues(*logged_prefix, next, next_digest)
                         })
@@ -262,13 +292,30 @@ impl ConversationState {
             }
             // The logged form may not be known yet (another request's append of it is
             // still in flight): no progress, so stop rather than spin.
-            let advanced = prefix[known..].partition_point(|d| self.known.contains(d));
+            let advanced = prefix[known..].partition_point(|d| self.known.contains_key(d));
             if advanced == 0 {
                 break;
             }
             known += advanced;
         }
         known
+    }
+
+    /// Moves each message a logged request carried in another form to that form.
+    fn follow_forms(&mut self, request: &RequestLine) {
+        for (slot, form) in &request.forms {
+            let key = self.forms.get(form).copied().unwrap_or(UNKNOWN_FORM);
+            if let Some(current) = self.known.get_mut(slot) {
+                *current = key;
+            } else if let Some(keys) = request.pinned.and_then(|set| {
+                let keys = self.pinned.get_mut(&set)?;
+                let index = (0..keys.len()).find(|j| pinned_slot(&set, *j) == *slot)?;
+                keys.get_mut(index)
+            }) {
+                *keys = key;
+            }
+            self.form_changes += 1;
+        }
     }
 
     /// Rebuilds the state from a log read from the store.
@@ -293,19 +340,26 @@ impl ConversationState {
         for line in &log.lines {
             match &line.entry {
                 Entry::Message(message) => {
-                    state.known.insert(message.digest);
-                    // Only tool-call messages have echo forms; skip parsing the rest.
-                    // Only a message that may have echo forms is parsed again.
                     let raw = message.message.get();
+                    let key = log
+                        .text_keys
+                        .get(&message.digest)
+                        .copied()
+                        .unwrap_or_else(|| keyed_hash(raw.as_bytes()));
+                    // A line read again must not undo a form a later request set.
+                    state.known.entry(message.digest).or_insert(key);
+                    // Only a message that may have echo forms is parsed again.
                     let turn = heads.contains(&message.digest) && raw.contains(TURN_HINT);
                     if turn || crate::dialect::any_marker(raw, crate::dialect::MarkerKind::Echoed) {
                         if let Ok(value) = serde_json::from_str::<Value>(raw) {
-                            state.remember_echo(
-                                message.parent,
-                                echo_digest(&value),
-                                message.message_digest,
-                                message.digest,
-                            );
+                            for echo in [echo_digest(&value), reference_digest(&value)] {
+                                state.remember_echo(
+                                    message.parent,
+                                    echo,
+                                    message.message_digest,
+                                    message.digest,
+                                );
+                            }
                             if turn {
                                 state.remember_turn(
                                     message.parent,
@@ -318,12 +372,20 @@ impl ConversationState {
                     }
                 }
                 Entry::Pinned(pinned) => {
-                    state.pinned.insert(pinned.digest);
+                    state.pinned.entry(pinned.digest).or_insert_with(|| {
+                        pinned
+                            .messages
+                            .iter()
+                            .map(|m| keyed_hash(m.get().as_bytes()))
+                            .collect()
+                    });
                 }
-                Entry::Request(_)
-                | Entry::CompactBoundary(_)
-                | Entry::Rescue(_)
-                | Entry::Adopt(_) => {}
+                Entry::Form(form) => {
+                    let key = keyed_hash(form.message.get().as_bytes());
+                    state.forms.insert(form.digest, key);
+                }
+                Entry::Request(request) => state.follow_forms(request),
+                Entry::CompactBoundary(_) | Entry::Rescue(_) | Entry::Adopt(_) => {}
             }
         }
         let adoption = adopt(log);
@@ -380,7 +442,7 @@ mod tests {
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!waiter.is_finished(), "the waiter took a held state");
-        held.known.insert(bytes_digest(b"a prefix"));
+        held.known.insert(bytes_digest(b"a prefix"), 0);
         drop(held);
         assert_eq!(
             waiter.await.unwrap(),

@@ -26,6 +26,14 @@
 //! - text content is the same with or without whitespace around it: aider sends a
 //!   reply back stripped of the newline or space it ended with.
 //!
+//! - a Responses item is the same without the fields the API adds to output items
+//!   (`status` on every item, `annotations` and `logprobs` on `output_text` parts),
+//!   and a message item is the same without `"type": "message"`: the Vercel AI SDK
+//!   re-sends a `function_call` without `status`, and an assistant message as
+//!   `{"role", "content": [{"type": "output_text", "text"}], "id"}`.
+//! - an `item_reference` is the item it names ([`reference_digest`]): the AI SDK
+//!   re-sends each earlier reasoning item as a reference when the API stores items.
+//!
 //! The turn being asked has forms of its own ([`turn_forms`]): a client may append a
 //! transient reminder to the request's last user message and send that message
 //! without it once it is history. aider adds its edit-format rules (or "Reply in
@@ -34,12 +42,26 @@
 use serde_json::Value;
 
 use crate::base::digest::{message_digest, tagged_digest, MessageDigest};
+use crate::base::object_fields::REFERENCE_TYPE;
 
 /// The digest of the forms of `message` that clients echo as the same message: for
 /// an assistant message with tool calls, or any message with content blocks; `None`
 /// for a message with only one form.
 pub fn echo_digest(message: &Value) -> Option<MessageDigest> {
     let map = message.as_object()?;
+    let kind = map.get("type").and_then(Value::as_str);
+    if kind == Some(REFERENCE_TYPE) {
+        return map.get("id").and_then(Value::as_str).and_then(id_digest);
+    }
+    let stripped = without_output_fields(map, kind);
+    let map = stripped.as_ref().unwrap_or(map);
+    if kind.is_some() && map.contains_key("type") {
+        // A call, an output, reasoning: an item of its own kind.
+        return Some(tagged_digest(
+            b"handoff/echo/item/v1",
+            &Value::Object(map.clone()),
+        ));
+    }
     let calls = map
         .get("tool_calls")
         .and_then(Value::as_array)
@@ -72,6 +94,69 @@ pub fn echo_digest(message: &Value) -> Option<MessageDigest> {
         }
     }
     Some(tagged_digest(b"handoff/echo/v3", &Value::Object(echo)))
+}
+
+/// The output-only fields the Responses API adds to an item, which clients leave out
+/// when they send it back (API reference: `status` is "populated when items are
+/// returned via API").
+const ITEM_OUTPUT_FIELDS: &[&str] = &["status"];
+
+/// The output-only fields of an `output_text` part.
+const TEXT_OUTPUT_FIELDS: &[&str] = &["annotations", "logprobs"];
+
+/// A Responses item without its output-only fields, and a message item without its
+/// `type`: `None` when it has none of them.
+fn without_output_fields(
+    map: &serde_json::Map<String, Value>,
+    kind: Option<&str>,
+) -> Option<serde_json::Map<String, Value>> {
+    let message = kind == Some("message") && map.contains_key("role");
+    let texts = |map: &serde_json::Map<String, Value>| {
+        map.get("content")
+            .and_then(Value::as_array)
+            .is_some_and(|parts| {
+                parts
+                    .iter()
+                    .any(|p| p.get("type").and_then(Value::as_str) == Some("output_text"))
+            })
+    };
+    if !(message || texts(map) || ITEM_OUTPUT_FIELDS.iter().any(|f| map.contains_key(*f))) {
+        return None;
+    }
+    let mut item = map.clone();
+    for field in ITEM_OUTPUT_FIELDS {
+        item.remove(*field);
+    }
+    if message {
+        item.remove("type");
+    }
+    if let Some(Value::Array(parts)) = item.get_mut("content") {
+        for part in parts.iter_mut().filter_map(Value::as_object_mut) {
+            if part.get("type").and_then(Value::as_str) == Some("output_text") {
+                for field in TEXT_OUTPUT_FIELDS {
+                    part.remove(*field);
+                }
+            }
+        }
+    }
+    Some(item)
+}
+
+/// The echo digest an `item_reference` to `message` has: for a Responses item with an
+/// `id` (not itself a reference), that of a reference to it; else `None`.
+pub fn reference_digest(message: &Value) -> Option<MessageDigest> {
+    let map = message.as_object()?;
+    let kind = map.get("type").and_then(Value::as_str)?;
+    if kind == REFERENCE_TYPE {
+        return None;
+    }
+    map.get("id").and_then(Value::as_str).and_then(id_digest)
+}
+
+/// The digest of a reference to the item with `id`; none for an empty or oversized id.
+fn id_digest(id: &str) -> Option<MessageDigest> {
+    (!id.is_empty() && id.len() <= 256)
+        .then(|| tagged_digest(b"handoff/echo/reference/v1", &Value::String(id.to_owned())))
 }
 
 /// How many blank-line cuts of a turn are remembered: a reminder follows the user's

@@ -13,10 +13,11 @@ use serde_json::Value;
 use twox_hash::XxHash3_128;
 
 use super::DialectKind;
+use crate::base::chunks::keyed_hash;
 use crate::base::digest::{message_digest, MessageDigest};
 use crate::base::object_fields::may_name_objects;
 use crate::config::Tokenizer;
-use crate::dialect::echo::{echo_digest, identity_digest};
+use crate::dialect::echo::{echo_digest, identity_digest, reference_digest};
 use crate::error::ApiError;
 use crate::tokens::Tokens;
 
@@ -153,11 +154,18 @@ pub(super) struct Facts {
     digest: MessageDigest,
     /// The digest of its echo forms ([`echo_digest`]), if it has any.
     echo: Option<MessageDigest>,
+    /// The echo digest of an `item_reference` to it ([`reference_digest`]).
+    reference: Option<MessageDigest>,
+    /// A keyed hash of its bytes ([`keyed_hash`]): which form of a logged message a
+    /// client sent, compared in memory.
+    key: u128,
     /// The digest that names a conversation it opens ([`identity_digest`]).
     identity: MessageDigest,
     calls: Box<[Box<str>]>,
     answers: Box<[Box<str>]>,
     item_type: Option<Box<str>>,
+    /// A `reasoning` item, or a reference to one: it travels with the item after it.
+    glues: bool,
     tool_answer: bool,
     /// False when an Anthropic `tool_result` block follows another kind of block.
     results_lead: bool,
@@ -241,6 +249,20 @@ fn facts_cache() -> &'static FactsCache {
             ),
         }
     })
+}
+
+/// True for a `reasoning` item and for an `item_reference` to one: the API refuses
+/// either without the item that follows it. A reference names its item by id only,
+/// and the API gives reasoning items the `rs_` prefix.
+fn glues_to_next(value: &Value) -> bool {
+    match value.get("type").and_then(Value::as_str) {
+        Some("reasoning") => true,
+        Some(crate::base::object_fields::REFERENCE_TYPE) => value
+            .get("id")
+            .and_then(Value::as_str)
+            .is_some_and(|id| id.starts_with("rs_")),
+        _ => false,
+    }
 }
 
 /// A message's bytes exactly as received: a slice of the request body it came in
@@ -369,10 +391,13 @@ impl Message {
             role,
             digest,
             echo: echo_digest(&value),
+            reference: reference_digest(&value),
+            key: keyed_hash(raw.as_bytes()),
             identity: identity_digest(&value, digest),
             calls: strings(calls_in(&value)),
             answers: strings(answers_in(&value)),
             item_type: value.get("type").and_then(Value::as_str).map(Box::from),
+            glues: glues_to_next(&value),
             tool_answer: match role {
                 Role::Tool | Role::Function => true,
                 Role::User => blocks(&value, "tool_result").next().is_some(),
@@ -425,6 +450,16 @@ impl Message {
     /// The digest of the forms clients echo it in, if it has more than one.
     pub fn echo_digest(&self) -> Option<MessageDigest> {
         self.facts.echo
+    }
+
+    /// The echo digest of an `item_reference` to this item, if it has an `id`.
+    pub fn reference_digest(&self) -> Option<MessageDigest> {
+        self.facts.reference
+    }
+
+    /// A keyed hash of its bytes ([`keyed_hash`]), for in-memory comparison only.
+    pub fn bytes_key(&self) -> u128 {
+        self.facts.key
     }
 
     /// The digest naming a conversation this message opens.
@@ -488,7 +523,7 @@ impl Message {
 
     /// True for a Responses `reasoning` item, which must travel with the item after it.
     pub fn glues_to_next(&self) -> bool {
-        self.item_type() == Some("reasoning")
+        self.facts.glues
     }
 
     /// True for a message of text (any dialect), as opposed to a call or a reasoning item.

@@ -43,6 +43,9 @@ pub struct ConversationLog {
     /// A shared store's position after the last line read, for [`super::Store::read_after`];
     /// 0 for a store with one writer.
     pub last_seq: u64,
+    /// The keyed hash of the bytes of each message whose text an index read dropped
+    /// ([`crate::base::chunks::keyed_hash`]): which form the log holds.
+    pub text_keys: std::collections::HashMap<crate::base::digest::PrefixDigest, u128>,
 }
 
 /// The embedded store: one folder per conversation.
@@ -447,13 +450,17 @@ pub fn read_conversation_index(
     messages: &Path,
     keep: KeepText,
 ) -> std::io::Result<ConversationLog> {
-    let log = read_lines(data_dir, messages, |line| {
+    let mut text_keys = std::collections::HashMap::new();
+    let mut log = read_lines(data_dir, messages, |line| {
         if let Entry::Message(message) = &mut line.entry {
             if !keep(message.message.get()) {
+                let key = crate::base::chunks::keyed_hash(message.message.get().as_bytes());
+                text_keys.insert(message.digest, key);
                 message.message = dropped_text();
             }
         }
     })?;
+    log.text_keys = text_keys;
     with_records(data_dir, messages, log)
 }
 
@@ -472,7 +479,7 @@ pub fn read_log_file(data_dir: &Path, path: &Path) -> std::io::Result<Conversati
 fn read_lines(
     data_dir: &Path,
     path: &Path,
-    keep: impl Fn(&mut Line),
+    mut keep: impl FnMut(&mut Line),
 ) -> std::io::Result<ConversationLog> {
     let mut lines = Vec::new();
     let mut file_lines = Vec::new();

@@ -106,6 +106,8 @@ pub(super) fn columns(unit: &Written<'_>) -> (&'static str, Option<String>, Opti
         Entry::CompactBoundary(b) => ("compact_boundary", None, Some(b.prefix_digest.to_hex())),
         Entry::Rescue(r) => ("rescue", None, r.head.map(|h| h.to_hex())),
         Entry::Adopt(a) => ("adopt", None, a.head.map(|h| h.to_hex())),
+        // Unique by its bytes: two replicas that log one form keep one row.
+        Entry::Form(f) => ("form", Some(f.digest.to_hex()), f.of.map(|o| o.to_hex())),
     }
 }
 
