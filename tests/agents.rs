@@ -290,8 +290,11 @@ async fn through_handoff(agent: Agent, strategy: &str, thinking: Thinking, files
             ..ProxyOptions::default()
         },
     );
+    // The agent talks to a recording hop in front of handoff: what it sent is known
+    // byte for byte, whatever view handoff forwarded.
+    let hop = support::hop::Hop::start(&proxy.url()).await;
     let output = tokio::task::spawn_blocking({
-        let (url, dir) = (proxy.url(), work.path().to_owned());
+        let (url, dir) = (hop.url(), work.path().to_owned());
         move || run(agent, &url, &dir, files)
     })
     .await
@@ -435,6 +438,12 @@ async fn through_handoff(agent: Agent, strategy: &str, thinking: Thinking, files
         "the replay ends with what the agent last sent"
     );
     assert!(replay.last().unwrap().to_string().contains(scripted::FINAL));
+    // And it is the agent's last request byte for byte, each message as it sent it.
+    support::hop::assert_replay_exact(&proxy, &id, &hop.sent());
+    println!(
+        "RECORD-ROW | {agent:?} | {strategy} | {} | exact",
+        support::hop::record_row(&proxy, &id)
+    );
 
     // The figures of BENCHMARKS.md's agent table: of the facts the agent showed the model
     // (its tools may shorten a file: Codex keeps the head and tail of long output), those

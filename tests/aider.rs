@@ -101,8 +101,11 @@ async fn session(mode: &str, history: &str) {
             ..ProxyOptions::default()
         },
     );
+    // aider talks to a recording hop in front of handoff: what it sent is known byte
+    // for byte, whatever view handoff forwarded.
+    let hop = support::hop::Hop::start(&proxy.url()).await;
     let lines = tokio::task::spawn_blocking({
-        let (url, dir) = (proxy.url(), work.path().to_owned());
+        let (url, dir) = (hop.url(), work.path().to_owned());
         let mode = mode.to_owned();
         let history = history.to_owned();
         move || run_aider(&url, &dir, &mode, &history)
@@ -209,6 +212,13 @@ async fn session(mode: &str, history: &str) {
         "the replay keeps what the view dropped"
     );
     assert_eq!(replay[replay.len() - 1]["role"], "assistant");
+    // It is aider's last request byte for byte: its turns without the edit rules it
+    // appended only while asking them, its replies as stripped as it re-sent them.
+    support::hop::assert_replay_exact(&proxy, owner, &hop.sent());
+    println!(
+        "RECORD-ROW | aider {mode} (history {history}) | {} | exact",
+        support::hop::record_row(&proxy, owner)
+    );
     // The files message is put back where aider sent it: after the edit history.
     let text = |m: &Value| m["content"].as_str().unwrap_or("").to_owned();
     let files_at = replay

@@ -367,3 +367,108 @@ async fn a_conversation_session_is_one_branch_and_replays_exactly() {
         replay.len()
     );
 }
+
+/// One Responses request with `input` written as `items` (each item's bytes as given)
+/// and `store` left out; returns the output items.
+async fn send_items(proxy: &Proxy, items: &[String]) -> Vec<Value> {
+    let body = format!(
+        r#"{{"model":"gpt-mock","input":[{}],"stream":false}}"#,
+        items.join(",")
+    );
+    let got = client::send(request(
+        "POST",
+        &format!("{}/v1/responses", proxy.url()),
+        &[
+            ("content-type", "application/json"),
+            ("authorization", "Bearer sk-ai-sdk-test"),
+        ],
+        body,
+    ))
+    .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    got.json()["output"].as_array().unwrap().clone()
+}
+
+/// Each item of `audit replay`, exactly as printed.
+fn replay_raw(proxy: &Proxy, args: &[&str]) -> Vec<String> {
+    let output = proxy.audit(args);
+    assert!(output.status.success(), "{output:?}");
+    let items: Vec<Box<serde_json::value::RawValue>> =
+        serde_json::from_slice(&output.stdout).unwrap();
+    items.iter().map(|i| i.get().to_owned()).collect()
+}
+
+/// A session as the Vercel AI SDK's default OpenAI provider sends it (the Responses
+/// API, `store` left at the API's default): each earlier reasoning item and assistant
+/// message re-sent as an `item_reference`, each `function_call` without `status` and
+/// with `id` last. The references expand upstream to the items they name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ai_sdk_session_of_references_is_one_branch_and_replays_exactly() {
+    const WINDOW: u64 = 1_600;
+    let (strict, mock) = strict_responses(WINDOW).await;
+    let data = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start_with(&mock.url(), options(data.path(), WINDOW));
+    let padding = "The ledger must stay exact across every handoff. ".repeat(10);
+    let mut items: Vec<String> = Vec::new();
+    let mut first_request = Vec::new();
+    let mut last_request = Vec::new();
+    for turn in 1..=10 {
+        items.push(
+            json!({"role": "user", "content": [{"type": "input_text",
+                "text": format!("Turn {turn}. Remember FACT-{turn:03}. {padding}")}]})
+            .to_string(),
+        );
+        for step in 0..2 {
+            if first_request.is_empty() {
+                first_request = items.clone();
+            }
+            last_request = items.clone();
+            let output = send_items(&proxy, &items).await;
+            for item in &output {
+                let id = item["id"].as_str().unwrap();
+                match item["type"].as_str().unwrap() {
+                    "function_call" => {
+                        items.push(format!(
+                            r#"{{"type":"function_call","call_id":{},"name":{},"arguments":{},"id":"{id}"}}"#,
+                            item["call_id"], item["name"], item["arguments"]
+                        ));
+                        items.push(format!(
+                            r#"{{"type":"function_call_output","call_id":{},"output":"looked up: FACT-{turn:03}"}}"#,
+                            item["call_id"]
+                        ));
+                    }
+                    _ => items.push(format!(r#"{{"type":"item_reference","id":"{id}"}}"#)),
+                }
+            }
+            if step == 1 {
+                assert_eq!(output.len(), 1, "a call's output gets a message");
+            }
+        }
+    }
+    let refused = structural_refusals(&strict);
+    assert!(refused.is_empty(), "the upstream refused: {refused:?}");
+    let conversations = proxy.conversations();
+    assert_eq!(conversations.len(), 1, "{conversations:?}");
+    assert_eq!(conversations[0]["branches"], 1, "{conversations:?}");
+    let id = conversations[0]["id"].as_str().unwrap().to_owned();
+    assert!(
+        records(&proxy, &id).len() >= 2,
+        "two compactions in 10 turns: {}",
+        records(&proxy, &id).len()
+    );
+    // The last request, item for item and byte for byte, then its reply.
+    let replay = replay_raw(&proxy, &["replay", &id]);
+    assert_eq!(replay.len(), last_request.len() + 1, "{replay:?}");
+    assert_eq!(replay[..last_request.len()], last_request[..]);
+    assert!(replay[last_request.len()].contains(r#""type":"message""#));
+    // Any request by its number: the first, as sent.
+    let first = replay_raw(&proxy, &["replay", &id, "--request", "1"]);
+    assert_eq!(first[..first_request.len()], first_request[..]);
+    let outside = proxy.audit(&["replay", &id, "--request", "999"]);
+    assert!(!outside.status.success());
+    assert!(
+        String::from_utf8_lossy(&outside.stderr).contains("no request 999"),
+        "{outside:?}"
+    );
+    proxy.assert_verified(&[]);
+}

@@ -312,65 +312,59 @@ impl Audit {
         let (_, log) = self.read(id, tenant)?;
         let tree = Tree::new(&log);
         let sent = sent_requests(&log, &tree);
-        let chosen = match number {
-            Some(number) => Some(
-                sent.get(number.wrapping_sub(1))
-                    .ok_or(AuditError::Request(number, sent.len()))?,
-            ),
-            None => {
-                let tip = match branch {
-                    Some(text) => {
-                        Digest::from_hex(text).ok_or_else(|| AuditError::Branch(text.to_owned()))?
+        let (request, reply) = if let Some(number) = number {
+            let chosen = sent
+                .get(number.wrapping_sub(1))
+                .ok_or(AuditError::Request(number, sent.len()))?;
+            let request = rebuilt(chosen)?;
+            (request, request.reply.clone())
+        } else {
+            let tip = match branch {
+                Some(text) => {
+                    Digest::from_hex(text).ok_or_else(|| AuditError::Branch(text.to_owned()))?
+                }
+                None => match tree.latest_tip() {
+                    Some(tip) => tip,
+                    None => {
+                        writeln!(out, "[]")?;
+                        return Ok(());
                     }
-                    None => match tree.latest_tip() {
-                        Some(tip) => tip,
-                        None => {
-                            writeln!(out, "[]")?;
-                            return Ok(());
-                        }
-                    },
-                };
-                let on_branch = tree
-                    .branch(&tip)
-                    .ok_or_else(|| AuditError::Branch(tip.to_hex()))?;
-                let on_branch: std::collections::HashSet<_> =
-                    on_branch.iter().map(|m| m.digest).collect();
-                let head = |r: &Result<SentRequest, RebuildProblem>| match r {
+                },
+            };
+            let path = tree
+                .branch(&tip)
+                .ok_or_else(|| AuditError::Branch(tip.to_hex()))?;
+            let at = |r: &Result<SentRequest, RebuildProblem>| {
+                let head = match r {
                     Ok(r) => r.request.head,
                     Err(p) => match &log.lines[p.line].entry {
                         Entry::Request(request) => request.head,
                         _ => None,
                     },
                 };
-                let latest = sent
-                    .iter()
-                    .rev()
-                    .find(|r| head(r).is_some_and(|h| on_branch.contains(&h)));
-                if latest.is_none() {
-                    // A branch no request line names (a log from before request lines).
-                    let messages = tree
-                        .client_messages(&tip)
-                        .ok_or_else(|| AuditError::Branch(tip.to_hex()))?;
-                    serde_json::to_writer_pretty(&mut *out, &messages)?;
-                    writeln!(out)?;
-                    return Ok(());
-                }
-                latest
-            }
+                path.iter().position(|m| Some(m.digest) == head)
+            };
+            let Some((chosen, at)) = sent.iter().rev().find_map(|r| Some((r, at(r)?))) else {
+                // A branch no request line names (a log from before request lines).
+                let messages = tree
+                    .client_messages(&tip)
+                    .ok_or_else(|| AuditError::Branch(tip.to_hex()))?;
+                serde_json::to_writer_pretty(&mut *out, &messages)?;
+                writeln!(out)?;
+                return Ok(());
+            };
+            let request = rebuilt(chosen)?;
+            // The branch's own reply: a regenerated one is another branch.
+            let reply = path[at + 1..].iter().map(|m| m.message.as_ref()).collect();
+            (request, reply)
         };
-        let Some(chosen) = chosen else {
-            return Ok(());
-        };
-        let request = chosen
-            .as_ref()
-            .map_err(|problem| AuditError::Rebuild(problem.number, problem.reason.clone()))?;
         // A server-held request carried only its new items: the history it continued
         // comes first, as the client sent it in the requests before.
         let all: Vec<&serde_json::value::RawValue> = request
             .held
             .iter()
             .chain(&request.messages)
-            .chain(&request.reply)
+            .chain(&reply)
             .copied()
             .collect();
         serde_json::to_writer_pretty(&mut *out, &all)?;
@@ -438,6 +432,14 @@ impl Audit {
         )?;
         Ok(())
     }
+}
+
+/// The request `sent` holds, or why it cannot be rebuilt.
+fn rebuilt<'r, 'a>(
+    sent: &'r Result<SentRequest<'a>, RebuildProblem>,
+) -> Result<&'r SentRequest<'a>, AuditError> {
+    sent.as_ref()
+        .map_err(|problem| AuditError::Rebuild(problem.number, problem.reason.clone()))
 }
 
 /// The start of a message's text, on one line, and the tools it calls: read in the

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod client;
+pub mod hop;
 pub mod postgres;
 pub mod scenario;
 pub mod shapes;

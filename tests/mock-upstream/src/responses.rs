@@ -9,6 +9,8 @@
 //! - every `function_call_output` has its `function_call`, and every call its output,
 //!   with the real texts;
 //! - a `reasoning` item is followed by another item;
+//! - an `item_reference` names an item it output with `store` true or absent, and is
+//!   read as that item (an unknown id is refused, as the API does);
 //! - a per-model window, answered in one of three overflow styles.
 
 use std::collections::HashMap;
@@ -44,6 +46,8 @@ pub struct StrictResponses {
     /// Summary requests received.
     pub summaries: AtomicUsize,
     stored: Mutex<HashMap<String, Vec<Value>>>,
+    /// Output items it stored, by id, for `item_reference`s.
+    items: Mutex<HashMap<String, Value>>,
 }
 
 /// An error in OpenAI's shape.
@@ -75,6 +79,7 @@ impl StrictResponses {
             refused: Mutex::new(Vec::new()),
             summaries: AtomicUsize::new(0),
             stored: Mutex::new(HashMap::new()),
+            items: Mutex::new(HashMap::new()),
         })
     }
 
@@ -106,6 +111,18 @@ impl StrictResponses {
                 }
             };
         }
+        // A reference is expanded to the stored item it names, as the API does.
+        for item in items.iter_mut() {
+            if item["type"] != "item_reference" {
+                continue;
+            }
+            let id = item["id"].as_str().unwrap_or("").to_owned();
+            let found = self.items.lock().ok().and_then(|s| s.get(&id).cloned());
+            match found {
+                Some(stored) => *item = stored,
+                None => return self.refuse(404, None, &format!("Item with id '{id}' not found.")),
+            }
+        }
         if let Err(message) = check(&items) {
             return self.refuse(400, None, &message);
         }
@@ -132,6 +149,13 @@ impl StrictResponses {
                       "total_tokens": input + 12},
         });
         if body["store"] != false {
+            if let Ok(mut stored) = self.items.lock() {
+                for item in &output {
+                    if let Some(id) = item["id"].as_str() {
+                        stored.insert(id.to_owned(), item.clone());
+                    }
+                }
+            }
             items.extend(output.iter().cloned());
             if let Ok(mut stored) = self.stored.lock() {
                 stored.insert(id, items);
