@@ -81,6 +81,20 @@ pub async fn handle(
         return ApiError::not_found(format!("no {} endpoint at {path}", request.method()))
             .into_response();
     }
+    if let Some((id, number)) = request_path(path) {
+        let tenant = query_param(request.uri().query(), "tenant");
+        return match request_as_sent(state, id, tenant.as_deref(), number).await {
+            Ok(bytes) => {
+                let mut response = Response::new(crate::body::full(bytes));
+                response.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                response
+            }
+            Err(err) => err.into_response(),
+        };
+    }
     let answer = match path.strip_prefix("/handoff/conversations") {
         Some("" | "/") => list_conversations(state, request.uri().query()).await,
         Some(rest) => match rest.strip_prefix('/') {
@@ -109,6 +123,83 @@ pub async fn handle(
         Ok(value) => ok_json(&value),
         Err(err) => err.into_response(),
     }
+}
+
+/// The conversation and the number of `/handoff/conversations/{id}/requests/{n}`.
+fn request_path(path: &str) -> Option<(&str, &str)> {
+    let rest = path.strip_prefix("/handoff/conversations/")?;
+    let (id, number) = rest.split_once("/requests/")?;
+    (!id.contains('/') && !number.contains('/')).then_some((id, number))
+}
+
+/// A request as the client sent it, for the admin API and the web view.
+#[derive(serde::Serialize)]
+struct AsSent<'a> {
+    number: usize,
+    requests: usize,
+    model: &'a str,
+    dialect: &'a str,
+    stream: bool,
+    server_held: bool,
+    /// The list the client sent, each message's bytes as it sent them.
+    messages: &'a [&'a serde_json::value::RawValue],
+    /// The pinned messages that stood for top-level fields (`system`, `instructions`).
+    top_level: &'a [&'a serde_json::value::RawValue],
+    /// For a server-held request: the history the upstream held for it.
+    held: &'a [&'a serde_json::value::RawValue],
+    /// The replies logged for it.
+    reply: &'a [&'a serde_json::value::RawValue],
+    /// How many messages it carried in another form than the log held for them.
+    forms: usize,
+}
+
+/// `GET /handoff/conversations/{id}/requests/{n}`: request `n` (from 1, in log order)
+/// exactly as the client sent it, and its reply, as `audit replay --request N` gives
+/// it. Serialised here so each message keeps its bytes.
+async fn request_as_sent(
+    state: &AppState,
+    id: &str,
+    tenant: Option<&str>,
+    number: &str,
+) -> Result<Vec<u8>, ApiError> {
+    let number: usize = number.parse().map_err(|_| {
+        ApiError::invalid_request(
+            "invalid_request",
+            format!("{number:?} is not a request number; requests are numbered from 1"),
+        )
+    })?;
+    let (_, log) = read_existing(state, id, tenant).await?;
+    let tree = Tree::new(&log);
+    let sent = crate::audit::sent_requests(&log, &tree);
+    let total = sent.len();
+    let request = match sent.get(number.wrapping_sub(1)) {
+        Some(Ok(request)) => request,
+        Some(Err(problem)) => {
+            return Err(ApiError::internal(format!(
+                "request {number} cannot be rebuilt: {}",
+                problem.reason
+            )))
+        }
+        None => {
+            return Err(ApiError::not_found(format!(
+                "no request {number}: the conversation has {total} request(s), numbered from 1"
+            )))
+        }
+    };
+    let answer = AsSent {
+        number,
+        requests: total,
+        model: &request.request.model,
+        dialect: crate::dialect::DialectKind::from_name(request.request.dialect.as_deref()).name(),
+        stream: request.request.stream,
+        server_held: request.request.server_held == Some(true),
+        messages: &request.messages,
+        top_level: &request.top_level,
+        held: &request.held,
+        reply: &request.reply,
+        forms: request.request.forms.len(),
+    };
+    serde_json::to_vec(&answer).map_err(|err| ApiError::internal(err.to_string()))
 }
 
 /// `POST /handoff/conversations/{id}/compact`: compacts the latest branch now, with the

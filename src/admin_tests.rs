@@ -139,3 +139,37 @@ async fn a_manual_compaction_is_committed_and_the_next_request_adopts_it() {
         metrics.text()
     );
 }
+
+#[tokio::test]
+async fn any_request_is_served_as_the_client_sent_it() {
+    let mock = MockUpstream::replying(Reply::chat_text("noted")).await;
+    let proxy = Harness::start(&mock.url(), "").await;
+    let messages = converse(&proxy, "as-sent", 3).await;
+    let answer = get(&proxy, "/handoff/conversations/as-sent/requests/3", &[]).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    #[derive(serde::Deserialize)]
+    struct AsSent {
+        number: usize,
+        requests: usize,
+        messages: Vec<Box<serde_json::value::RawValue>>,
+        reply: Vec<Box<serde_json::value::RawValue>>,
+    }
+    let got: AsSent = serde_json::from_slice(&answer.body).unwrap();
+    assert_eq!((got.number, got.requests), (3, 3));
+    // The third request carried the system prompt, three turns and two replies as the
+    // client wrote them; then the model's reply.
+    let sent: Vec<String> = messages[..6].iter().map(|m| m.to_string()).collect();
+    let served: Vec<&str> = got.messages.iter().map(|m| m.get()).collect();
+    assert_eq!(served, sent);
+    assert_eq!(got.reply.len(), 1);
+    assert!(got.reply[0].get().contains("noted"));
+    for (path, status) in [("0", 404), ("4", 404), ("x", 400)] {
+        let wrong = get(
+            &proxy,
+            &format!("/handoff/conversations/as-sent/requests/{path}"),
+            &[],
+        )
+        .await;
+        assert_eq!(wrong.status, status, "{path}: {}", wrong.text());
+    }
+}
