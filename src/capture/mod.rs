@@ -16,14 +16,17 @@ use std::time::Duration;
 
 pub use stream::ReplyCapture;
 
-use crate::base::digest::PrefixDigest;
+use crate::base::digest::{message_digest, PrefixDigest};
+use crate::base::object_fields::REFERENCE_TYPE;
 use crate::base::outcome::Outcome;
 use crate::base::reply::Assembled;
 use crate::compaction::budget::Calibration;
+use crate::config::Tokenizer;
 use crate::conversation::{CapturedReplies, ConversationId, Tracker};
 use crate::dialect::DialectKind;
 use crate::metrics::{Metrics, REPLIES_UNLOGGED};
 use crate::relay::RelayError;
+use crate::tokens::Tokens;
 
 /// How long the end of a response may wait for its reply to be logged.
 const LOG_DEADLINE: Duration = Duration::from_secs(5);
@@ -48,6 +51,31 @@ pub struct ReplyTarget {
     pub conversation: Option<String>,
     /// Where failures are counted.
     pub metrics: Arc<Metrics>,
+    /// For a Responses reply, the token counter and the model's tokenizer: each output
+    /// item with an `id` is counted under the digest of an `item_reference` to it, as
+    /// the API expands a reference to the item it names, so a later request carrying
+    /// the reference is estimated at the item's size.
+    pub references: Option<(Arc<Tokens>, Tokenizer)>,
+}
+
+/// Counts each item of `items` that has an `id` under the digest of a reference to it,
+/// off the async threads.
+fn count_references(items: Vec<String>, tokens: Arc<Tokens>, tokenizer: Tokenizer) {
+    if items.is_empty() {
+        return;
+    }
+    tokio::task::spawn_blocking(move || {
+        for item in items {
+            let Ok(value) = serde_json::from_str::<serde_json::Value>(&item) else {
+                continue;
+            };
+            let Some(id) = value.get("id").and_then(serde_json::Value::as_str) else {
+                continue;
+            };
+            let reference = serde_json::json!({"type": REFERENCE_TYPE, "id": id});
+            tokens.count_message(tokenizer, &message_digest(&reference), &value);
+        }
+    });
 }
 
 impl ReplyTarget {
@@ -77,6 +105,10 @@ impl ReplyTarget {
                         server,
                     })
                 });
+        let items = match &self.references {
+            Some(_) if sequence => replies.iter().map(|r| r.message.get().to_owned()).collect(),
+            _ => Vec::new(),
+        };
         let batch = CapturedReplies {
             dialect: self.dialect,
             parent: self.parent,
@@ -91,6 +123,9 @@ impl ReplyTarget {
         };
         let written =
             tokio::time::timeout(LOG_DEADLINE, self.tracker.record_replies(&self.id, batch)).await;
+        if let Some((tokens, tokenizer)) = &self.references {
+            count_references(items, Arc::clone(tokens), *tokenizer);
+        }
         let reason = match written {
             Ok(Ok(())) => return Ok(()),
             Ok(Err(err)) => err.to_string(),

@@ -244,6 +244,14 @@ impl Exchange<'_> {
                 .clone()
                 .filter(|_| self.chat.continues_conversation),
             metrics: Arc::clone(&self.state.metrics),
+            references: (self.chat.dialect == crate::dialect::DialectKind::Responses).then(|| {
+                let tokenizer = self
+                    .snap
+                    .config
+                    .model(&self.chat.model)
+                    .map_or(crate::config::Tokenizer::default(), |m| m.tokenizer);
+                (Arc::clone(&self.state.tokens), tokenizer)
+            }),
         }
     }
 }

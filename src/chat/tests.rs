@@ -218,6 +218,7 @@ async fn a_reply_being_logged_when_the_client_leaves_is_still_logged() {
         required: true,
         conversation: None,
         metrics: std::sync::Arc::clone(&proxy.state.metrics),
+        references: None,
     };
     let reply = json!({"choices": [{"index": 0, "finish_reason": "stop",
         "message": {"role": "assistant", "content": "again"}}]})
@@ -250,4 +251,59 @@ async fn a_reply_being_logged_when_the_client_leaves_is_still_logged() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("the reply whose client left was never logged");
+}
+
+#[tokio::test]
+async fn a_reference_is_estimated_at_the_size_of_the_item_it_names() {
+    use crate::base::digest::message_digest;
+    use crate::dialect::{DialectKind, Message, RawMessage, Role};
+    let reasoning = json!({"type": "reasoning", "id": "rs_big_7f3a", "summary": [],
+        "encrypted_content": "opaque ".repeat(2_000)});
+    let message = json!({"type": "message", "id": "msg_7f3a", "role": "assistant", "status": "completed",
+        "content": [{"type": "output_text", "text": "ok", "annotations": []}]});
+    let mock = MockUpstream::replying(Reply::json(json!({"id": "resp_7f3a", "object": "response",
+        "status": "completed", "model": "m", "output": [reasoning, message],
+        "usage": {"input_tokens": 5, "output_tokens": 9, "total_tokens": 14}})))
+    .await;
+    let proxy = Harness::start(&mock.url(), "").await;
+    let answer = proxy
+        .post(
+            "/v1/responses",
+            &[("authorization", "Bearer sk-test")],
+            br#"{"model":"m","input":"hi"}"#,
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let tokenizer = crate::config::Tokenizer::default();
+    let digest = |id: &str| message_digest(&json!({"type": "item_reference", "id": id}));
+    // Counted off the request path: wait for it.
+    let mut counted = None;
+    for _ in 0..200 {
+        counted = proxy.state.tokens.cached(tokenizer, &digest("rs_big_7f3a"));
+        if counted.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let item = proxy.state.tokens.count_message(
+        tokenizer,
+        &message_digest(&json!("the item")),
+        &json!({"type": "reasoning", "id": "rs_big_7f3a", "summary": [], "encrypted_content": "opaque ".repeat(2_000)}),
+    );
+    assert_eq!(counted, Some(item), "the reference counts as the item");
+    // In another byte form too; a reference to an item never seen counts as itself.
+    let read = |raw: &str| {
+        Message::read(
+            RawMessage::from(raw.to_owned()),
+            DialectKind::Responses,
+            |_| Ok(Role::Assistant),
+        )
+        .unwrap()
+        .token_count(&proxy.state.tokens, tokenizer)
+    };
+    assert_eq!(
+        read(r#"{"id": "rs_big_7f3a", "type": "item_reference"}"#),
+        item
+    );
+    assert!(read(r#"{"type":"item_reference","id":"rs_never_7f3a"}"#) < 50);
 }

@@ -48,6 +48,8 @@ pub struct StrictResponses {
     stored: Mutex<HashMap<String, Vec<Value>>>,
     /// Output items it stored, by id, for `item_reference`s.
     items: Mutex<HashMap<String, Value>>,
+    /// Bytes of opaque `encrypted_content` padding on each reasoning item.
+    reasoning_bytes: AtomicUsize,
 }
 
 /// An error in OpenAI's shape.
@@ -80,7 +82,14 @@ impl StrictResponses {
             summaries: AtomicUsize::new(0),
             stored: Mutex::new(HashMap::new()),
             items: Mutex::new(HashMap::new()),
+            reasoning_bytes: AtomicUsize::new(0),
         })
+    }
+
+    /// Makes each reasoning item's `encrypted_content` `bytes` longer, as a real
+    /// model's runs to kilobytes.
+    pub fn set_reasoning_bytes(&self, bytes: usize) {
+        self.reasoning_bytes.store(bytes, Ordering::SeqCst);
     }
 
     /// Sets how over-window requests are refused.
@@ -137,7 +146,7 @@ impl StrictResponses {
             self.summaries.fetch_add(1, Ordering::SeqCst);
             vec![message(serial, &summary_text(&items))]
         } else {
-            agent_items(&items, serial)
+            agent_items(&items, serial, self.reasoning_bytes.load(Ordering::SeqCst))
         };
         let id = format!("resp_mock_{serial:04}");
         let model = body["model"].as_str().unwrap_or("gpt-mock").to_owned();
@@ -261,7 +270,7 @@ fn message(serial: usize, text: &str) -> Value {
 }
 
 /// The agent's next items: reasoning and a call for a user's text, text after an output.
-fn agent_items(items: &[Value], serial: usize) -> Vec<Value> {
+fn agent_items(items: &[Value], serial: usize, padding: usize) -> Vec<Value> {
     let last = items.last().cloned().unwrap_or(Value::Null);
     if last["type"] == "function_call_output" {
         return vec![message(
@@ -280,7 +289,7 @@ fn agent_items(items: &[Value], serial: usize) -> Vec<Value> {
     };
     vec![
         json!({"id": format!("rs_{serial:04}"), "type": "reasoning", "summary": [],
-               "encrypted_content": format!("gAAAA-opaque-{serial}")}),
+               "encrypted_content": format!("gAAAA-opaque-{serial}{}", "x".repeat(padding))}),
         json!({"id": format!("fc_{serial:04}"), "type": "function_call", "status": "completed",
                "call_id": format!("call_{serial:04}"), "name": "lookup",
                "arguments": json!({"query": question.chars().take(80).collect::<String>()}).to_string()}),
