@@ -170,7 +170,8 @@ async fn request_as_sent(
     })?;
     let (_, log) = read_existing(state, id, tenant).await?;
     let tree = Tree::new(&log);
-    let sent = crate::audit::sent_requests(&log, &tree);
+    let forms = crate::audit::Forms::read(&log, &tree);
+    let sent = crate::audit::sent_requests(&log, &tree, &forms);
     let total = sent.len();
     let request = match sent.get(number.wrapping_sub(1)) {
         Some(Ok(request)) => request,

@@ -43,6 +43,11 @@ impl<'a> Tree<'a> {
         tree
     }
 
+    /// The logged original with chain digest `digest`.
+    pub fn message(&self, digest: &PrefixDigest) -> Option<&'a RawValue> {
+        self.by_digest.get(digest).map(|m| m.message.as_ref())
+    }
+
     /// Message lines in file order.
     pub fn messages(&self) -> &[&'a MessageLine] {
         &self.order

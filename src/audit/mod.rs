@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 pub use branch::Tree;
-pub use sent::{sent_requests, RebuildProblem, SentRequest};
+pub use sent::{sent_requests, Forms, RebuildProblem, SentRequest};
 pub use summary::{summarize, ConversationSummary};
 pub use timeline::{next_view, timeline};
 pub use verify::{incomplete_replies, verify_log};
@@ -145,7 +145,8 @@ impl Audit {
     ) -> Result<(), AuditError> {
         let (id, log) = self.read(id, tenant)?;
         let summary = summarize(&id, &log);
-        let dialect = Tree::new(&log).dialect();
+        let tree = Tree::new(&log);
+        let dialect = tree.dialect();
         writeln!(
             out,
             "conversation {} (tenant {}, dialect {}): {} messages, {} requests, {} branches, models {}",
@@ -160,17 +161,19 @@ impl Audit {
         let mut requests = 0;
         for line in &log.lines {
             match &line.entry {
-                Entry::Form(form) => writeln!(
-                    out,
-                    "{}  form     {} of {}  {}",
-                    line.at,
-                    form.digest.short(12),
-                    form.of.map_or("a pinned message".to_owned(), |o| o.short(12)),
-                    preview(
-                        dialect,
-                        &serde_json::from_str(form.message.get()).unwrap_or(Value::Null)
-                    ),
-                )?,
+                Entry::Form(form) => {
+                    let original = form.of.and_then(|of| tree.message(&of)).map(|m| m.get());
+                    let bytes = form.bytes(original).unwrap_or_default();
+                    writeln!(
+                        out,
+                        "{}  form     {} of {}{}  {}",
+                        line.at,
+                        form.digest.short(12),
+                        form.of.map_or("a pinned message".to_owned(), |o| o.short(12)),
+                        if form.edit.is_some() { " (an edit)" } else { "" },
+                        preview(dialect, &serde_json::from_str(&bytes).unwrap_or(Value::Null)),
+                    )?
+                }
                 Entry::Message(message) => {
                     let value: Value =
                         serde_json::from_str(message.message.get()).unwrap_or(Value::Null);
@@ -311,7 +314,8 @@ impl Audit {
     ) -> Result<(), AuditError> {
         let (_, log) = self.read(id, tenant)?;
         let tree = Tree::new(&log);
-        let sent = sent_requests(&log, &tree);
+        let forms = Forms::read(&log, &tree);
+        let sent = sent_requests(&log, &tree, &forms);
         let (request, reply) = if let Some(number) = number {
             let chosen = sent
                 .get(number.wrapping_sub(1))

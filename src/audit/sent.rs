@@ -8,7 +8,7 @@ use serde_json::value::RawValue;
 
 use super::branch::put_back;
 use super::Tree;
-use crate::base::digest::{Digest, PrefixDigest};
+use crate::base::digest::{bytes_digest, Digest, PrefixDigest};
 use crate::base::line::{pinned_slot, Entry, RequestLine, Source};
 use crate::store::ConversationLog;
 
@@ -45,18 +45,57 @@ pub struct RebuildProblem {
     pub reason: String,
 }
 
-/// Every request of `log` in log order, rebuilt, or why it cannot be.
+/// The forms of a log's `form` lines, by the digest of their bytes, each rebuilt (an
+/// edit of its original applied) and checked against its digest.
+pub struct Forms {
+    bytes: HashMap<Digest, Box<RawValue>>,
+    /// Form lines that do not rebuild to their digest: (index in the log's lines, why).
+    pub problems: Vec<(usize, String)>,
+}
+
+impl Forms {
+    /// Reads the forms of `log`.
+    pub fn read(log: &ConversationLog, tree: &Tree<'_>) -> Self {
+        let mut forms = Forms {
+            bytes: HashMap::new(),
+            problems: Vec::new(),
+        };
+        for (index, line) in log.lines.iter().enumerate() {
+            let Entry::Form(form) = &line.entry else {
+                continue;
+            };
+            let original = form.of.and_then(|of| tree.message(&of)).map(RawValue::get);
+            let rebuilt = form
+                .bytes(original)
+                .filter(|bytes| bytes_digest(bytes.as_bytes()) == form.digest)
+                .and_then(|bytes| RawValue::from_string(bytes).ok());
+            match rebuilt {
+                Some(bytes) => {
+                    forms.bytes.insert(form.digest, bytes);
+                }
+                None => forms.problems.push((
+                    index,
+                    format!(
+                        "form {} does not rebuild to its digest",
+                        form.digest.short(12)
+                    ),
+                )),
+            }
+        }
+        forms
+    }
+}
+
+/// Every request of `log` in log order, rebuilt with `forms`, or why it cannot be.
 pub fn sent_requests<'a>(
     log: &'a ConversationLog,
     tree: &Tree<'a>,
+    forms: &'a Forms,
 ) -> Vec<Result<SentRequest<'a>, RebuildProblem>> {
-    let forms: HashMap<Digest, &RawValue> = log
-        .lines
+    let forms: HashMap<Digest, &RawValue> = forms
+        .bytes
         .iter()
-        .filter_map(|line| match &line.entry {
-            Entry::Form(form) => Some((form.digest, form.message.as_ref())),
-            _ => None,
-        })
+        .map(|(digest, bytes)| (*digest, bytes.as_ref()))
         .collect();
     // The form each message was last sent in, where it is not the logged original.
     let mut current: HashMap<PrefixDigest, &RawValue> = HashMap::new();

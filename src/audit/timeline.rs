@@ -168,7 +168,7 @@ pub fn timeline(
                 "at": line.at,
                 "digest": form.digest.to_hex(),
                 "of": form.of.map(|o| o.to_hex()),
-                "message": form.message,
+                "edit": form.edit.is_some(),
             })),
             Entry::Pinned(pinned) => events.push(json!({
                 "type": "pinned",

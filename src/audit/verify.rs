@@ -57,7 +57,14 @@ pub fn verify_log(log: &ConversationLog) -> Vec<LineProblem> {
     // Every request can be rebuilt as the client sent it.
     let numbers: Vec<usize> = line_numbers(log).collect();
     let tree = super::Tree::new(log);
-    for problem in super::sent_requests(log, &tree)
+    let forms = super::Forms::read(log, &tree);
+    for (index, reason) in &forms.problems {
+        problems.push(LineProblem {
+            line: numbers.get(*index).copied().unwrap_or(0),
+            reason: reason.clone(),
+        });
+    }
+    for problem in super::sent_requests(log, &tree, &forms)
         .into_iter()
         .filter_map(Result::err)
     {

@@ -157,12 +157,63 @@ pub fn pinned_slot(set: &Digest, index: usize) -> PrefixDigest {
 pub struct FormLine {
     /// Digest of the bytes of `message`: what request lines name it by.
     pub digest: Digest,
-    /// Chain digest of the logged message it stands for, when it is not pinned: for
-    /// reading only, as the same bytes may stand for another message too.
+    /// Chain digest of the logged message it stands for, when it is not pinned; the
+    /// same bytes may stand for other messages too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub of: Option<PrefixDigest>,
-    /// The message exactly as the client sent it.
-    pub message: Box<RawValue>,
+    /// The message exactly as the client sent it; absent when `edit` gives it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<Box<RawValue>>,
+    /// The form as one edit of the logged original of `of`, when that is shorter than
+    /// the form: bytes `start..end` of the original replaced with `insert`. A moved
+    /// `cache_control`, a turn without its reminder, a stripped newline are one edit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edit: Option<(usize, usize, String)>,
+}
+
+impl FormLine {
+    /// The form's bytes, given the bytes of the original `of` names; `None` when the
+    /// line has neither, or its edit does not fit the original.
+    pub fn bytes(&self, original: Option<&str>) -> Option<String> {
+        if let Some(message) = &self.message {
+            return Some(message.get().to_owned());
+        }
+        let (start, end, insert) = self.edit.as_ref()?;
+        let original = original?;
+        let (head, tail) = (original.get(..*start)?, original.get(*end..)?);
+        Some([head, insert, tail].concat())
+    }
+}
+
+/// The edit that turns `original` into `form`, `(start, end, insert)`: the bytes
+/// between their common head and common tail, cut at character boundaries.
+pub fn edit_between(original: &str, form: &str) -> (usize, usize, String) {
+    let mut head = original
+        .bytes()
+        .zip(form.bytes())
+        .take_while(|(a, b)| a == b)
+        .count();
+    while !(original.is_char_boundary(head) && form.is_char_boundary(head)) {
+        head -= 1;
+    }
+    let room = original.len().min(form.len()) - head;
+    let mut tail = original
+        .bytes()
+        .rev()
+        .zip(form.bytes().rev())
+        .take(room)
+        .take_while(|(a, b)| a == b)
+        .count();
+    while !(original.is_char_boundary(original.len() - tail)
+        && form.is_char_boundary(form.len() - tail))
+    {
+        tail -= 1;
+    }
+    (
+        head,
+        original.len() - tail,
+        form[head..form.len() - tail].to_owned(),
+    )
 }
 
 /// A prepared compaction adopted by the request that crossed the trigger.
@@ -608,6 +659,37 @@ mod tests {
         assert_eq!(text.lines().count(), 3, "{text}");
         assert!(!text.contains(r#""kind":"messages""#), "{text}");
         assert_eq!(messages_of(&read_back(&bytes)), messages_of(&lines));
+    }
+
+    #[test]
+    fn an_edit_rebuilds_the_form_from_its_original() {
+        let cases = [
+            (
+                r#"{"role":"user","content":[{"type":"text","text":"é","cache_control":{"type":"ephemeral"}}]}"#,
+                r#"{"role":"user","content":[{"type":"text","text":"é"}]}"#,
+            ),
+            (r#"{"content":"a.rs\n"}"#, r#"{"content":"a.rs"}"#),
+            (r#"{"a":"ééé"}"#, r#"{"a":"éèé"}"#),
+            ("abc", "abc"),
+            ("abab", "ab"),
+            ("", "x"),
+        ];
+        for (original, form) in cases {
+            let edit = edit_between(original, form);
+            let line = FormLine {
+                digest: crate::base::digest::bytes_digest(form.as_bytes()),
+                of: None,
+                message: None,
+                edit: Some(edit.clone()),
+            };
+            assert_eq!(
+                line.bytes(Some(original)).as_deref(),
+                Some(form),
+                "{edit:?}"
+            );
+        }
+        let (_, _, insert) = edit_between(cases[0].0, cases[0].1);
+        assert_eq!(insert, "", "a removed breakpoint is one cut");
     }
 
     #[test]

@@ -11,7 +11,10 @@ use serde_json::value::RawValue;
 
 use super::state::ConversationState;
 use crate::base::digest::{bytes_digest, Digest, PrefixDigest};
-use crate::base::line::{pinned_slot, Entry, FormLine, Line};
+use crate::base::line::{edit_between, pinned_slot, Entry, FormLine, Line};
+
+/// About what an edit's two offsets cost over the bytes it inserts.
+const EDIT_OVERHEAD: usize = 24;
 use crate::dialect::Message;
 
 /// The forms a request carried that the log does not yet name for its messages.
@@ -55,10 +58,20 @@ impl FormChanges {
         let logged = state.forms.contains_key(&form)
             || self.new_forms.iter().any(|(digest, _)| *digest == form);
         if !logged {
+            // Most forms differ from their original in one place (a moved breakpoint,
+            // a reminder, a newline): written as that edit when the original is at hand.
+            let sent = message.raw.get();
+            let edit = match slot {
+                Slot::Chain(digest) => state.recent_original(&digest),
+                Slot::Pinned(..) => None,
+            }
+            .map(|original| edit_between(original, sent))
+            .filter(|(_, _, insert)| insert.len() + EDIT_OVERHEAD < sent.len());
             self.lines.push(Line::now(Entry::Form(FormLine {
                 digest: form,
                 of: matches!(slot, Slot::Chain(_)).then_some(named),
-                message: raw_value(message),
+                message: edit.is_none().then(|| raw_value(message)),
+                edit,
             })));
             self.new_forms.push((form, key));
         }
@@ -143,7 +156,7 @@ impl ConversationState {
 mod tests {
     use std::sync::Arc;
 
-    use crate::audit::{sent_requests, Tree};
+    use crate::audit::{sent_requests, Forms, Tree};
     use crate::base::line::Entry;
     use crate::base::reply::CapturedReply;
     use crate::conversation::{CapturedReplies, ConversationId, Tracker};
@@ -195,7 +208,9 @@ mod tests {
     async fn rebuilt(store: &dyn Store) -> Vec<(Vec<String>, Vec<String>)> {
         let log = store.read(&id()).await.unwrap();
         let tree = Tree::new(&log);
-        sent_requests(&log, &tree)
+        let forms = Forms::read(&log, &tree);
+        assert!(forms.problems.is_empty(), "{:?}", forms.problems);
+        sent_requests(&log, &tree, &forms)
             .into_iter()
             .map(|r| {
                 let r = r.unwrap();

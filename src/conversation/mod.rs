@@ -347,6 +347,7 @@ impl Tracker {
         }
         for index in known..rest.len() {
             state.known.insert(prefix[index], keys[index]);
+            state.keep_recent(prefix[index], rest[index].raw.get(), index == known);
         }
         if let Some(digest) = pinned_set {
             state
@@ -419,12 +420,20 @@ impl Tracker {
                 incomplete: batch.incomplete.map(|o| o.as_str().to_owned()),
             })));
         }
+        let texts: Vec<String> = lines
+            .iter()
+            .filter_map(|line| match &line.entry {
+                Entry::Message(message) => Some(message.message.get().to_owned()),
+                _ => None,
+            })
+            .collect();
         if !lines.is_empty() {
             self.store.append(id, lines).await?;
         }
         let mut items = Vec::new();
-        for (digest, facts, parent) in added {
+        for ((digest, facts, parent), text) in added.into_iter().zip(texts) {
             state.known.insert(digest, facts.key);
+            state.keep_recent(digest, &text, false);
             for echo in [facts.echo, facts.reference] {
                 state.remember_echo(parent, echo, facts.digest, digest);
             }

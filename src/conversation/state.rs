@@ -56,6 +56,35 @@ pub struct ConversationState {
     /// A shared store's position of the last line folded in: what other replicas
     /// wrote after it is read on demand.
     pub(super) seen: u64,
+    /// The originals the latest request logged and the replies to it, as the bases of
+    /// the forms the next request is likely to re-send them in.
+    pub(super) recent: Vec<(PrefixDigest, Box<str>)>,
+}
+
+/// The bytes of recent originals a conversation keeps; a larger one's forms are
+/// written whole.
+const RECENT_BYTES: usize = 1 << 20;
+
+impl ConversationState {
+    /// The logged original at `digest`, if it is a recent one.
+    pub(super) fn recent_original(&self, digest: &PrefixDigest) -> Option<&str> {
+        self.recent
+            .iter()
+            .find(|(d, _)| d == digest)
+            .map(|(_, text)| &**text)
+    }
+
+    /// Keeps `text`, just logged at `digest`, as a recent original; `fresh` starts the
+    /// set over (a request that logged new messages).
+    pub(super) fn keep_recent(&mut self, digest: PrefixDigest, text: &str, fresh: bool) {
+        if fresh {
+            self.recent.clear();
+        }
+        let held: usize = self.recent.iter().map(|(_, t)| t.len()).sum();
+        if held + text.len() <= RECENT_BYTES {
+            self.recent.push((digest, text.into()));
+        }
+    }
 }
 
 impl ConversationState {
@@ -128,6 +157,13 @@ pub(super) fn keeps_text(raw: &str) -> bool {
     crate::dialect::any_marker(raw, crate::dialect::MarkerKind::Indexed)
 }
 
+/// True when a form line of `log` is an edit of its original.
+fn has_edits(log: &ConversationLog) -> bool {
+    log.lines
+        .iter()
+        .any(|line| matches!(&line.entry, Entry::Form(form) if form.edit.is_some()))
+}
+
 /// The form of a message whose bytes this process does not know: no request's
 /// bytes have this keyed hash in practice, so the next one names its form.
 pub(super) const UNKNOWN_FORM: u128 = 0;
@@ -193,7 +229,9 @@ impl ConversationState {
     /// About how many bytes the state holds: what the tracking cache is weighed in.
     pub(super) fn weight(&self) -> u32 {
         // A digest is 32 bytes; a hash set slot about as much again.
-        let digests = self.known.len() * 80
+        let recent: usize = self.recent.iter().map(|(_, t)| t.len() + 48).sum();
+        let digests = recent
+            + self.known.len() * 80
             + self.pinned.len() * 64
             + self.forms.len() * 80
             + (self.echoes.len() + self.turns.len()) * 128
@@ -337,6 +375,16 @@ impl ConversationState {
                 _ => None,
             })
             .collect();
+        let edits = has_edits(log);
+        let originals: HashMap<PrefixDigest, &str> = log
+            .lines
+            .iter()
+            .filter(|_| edits)
+            .filter_map(|line| match &line.entry {
+                Entry::Message(message) => Some((message.digest, message.message.get())),
+                _ => None,
+            })
+            .collect();
         for line in &log.lines {
             match &line.entry {
                 Entry::Message(message) => {
@@ -381,7 +429,15 @@ impl ConversationState {
                     });
                 }
                 Entry::Form(form) => {
-                    let key = keyed_hash(form.message.get().as_bytes());
+                    // An edit rebuilds from its original's text, which an index read
+                    // may have dropped: then the next request names the form again.
+                    let original = form
+                        .of
+                        .and_then(|of| originals.get(&of).copied())
+                        .filter(|text| *text != "null");
+                    let key = form
+                        .bytes(original)
+                        .map_or(UNKNOWN_FORM, |bytes| keyed_hash(bytes.as_bytes()));
                     state.forms.insert(form.digest, key);
                 }
                 Entry::Request(request) => state.follow_forms(request),
