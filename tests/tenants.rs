@@ -511,6 +511,31 @@ async fn a_data_dir_from_before_tenants_moves_to_the_legacy_tenant() {
         "pinned, two questions and both replies: {replay:?}"
     );
     assert_eq!(replay[3]["content"], "second question");
+    // Each request of a log written before forms rebuilds from its originals.
+    let raw = |args: &[&str]| -> Vec<String> {
+        let output = proxy.audit(args);
+        assert!(output.status.success(), "{output:?}");
+        let items: Vec<Box<serde_json::value::RawValue>> =
+            serde_json::from_slice(&output.stdout).unwrap();
+        items.iter().map(|i| i.get().to_owned()).collect()
+    };
+    let first = raw(&["replay", "old-1", "--request", "1"]);
+    assert_eq!(
+        first[..2],
+        [
+            r#"{"role":"system","content":"be brief"}"#,
+            r#"{"role":"user","content":"first question"}"#
+        ]
+    );
+    assert!(
+        first[2].contains("Hello from the benchmark upstream."),
+        "{first:?}"
+    );
+    assert_eq!(
+        raw(&["replay", "old-1", "--request", "2"]),
+        raw(&["replay", "old-1"]),
+        "the latest request is the second"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
