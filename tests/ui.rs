@@ -179,6 +179,18 @@ async fn the_audit_page_shows_conversations_compactions_and_the_token_curve() {
     let view: Vec<Value> =
         serde_json::from_slice(&proxy.audit(&["view", "ui-long"]).stdout).unwrap();
     assert_eq!(seen["view_messages"].as_u64().unwrap() as usize, view.len());
+    // The last request opened in the page is the one `audit replay` gives.
+    assert_eq!(seen["as_sent_number"], summary["requests"], "{seen}");
+    let replay = proxy.replay("ui-long", None);
+    let shown = &seen["as_sent"];
+    let shown: Vec<Value> = shown["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(shown["reply"].as_array().unwrap())
+        .cloned()
+        .collect();
+    assert_eq!(shown, replay, "the page shows the request as the client sent it");
 
     // The page made no request to any other host.
     let requests = seen["requests"].as_array().unwrap();

@@ -58,6 +58,14 @@ try:
     out["messages"] = len(driver.find_elements(By.CSS_SELECTOR, "details[data-digest]"))
     driver.save_screenshot(f"{shots}/ui-conversation.png")
 
+    # The last request, opened, shows what the client sent, read from the requests API.
+    sent = driver.find_elements(By.CSS_SELECTOR, "details[data-as-sent]")[-1]
+    sent.find_element(By.TAG_NAME, "summary").click()
+    field = sent.find_element(By.CSS_SELECTOR, '[data-field="as-sent"]')
+    wait.until(lambda _: field.text.startswith("{"))
+    out["as_sent_number"] = int(sent.get_attribute("data-as-sent"))
+    out["as_sent"] = json.loads(field.text)
+
     # The view tab has its own URL.
     driver.find_element(By.ID, "tab-view").click()
     wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, '[data-panel="view"]')))
