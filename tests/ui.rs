@@ -190,7 +190,10 @@ async fn the_audit_page_shows_conversations_compactions_and_the_token_curve() {
         .chain(shown["reply"].as_array().unwrap())
         .cloned()
         .collect();
-    assert_eq!(shown, replay, "the page shows the request as the client sent it");
+    assert_eq!(
+        shown, replay,
+        "the page shows the request as the client sent it"
+    );
 
     // The page made no request to any other host.
     let requests = seen["requests"].as_array().unwrap();

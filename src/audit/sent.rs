@@ -219,3 +219,75 @@ fn reply_to(log: &ConversationLog, index: usize, head: Option<PrefixDigest>) -> 
     }
     reply
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::audit::verify_log;
+    use crate::base::line::Entry;
+    use crate::conversation::{ConversationId, Tracker};
+    use crate::dialect::ChatRequest;
+    use crate::store::{MemoryStore, Store};
+    use crate::tenant::TenantId;
+
+    /// A log whose second request carried its first message in another form.
+    async fn log_with_a_form() -> crate::store::ConversationLog {
+        let store = Arc::new(MemoryStore::default());
+        let tracker = Tracker::new(store.clone(), 10);
+        let id = ConversationId::parse(TenantId::legacy(), "verify-forms").unwrap();
+        for body in [
+            r#"{"model":"m","messages":[{"role":"user","content":"Fix it, and keep the tests green.\n"}]}"#,
+            r#"{"model":"m","messages":[{"role":"user","content":"Fix it, and keep the tests green."},{"role":"user","content":"And now?"}]}"#,
+        ] {
+            let request = ChatRequest::parse(body.as_bytes()).unwrap();
+            tracker.track(id.clone(), &request).await.unwrap();
+        }
+        store.read(&id).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn verify_finds_a_form_that_does_not_rebuild_and_a_request_that_names_none() {
+        let log = log_with_a_form().await;
+        assert_eq!(verify_log(&log), [], "a sound log");
+        let edits = log
+            .lines
+            .iter()
+            .filter(|l| matches!(&l.entry, Entry::Form(f) if f.edit.is_some()))
+            .count();
+        assert_eq!(edits, 1, "the stripped turn is an edit of its original");
+
+        let mut edited = log.clone();
+        for line in &mut edited.lines {
+            if let Entry::Form(form) = &mut line.entry {
+                if let Some(edit) = &mut form.edit {
+                    edit.2.push('!');
+                }
+            }
+        }
+        let problems = verify_log(&edited);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.reason.contains("does not rebuild")),
+            "{problems:?}"
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.reason.contains("request 2 cannot be rebuilt")),
+            "{problems:?}"
+        );
+
+        let mut lost = log;
+        lost.lines
+            .retain(|line| !matches!(line.entry, Entry::Form(_)));
+        let problems = verify_log(&lost);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.reason.contains("request 2 cannot be rebuilt: its form")),
+            "{problems:?}"
+        );
+    }
+}
