@@ -459,6 +459,22 @@ async fn an_ai_sdk_session_of_references_is_one_branch_and_replays_exactly() {
         "two compactions in 10 turns: {}",
         records(&proxy, &id).len()
     );
+    // The strategies read the items the references name, not their ids: the
+    // summaries quote the assistant's messages.
+    let summaries: Vec<String> = mock
+        .requests()
+        .iter()
+        .filter(|r| is_summary(r))
+        .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+        .collect();
+    assert!(!summaries.is_empty());
+    for summary in &summaries {
+        assert!(
+            summary.contains("the record is noted") && !summary.contains("[item_reference]"),
+            "a summary read references: {}",
+            &summary[..summary.len().min(600)]
+        );
+    }
     // The last request, item for item and byte for byte, then its reply.
     let replay = replay_raw(&proxy, &["replay", &id]);
     assert_eq!(replay.len(), last_request.len() + 1, "{replay:?}");

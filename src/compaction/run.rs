@@ -3,6 +3,7 @@
 //! ledger takes its share first and the room the strategy left after, and the record
 //! is measured as the request's model will read it.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -15,10 +16,12 @@ use super::ledger::{self, Ledger};
 use super::service::{handoff_budget, CompactError, Compactor, Job, Plan};
 use super::unit::split_into_units;
 use super::Adopted;
-use crate::base::line::FORMAT_VERSION;
+use crate::base::line::{Entry, FORMAT_VERSION};
+use crate::base::object_fields::REFERENCE_TYPE;
 use crate::base::record::{
     Attempt, CompactionRecord, Prepared, Reason, RecordSource, POLICY_VERSION,
 };
+use crate::dialect::Message;
 use crate::projection::ModelView;
 use crate::store::StoreError;
 use crate::tokens::{MESSAGE_OVERHEAD, REPLY_PRIMING};
@@ -42,13 +45,22 @@ impl Compactor {
     ) -> Result<CompactionRecord, CompactError> {
         let started = Instant::now();
         let plan = self.plan(job, view, keep_only_last)?;
-        let history = history_units(job, view, plan.cut);
+        let referenced = referenced_items(job, &view.live).await;
+        let history = history_units(job, view, plan.cut, &referenced);
         // The ledger is built first: the strategy gets the budget it leaves.
         let previous = view.compaction.as_ref().map(|a| &a.record);
         let budget = handoff_budget(&job.model);
         let (history, ledger) = self.ledger(job, previous, history, budget).await;
         let cancel = self.cancel.child_token();
-        let input = self.strategy_input(job, view, &plan, history, budget, &ledger, &cancel);
+        let input = self.strategy_input(
+            job,
+            view,
+            &plan,
+            (history, &referenced),
+            budget,
+            &ledger,
+            &cancel,
+        );
         let outcome = self.run_equipped(job, input).await;
         let written = self.written(outcome, &cancel)?;
         let text = self
@@ -122,7 +134,7 @@ impl Compactor {
         job: &Job<'_>,
         view: &ModelView<'_>,
         plan: &Plan,
-        history: Vec<Unit>,
+        (history, referenced): (Vec<Unit>, &Referenced),
         budget: u64,
         ledger: &Option<(Ledger, u64)>,
         cancel: &CancellationToken,
@@ -135,7 +147,7 @@ impl Compactor {
             history,
             retained_recent_messages: view.live[plan.cut..]
                 .iter()
-                .flat_map(|m| dialect.neutral(m.value()))
+                .flat_map(|m| dialect.neutral(resolved(m, referenced)))
                 .collect(),
             dialect: job.request.dialect.name().to_owned(),
             previous_handoff: previous.map(|record| match ledger {
@@ -350,9 +362,66 @@ impl Compactor {
     }
 }
 
+/// The items `item_reference`s name, by id, as the conversation logged them.
+type Referenced = HashMap<String, serde_json::Value>;
+
+/// The logged items the `item_reference`s among `messages` name: the upstream expands
+/// a reference to its item, and a strategy must read the item, not its id. The
+/// conversation's own log is read only when there is a reference.
+async fn referenced_items(job: &Job<'_>, messages: &[Message]) -> Referenced {
+    let wanted: HashSet<&str> = messages
+        .iter()
+        .filter(|m| m.item_type() == Some(REFERENCE_TYPE))
+        .filter_map(|m| m.value().get("id").and_then(serde_json::Value::as_str))
+        .collect();
+    if wanted.is_empty() {
+        return Referenced::new();
+    }
+    let log = match job.tracker.store().read(job.id).await {
+        Ok(log) => log,
+        Err(err) => {
+            tracing::warn!(conversation = %job.id, error = %err, "cannot read the items references name; the strategies read the references");
+            return Referenced::new();
+        }
+    };
+    log.lines
+        .iter()
+        .filter_map(|line| match &line.entry {
+            Entry::Message(message) => serde_json::from_str(message.message.get()).ok(),
+            _ => None,
+        })
+        .filter_map(|item: serde_json::Value| {
+            let id = item.get("id")?.as_str()?.to_owned();
+            let named =
+                wanted.contains(id.as_str()) && item.get("type")?.as_str()? != REFERENCE_TYPE;
+            named.then_some((id, item))
+        })
+        .collect()
+}
+
+/// The message as a strategy reads it: a reference as the item it names, when logged.
+fn resolved<'m>(message: &'m Message, referenced: &'m Referenced) -> &'m serde_json::Value {
+    if message.item_type() == Some(REFERENCE_TYPE) {
+        let id = message
+            .value()
+            .get("id")
+            .and_then(serde_json::Value::as_str);
+        if let Some(item) = id.and_then(|id| referenced.get(id)) {
+            return item;
+        }
+    }
+    message.value()
+}
+
 /// The history before `cut` as the strategies read it: units in the neutral form,
-/// instruction messages left out (they stay verbatim in every view).
-fn history_units(job: &Job<'_>, view: &ModelView<'_>, cut: usize) -> Vec<Unit> {
+/// instruction messages left out (they stay verbatim in every view), references as
+/// the items they name.
+fn history_units(
+    job: &Job<'_>,
+    view: &ModelView<'_>,
+    cut: usize,
+    referenced: &Referenced,
+) -> Vec<Unit> {
     let dialect = job.request.dialect();
     split_into_units(&view.live[..cut])
         .iter()
@@ -360,7 +429,7 @@ fn history_units(job: &Job<'_>, view: &ModelView<'_>, cut: usize) -> Vec<Unit> {
             messages: view.live[u.start..u.end]
                 .iter()
                 .filter(|m| !m.role.is_instruction())
-                .flat_map(|m| dialect.neutral(m.value()))
+                .flat_map(|m| dialect.neutral(resolved(m, referenced)))
                 .collect(),
         })
         .filter(|unit| !unit.messages.is_empty())
