@@ -87,15 +87,18 @@ fn raw_value(message: &Message) -> Box<RawValue> {
 impl ConversationState {
     /// The messages of a request that it carried in another form than the log holds
     /// for them: among the pinned messages of a set already logged, and among the
-    /// first `known` of `rest` (logged before, at `prefix`). `chain` is true for a
-    /// request from the root, whose positions the latest chain's keys describe.
+    /// first `known` of `rest` (logged before, at `prefix`; `keys` their bytes keys).
+    /// `same` leading messages repeat the latest chain (its digests), whose keys
+    /// describe their forms when `chain` (a request from the root).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn form_changes(
         &self,
         pinned: &[Message],
         pinned_set: Option<Digest>,
         rest: &[Message],
-        prefix: &[PrefixDigest],
+        (prefix, keys): (&[PrefixDigest], &[u128]),
         known: usize,
+        same: usize,
         chain: bool,
     ) -> FormChanges {
         let mut changes = FormChanges::default();
@@ -110,23 +113,23 @@ impl ConversationState {
         }
         // The latest chain's keys are the forms of its messages until a request
         // changes one: most of a request is the previous one's, compared without a
-        // lookup.
+        // lookup. Its first `same` chain digests are this request's.
         let last = if chain && self.chain_changes == self.form_changes {
             self.last_chain.as_slice()
         } else {
             &[]
         };
-        for (index, message) in rest.iter().enumerate().take(known) {
-            let key = message.bytes_key();
-            let slot = prefix[index];
-            if last
-                .get(index)
-                .is_some_and(|(_, at, last_key)| *at == slot && *last_key == key)
-            {
-                continue;
-            }
-            if self.known.get(&slot) != Some(&key) {
-                changes.change(self, Slot::Chain(slot), slot, message);
+        let repeated = same.min(last.len()).min(known);
+        for index in 0..known {
+            let (key, slot) = (keys[index], prefix[index]);
+            let unchanged = if index < repeated {
+                last[index].2 == key
+            } else {
+                last.get(index)
+                    .is_some_and(|(_, at, last_key)| *at == slot && *last_key == key)
+            };
+            if !unchanged && self.known.get(&slot) != Some(&key) {
+                changes.change(self, Slot::Chain(slot), slot, &rest[index]);
             }
         }
         changes

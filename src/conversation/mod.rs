@@ -271,7 +271,15 @@ impl Tracker {
         }
         let keys: Vec<u128> = rest.iter().map(Message::bytes_key).collect();
         let pinned_known = pinned_set.filter(|d| state.pinned.contains_key(d));
-        let forms = state.form_changes(pinned, pinned_known, rest, &prefix, known, sent.is_some());
+        let forms = state.form_changes(
+            pinned,
+            pinned_known,
+            rest,
+            (&prefix, &keys),
+            known,
+            same,
+            sent.is_some(),
+        );
         if let Some(sent) = &sent {
             state.keep_chain(same, sent, &prefix, &keys);
         }
