@@ -250,7 +250,9 @@ impl Tracker {
     ) -> Result<Tracked, StoreError> {
         let pinned_len = request.pinned_len();
         let (pinned, rest) = request.messages.split_at(pinned_len);
-        let mut message_digests: Vec<MessageDigest> = rest.iter().map(Message::digest).collect();
+        // Each message's facts are read once: its digest, and its bytes key for forms.
+        let (mut message_digests, keys): (Vec<MessageDigest>, Vec<u128>) =
+            rest.iter().map(|m| (m.digest(), m.bytes_key())).unzip();
         let pinned_digests: Vec<MessageDigest> = pinned.iter().map(Message::digest).collect();
         let (entry, fresh) = self.entry_loaded(&id).await?;
         let mut state = entry.lock().await;
@@ -269,7 +271,6 @@ impl Tracker {
             self.catch_up(&id, &mut state).await?;
             known = state.known_prefix(rest, &mut message_digests, &mut prefix);
         }
-        let keys: Vec<u128> = rest.iter().map(Message::bytes_key).collect();
         let pinned_known = pinned_set.filter(|d| state.pinned.contains_key(d));
         let forms = state.form_changes(
             pinned,
