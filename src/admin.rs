@@ -164,7 +164,7 @@ async fn request_as_sent(
 ) -> Result<Vec<u8>, ApiError> {
     let number: usize = number.parse().map_err(|_| {
         ApiError::invalid_request(
-            "invalid_request",
+            "invalid_request_number",
             format!("{number:?} is not a request number; requests are numbered from 1"),
         )
     })?;

@@ -651,53 +651,18 @@ async fn no_body_shape_writes_more_than_one_and_a_half_times_its_size_in_postgre
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn re_sent_forms_over_two_replicas_replay_as_the_client_sent_them() {
     let db = Postgres::start();
-    let serial = Arc::new(AtomicUsize::new(0));
-    let mock = MockUpstream::with(move |_| {
-        let n = serial.fetch_add(1, Ordering::SeqCst);
-        Reply::json(json!({
-            "id": format!("chatcmpl-{n}"), "object": "chat.completion", "created": 1, "model": "m",
-            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
-                "role": "assistant", "content": "",
-                "tool_calls": [{"id": format!("call_{n}"), "type": "function", "function": {
-                    "name": "bash", "arguments": format!("{{\"command\": \"ls {n}\"}}")}}]}}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
-        }))
-    })
-    .await;
+    let mock = support::forms::spaced_tool_caller().await;
     let replicas = [replica(&mock, &db, ""), replica(&mock, &db, "")];
     let mut messages: Vec<String> =
         vec![r#"{"role":"user","content":"List the files.\n\nReply in English."}"#.into()];
     let mut sent = Vec::new();
     for n in 0..6 {
         sent.push(messages.clone());
-        let body = format!(r#"{{"model":"m","messages":[{}]}}"#, messages.join(","));
-        let got = support::client::send(support::client::request(
-            "POST",
-            &format!("{}/v1/chat/completions", replicas[n % 2].url()),
-            &[
-                ("content-type", "application/json"),
-                ("x-handoff-conversation-id", "forms-pg"),
-            ],
-            body,
-        ))
-        .await;
-        assert_eq!(got.status, 200, "{}", got.text());
+        support::forms::turn(&replicas[n % 2].url(), "forms-pg", &mut messages).await;
         if n == 0 {
             // From now on the turn goes without the reminder, as aider sends it.
             messages[0] = r#"{"role":"user","content":"List the files."}"#.into();
         }
-        let call = &got.json()["choices"][0]["message"]["tool_calls"][0];
-        let arguments: Value =
-            serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
-        messages.push(format!(
-            r#"{{"role":"assistant","content":null,"tool_calls":[{{"id":{},"type":"function","function":{{"name":"bash","arguments":{}}}}}]}}"#,
-            call["id"],
-            Value::String(arguments.to_string())
-        ));
-        messages.push(format!(
-            r#"{{"role":"tool","tool_call_id":{},"content":"a.rs"}}"#,
-            call["id"]
-        ));
     }
     assert_eq!(
         db.count("SELECT count(*) FROM handoff_lines WHERE kind = 'form'"),
@@ -706,11 +671,8 @@ async fn re_sent_forms_over_two_replicas_replay_as_the_client_sent_them() {
     );
     for (n, request) in sent.iter().enumerate() {
         let number = (n + 1).to_string();
-        let output = replicas[(n + 1) % 2].audit(&["replay", "forms-pg", "--request", &number]);
-        assert!(output.status.success(), "{output:?}");
-        let replay: Vec<Box<serde_json::value::RawValue>> =
-            serde_json::from_slice(&output.stdout).unwrap();
-        let replay: Vec<&str> = replay.iter().map(|m| m.get()).collect();
+        let replay =
+            replicas[(n + 1) % 2].replay_raw(&["replay", "forms-pg", "--request", &number]);
         assert_eq!(replay[..request.len()], request[..], "request {number}");
     }
     replicas[0].assert_verified(&["forms-pg"]);

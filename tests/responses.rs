@@ -389,15 +389,6 @@ async fn send_items(proxy: &Proxy, items: &[String]) -> Vec<Value> {
     got.json()["output"].as_array().unwrap().clone()
 }
 
-/// Each item of `audit replay`, exactly as printed.
-fn replay_raw(proxy: &Proxy, args: &[&str]) -> Vec<String> {
-    let output = proxy.audit(args);
-    assert!(output.status.success(), "{output:?}");
-    let items: Vec<Box<serde_json::value::RawValue>> =
-        serde_json::from_slice(&output.stdout).unwrap();
-    items.iter().map(|i| i.get().to_owned()).collect()
-}
-
 /// A session as the Vercel AI SDK's default OpenAI provider sends it (the Responses
 /// API, `store` left at the API's default): each earlier reasoning item and assistant
 /// message re-sent as an `item_reference`, each `function_call` without `status` and
@@ -476,12 +467,12 @@ async fn an_ai_sdk_session_of_references_is_one_branch_and_replays_exactly() {
         );
     }
     // The last request, item for item and byte for byte, then its reply.
-    let replay = replay_raw(&proxy, &["replay", &id]);
+    let replay = proxy.replay_raw(&["replay", &id]);
     assert_eq!(replay.len(), last_request.len() + 1, "{replay:?}");
     assert_eq!(replay[..last_request.len()], last_request[..]);
     assert!(replay[last_request.len()].contains(r#""type":"message""#));
     // Any request by its number: the first, as sent.
-    let first = replay_raw(&proxy, &["replay", &id, "--request", "1"]);
+    let first = proxy.replay_raw(&["replay", &id, "--request", "1"]);
     assert_eq!(first[..first_request.len()], first_request[..]);
     let outside = proxy.audit(&["replay", &id, "--request", "999"]);
     assert!(!outside.status.success());

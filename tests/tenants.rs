@@ -512,13 +512,7 @@ async fn a_data_dir_from_before_tenants_moves_to_the_legacy_tenant() {
     );
     assert_eq!(replay[3]["content"], "second question");
     // Each request of a log written before forms rebuilds from its originals.
-    let raw = |args: &[&str]| -> Vec<String> {
-        let output = proxy.audit(args);
-        assert!(output.status.success(), "{output:?}");
-        let items: Vec<Box<serde_json::value::RawValue>> =
-            serde_json::from_slice(&output.stdout).unwrap();
-        items.iter().map(|i| i.get().to_owned()).collect()
-    };
+    let raw = |args: &[&str]| proxy.replay_raw(args);
     let first = raw(&["replay", "old-1", "--request", "1"]);
     assert_eq!(
         first[..2],

@@ -498,64 +498,33 @@ async fn admin_lists_conversations_in_pages() {
 
 /// A model that writes tool-call arguments with spaces (`{"command": "ls"}`), and a
 /// client that parses them and re-sends them compact (`{"command":"ls"}`), as opencode
-/// does: one branch, and `audit replay` gives every request as the client sent it.
+/// does, across a restart: one branch, and `audit replay` gives every request as the
+/// client sent it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn re_serialised_tool_arguments_replay_as_the_client_sent_them() {
-    let serial = Arc::new(AtomicUsize::new(0));
-    let mock = MockUpstream::with(move |_| {
-        let n = serial.fetch_add(1, Ordering::SeqCst);
-        Reply::json(json!({
-            "id": format!("chatcmpl-{n}"), "object": "chat.completion", "created": 1, "model": "m",
-            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
-                "role": "assistant", "content": "",
-                "tool_calls": [{"id": format!("call_{n}"), "type": "function", "function": {
-                    "name": "bash", "arguments": format!("{{\"command\": \"ls -la {n}\", \"n\": {n}}}")}}]}}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
-        }))
-    })
-    .await;
-    let proxy = Proxy::start(&mock.url());
+    let mock = support::forms::spaced_tool_caller().await;
+    let data = tempfile::tempdir().unwrap();
+    let options = || ProxyOptions {
+        data_dir: Some(data.path().to_owned()),
+        ..ProxyOptions::default()
+    };
+    let mut proxy = Proxy::start_with(&mock.url(), options());
     let mut messages: Vec<String> =
         vec![r#"{"role":"user","content":"List the files, ten times."}"#.into()];
     let mut sent = Vec::new();
-    for _ in 0..10 {
+    for turn in 0..10 {
+        if turn == 5 {
+            // A restart reads the forms back from the log.
+            proxy.kill9();
+            proxy = Proxy::start_with(&mock.url(), options());
+        }
         sent.push(messages.clone());
-        let body = format!(r#"{{"model":"m","messages":[{}]}}"#, messages.join(","));
-        let got = client::send(request(
-            "POST",
-            &format!("{}/v1/chat/completions", proxy.url()),
-            &[
-                ("content-type", "application/json"),
-                ("x-handoff-conversation-id", "spaced"),
-            ],
-            body,
-        ))
-        .await;
-        assert_eq!(got.status, 200, "{}", got.text());
-        let call = &got.json()["choices"][0]["message"]["tool_calls"][0];
-        let arguments: Value =
-            serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
-        messages.push(format!(
-            r#"{{"role":"assistant","content":null,"tool_calls":[{{"id":{},"type":"function","function":{{"name":"bash","arguments":{}}}}}]}}"#,
-            call["id"],
-            Value::String(arguments.to_string())
-        ));
-        messages.push(format!(
-            r#"{{"role":"tool","tool_call_id":{},"content":"a.rs b.rs"}}"#,
-            call["id"]
-        ));
+        support::forms::turn(&proxy.url(), "spaced", &mut messages).await;
     }
     assert_eq!(proxy.conversations()[0]["branches"], 1);
-    let raw = |args: &[&str]| -> Vec<String> {
-        let output = proxy.audit(args);
-        assert!(output.status.success(), "{output:?}");
-        let items: Vec<Box<serde_json::value::RawValue>> =
-            serde_json::from_slice(&output.stdout).unwrap();
-        items.iter().map(|i| i.get().to_owned()).collect()
-    };
     for (n, request) in sent.iter().enumerate() {
         let number = (n + 1).to_string();
-        let replay = raw(&["replay", "spaced", "--request", &number]);
+        let replay = proxy.replay_raw(&["replay", "spaced", "--request", &number]);
         assert_eq!(replay[..request.len()], request[..], "request {number}");
         // Its reply as the model wrote it, spaces and all.
         assert!(
@@ -564,7 +533,7 @@ async fn re_serialised_tool_arguments_replay_as_the_client_sent_them() {
             replay[request.len()]
         );
     }
-    let latest = raw(&["replay", "spaced"]);
+    let latest = proxy.replay_raw(&["replay", "spaced"]);
     assert_eq!(latest[..sent[9].len()], sent[9][..]);
     let show = String::from_utf8(proxy.audit(&["show", "spaced"]).stdout).unwrap();
     assert_eq!(

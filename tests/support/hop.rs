@@ -141,11 +141,8 @@ async fn pass_on(
 /// that request had. The conversation's requests are those whose first message is the
 /// replay's first.
 pub fn assert_replay_exact(proxy: &super::Proxy, id: &str, sent: &[Sent]) -> usize {
-    let output = proxy.audit(&["replay", id]);
-    assert!(output.status.success(), "{output:?}");
-    let replay: Vec<Box<RawValue>> = serde_json::from_slice(&output.stdout).unwrap();
-    let replay: Vec<&str> = replay.iter().map(|m| m.get()).collect();
-    let first = replay.first().copied().unwrap_or_default();
+    let replay = proxy.replay_raw(&["replay", id]);
+    let first = replay.first().map(String::as_str).unwrap_or_default();
     let last = sent
         .iter()
         .rev()

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod client;
+pub mod forms;
 pub mod hop;
 pub mod postgres;
 pub mod scenario;
@@ -274,6 +275,16 @@ impl Proxy {
             String::from_utf8_lossy(&output.stderr)
         );
         serde_json::from_slice(&output.stdout).expect("replay is JSON")
+    }
+
+    /// `audit ARGS` (a replay), each element of the array exactly as printed: the
+    /// bytes the client sent, not re-serialised.
+    pub fn replay_raw(&self, args: &[&str]) -> Vec<String> {
+        let output = self.audit(args);
+        assert!(output.status.success(), "{output:?}");
+        let items: Vec<Box<serde_json::value::RawValue>> =
+            serde_json::from_slice(&output.stdout).expect("replay is JSON");
+        items.iter().map(|i| i.get().to_owned()).collect()
     }
 
     /// The data folder.
