@@ -7,15 +7,13 @@
 //! form once, and a request line names the messages it carried in another form than
 //! the one they last had, so `audit replay` rebuilds every request byte for byte.
 
-use serde_json::value::RawValue;
-
 use super::state::ConversationState;
 use crate::base::digest::{bytes_digest, Digest, PrefixDigest};
 use crate::base::line::{edit_between, pinned_slot, Entry, FormLine, Line};
+use crate::dialect::Message;
 
 /// About what an edit's two offsets cost over the bytes it inserts.
 const EDIT_OVERHEAD: usize = 24;
-use crate::dialect::Message;
 
 /// The forms a request carried that the log does not yet name for its messages.
 #[derive(Default)]
@@ -70,7 +68,7 @@ impl FormChanges {
             self.lines.push(Line::now(Entry::Form(FormLine {
                 digest: form,
                 of: matches!(slot, Slot::Chain(_)).then_some(named),
-                message: edit.is_none().then(|| raw_value(message)),
+                message: edit.is_none().then(|| message.raw.to_raw_value()),
                 edit,
             })));
             self.new_forms.push((form, key));
@@ -78,10 +76,6 @@ impl FormChanges {
         self.entries.push((named, form));
         self.keys.push((slot, key));
     }
-}
-
-fn raw_value(message: &Message) -> Box<RawValue> {
-    message.raw.to_raw_value()
 }
 
 impl ConversationState {
