@@ -265,9 +265,11 @@ impl Tracker {
         let sent = (base.is_none()).then(|| message_digests[same..].to_vec());
         // Prefix-closed: if d[i] is logged, so is every d[j < i].
         let mut known = state.known_prefix(rest, &mut message_digests, &mut prefix);
-        if known < rest.len() && self.store.shared() && !fresh {
+        if self.store.shared() && !fresh {
             // New to this replica; perhaps not to the others (a reply another replica
-            // logged, echoed back): read what they wrote before logging anything.
+            // logged, echoed back): read what they wrote before logging anything. A
+            // request of known messages too: another replica may have logged other
+            // forms of them since, and this one's forms are named against the log's.
             self.catch_up(&id, &mut state).await?;
             known = state.known_prefix(rest, &mut message_digests, &mut prefix);
         }
