@@ -264,6 +264,14 @@ mod tests {
         // One conversation, one branch: the forms merged onto the logged messages.
         assert_eq!(Tree::new(&log).tips().len(), 1);
 
+        // A regenerate from an earlier turn adds no message, but is a request of its
+        // own; the same again is a retry, and writes nothing.
+        send(&tracker, chat, &[system2, ask2, call2, result]).await;
+        send(&tracker, chat, &[system2, ask2, call2, result]).await;
+        let requests = rebuilt(store.as_ref()).await;
+        assert_eq!(requests.len(), 4);
+        assert_eq!(requests[3].0, [system2, ask2, call2, result]);
+
         // A tracker that starts from the log knows the forms: the same request again
         // with one more message writes no form.
         let again = Tracker::new(store.clone(), 10);
@@ -278,7 +286,7 @@ mod tests {
         assert_eq!(forms_written(&log), 4);
         let requests = rebuilt(store.as_ref()).await;
         assert_eq!(
-            requests[3].0,
+            requests[4].0,
             [system2, ask2, call2, result, done2, next, more]
         );
     }

@@ -315,8 +315,17 @@ impl Tracker {
                 );
             }
         }
-        if known == rest.len() && lines.is_empty() && forms.is_empty() {
-            // A retry or a repeat adds nothing to the log: no write, and the lock is brief.
+        let this_request = state::LastRequest {
+            head: prefix.last().copied(),
+            pinned: pinned_set,
+            floated: request.floated.clone(),
+            form_changes: state.form_changes,
+        };
+        let repeat = state.last_request.as_ref() == Some(&this_request);
+        if known == rest.len() && lines.is_empty() && forms.is_empty() && repeat {
+            // A retry or a repeat of the latest request adds nothing to the log: no
+            // write, and the lock is brief. (A request of known messages that is not
+            // one, a regenerate from an earlier turn, gets its own request line.)
             if sent.is_some() {
                 state.chain_changes = state.form_changes;
             }
@@ -370,6 +379,10 @@ impl Tracker {
         if sent.is_some() {
             state.chain_changes = state.form_changes;
         }
+        state.last_request = Some(state::LastRequest {
+            form_changes: state.form_changes,
+            ..this_request
+        });
         self.reweigh(&id, &entry, &state).await;
         Ok(Tracked {
             id,

@@ -59,6 +59,18 @@ pub struct ConversationState {
     /// The originals the latest request logged and the replies to it, as the bases of
     /// the forms the next request is likely to re-send them in.
     pub(super) recent: Vec<(PrefixDigest, Box<str>)>,
+    /// The latest request line's head, pinned set and floated places, with
+    /// `form_changes` then: a request equal to it in all four repeats it byte for byte.
+    pub(super) last_request: Option<LastRequest>,
+}
+
+/// What makes a request of known messages a repeat of the latest request line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct LastRequest {
+    pub head: Option<PrefixDigest>,
+    pub pinned: Option<Digest>,
+    pub floated: Vec<usize>,
+    pub form_changes: u64,
 }
 
 /// The bytes of recent originals a conversation keeps; a larger one's forms are
@@ -440,7 +452,15 @@ impl ConversationState {
                         .map_or(UNKNOWN_FORM, |bytes| keyed_hash(bytes.as_bytes()));
                     state.forms.insert(form.digest, key);
                 }
-                Entry::Request(request) => state.follow_forms(request),
+                Entry::Request(request) => {
+                    state.follow_forms(request);
+                    state.last_request = Some(LastRequest {
+                        head: request.head,
+                        pinned: request.pinned,
+                        floated: request.floated.clone(),
+                        form_changes: state.form_changes,
+                    });
+                }
                 Entry::CompactBoundary(_) | Entry::Rescue(_) | Entry::Adopt(_) => {}
             }
         }
