@@ -57,6 +57,17 @@ async fn three_hundred_sdk_requests_replay_exactly() {
     for (index, (got, want)) in replayed.iter().zip(&expected).enumerate() {
         assert_eq!(canonical(got), canonical(want), "message {index} differs");
     }
+    // Byte for byte too: the SDK's last request reached the mock uncompacted, each
+    // message as the SDK wrote it, and the replay gives those bytes back.
+    let last = mock.requests().pop().unwrap();
+    let sent = support::hop::Sent {
+        path: last.target.clone(),
+        body: last.body.clone(),
+    }
+    .messages()
+    .unwrap();
+    let raw = proxy.replay_raw(&["replay", summary["id"].as_str().unwrap()]);
+    assert_eq!(raw[..sent.len()], sent[..], "the replay is the SDK's bytes");
     // Client messages are logged byte for byte, not re-serialised.
     let user_messages: Vec<&Value> = replayed.iter().filter(|m| m["role"] == "user").collect();
     assert_eq!(user_messages.len(), 150);
