@@ -223,7 +223,20 @@ async fn compact_now(
         .map_err(ApiError::from)?;
     let snap = state.snapshot();
     let upstream = snap.upstream_in(request.dialect, &request.model);
-    let budget = RequestBudget::new(&snap.config, &request, &state.tokens).ok_or_else(|| {
+    // The budget the latest request was decided with: the log keeps its messages, not
+    // its `max_tokens` or `tools`, which its decision recorded.
+    let decided = crate::audit::request_figures(&log)
+        .iter()
+        .rev()
+        .find_map(|figure| figure.decision)
+        .map(|d| (d.reserved, d.tools));
+    let budget = match decided {
+        Some((reserved, tools)) => {
+            RequestBudget::recorded(&snap.config, &request.model, reserved, tools)
+        }
+        None => RequestBudget::new(&snap.config, &request, &state.tokens),
+    };
+    let budget = budget.ok_or_else(|| {
         ApiError::invalid_request(
             "compaction_unavailable",
             format!(
@@ -306,9 +319,20 @@ async fn compact_now(
         .as_ref()
         .map(|adopted| serde_json::to_value(&adopted.record).unwrap_or_default())
         .unwrap_or_default();
-    Ok(
-        json!({"conversation": id.to_string(), "tenant": id.tenant().to_string(), "compaction": record}),
-    )
+    let aimed = json!({
+        "from": if decided.is_some() { "decision" } else { "config" },
+        "window": budget.model.context_window,
+        "reserved": budget.model.context_window.saturating_sub(budget.input_budget),
+        "input_budget": budget.input_budget,
+        "trigger": budget.threshold,
+        "tools_tokens": budget.tools_tokens,
+    });
+    Ok(json!({
+        "conversation": id.to_string(),
+        "tenant": id.tenant().to_string(),
+        "compaction": record,
+        "budget": aimed,
+    }))
 }
 
 /// [`read_conversation`], with 404 for a conversation that has no line.

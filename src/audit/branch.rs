@@ -36,8 +36,11 @@ impl<'a> Tree<'a> {
                     tree.pinned.entry(pinned.digest).or_insert(pinned);
                 }
                 Entry::Request(request) => tree.requests.push(request),
-                Entry::CompactBoundary(_) | Entry::Rescue(_) | Entry::Adopt(_) | Entry::Form(_) => {
-                }
+                Entry::CompactBoundary(_)
+                | Entry::Rescue(_)
+                | Entry::Adopt(_)
+                | Entry::Form(_)
+                | Entry::Decision(_) => {}
             }
         }
         tree

@@ -2,6 +2,7 @@
 //! server writes (appends only ever add whole lines).
 
 mod branch;
+mod figures;
 mod sent;
 mod summary;
 mod timeline;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 pub use branch::Tree;
+pub use figures::{compacted_here, request_figures, RequestFigures};
 pub use sent::{sent_requests, Forms, RebuildProblem, SentRequest};
 pub use summary::{summarize, ConversationSummary};
 pub use timeline::{next_view, timeline};
@@ -158,6 +160,8 @@ impl Audit {
             summary.branches,
             summary.models.join(",")
         )?;
+        let figures = request_figures(&log);
+        let first_uses = compacted_here(figures.iter().map(RequestFigures::compaction));
         let mut requests = 0;
         for line in &log.lines {
             match &line.entry {
@@ -219,7 +223,7 @@ impl Audit {
                 )?,
                 Entry::Request(request) => writeln!(
                     out,
-                    "{}  request  #{} model={} stream={} new={} head={}{}{}",
+                    "{}  request  #{} model={} stream={} new={} head={}{}{}{}",
                     line.at,
                     {
                         requests += 1;
@@ -238,8 +242,14 @@ impl Audit {
                         "  SERVER-HELD (history kept by the upstream; never rewritten)"
                     } else {
                         ""
-                    }
+                    },
+                    figures
+                        .get(requests - 1)
+                        .map(|f| shown_figures(f, first_uses.get(requests - 1) == Some(&true)))
+                        .unwrap_or_default()
                 )?,
+                // Shown with its request.
+                Entry::Decision(_) => {}
                 Entry::Adopt(adopt) => writeln!(
                     out,
                     "{}  ADOPTED  prepared compaction {} head={}: {} message(s) arrived since it was prepared",
@@ -444,6 +454,58 @@ fn rebuilt<'r, 'a>(
 ) -> Result<&'r SentRequest<'a>, AuditError> {
     sent.as_ref()
         .map_err(|problem| AuditError::Rebuild(problem.number, problem.reason.clone()))
+}
+
+/// A request's figures on its `audit show` line: the budget and trigger it was
+/// measured against, the calibrated estimate of what was sent (`~`), the provider's
+/// count, and what happened when it was not a plain send.
+fn shown_figures(figure: &RequestFigures<'_>, compacted_here: bool) -> String {
+    let mut shown = String::new();
+    if let Some(d) = figure.decision {
+        shown.push_str(&format!(
+            "\n{:>26}budget={} (window {} - reserved {}) trigger={}",
+            "", d.input_budget, d.window, d.reserved, d.trigger
+        ));
+        if let Some(estimate) = d.estimate {
+            shown.push_str(&format!(" sent~{estimate}"));
+        }
+        if let Some(local) = d.local.filter(|local| Some(*local) != d.estimate) {
+            shown.push_str(&format!(" (local {local})"));
+        }
+        if d.tools > 0 {
+            shown.push_str(&format!(" tools={}", d.tools));
+        }
+    }
+    if let Some(provider) = figure.provider {
+        shown.push_str(&format!(" provider={provider}"));
+    }
+    let Some(d) = figure.decision else {
+        return shown;
+    };
+    if let Some(compaction) = &d.compaction {
+        let mark = if compacted_here {
+            "COMPACTED HERE"
+        } else {
+            "with"
+        };
+        shown.push_str(&format!(" {mark} {compaction}"));
+    }
+    if let Some(over) = &d.over {
+        shown.push_str(&format!(" OVER THE TRIGGER ({over})"));
+    }
+    if d.retries > 0 {
+        shown.push_str(&format!(" after {} refused view(s)", d.retries));
+    }
+    if let Some(code) = &d.refused {
+        shown.push_str(&format!(
+            " REFUSED {code}: {}",
+            strip_controls(d.detail.as_deref().unwrap_or_default())
+        ));
+    }
+    if let Some(status) = d.upstream_status {
+        shown.push_str(&format!(" UPSTREAM ANSWERED {status}"));
+    }
+    shown
 }
 
 /// The start of a message's text, on one line, and the tools it calls: read in the

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::{summarize, Tree};
+use super::{compacted_here, request_figures, summarize, RequestFigures, Tree};
 use crate::base::digest::{message_digest, PrefixDigest};
 use crate::base::line::{Entry, MessageLine, RequestLine, RescueLine};
 use crate::compaction::budget::RequestBudget;
@@ -47,7 +47,14 @@ pub fn timeline(
     // Each message is parsed and counted once; requests sum these.
     let mut message_tokens: HashMap<PrefixDigest, u64> = HashMap::new();
     let mut events = Vec::new();
-    let mut pending: Option<(usize, (&str, &RequestLine))> = None;
+    let figures = request_figures(log);
+    // Requests without a logged decision are sized as the next request comes: a
+    // compaction this request triggered is committed after its line, and the view sent
+    // carried it.
+    let mut pending: Option<(usize, &RequestLine)> = None;
+    let mut rebuilt: Vec<Option<Sent>> = vec![None; figures.len()];
+    // Where each request's event sits in `events`.
+    let mut request_events: Vec<usize> = Vec::with_capacity(figures.len());
     let mut requests = 0usize;
     let mut rescues: HashMap<Option<PrefixDigest>, &RescueLine> = HashMap::new();
     for line in &log.lines {
@@ -92,26 +99,24 @@ pub fn timeline(
                 }));
             }
             Entry::Request(request) => {
-                // Sized once the next request comes: a compaction this request triggered
-                // is committed after its line, and the view sent carried it.
-                if let Some((at, earlier)) = pending.take() {
-                    let sent = sized(
+                if let Some((index, earlier)) = pending.take() {
+                    rebuilt[index] = Some(sized(
                         &tree,
                         &committed,
                         &adoption.adopted,
                         &message_tokens,
                         &rescues,
                         &count,
-                        earlier.1,
-                    );
-                    let number = events[at]["number"].take();
-                    events[at] = request_event(earlier, &sent);
-                    events[at]["number"] = number;
+                        earlier,
+                    ));
                 }
-                pending = Some((events.len(), (line.at.as_str(), request)));
-                // Numbered as `audit replay --request N` and the requests endpoint take it.
+                let logged = figures.get(requests).is_some_and(|f| f.decision.is_some());
+                if !logged {
+                    pending = Some((requests, request));
+                }
+                request_events.push(events.len());
+                events.push(request_event(line.at.as_str(), request));
                 requests += 1;
-                events.push(json!({"number": requests}));
             }
             Entry::Rescue(rescue) => {
                 rescues.insert(rescue.head, rescue);
@@ -161,6 +166,8 @@ pub fn timeline(
                     "attempts": record.attempts,
                     "usage": record.usage,
                     "handoff": handoff_text(&record.handoff),
+                    // A prepared record waits for the first request that could adopt it.
+                    "waiting_from": record.prepared.as_ref().map(|_| requests + 1),
                 }));
             }
             Entry::Form(form) => events.push(json!({
@@ -170,6 +177,8 @@ pub fn timeline(
                 "of": form.of.map(|o| o.to_hex()),
                 "edit": form.edit.is_some(),
             })),
+            // Its figures are the request's event's.
+            Entry::Decision(_) => {}
             Entry::Pinned(pinned) => events.push(json!({
                 "type": "pinned",
                 "at": line.at,
@@ -178,22 +187,55 @@ pub fn timeline(
             })),
         }
     }
-    if let Some((at, last)) = pending.take() {
-        let sent = sized(
+    if let Some((index, last)) = pending.take() {
+        rebuilt[index] = Some(sized(
             &tree,
             &committed,
             &adoption.adopted,
             &message_tokens,
             &rescues,
             &count,
-            last.1,
-        );
-        let number = events[at]["number"].take();
-        events[at] = request_event(last, &sent);
-        events[at]["number"] = number;
+            last,
+        ));
     }
+    let fallback = rebuilt
+        .iter()
+        .any(Option::is_some)
+        .then(|| budget_of(&tree, config, tokens));
+    let sent: Vec<Option<String>> = figures
+        .iter()
+        .zip(&rebuilt)
+        .map(|(figure, rebuilt)| match (figure.decision, rebuilt) {
+            (Some(decision), _) => decision.compaction.clone(),
+            (None, Some(rebuilt)) => rebuilt.compaction.clone(),
+            (None, None) => None,
+        })
+        .collect();
+    let first_uses = compacted_here(sent.iter().map(Option::as_deref));
+    for (index, figure) in figures.iter().enumerate() {
+        let Some(event) = request_events.get(index).and_then(|&at| events.get_mut(at)) else {
+            continue;
+        };
+        let rescued = figure.head.is_some_and(|h| rescues.contains_key(&Some(h)));
+        add_figures(event, figure, rebuilt[index].as_ref(), fallback, rescued);
+        event["compacted_here"] = json!(first_uses[index]);
+    }
+    // A prepared record is waiting from its commit to the first request that used it.
+    for event in &mut events {
+        if event["type"] != "compaction" || event["waiting_from"].is_null() {
+            continue;
+        }
+        let id = event["id"].as_str().unwrap_or_default();
+        let adopted = sent.iter().position(|c| c.as_deref() == Some(id));
+        event["adopted_at"] = json!(adopted.map(|at| at + 1));
+    }
+    let latest = figures.iter().rev().find_map(|f| f.decision);
     let uncommitted = adoption.uncommitted.clone();
-    let (window, trigger, input_budget) = budget_of(&tree, config, tokens);
+    let (window, trigger, input_budget) = match (latest, fallback) {
+        (Some(d), _) => (Some(d.window), Some(d.trigger), Some(d.input_budget)),
+        (None, Some(fallback)) => fallback,
+        (None, None) => budget_of(&tree, config, tokens),
+    };
     let mut value = serde_json::to_value(summarize(id, log)).unwrap_or(Value::Null);
     value["dialect"] = json!(tree.dialect().name());
     value["events"] = Value::Array(events);
@@ -212,13 +254,12 @@ pub fn timeline(
     value
 }
 
-/// What a request was sent with, for its timeline event.
+/// What a request was sent with, rebuilt for a log without its decision.
+#[derive(Clone)]
 struct Sent {
     tokens: Option<u64>,
     compaction: Option<String>,
-    rescued: bool,
 }
-
 /// What `request` was sent with: the compactions committed so far, and its rescue.
 fn sized(
     tree: &Tree<'_>,
@@ -245,12 +286,11 @@ fn sized(
     Sent {
         tokens: estimate.as_ref().map(|(t, _)| t.saturating_sub(saved)),
         compaction: estimate.and_then(|(_, c)| c),
-        rescued: rescue.is_some(),
     }
 }
 
-/// A request's timeline event.
-fn request_event((at, request): (&str, &RequestLine), sent: &Sent) -> Value {
+/// A request's timeline event, before its figures.
+fn request_event(at: &str, request: &RequestLine) -> Value {
     json!({
         "type": "request",
         "at": at,
@@ -260,10 +300,60 @@ fn request_event((at, request): (&str, &RequestLine), sent: &Sent) -> Value {
         "new_messages": request.new_messages,
         "forms": request.forms.iter().map(|(slot, form)| json!({"of": slot.to_hex(), "form": form.to_hex()})).collect::<Vec<_>>(),
         "server_held": request.server_held.unwrap_or(false),
-        "estimated_tokens": sent.tokens,
-        "compaction": sent.compaction,
-        "rescued": sent.rescued,
     })
+}
+
+/// Adds a request's figures to its event: the logged decision's, else `rebuilt` with
+/// the `fallback` budget (the latest request's, from today's config), marked estimated.
+fn add_figures(
+    event: &mut Value,
+    figure: &RequestFigures<'_>,
+    rebuilt: Option<&Sent>,
+    fallback: Option<(Option<u64>, Option<u64>, Option<u64>)>,
+    rescued: bool,
+) {
+    event["number"] = json!(figure.number);
+    event["provider_tokens"] = json!(figure.provider);
+    event["rescued"] = json!(rescued);
+    if let Some(d) = figure.decision {
+        let fields = json!({
+            "estimated": false,
+            "estimated_tokens": d.estimate,
+            "local_tokens": d.local,
+            "compaction": d.compaction,
+            "window": d.window,
+            "reserved": d.reserved,
+            "input_budget": d.input_budget,
+            "trigger": d.trigger,
+            "tools_tokens": d.tools,
+            "over": d.over,
+            "retries": d.retries,
+            "refused": d.refused,
+            "refusal": d.detail,
+            "upstream_status": d.upstream_status,
+        });
+        merge(event, fields);
+        return;
+    }
+    let (window, trigger, input_budget) = fallback.unwrap_or_default();
+    merge(
+        event,
+        json!({
+            "estimated": true,
+            "estimated_tokens": rebuilt.and_then(|r| r.tokens),
+            "compaction": rebuilt.and_then(|r| r.compaction.clone()),
+            "window": window,
+            "input_budget": input_budget,
+            "trigger": trigger,
+        }),
+    );
+}
+
+/// Copies the fields of `fields` into `event`.
+fn merge(event: &mut Value, fields: Value) {
+    if let (Some(event), Value::Object(fields)) = (event.as_object_mut(), fields) {
+        event.extend(fields);
+    }
 }
 
 /// Tokens a rescue took out of a request's view: each shortened message's count, in

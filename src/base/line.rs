@@ -19,8 +19,11 @@ pub const RUN_VERSION: u32 = 2;
 /// Version of a `form` line.
 pub const FORM_VERSION: u32 = 3;
 
+/// Version of a `decision` line.
+pub const DECISION_VERSION: u32 = 4;
+
 /// The newest version a reader accepts.
-pub const NEWEST_VERSION: u32 = FORM_VERSION;
+pub const NEWEST_VERSION: u32 = DECISION_VERSION;
 
 /// Who produced an original.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +70,7 @@ impl Line {
             "rescue" => Entry::Rescue(serde_json::from_slice(bytes)?),
             "adopt" => Entry::Adopt(serde_json::from_slice(bytes)?),
             "form" => Entry::Form(serde_json::from_slice(bytes)?),
+            "decision" => Entry::Decision(serde_json::from_slice(bytes)?),
             _ => return Err(LineError::UnknownKind(header.kind)),
         };
         Ok(Self {
@@ -110,6 +114,7 @@ impl Line {
     pub fn now(entry: Entry) -> Self {
         let v = match entry {
             Entry::Form(_) => FORM_VERSION,
+            Entry::Decision(_) => DECISION_VERSION,
             _ => FORMAT_VERSION,
         };
         Self {
@@ -139,6 +144,70 @@ pub enum Entry {
     /// Another form of a logged message, as a client re-sent it: written once per
     /// distinct form, and named by the request lines that carried it.
     Form(FormLine),
+    /// What the proxy decided for a request: the budget, the count, the view it sent.
+    Decision(DecisionLine),
+}
+
+/// What the proxy decided for one request: the budget it measured the view against,
+/// the calibrated count it measured, and which view it sent (or why it sent none).
+///
+/// A line of its own, after the request's: the request line is written before the
+/// view is fitted (the originals are on disk before anything goes upstream), a
+/// compaction the request ran is committed in between, and a reactive retry may send
+/// another view. It is written with the reply, so it costs no write of its own, or
+/// alone when there is no reply to log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecisionLine {
+    /// Chain digest of the request's last non-pinned message: the request it decides.
+    pub head: Option<PrefixDigest>,
+    /// The model's context window.
+    pub window: u64,
+    /// Output reserved for the reply: the request's `max_tokens` (or its dialect's
+    /// name for it), else the model's default.
+    pub reserved: u64,
+    /// Window − reserved output: the hard limit of a view.
+    pub input_budget: u64,
+    /// `compaction.trigger` × input budget: a view estimated over it is compacted.
+    pub trigger: u64,
+    /// Local tokens of the request's `tools`, counted in every estimate.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tools: u64,
+    /// The calibrated estimate of the view sent, or of the view refused: the count
+    /// compared with the trigger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<u64>,
+    /// The local count that estimate was calibrated from; the same number until a
+    /// reply reported usage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<u64>,
+    /// The compaction the view sent was built on; absent when it was the originals.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<String>,
+    /// Why a view over the trigger was sent: `newest_unit` (nothing more to cut, and
+    /// it fits the input budget), `rescued` (tool bodies shortened), `guess` (over the
+    /// budget by an uncalibrated count, within a factor of two).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub over: Option<String>,
+    /// Views the upstream refused for their size before this one was sent.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub retries: u32,
+    /// The error code when handoff refused the request itself (no view fits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+    /// The refusal's message, with its numbers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// The upstream's status when it answered with an error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_status: Option<u16>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The slot a request line's `forms` names the `index`th message of the pinned set

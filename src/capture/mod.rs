@@ -17,6 +17,7 @@ use std::time::Duration;
 pub use stream::ReplyCapture;
 
 use crate::base::digest::{message_digest, PrefixDigest};
+use crate::base::line::{DecisionLine, Entry, Line};
 use crate::base::object_fields::REFERENCE_TYPE;
 use crate::base::outcome::Outcome;
 use crate::base::reply::Assembled;
@@ -56,6 +57,8 @@ pub struct ReplyTarget {
     /// the API expands a reference to the item it names, so a later request carrying
     /// the reference is estimated at the item's size.
     pub references: Option<(Arc<Tokens>, Tokenizer)>,
+    /// What the proxy decided for the request: logged before the replies.
+    pub decision: Option<DecisionLine>,
 }
 
 /// Counts each item of `items` that has an `id` under the digest of a reference to it,
@@ -89,6 +92,7 @@ impl ReplyTarget {
             response_id,
         } = assembled;
         if replies.is_empty() {
+            self.note_decision().await;
             return Ok(());
         }
         let complete = ended == Outcome::Complete;
@@ -120,6 +124,7 @@ impl ReplyTarget {
             response_id,
             conversation: self.conversation.clone(),
             incomplete: (!complete).then_some(ended),
+            decision: self.decision.clone(),
         };
         let written =
             tokio::time::timeout(LOG_DEADLINE, self.tracker.record_replies(&self.id, batch)).await;
@@ -132,6 +137,18 @@ impl ReplyTarget {
             Err(_) => format!("logging took longer than {LOG_DEADLINE:?}"),
         };
         self.unlogged("storage", &reason)
+    }
+
+    /// Logs the decision alone, for an answer with no reply to log it with. A failed
+    /// write loses only the note.
+    async fn note_decision(&self) {
+        let Some(decision) = self.decision.clone() else {
+            return;
+        };
+        let line = Line::now(Entry::Decision(decision));
+        if let Err(err) = self.tracker.store().append(&self.id, vec![line]).await {
+            tracing::warn!(conversation = %self.id, error = %err, "cannot log the request's decision");
+        }
     }
 
     /// Counts and reports a reply that did not reach the log.
@@ -161,6 +178,7 @@ impl ReplyTarget {
                 tracing::warn!(conversation = %self.id, error = %err, "reply is not readable in its dialect; not logged");
                 self.metrics
                     .add(REPLIES_UNLOGGED, &[("cause", "unreadable")], 1.0);
+                self.note_decision().await;
                 Ok(())
             }
         }

@@ -16,6 +16,7 @@
 
 mod admit;
 mod charged;
+mod decided;
 mod reply;
 mod send;
 
@@ -34,7 +35,7 @@ use crate::base::digest::PrefixDigest;
 use crate::body::{chunked, ProxyBody};
 use crate::compaction::budget::RequestBudget;
 use crate::compaction::chain::Chain;
-use crate::compaction::service::{CompactError, Fitted, Job};
+use crate::compaction::service::{CompactError, FitError, Fitted, Job};
 use crate::compaction::{prepare, Reason};
 use crate::conversation::{identify, ConversationId, Tracked, CONVERSATION_HEADER};
 use crate::dialect::{ChatRequest, DialectKind};
@@ -309,7 +310,8 @@ impl<'s> Exchange<'s> {
     async fn fit(&self) -> Result<Fitted<'_>, Halt> {
         let tracked = self.tracked()?;
         let budget = self.budget.as_ref();
-        self.state
+        match self
+            .state
             .compactor
             .fit(
                 &self.state.tracker,
@@ -327,7 +329,14 @@ impl<'s> Exchange<'s> {
                 },
             )
             .await
-            .map_err(compaction_failed)
+        {
+            Ok(fitted) => Ok(fitted),
+            Err(FitError { error, before }) => {
+                let error = compaction_error(error);
+                self.note_refusal(&error, before).await;
+                Err(Halt::Error(error))
+            }
+        }
     }
 
     /// Stage 4b: past `compaction.prepare_at` of the trigger and under it, the
@@ -424,9 +433,9 @@ impl<'s> Exchange<'s> {
 }
 
 /// The answer when a needed compaction could not make the request fit.
-fn compaction_failed(err: CompactError) -> Halt {
+fn compaction_error(err: CompactError) -> ApiError {
     tracing::warn!(error = %err, "compaction failed");
-    let api = match &err {
+    match &err {
         CompactError::TooLarge { .. } => {
             ApiError::invalid_request("context_length_exceeded", err.to_string())
         }
@@ -439,8 +448,7 @@ fn compaction_failed(err: CompactError) -> Halt {
         }
         CompactError::Busy(_) => ApiError::unavailable(err.to_string()),
         CompactError::View(_) | CompactError::NoHandoff(_) => ApiError::internal(err.to_string()),
-    };
-    Halt::Error(api)
+    }
 }
 
 #[cfg(test)]

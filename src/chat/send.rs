@@ -12,6 +12,7 @@ use hyper::body::{Body, Incoming};
 
 use super::{reply, Exchange, Halt};
 use crate::access_log::RequestLog;
+use crate::base::line::DecisionLine;
 use crate::body::{chunked, parts, ProxyBody};
 use crate::capture::ReplyTarget;
 use crate::compaction::service::Fitted;
@@ -85,6 +86,9 @@ impl Exchange<'_> {
                 }
                 // An error that is not about the window goes back to the client as it came.
                 Inspected::Refused(head, body) if !dialect.is_overflow(&json_of(&body)) => {
+                    let answered = head.status;
+                    self.note_answer(tracked, &view, estimate, retries, answered)
+                        .await;
                     return Err(Halt::Respond(Box::new(crate::forward::buffered(
                         head, body,
                     ))));
@@ -92,7 +96,7 @@ impl Exchange<'_> {
                 Inspected::Refused(head, body) => (head, body),
                 Inspected::Read(head, body) if dialect.reply_overflowed(&body) => (head, body),
                 Inspected::Read(head, body) => {
-                    let target = self.target(tracked, estimate, &view);
+                    let target = self.target(tracked, estimate, &view, retries);
                     return Ok(reply::answer_read(head, body, target).await);
                 }
                 Inspected::Stream {
@@ -106,16 +110,23 @@ impl Exchange<'_> {
                         drop(rest);
                         (head, opening)
                     } else {
-                        let target = self.target(tracked, estimate, &view);
+                        let target = self.target(tracked, estimate, &view, retries);
                         return Ok(reply::answer_stream(
                             upstream, head, opening, rest, target, rewrite,
                         ));
                     }
                 }
                 // A 5xx: no reply to log, relayed as it arrives.
-                Inspected::Passed(response) => return Ok(relay(upstream, response, None)),
+                Inspected::Passed(response) => {
+                    let answered = response.status();
+                    self.note_answer(tracked, &view, estimate, retries, answered)
+                        .await;
+                    return Ok(relay(upstream, response, None));
+                }
             };
             let Some(budget) = reactive else {
+                self.note_answer(tracked, &view, estimate, retries, head.status)
+                    .await;
                 return Err(Halt::Respond(Box::new(crate::forward::buffered(
                     head, error_body,
                 ))));
@@ -145,6 +156,8 @@ impl Exchange<'_> {
                 }
                 Err(err) => {
                     tracing::warn!(conversation = %tracked.id, error = %err, "reactive compaction failed; returning the upstream's error");
+                    self.note_answer(tracked, &view, estimate, retries, head.status)
+                        .await;
                     return Err(Halt::Respond(Box::new(crate::forward::buffered(
                         head, error_body,
                     ))));
@@ -223,14 +236,34 @@ impl Exchange<'_> {
         })
     }
 
-    /// Where this request's reply is logged.
+    /// Logs the decision to send `view`, which the upstream answered with the error
+    /// status `answered`: no reply carries it.
+    async fn note_answer(
+        &self,
+        tracked: &Tracked,
+        view: &ModelView<'_>,
+        estimate: Option<u64>,
+        retries: u32,
+        answered: http::StatusCode,
+    ) {
+        let decision = self.decision(tracked, view, estimate, retries);
+        self.note(decision.map(|d| DecisionLine {
+            upstream_status: Some(answered.as_u16()),
+            ..d
+        }))
+        .await;
+    }
+
+    /// Where this request's reply is logged, with the decision that sent `view`.
     fn target(
         &self,
         tracked: &Tracked,
         estimate: Option<u64>,
         view: &ModelView<'_>,
+        retries: u32,
     ) -> ReplyTarget {
         ReplyTarget {
+            decision: self.decision(tracked, view, estimate, retries),
             tracker: Arc::clone(&self.state.tracker),
             parent: tracked.head(),
             id: tracked.id.clone(),

@@ -33,27 +33,43 @@ impl RequestBudget {
         if !config.compaction.enabled {
             return None;
         }
-        let model = config.model(&request.model)?.clone();
-        let reserved = reserved_output(request.max_output, &model);
-        let input_budget = input_budget(&model, reserved);
-        let summary_model = config
-            .compaction
-            .summary_model
-            .clone()
-            .unwrap_or_else(|| request.model.clone());
-        let summary_entry = config.model(&summary_model);
-        let summary_window = summary_entry.map_or(model.context_window, |m| m.context_window);
-        let summary_tokenizer = summary_entry.map_or(model.tokenizer, |m| m.tokenizer);
+        let model = config.model(&request.model)?;
+        let reserved = reserved_output(request.max_output, model);
         let tools_tokens = request.tools.as_ref().map_or(0, |tools| {
             let key = request
                 .tools_digest
                 .map_or_else(|| bytes_key(tools), hash_key);
             tokens.count_raw(model.tokenizer, &key, tools)
         });
+        Self::recorded(config, &request.model, reserved, tools_tokens)
+    }
+
+    /// The budget of a request to `model` that reserved `reserved` tokens of output
+    /// and carried `tools_tokens` of tools, as its logged decision says: what a manual
+    /// compaction aims at, since the log keeps the messages but not the other fields.
+    pub fn recorded(
+        config: &Config,
+        model: &str,
+        reserved: u64,
+        tools_tokens: u64,
+    ) -> Option<Self> {
+        if !config.compaction.enabled {
+            return None;
+        }
+        let entry = config.model(model)?.clone();
+        let input_budget = input_budget(&entry, reserved);
+        let summary_model = config
+            .compaction
+            .summary_model
+            .clone()
+            .unwrap_or_else(|| model.to_owned());
+        let summary_entry = config.model(&summary_model);
+        let summary_window = summary_entry.map_or(entry.context_window, |m| m.context_window);
+        let summary_tokenizer = summary_entry.map_or(entry.tokenizer, |m| m.tokenizer);
         Some(Self {
             info: ModelInfo {
-                model: request.model.clone(),
-                context_window: model.context_window,
+                model: model.to_owned(),
+                context_window: entry.context_window,
                 summary_model,
                 summary_context_window: summary_window,
             },
@@ -61,7 +77,7 @@ impl RequestBudget {
             threshold: threshold(config.compaction.trigger, input_budget),
             tools_tokens,
             summary_tokenizer,
-            model,
+            model: entry,
         })
     }
 

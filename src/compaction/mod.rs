@@ -8,6 +8,7 @@
 //! - [`handoff`]: the continuation + handoff pair;
 //! - the record and the rule that adopts it (record + boundary) live in
 //!   [`crate::base::record`] and [`crate::adoption`], below this layer;
+//! - [`decision`]: what a request's log records of the budget and the view sent;
 //! - [`service`]: one run, single flight per conversation, the loop guard;
 //! - [`blocking`]: a run's CPU work, off the worker threads;
 //! - [`reactive`]: recognising an upstream context-length error.
@@ -18,6 +19,7 @@
 pub mod blocking;
 pub mod budget;
 pub mod chain;
+pub mod decision;
 pub mod handoff;
 pub mod ledger;
 pub mod model_client;

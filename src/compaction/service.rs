@@ -212,6 +212,17 @@ pub struct Fitted<'a> {
     pub before: Option<u64>,
 }
 
+/// A compaction the proactive path needed that failed, and the calibrated estimate of
+/// the view before it: what the request's refusal is logged with.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct FitError {
+    /// Why no view fits.
+    pub error: CompactError,
+    /// The calibrated estimate of the view that needed the compaction.
+    pub before: Option<u64>,
+}
+
 /// `view`, or the request as it is when a handoff built the view invalid: never send
 /// that; the client's own request is the client's to send, and the provider's to judge.
 fn valid_or_plain<'a>(
@@ -278,7 +289,7 @@ impl Compactor {
         tracked: &'a Tracked,
         budget: Option<&RequestBudget>,
         job: impl FnOnce(&RequestBudget, Option<&str>) -> Job<'a>,
-    ) -> Result<Fitted<'a>, CompactError> {
+    ) -> Result<Fitted<'a>, FitError> {
         let Some(budget) = budget else {
             let view = project_view(request, tracked, &tracked.compactions);
             return Ok(Fitted {
@@ -323,7 +334,12 @@ impl Compactor {
             }
             // Boxed: a compaction's future is kilobytes, and every request's future would
             // carry (and move) it, though few requests compact.
-            view = Box::pin(self.compact(&job(budget, view.compact_id()))).await?;
+            view = Box::pin(self.compact(&job(budget, view.compact_id())))
+                .await
+                .map_err(|error| FitError {
+                    error,
+                    before: Some(current),
+                })?;
             self.note_adoption(tracker, tracked, &view).await;
             local = view.estimate(tokens, tokenizer, budget.tools_tokens);
         }

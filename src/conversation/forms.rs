@@ -197,6 +197,7 @@ mod tests {
             response_id: None,
             conversation: None,
             incomplete: None,
+            decision: None,
         };
         tracker.record_replies(&id(), batch).await.unwrap();
     }

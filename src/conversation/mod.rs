@@ -338,6 +338,7 @@ impl Tracker {
                 prefix,
                 compactions: state.compactions.clone(),
                 calibration: state.calibration.clone(),
+                logged: false,
             });
         }
         let form_entries = forms.entries.clone();
@@ -393,6 +394,7 @@ impl Tracker {
             prefix,
             compactions: state.compactions.clone(),
             calibration: state.calibration.clone(),
+            logged: true,
         })
     }
 
@@ -417,7 +419,9 @@ impl Tracker {
         }
         let entry = self.entry(id).await?;
         let mut state = entry.lock().await;
-        let mut lines = Vec::with_capacity(read.len());
+        let mut lines = Vec::with_capacity(read.len() + 1);
+        // Before the replies: the view the request was sent, then what it got.
+        lines.extend(batch.decision.map(|d| Line::now(Entry::Decision(d))));
         let mut added = Vec::with_capacity(read.len());
         let mut item_ids = Vec::new();
         for (reply, facts, digest, this_parent) in read {

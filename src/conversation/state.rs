@@ -15,7 +15,7 @@ use crate::base::chunks::keyed_hash;
 use crate::base::digest::{next_prefix, pinned_digest, Digest, MessageDigest, PrefixDigest};
 use crate::base::line::{pinned_slot, Entry, RequestLine};
 use crate::dialect::echo::{echo_digest, reference_digest, turn_forms};
-use crate::dialect::Message;
+use crate::dialect::{DialectKind, Message};
 use crate::store::ConversationLog;
 
 /// What the tracker remembers of one conversation.
@@ -397,7 +397,9 @@ impl ConversationState {
                 _ => None,
             })
             .collect();
+        let mut calibrating = Calibrating::default();
         for line in &log.lines {
+            calibrating.follow(&line.entry, state);
             match &line.entry {
                 Entry::Message(message) => {
                     let raw = message.message.get();
@@ -461,7 +463,10 @@ impl ConversationState {
                         form_changes: state.form_changes,
                     });
                 }
-                Entry::CompactBoundary(_) | Entry::Rescue(_) | Entry::Adopt(_) => {}
+                Entry::CompactBoundary(_)
+                | Entry::Rescue(_)
+                | Entry::Adopt(_)
+                | Entry::Decision(_) => {}
             }
         }
         let adoption = adopt(log);
@@ -490,6 +495,54 @@ impl ConversationState {
                     adopted.take();
                 }
             }
+        }
+    }
+}
+
+/// The calibration a log supports, read as it goes: the local count a decision
+/// logged, and the usage the reply to that request reported. A restarted proxy counts
+/// as the upstream does from its first request, not from its first reply.
+#[derive(Default)]
+struct Calibrating {
+    /// The latest request's model and dialect.
+    request: Option<(String, DialectKind)>,
+    /// The latest decision's head, local count and compaction.
+    decided: Option<(Option<PrefixDigest>, u64, Option<String>)>,
+}
+
+impl Calibrating {
+    fn follow(&mut self, entry: &Entry, state: &mut ConversationState) {
+        match entry {
+            Entry::Request(request) => {
+                let dialect = DialectKind::from_name(request.dialect.as_deref());
+                self.request = Some((request.model.clone(), dialect));
+            }
+            Entry::Decision(decision) => {
+                self.decided = decision
+                    .local
+                    .map(|local| (decision.head, local, decision.compaction.clone()));
+            }
+            Entry::Message(reply) if reply.source == crate::base::line::Source::Upstream => {
+                let Some((head, local, compaction)) = self.decided.take() else {
+                    return;
+                };
+                let answered = head == reply.parent && reply.complete != Some(false);
+                let server = match (&self.request, &reply.usage) {
+                    (Some((_, dialect)), Some(usage)) if answered => {
+                        dialect.get().input_tokens(usage)
+                    }
+                    _ => None,
+                };
+                if let (Some(server), Some((model, _))) = (server, &self.request) {
+                    state.calibration = Some(Calibration {
+                        model: model.clone(),
+                        compact_id: compaction,
+                        local,
+                        server,
+                    });
+                }
+            }
+            _ => {}
         }
     }
 }

@@ -10,6 +10,7 @@ use crate::adoption::Adopted;
 use crate::base::calibration::Calibration;
 use crate::base::digest::{prefix_digests, MessageDigest, PrefixDigest};
 use crate::base::id::ConversationId;
+use crate::base::line::DecisionLine;
 use crate::base::outcome::Outcome;
 use crate::base::reply::CapturedReply;
 use crate::dialect::{ChatRequest, DialectKind, Message};
@@ -33,6 +34,9 @@ pub struct Tracked {
     pub compactions: HashMap<PrefixDigest, Arc<Adopted>>,
     /// The conversation's calibration, as of this request.
     pub calibration: Option<Calibration>,
+    /// Whether tracking wrote the request's line: a retry of the latest request writes
+    /// none, and so no decision either.
+    pub logged: bool,
 }
 
 impl Tracked {
@@ -50,6 +54,7 @@ impl Tracked {
             new_messages: 0,
             compactions: HashMap::new(),
             calibration: None,
+            logged: false,
         }
     }
 
@@ -82,4 +87,6 @@ pub struct CapturedReplies {
     pub conversation: Option<String>,
     /// How the response ended when it was cut short; `None` when it was complete.
     pub incomplete: Option<Outcome>,
+    /// What the proxy decided for the request, logged before its replies.
+    pub decision: Option<DecisionLine>,
 }

@@ -27,6 +27,7 @@ pub use report::write_report;
 pub use source::{Replay, Step};
 
 use crate::compaction::budget::{Calibration, RequestBudget};
+use crate::compaction::decision;
 use crate::compaction::model_client::UpstreamModelClient;
 use crate::compaction::service::{Compactor, Job};
 use crate::compaction::Reason;
@@ -465,6 +466,10 @@ impl Replayer {
                 sequence: step.dialect.get().reply_is_items(),
                 response_id: None,
                 conversation: None,
+                decision: budget
+                    .as_ref()
+                    .filter(|_| tracked.logged)
+                    .map(|budget| decision::sent(budget, &tracked, &chat.model, &view, local, 0)),
             };
             tracker
                 .record_replies(id, batch)

@@ -185,10 +185,18 @@ impl Store for DiskStore {
         async move {
             let bytes = encode(&lines)?;
             let written = bytes.len() as u64;
-            let replies = lines.iter().all(|line| {
-                matches!(&line.entry, Entry::Message(m) if m.source == crate::base::line::Source::Upstream)
+            // A reply, and the decision logged with it, are what an admitted request
+            // already caused: counted, never refused half-way.
+            let replies = lines.iter().all(|line| match &line.entry {
+                Entry::Message(m) => m.source == crate::base::line::Source::Upstream,
+                Entry::Decision(_) => true,
+                _ => false,
             });
-            let quota = if replies { Quota::Counted } else { Quota::Checked };
+            let quota = if replies {
+                Quota::Counted
+            } else {
+                Quota::Checked
+            };
             self.account(&tenant, written, quota).await?;
             self.writer.append(path, bytes).await.map_err(|source| {
                 self.unaccount(&tenant, written);

@@ -108,6 +108,7 @@ pub(super) fn columns(unit: &Written<'_>) -> (&'static str, Option<String>, Opti
         Entry::Adopt(a) => ("adopt", None, a.head.map(|h| h.to_hex())),
         // Unique by its bytes: two replicas that log one form keep one row.
         Entry::Form(f) => ("form", Some(f.digest.to_hex()), f.of.map(|o| o.to_hex())),
+        Entry::Decision(d) => ("decision", None, d.head.map(|h| h.to_hex())),
     }
 }
 

@@ -1,0 +1,64 @@
+//! What the log records of each stage's decision: the budget, the count and the view
+//! sent ([`DecisionLine`]), built here from what the stages learned and logged with
+//! the reply, or alone when the request ends without one.
+
+use super::Exchange;
+use crate::base::line::{DecisionLine, Entry, Line};
+use crate::compaction::decision;
+use crate::conversation::Tracked;
+use crate::error::ApiError;
+use crate::projection::ModelView;
+
+impl Exchange<'_> {
+    /// The decision to send `view` (local count `local`) after `retries` refused views;
+    /// `None` when the request has no budget, or wrote no request line (a retry).
+    pub(super) fn decision(
+        &self,
+        tracked: &Tracked,
+        view: &ModelView<'_>,
+        local: Option<u64>,
+        retries: u32,
+    ) -> Option<DecisionLine> {
+        let budget = self.budget.as_ref().filter(|_| tracked.logged)?;
+        Some(decision::sent(
+            budget,
+            tracked,
+            &self.chat.model,
+            view,
+            local,
+            retries,
+        ))
+    }
+
+    /// Logs that handoff answered `error` itself instead of sending a view estimated at
+    /// `before`.
+    pub(super) async fn note_refusal(&self, error: &ApiError, before: Option<u64>) {
+        let Ok(tracked) = self.tracked() else {
+            return;
+        };
+        let Some(budget) = self.budget.as_ref().filter(|_| tracked.logged) else {
+            return;
+        };
+        let code = error.code.unwrap_or(error.kind);
+        let refused = decision::refused(budget, tracked, before, code, &error.message);
+        self.note(Some(refused)).await;
+    }
+
+    /// Logs `decision` on its own, for a request that ends without a reply to log it
+    /// with (an upstream error, a refusal). A failed write loses only the note.
+    pub(super) async fn note(&self, decision: Option<DecisionLine>) {
+        let (Some(decision), Ok(tracked)) = (decision, self.tracked()) else {
+            return;
+        };
+        let line = Line::now(Entry::Decision(decision));
+        if let Err(err) = self
+            .state
+            .tracker
+            .store()
+            .append(&tracked.id, vec![line])
+            .await
+        {
+            tracing::warn!(conversation = %tracked.id, error = %err, "cannot log the request's decision");
+        }
+    }
+}
