@@ -531,8 +531,8 @@ fn page_of(query: Option<&str>) -> Result<Page, ApiError> {
 }
 
 /// `GET /handoff/conversations/{id}/timeline?offset=&limit=`: the messages, requests
-/// and compactions in log order, one page of them (the newest by default), the
-/// estimated input of every request (`chart`), the window and trigger, and the next
+/// and compactions in log order, one page of them (the newest by default), every
+/// request's figures and the prepared spans (`chart`, `prepared`), and the next
 /// request's view (for the web audit view). `events_total` and `events_offset` say
 /// where the page lies, so a huge conversation is read page by page.
 async fn timeline(
@@ -559,18 +559,10 @@ async fn timeline(
         .offset
         .unwrap_or(total.saturating_sub(page.limit))
         .min(total);
-    let chart: Vec<serde_json::Value> = events
-        .iter()
-        .filter(|e| e["type"] == "request")
-        .map(|e| {
-            json!({"estimated_tokens": e["estimated_tokens"], "compaction": e["compaction"], "rescued": e["rescued"]})
-        })
-        .collect();
     let paged: Vec<serde_json::Value> = events.into_iter().skip(offset).take(page.limit).collect();
     whole["events"] = serde_json::Value::Array(paged);
     whole["events_total"] = json!(total);
     whole["events_offset"] = json!(offset);
-    whole["chart"] = serde_json::Value::Array(chart);
     Ok(whole)
 }
 

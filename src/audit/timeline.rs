@@ -1,7 +1,10 @@
 //! A conversation as the web audit view shows it: every message, request and
-//! compaction in log order, the branches as lanes, each request's estimated input
-//! (what was sent: the handoff in force plus the messages after it), the model's window
-//! and trigger, and the view the next request would be sent with.
+//! compaction in log order, the branches as lanes, each request's figures as the proxy
+//! logged its decision (the budget and trigger it used, the calibrated estimate of what
+//! it sent, the provider's count), what a prepared compaction waited for, and the view
+//! the next request would be sent with. A request logged before decisions is sized
+//! from the log instead (the handoff in force plus the messages after it), and marked
+//! estimated.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -238,6 +241,21 @@ pub fn timeline(
     };
     let mut value = serde_json::to_value(summarize(id, log)).unwrap_or(Value::Null);
     value["dialect"] = json!(tree.dialect().name());
+    // The chart's series, whole whichever page of events a reader shows.
+    value["chart"] = Value::Array(
+        request_events
+            .iter()
+            .filter_map(|&at| events.get(at))
+            .map(chart_point)
+            .collect(),
+    );
+    value["prepared"] = Value::Array(
+        events
+            .iter()
+            .filter(|e| e["type"] == "compaction" && !e["waiting_from"].is_null())
+            .map(|e| json!({"id": e["id"], "waiting_from": e["waiting_from"], "adopted_at": e["adopted_at"]}))
+            .collect(),
+    );
     value["events"] = Value::Array(events);
     value["uncommitted_records"] = json!(uncommitted);
     value["window"] = json!(window);
@@ -347,6 +365,33 @@ fn add_figures(
             "trigger": trigger,
         }),
     );
+}
+
+/// The fields of a request's event the chart draws.
+fn chart_point(event: &Value) -> Value {
+    const FIELDS: [&str; 15] = [
+        "number",
+        "estimated",
+        "estimated_tokens",
+        "provider_tokens",
+        "compaction",
+        "compacted_here",
+        "rescued",
+        "window",
+        "input_budget",
+        "trigger",
+        "over",
+        "retries",
+        "refused",
+        "upstream_status",
+        "server_held",
+    ];
+    Value::Object(
+        FIELDS
+            .iter()
+            .map(|field| ((*field).to_owned(), event[*field].clone()))
+            .collect(),
+    )
 }
 
 /// Copies the fields of `fields` into `event`.
