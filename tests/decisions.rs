@@ -52,7 +52,9 @@ async fn turn(proxy: &Proxy, id: &str, history: &mut Vec<Value>, user: Value, ma
         let call = reply["tool_calls"][0]["id"].as_str().map(str::to_owned);
         history.push(reply);
         match call {
-            Some(call) => history.push(json!({"role": "tool", "tool_call_id": call, "content": "ok"})),
+            Some(call) => {
+                history.push(json!({"role": "tool", "tool_call_id": call, "content": "ok"}))
+            }
             None => return,
         }
     }
@@ -64,10 +66,12 @@ fn sized_user(n: usize, tokens: usize) -> Value {
 }
 
 fn timeline(proxy: &Proxy, id: &str) -> Value {
-    let url = format!("{}/handoff/conversations/{id}/timeline?limit=2000", proxy.url());
+    let url = format!(
+        "{}/handoff/conversations/{id}/timeline?limit=2000",
+        proxy.url()
+    );
     let rt = tokio::runtime::Handle::current();
-    tokio::task::block_in_place(|| rt.block_on(client::send(request("GET", &url, &[], ""))))
-        .json()
+    tokio::task::block_in_place(|| rt.block_on(client::send(request("GET", &url, &[], "")))).json()
 }
 
 /// Request events of a timeline.
@@ -91,7 +95,11 @@ fn log_lines(proxy: &Proxy, id: &str) -> Vec<Value> {
 }
 
 fn of_kind(lines: &[Value], kind: &str) -> Vec<Value> {
-    lines.iter().filter(|l| l["kind"] == kind).cloned().collect()
+    lines
+        .iter()
+        .filter(|l| l["kind"] == kind)
+        .cloned()
+        .collect()
 }
 
 /// True when `body` carries a message whose content is `handoff`'s.
@@ -127,11 +135,17 @@ async fn the_timeline_draws_the_trigger_and_count_each_request_was_decided_with(
         assert_eq!(event["input_budget"], 15_360);
         assert_eq!(event["reserved"], 1024);
         assert_eq!(event["estimated"], false);
-        assert!(event["tools_tokens"].as_u64().unwrap() > 20, "tools are counted: {event}");
+        assert!(
+            event["tools_tokens"].as_u64().unwrap() > 20,
+            "tools are counted: {event}"
+        );
         assert_eq!(event["estimated_tokens"], decision["estimate"]);
         // Over the drawn trigger only when the proxy says why.
         if event["estimated_tokens"].as_u64().unwrap() > 13_824 {
-            assert!(!event["over"].is_null(), "over the trigger without a why: {event}");
+            assert!(
+                !event["over"].is_null(),
+                "over the trigger without a why: {event}"
+            );
         }
     }
 
@@ -139,7 +153,11 @@ async fn the_timeline_draws_the_trigger_and_count_each_request_was_decided_with(
     let sent = agent_requests(&mock);
     assert_eq!(sent.len(), requests.len());
     for (event, body) in requests.iter().zip(&sent) {
-        assert_eq!(event["provider_tokens"], Strict::count(&body.json()), "{event}");
+        assert_eq!(
+            event["provider_tokens"],
+            Strict::count(&body.json()),
+            "{event}"
+        );
     }
     // Calibrated, handoff's estimate of what it sent stays close to the provider's.
     for event in &requests[2..] {
@@ -227,7 +245,10 @@ async fn a_view_sent_over_the_trigger_says_why_and_a_refusal_or_an_upstream_erro
     let refusal = &requests[requests.len() - 2];
     assert_eq!(refusal["refused"], "context_length_exceeded", "{refusal}");
     assert!(refusal["estimated_tokens"].as_u64().unwrap() > 15_360);
-    assert!(refusal["provider_tokens"].is_null(), "never sent: {refusal}");
+    assert!(
+        refusal["provider_tokens"].is_null(),
+        "never sent: {refusal}"
+    );
     let error = requests.last().unwrap();
     assert_eq!(error["upstream_status"], 503, "{error}");
     for event in &requests {
@@ -303,7 +324,10 @@ async fn a_manual_compaction_aims_at_the_budget_the_client_left_and_a_restart_ke
     // Kept verbatim: a share of that budget. Of the default one (14,746 with a reserve
     // of 1,638), the share is more than the whole history: nothing to compact.
     let record = &answer["compaction"];
-    assert!(record["source"]["end_exclusive"].as_u64().unwrap() >= 4, "{record}");
+    assert!(
+        record["source"]["end_exclusive"].as_u64().unwrap() >= 4,
+        "{record}"
+    );
     // The next request is sent with it, under the client's trigger.
     history.push(big_user(7, 100));
     let got = send(&proxy, "manual", &history, 8000).await;
@@ -328,7 +352,12 @@ async fn paced(window: u64, turn: Duration, summary: Duration) -> MockUpstream {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prepared_compaction_is_drawn_waiting_from_its_commit_to_its_adoption() {
-    let mock = paced(8192, Duration::from_millis(400), Duration::from_millis(1000)).await;
+    let mock = paced(
+        8192,
+        Duration::from_millis(400),
+        Duration::from_millis(1000),
+    )
+    .await;
     let extra = "[compaction]\nstrategy = \"summarize\"\nsummary_model = \"strict-16k\"\nprepare_at = 0.6\n";
     let proxy = Proxy::start_with(&mock.url(), options(8192, extra));
     let mut messages = vec![json!({"role": "system", "content": "be brief"})];
@@ -392,7 +421,10 @@ async fn a_prepared_compaction_is_drawn_waiting_from_its_commit_to_its_adoption(
         .clone();
     assert_eq!(band["waiting_from"], waiting_from.to_string());
     assert_eq!(band["adopted_at"], adopted_at.to_string());
-    assert!(seen["adopted"].as_array().unwrap().contains(&json!(id)), "{seen}");
+    assert!(
+        seen["adopted"].as_array().unwrap().contains(&json!(id)),
+        "{seen}"
+    );
     let marker = seen["markers"]
         .as_array()
         .unwrap()
@@ -416,6 +448,9 @@ async fn a_prepared_compaction_is_drawn_waiting_from_its_commit_to_its_adoption(
     let reported = seen["provider"].as_array().unwrap();
     assert_eq!(reported.len(), requests.len());
     for (square, event) in reported.iter().zip(&requests) {
-        assert_eq!(square.as_str().unwrap(), event["provider_tokens"].to_string());
+        assert_eq!(
+            square.as_str().unwrap(),
+            event["provider_tokens"].to_string()
+        );
     }
 }

@@ -161,6 +161,26 @@ async fn two_replicas_share_one_conversation_and_its_compactions() {
         let expected: Vec<Value> = messages.iter().map(canonical).collect();
         assert_eq!(replayed, expected);
         proxy.assert_verified(&[]);
+        // Each request's decision is in the database, whichever replica decided it:
+        // the timeline draws the proxy's numbers, next to the provider's count.
+        let timeline = support::client::send(support::client::request(
+            "GET",
+            &format!(
+                "{}/handoff/conversations/shared/timeline?limit=2000",
+                proxy.url()
+            ),
+            &[],
+            "",
+        ))
+        .await
+        .json();
+        let requests: Vec<&Value> = timeline["chart"].as_array().unwrap().iter().collect();
+        assert_eq!(requests.len(), sent);
+        for (figures, body) in requests.iter().zip(agent_requests(&mock)) {
+            assert_eq!(figures["estimated"], false, "{figures}");
+            assert_eq!(figures["trigger"], timeline["trigger_tokens"]);
+            assert_eq!(figures["provider_tokens"], Strict::count(&body.json()));
+        }
         // The database is the system of record: no conversation under data_dir.
         let files: Vec<_> = read_tree(&proxy.data_dir())
             .into_iter()

@@ -716,8 +716,10 @@ async fn a_tenant_past_its_disk_quota_gets_507_and_others_go_on() {
         }
         statuses.push(status);
     }
+    // Each request writes its 3 KB message, its request line, its decision and the
+    // reply: four fit in 20,000 bytes, and not all twelve.
     let served = statuses.iter().filter(|s| **s == 200).count();
-    assert!((5..12).contains(&served), "{statuses:?}");
+    assert!((4..12).contains(&served), "{statuses:?}");
     assert!(statuses[served..].iter().all(|s| *s == 507), "{statuses:?}");
     let body = chat(99);
     let (head, body) = post(

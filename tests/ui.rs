@@ -62,6 +62,18 @@ async fn the_audit_page_shows_conversations_compactions_and_the_token_curve() {
         .iter()
         .filter(|e| e["type"] == "request")
         .collect();
+    // A preparation the crossing request waited for is drawn at that request, not
+    // after it.
+    for span in timeline["prepared"].as_array().unwrap() {
+        if let Some(adopted) = span["adopted_at"].as_u64() {
+            assert!(span["waiting_from"].as_u64().unwrap() <= adopted, "{span}");
+            assert_eq!(
+                requests[adopted as usize - 1]["compaction"],
+                span["id"],
+                "{span}"
+            );
+        }
+    }
     let first_compacted = requests
         .iter()
         .position(|r| !r["compaction"].is_null())

@@ -82,3 +82,73 @@ pub fn compacted_here<'c>(compactions: impl IntoIterator<Item = Option<&'c str>>
         .map(|id| id.is_some_and(|id| seen.insert(id)))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::base::line::Line;
+
+    fn log(lines: &[String]) -> ConversationLog {
+        ConversationLog {
+            lines: lines
+                .iter()
+                .map(|l| Line::parse(l.as_bytes()).unwrap())
+                .collect(),
+            ..ConversationLog::default()
+        }
+    }
+
+    fn request(head: &str) -> String {
+        format!(
+            r#"{{"v":1,"at":"t","kind":"request","model":"m","head":"{head}","pinned":null,"stream":false,"new_messages":1}}"#
+        )
+    }
+
+    fn decision(head: &str, estimate: u64, compaction: Option<&str>) -> String {
+        let compaction = compaction.map_or(String::new(), |c| format!(r#","compaction":"{c}""#));
+        format!(
+            r#"{{"v":4,"at":"t","kind":"decision","head":"{head}","window":100,"reserved":10,"input_budget":90,"trigger":81,"estimate":{estimate}{compaction}}}"#
+        )
+    }
+
+    fn reply(digest: &str, parent: &str, prompt: u64) -> String {
+        format!(
+            r#"{{"v":1,"at":"t","kind":"message","digest":"{digest}","parent":"{parent}","message_digest":"{digest}","source":"upstream","message":{{"role":"assistant","content":"x"}},"usage":{{"prompt_tokens":{prompt}}},"choice":0,"complete":true}}"#
+        )
+    }
+
+    #[test]
+    fn each_request_gets_its_own_decision_and_first_reply_across_interleaved_branches() {
+        let (a, b, c, r) = (
+            "aa".repeat(32),
+            "bb".repeat(32),
+            "cc".repeat(32),
+            "dd".repeat(32),
+        );
+        let log = log(&[
+            request(&a),
+            // Another branch's request is logged before the first one's decision.
+            request(&b),
+            decision(&a, 50, None),
+            reply(&r, &a, 52),
+            decision(&b, 60, Some("cmp-1")),
+            // A regenerated reply to `a`: the first one's usage stays the provider's count.
+            reply(&c, &a, 99),
+            request(&c),
+            decision(&c, 70, Some("cmp-1")),
+        ]);
+        let figures = request_figures(&log);
+        let estimates: Vec<_> = figures
+            .iter()
+            .map(|f| f.decision.and_then(|d| d.estimate))
+            .collect();
+        assert_eq!(estimates, [Some(50), Some(60), Some(70)]);
+        let provider: Vec<_> = figures.iter().map(|f| f.provider).collect();
+        assert_eq!(provider, [Some(52), None, None]);
+        assert_eq!(
+            compacted_here(figures.iter().map(RequestFigures::compaction)),
+            [false, true, false],
+            "the first view to use cmp-1 is request 2's"
+        );
+    }
+}

@@ -229,8 +229,18 @@ pub fn timeline(
             continue;
         }
         let id = event["id"].as_str().unwrap_or_default();
-        let adopted = sent.iter().position(|c| c.as_deref() == Some(id));
-        event["adopted_at"] = json!(adopted.map(|at| at + 1));
+        let adopted = sent
+            .iter()
+            .position(|c| c.as_deref() == Some(id))
+            .map(|at| at + 1);
+        // Committed while the request that crossed the trigger waited for it: that
+        // request both waited and adopted.
+        let waited = adopted.is_some_and(|at| Some(at as u64) < event["waiting_from"].as_u64());
+        if waited {
+            event["waiting_from"] = json!(adopted);
+        }
+        event["adopted_at"] = json!(adopted);
+        event["waited"] = json!(waited);
     }
     let latest = figures.iter().rev().find_map(|f| f.decision);
     let uncommitted = adoption.uncommitted.clone();
@@ -253,7 +263,7 @@ pub fn timeline(
         events
             .iter()
             .filter(|e| e["type"] == "compaction" && !e["waiting_from"].is_null())
-            .map(|e| json!({"id": e["id"], "waiting_from": e["waiting_from"], "adopted_at": e["adopted_at"]}))
+            .map(|e| json!({"id": e["id"], "waiting_from": e["waiting_from"], "adopted_at": e["adopted_at"], "waited": e["waited"]}))
             .collect(),
     );
     value["events"] = Value::Array(events);
