@@ -530,6 +530,29 @@ async fn a_data_dir_from_before_tenants_moves_to_the_legacy_tenant() {
         raw(&["replay", "old-1"]),
         "the latest request is the second"
     );
+    // A log from before decisions: its requests are sized from the log with today's
+    // config and marked estimated; the provider's count is its replies' own.
+    let timeline = client::send(request(
+        "GET",
+        &format!(
+            "{}/handoff/conversations/old-1/timeline?tenant=legacy",
+            proxy.url()
+        ),
+        &[],
+        "",
+    ))
+    .await
+    .json();
+    let chart = timeline["chart"].as_array().unwrap();
+    assert_eq!(chart.len(), 2, "{timeline}");
+    for figures in chart {
+        assert_eq!(figures["estimated"], true, "{figures}");
+        assert_eq!(figures["trigger"], timeline["trigger_tokens"]);
+        assert!(figures["estimated_tokens"].as_u64().unwrap() > 0);
+    }
+    // gpt-4o's 128,000 window less the default reserve of 8,192, times 0.9.
+    assert_eq!(timeline["trigger_tokens"], 107_827);
+    assert_eq!(chart[0]["provider_tokens"], 10);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
