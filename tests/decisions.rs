@@ -264,7 +264,10 @@ async fn a_view_sent_over_the_trigger_says_why_and_a_refusal_or_an_upstream_erro
     let guessed = send(
         &proxy,
         "guess",
-        &[json!({"role": "system", "content": "be brief"}), sized_user(1, 15_800)],
+        &[
+            json!({"role": "system", "content": "be brief"}),
+            sized_user(1, 15_800),
+        ],
         1024,
     )
     .await;
@@ -272,7 +275,10 @@ async fn a_view_sent_over_the_trigger_says_why_and_a_refusal_or_an_upstream_erro
     let guess = requests_of(&timeline(&proxy, "guess")).pop().unwrap();
     assert_eq!(guess["over"], "guess", "{guess}");
     assert_eq!(guess["upstream_status"], 400);
-    assert_eq!(guess["retries"], 1, "the provider refused it once for its size");
+    assert_eq!(
+        guess["retries"], 1,
+        "the provider refused it once for its size"
+    );
     // A tool result too long for any view is shortened in the view only.
     let call = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
         "function": {"name": "lookup", "arguments": "{\"query\":\"the log\"}"}}]});
@@ -292,8 +298,14 @@ async fn a_view_sent_over_the_trigger_says_why_and_a_refusal_or_an_upstream_erro
     assert_eq!(rescued.status, 200, "{}", rescued.text());
     let rescue = requests_of(&timeline(&proxy, "rescue")).pop().unwrap();
     assert_eq!(rescue["rescued"], true, "{rescue}");
-    assert!(rescue["over"].is_null() || rescue["over"] == "rescued", "{rescue}");
-    assert!(rescue["estimated_tokens"].as_u64().unwrap() <= 15_360, "{rescue}");
+    assert!(
+        rescue["over"].is_null() || rescue["over"] == "rescued",
+        "{rescue}"
+    );
+    assert!(
+        rescue["estimated_tokens"].as_u64().unwrap() <= 15_360,
+        "{rescue}"
+    );
 
     let show = String::from_utf8(proxy.audit(&["show", "odd"]).stdout).unwrap();
     assert!(show.contains("OVER THE TRIGGER (newest_unit)"), "{show}");

@@ -467,7 +467,13 @@ fn shown_figures(figure: &RequestFigures<'_>, compacted_here: bool) -> String {
             "", d.input_budget, d.window, d.reserved, d.trigger
         ));
         if let Some(estimate) = d.estimate {
-            shown.push_str(&format!(" sent~{estimate}"));
+            // A refused request sent nothing: its estimate is of the view it would have.
+            let what = if d.refused.is_some() {
+                "estimate"
+            } else {
+                "sent"
+            };
+            shown.push_str(&format!(" {what}~{estimate}"));
         }
         if let Some(local) = d.local.filter(|local| Some(*local) != d.estimate) {
             shown.push_str(&format!(" (local {local})"));
