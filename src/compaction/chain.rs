@@ -55,7 +55,7 @@ pub enum CountFor<'a> {
     /// own: that model's tokenizer and calibration.
     Summary(Option<&'a SummaryModel>),
     /// The handoff itself, which the request's model reads: a deterministic strategy
-    /// sizes its text with the request model's counts.
+    /// sizes its text with the request model's counts, within the whole handoff budget.
     Handoff,
 }
 
@@ -76,9 +76,6 @@ impl NamedStrategy {
             return None;
         }
         let mut own = input.clone();
-        if let Some(limit) = self.handoff_tokens {
-            own.budgets.handoff_tokens = own.budgets.handoff_tokens.min(limit);
-        }
         if let Some(model) = &self.summary_model {
             own.model.summary_model = model.name.clone();
             own.model.summary_context_window = model.window.unwrap_or(input.model.context_window);
@@ -88,6 +85,10 @@ impl NamedStrategy {
         // is, for its settings' sake) still counts what the request model reads.
         if deterministic {
             equip(&mut own, CountFor::Handoff);
+        }
+        // After equipping, which may give a deterministic strategy a budget of its own.
+        if let Some(limit) = self.handoff_tokens {
+            own.budgets.handoff_tokens = own.budgets.handoff_tokens.min(limit);
         }
         if let Some(keep) = self.prune {
             own.history = prune_tool_outputs(&input.history, keep, own.tokens.as_ref());

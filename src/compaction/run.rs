@@ -26,6 +26,10 @@ use crate::projection::ModelView;
 use crate::store::StoreError;
 use crate::tokens::{MESSAGE_OVERHEAD, REPLY_PRIMING};
 
+/// Tokens a deterministic handoff must leave for the ledger to be appended at all: its
+/// headings alone take about fifty.
+const LEDGER_LEAST_ROOM: u64 = 96;
+
 /// What the chain wrote, before the record is drafted.
 struct Written {
     strategy: String,
@@ -61,10 +65,14 @@ impl Compactor {
             &ledger,
             &cancel,
         );
-        let outcome = self.run_equipped(job, input).await;
+        let outcome = self.run_equipped(job, input, budget).await;
         let written = self.written(outcome, &cancel)?;
+        let deterministic = job
+            .chain
+            .iter()
+            .any(|s| s.name == written.strategy && s.strategy.is_deterministic());
         let text = self
-            .with_ledger(job, &plan, budget, ledger, written.text)
+            .with_ledger(job, &plan, (budget, deterministic), ledger, written.text)
             .await;
         let mut record = self.draft(
             job,
@@ -168,11 +176,22 @@ impl Compactor {
 
     /// Runs the chain, each strategy counting in the tokens it is judged in: a summary
     /// call in its model's, a deterministic handoff in the request model's.
-    async fn run_equipped(&self, job: &Job<'_>, mut input: StrategyInput) -> ChainOutcome {
+    ///
+    /// A deterministic handoff gets the whole handoff `budget`, not what the ledger's
+    /// share leaves: it quotes the user's messages and the edges of tool results itself,
+    /// which is what the ledger would keep, so the share reserved for a model's summary
+    /// would only crowd it out (the ledger then fills what room it leaves).
+    async fn run_equipped(
+        &self,
+        job: &Job<'_>,
+        mut input: StrategyInput,
+        budget: u64,
+    ) -> ChainOutcome {
         let equip = |input: &mut StrategyInput, count_for: CountFor<'_>| {
             let tokenizer = match count_for {
                 CountFor::Handoff => {
                     input.tokens = self.handoff_counter(job);
+                    input.budgets.handoff_tokens = budget;
                     return;
                 }
                 CountFor::Summary(Some(model)) => model.tokenizer.unwrap_or(job.tokenizer),
@@ -233,12 +252,13 @@ impl Compactor {
 
     /// `text` with the ledger after it. The ledger gets the room the strategy left, as
     /// far as the view stays under the trigger: past its share it never pushes a view
-    /// over. Fitted on the blocking pool; `text` alone if that failed.
+    /// over. After a deterministic handoff, which had the whole budget, it gets only
+    /// the room left. Fitted on the blocking pool; `text` alone if that failed.
     async fn with_ledger(
         &self,
         job: &Job<'_>,
         plan: &Plan,
-        budget: u64,
+        (budget, deterministic): (u64, bool),
         ledger: Option<(Ledger, u64)>,
         text: String,
     ) -> (String, Option<Ledger>) {
@@ -254,11 +274,21 @@ impl Compactor {
         let work = move || {
             let used = counter.count_text(&shared);
             let left = budget.min(under_trigger).saturating_sub(used);
-            ledger.fit(left.max(planned), counter.as_ref(), &shared);
+            if deterministic && left < LEDGER_LEAST_ROOM {
+                // The handoff quotes what the ledger would; its headings and counts of
+                // what it left out would only push the handoff over its budget.
+                return None;
+            }
+            let room = if deterministic {
+                left
+            } else {
+                left.max(planned)
+            };
+            ledger.fit(room, counter.as_ref(), &shared);
             let joined = format!("{}\n\n{}", shared.trim_end(), ledger.render(&shared));
-            (joined, ledger)
+            Some((joined, ledger))
         };
-        match super::blocking::run(work).await {
+        match super::blocking::run(work).await.flatten() {
             Some((joined, ledger)) => (joined, Some(ledger)),
             None => (Arc::unwrap_or_clone(text), None),
         }
