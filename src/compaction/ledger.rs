@@ -5,9 +5,10 @@
 //!
 //! It is deterministic and bounded: it gets `compaction.ledger_share` of the handoff
 //! budget and is built before the strategy runs, which gets what the ledger leaves.
-//! Over its share it drops the oldest tool outcomes first, then shortens the user's
-//! messages (head and tail, marked), then drops the oldest identifiers, and says how
-//! much it left out. The record keeps it structured, so the next compaction carries
+//! Over its share it drops the oldest tool outcomes first, then the oldest
+//! identifiers, and user text last: the share grows, as far as the view's room under
+//! the trigger allows, before a user message is shortened (head and tail, marked),
+//! and it says how much it left out. The record keeps it structured, so the next compaction carries
 //! it forward without parsing text.
 
 use handoff_plugin_api::{
@@ -100,6 +101,16 @@ impl Ledger {
         ledger
     }
 
+    /// Tokens the ledger takes after `above` with every user message it does not quote
+    /// whole, and nothing else: what it needs before any user text is cut.
+    pub fn instructions_tokens(&self, tokens: &dyn TokenCounter, above: &str) -> u64 {
+        let only = Ledger {
+            instructions: self.instructions.clone(),
+            ..Ledger::default()
+        };
+        tokens.count_text(&only.render(above))
+    }
+
     /// True when there is nothing to list.
     pub fn is_empty(&self) -> bool {
         self.instructions.is_empty() && self.identifiers.is_empty() && self.outcomes.is_empty()
@@ -107,7 +118,8 @@ impl Ledger {
 
     /// Cuts the ledger to `limit` tokens of its rendering after `above` (the text it
     /// is appended to; what that quotes costs nothing): the oldest outcomes first, then
-    /// the user's messages shortened, then the oldest identifiers.
+    /// the oldest identifiers, and the user's messages shortened only when they alone
+    /// are over the limit.
     ///
     /// The plan is made from each item's own count, and outcomes and identifiers are
     /// counted newest first only while they could still fit: a long span's ledger is
@@ -148,8 +160,8 @@ impl Ledger {
         );
         let outcome_costs: Vec<u64> = outcome_costs.into_iter().map_while(|c| c).collect();
         let outcomes: u64 = outcome_costs.iter().sum();
-        // The user's messages leave the identifiers up to a third of the room.
-        let room = limit.saturating_sub(fixed + identifiers.min(limit / 3) + outcomes);
+        // User text goes last: shortened only when it alone is over the limit.
+        let room = limit.saturating_sub(fixed);
         let unquoted = quoted.iter().filter(|quoted| !**quoted).count();
         if instructions > room && unquoted > 0 {
             // Each message gets an even part of the room, in characters at the
@@ -514,7 +526,19 @@ mod tests {
     }
 
     #[test]
-    fn a_tight_share_shortens_messages_then_drops_the_oldest_identifiers() {
+    fn a_tight_share_drops_identifiers_before_it_shortens_user_text() {
+        let mut ledger = Ledger::build(None, &heavy_span());
+        let whole = ledger.instructions_tokens(&Chars, "");
+        ledger.fit(whole + 10, &Chars, "");
+        let text = ledger.render("");
+        assert!(!text.contains("characters omitted by handoff"), "{text}");
+        assert!(ledger.outcomes.is_empty());
+        assert!(ledger.identifiers.len() <= 1, "{text}");
+        assert!(ledger.identifiers_left_out > 0);
+    }
+
+    #[test]
+    fn user_text_alone_over_the_share_is_shortened_and_nothing_else_stays() {
         let mut history = heavy_span();
         history.insert(
             0,
@@ -534,8 +558,10 @@ mod tests {
             text.contains("END-OF-BRIEF"),
             "the tail of a shortened message stays"
         );
-        assert!(ledger.identifiers_left_out > 0);
-        assert!(text.contains("`total-039`"), "the newest identifiers stay");
+        assert!(
+            ledger.identifiers_left_out > 0,
+            "identifiers go first: {text}"
+        );
     }
 
     /// Words and punctuation marks: a counter for which a joined text costs more than

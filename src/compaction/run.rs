@@ -26,6 +26,27 @@ use crate::projection::ModelView;
 use crate::store::StoreError;
 use crate::tokens::{MESSAGE_OVERHEAD, REPLY_PRIMING};
 
+/// Tokens the handoff pair may take with the view still under the trigger: the
+/// trigger less everything else the view holds (pinned, tools, lifted, recent).
+fn room_under_trigger(job: &Job<'_>, plan: &Plan) -> u64 {
+    job.threshold
+        .saturating_sub(job.scale.tokens(plan.rest + 2 * MESSAGE_OVERHEAD + 64))
+}
+
+/// Share of the trigger a compacted view may reach when its handoff grows to keep the
+/// user's messages whole: well under `compaction.prepare_at`'s default (0.8), so the
+/// turns that arrive while a prepared compaction waits, and the next few, neither
+/// compact nor prepare again at once (0.65 made a 4k conversation of 500-token turns
+/// prepare on every turn).
+const GROWN_VIEW_SHARE: f64 = 0.5;
+
+/// Tokens a handoff may grow to, past its budget, before it cuts a user message: what
+/// leaves the view at [`GROWN_VIEW_SHARE`] of the trigger.
+fn room_for_user_text(job: &Job<'_>, plan: &Plan) -> u64 {
+    let aim = (job.threshold as f64 * GROWN_VIEW_SHARE) as u64;
+    aim.saturating_sub(job.scale.tokens(plan.rest + 2 * MESSAGE_OVERHEAD + 64))
+}
+
 /// Tokens a deterministic handoff must leave for the ledger to be appended at all: its
 /// headings alone take about fifty.
 const LEDGER_LEAST_ROOM: u64 = 96;
@@ -167,6 +188,7 @@ impl Compactor {
                 input_budget: job.input_budget,
                 handoff_tokens: budget.saturating_sub(ledger_tokens),
                 max_calls: job.config.max_summary_calls,
+                room_tokens: room_for_user_text(job, plan),
             },
             cancel: cancel.clone(),
             client: Arc::clone(&job.client),
@@ -266,9 +288,8 @@ impl Compactor {
             return (text, None);
         };
         let counter = self.handoff_counter(job);
-        let under_trigger = job
-            .threshold
-            .saturating_sub(job.scale.tokens(plan.rest + 2 * MESSAGE_OVERHEAD + 64));
+        let under_trigger = room_under_trigger(job, plan);
+        let user_room = room_for_user_text(job, plan);
         let text = Arc::new(text);
         let shared = Arc::clone(&text);
         let work = move || {
@@ -284,6 +305,10 @@ impl Compactor {
             } else {
                 left.max(planned)
             };
+            // User text last: the ledger grows, within the view's room under the
+            // trigger, before it shortens a user message the text above does not quote.
+            let whole_users = ledger.instructions_tokens(counter.as_ref(), &shared);
+            let room = room.max(whole_users.min(user_room.saturating_sub(used)));
             ledger.fit(room, counter.as_ref(), &shared);
             let joined = format!("{}\n\n{}", shared.trim_end(), ledger.render(&shared));
             Some((joined, ledger))

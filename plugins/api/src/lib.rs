@@ -89,6 +89,18 @@ pub struct Budgets {
     /// strategy that folds a long history in several calls stops short of more.
     #[serde(default = "one_call")]
     pub max_calls: u32,
+    /// The most a handoff may grow to, past `handoff_tokens`, to keep every compacted
+    /// user message whole: what the view leaves under the trigger after the recent
+    /// part. 0 (an older host) means no more than `handoff_tokens`.
+    #[serde(default)]
+    pub room_tokens: u64,
+}
+
+impl Budgets {
+    /// The most tokens a handoff may take to keep the user's messages whole.
+    pub fn user_room(&self) -> u64 {
+        self.room_tokens.max(self.handoff_tokens)
+    }
 }
 
 fn one_call() -> u32 {

@@ -53,6 +53,7 @@ pub fn input(history: Vec<Unit>, window: u64, handoff_tokens: u64) -> StrategyIn
             input_budget: window,
             handoff_tokens,
             max_calls: 1,
+            room_tokens: 0,
         },
         cancel: CancellationToken::new(),
         client: Arc::new(NoModel),

@@ -135,11 +135,17 @@ pub fn extract_handoff(input: &StrategyInput) -> String {
         .as_deref()
         .map_or(0, |p| count(p).min(budget * PREVIOUS_FLOOR / 100));
     let fixed = count(&out) + last_assistant.as_deref().map_or(0, count);
+    let texts = user_texts(&messages, &previous);
+    let users_whole: u64 = texts.iter().map(|t| count(&user_item(t)) + 4).sum::<u64>() + 16;
+    // User text first: the handoff grows past its budget, as far as the view's room
+    // under the trigger allows, before any user message is cut.
+    let budget = budget
+        .max((fixed + users_whole + tools_floor + carried_floor).min(input.budgets.user_room()));
     let rest = budget.saturating_sub(fixed);
     let users = user_messages(
         input,
-        &messages,
-        &previous,
+        texts,
+        previous.users_left_out,
         rest.saturating_sub(tools_floor + carried_floor)
             .max(budget / 4),
     );
@@ -181,46 +187,104 @@ fn keep_newest(text: &str, chars: usize) -> String {
     )
 }
 
-/// Every user message verbatim, the previous handoff's first, newest kept first when
-/// the budget is short.
-fn user_messages(
-    input: &StrategyInput,
-    messages: &[&Value],
-    previous: &previous::Previous,
-    budget: u64,
-) -> String {
-    let mut users: Vec<String> = previous.users.clone();
-    users.extend(
+/// The text of every compacted user message, the previous handoff's first, oldest first.
+fn user_texts(messages: &[&Value], previous: &previous::Previous) -> Vec<String> {
+    let mut texts: Vec<String> = previous.users.iter().map(|item| item_text(item)).collect();
+    texts.extend(
         messages
             .iter()
             .filter(|m| m["role"] == "user")
-            .map(|m| format!("- {}\n", content_text(m).replace('\n', "\n  "))),
+            .map(|m| content_text(m))
+            .filter(|text| !text.trim().is_empty()),
     );
-    if users.is_empty() && previous.users_left_out == 0 {
+    texts
+}
+
+/// A user message as an item of its section: `- ` and its lines indented.
+fn user_item(text: &str) -> String {
+    format!("- {}\n", text.trim_end().replace('\n', "\n  "))
+}
+
+/// The text of an item `user_item` wrote.
+fn item_text(item: &str) -> String {
+    let text = item.strip_prefix("- ").unwrap_or(item).trim_end();
+    text.replace("\n  ", "\n")
+}
+
+/// Fewest characters a user message is shortened to before the oldest are left out.
+const USER_FLOOR_CHARS: usize = 240;
+
+/// Every user message within `budget` tokens: verbatim when they fit; else each one
+/// longer than an even share shortened to it, head and tail, marked (the short ones
+/// stay whole); and only when even the shortest shares do not fit, the oldest left out,
+/// and said.
+fn user_messages(
+    input: &StrategyInput,
+    texts: Vec<String>,
+    left_out_before: usize,
+    budget: u64,
+) -> String {
+    if texts.is_empty() && left_out_before == 0 {
         return String::new();
     }
-    let mut kept: Vec<String> = Vec::new();
-    let mut spent = 0;
-    for item in users.iter().rev() {
-        let cost = input.tokens.count_text(item) + 4;
-        if spent + cost > budget {
-            if kept.is_empty() {
-                // A single message bigger than the whole part: keep its head and tail.
-                kept.push(format!("{}\n", cap(item.trim_end(), chars_for(budget))));
+    let count = |text: &str| input.tokens.count_text(&user_item(text)) + 4;
+    let whole: u64 = texts.iter().map(|t| count(t)).sum();
+    let mut texts = texts;
+    if whole > budget {
+        let lengths: Vec<usize> = texts.iter().map(|t| t.chars().count()).collect();
+        let rate = lengths.iter().sum::<usize>() as f64 / whole.max(1) as f64;
+        let mut room = (budget as f64 * rate) as usize;
+        // The rate is an average and each cut adds its mark: a few tighter tries.
+        let originals = texts.clone();
+        for _ in 0..8 {
+            let share = even_share(&lengths, room).max(USER_FLOOR_CHARS);
+            texts = originals
+                .iter()
+                .map(|text| match text.chars().count() > share {
+                    true => cap(text, share),
+                    false => text.clone(),
+                })
+                .collect();
+            if share == USER_FLOOR_CHARS || texts.iter().map(|t| count(t)).sum::<u64>() <= budget {
+                break;
             }
+            room = room * 7 / 8;
+        }
+    }
+    let mut kept: Vec<&String> = Vec::new();
+    let mut spent = 0;
+    for text in texts.iter().rev() {
+        let cost = count(text);
+        if spent + cost > budget && !kept.is_empty() {
             break;
         }
         spent += cost;
-        kept.push(item.clone());
+        kept.push(text);
     }
     kept.reverse();
-    let left_out = previous.users_left_out + users.len() - kept.len();
+    let left_out = left_out_before + texts.len() - kept.len();
     let mut out = String::from("\n## User messages (verbatim, oldest first)\n");
     if left_out > 0 {
         out.push_str(&format!("[{left_out} earlier user message(s) left out for space; the originals are kept in handoff's log]\n"));
     }
-    kept.iter().for_each(|item| out.push_str(item));
+    kept.iter().for_each(|text| out.push_str(&user_item(text)));
     out
+}
+
+/// The largest length `share` with the `lengths` capped at it summing to at most `room`:
+/// the short ones keep all they have, the long ones split what is left evenly.
+fn even_share(lengths: &[usize], room: usize) -> usize {
+    let mut sorted = lengths.to_vec();
+    sorted.sort_unstable();
+    let mut left = room;
+    for (i, length) in sorted.iter().enumerate() {
+        let others = sorted.len() - i;
+        if length * others > left {
+            return left / others;
+        }
+        left -= length;
+    }
+    usize::MAX
 }
 
 /// One tool call: the line naming it and its outcome, and the kept lines of its result.
@@ -388,6 +452,63 @@ mod tests {
         );
         assert!(!text.contains("request 0:"));
         assert!(text.contains("earlier user message(s) left out"));
+    }
+
+    #[test]
+    fn user_text_comes_first_the_handoff_grows_for_it_and_tools_give_way() {
+        // Forty messages of ~60 tokens: 2,400 tokens in a handoff budget of 400.
+        let mut input = input(40, 400);
+        input.budgets.room_tokens = 4000;
+        let text = extract_handoff(&input);
+        for n in 0..40 {
+            assert!(
+                text.contains(&format!("request {n}: {}", "x".repeat(200))),
+                "user message {n} not verbatim"
+            );
+        }
+        assert!(!text.contains("user message(s) left out"), "{text}");
+        assert!(input.tokens.count_text(&text) <= 4000, "within the room");
+        assert!(
+            text.contains("tool call(s) left out") || text.contains("shown as the call only"),
+            "tool results give way before user text: {text}"
+        );
+    }
+
+    #[test]
+    fn user_messages_over_the_room_are_each_cut_head_and_tail_not_dropped() {
+        let mut input = input(6, 300);
+        input.budgets.room_tokens = 800;
+        input.history.insert(
+            0,
+            Unit {
+                messages: vec![json!({"role": "user", "content": format!("OLDEST-HEAD {} OLDEST-TAIL", "q".repeat(4000))})],
+            },
+        );
+        let text = extract_handoff(&input);
+        assert!(!text.contains("user message(s) left out"), "{text}");
+        assert!(
+            text.contains("OLDEST-HEAD") && text.contains("OLDEST-TAIL"),
+            "{text}"
+        );
+        assert!(text.contains("characters omitted by handoff"), "{text}");
+        for n in 0..6 {
+            assert!(
+                text.contains(&format!("request {n}: {}", "x".repeat(200))),
+                "{n}: {text}"
+            );
+        }
+        assert!(
+            input.tokens.count_text(&text) <= 800,
+            "{}",
+            input.tokens.count_text(&text)
+        );
+    }
+
+    #[test]
+    fn the_even_share_leaves_short_messages_whole() {
+        assert_eq!(even_share(&[10, 10, 100], 119), 99);
+        assert_eq!(even_share(&[10, 10, 100, 100], 120), 50);
+        assert_eq!(even_share(&[10, 20], 1000), usize::MAX);
     }
 
     #[test]
