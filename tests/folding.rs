@@ -429,6 +429,18 @@ fn eval_replays_a_conversation_file_as_the_readme_shows() {
         "{conversation}"
     );
     assert_eq!(report["total"]["compactions"], 1);
+    // Every compacted fact the final view lost is listed, with the compaction that lost it.
+    let compacted = &conversation["compacted"];
+    let missing: u64 = ["user", "identifiers", "outcomes"]
+        .iter()
+        .map(|class| {
+            compacted[class]["matches"].as_u64().unwrap()
+                - compacted[class]["kept"].as_u64().unwrap()
+        })
+        .sum();
+    let lost = conversation["lost"].as_array().cloned().unwrap_or_default();
+    assert_eq!(lost.len() as u64, missing, "{lost:?}");
+    assert!(lost.iter().all(|l| l["compaction"] == 1), "{lost:?}");
     assert!(
         dir.path().read_dir().unwrap().next().is_none(),
         "eval wrote nothing"

@@ -37,6 +37,79 @@ impl ClassRecall {
     }
 }
 
+/// A compacted fact the final view does not carry, and the compaction that lost it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct LostFact {
+    /// The fact, lowercased as it is matched.
+    pub fact: String,
+    /// `user`, `identifiers` or `outcomes`.
+    pub class: &'static str,
+    /// The compaction (from 1, in order) whose handoff first went without it, after the
+    /// fact was compacted.
+    pub compaction: Option<usize>,
+    /// True when an earlier handoff carried it: a later compaction dropped it.
+    pub dropped: bool,
+}
+
+/// The compacted facts of `messages` that neither `verbatim` nor the final handoff
+/// holds, each with the compaction that lost it: `handoffs` are the compactions' texts
+/// in order, with the number of live messages each one covers (`end_exclusive`), and
+/// `pinned` the leading messages that are never compacted.
+pub fn lost_facts(
+    messages: &[Value],
+    verbatim: &str,
+    handoffs: &[(usize, String)],
+    pinned: usize,
+) -> Vec<LostFact> {
+    let verbatim = verbatim.to_lowercase();
+    let handoffs: Vec<(usize, String)> = handoffs
+        .iter()
+        .map(|(covers, text)| (*covers, text.to_lowercase()))
+        .collect();
+    let Some((_, last)) = handoffs.last() else {
+        return Vec::new();
+    };
+    // Where each fact first appears, among the live messages.
+    let mut first_seen = std::collections::HashMap::new();
+    for (index, message) in messages.iter().enumerate().skip(pinned) {
+        for fact in classes(std::slice::from_ref(message)).iter().flatten() {
+            first_seen.entry(fact.clone()).or_insert(index - pinned);
+        }
+    }
+    let mut lost = Vec::new();
+    for (class, facts) in ["user", "identifiers", "outcomes"]
+        .into_iter()
+        .zip(classes(messages))
+    {
+        for fact in facts {
+            if verbatim.contains(fact.as_str()) || last.contains(fact.as_str()) {
+                continue;
+            }
+            let at = first_seen.get(&fact).copied().unwrap_or(0);
+            let mut held = false;
+            let mut lost_at = None;
+            for (number, (covers, text)) in handoffs.iter().enumerate() {
+                if *covers <= at {
+                    continue;
+                }
+                if text.contains(fact.as_str()) {
+                    held = true;
+                } else {
+                    lost_at = Some(number + 1);
+                    break;
+                }
+            }
+            lost.push(LostFact {
+                fact,
+                class,
+                compaction: lost_at,
+                dropped: held,
+            });
+        }
+    }
+    lost
+}
+
 /// The facts of `messages` (neutral form) by class, each fact in its first class.
 fn classes(messages: &[Value]) -> [BTreeSet<String>; 3] {
     let mut user = BTreeSet::new();
@@ -100,6 +173,30 @@ pub fn strings_of(value: &Value, out: &mut String) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_lost_fact_names_the_compaction_that_lost_it() {
+        let messages = [
+            json!({"role": "system", "content": "be brief"}),
+            json!({"role": "user", "content": "keep ORD-1001 and ORD-2002"}),
+            json!({"role": "user", "content": "and INV-3003"}),
+            json!({"role": "user", "content": "now"}),
+        ];
+        let handoffs = [
+            (1, "the user named ORD-1001 and ORD-2002".to_owned()),
+            (2, "ORD-2002".to_owned()),
+        ];
+        let lost = lost_facts(&messages, "now", &handoffs, 1);
+        let named: Vec<(&str, Option<usize>, bool)> = lost
+            .iter()
+            .map(|l| (l.fact.as_str(), l.compaction, l.dropped))
+            .collect();
+        assert_eq!(
+            named,
+            [("inv-3003", Some(2), false), ("ord-1001", Some(2), true)],
+            "INV-3003 never made a handoff; ORD-1001 was dropped by the second"
+        );
+    }
 
     #[test]
     fn only_compacted_facts_count_each_in_its_first_class() {

@@ -131,6 +131,9 @@ pub struct ConversationReport {
     pub recall: Option<Recall>,
     /// Recall of the compacted facts by class, when there was a compaction.
     pub compacted: Option<ClassRecall>,
+    /// The compacted facts the final view lost, each with the compaction that lost it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lost: Vec<facts::LostFact>,
     /// Attempts of model strategies (all but the chain's deterministic end).
     pub model_attempts: u64,
     /// Those that failed, by reason: the refusal share's numerator.
@@ -385,6 +388,15 @@ impl Replayer {
                 .handoff
                 .as_deref()
                 .map(|handoff| facts::compacted_recall(&last.messages, &last.verbatim, handoff)),
+            lost: facts::lost_facts(
+                &last.messages,
+                &last.verbatim,
+                &records
+                    .iter()
+                    .map(|r| (r.source.end_exclusive, r.handoff_text().to_owned()))
+                    .collect::<Vec<_>>(),
+                last.pinned,
+            ),
             model_attempts: model_attempts.len() as u64,
             model_failed,
             errors,
@@ -491,6 +503,8 @@ struct Seen {
     handoff: Option<String>,
     /// The request's messages in the neutral form.
     messages: Vec<Value>,
+    /// How many of them lead pinned, never compacted.
+    pinned: usize,
 }
 
 impl Seen {
@@ -522,6 +536,11 @@ impl Seen {
                 .iter()
                 .flat_map(|m| dialect.neutral(m.value()))
                 .collect(),
+            pinned: view
+                .pinned
+                .iter()
+                .map(|m| dialect.neutral(m.message.value()).len())
+                .sum(),
         }
     }
 }
