@@ -86,14 +86,27 @@ impl Compactor {
             &ledger,
             &cancel,
         );
-        let outcome = self.run_equipped(job, input, budget).await;
+        // A deterministic handoff leaves the ledger half its share: it quotes the user's
+        // messages and the edges of tool results itself, and the ledger adds the
+        // identifiers it has no room for.
+        let planned = ledger.as_ref().map_or(0, |(_, tokens)| *tokens);
+        let reserve = planned / 2;
+        let outcome = self
+            .run_equipped(job, input, budget.saturating_sub(reserve))
+            .await;
         let written = self.written(outcome, &cancel)?;
         let deterministic = job
             .chain
             .iter()
             .any(|s| s.name == written.strategy && s.strategy.is_deterministic());
         let text = self
-            .with_ledger(job, &plan, (budget, deterministic), ledger, written.text)
+            .with_ledger(
+                job,
+                &plan,
+                (budget, deterministic.then_some(reserve)),
+                ledger,
+                written.text,
+            )
             .await;
         let mut record = self.draft(
             job,
@@ -280,7 +293,7 @@ impl Compactor {
         &self,
         job: &Job<'_>,
         plan: &Plan,
-        (budget, deterministic): (u64, bool),
+        (budget, reserved): (u64, Option<u64>),
         ledger: Option<(Ledger, u64)>,
         text: String,
     ) -> (String, Option<Ledger>) {
@@ -295,6 +308,8 @@ impl Compactor {
         let work = move || {
             let used = counter.count_text(&shared);
             let left = budget.min(under_trigger).saturating_sub(used);
+            let deterministic = reserved.is_some();
+            let left = left.max(reserved.unwrap_or(0));
             if deterministic && left < LEDGER_LEAST_ROOM {
                 // The handoff quotes what the ledger would; its headings and counts of
                 // what it left out would only push the handoff over its budget.

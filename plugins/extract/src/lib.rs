@@ -13,8 +13,8 @@ mod previous;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use handoff_plugin_api::{
-    cap_head_tail, content_text, tool_calls as calls_of, AttemptError, Strategy, StrategyInput,
-    Summary,
+    cap_head_tail, content_text, identifiers, tool_calls as calls_of, AttemptError, Strategy,
+    StrategyInput, Summary,
 };
 use serde_json::Value;
 
@@ -76,6 +76,50 @@ fn chars_for(tokens: u64) -> usize {
 fn cap(text: &str, chars: usize) -> String {
     let half = chars / 2;
     cap_head_tail(text, half, chars - half)
+}
+
+/// Tokens kept for the note that names what left-out tool calls named.
+const NOTE_TOKENS: u64 = 96;
+
+/// Most identifiers named for an omitted part.
+const NAMED_MOST: usize = 24;
+
+/// `names` as a handoff line says them: distinct, at most [`NAMED_MOST`], the count of
+/// the others said.
+fn named(names: &[String]) -> String {
+    let mut seen = std::collections::HashSet::new();
+    let distinct: Vec<&String> = names.iter().filter(|n| seen.insert(n.as_str())).collect();
+    let shown: Vec<&str> = distinct
+        .iter()
+        .take(NAMED_MOST)
+        .map(|n| n.as_str())
+        .collect();
+    let mut out = shown.join(", ");
+    if distinct.len() > NAMED_MOST {
+        out.push_str(&format!(" and {} more", distinct.len() - NAMED_MOST));
+    }
+    out
+}
+
+/// A user message capped to `chars` characters, head and tail, with the identifiers
+/// (ids, paths, numbers) of the part it leaves out named after it: a user's figures
+/// and names survive a cut.
+fn cap_user(text: &str, chars: usize) -> String {
+    let total = text.chars().count();
+    if total <= chars {
+        return text.to_owned();
+    }
+    let half = chars / 2;
+    let middle: String = text.chars().skip(half).take(total - chars).collect();
+    let kept = cap(text, chars);
+    let lost: Vec<String> = identifiers(&middle)
+        .into_iter()
+        .filter(|id| !kept.to_lowercase().contains(id.as_str()))
+        .collect();
+    if lost.is_empty() {
+        return kept;
+    }
+    format!("{kept}\n[the omitted part named: {}]", named(&lost))
 }
 
 /// Builds the deterministic handoff text.
@@ -153,7 +197,7 @@ pub fn extract_handoff(input: &StrategyInput) -> String {
     let tools = tool_section(
         &entries,
         &costs,
-        previous.calls_left_out,
+        (previous.calls_left_out, &previous.calls_left_out_named),
         rest.saturating_sub(carried_floor).max(tools_floor),
     );
     let rest = rest.saturating_sub(count(&tools)).max(carried_floor);
@@ -241,7 +285,7 @@ fn user_messages(
             texts = originals
                 .iter()
                 .map(|text| match text.chars().count() > share {
-                    true => cap(text, share),
+                    true => cap_user(text, share),
                     false => text.clone(),
                 })
                 .collect();
@@ -348,15 +392,23 @@ fn result_edges(text: &str) -> String {
 fn tool_section(
     entries: &[ToolEntry],
     costs: &[(u64, u64)],
-    calls_left_before: usize,
+    (calls_left_before, named_before): (usize, &[String]),
     budget: u64,
 ) -> String {
     if entries.is_empty() && calls_left_before == 0 {
         return String::new();
     }
+    let whole: u64 = costs.iter().map(|(call, result)| call + result).sum();
+    // A note names what the calls left out named: room for it when some will be.
+    let budget = if whole > budget {
+        budget.saturating_sub(NOTE_TOKENS.min(budget / 8))
+    } else {
+        budget
+    };
     let mut kept: Vec<String> = Vec::new();
     let mut spent = 0;
     let (mut results_left_out, mut calls_left_out) = (0, calls_left_before);
+    let mut named_out: Vec<String> = Vec::new();
     for (entry, (call_cost, result_cost)) in entries.iter().zip(costs).rev() {
         let whole_cost = call_cost + result_cost;
         if spent + whole_cost <= budget {
@@ -368,14 +420,22 @@ fn tool_section(
             kept.push(entry.call.clone());
         } else {
             calls_left_out += 1;
+            named_out.extend(identifiers(&entry.call));
         }
     }
     kept.reverse();
+    // Newest first: the calls left out most recently, then what earlier notes named.
+    named_out.extend(named_before.iter().cloned());
     let mut out =
         String::from("\n## Tool calls and results (first and last lines, oldest first)\n");
     if calls_left_out > 0 {
+        let names = if named_out.is_empty() {
+            String::new()
+        } else {
+            format!("; they named: {}", named(&named_out))
+        };
         out.push_str(&format!(
-            "[{calls_left_out} earlier tool call(s) left out for space; the originals are kept in handoff's log]\n"
+            "[{calls_left_out} earlier tool call(s) left out for space; the originals are kept in handoff's log{names}]\n"
         ));
     }
     if results_left_out > 0 {

@@ -13,6 +13,8 @@ pub struct Previous {
     pub tools: Vec<(String, String)>,
     /// Tool calls it had already left out.
     pub calls_left_out: usize,
+    /// What the calls it left out named, as its note said.
+    pub calls_left_out_named: Vec<String>,
     /// What it carried that is no extract item: a summary it was, or one it held.
     pub carried: Option<String>,
     /// Its last assistant message.
@@ -43,6 +45,7 @@ pub fn read(previous: &str, preamble: &str) -> Previous {
             out.users_left_out = left_out;
         } else if heading.starts_with(TOOLS) {
             let (items, left_out) = items_of(text);
+            out.calls_left_out_named = named_in_note(text);
             out.tools = items
                 .into_iter()
                 .map(|item| match item.split_once('\n') {
@@ -64,6 +67,20 @@ pub fn read(previous: &str, preamble: &str) -> Previous {
         }
     }
     out
+}
+
+/// The identifiers a section's `[… left out …; they named: a, b and N more]` note lists.
+fn named_in_note(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|line| line.starts_with('[') && line.contains("left out"))
+        .filter_map(|line| line.split_once("they named: "))
+        .flat_map(|(_, names)| {
+            let names = names.trim_end_matches(']');
+            let names = names.split(" and ").next().unwrap_or(names);
+            names.split(", ").map(str::to_owned).collect::<Vec<_>>()
+        })
+        .filter(|name| !name.is_empty())
+        .collect()
 }
 
 /// The `- ` items of a section (each with its indented lines, newline-terminated), and
