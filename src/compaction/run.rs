@@ -212,10 +212,10 @@ impl Compactor {
     /// Runs the chain, each strategy counting in the tokens it is judged in: a summary
     /// call in its model's, a deterministic handoff in the request model's.
     ///
-    /// A deterministic handoff gets the whole handoff `budget`, not what the ledger's
-    /// share leaves: it quotes the user's messages and the edges of tool results itself,
-    /// which is what the ledger would keep, so the share reserved for a model's summary
-    /// would only crowd it out (the ledger then fills what room it leaves).
+    /// A deterministic handoff gets `budget` (the handoff budget less half the ledger's
+    /// share), not what the whole share leaves: it quotes the user's messages and the
+    /// edges of tool results itself, which the share reserved for a model's summary
+    /// crowded out (a 22-turn agent lost the edges of its oldest tool results).
     async fn run_equipped(
         &self,
         job: &Job<'_>,
@@ -287,8 +287,9 @@ impl Compactor {
 
     /// `text` with the ledger after it. The ledger gets the room the strategy left, as
     /// far as the view stays under the trigger: past its share it never pushes a view
-    /// over. After a deterministic handoff, which had the whole budget, it gets only
-    /// the room left. Fitted on the blocking pool; `text` alone if that failed.
+    /// over. After a deterministic handoff it gets what the handoff `reserved` for it
+    /// and the room left, and nothing when that cannot hold its headings. Fitted on the
+    /// blocking pool; `text` alone if that failed.
     async fn with_ledger(
         &self,
         job: &Job<'_>,
