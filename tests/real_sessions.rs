@@ -252,3 +252,52 @@ async fn with_the_ledger_a_summary_keeps_at_least_what_extract_keeps_on_every_se
         );
     }
 }
+
+/// The share of a class's compacted facts the sessions' final views kept, over all.
+fn class_share(report: &Value, class: &str) -> f64 {
+    report["total"]["compacted"][class]["share"]
+        .as_f64()
+        .unwrap()
+}
+
+#[test]
+fn extract_keeps_the_users_facts_and_the_call_ids_at_8k_and_16k() {
+    // Measured with `benches/eval.sh` when the deterministic handoff started to name
+    // what it cuts: 8k user 24/26, ids 21/21, probe 69%; 16k 17/17, 10/10, 86%. The
+    // runs are deterministic; these floors catch a regression, not noise.
+    let dir = tempfile::tempdir().unwrap();
+    let files = session_files(dir.path());
+    for (window, user, ids, probe) in [(8192, 0.9, 0.95, 0.65), (16_384, 1.0, 0.95, 0.84)] {
+        let report = eval(
+            dir.path(),
+            &files,
+            "extract",
+            window,
+            &["--probe", "[0-9]{2,}"],
+        );
+        let shares = (
+            class_share(&report, "user"),
+            class_share(&report, "identifiers"),
+            report["total"]["recall"].as_f64().unwrap(),
+        );
+        assert!(
+            shares.0 >= user && shares.1 >= ids && shares.2 >= probe,
+            "window {window}: user, ids, probe = {shares:?}"
+        );
+        // What was lost is listed, one line per fact, with the compaction that lost it.
+        let lost: usize = report["conversations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["lost"].as_array().map_or(0, Vec::len))
+            .sum();
+        let compacted = &report["total"]["compacted"];
+        let missing: u64 = ["user", "identifiers", "outcomes"]
+            .iter()
+            .map(|c| {
+                compacted[c]["matches"].as_u64().unwrap() - compacted[c]["kept"].as_u64().unwrap()
+            })
+            .sum();
+        assert_eq!(lost as u64, missing, "window {window}");
+    }
+}

@@ -51,24 +51,22 @@ pub struct LostFact {
     pub dropped: bool,
 }
 
-/// The compacted facts of `messages` that neither `verbatim` nor the final handoff
-/// holds, each with the compaction that lost it: `handoffs` are the compactions' texts
-/// in order, with the number of live messages each one covers (`end_exclusive`), and
-/// `pinned` the leading messages that are never compacted.
+/// The compacted facts of `messages` that neither `verbatim` nor `last` (the final
+/// view's handoff) holds, each with the compaction that lost it: `handoffs` are the
+/// compactions' texts in order, with the number of live messages each one covers
+/// (`end_exclusive`), and `pinned` the leading messages that are never compacted.
 pub fn lost_facts(
     messages: &[Value],
-    verbatim: &str,
+    (verbatim, last): (&str, &str),
     handoffs: &[(usize, String)],
     pinned: usize,
 ) -> Vec<LostFact> {
     let verbatim = verbatim.to_lowercase();
+    let last = last.to_lowercase();
     let handoffs: Vec<(usize, String)> = handoffs
         .iter()
         .map(|(covers, text)| (*covers, text.to_lowercase()))
         .collect();
-    let Some((_, last)) = handoffs.last() else {
-        return Vec::new();
-    };
     // Where each fact first appears, among the live messages.
     let mut first_seen = std::collections::HashMap::new();
     for (index, message) in messages.iter().enumerate().skip(pinned) {
@@ -186,7 +184,7 @@ mod tests {
             (1, "the user named ORD-1001 and ORD-2002".to_owned()),
             (2, "ORD-2002".to_owned()),
         ];
-        let lost = lost_facts(&messages, "now", &handoffs, 1);
+        let lost = lost_facts(&messages, ("now", &handoffs[1].1), &handoffs, 1);
         let named: Vec<(&str, Option<usize>, bool)> = lost
             .iter()
             .map(|l| (l.fact.as_str(), l.compaction, l.dropped))

@@ -388,15 +388,18 @@ impl Replayer {
                 .handoff
                 .as_deref()
                 .map(|handoff| facts::compacted_recall(&last.messages, &last.verbatim, handoff)),
-            lost: facts::lost_facts(
-                &last.messages,
-                &last.verbatim,
-                &records
+            lost: last.handoff.as_deref().map_or_else(Vec::new, |handoff| {
+                let handoffs: Vec<(usize, String)> = records
                     .iter()
                     .map(|r| (r.source.end_exclusive, r.handoff_text().to_owned()))
-                    .collect::<Vec<_>>(),
-                last.pinned,
-            ),
+                    .collect();
+                facts::lost_facts(
+                    &last.messages,
+                    (&last.verbatim, handoff),
+                    &handoffs,
+                    last.pinned,
+                )
+            }),
             model_attempts: model_attempts.len() as u64,
             model_failed,
             errors,
