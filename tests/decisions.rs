@@ -102,6 +102,16 @@ fn of_kind(lines: &[Value], kind: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The item of the array `list` whose `key` is `value`.
+fn item(list: &Value, key: &str, value: &str) -> Value {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i[key] == value)
+        .unwrap_or_else(|| panic!("no {key} {value} in {list}"))
+        .clone()
+}
+
 /// True when `body` carries a message whose content is `handoff`'s.
 fn carries(body: &Value, handoff: &Value) -> bool {
     body["messages"]
@@ -441,13 +451,7 @@ async fn a_prepared_compaction_is_drawn_waiting_from_its_commit_to_its_adoption(
     assert!(!carries(&sent[adopted_at - 2].json(), &prepared["handoff"]));
 
     let timeline = timeline(&proxy, "prepared");
-    let span = timeline["prepared"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == id)
-        .unwrap()
-        .clone();
+    let span = item(&timeline["prepared"], "id", id);
     assert_eq!(span["waiting_from"], waiting_from, "{span}");
     assert_eq!(span["adopted_at"], adopted_at, "{span}");
 
@@ -460,26 +464,14 @@ async fn a_prepared_compaction_is_drawn_waiting_from_its_commit_to_its_adoption(
         &["prepared", shots.to_str().unwrap()],
     )
     .await;
-    let band = seen["prepared"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == id)
-        .unwrap_or_else(|| panic!("no band for {id}: {seen}"))
-        .clone();
+    let band = item(&seen["prepared"], "id", id);
     assert_eq!(band["waiting_from"], waiting_from.to_string());
     assert_eq!(band["adopted_at"], adopted_at.to_string());
     assert!(
         seen["adopted"].as_array().unwrap().contains(&json!(id)),
         "{seen}"
     );
-    let marker = seen["markers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["compaction"] == id)
-        .unwrap()
-        .clone();
+    let marker = item(&seen["markers"], "compaction", id);
     assert_eq!(marker["request"], adopted_at.to_string(), "{seen}");
     // A dot per request, each at the trigger the proxy logged for it.
     let requests = requests_of(&timeline);

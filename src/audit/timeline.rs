@@ -219,7 +219,7 @@ pub fn timeline(
         let Some(event) = request_events.get(index).and_then(|&at| events.get_mut(at)) else {
             continue;
         };
-        let rescued = figure.head.is_some_and(|h| rescues.contains_key(&Some(h)));
+        let rescued = rescues.contains_key(&figure.head);
         add_figures(event, figure, rebuilt[index].as_ref(), fallback, rescued);
         event["compacted_here"] = json!(first_uses[index]);
     }
@@ -288,6 +288,7 @@ struct Sent {
     tokens: Option<u64>,
     compaction: Option<String>,
 }
+
 /// What `request` was sent with: the compactions committed so far, and its rescue.
 fn sized(
     tree: &Tree<'_>,

@@ -17,7 +17,7 @@ use std::time::Duration;
 pub use stream::ReplyCapture;
 
 use crate::base::digest::{message_digest, PrefixDigest};
-use crate::base::line::{DecisionLine, Entry, Line};
+use crate::base::line::DecisionLine;
 use crate::base::object_fields::REFERENCE_TYPE;
 use crate::base::outcome::Outcome;
 use crate::base::reply::Assembled;
@@ -139,15 +139,10 @@ impl ReplyTarget {
         self.unlogged("storage", &reason)
     }
 
-    /// Logs the decision alone, for an answer with no reply to log it with. A failed
-    /// write loses only the note.
+    /// Logs the decision alone, for an answer with no reply to log it with.
     async fn note_decision(&self) {
-        let Some(decision) = self.decision.clone() else {
-            return;
-        };
-        let line = Line::now(Entry::Decision(decision));
-        if let Err(err) = self.tracker.store().append(&self.id, vec![line]).await {
-            tracing::warn!(conversation = %self.id, error = %err, "cannot log the request's decision");
+        if let Some(decision) = self.decision.clone() {
+            self.tracker.record_decision(&self.id, decision).await;
         }
     }
 

@@ -3,7 +3,7 @@
 //! the reply, or alone when the request ends without one.
 
 use super::Exchange;
-use crate::base::line::{DecisionLine, Entry, Line};
+use crate::base::line::DecisionLine;
 use crate::compaction::decision;
 use crate::conversation::Tracked;
 use crate::error::ApiError;
@@ -45,20 +45,13 @@ impl Exchange<'_> {
     }
 
     /// Logs `decision` on its own, for a request that ends without a reply to log it
-    /// with (an upstream error, a refusal). A failed write loses only the note.
+    /// with (an upstream error, a refusal).
     pub(super) async fn note(&self, decision: Option<DecisionLine>) {
-        let (Some(decision), Ok(tracked)) = (decision, self.tracked()) else {
-            return;
-        };
-        let line = Line::now(Entry::Decision(decision));
-        if let Err(err) = self
-            .state
-            .tracker
-            .store()
-            .append(&tracked.id, vec![line])
-            .await
-        {
-            tracing::warn!(conversation = %tracked.id, error = %err, "cannot log the request's decision");
+        if let (Some(decision), Ok(tracked)) = (decision, self.tracked()) {
+            self.state
+                .tracker
+                .record_decision(&tracked.id, decision)
+                .await;
         }
     }
 }

@@ -29,7 +29,7 @@ use crate::base::calibration::Calibration;
 use crate::base::digest::{
     message_digest, next_prefix, prefix_digests_after, MessageDigest, PrefixDigest,
 };
-use crate::base::line::{Entry, Line, MessageLine, PinnedLine, RequestLine, Source};
+use crate::base::line::{DecisionLine, Entry, Line, MessageLine, PinnedLine, RequestLine, Source};
 use crate::base::record::CompactionRecord;
 use crate::dialect::echo::{echo_digest, reference_digest, turn_forms};
 use crate::dialect::{ChatRequest, DialectKind, Message, RawMessage};
@@ -396,6 +396,16 @@ impl Tracker {
             calibration: state.calibration.clone(),
             logged: true,
         })
+    }
+
+    /// Logs `decision` on its own, for a request that ends without replies to log it
+    /// with (an upstream error, a refusal, an unreadable reply). A failed write loses
+    /// only the note, and is warned about.
+    pub async fn record_decision(&self, id: &ConversationId, decision: DecisionLine) {
+        let line = Line::now(Entry::Decision(decision));
+        if let Err(err) = self.store.append(id, vec![line]).await {
+            tracing::warn!(conversation = %id, error = %err, "cannot log the request's decision");
+        }
     }
 
     /// Logs the upstream's reply choices as the next originals after their parent.
