@@ -108,8 +108,9 @@ pub struct CompactionRecord {
     pub usage: Value,
     /// Every attempt, in order.
     pub attempts: Vec<Attempt>,
-    /// The ledger the handoff ends with, structured; none before ledgers existed or
-    /// with `compaction.ledger_share = 0`.
+    /// The ledger the handoff ends with, structured (after a deterministic handoff that
+    /// left it no room, the user's messages alone, carried for the next compaction but
+    /// not written); none before ledgers existed or with `compaction.ledger_share = 0`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ledger: Option<crate::base::ledger::Ledger>,
     /// Set when it was prepared in the background: it counts only once a request

@@ -13,7 +13,7 @@ use serde_json::json;
 use super::chain::{run_chain, sum_usage, ChainOutcome, CountFor};
 use super::handoff::{continuation_message, handoff_message, needs_reasoning_marker};
 use super::ledger::{self, Ledger};
-use super::service::{handoff_budget, CompactError, Compactor, Job, Plan};
+use super::service::{handoff_budget, user_slack, CompactError, Compactor, Job, Plan};
 use super::unit::split_into_units;
 use super::Adopted;
 use crate::base::line::{Entry, FORMAT_VERSION};
@@ -41,11 +41,29 @@ fn room_under_trigger(job: &Job<'_>, plan: &Plan) -> u64 {
 const GROWN_VIEW_SHARE: f64 = 0.5;
 
 /// Tokens a handoff may grow to, past its budget, before it cuts a user message: what
-/// leaves the view at [`GROWN_VIEW_SHARE`] of the trigger.
+/// leaves the view at [`GROWN_VIEW_SHARE`] of the trigger; and when the user's words
+/// need more, what they need, up to what the window allows (less
+/// [`WINDOW_MARGIN_SHARE`]). The plan kept a recent part small enough for them under
+/// the trigger where one was; where the newest unit alone leaves no such room, the
+/// view goes over the trigger rather than lose what the user said.
 fn room_for_user_text(job: &Job<'_>, plan: &Plan) -> u64 {
+    let rest = job.scale.tokens(plan.rest + 2 * MESSAGE_OVERHEAD + 64);
+    let grown = grown_room(job, plan);
+    let needed = job.scale.tokens(plan.users + user_slack(&job.model));
+    let limit = job.hard_limit();
+    let window = (limit - (limit as f64 * WINDOW_MARGIN_SHARE) as u64).saturating_sub(rest);
+    grown.max(needed.min(window))
+}
+
+/// Tokens a handoff may take that leave the view at [`GROWN_VIEW_SHARE`] of the trigger.
+fn grown_room(job: &Job<'_>, plan: &Plan) -> u64 {
     let aim = (job.threshold as f64 * GROWN_VIEW_SHARE) as u64;
     aim.saturating_sub(job.scale.tokens(plan.rest + 2 * MESSAGE_OVERHEAD + 64))
 }
+
+/// Share of the input budget a handoff grown for user text leaves free: the local count
+/// is an estimate, and the upstream's own may be a little higher.
+const WINDOW_MARGIN_SHARE: f64 = 0.05;
 
 /// Tokens a deterministic handoff must leave for the ledger to be appended at all: its
 /// headings alone take about fifty.
@@ -288,7 +306,9 @@ impl Compactor {
     /// `text` with the ledger after it. The ledger gets the room the strategy left, as
     /// far as the view stays under the trigger: past its share it never pushes a view
     /// over. After a deterministic handoff it gets what the handoff `reserved` for it
-    /// and the room left, and nothing when that cannot hold its headings. Fitted on the
+    /// and the room left, or what leaves the view at [`GROWN_VIEW_SHARE`] of the
+    /// trigger if that is more, and nothing when that cannot hold its headings (the
+    /// user's messages are then carried unwritten). Fitted on the
     /// blocking pool; `text` alone if that failed.
     async fn with_ledger(
         &self,
@@ -304,17 +324,32 @@ impl Compactor {
         let counter = self.handoff_counter(job);
         let under_trigger = room_under_trigger(job, plan);
         let user_room = room_for_user_text(job, plan);
+        let grown = grown_room(job, plan);
         let text = Arc::new(text);
         let shared = Arc::clone(&text);
         let work = move || {
             let used = counter.count_text(&shared);
             let left = budget.min(under_trigger).saturating_sub(used);
             let deterministic = reserved.is_some();
-            let left = left.max(reserved.unwrap_or(0));
+            // A deterministic handoff costs no model output: its ledger may take the
+            // view to the grown share of the trigger for the facts the text above left.
+            // (A model's summary keeps its budget: a larger view would mean more
+            // compactions, each a paid call.)
+            let left = match reserved {
+                Some(reserved) => left.max(reserved).max(grown.saturating_sub(used)),
+                None => left,
+            };
             if deterministic && left < LEDGER_LEAST_ROOM {
                 // The handoff quotes what the ledger would; its headings and counts of
-                // what it left out would only push the handoff over its budget.
-                return None;
+                // what it left out would only push the handoff over its budget. The
+                // user's messages are still carried, unwritten, for the next
+                // compaction to plan room for them.
+                let mut carried = Ledger {
+                    instructions: std::mem::take(&mut ledger.instructions),
+                    ..Ledger::default()
+                };
+                carried.fit(user_room, counter.as_ref(), "");
+                return Some((None, carried));
             }
             let room = if deterministic {
                 left
@@ -327,10 +362,11 @@ impl Compactor {
             let room = room.max(whole_users.min(user_room.saturating_sub(used)));
             ledger.fit(room, counter.as_ref(), &shared);
             let joined = format!("{}\n\n{}", shared.trim_end(), ledger.render(&shared));
-            Some((joined, ledger))
+            Some((Some(joined), ledger))
         };
         match super::blocking::run(work).await.flatten() {
-            Some((joined, ledger)) => (joined, Some(ledger)),
+            Some((Some(joined), ledger)) => (joined, Some(ledger)),
+            Some((None, carried)) => (Arc::unwrap_or_clone(text), Some(carried)),
             None => (Arc::unwrap_or_clone(text), None),
         }
     }

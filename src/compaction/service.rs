@@ -24,7 +24,7 @@ use crate::base::line::{AdoptLine, Entry, Line, RescueLine};
 use crate::base::record::Reason;
 use crate::config::{CompactionConfig, Tokenizer};
 use crate::conversation::{ConversationId, Tracked, Tracker};
-use crate::dialect::{ChatRequest, DialectError, Message};
+use crate::dialect::{ChatRequest, DialectError, Message, Role};
 use crate::metrics::{Metrics, VIEWS_RESCUED};
 use crate::projection::{project_view, ModelView, ProjectionError};
 use crate::store::{Lease, StoreError};
@@ -35,6 +35,10 @@ const LEASE_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Shares of `keep_recent` tried, largest first, before keeping only the last unit.
 const KEEP_STEPS: [f64; 4] = [1.0, 0.5, 0.25, 0.0];
+
+/// Tokens a user message costs in a handoff past its text: its item mark, and a share
+/// of its section's heading.
+const USER_ITEM_TOKENS: u64 = 4;
 
 /// Why a compaction could not produce a view that fits.
 #[derive(Debug, thiserror::Error)]
@@ -198,6 +202,9 @@ pub(super) struct Plan {
     pub(super) predicted: u64,
     /// Local tokens of the view but the pair: pinned, tools, lifted and recent.
     pub(super) rest: u64,
+    /// Local tokens of the user's words the handoff must carry: the compacted span's
+    /// user messages and those the previous ledger held.
+    pub(super) users: u64,
 }
 
 /// A view that fits, and its local estimate (to calibrate against the usage the
@@ -645,7 +652,26 @@ impl Compactor {
         }
         // The newest unit alone keeps the view over the aim: everything before it goes.
         let keep_only_last = keep_only_last || scale(fixed + pair_tokens + last) > job.threshold;
-        let pair = pair_tokens;
+        // The user's words are never cut to keep a recent part: the pair is planned at
+        // least as large as the user text it must carry, and a smaller recent part is
+        // kept when that text is large.
+        let carried_users: u64 = view
+            .compaction
+            .as_ref()
+            .and_then(|adopted| adopted.record.ledger.as_ref())
+            .map_or(0, |ledger| {
+                let counter = self.tokens.counter(job.tokenizer);
+                (ledger.instructions.iter())
+                    .map(|text| counter.count_text(text) + USER_ITEM_TOKENS)
+                    .sum()
+            });
+        let users_before = |cut: usize| -> u64 {
+            carried_users
+                + (view.live[..cut].iter())
+                    .filter(|m| m.role == Role::User && m.is_text_message() && !m.is_tool_answer())
+                    .map(|m| count(m) + USER_ITEM_TOKENS)
+                    .sum::<u64>()
+        };
         let dialect = job.request.dialect();
         let steps: &[f64] = if keep_only_last { &[0.0] } else { &KEEP_STEPS };
         let mut chosen = None;
@@ -669,11 +695,14 @@ impl Compactor {
                 .map(count)
                 .sum();
             let recent = recent + lifted;
+            let users = users_before(cut);
+            let pair = pair_tokens.max(users + user_slack(&job.model) + 2 * MESSAGE_OVERHEAD + 64);
             let predicted = scale(fixed + pair + recent);
             chosen = Some(Plan {
                 cut,
                 predicted,
                 rest: fixed + recent,
+                users,
             });
             if predicted <= job.threshold {
                 break;
@@ -727,6 +756,12 @@ impl Compactor {
             "compaction committed"
         );
     }
+}
+
+/// Tokens a handoff carrying all the user's words needs past them: its headings, the
+/// floor of tool results, the last assistant message (a third of the handoff budget).
+pub(super) fn user_slack(model: &ModelInfo) -> u64 {
+    handoff_budget(model) / 3
 }
 
 /// The largest handoff: `min(8192, window/10)` of the request model's window. A summary

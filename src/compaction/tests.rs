@@ -207,3 +207,35 @@ async fn two_requests_over_the_trigger_make_one_summary_and_both_get_its_view() 
     );
     assert_compacted_view(agents[0]["messages"].as_array().unwrap(), &messages);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_plan_keeps_room_for_every_user_message_the_handoff_must_carry() {
+    // Extract only, on a 4k model: the handoff budget is 409 tokens; the user's
+    // messages to compact are about 1,400, and the recent part the plan would keep
+    // leaves a handoff grown to half the trigger too little room for them.
+    let config = "[models.\"strict\"]\ncontext_window = 4096\n[compaction]\nstrategy = \"extract\"\nprepare_at = 0.0\n";
+    let (strict, mock) = strict(Duration::ZERO).await;
+    let proxy = Harness::start(&mock.url(), config).await;
+    let mut messages = history(0, 0);
+    let filler: Vec<String> = (0..35).map(|i| format!("r{i}")).collect();
+    for n in 0..32 {
+        messages.push(user(n, 40));
+        messages.push(
+            json!({"role": "assistant", "content": format!("noted {n}: {}", filler.join(" "))}),
+        );
+    }
+    messages.push(user(99, 40));
+    let answer = proxy.chat("users", "strict", &messages).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert!(strict.over_window.lock().unwrap().is_empty());
+    let records = proxy.records("users").await;
+    assert_eq!(records.len(), 1, "one compaction");
+    // Every user message whole, in the handoff or in the recent part.
+    let sent = agent_requests(&mock).pop().unwrap().to_string();
+    for n in (0..32).chain([99]) {
+        let text = user(n, 40)["content"].as_str().unwrap().to_owned();
+        assert!(sent.contains(&text), "FACT-{n:03} not whole: {sent}");
+    }
+    let handoff = records[0].handoff_text();
+    assert!(!handoff.contains("user message(s) left out"), "{handoff}");
+}

@@ -110,6 +110,9 @@ pub struct Recall {
     pub kept: usize,
     /// `kept / matches`.
     pub share: f64,
+    /// The probe's matches the final view lost, in order (the probe's recall only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lost: Vec<String>,
 }
 
 /// The result of one conversation.
@@ -552,8 +555,16 @@ impl Seen {
 pub fn recall(probe: &regex::Regex, originals: &str, view: &str) -> Recall {
     let matches: std::collections::BTreeSet<&str> =
         probe.find_iter(originals).map(|m| m.as_str()).collect();
-    let kept = matches.iter().filter(|m| view.contains(*m)).count();
-    Recall::of(matches.len(), kept)
+    let lost: Vec<String> = matches
+        .iter()
+        .filter(|m| !view.contains(*m))
+        .map(|m| (*m).to_owned())
+        .collect();
+    let kept = matches.len() - lost.len();
+    Recall {
+        lost,
+        ..Recall::of(matches.len(), kept)
+    }
 }
 
 impl Recall {
@@ -562,6 +573,7 @@ impl Recall {
         Self {
             matches,
             kept,
+            lost: Vec::new(),
             share: if matches == 0 {
                 1.0
             } else {

@@ -8,13 +8,14 @@
 
 #![forbid(unsafe_code)]
 
+mod digest;
 mod previous;
+mod tools;
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use handoff_plugin_api::{
-    cap_head_tail, content_text, identifiers, tool_calls as calls_of, AttemptError, Strategy,
-    StrategyInput, Summary,
+    cap_head_tail, content_text, identifiers, AttemptError, Strategy, StrategyInput, Summary,
 };
 use serde_json::Value;
 
@@ -28,16 +29,6 @@ const TOOLS_FLOOR: u64 = 15;
 
 /// How an extract handoff starts.
 const PREAMBLE: &str = "# Handoff (deterministic extract)\n\nThis handoff was built from the conversation itself, without a model.\n";
-
-/// Characters of a tool call's arguments shown.
-const ARGUMENTS_SHOWN: usize = 200;
-
-/// Lines kept from the start and from the end of a tool result.
-const RESULT_HEAD_LINES: usize = 1;
-const RESULT_TAIL_LINES: usize = 1;
-
-/// Characters kept of one kept line of a tool result.
-const RESULT_LINE_CHARS: usize = 200;
 
 /// The deterministic fallback.
 #[derive(Debug, Default)]
@@ -77,9 +68,6 @@ fn cap(text: &str, chars: usize) -> String {
     let half = chars / 2;
     cap_head_tail(text, half, chars - half)
 }
-
-/// Tokens kept for the note that names what left-out tool calls named.
-const NOTE_TOKENS: u64 = 96;
 
 /// Most identifiers named for an omitted part.
 const NAMED_MOST: usize = 24;
@@ -149,27 +137,22 @@ pub fn extract_handoff(input: &StrategyInput) -> String {
         .map(|text| previous::read(text, PREAMBLE))
         .unwrap_or_default();
     // The previous handoff's items come first: repeated compactions drop the oldest.
-    let mut entries: Vec<ToolEntry> = previous
-        .tools
-        .iter()
-        .map(|(call, result)| ToolEntry {
-            call: call.clone(),
-            result: result.clone(),
-        })
-        .collect();
-    entries.extend(tool_entries(&messages));
+    let entries = tools::entries(
+        previous
+            .tools
+            .iter()
+            .map(|(call, result)| tools::ToolEntry::read(call, result))
+            .collect(),
+        &messages,
+        &tools::Mentions::of(&messages, &input.retained_recent_messages),
+    );
     let last_assistant = last_assistant.or_else(|| {
         previous
             .last_assistant
             .as_deref()
             .map(|text| cap(text, chars_for(budget * LAST_ASSISTANT_SHARE / 100)))
     });
-    // Each entry is counted once: its lines join the section as they are.
-    let costs: Vec<(u64, u64)> = entries
-        .iter()
-        .map(|e| (count(&e.call), count(&e.result)))
-        .collect();
-    let tools_whole: u64 = costs.iter().map(|(call, result)| call + result).sum();
+    let tools_whole = tools::whole_tokens(&entries, &count);
     // Each part is sure of a floor; above it, the user's own words come first, then
     // the tool results, and what the previous handoff carried (a summary, which
     // repeated compactions would otherwise shrink to nothing) gets all that is left.
@@ -194,9 +177,9 @@ pub fn extract_handoff(input: &StrategyInput) -> String {
             .max(budget / 4),
     );
     let rest = rest.saturating_sub(count(&users));
-    let tools = tool_section(
+    let tools = tools::section(
         &entries,
-        &costs,
+        &count,
         (previous.calls_left_out, &previous.calls_left_out_named),
         rest.saturating_sub(carried_floor).max(tools_floor),
     );
@@ -331,130 +314,6 @@ fn even_share(lengths: &[usize], room: usize) -> usize {
     usize::MAX
 }
 
-/// One tool call: the line naming it and its outcome, and the kept lines of its result.
-struct ToolEntry {
-    call: String,
-    result: String,
-}
-
-/// Every tool call of `messages`, oldest first.
-fn tool_entries(messages: &[&Value]) -> Vec<ToolEntry> {
-    let mut entries = Vec::new();
-    for (index, message) in messages.iter().enumerate() {
-        for (id, name, arguments) in calls_of(message) {
-            let result = messages[index + 1..]
-                .iter()
-                .find(|m| m["role"] == "tool" && m["tool_call_id"] == id)
-                .map(|m| content_text(m));
-            let outcome = match &result {
-                None => "no result",
-                Some(text) if looks_like_error(text) => "error",
-                Some(_) => "ok",
-            };
-            entries.push(ToolEntry {
-                call: format!(
-                    "- {name}({}) -> {outcome}\n",
-                    cap(arguments, ARGUMENTS_SHOWN)
-                ),
-                result: result.as_deref().map(result_edges).unwrap_or_default(),
-            });
-        }
-    }
-    entries
-}
-
-/// The first and last lines of a tool result, each capped, with what was left out marked.
-fn result_edges(text: &str) -> String {
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    let quote = |line: &str| format!("  | {}\n", cap(line, RESULT_LINE_CHARS));
-    let mut out = String::new();
-    if lines.len() <= RESULT_HEAD_LINES + RESULT_TAIL_LINES {
-        lines.iter().for_each(|l| out.push_str(&quote(l)));
-        return out;
-    }
-    lines[..RESULT_HEAD_LINES]
-        .iter()
-        .for_each(|l| out.push_str(&quote(l)));
-    out.push_str(&format!(
-        "  | [... {} lines omitted by handoff ...]\n",
-        lines.len() - RESULT_HEAD_LINES - RESULT_TAIL_LINES
-    ));
-    lines[lines.len() - RESULT_TAIL_LINES..]
-        .iter()
-        .for_each(|l| out.push_str(&quote(l)));
-    out
-}
-
-/// The tool section within `budget` tokens: newest calls first, each with its result's
-/// edges while they fit, then the bare call line, then nothing; with counts of both
-/// (`costs`: each entry's call and result, in tokens; `calls_left_before`: those the
-/// previous handoff had already left out).
-fn tool_section(
-    entries: &[ToolEntry],
-    costs: &[(u64, u64)],
-    (calls_left_before, named_before): (usize, &[String]),
-    budget: u64,
-) -> String {
-    if entries.is_empty() && calls_left_before == 0 {
-        return String::new();
-    }
-    let whole: u64 = costs.iter().map(|(call, result)| call + result).sum();
-    // A note names what the calls left out named: room for it when some will be.
-    let budget = if whole > budget {
-        budget.saturating_sub(NOTE_TOKENS.min(budget / 8))
-    } else {
-        budget
-    };
-    let mut kept: Vec<String> = Vec::new();
-    let mut spent = 0;
-    let (mut results_left_out, mut calls_left_out) = (0, calls_left_before);
-    let mut named_out: Vec<String> = Vec::new();
-    for (entry, (call_cost, result_cost)) in entries.iter().zip(costs).rev() {
-        let whole_cost = call_cost + result_cost;
-        if spent + whole_cost <= budget {
-            spent += whole_cost;
-            kept.push(format!("{}{}", entry.call, entry.result));
-        } else if spent + call_cost <= budget {
-            spent += call_cost;
-            results_left_out += usize::from(!entry.result.is_empty());
-            kept.push(entry.call.clone());
-        } else {
-            calls_left_out += 1;
-            named_out.extend(identifiers(&entry.call));
-        }
-    }
-    kept.reverse();
-    // Newest first: the calls left out most recently, then what earlier notes named.
-    named_out.extend(named_before.iter().cloned());
-    let mut out =
-        String::from("\n## Tool calls and results (first and last lines, oldest first)\n");
-    if calls_left_out > 0 {
-        let names = if named_out.is_empty() {
-            String::new()
-        } else {
-            format!("; they named: {}", named(&named_out))
-        };
-        out.push_str(&format!(
-            "[{calls_left_out} earlier tool call(s) left out for space; the originals are kept in handoff's log{names}]\n"
-        ));
-    }
-    if results_left_out > 0 {
-        out.push_str(&format!(
-            "[{results_left_out} older tool result(s) shown as the call only, for space]\n"
-        ));
-    }
-    kept.iter().for_each(|k| out.push_str(k));
-    out
-}
-
-fn looks_like_error(text: &str) -> bool {
-    let lower = text.trim_start().to_ascii_lowercase();
-    lower.starts_with("error")
-        || lower.starts_with("{\"error\"")
-        || serde_json::from_str::<Value>(text)
-            .is_ok_and(|v| v.get("error").is_some_and(|e| !e.is_null()))
-}
-
 #[cfg(test)]
 mod tests {
     use handoff_plugin_api::{testing, Unit};
@@ -498,7 +357,8 @@ mod tests {
             );
         }
         assert!(text.contains("grep({\"q\": \"needle\"}) -> error\n  | Error: no such file"));
-        assert!(text.contains("grep({\"q\": \"needle\"}) -> ok\n  | found"));
+        // The two calls with the same result are one line with their count.
+        assert!(text.contains("grep({\"q\": \"needle\"}) -> ok (2 calls)\n  | found"));
         assert!(text.contains("LAST ASSISTANT WORDS"));
         assert!(!text.contains("left out"));
     }
@@ -519,6 +379,14 @@ mod tests {
         // Forty messages of ~60 tokens: 2,400 tokens in a handoff budget of 400.
         let mut input = input(40, 400);
         input.budgets.room_tokens = 4000;
+        // Each call a result of its own, so that no two merge into one line.
+        for (n, unit) in input.history.iter_mut().enumerate() {
+            for message in &mut unit.messages {
+                if message["role"] == "tool" {
+                    message["content"] = json!(format!("found at line {n}{}", "y".repeat(80)));
+                }
+            }
+        }
         let text = extract_handoff(&input);
         for n in 0..40 {
             assert!(
