@@ -19,8 +19,12 @@ pub const VIEWS_RESCUED: &str = "handoff_views_rescued_total";
 pub const PREPARED: &str = "handoff_prepared_total";
 /// Prepared compactions a request adopted.
 pub const PREPARED_ADOPTED: &str = "handoff_prepared_adopted_total";
-/// Requests over the trigger that waited for their conversation's running preparation.
+/// Requests over the trigger that waited for their conversation's running compaction:
+/// no view within the input budget existed without it.
 pub const PREPARED_WAITED: &str = "handoff_prepared_waited_total";
+/// Requests over the trigger sent without waiting for their conversation's running
+/// compaction, their view within the input budget.
+pub const SENT_WHILE_PREPARING: &str = "handoff_sent_while_preparing_total";
 /// Prepared compactions superseded before any request adopted them.
 pub const PREPARED_WASTED: &str = "handoff_prepared_wasted_total";
 
@@ -103,7 +107,12 @@ const HELP: &[(&str, &str, &str)] = &[
     (
         PREPARED_WAITED,
         "counter",
-        "Requests over the trigger that waited for their conversation's running preparation.",
+        "Requests over the trigger that waited for their conversation's running compaction (no view fit the input budget without it).",
+    ),
+    (
+        SENT_WHILE_PREPARING,
+        "counter",
+        "Requests over the trigger sent without waiting for their conversation's running compaction, within the input budget.",
     ),
     (
         PREPARED_WASTED,

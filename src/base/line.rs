@@ -185,7 +185,9 @@ pub struct DecisionLine {
     pub compaction: Option<String>,
     /// Why a view over the trigger was sent: `newest_unit` (nothing more to cut, and
     /// it fits the input budget), `rescued` (tool bodies shortened), `guess` (over the
-    /// budget by an uncalibrated count, within a factor of two).
+    /// budget by an uncalibrated count, within a factor of two), `sent_while_preparing`
+    /// (within the input budget while the conversation's compaction ran: not waited
+    /// for; `compaction` names the view's handoff, the last one adopted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub over: Option<String>,
     /// Views the upstream refused for their size before this one was sent.

@@ -10,23 +10,24 @@ use crate::error::ApiError;
 use crate::projection::ModelView;
 
 impl Exchange<'_> {
-    /// The decision to send `view` (local count `local`) after `retries` refused views;
-    /// `None` when the request has no budget, or wrote no request line (a retry).
+    /// The decision to send `view` (local count `local`) after `retries` refused views,
+    /// `while_preparing` or not; `None` when the request has no budget, or wrote no
+    /// request line (a retry).
     pub(super) fn decision(
         &self,
         tracked: &Tracked,
-        view: &ModelView<'_>,
-        local: Option<u64>,
+        sent: (&ModelView<'_>, Option<u64>),
         retries: u32,
+        while_preparing: bool,
     ) -> Option<DecisionLine> {
         let budget = self.budget.as_ref().filter(|_| tracked.logged)?;
         Some(decision::sent(
             budget,
             tracked,
             &self.chat.model,
-            view,
-            local,
+            sent,
             retries,
+            while_preparing,
         ))
     }
 

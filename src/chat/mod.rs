@@ -339,10 +339,11 @@ impl<'s> Exchange<'s> {
         }
     }
 
-    /// Stage 4b: past `compaction.prepare_at` of the trigger and under it, the
-    /// conversation's compaction is prepared in the background, for the request that
-    /// crosses the trigger to adopt; this one goes on untouched. Only chains that call
-    /// a model prepare: a deterministic handoff is instant when it is needed.
+    /// Stage 4b: past `compaction.prepare_at` of the trigger and under it (or over it,
+    /// sent without a compaction of its own), the conversation's compaction is prepared
+    /// in the background, for the request that crosses the trigger to adopt; this one
+    /// goes on untouched. Only chains that call a model prepare: a deterministic handoff
+    /// is instant when it is needed.
     fn prepare(&self, fitted: &Fitted<'_>) {
         let (Some(budget), Some(before), Ok(tracked)) =
             (self.budget.as_ref(), fitted.before, self.tracked())
@@ -355,7 +356,10 @@ impl<'s> Exchange<'s> {
             .chain
             .first()
             .is_some_and(|first| !first.strategy.is_deterministic());
-        let due = config.prepare_at > 0.0 && before >= mark && before <= budget.threshold;
+        // A view sent over the trigger without a compaction of its own (one was running)
+        // has the next one prepared, so that the request after it need not wait.
+        let due = config.prepare_at > 0.0
+            && ((before >= mark && before <= budget.threshold) || fitted.sent_over_trigger);
         if !due || !calls_a_model || prepare::has_waiting(tracked) {
             return;
         }

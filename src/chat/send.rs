@@ -40,8 +40,11 @@ impl Exchange<'_> {
         let Fitted {
             mut view,
             mut estimate,
+            while_preparing,
             ..
         } = fitted;
+        // Only the first view can have been sent while a compaction ran.
+        let sent_as = |retries: u32| (retries, while_preparing && retries == 0);
         let tracked = self.tracked()?;
         let upstream = self.upstream();
         let mut retries = 0;
@@ -87,7 +90,7 @@ impl Exchange<'_> {
                 // An error that is not about the window goes back to the client as it came.
                 Inspected::Refused(head, body) if !dialect.is_overflow(&json_of(&body)) => {
                     let answered = head.status;
-                    self.note_answer(tracked, &view, estimate, retries, answered)
+                    self.note_answer(tracked, &view, estimate, sent_as(retries), answered)
                         .await;
                     return Err(Halt::Respond(Box::new(crate::forward::buffered(
                         head, body,
@@ -96,7 +99,7 @@ impl Exchange<'_> {
                 Inspected::Refused(head, body) => (head, body),
                 Inspected::Read(head, body) if dialect.reply_overflowed(&body) => (head, body),
                 Inspected::Read(head, body) => {
-                    let target = self.target(tracked, estimate, &view, retries);
+                    let target = self.target(tracked, estimate, &view, sent_as(retries));
                     return Ok(reply::answer_read(head, body, target).await);
                 }
                 Inspected::Stream {
@@ -110,7 +113,7 @@ impl Exchange<'_> {
                         drop(rest);
                         (head, opening)
                     } else {
-                        let target = self.target(tracked, estimate, &view, retries);
+                        let target = self.target(tracked, estimate, &view, sent_as(retries));
                         return Ok(reply::answer_stream(
                             upstream, head, opening, rest, target, rewrite,
                         ));
@@ -119,13 +122,13 @@ impl Exchange<'_> {
                 // A 5xx: no reply to log, relayed as it arrives.
                 Inspected::Passed(response) => {
                     let answered = response.status();
-                    self.note_answer(tracked, &view, estimate, retries, answered)
+                    self.note_answer(tracked, &view, estimate, sent_as(retries), answered)
                         .await;
                     return Ok(relay(upstream, response, None));
                 }
             };
             let Some(budget) = reactive else {
-                self.note_answer(tracked, &view, estimate, retries, head.status)
+                self.note_answer(tracked, &view, estimate, sent_as(retries), head.status)
                     .await;
                 return Err(Halt::Respond(Box::new(crate::forward::buffered(
                     head, error_body,
@@ -156,7 +159,7 @@ impl Exchange<'_> {
                 }
                 Err(err) => {
                     tracing::warn!(conversation = %tracked.id, error = %err, "reactive compaction failed; returning the upstream's error");
-                    self.note_answer(tracked, &view, estimate, retries, head.status)
+                    self.note_answer(tracked, &view, estimate, sent_as(retries), head.status)
                         .await;
                     return Err(Halt::Respond(Box::new(crate::forward::buffered(
                         head, error_body,
@@ -243,10 +246,10 @@ impl Exchange<'_> {
         tracked: &Tracked,
         view: &ModelView<'_>,
         estimate: Option<u64>,
-        retries: u32,
+        (retries, while_preparing): (u32, bool),
         answered: http::StatusCode,
     ) {
-        let decision = self.decision(tracked, view, estimate, retries);
+        let decision = self.decision(tracked, (view, estimate), retries, while_preparing);
         self.note(decision.map(|d| DecisionLine {
             upstream_status: Some(answered.as_u16()),
             ..d
@@ -260,10 +263,10 @@ impl Exchange<'_> {
         tracked: &Tracked,
         estimate: Option<u64>,
         view: &ModelView<'_>,
-        retries: u32,
+        (retries, while_preparing): (u32, bool),
     ) -> ReplyTarget {
         ReplyTarget {
-            decision: self.decision(tracked, view, estimate, retries),
+            decision: self.decision(tracked, (view, estimate), retries, while_preparing),
             tracker: Arc::clone(&self.state.tracker),
             parent: tracked.head(),
             id: tracked.id.clone(),

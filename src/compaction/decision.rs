@@ -15,6 +15,9 @@ pub const OVER_NEWEST_UNIT: &str = "newest_unit";
 pub const OVER_RESCUED: &str = "rescued";
 /// `over` for a view over the input budget by an uncalibrated count, sent on that guess.
 pub const OVER_GUESS: &str = "guess";
+/// `over` for a view over the trigger, within the input budget, sent as it was while
+/// the conversation's compaction ran: the request did not wait for it.
+pub const OVER_WHILE_PREPARING: &str = "sent_while_preparing";
 
 /// The budget part of a decision, with no view yet.
 fn budgeted(budget: &RequestBudget, tracked: &Tracked) -> DecisionLine {
@@ -40,14 +43,15 @@ fn budgeted(budget: &RequestBudget, tracked: &Tracked) -> DecisionLine {
 }
 
 /// The decision to send `view`, whose local count is `local`, after `retries`
-/// views the upstream refused for their size.
+/// views the upstream refused for their size; `while_preparing` when it was sent over
+/// the trigger without waiting for a running compaction.
 pub fn sent(
     budget: &RequestBudget,
     tracked: &Tracked,
     model: &str,
-    view: &ModelView<'_>,
-    local: Option<u64>,
+    (view, local): (&ModelView<'_>, Option<u64>),
     retries: u32,
+    while_preparing: bool,
 ) -> DecisionLine {
     let estimate = local.map(|local| {
         Scale::new(tracked.calibration.as_ref(), model).view(local, view.compact_id())
@@ -57,6 +61,8 @@ pub fn sent(
         .map(|estimate| {
             if !view.rescued.is_empty() {
                 OVER_RESCUED
+            } else if while_preparing {
+                OVER_WHILE_PREPARING
             } else if estimate > budget.input_budget {
                 OVER_GUESS
             } else {

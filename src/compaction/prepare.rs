@@ -29,7 +29,9 @@ use crate::conversation::{ConversationId, Tracked, Tracker};
 use crate::dialect::ChatRequest;
 use crate::projection::{project_view, ModelView};
 
-pub use crate::metrics::{PREPARED, PREPARED_ADOPTED, PREPARED_WAITED, PREPARED_WASTED};
+pub use crate::metrics::{
+    PREPARED, PREPARED_ADOPTED, PREPARED_WAITED, PREPARED_WASTED, SENT_WHILE_PREPARING,
+};
 
 /// The preparations running: at most one per conversation, and a global cap.
 pub struct Background {

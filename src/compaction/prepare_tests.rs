@@ -1,7 +1,8 @@
 //! Zero-wait compaction on the in-process harness, time paused, against the strict
 //! provider whose summaries take 3 s: prepared at the mark, adopted only at the
-//! trigger, waited for (never run twice) when the trigger comes first, and a failed
-//! summary that falls back to extract.
+//! trigger; a request that crosses the trigger first is sent without waiting while its
+//! view fits the input budget, and waits (never runs a second one) when it does not;
+//! and a failed summary that falls back to extract.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -19,22 +20,20 @@ use crate::testing::Harness;
 /// The 4k model, summaries on a 16k one, prepared at 0.8 of the trigger.
 const CONFIG: &str = "[models.\"strict\"]\ncontext_window = 4096\n[models.\"strict-16k\"]\ncontext_window = 16384\n[compaction]\nstrategy = \"summarize\"\nsummary_model = \"strict-16k\"\nprepare_at = 0.8\n";
 
-/// Sends one more turn of `tokens`, answering the strict agent's tool calls; with
-/// `pause`, lets 5 s of (virtual) time pass after each request, so a preparation it
-/// started finishes before the next.
+/// Sends one more turn of `tokens`, answering the strict agent's tool calls, and lets
+/// `pause` of (virtual) time pass after each request (5 s: a preparation it started
+/// finishes before the next).
 async fn turn(
     proxy: &Harness,
     id: &str,
     messages: &mut Vec<Value>,
     (n, tokens): (usize, usize),
-    pause: bool,
+    pause: Duration,
 ) {
     messages.push(user(n, tokens));
     loop {
         let answer = proxy.chat(id, "strict", messages).await;
-        if pause {
-            tokio::time::sleep(Duration::from_secs(5)).await;
-        }
+        tokio::time::sleep(pause).await;
         assert_eq!(answer.status, 200, "turn {n}: {}", answer.text());
         let reply = answer.json()["choices"][0]["message"].clone();
         let call = reply["tool_calls"][0]["id"].as_str().map(str::to_owned);
@@ -76,7 +75,14 @@ async fn a_prepared_compaction_waits_for_the_trigger_and_is_adopted_without_a_su
     let mut n = 0;
     // Up to the mark: every request goes as the client sent it.
     while proxy.records("zero").await.is_empty() && n < 40 {
-        turn(&proxy, "zero", &mut messages, (n, 150), true).await;
+        turn(
+            &proxy,
+            "zero",
+            &mut messages,
+            (n, 150),
+            Duration::from_secs(5),
+        )
+        .await;
         n += 1;
     }
     let records = proxy.records("zero").await;
@@ -97,7 +103,7 @@ async fn a_prepared_compaction_waits_for_the_trigger_and_is_adopted_without_a_su
     while !crossed && n < 40 {
         let before = mock.requests().len();
         let started = tokio::time::Instant::now();
-        turn(&proxy, "zero", &mut messages, (n, 150), false).await;
+        turn(&proxy, "zero", &mut messages, (n, 150), Duration::ZERO).await;
         n += 1;
         crossed = mock.requests()[before..].iter().any(|r| {
             r.json()["messages"][1]["content"]
@@ -154,34 +160,119 @@ async fn a_prepared_compaction_waits_for_the_trigger_and_is_adopted_without_a_su
     assert_eq!(adopt["id"], prepared.id.as_str());
 }
 
+/// True once `mock` has seen an agent request whose view starts with a handoff.
+fn compacted_view_sent(mock: &mock_upstream::MockUpstream) -> bool {
+    agent_requests(mock).last().is_some_and(|sent| {
+        sent["messages"][1]["content"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("Continue from the compacted state"))
+    })
+}
+
+/// The `over` of every decision logged for `id`.
+async fn decisions_over(proxy: &Harness, id: &str) -> Vec<Option<String>> {
+    proxy
+        .log(id)
+        .await
+        .lines
+        .iter()
+        .filter_map(|line| match &line.entry {
+            Entry::Decision(decision) => Some(decision.over.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 #[tokio::test(start_paused = true)]
-async fn a_request_crossing_the_trigger_while_its_preparation_runs_waits_and_makes_no_second_call()
+async fn a_request_crossing_the_trigger_while_its_preparation_runs_is_sent_without_waiting() {
+    let (strict, mock) = strict(Duration::from_secs(3)).await;
+    let proxy = Harness::start(&mock.url(), CONFIG).await;
+    let mut messages = vec![serde_json::json!({"role": "system", "content": "be brief"})];
+    let mut n = 0;
+    // Quick turns, no pause: the preparation is still running when the trigger comes;
+    // each turn is timed on the paused clock, which only a wait for the 3 s summary
+    // moves by seconds.
+    let mut slowest = Duration::ZERO;
+    while !compacted_view_sent(&mock) {
+        assert!(n < 40, "never compacted");
+        let started = tokio::time::Instant::now();
+        turn(
+            &proxy,
+            "nowait",
+            &mut messages,
+            (n, 100),
+            Duration::from_millis(500),
+        )
+        .await;
+        slowest = slowest.max(started.elapsed().saturating_sub(Duration::from_millis(500)));
+        n += 1;
+    }
+    assert!(
+        slowest < Duration::from_secs(1),
+        "a turn waited {slowest:?}"
+    );
+    assert_eq!(strict.summaries.load(Ordering::SeqCst), 1, "one summary");
+    let records = proxy.records("nowait").await;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].reason, Reason::Prepared);
+    let metrics = proxy.state.metrics.render();
+    assert!(
+        !metrics.contains("handoff_prepared_waited_total 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("handoff_sent_while_preparing_total ") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+    // The log says which requests went over the trigger without waiting.
+    let over = decisions_over(&proxy, "nowait").await;
+    assert!(
+        over.iter().flatten().any(|o| o == "sent_while_preparing"),
+        "{over:?}"
+    );
+    assert!(strict.over_window.lock().unwrap().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_over_the_input_budget_while_its_preparation_runs_waits_and_makes_no_second_call()
 {
     let (strict, mock) = strict(Duration::from_secs(3)).await;
     let proxy = Harness::start(&mock.url(), CONFIG).await;
     let mut messages = vec![serde_json::json!({"role": "system", "content": "be brief"})];
     let mut n = 0;
-    // Quick turns, no pause: the preparation is still running when the trigger comes.
-    while agent_requests(&mock).last().is_none_or(|sent| {
-        !sent["messages"][1]["content"]
-            .as_str()
-            .is_some_and(|t| t.starts_with("Continue from the compacted state"))
-    }) {
-        assert!(n < 24, "never compacted");
-        turn(&proxy, "wait", &mut messages, (n, 400), false).await;
+    // Turns until the preparation starts, then one that no view fits without it.
+    while !proxy
+        .state
+        .metrics
+        .render()
+        .contains("handoff_prepared_total{outcome=\"started\"} 1")
+    {
+        assert!(n < 40, "never prepared");
+        turn(&proxy, "wait", &mut messages, (n, 150), Duration::ZERO).await;
         n += 1;
     }
-    assert_eq!(
-        strict.summaries.load(Ordering::SeqCst),
-        1,
-        "one summary, made once"
+    let started = tokio::time::Instant::now();
+    turn(&proxy, "wait", &mut messages, (n, 1000), Duration::ZERO).await;
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "it waited for the summary: {:?}",
+        started.elapsed()
     );
+    assert!(compacted_view_sent(&mock));
     let records = proxy.records("wait").await;
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].reason, Reason::Prepared);
     let metrics = proxy.state.metrics.render();
     assert!(
         metrics.contains("handoff_prepared_waited_total 1"),
+        "{metrics}"
+    );
+    // Its view, still over the trigger once the handoff was adopted, fits the input
+    // budget: sent, and the next compaction is prepared rather than waited for.
+    assert!(
+        metrics.contains("handoff_prepared_total{outcome=\"started\"} 2"),
         "{metrics}"
     );
     assert!(strict.over_window.lock().unwrap().is_empty());
@@ -196,7 +287,14 @@ async fn a_preparation_whose_summary_fails_falls_back_to_extract_and_is_adopted(
     let mut n = 0;
     while proxy.records("fails").await.is_empty() {
         assert!(n < 40, "nothing prepared");
-        turn(&proxy, "fails", &mut messages, (n, 150), true).await;
+        turn(
+            &proxy,
+            "fails",
+            &mut messages,
+            (n, 150),
+            Duration::from_secs(5),
+        )
+        .await;
         n += 1;
     }
     wait_for_records(&proxy, "fails", 1).await;
@@ -208,7 +306,7 @@ async fn a_preparation_whose_summary_fails_falls_back_to_extract_and_is_adopted(
         if !adopt_lines(&proxy.log("fails").await).is_empty() {
             break;
         }
-        turn(&proxy, "fails", &mut messages, (n, 150), false).await;
+        turn(&proxy, "fails", &mut messages, (n, 150), Duration::ZERO).await;
         n += 1;
     }
     let adopted = adopt_lines(&proxy.log("fails").await);

@@ -42,10 +42,11 @@ const GROWN_VIEW_SHARE: f64 = 0.5;
 
 /// Tokens a handoff may grow to, past its budget, before it cuts a user message: what
 /// leaves the view at [`GROWN_VIEW_SHARE`] of the trigger; and when the user's words
-/// need more, what they need, up to what the window allows (less
-/// [`WINDOW_MARGIN_SHARE`]). The plan kept a recent part small enough for them under
-/// the trigger where one was; where the newest unit alone leaves no such room, the
-/// view goes over the trigger rather than lose what the user said.
+/// need more (up to a quarter of the input budget: `plan.users`), what they need, up
+/// to what the window allows (less [`WINDOW_MARGIN_SHARE`]). The plan kept a recent
+/// part small enough for them under the trigger where one was; where the newest unit
+/// alone leaves no such room, the view goes over the trigger rather than lose what the
+/// user said.
 fn room_for_user_text(job: &Job<'_>, plan: &Plan) -> u64 {
     let rest = job.scale.tokens(plan.rest + 2 * MESSAGE_OVERHEAD + 64);
     let grown = grown_room(job, plan);

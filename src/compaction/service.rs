@@ -15,6 +15,7 @@ use super::budget::{RequestBudget, Scale, ScaledCounter};
 use super::chain::Chain;
 use super::prepare::{
     settled_view, Background, PREPARED_ADOPTED, PREPARED_WAITED, PREPARED_WASTED,
+    SENT_WHILE_PREPARING,
 };
 use super::split::split_at_unit_boundary;
 use super::summary_count::SummaryCalibrations;
@@ -108,9 +109,31 @@ pub struct Job<'a> {
     pub client: Arc<dyn ModelClient>,
     /// The strategies to try, first to last.
     pub chain: Chain,
+    /// True for a request that waits for a compaction already running: another's
+    /// handoff is enough once its view fits the input budget, over the trigger or not.
+    pub waits_for_running: bool,
 }
 
 impl Job<'_> {
+    /// True when `view` (estimated at `estimate`), projected from the compactions
+    /// committed by now, needs no run of this job.
+    fn done_by(&self, view: &ModelView<'_>, estimate: u64) -> bool {
+        let someone_else = view.compact_id().map(str::to_owned) != self.seen_compact_id;
+        let fits = estimate <= self.threshold;
+        match self.reason {
+            // A request that waited for a running compaction takes its handoff once the
+            // view fits the input budget: the next one is prepared, not waited for.
+            Reason::Threshold if self.waits_for_running && someone_else => {
+                estimate <= self.hard_limit()
+            }
+            Reason::Threshold => fits,
+            Reason::ContextLengthExceeded => fits && someone_else,
+            // Another compaction landed meanwhile: this preparation is stale.
+            Reason::Prepared => someone_else,
+            Reason::Manual => false,
+        }
+    }
+
     /// What a view may not exceed to be sent: the input budget (the window less the
     /// reserved output). After the upstream refused a view for its size, the aim
     /// below that refusal is the limit too.
@@ -174,6 +197,7 @@ impl<'a> Job<'a> {
             tools_tokens: budget.tools_tokens,
             reason: Reason::Threshold,
             seen_compact_id: None,
+            waits_for_running: false,
             client,
             chain,
         }
@@ -203,7 +227,7 @@ pub(super) struct Plan {
     /// Local tokens of the view but the pair: pinned, tools, lifted and recent.
     pub(super) rest: u64,
     /// Local tokens of the user's words the handoff must carry: the compacted span's
-    /// user messages and those the previous ledger held.
+    /// user messages and those the previous ledger held, up to [`users_kept_whole`].
     pub(super) users: u64,
 }
 
@@ -217,6 +241,14 @@ pub struct Fitted<'a> {
     /// The calibrated estimate of the view before any compaction: what
     /// `compaction.prepare_at` is judged on; `None` when the model has no budget.
     pub before: Option<u64>,
+    /// True when the view is over the trigger and was not compacted because the
+    /// conversation's compaction was running (here or on another replica) and the view
+    /// fits the input budget: sent without waiting.
+    pub while_preparing: bool,
+    /// True when the view is over the trigger with no compaction of its own: sent while
+    /// one ran, or after waiting for one that left it within the input budget only. The
+    /// next compaction is then prepared in the background.
+    pub sent_over_trigger: bool,
 }
 
 /// A compaction the proactive path needed that failed, and the calibrated estimate of
@@ -303,6 +335,8 @@ impl Compactor {
                 view: valid_or_plain(request, tracked, view),
                 estimate: None,
                 before: None,
+                while_preparing: false,
+                sent_over_trigger: false,
             });
         };
         let tokens = &self.tokens;
@@ -333,15 +367,32 @@ impl Compactor {
         tracing::debug!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, "view estimated");
         self.note_adoption(tracker, tracked, &view).await;
         if current > budget.threshold {
-            if self.background.is_running(&tracked.id) {
-                tracing::info!(conversation = %tracked.id, "over the trigger while its compaction is prepared; waiting for it");
+            // A compaction already running will serve a later request; this one waits
+            // for it only when its view does not fit the input budget without it.
+            let running = self.background.is_running(&tracked.id)
+                || tracker.compaction_running(&tracked.id).await;
+            if running && current <= budget.input_budget {
+                tracing::info!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, input_budget = budget.input_budget, "over the trigger while its compaction runs; the view fits the input budget, so it is sent without waiting");
+                self.metrics.add(SENT_WHILE_PREPARING, &[], 1.0);
+                return Ok(Fitted {
+                    view,
+                    estimate: Some(local),
+                    before: Some(current),
+                    while_preparing: true,
+                    sent_over_trigger: true,
+                });
+            }
+            if running {
+                tracing::info!(conversation = %tracked.id, estimate = current, input_budget = budget.input_budget, "over the input budget while its compaction runs; waiting for it");
                 self.metrics.add(PREPARED_WAITED, &[], 1.0);
             } else {
                 tracing::info!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, "over the trigger; compacting");
             }
+            let mut job = job(budget, view.compact_id());
+            job.waits_for_running = running;
             // Boxed: a compaction's future is kilobytes, and every request's future would
             // carry (and move) it, though few requests compact.
-            view = Box::pin(self.compact(&job(budget, view.compact_id())))
+            view = Box::pin(self.compact(&job))
                 .await
                 .map_err(|error| FitError {
                     error,
@@ -349,11 +400,21 @@ impl Compactor {
                 })?;
             self.note_adoption(tracker, tracked, &view).await;
             local = view.estimate(tokens, tokenizer, budget.tools_tokens);
+            let after = scale.view(local, view.compact_id());
+            return Ok(Fitted {
+                view,
+                estimate: Some(local),
+                before: Some(current),
+                while_preparing: false,
+                sent_over_trigger: running && after > budget.threshold,
+            });
         }
         Ok(Fitted {
             view,
             estimate: Some(local),
             before: Some(current),
+            while_preparing: false,
+            sent_over_trigger: false,
         })
     }
 
@@ -452,16 +513,7 @@ impl Compactor {
         let adopted = job.tracker.compactions(job.id).await?;
         let view = project_view(job.request, job.tracked, &adopted);
         let estimate = self.count(job, &view);
-        let someone_else = view.compact_id().map(str::to_owned) != job.seen_compact_id;
-        let fits = estimate <= job.threshold;
-        let done = match job.reason {
-            Reason::Threshold => fits,
-            Reason::ContextLengthExceeded => fits && someone_else,
-            // Another compaction landed meanwhile: this preparation is stale.
-            Reason::Prepared => someone_else,
-            Reason::Manual => false,
-        };
-        Ok(done.then_some(view))
+        Ok(job.done_by(&view, estimate).then_some(view))
     }
 
     /// Runs `work` while keeping `lease` alive; a lease found lost stops the work, and
@@ -500,15 +552,7 @@ impl Compactor {
         let mut adopted = job.tracker.compactions(job.id).await?;
         let mut view = project_view(job.request, job.tracked, &adopted);
         let mut estimate = self.count(job, &view);
-        let someone_else = view.compact_id().map(str::to_owned) != job.seen_compact_id;
-        let fits = estimate <= job.threshold;
-        let done_already = match job.reason {
-            Reason::Threshold => fits,
-            Reason::ContextLengthExceeded => fits && someone_else,
-            Reason::Prepared => someone_else,
-            Reason::Manual => false,
-        };
-        if done_already {
+        if job.done_by(&view, estimate) {
             return Ok(view);
         }
         let mut keep_only_last = false;
@@ -695,7 +739,7 @@ impl Compactor {
                 .map(count)
                 .sum();
             let recent = recent + lifted;
-            let users = users_before(cut);
+            let users = users_before(cut).min(users_kept_whole(job.input_budget));
             let pair = pair_tokens.max(users + user_slack(&job.model) + 2 * MESSAGE_OVERHEAD + 64);
             let predicted = scale(fixed + pair + recent);
             chosen = Some(Plan {
@@ -756,6 +800,17 @@ impl Compactor {
             "compaction committed"
         );
     }
+}
+
+/// Share of the input budget that the user's words may take in a handoff however
+/// large the recent part: the plan keeps a smaller recent part for them. Past it (pasted
+/// documents, a long session's worth of instructions) they are shortened to fit half
+/// the trigger, so that the conversation keeps room to go on.
+const USER_TEXT_SHARE: f64 = 0.25;
+
+/// Local tokens of user text a handoff keeps whole however large the recent part.
+pub(super) fn users_kept_whole(input_budget: u64) -> u64 {
+    (input_budget as f64 * USER_TEXT_SHARE) as u64
 }
 
 /// Tokens a handoff carrying all the user's words needs past them: its headings, the

@@ -211,14 +211,15 @@ async fn two_requests_over_the_trigger_make_one_summary_and_both_get_its_view() 
 #[tokio::test(start_paused = true)]
 async fn the_plan_keeps_room_for_every_user_message_the_handoff_must_carry() {
     // Extract only, on a 4k model: the handoff budget is 409 tokens; the user's
-    // messages to compact are about 1,400, and the recent part the plan would keep
-    // leaves a handoff grown to half the trigger too little room for them.
+    // messages to compact are about 800 (under a quarter of the input budget), and the
+    // recent part the plan would keep leaves a handoff grown to half the trigger too
+    // little room for them.
     let config = "[models.\"strict\"]\ncontext_window = 4096\n[compaction]\nstrategy = \"extract\"\nprepare_at = 0.0\n";
     let (strict, mock) = strict(Duration::ZERO).await;
     let proxy = Harness::start(&mock.url(), config).await;
     let mut messages = history(0, 0);
-    let filler: Vec<String> = (0..35).map(|i| format!("r{i}")).collect();
-    for n in 0..32 {
+    let filler: Vec<String> = (0..75).map(|i| format!("r{i}")).collect();
+    for n in 0..18 {
         messages.push(user(n, 40));
         messages.push(
             json!({"role": "assistant", "content": format!("noted {n}: {}", filler.join(" "))}),
@@ -232,7 +233,7 @@ async fn the_plan_keeps_room_for_every_user_message_the_handoff_must_carry() {
     assert_eq!(records.len(), 1, "one compaction");
     // Every user message whole, in the handoff or in the recent part.
     let sent = agent_requests(&mock).pop().unwrap().to_string();
-    for n in (0..32).chain([99]) {
+    for n in (0..18).chain([99]) {
         let text = user(n, 40)["content"].as_str().unwrap().to_owned();
         assert!(sent.contains(&text), "FACT-{n:03} not whole: {sent}");
     }

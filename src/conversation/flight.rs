@@ -32,6 +32,29 @@ impl Tracker {
         lock.lock_owned().await
     }
 
+    /// True while a compaction of the conversation runs: in this process (its lock is
+    /// held), or, with a shared store, on any replica (its lease is live). A store that
+    /// cannot say counts as not running: the caller then compacts, single flight.
+    pub async fn compaction_running(&self, id: &ConversationId) -> bool {
+        let local = {
+            let flights = self
+                .flights
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            flights
+                .get(id)
+                .and_then(std::sync::Weak::upgrade)
+                .is_some_and(|lock| lock.try_lock().is_err())
+        };
+        if local || !self.store.shared() {
+            return local;
+        }
+        self.store.leased(id).await.unwrap_or_else(|err| {
+            tracing::warn!(conversation = %id, error = %err, "cannot read the compaction lease");
+            false
+        })
+    }
+
     /// Folds in what other replicas wrote to a shared store since this one last read
     /// the conversation; nothing to do (and no I/O) for a store with one writer.
     pub(super) async fn catch_up(

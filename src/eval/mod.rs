@@ -484,10 +484,9 @@ impl Replayer {
                 sequence: step.dialect.get().reply_is_items(),
                 response_id: None,
                 conversation: None,
-                decision: budget
-                    .as_ref()
-                    .filter(|_| tracked.logged)
-                    .map(|budget| decision::sent(budget, &tracked, &chat.model, &view, local, 0)),
+                decision: budget.as_ref().filter(|_| tracked.logged).map(|budget| {
+                    decision::sent(budget, &tracked, &chat.model, (&view, local), 0, false)
+                }),
             };
             tracker
                 .record_replies(id, batch)

@@ -168,6 +168,13 @@ pub trait Store: Send + Sync {
         Box::pin(async { Ok(Some(Lease::local())) })
     }
 
+    /// True while a live claim (another replica's, or this one's) holds the
+    /// conversation's compaction: a compaction is running somewhere.
+    fn leased(&self, id: &ConversationId) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let _ = id;
+        Box::pin(async { Ok(false) })
+    }
+
     /// Extends `lease` by `ttl`; false when it was lost.
     fn renew(
         &self,

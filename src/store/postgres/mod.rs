@@ -160,6 +160,23 @@ impl Store for PgStore {
         .boxed()
     }
 
+    fn leased(&self, id: &ConversationId) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let id = id.clone();
+        async move {
+            let client = self.pool.get().await.map_err(db)?;
+            let row = client
+                .query_opt(
+                    "SELECT 1 FROM handoff_leases
+                     WHERE tenant = $1 AND conversation = $2 AND expires_at >= now()",
+                    &[&id.tenant().as_str(), &id.as_str()],
+                )
+                .await
+                .map_err(db)?;
+            Ok(row.is_some())
+        }
+        .boxed()
+    }
+
     fn renew(
         &self,
         id: &ConversationId,
