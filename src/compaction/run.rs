@@ -58,7 +58,10 @@ fn room_for_user_text(job: &Job<'_>, plan: &Plan) -> u64 {
 
 /// Tokens a handoff may take that leave the view at [`GROWN_VIEW_SHARE`] of the trigger.
 fn grown_room(job: &Job<'_>, plan: &Plan) -> u64 {
-    let aim = (job.threshold as f64 * GROWN_VIEW_SHARE) as u64;
+    // The share is of the conversation's room: what pinned messages and tool schemas
+    // leave under the trigger (4-5k tokens of schemas would leave none of half of 8k).
+    let fixed = job.scale.tokens(plan.fixed);
+    let aim = fixed + (job.threshold.saturating_sub(fixed) as f64 * GROWN_VIEW_SHARE) as u64;
     aim.saturating_sub(job.scale.tokens(plan.rest + 2 * MESSAGE_OVERHEAD + 64))
 }
 

@@ -226,6 +226,8 @@ pub(super) struct Plan {
     pub(super) predicted: u64,
     /// Local tokens of the view but the pair: pinned, tools, lifted and recent.
     pub(super) rest: u64,
+    /// Local tokens every view of the request carries: pinned messages and tools.
+    pub(super) fixed: u64,
     /// Local tokens of the user's words the handoff must carry: the compacted span's
     /// user messages and those the previous ledger held, up to [`users_kept_whole`].
     pub(super) users: u64,
@@ -746,6 +748,7 @@ impl Compactor {
                 cut,
                 predicted,
                 rest: fixed + recent,
+                fixed,
                 users,
             });
             if predicted <= job.threshold {
