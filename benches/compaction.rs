@@ -66,6 +66,7 @@ fn benches(c: &mut Criterion) {
             metrics: Arc::new(Metrics::default()),
             summary_calibrations: Default::default(),
             background: handoff::compaction::prepare::Background::new(0),
+            summary_slots: Arc::new(tokio::sync::Semaphore::new(16)),
         };
         (Tracker::new(store, 100_000), compactor)
     });

@@ -355,6 +355,9 @@ impl AppState {
             background: crate::compaction::prepare::Background::new(
                 config.compaction.max_background,
             ),
+            summary_slots: Arc::new(tokio::sync::Semaphore::new(
+                config.compaction.max_summary_concurrency.max(1),
+            )),
         };
         Ok(Self {
             current: ArcSwap::from_pointee(Snapshot::build(config)?),

@@ -17,6 +17,38 @@ use crate::config::{Config, ModelApi};
 use crate::dialect::{credential_headers, summary_headers, DialectKind};
 use crate::upstream::Upstream;
 
+/// A summary client that holds one of the process's summary slots
+/// (`compaction.max_summary_concurrency`) for each call: the folds of every compaction
+/// together never have more calls in flight.
+pub struct Bounded {
+    inner: std::sync::Arc<dyn ModelClient>,
+    slots: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+impl Bounded {
+    /// `inner`, its calls bounded by `slots`.
+    pub fn new(
+        inner: std::sync::Arc<dyn ModelClient>,
+        slots: std::sync::Arc<tokio::sync::Semaphore>,
+    ) -> Self {
+        Self { inner, slots }
+    }
+}
+
+impl ModelClient for Bounded {
+    fn complete(&self, body: Value) -> BoxFuture<'_, Result<ModelReply, ModelCallError>> {
+        async move {
+            let _slot = self
+                .slots
+                .acquire()
+                .await
+                .map_err(|_| ModelCallError("the summary slots are closed".into()))?;
+            self.inner.complete(body).await
+        }
+        .boxed()
+    }
+}
+
 /// Largest summary reply read.
 const MAX_REPLY: usize = 16 * 1024 * 1024;
 

@@ -224,6 +224,7 @@ impl Compactor {
                 handoff_tokens: budget.saturating_sub(ledger_tokens),
                 max_calls: job.config.max_summary_calls,
                 room_tokens: room_for_user_text(job, plan),
+                parallel_calls: job.config.fold_concurrency.max(1),
             },
             cancel: cancel.clone(),
             client: Arc::clone(&job.client),
@@ -254,7 +255,10 @@ impl Compactor {
                 CountFor::Summary(Some(model)) => model.tokenizer.unwrap_or(job.tokenizer),
                 CountFor::Summary(None) => job.summary_tokenizer,
             };
-            input.client = Arc::clone(&job.client);
+            input.client = Arc::new(super::model_client::Bounded::new(
+                Arc::clone(&job.client),
+                Arc::clone(&self.summary_slots),
+            ));
             self.summary_calibrations
                 .equip(input, &self.tokens, tokenizer, &job.scale);
         };

@@ -217,6 +217,8 @@ pub struct Compactor {
     pub summary_calibrations: SummaryCalibrations,
     /// The preparations running in the background.
     pub background: Arc<Background>,
+    /// Summary calls in flight over all compactions (`compaction.max_summary_concurrency`).
+    pub summary_slots: Arc<tokio::sync::Semaphore>,
 }
 
 pub(super) struct Plan {

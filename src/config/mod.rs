@@ -599,6 +599,12 @@ pub struct CompactionConfig {
     pub prepare_at: f64,
     /// Preparations running at once, over all conversations; more are dropped.
     pub max_background: usize,
+    /// Summary calls one folding attempt makes at once: its parts are summarised
+    /// concurrently and merged by a last call. 1: in sequence, each call extending the
+    /// handoff the one before wrote.
+    pub fold_concurrency: u32,
+    /// Summary calls in flight at once over all conversations; more wait for a slot.
+    pub max_summary_concurrency: usize,
     /// Messages after the leading system ones that are standing context, kept verbatim
     /// in every view like `system` (a files message, few-shot examples).
     pub pin: PinConfig,
@@ -671,6 +677,8 @@ impl Default for CompactionConfig {
             ledger_share: 0.3,
             prepare_at: 0.8,
             max_background: 4,
+            fold_concurrency: 4,
+            max_summary_concurrency: 16,
             pin: PinConfig::default(),
             chain: Vec::new(),
             strategies: BTreeMap::new(),

@@ -237,6 +237,9 @@ pub async fn evaluate(
         summary_calibrations: Default::default(),
         // A replay is sequential: nothing is prepared in the background.
         background: crate::compaction::prepare::Background::new(0),
+        summary_slots: Arc::new(tokio::sync::Semaphore::new(
+            snapshot.config.compaction.max_summary_concurrency.max(1),
+        )),
     };
     let none: Arc<dyn ModelClient> = Arc::new(NoUpstream);
     let clients = DialectKind::ALL

@@ -94,6 +94,11 @@ pub struct Budgets {
     /// part. 0 (an older host) means no more than `handoff_tokens`.
     #[serde(default)]
     pub room_tokens: u64,
+    /// Model calls one attempt may have in flight at once (`compaction.fold_concurrency`):
+    /// a strategy that folds a long history may summarise its parts concurrently and
+    /// merge them. 1 (an older host) means one call at a time.
+    #[serde(default = "one_call")]
+    pub parallel_calls: u32,
 }
 
 impl Budgets {

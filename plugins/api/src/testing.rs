@@ -54,6 +54,7 @@ pub fn input(history: Vec<Unit>, window: u64, handoff_tokens: u64) -> StrategyIn
             handoff_tokens,
             max_calls: 1,
             room_tokens: 0,
+            parallel_calls: 1,
         },
         cancel: CancellationToken::new(),
         client: Arc::new(NoModel),

@@ -5,14 +5,17 @@
 //! must fit the summary model's window with `min(8192, window/10)` output and 5% of the
 //! window as headroom. When the whole history does not fit one request, even with
 //! over-long tool bodies shortened (head+tail, marked), it is *folded*: summarised in
-//! parts, each call extending the handoff the previous call wrote ([`fold`]). User text
-//! and tool arguments are never shortened; a single unit that cannot fit, or a fold
-//! that needs more than `max_calls` calls, fails the attempt.
+//! parts ([`fold`]). With `parallel_calls` above 1 the parts are summarised at once and
+//! merged by a last call ([`parallel`]), so a fold takes about two calls' time; with 1,
+//! each call extends the handoff the previous call wrote. User text and tool arguments
+//! are never shortened; a single unit that cannot fit, or a fold that needs more than
+//! `max_calls` calls (its merges included), fails the attempt.
 
 #![forbid(unsafe_code)]
 
 pub mod check;
 pub mod fold;
+mod parallel;
 mod render;
 
 use futures_util::future::BoxFuture;
@@ -84,21 +87,91 @@ impl Summarize {
             }
         }
         // The frame of a folding call, and the handoff it carries at its largest: the
-        // previous compaction's, or what a call may write.
+        // previous compaction's, or what a call may write. A parallel part carries none:
+        // the previous handoff goes to the merge.
         let frame = json!({"role": "user", "content": render_part(Some(""), "", None, Position { index: 1, count: 2 })});
         let previous = input
             .previous_handoff
             .as_deref()
             .map_or(0, |text| input.tokens.count_text(text));
-        let running = previous.max(self.output_tokens(input));
-        plan_parts(
+        let max_calls = input.budgets.max_calls.max(1);
+        let in_sequence = || {
+            let running = previous.max(self.output_tokens(input));
+            plan_parts(
+                input,
+                Room {
+                    allowance,
+                    fixed: prompt + input.tokens.count_message(&frame) + running,
+                    max_calls,
+                },
+            )
+        };
+        let Some(per) = self.per_merge(input, prompt, previous) else {
+            return in_sequence();
+        };
+        let parts = plan_parts(
             input,
             Room {
                 allowance,
-                fixed: prompt + input.tokens.count_message(&frame) + running,
-                max_calls: input.budgets.max_calls.max(1),
+                fixed: prompt + input.tokens.count_message(&frame),
+                max_calls: u32::MAX,
             },
-        )
+        )?;
+        // One part without a running handoff is one call that must carry the previous
+        // handoff too: planned as such.
+        if parts.len() <= 1 {
+            return in_sequence();
+        }
+        let needed = parts.len() + parallel::merge_calls(parts.len(), per);
+        if needed > max_calls as usize {
+            return Err(AttemptError::new(
+                FailureReason::PrecheckFailed,
+                format!(
+                    "folding this history into a handoff needs {needed} summary calls to {} ({} parts and their merges); compaction.max_summary_calls allows {max_calls}",
+                    input.model.summary_model,
+                    parts.len()
+                ),
+            ));
+        }
+        Ok(parts)
+    }
+
+    /// How many part handoffs one merge call holds, when the fold runs in parallel
+    /// (`parallel_calls` above 1 and room for at least two); `None` folds in sequence.
+    fn per_merge(&self, input: &StrategyInput, prompt: u64, previous: u64) -> Option<usize> {
+        if input.budgets.parallel_calls <= 1 {
+            return None;
+        }
+        let allowance = Self::input_allowance(input.model.summary_context_window);
+        let frame = input
+            .tokens
+            .count_text(&render::render_merge(Some(""), &[], 2, 0))
+            + 64;
+        let per = parallel::per_merge(
+            allowance,
+            prompt + frame,
+            previous,
+            self.output_tokens(input) + 16,
+        );
+        (per >= 2).then_some(per)
+    }
+
+    /// One summary call: its reply validated as a handoff of what `user` showed.
+    async fn one_call(&self, input: &StrategyInput, user: &str) -> Result<Summary, AttemptError> {
+        let reply = input
+            .client
+            .complete(self.request_body(input, user.to_owned()))
+            .await
+            .map_err(|err| AttemptError::new(FailureReason::HttpError, err.to_string()))?;
+        let summary = validate_reply(reply.status, &reply.body)?;
+        if let Err(wrong) = check::check(&summary.text, &self.sections, &self.prompt, user) {
+            return Err(AttemptError::new(
+                FailureReason::InvalidSummary,
+                format!("the summary is not a handoff: {wrong}"),
+            )
+            .with_usage(summary.usage.clone()));
+        }
+        Ok(summary)
     }
 
     /// The request body of one call.
@@ -265,7 +338,15 @@ impl Strategy for Summarize {
     ) -> BoxFuture<'a, Result<Summary, AttemptError>> {
         async move {
             let parts = self.plan(input)?;
-            self.fold(input, parts).await
+            let prompt = input.tokens.count_message(&self.system_message());
+            let previous = input
+                .previous_handoff
+                .as_deref()
+                .map_or(0, |text| input.tokens.count_text(text));
+            match self.per_merge(input, prompt, previous) {
+                Some(per) if parts.len() > 1 => parallel::fold(self, input, parts, per).await,
+                _ => self.fold(input, parts).await,
+            }
         }
         .boxed()
     }
@@ -553,6 +634,164 @@ mod precheck_tests {
         );
         assert!(
             err.message.starts_with("summary call 2 of"),
+            "{}",
+            err.message
+        );
+    }
+}
+
+#[cfg(test)]
+mod parallel_tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use handoff_plugin_api::testing;
+    use handoff_plugin_api::{ModelCallError, ModelClient, ModelReply, Unit};
+
+    use super::*;
+
+    /// Answers each call after `delay` with the marks it was shown (a merge call with
+    /// `merge_answer` when set), and counts the calls in flight at once.
+    struct Slow {
+        delay: Duration,
+        calls: Mutex<Vec<String>>,
+        in_flight: Mutex<(usize, usize)>,
+        merge_answer: Option<String>,
+    }
+
+    impl ModelClient for Slow {
+        fn complete(&self, body: Value) -> BoxFuture<'_, Result<ModelReply, ModelCallError>> {
+            let user = body["messages"][1]["content"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned();
+            self.calls.lock().unwrap().push(user.clone());
+            Box::pin(async move {
+                {
+                    let mut flight = self.in_flight.lock().unwrap();
+                    flight.0 += 1;
+                    flight.1 = flight.1.max(flight.0);
+                }
+                tokio::time::sleep(self.delay).await;
+                self.in_flight.lock().unwrap().0 -= 1;
+                let marks: Vec<&str> = user
+                    .split_whitespace()
+                    .filter(|w| w.starts_with("MARK-"))
+                    .collect();
+                let text = match (&self.merge_answer, user.contains("<part_handoff")) {
+                    (Some(answer), true) => answer.clone(),
+                    _ => format!("## Goal\n{}", marks.join(" ")),
+                };
+                Ok(ModelReply {
+                    status: 200,
+                    body: json!({
+                        "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                        "usage": {"prompt_tokens": 100, "completion_tokens": 10}
+                    }),
+                })
+            })
+        }
+    }
+
+    fn slow(delay: u64, merge_answer: Option<&str>) -> Arc<Slow> {
+        Arc::new(Slow {
+            delay: Duration::from_secs(delay),
+            calls: Mutex::default(),
+            in_flight: Mutex::default(),
+            merge_answer: merge_answer.map(str::to_owned),
+        })
+    }
+
+    /// A history of four parts' worth on a 16k summary model, folded 4 at a time.
+    fn four_parts(client: Arc<Slow>) -> StrategyInput {
+        let history = (0..16)
+            .map(|n| Unit {
+                messages: vec![json!({"role": "user", "content": format!("MARK-{n:03} {}", "w".repeat(12_000))})],
+            })
+            .collect();
+        let mut input = testing::input(history, 16_000, 1600);
+        input.budgets.max_calls = 8;
+        input.budgets.parallel_calls = 4;
+        input.previous_handoff = Some("## Goal\nMARK-PREV earlier".into());
+        input.client = client;
+        input
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fold_of_four_parts_runs_at_once_and_one_merge_ends_it_in_two_calls_time() {
+        let client = slow(3, None);
+        let input = four_parts(Arc::clone(&client));
+        let summarize = Summarize::new("prompt".into(), Map::new());
+        let parts = summarize.plan(&input).unwrap();
+        assert_eq!(parts.len(), 4, "the history needs four parts");
+        let started = tokio::time::Instant::now();
+        let summary = summarize.summarize(&input).await.unwrap();
+        // Two rounds of 3 s: the parts together, then their merge.
+        assert!(
+            started.elapsed() <= Duration::from_secs(7),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            client.in_flight.lock().unwrap().1,
+            4,
+            "the four parts at once"
+        );
+        let calls = client.calls.lock().unwrap().clone();
+        assert_eq!(calls.len(), 5);
+        assert_eq!(summary.calls, Some(5));
+        assert_eq!(
+            summary.usage,
+            Some(json!({"prompt_tokens": 500, "completion_tokens": 50}))
+        );
+        let merge = &calls[4];
+        assert!(
+            merge.starts_with("<previous_handoff>\n## Goal\nMARK-PREV"),
+            "{merge}"
+        );
+        assert_eq!(merge.matches("<part_handoff part=").count(), 4);
+        for mark in (0..16)
+            .map(|m| format!("MARK-{m:03}"))
+            .chain(["MARK-PREV".into()])
+        {
+            assert!(summary.text.contains(&mark), "{mark} lost in the fold");
+        }
+        // No part carries a running handoff: each is summarised alone.
+        assert!(calls[..4].iter().all(|c| !c.contains("MARK-PREV")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_merge_that_is_not_a_handoff_fails_the_attempt_with_every_call_counted() {
+        // The merge names an id no part handoff showed.
+        let client = slow(
+            1,
+            Some("## Goal\nMARK-000 /etc/a1.rs /etc/b2.rs /srv/c3.rs INV-99887"),
+        );
+        let input = four_parts(Arc::clone(&client));
+        let summarize = Summarize::new("prompt".into(), Map::new());
+        let err = summarize.summarize(&input).await.unwrap_err();
+        assert_eq!(err.reason, FailureReason::InvalidSummary, "{}", err.message);
+        assert_eq!(err.calls, Some(5));
+        assert!(
+            err.message.starts_with("summary call 5 of 5"),
+            "{}",
+            err.message
+        );
+        assert_eq!(
+            err.usage,
+            Some(json!({"prompt_tokens": 500, "completion_tokens": 50}))
+        );
+    }
+
+    #[test]
+    fn the_precheck_counts_the_merges() {
+        let summarize = Summarize::new("prompt".into(), Map::new());
+        let mut input = four_parts(slow(0, None));
+        input.budgets.max_calls = 4;
+        let err = summarize.plan(&input).unwrap_err();
+        assert_eq!(err.reason, FailureReason::PrecheckFailed);
+        assert!(
+            err.message.contains("needs 5 summary calls") && err.message.contains("4 parts"),
             "{}",
             err.message
         );

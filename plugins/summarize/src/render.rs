@@ -73,6 +73,63 @@ pub fn render_part(
     out
 }
 
+/// The user message of one part of a parallel fold: the part alone, and what becomes
+/// of its handoff.
+pub fn render_parallel_part(
+    history: &str,
+    recent: Option<&str>,
+    index: usize,
+    count: usize,
+) -> String {
+    let mut out = format!("<history part=\"{}\" of=\"{count}\">\n", index + 1);
+    out.push_str(history);
+    out.push_str("</history>\n\n");
+    if let Some(recent) = recent {
+        out.push_str(recent);
+    }
+    out.push_str(&format!(
+        "The history is long, so it is summarised in {count} parts at once; this is part {}. \
+         Write the handoff for this part alone now, following the required sections: the \
+         handoffs of all parts are merged afterwards, in order.",
+        index + 1
+    ));
+    out
+}
+
+/// The user message of a merge: the previous compaction's handoff (first merge only),
+/// then `handoffs` of consecutive parts (the first is part `first + 1` of `count`).
+pub fn render_merge(
+    previous: Option<&str>,
+    handoffs: &[String],
+    count: usize,
+    first: usize,
+) -> String {
+    let mut out = String::new();
+    if let Some(previous) = previous {
+        out.push_str(&format!(
+            "<previous_handoff>\n{previous}\n</previous_handoff>\n\n"
+        ));
+    }
+    for (at, handoff) in handoffs.iter().enumerate() {
+        let part = first + at + 1;
+        out.push_str(&format!(
+            "<part_handoff part=\"{part}\" of=\"{count}\">\n{handoff}\n</part_handoff>\n\n"
+        ));
+    }
+    let before = if previous.is_some() {
+        ", after <previous_handoff> (the conversation before them)"
+    } else {
+        ""
+    };
+    out.push_str(&format!(
+        "Each <part_handoff> is the handoff of one consecutive part of the same \
+         conversation, oldest first{before}. Merge them into one complete handoff now, \
+         following the required sections: keep every fact that still matters; where parts \
+         disagree, the later one is current."
+    ));
+    out
+}
+
 /// What the model is asked to do; a folding call always says it extends a handoff.
 fn instruction(has_handoff: bool, at: Position) -> String {
     let (part, count) = (at.index + 1, at.count);
