@@ -689,3 +689,47 @@ async fn re_sent_forms_over_two_replicas_replay_as_the_client_sent_them() {
     }
     replicas[0].assert_verified(&["forms-pg"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_one_replica_prepares_another_sends_a_view_that_fits_without_waiting() {
+    let db = Postgres::start();
+    // The first summary takes 10 s: A's preparation is running all along.
+    let (strict, mock) = strict_with_slow_summaries(4096, 1, Duration::from_secs(10)).await;
+    let a = replica(&mock, &db, "");
+    let b = replica(&mock, &db, "");
+    let mut messages = vec![json!({"role": "system", "content": "be brief"})];
+    let mut n = 0;
+    // On A, until its preparation has called the summariser.
+    while !mock.requests().iter().any(is_summary) {
+        assert!(n < 40, "nothing was prepared on A");
+        turn_on(&a, &mock, &mut messages, n).await;
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // On B, past the trigger while A still summarises: each turn is sent at once.
+    let crossed = |db: &Postgres| {
+        db.count(
+            "SELECT count(*) FROM handoff_lines WHERE kind = 'decision' \
+             AND line LIKE '%\"over\":\"sent_while_preparing\"%'",
+        )
+    };
+    while crossed(&db) == 0 {
+        assert!(n < 80, "B never crossed the trigger");
+        let started = std::time::Instant::now();
+        turn_on(&b, &mock, &mut messages, n).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "B waited for A's summary: {:?}",
+            started.elapsed()
+        );
+        n += 1;
+    }
+    assert_eq!(compactions(&db), 0, "A's summary has not landed yet");
+    assert_eq!(strict.summaries.load(Ordering::SeqCst), 1, "B started none");
+    let metrics = b.metrics().await;
+    assert!(
+        metrics.contains("handoff_sent_while_preparing_total 1"),
+        "{metrics}"
+    );
+    assert!(strict.over_window.lock().unwrap().is_empty());
+}
