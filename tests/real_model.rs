@@ -150,10 +150,15 @@ async fn a_real_model_is_validated_and_the_ledger_keeps_what_it_lost() {
             .collect();
     let record = &records[0];
     assert_eq!(record["reason"], "context_length_exceeded", "{record}");
-    // The real model answered with a 200 and `stop`, and its text is no handoff.
+    // The real model answered with a 200, and its text was refused: no handoff
+    // (`invalid_summary`), or cut at `max_tokens` (`finish_reason`). Which one depends
+    // on the calls a fold makes (its parts at once, then a merge), not on handoff.
     let first = &record["attempts"][0];
     assert_eq!(first["strategy"], "summarize", "{first}");
-    assert_eq!(first["reason"], "invalid_summary", "{first}");
+    assert!(
+        ["invalid_summary", "finish_reason"].contains(&first["reason"].as_str().unwrap_or("")),
+        "{first}"
+    );
     assert!(
         first["usage"]["prompt_tokens"].as_u64().unwrap() > 1000,
         "the real model's usage is kept: {first}"
