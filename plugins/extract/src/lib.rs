@@ -64,7 +64,7 @@ fn chars_for(tokens: u64) -> usize {
 }
 
 /// Caps `text` to `chars` characters, half head, half tail.
-fn cap(text: &str, chars: usize) -> String {
+pub(crate) fn cap(text: &str, chars: usize) -> String {
     let half = chars / 2;
     cap_head_tail(text, half, chars - half)
 }

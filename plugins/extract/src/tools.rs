@@ -4,10 +4,10 @@
 
 use std::collections::{HashMap, HashSet};
 
-use handoff_plugin_api::{cap_head_tail, content_text, identifiers, tool_calls as calls_of};
+use handoff_plugin_api::{content_text, identifiers, tool_calls as calls_of};
 use serde_json::Value;
 
-use crate::{digest, named};
+use crate::{cap, digest, named};
 
 /// Characters of a tool call's arguments shown.
 const ARGUMENTS_SHOWN: usize = 200;
@@ -327,12 +327,6 @@ fn result_edges(text: &str) -> String {
         .iter()
         .for_each(|l| out.push_str(&quote(l)));
     out
-}
-
-/// Caps `text` to `chars` characters, half head, half tail.
-fn cap(text: &str, chars: usize) -> String {
-    let half = chars / 2;
-    cap_head_tail(text, half, chars - half)
 }
 
 fn looks_like_error(text: &str) -> bool {
