@@ -25,6 +25,9 @@ pub const PREPARED_WAITED: &str = "handoff_prepared_waited_total";
 /// Requests over the trigger sent without waiting for their conversation's running
 /// compaction, their view within the input budget.
 pub const SENT_WHILE_PREPARING: &str = "handoff_sent_while_preparing_total";
+/// Requests sent with a stand-in handoff because the summary they would have waited
+/// for ran past `compaction.max_wait`.
+pub const STAND_INS: &str = "handoff_stand_ins_total";
 /// Prepared compactions superseded before any request adopted them.
 pub const PREPARED_WASTED: &str = "handoff_prepared_wasted_total";
 
@@ -98,6 +101,11 @@ const HELP: &[(&str, &str, &str)] = &[
         PREPARED,
         "counter",
         "Background preparations by outcome (started, committed, stale, failed, dropped).",
+    ),
+    (
+        STAND_INS,
+        "counter",
+        "Requests sent with a stand-in handoff from the deterministic strategies: the summary they needed ran past compaction.max_wait.",
     ),
     (
         PREPARED_ADOPTED,

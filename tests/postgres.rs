@@ -52,11 +52,23 @@ async fn strict_with_slow_summaries(
 
 /// A replica on `db`: its own process and data dir.
 fn replica(mock: &MockUpstream, db: &Postgres, extra: &str) -> Proxy {
+    replica_with(mock, db, "", extra)
+}
+
+/// A replica with `compaction` keys after [`SUMMARY_16K`]'s and `store` keys after the
+/// database's.
+fn replica_with(mock: &MockUpstream, db: &Postgres, compaction: &str, store: &str) -> Proxy {
     Proxy::start_with(
         &mock.url(),
-        options(4096, &format!("{SUMMARY_16K}{}", db.store_toml(extra))),
+        options(
+            4096,
+            &format!("{SUMMARY_16K}{compaction}{}", db.store_toml(store)),
+        ),
     )
 }
+
+/// Every request waits for the one summary: no stand-in past `compaction.max_wait`.
+const WAIT_FOR_SUMMARIES: &str = "max_wait = \"60s\"\n";
 
 fn compactions(db: &Postgres) -> u64 {
     db.count("SELECT count(*) FROM handoff_compactions")
@@ -194,7 +206,10 @@ async fn two_replicas_share_one_conversation_and_its_compactions() {
 async fn sixteen_identical_requests_over_two_replicas_compact_once() {
     let db = Postgres::start();
     let (strict, mock) = strict_with_slow_summaries(4096, 1, Duration::from_secs(2)).await;
-    let replicas = Arc::new([replica(&mock, &db, ""), replica(&mock, &db, "")]);
+    let replicas = Arc::new([
+        replica_with(&mock, &db, WAIT_FOR_SUMMARIES, ""),
+        replica_with(&mock, &db, WAIT_FOR_SUMMARIES, ""),
+    ]);
     let messages = fact_history(json!({"role": "assistant", "content": "noted"}));
 
     let mut tasks = Vec::new();
@@ -233,8 +248,8 @@ async fn a_replica_killed_mid_summary_is_taken_over_after_its_lease_expires() {
     let (_strict, mock) = strict_with_slow_summaries(4096, 1, Duration::from_secs(30)).await;
     // Long enough that the retry, on a loaded machine, still finds the lease held.
     let lease = "lease_ttl = \"6s\"\n";
-    let mut first = replica(&mock, &db, lease);
-    let second = replica(&mock, &db, lease);
+    let mut first = replica_with(&mock, &db, WAIT_FOR_SUMMARIES, lease);
+    let second = replica_with(&mock, &db, WAIT_FOR_SUMMARIES, lease);
     let messages = fact_history(json!({"role": "assistant", "content": "noted"}));
 
     // A raw connection: the request dies with its replica, and that is expected.

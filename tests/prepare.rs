@@ -58,7 +58,9 @@ async fn turn(
 
 async fn session(prepare_at: &str, turns: usize) -> Session {
     let (strict, mock) = slow_summaries(8192).await;
-    let extra = format!("[compaction]\nstrategy = \"summarize\"\nsummary_model = \"strict-16k\"\nprepare_at = {prepare_at}\n");
+    // Inline compactions wait for their summary, however long it takes: what preparing
+    // saves is measured against that, not against compaction.max_wait's stand-in.
+    let extra = format!("[compaction]\nstrategy = \"summarize\"\nsummary_model = \"strict-16k\"\nprepare_at = {prepare_at}\nmax_wait = \"60s\"\n");
     let proxy = Proxy::start_with(&mock.url(), options(8192, &extra));
     let mut messages = vec![json!({"role": "system", "content": "be brief"})];
     let mut latencies = Vec::new();

@@ -40,7 +40,8 @@ impl<'a> Tree<'a> {
                 | Entry::Rescue(_)
                 | Entry::Adopt(_)
                 | Entry::Form(_)
-                | Entry::Decision(_) => {}
+                | Entry::Decision(_)
+                | Entry::StandIn(_) => {}
             }
         }
         tree

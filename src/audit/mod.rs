@@ -258,6 +258,18 @@ impl Audit {
                     adopt.head.map_or("-".to_owned(), |h| h.short(12)),
                     adopt.arrived
                 )?,
+                Entry::StandIn(stand_in) => writeln!(
+                    out,
+                    "{}  STAND-IN {} head={}: the summary ran past compaction.max_wait ({} ms waited); sent with {}'s handoff, tokens {}→{}, covers {} messages",
+                    line.at,
+                    stand_in.record.id,
+                    stand_in.head.map_or("-".to_owned(), |h| h.short(12)),
+                    stand_in.waited_ms,
+                    stand_in.record.strategy,
+                    stand_in.record.tokens_before,
+                    stand_in.record.tokens_after,
+                    stand_in.record.source.end_exclusive
+                )?,
                 Entry::Rescue(rescue) => {
                     let shortened: Vec<String> = rescue
                         .shortened

@@ -173,6 +173,23 @@ pub fn timeline(
                     "waiting_from": record.prepared.as_ref().map(|_| requests + 1),
                 }));
             }
+            Entry::StandIn(stand_in) => {
+                let record = &stand_in.record;
+                events.push(json!({
+                    "type": "stand_in",
+                    "at": line.at,
+                    "id": record.id,
+                    "head": stand_in.head.map(|h| h.to_hex()),
+                    "waited_ms": stand_in.waited_ms,
+                    "strategy": record.strategy,
+                    "chain": record.chain,
+                    "tokens_before": record.tokens_before,
+                    "tokens_after": record.tokens_after,
+                    "covers": record.source.end_exclusive,
+                    "attempts": record.attempts,
+                    "handoff": handoff_text(&record.handoff),
+                }));
+            }
             Entry::Form(form) => events.push(json!({
                 "type": "form",
                 "at": line.at,

@@ -71,6 +71,7 @@ impl Line {
             "adopt" => Entry::Adopt(serde_json::from_slice(bytes)?),
             "form" => Entry::Form(serde_json::from_slice(bytes)?),
             "decision" => Entry::Decision(serde_json::from_slice(bytes)?),
+            "stand_in" => Entry::StandIn(serde_json::from_slice(bytes)?),
             _ => return Err(LineError::UnknownKind(header.kind)),
         };
         Ok(Self {
@@ -146,6 +147,9 @@ pub enum Entry {
     Form(FormLine),
     /// What the proxy decided for a request: the budget, the count, the view it sent.
     Decision(DecisionLine),
+    /// A stand-in handoff one request was sent with because the summary it would have
+    /// waited for ran past `compaction.max_wait`: never adopted by another request.
+    StandIn(StandInLine),
 }
 
 /// What the proxy decided for one request: the budget it measured the view against,
@@ -297,6 +301,20 @@ pub struct AdoptLine {
     /// Messages that arrived between the preparation and its adoption, verbatim after
     /// the cut.
     pub arrived: usize,
+}
+
+/// The handoff a request was sent with while the compaction it needed still waited for
+/// a model past `compaction.max_wait`: built from the chain's deterministic strategies
+/// for that request alone. The summary, when it lands, is committed as any compaction
+/// and adopted by the requests after it; this record never is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StandInLine {
+    /// Chain digest of the request's last non-pinned message.
+    pub head: Option<PrefixDigest>,
+    /// Milliseconds the request waited for the summary before it took the stand-in.
+    pub waited_ms: u64,
+    /// The stand-in: a compaction record, never committed by a boundary.
+    pub record: Box<crate::base::record::CompactionRecord>,
 }
 
 /// Which tool results a request's view shortened, and by how much; the originals stay

@@ -315,8 +315,7 @@ impl<'s> Exchange<'s> {
             .compactor
             .fit(
                 &self.state.tracker,
-                &self.chat,
-                tracked,
+                (&self.chat, tracked),
                 budget,
                 |budget, compact_id| {
                     self.job(
@@ -326,6 +325,10 @@ impl<'s> Exchange<'s> {
                         Reason::Threshold,
                         compact_id,
                     )
+                },
+                |compact_id| {
+                    let budget = budget?;
+                    Some(self.detached(tracked, budget, compact_id, Reason::Threshold))
                 },
             )
             .await
@@ -374,6 +377,19 @@ impl<'s> Exchange<'s> {
             }
         };
         tracing::info!(conversation = %tracked.id, estimate = before, mark, threshold = budget.threshold, "past compaction.prepare_at; preparing the compaction in the background");
+        self.detached(tracked, budget, fitted.view.compact_id(), Reason::Prepared)
+            .spawn(ticket);
+    }
+
+    /// This request's compaction, owned, to run on its own task: a preparation, or
+    /// (`compaction.max_wait`) the run a request that crossed the trigger waits for.
+    fn detached(
+        &self,
+        tracked: &Tracked,
+        budget: &RequestBudget,
+        compact_id: Option<&str>,
+        reason: Reason,
+    ) -> prepare::Preparation {
         prepare::Preparation {
             tracker: Arc::clone(&self.state.tracker),
             compactor: self.state.compactor.clone(),
@@ -383,9 +399,9 @@ impl<'s> Exchange<'s> {
             budget: budget.clone(),
             client: self.summary_client(budget),
             chain: Arc::clone(&self.chain),
-            seen_compact_id: fitted.view.compact_id().map(str::to_owned),
+            seen_compact_id: compact_id.map(str::to_owned),
+            reason,
         }
-        .spawn(ticket);
     }
 
     /// The summary client of this request: its upstream, path and the client's own

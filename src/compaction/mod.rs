@@ -22,6 +22,7 @@ pub mod chain;
 pub mod decision;
 pub mod handoff;
 pub mod ledger;
+mod max_wait;
 pub mod model_client;
 pub mod prepare;
 mod run;
@@ -33,6 +34,8 @@ pub mod unit;
 pub use crate::adoption::{adopt, Adopted, Adoption};
 pub use crate::base::record::{CompactionRecord, Reason};
 
+#[cfg(test)]
+mod max_wait_tests;
 #[cfg(test)]
 mod prepare_tests;
 #[cfg(test)]

@@ -12,8 +12,9 @@
 //! over all of them, and one past that is dropped, never queued.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use tokio::time::Instant;
 
 use handoff_plugin_api::ModelClient;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -33,10 +34,14 @@ pub use crate::metrics::{
     PREPARED, PREPARED_ADOPTED, PREPARED_WAITED, PREPARED_WASTED, SENT_WHILE_PREPARING,
 };
 
-/// The preparations running: at most one per conversation, and a global cap.
+/// The compactions running on their own tasks: preparations (at most one per
+/// conversation, and a global cap) and the runs `compaction.max_wait` detaches from
+/// their request; each with the time it started.
 pub struct Background {
     slots: Arc<Semaphore>,
-    running: Mutex<HashSet<ConversationId>>,
+    running: Mutex<HashMap<ConversationId, Instant>>,
+    /// Woken whenever a run ends (after its commit): what a waiting request waits on.
+    ended: tokio::sync::Notify,
 }
 
 /// Why a preparation was not started.
@@ -48,11 +53,12 @@ pub enum NotStarted {
     Full,
 }
 
-/// A running preparation's hold on its slot and its conversation; released on drop.
+/// A running compaction's hold on its conversation (and a preparation's on its slot);
+/// released on drop.
 pub struct Ticket {
     background: Arc<Background>,
     id: ConversationId,
-    _slot: OwnedSemaphorePermit,
+    _slot: Option<OwnedSemaphorePermit>,
 }
 
 impl Background {
@@ -61,27 +67,53 @@ impl Background {
         Arc::new(Self {
             slots: Arc::new(Semaphore::new(max)),
             running: Mutex::default(),
+            ended: tokio::sync::Notify::new(),
         })
     }
 
     /// True while `id` has a preparation running.
     pub fn is_running(&self, id: &ConversationId) -> bool {
+        self.started(id).is_some()
+    }
+
+    /// Resolves when a run ends; enable it before looking at [`Self::is_running`].
+    pub fn ended(&self) -> tokio::sync::futures::Notified<'_> {
+        self.ended.notified()
+    }
+
+    /// When `id`'s running compaction started, if one runs on its own task here.
+    pub fn started(&self, id: &ConversationId) -> Option<Instant> {
         self.running
             .lock()
-            .map(|running| running.contains(id))
-            .unwrap_or(false)
+            .ok()
+            .and_then(|running| running.get(id).copied())
     }
 
     /// Takes a slot for `id`'s preparation.
     pub fn start(self: &Arc<Self>, id: &ConversationId) -> Result<Ticket, NotStarted> {
+        self.take(id, true)
+    }
+
+    /// Marks the run a request detached (`compaction.max_wait`) as `id`'s: it takes no
+    /// slot, as an inline run takes none, but it is the one a later request waits for.
+    pub fn start_detached(self: &Arc<Self>, id: &ConversationId) -> Result<Ticket, NotStarted> {
+        self.take(id, false)
+    }
+
+    fn take(self: &Arc<Self>, id: &ConversationId, slot: bool) -> Result<Ticket, NotStarted> {
         let mut running = self.running.lock().map_err(|_| NotStarted::Full)?;
-        if running.contains(id) {
+        if running.contains_key(id) {
             return Err(NotStarted::Running);
         }
-        let slot = Arc::clone(&self.slots)
-            .try_acquire_owned()
-            .map_err(|_| NotStarted::Full)?;
-        running.insert(id.clone());
+        let slot = match slot {
+            true => Some(
+                Arc::clone(&self.slots)
+                    .try_acquire_owned()
+                    .map_err(|_| NotStarted::Full)?,
+            ),
+            false => None,
+        };
+        running.insert(id.clone(), Instant::now());
         Ok(Ticket {
             background: Arc::clone(self),
             id: id.clone(),
@@ -95,6 +127,7 @@ impl Drop for Ticket {
         if let Ok(mut running) = self.background.running.lock() {
             running.remove(&self.id);
         }
+        self.background.ended.notify_waiters();
     }
 }
 
@@ -148,17 +181,25 @@ pub struct Preparation {
     pub chain: Chain,
     /// The compaction the request's view was built on.
     pub seen_compact_id: Option<String>,
+    /// `prepared` for a preparation; `threshold` for the compaction of a request that
+    /// crossed the trigger, detached so that it outlives `compaction.max_wait`.
+    pub reason: Reason,
 }
 
 impl Preparation {
     /// Runs the preparation on its own task, holding `ticket` until it ends.
     pub fn spawn(self, ticket: Ticket) {
         let metrics = Arc::clone(&self.compactor.metrics);
-        metrics.add(PREPARED, &[("outcome", "started")], 1.0);
+        let prepared = self.reason == Reason::Prepared;
+        if prepared {
+            metrics.add(PREPARED, &[("outcome", "started")], 1.0);
+        }
         tokio::spawn(async move {
             let _ticket = ticket;
             let outcome = self.run().await;
-            metrics.add(PREPARED, &[("outcome", outcome)], 1.0);
+            if prepared {
+                metrics.add(PREPARED, &[("outcome", outcome)], 1.0);
+            }
         });
     }
 
@@ -172,15 +213,19 @@ impl Preparation {
             Arc::clone(&self.client),
             Arc::clone(&self.chain),
         );
-        job.reason = Reason::Prepared;
+        job.reason = self.reason;
+        job.detached = true;
         job.seen_compact_id = self.seen_compact_id.clone();
         match self.compactor.compact(&job).await {
             Ok(view) => {
-                let made = view
-                    .compaction
-                    .as_ref()
-                    .is_some_and(|a| a.record.reason == Reason::Prepared && a.is_waiting());
-                if made {
+                let made = view.compaction.as_ref().is_some_and(|a| match self.reason {
+                    Reason::Prepared => a.record.reason == Reason::Prepared && a.is_waiting(),
+                    _ => Some(&a.record.id) != self.seen_compact_id.as_ref(),
+                });
+                if made && self.reason != Reason::Prepared {
+                    tracing::info!(conversation = %self.tracked.id, "the detached compaction committed");
+                    "committed"
+                } else if made {
                     tracing::info!(conversation = %self.tracked.id, "compaction prepared in the background");
                     "committed"
                 } else {

@@ -18,7 +18,7 @@ use crate::base::record::Reason;
 use crate::testing::Harness;
 
 /// The 4k model, summaries on a 16k one, prepared at 0.8 of the trigger.
-const CONFIG: &str = "[models.\"strict\"]\ncontext_window = 4096\n[models.\"strict-16k\"]\ncontext_window = 16384\n[compaction]\nstrategy = \"summarize\"\nsummary_model = \"strict-16k\"\nprepare_at = 0.8\n";
+const CONFIG: &str = "[models.\"strict\"]\ncontext_window = 4096\n[models.\"strict-16k\"]\ncontext_window = 16384\n[compaction]\nstrategy = \"summarize\"\nsummary_model = \"strict-16k\"\nprepare_at = 0.8\nmax_wait = \"60s\"\n";
 
 /// Sends one more turn of `tokens`, answering the strict agent's tool calls, and lets
 /// `pause` of (virtual) time pass after each request (5 s: a preparation it started

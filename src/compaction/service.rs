@@ -13,8 +13,9 @@ use handoff_plugin_api::{CancellationToken, ModelClient, ModelInfo};
 
 use super::budget::{RequestBudget, Scale, ScaledCounter};
 use super::chain::Chain;
+use super::max_wait::{stand_in_chain, Waited};
 use super::prepare::{
-    settled_view, Background, PREPARED_ADOPTED, PREPARED_WAITED, PREPARED_WASTED,
+    settled_view, Background, Preparation, PREPARED_ADOPTED, PREPARED_WAITED, PREPARED_WASTED,
     SENT_WHILE_PREPARING,
 };
 use super::split::split_at_unit_boundary;
@@ -112,6 +113,10 @@ pub struct Job<'a> {
     /// True for a request that waits for a compaction already running: another's
     /// handoff is enough once its view fits the input budget, over the trigger or not.
     pub waits_for_running: bool,
+    /// True for a run on its own task (a preparation, or one `compaction.max_wait`
+    /// detached): only a committed record reaches a request, so it makes no view-only
+    /// result (a rescue) that the request would make again, and count twice.
+    pub detached: bool,
 }
 
 impl Job<'_> {
@@ -198,6 +203,7 @@ impl<'a> Job<'a> {
             reason: Reason::Threshold,
             seen_compact_id: None,
             waits_for_running: false,
+            detached: false,
             client,
             chain,
         }
@@ -324,15 +330,17 @@ impl Compactor {
     /// from the adopted compactions (a prepared one only once the view without it
     /// crosses the trigger), compacted when its calibrated estimate passes the trigger.
     /// `job` builds the compaction job, from the budget and the view's compaction id,
-    /// only when one is needed.
+    /// only when one is needed; `detached` the same job, owned, to run on its own task
+    /// under `compaction.max_wait` (`None`: the caller runs compactions inline).
     pub async fn fit<'a>(
         &self,
         tracker: &Tracker,
-        request: &'a ChatRequest,
-        tracked: &'a Tracked,
+        (request, tracked): (&'a ChatRequest, &'a Tracked),
         budget: Option<&RequestBudget>,
         job: impl FnOnce(&RequestBudget, Option<&str>) -> Job<'a>,
+        detached: impl FnOnce(Option<&str>) -> Option<Preparation>,
     ) -> Result<Fitted<'a>, FitError> {
+        let arrived = tokio::time::Instant::now();
         let Some(budget) = budget else {
             let view = project_view(request, tracked, &tracked.compactions);
             return Ok(Fitted {
@@ -394,14 +402,30 @@ impl Compactor {
             }
             let mut job = job(budget, view.compact_id());
             job.waits_for_running = running;
+            let fail = |error| FitError {
+                error,
+                before: Some(current),
+            };
             // Boxed: a compaction's future is kilobytes, and every request's future would
             // carry (and move) it, though few requests compact.
-            view = Box::pin(self.compact(&job))
-                .await
-                .map_err(|error| FitError {
-                    error,
-                    before: Some(current),
-                })?;
+            let waited = Box::pin(self.within_max_wait_if_set(
+                &job,
+                &view,
+                current,
+                (running, arrived),
+                detached,
+            ))
+            .await
+            .map_err(fail)?;
+            let mut stand_in = false;
+            view = match waited {
+                Waited::Done(done) => done,
+                Waited::StandIn(done) => {
+                    stand_in = true;
+                    done
+                }
+                Waited::Ended => Box::pin(self.compact(&job)).await.map_err(fail)?,
+            };
             self.note_adoption(tracker, tracked, &view).await;
             local = view.estimate(tokens, tokenizer, budget.tools_tokens);
             let after = scale.view(local, view.compact_id());
@@ -410,7 +434,7 @@ impl Compactor {
                 estimate: Some(local),
                 before: Some(current),
                 while_preparing: false,
-                sent_over_trigger: running && after > budget.threshold,
+                sent_over_trigger: (running || stand_in) && after > budget.threshold,
             });
         }
         Ok(Fitted {
@@ -420,6 +444,38 @@ impl Compactor {
             while_preparing: false,
             sent_over_trigger: false,
         })
+    }
+
+    /// Under `compaction.max_wait` (a chain with a stand-in, and a run this process
+    /// holds on its own task: the one running, or `detached` started now), waits for that
+    /// run within `max_wait`; otherwise [`Waited::Ended`] at once, and the caller compacts
+    /// inline (or waits for the run another holds) as before.
+    async fn within_max_wait_if_set<'a>(
+        &self,
+        job: &Job<'a>,
+        view: &ModelView<'a>,
+        estimate: u64,
+        (running, arrived): (bool, tokio::time::Instant),
+        detached: impl FnOnce(Option<&str>) -> Option<Preparation>,
+    ) -> Result<Waited<'a>, CompactError> {
+        if stand_in_chain(&job.chain).is_none() {
+            return Ok(Waited::Ended);
+        }
+        let ours = if running {
+            self.background.is_running(job.id)
+        } else {
+            self.detach(job.id, detached(view.compact_id()))
+        };
+        if !ours {
+            return Ok(Waited::Ended);
+        }
+        let max_wait = job.config.max_wait;
+        let waiting = Job {
+            waits_for_running: true,
+            ..job.with_chain(Arc::clone(&job.chain))
+        };
+        self.within_max_wait(&waiting, view, estimate, arrived, max_wait)
+            .await
     }
 
     /// Logs the first adoption of a prepared compaction by `view`: which one, and how
@@ -512,7 +568,10 @@ impl Compactor {
     }
 
     /// The view from the store's latest compactions, if it already needs no run.
-    async fn already_done<'a>(&self, job: &Job<'a>) -> Result<Option<ModelView<'a>>, CompactError> {
+    pub(super) async fn already_done<'a>(
+        &self,
+        job: &Job<'a>,
+    ) -> Result<Option<ModelView<'a>>, CompactError> {
         job.tracker.refresh(job.id).await?;
         let adopted = job.tracker.compactions(job.id).await?;
         let view = project_view(job.request, job.tracked, &adopted);
@@ -570,7 +629,7 @@ impl Compactor {
                     return Ok(view);
                 }
                 Err(CompactError::TooLarge { .. })
-                    if job.config.rescue && !rescued && view.rescue() =>
+                    if job.config.rescue && !job.detached && !rescued && view.rescue() =>
                 {
                     // compaction.rescue: shortened tool bodies may let the last unit fit.
                     rescued = true;
@@ -615,7 +674,7 @@ impl Compactor {
                     tracing::info!(conversation = %job.id, estimate, threshold = job.threshold, limit = job.hard_limit(), "the newest unit keeps the view over the trigger; it fits the input budget and is sent");
                     return Ok(view);
                 }
-                if job.config.rescue && !rescued && view.rescue() {
+                if job.config.rescue && !job.detached && !rescued && view.rescue() {
                     self.metrics.add(VIEWS_RESCUED, &[], 1.0);
                     estimate = self.count(job, &view);
                     if estimate <= job.hard_limit() {

@@ -18,7 +18,7 @@ use crate::dialect::pair::CONTINUATION;
 use crate::testing::Harness;
 
 /// A 4k model whose summaries run on a 16k one, compacting inline.
-const CONFIG: &str = "[models.\"strict\"]\ncontext_window = 4096\n[models.\"strict-16k\"]\ncontext_window = 16384\n[compaction]\nstrategy = \"summarize\"\nsummary_model = \"strict-16k\"\nprepare_at = 0.0\n";
+const CONFIG: &str = "[models.\"strict\"]\ncontext_window = 4096\n[models.\"strict-16k\"]\ncontext_window = 16384\n[compaction]\nstrategy = \"summarize\"\nsummary_model = \"strict-16k\"\nprepare_at = 0.0\nmax_wait = \"60s\"\n";
 
 /// The strict provider, its summaries answered after `summary_delay`.
 pub(super) async fn strict(summary_delay: Duration) -> (Arc<Strict>, MockUpstream) {

@@ -599,6 +599,11 @@ pub struct CompactionConfig {
     pub prepare_at: f64,
     /// Preparations running at once, over all conversations; more are dropped.
     pub max_background: usize,
+    /// Longest a request waits for a model-written summary. Past it, the view is sent
+    /// with a stand-in from the chain's deterministic strategies, and the summary is
+    /// adopted by the first request after it lands. `0s`: never wait for a model.
+    #[serde(with = "humantime_serde")]
+    pub max_wait: Duration,
     /// Summary calls one folding attempt makes at once: its parts are summarised
     /// concurrently and merged by a last call. 1: in sequence, each call extending the
     /// handoff the one before wrote.
@@ -677,6 +682,7 @@ impl Default for CompactionConfig {
             ledger_share: 0.3,
             prepare_at: 0.8,
             max_background: 4,
+            max_wait: Duration::from_secs(2),
             fold_concurrency: 4,
             max_summary_concurrency: 16,
             pin: PinConfig::default(),

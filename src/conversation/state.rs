@@ -466,7 +466,8 @@ impl ConversationState {
                 Entry::CompactBoundary(_)
                 | Entry::Rescue(_)
                 | Entry::Adopt(_)
-                | Entry::Decision(_) => {}
+                | Entry::Decision(_)
+                | Entry::StandIn(_) => {}
             }
         }
         let adoption = adopt(log);

@@ -443,8 +443,7 @@ impl Replayer {
         let fitted = compactor
             .fit(
                 tracker,
-                &chat,
-                &tracked,
+                (&chat, &tracked),
                 budget.as_ref(),
                 |budget, compact_id| {
                     let mut job = Job::new(
@@ -459,6 +458,8 @@ impl Replayer {
                     job.seen_compact_id = compact_id.map(str::to_owned);
                     job
                 },
+                // A replay compacts inline: what each view holds, not when, is measured.
+                |_| None,
             )
             .await
             .map_err(|err| err.to_string())?;

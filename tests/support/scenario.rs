@@ -15,8 +15,11 @@ use super::{Proxy, ProxyOptions};
 pub const CHAT: &str = "/v1/chat/completions";
 
 /// Summaries by a 16k model (so a 4k conversation's history fits), timing out after 1 s.
+/// Summaries on the 16k model, each call allowed 1 s; a request waits for its
+/// compaction's attempts to end (no `compaction.max_wait` stand-in), so the record it
+/// needed is committed when it is answered.
 pub const SUMMARY_16K_1S: &str =
-    "[compaction]\nsummary_model = \"strict-16k\"\nsummary_timeout = \"1s\"\n";
+    "[compaction]\nsummary_model = \"strict-16k\"\nsummary_timeout = \"1s\"\nmax_wait = \"60s\"\n";
 
 pub fn python() -> PathBuf {
     if let Some(path) = std::env::var_os("PYTHON_FOR_TESTS") {

@@ -109,6 +109,7 @@ pub(super) fn columns(unit: &Written<'_>) -> (&'static str, Option<String>, Opti
         // Unique by its bytes: two replicas that log one form keep one row.
         Entry::Form(f) => ("form", Some(f.digest.to_hex()), f.of.map(|o| o.to_hex())),
         Entry::Decision(d) => ("decision", None, d.head.map(|h| h.to_hex())),
+        Entry::StandIn(s) => ("stand_in", None, s.head.map(|h| h.to_hex())),
     }
 }
 

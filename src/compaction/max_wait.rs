@@ -1,0 +1,210 @@
+//! `compaction.max_wait`: the longest a request waits for a model-written summary.
+//!
+//! A request that must compact, or must wait for its conversation's running compaction
+//! because no view within the input budget exists without it, has that run on a task
+//! of its own and waits for it until a deadline: the later of its arrival and the run's
+//! start, plus `max_wait`. Past it, the request is sent with a *stand-in*: the chain's
+//! deterministic strategies run over the same history, for this request alone, and the
+//! record is logged as a `stand_in` line (never committed, so never adopted). The run
+//! goes on; its summary commits when it lands, and the requests after adopt it.
+//!
+//! Only a run this process started on its own task is waited for this way: a waiter on
+//! another replica's lease, or on a run a request holds inline (a reactive retry, a
+//! manual compaction), waits for it as before.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::chain::Chain;
+use super::prepare::Preparation;
+use super::service::{CompactError, Compactor, Job};
+use super::Adopted;
+use crate::base::line::{Entry, Line, StandInLine};
+use crate::base::record::Attempt;
+use crate::metrics::STAND_INS;
+use crate::projection::{project_view, ModelView};
+
+/// How a wait within `compaction.max_wait` ended.
+pub(super) enum Waited<'a> {
+    /// A committed compaction made a view that fits.
+    Done(ModelView<'a>),
+    /// The summary ran past the deadline: the view with a stand-in handoff.
+    StandIn(ModelView<'a>),
+    /// The run ended without a view that fits (it failed, or was stale), or no stand-in
+    /// could be made: the caller compacts inline, as without `max_wait`.
+    Ended,
+}
+
+/// The chain's strategies that call no model, when one that does comes first: what a
+/// stand-in is made with. `None` when the chain has no such pair.
+pub(super) fn stand_in_chain(chain: &Chain) -> Option<Chain> {
+    let first_calls_a_model = chain
+        .first()
+        .is_some_and(|s| !s.strategy.is_deterministic());
+    let deterministic: Chain = chain
+        .iter()
+        .filter(|s| s.strategy.is_deterministic())
+        .cloned()
+        .collect();
+    (first_calls_a_model && !deterministic.is_empty()).then_some(deterministic)
+}
+
+impl Job<'_> {
+    /// This job with another chain: what a stand-in runs.
+    pub(super) fn with_chain(&self, chain: Chain) -> Self {
+        Job {
+            tracker: self.tracker,
+            id: self.id,
+            request: self.request,
+            tracked: self.tracked,
+            config: self.config,
+            tokenizer: self.tokenizer,
+            summary_tokenizer: self.summary_tokenizer,
+            reasoning_marker: self.reasoning_marker,
+            model: self.model.clone(),
+            input_budget: self.input_budget,
+            threshold: self.threshold,
+            scale: self.scale.clone(),
+            tools_tokens: self.tools_tokens,
+            reason: self.reason,
+            seen_compact_id: self.seen_compact_id.clone(),
+            client: Arc::clone(&self.client),
+            chain,
+            waits_for_running: self.waits_for_running,
+            detached: self.detached,
+        }
+    }
+}
+
+impl Compactor {
+    /// Starts `detached` (this request's compaction, owned) on its own task unless the
+    /// conversation has one running here already; false when neither runs it.
+    pub(super) fn detach(
+        &self,
+        id: &crate::conversation::ConversationId,
+        detached: Option<Preparation>,
+    ) -> bool {
+        if self.background.is_running(id) {
+            return true;
+        }
+        let Some(run) = detached else {
+            return false;
+        };
+        match self.background.start_detached(id) {
+            Ok(ticket) => {
+                run.spawn(ticket);
+                true
+            }
+            // Started by another request between the look and now: that one is waited for.
+            Err(_) => self.background.is_running(id),
+        }
+    }
+
+    /// Waits for the conversation's run on its own task until `max_wait` past the later
+    /// of `arrived` and the run's start; then makes the stand-in view for `view`
+    /// (estimated at `estimate`).
+    pub(super) async fn within_max_wait<'a>(
+        &self,
+        job: &Job<'a>,
+        view: &ModelView<'a>,
+        estimate: u64,
+        arrived: Instant,
+        max_wait: Duration,
+    ) -> Result<Waited<'a>, CompactError> {
+        let Some(started) = self.background.started(job.id) else {
+            return self.done_or_ended(job).await;
+        };
+        let deadline = arrived.max(started + max_wait);
+        loop {
+            let ended = self.background.ended();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if let Some(view) = self.already_done(job).await? {
+                return Ok(Waited::Done(view));
+            }
+            if !self.background.is_running(job.id) {
+                return self.done_or_ended(job).await;
+            }
+            tokio::select! {
+                () = &mut ended => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    return self.stand_in(job, view, estimate, arrived).await;
+                }
+                () = self.cancel.cancelled() => return Err(CompactError::Cancelled),
+            }
+        }
+    }
+
+    async fn done_or_ended<'a>(&self, job: &Job<'a>) -> Result<Waited<'a>, CompactError> {
+        Ok(match self.already_done(job).await? {
+            Some(view) => Waited::Done(view),
+            None => Waited::Ended,
+        })
+    }
+
+    /// The view of `job`'s request with a stand-in handoff: the deterministic strategies
+    /// over the history the summary is written from, logged before it is sent. A stand-in
+    /// that cannot be logged, or leaves the view over the input budget, is not used.
+    async fn stand_in<'a>(
+        &self,
+        job: &Job<'a>,
+        view: &ModelView<'a>,
+        estimate: u64,
+        arrived: Instant,
+    ) -> Result<Waited<'a>, CompactError> {
+        let Some(chain) = stand_in_chain(&job.chain) else {
+            return Ok(Waited::Ended);
+        };
+        let waited = arrived.elapsed();
+        let stand_in_job = job.with_chain(chain);
+        let mut record = self.run_once(&stand_in_job, view, estimate, false).await?;
+        // What the record would have been made with, and why it was not.
+        if let Some(first) = job.chain.first() {
+            record.chain = job.chain.iter().map(|s| s.name.clone()).collect();
+            record.attempts.insert(
+                0,
+                Attempt {
+                    strategy: first.name.clone(),
+                    outcome: "pending".to_owned(),
+                    reason: Some("max_wait".to_owned()),
+                    error: Some(format!(
+                        "still running after compaction.max_wait ({} ms); it is adopted when it lands",
+                        job.config.max_wait.as_millis()
+                    )),
+                    usage: None,
+                    calls: None,
+                    duration_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+                },
+            );
+        }
+        let adopted =
+            Arc::new(Adopted::new(record.clone()).map_err(crate::store::StoreError::from)?);
+        let mut pool = job.tracker.compactions(job.id).await?;
+        pool.insert(adopted.record.source.prefix_digest, adopted);
+        let stood_in = project_view(job.request, job.tracked, &pool);
+        stood_in.validate()?;
+        let after = job.scale.view(
+            stood_in.estimate(&self.tokens, job.tokenizer, job.tools_tokens),
+            stood_in.compact_id(),
+        );
+        if after > job.hard_limit() {
+            tracing::warn!(conversation = %job.id, estimate = after, limit = job.hard_limit(), "the stand-in leaves the view over the input budget; waiting for the summary");
+            return Ok(Waited::Ended);
+        }
+        let line = Line::now(Entry::StandIn(StandInLine {
+            head: job.tracked.head(),
+            waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+            record: Box::new(record),
+        }));
+        if let Err(err) = job.tracker.store().append(job.id, vec![line]).await {
+            // A view the log cannot explain is not sent.
+            tracing::warn!(conversation = %job.id, error = %err, "cannot log the stand-in; waiting for the summary");
+            return Ok(Waited::Ended);
+        }
+        self.metrics.add(STAND_INS, &[], 1.0);
+        tracing::info!(conversation = %job.id, waited_ms = waited.as_millis() as u64, estimate = after, "the summary ran past compaction.max_wait; sent with a stand-in");
+        Ok(Waited::StandIn(stood_in))
+    }
+}
