@@ -67,6 +67,7 @@ fn benches(c: &mut Criterion) {
             summary_calibrations: Default::default(),
             background: handoff::compaction::prepare::Background::new(0),
             summary_slots: Arc::new(tokio::sync::Semaphore::new(16)),
+            pace: Arc::default(),
         };
         (Tracker::new(store, 100_000), compactor)
     });

@@ -358,6 +358,7 @@ impl AppState {
             summary_slots: Arc::new(tokio::sync::Semaphore::new(
                 config.compaction.max_summary_concurrency.max(1),
             )),
+            pace: Arc::default(),
         };
         Ok(Self {
             current: ArcSwap::from_pointee(Snapshot::build(config)?),

@@ -240,6 +240,12 @@ pub fn timeline(
         add_figures(event, figure, rebuilt[index].as_ref(), fallback, rescued);
         event["compacted_here"] = json!(first_uses[index]);
     }
+    // When each request was logged: a preparation started during the last one before it.
+    let request_times: Vec<String> = request_events
+        .iter()
+        .filter_map(|&at| events.get(at))
+        .map(|e| e["at"].as_str().unwrap_or_default().to_owned())
+        .collect();
     // A prepared record is waiting from its commit to the first request that used it.
     for event in &mut events {
         if event["type"] != "compaction" || event["waiting_from"].is_null() {
@@ -258,6 +264,13 @@ pub fn timeline(
         }
         event["adopted_at"] = json!(adopted);
         event["waited"] = json!(waited);
+        // Both times are RFC 3339 in UTC to the millisecond: as strings they sort.
+        let started = event["prepared"]["started"].as_str().unwrap_or_default();
+        let started_from = request_times
+            .iter()
+            .filter(|at| at.as_str() <= started)
+            .count();
+        event["started_from"] = json!(started_from.max(1));
     }
     let latest = figures.iter().rev().find_map(|f| f.decision);
     let uncommitted = adoption.uncommitted.clone();
@@ -280,7 +293,7 @@ pub fn timeline(
         events
             .iter()
             .filter(|e| e["type"] == "compaction" && !e["waiting_from"].is_null())
-            .map(|e| json!({"id": e["id"], "waiting_from": e["waiting_from"], "adopted_at": e["adopted_at"], "waited": e["waited"]}))
+            .map(|e| json!({"id": e["id"], "started": e["prepared"]["started"], "finished": e["at"], "started_from": e["started_from"], "waiting_from": e["waiting_from"], "adopted_at": e["adopted_at"], "waited": e["waited"]}))
             .collect(),
     );
     value["events"] = Value::Array(events);

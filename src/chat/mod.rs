@@ -37,6 +37,7 @@ use crate::compaction::budget::RequestBudget;
 use crate::compaction::chain::Chain;
 use crate::compaction::service::{CompactError, FitError, Fitted, Job};
 use crate::compaction::{prepare, Reason};
+use crate::config::PrepareAt;
 use crate::conversation::{identify, ConversationId, Tracked, CONVERSATION_HEADER};
 use crate::dialect::{ChatRequest, DialectKind};
 use crate::error::ApiError;
@@ -348,22 +349,29 @@ impl<'s> Exchange<'s> {
     /// goes on untouched. Only chains that call a model prepare: a deterministic handoff
     /// is instant when it is needed.
     fn prepare(&self, fitted: &Fitted<'_>) {
+        // Judged on the view sent: after a wait for a running compaction it is that
+        // handoff's view, not the one the request arrived with.
         let (Some(budget), Some(before), Ok(tracked)) =
-            (self.budget.as_ref(), fitted.before, self.tracked())
+            (self.budget.as_ref(), fitted.after, self.tracked())
         else {
             return;
         };
         let config = &self.snap.config.compaction;
-        let mark = (budget.threshold as f64 * config.prepare_at) as u64;
+        let pace = &self.state.compactor.pace;
+        pace.observe(&tracked.id, before);
+        let mark = match config.prepare_at {
+            PrepareAt::Share(share) => (budget.threshold as f64 * share) as u64,
+            PrepareAt::Auto => pace.mark(&tracked.id, budget.threshold, &budget.info.summary_model),
+        };
         let calls_a_model = self
             .chain
             .first()
             .is_some_and(|first| !first.strategy.is_deterministic());
         // A view sent over the trigger without a compaction of its own (one was running)
         // has the next one prepared, so that the request after it need not wait.
-        let due = config.prepare_at > 0.0
+        let due = !config.prepare_at.is_off()
             && ((before >= mark && before <= budget.threshold) || fitted.sent_over_trigger);
-        if !due || !calls_a_model || prepare::has_waiting(tracked) {
+        if !due || !calls_a_model || prepare::waiting_suffices(tracked, before, mark) {
             return;
         }
         let metrics = &self.state.metrics;
@@ -377,8 +385,12 @@ impl<'s> Exchange<'s> {
             }
         };
         tracing::info!(conversation = %tracked.id, estimate = before, mark, threshold = budget.threshold, "past compaction.prepare_at; preparing the compaction in the background");
-        self.detached(tracked, budget, fitted.view.compact_id(), Reason::Prepared)
-            .spawn(ticket);
+        let basis = prepare::basis(&self.chat, tracked, fitted.view.compact_id());
+        let mut preparation = self.detached(tracked, budget, basis.as_deref(), Reason::Prepared);
+        // Adopted once the view reaches the trigger: what arrives until then stays
+        // verbatim after the cut, so the cut keeps that much less now.
+        preparation.keep_less = budget.threshold.saturating_sub(before);
+        preparation.spawn(ticket);
     }
 
     /// This request's compaction, owned, to run on its own task: a preparation, or
@@ -401,6 +413,7 @@ impl<'s> Exchange<'s> {
             chain: Arc::clone(&self.chain),
             seen_compact_id: compact_id.map(str::to_owned),
             reason,
+            keep_less: 0,
         }
     }
 

@@ -74,6 +74,7 @@ impl Job<'_> {
             chain,
             waits_for_running: self.waits_for_running,
             detached: self.detached,
+            keep_less: self.keep_less,
         }
     }
 }

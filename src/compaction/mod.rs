@@ -10,6 +10,7 @@
 //!   [`crate::base::record`] and [`crate::adoption`], below this layer;
 //! - [`decision`]: what a request's log records of the budget and the view sent;
 //! - [`service`]: one run, single flight per conversation, the loop guard;
+//! - [`prepare`] and [`pace`]: compactions prepared in the background, and when;
 //! - [`blocking`]: a run's CPU work, off the worker threads;
 //! - [`reactive`]: recognising an upstream context-length error.
 //!
@@ -24,6 +25,7 @@ pub mod handoff;
 pub mod ledger;
 mod max_wait;
 pub mod model_client;
+pub mod pace;
 pub mod prepare;
 mod run;
 pub mod service;

@@ -156,9 +156,28 @@ pub fn settled_view<'a>(
     }
 }
 
-/// True when `tracked` holds a prepared compaction no request took yet: one is enough.
-pub fn has_waiting(tracked: &Tracked) -> bool {
-    tracked.compactions.values().any(|a| a.is_waiting())
+/// True when `tracked` holds a prepared compaction no request took yet that is enough
+/// for a view estimated at `estimate`: what it removed would bring the view under
+/// `mark`. One prepared too early (a conversation that grew much since) is not: a new
+/// preparation then compacts on top of it.
+pub fn waiting_suffices(tracked: &Tracked, estimate: u64, mark: u64) -> bool {
+    tracked.compactions.values().any(|a| {
+        let removed = a.record.tokens_before.saturating_sub(a.record.tokens_after);
+        a.is_waiting() && estimate.saturating_sub(removed) < mark
+    })
+}
+
+/// The compaction a preparation for `request` builds on: the one its view ends on with
+/// every committed one taken (prepared ones no request took yet included), or `sent`,
+/// the one the view sent ended on, when that landed after `tracked` was read.
+pub fn basis(request: &ChatRequest, tracked: &Tracked, sent: Option<&str>) -> Option<String> {
+    let known = |id: &str| tracked.compactions.values().any(|a| a.record.id == id);
+    match sent {
+        Some(sent) if !known(sent) => Some(sent.to_owned()),
+        _ => project_view(request, tracked, &tracked.compactions)
+            .compact_id()
+            .map(str::to_owned),
+    }
 }
 
 /// Everything a preparation's job borrows, owned, so it can outlive the request.
@@ -184,6 +203,8 @@ pub struct Preparation {
     /// `prepared` for a preparation; `threshold` for the compaction of a request that
     /// crossed the trigger, detached so that it outlives `compaction.max_wait`.
     pub reason: Reason,
+    /// Tokens the recent part is kept smaller by ([`Job::keep_less`]).
+    pub keep_less: u64,
 }
 
 impl Preparation {
@@ -215,6 +236,7 @@ impl Preparation {
         );
         job.reason = self.reason;
         job.detached = true;
+        job.keep_less = self.keep_less;
         job.seen_compact_id = self.seen_compact_id.clone();
         match self.compactor.compact(&job).await {
             Ok(view) => {

@@ -318,3 +318,67 @@ async fn a_preparation_whose_summary_fails_falls_back_to_extract_and_is_adopted(
     assert_eq!(proxy.records("fails").await.len(), 1);
     drop(mock);
 }
+
+/// A fast agent (200-token turns, a request every half second) with `prepare_at`, until two
+/// compactions: the slowest turn (less its pauses) and the records.
+async fn fast_agent(prepare_at: &str) -> (Duration, Vec<crate::base::record::CompactionRecord>) {
+    let config = CONFIG.replace("prepare_at = 0.8", &format!("prepare_at = {prepare_at}"));
+    let (strict, mock) = strict(Duration::from_secs(3)).await;
+    let proxy = Harness::start(&mock.url(), &config).await;
+    let mut messages = vec![serde_json::json!({"role": "system", "content": "be brief"})];
+    let mut slowest = Duration::ZERO;
+    let mut n = 0;
+    while proxy.records("fast").await.len() < 2 {
+        assert!(n < 60, "fewer than two compactions");
+        let (started, sent) = (tokio::time::Instant::now(), agent_requests(&mock).len());
+        turn(
+            &proxy,
+            "fast",
+            &mut messages,
+            (n, 200),
+            Duration::from_millis(500),
+        )
+        .await;
+        // Each request of the turn (tool calls answered) is followed by the pause.
+        let requests = u32::try_from(agent_requests(&mock).len() - sent).unwrap();
+        let paused = Duration::from_millis(500) * requests;
+        slowest = slowest.max(started.elapsed().saturating_sub(paused));
+        n += 1;
+    }
+    assert!(strict.over_window.lock().unwrap().is_empty());
+    (slowest, proxy.records("fast").await)
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_prepare_at_auto_a_fast_agent_waits_less_than_with_a_fixed_share() {
+    let (fixed, fixed_records) = fast_agent("0.8").await;
+    let (auto, records) = fast_agent("\"auto\"").await;
+    let seen = |records: &[crate::base::record::CompactionRecord]| -> Vec<_> {
+        records
+            .iter()
+            .map(|r| (r.reason, r.tokens_before, r.tokens_after))
+            .collect()
+    };
+    // At 0.8 the agent outgrows the input budget before the 3 s summary is written.
+    assert!(
+        fixed >= Duration::from_millis(400),
+        "at 0.8: {fixed:?} {:?}",
+        seen(&fixed_records)
+    );
+    // Auto starts before the fixed mark, from the pace it measured: nothing waits.
+    assert!(
+        auto < Duration::from_millis(100),
+        "auto waited {auto:?}, 0.8 {fixed:?}: {:?}",
+        seen(&records)
+    );
+    assert!(
+        records.iter().all(|r| r.reason == Reason::Prepared),
+        "every compaction was prepared: {:?}",
+        seen(&records)
+    );
+    assert!(
+        records[0].tokens_before < (3318.0 * 0.8) as u64,
+        "{:?}",
+        seen(&records)
+    );
+}

@@ -121,6 +121,11 @@ impl Compactor {
             .chain
             .iter()
             .any(|s| s.name == written.strategy && s.strategy.is_deterministic());
+        if !deterministic {
+            // What `prepare_at = "auto"` plans with: how long this summariser takes.
+            self.pace
+                .note_latency(&job.model.summary_model, started.elapsed());
+        }
         let text = self
             .with_ledger(
                 job,

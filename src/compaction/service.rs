@@ -117,6 +117,10 @@ pub struct Job<'a> {
     /// detached): only a committed record reaches a request, so it makes no view-only
     /// result (a rescue) that the request would make again, and count twice.
     pub detached: bool,
+    /// Tokens the recent part is kept smaller by: a preparation's, by what will arrive
+    /// before a request adopts it (the view's distance to the trigger), so that the
+    /// recent part at adoption is the `keep_recent` an inline run keeps.
+    pub keep_less: u64,
 }
 
 impl Job<'_> {
@@ -204,6 +208,7 @@ impl<'a> Job<'a> {
             seen_compact_id: None,
             waits_for_running: false,
             detached: false,
+            keep_less: 0,
             client,
             chain,
         }
@@ -225,6 +230,8 @@ pub struct Compactor {
     pub background: Arc<Background>,
     /// Summary calls in flight over all compactions (`compaction.max_summary_concurrency`).
     pub summary_slots: Arc<tokio::sync::Semaphore>,
+    /// How conversations grow and summarisers take: `prepare_at = "auto"`.
+    pub pace: Arc<super::pace::Pace>,
 }
 
 pub(super) struct Plan {
@@ -249,8 +256,11 @@ pub struct Fitted<'a> {
     /// Its local estimate; `None` when the model has no budget.
     pub estimate: Option<u64>,
     /// The calibrated estimate of the view before any compaction: what
-    /// `compaction.prepare_at` is judged on; `None` when the model has no budget.
+    /// `None` when the model has no budget.
     pub before: Option<u64>,
+    /// The calibrated estimate of the view sent: what `compaction.prepare_at` is
+    /// judged on; `None` when the model has no budget.
+    pub after: Option<u64>,
     /// True when the view is over the trigger and was not compacted because the
     /// conversation's compaction was running (here or on another replica) and the view
     /// fits the input budget: sent without waiting.
@@ -347,6 +357,7 @@ impl Compactor {
                 view: valid_or_plain(request, tracked, view),
                 estimate: None,
                 before: None,
+                after: None,
                 while_preparing: false,
                 sent_over_trigger: false,
             });
@@ -390,6 +401,7 @@ impl Compactor {
                     view,
                     estimate: Some(local),
                     before: Some(current),
+                    after: Some(current),
                     while_preparing: true,
                     sent_over_trigger: true,
                 });
@@ -433,6 +445,7 @@ impl Compactor {
                 view,
                 estimate: Some(local),
                 before: Some(current),
+                after: Some(after),
                 while_preparing: false,
                 sent_over_trigger: (running || stand_in) && after > budget.threshold,
             });
@@ -441,6 +454,7 @@ impl Compactor {
             view,
             estimate: Some(local),
             before: Some(current),
+            after: Some(current),
             while_preparing: false,
             sent_over_trigger: false,
         })
@@ -783,7 +797,8 @@ impl Compactor {
         let steps: &[f64] = if keep_only_last { &[0.0] } else { &KEEP_STEPS };
         let mut chosen = None;
         for step in steps {
-            let keep = (job.config.keep_recent * step * job.input_budget as f64) as u64;
+            let keep = ((job.config.keep_recent * step * job.input_budget as f64) as u64)
+                .saturating_sub(job.keep_less);
             let allowed = |at: usize| dialect.may_cut_at(job.request, &view.live, at);
             let Some(cut) = split_at_unit_boundary(&view.live, &units, &unit_tokens, keep, allowed)
             else {

@@ -9,7 +9,7 @@ use http::Uri;
 use serde::Serialize;
 
 use super::kinds;
-use super::Config;
+use super::{Config, PrepareAt};
 
 /// The documented default config, compiled in so that `handoff serve` needs no file.
 const EMBEDDED_DEFAULT: &str = include_str!("../../config/handoff.toml");
@@ -314,11 +314,13 @@ fn validate(config: &Config) -> Result<(), ConfigError> {
             "must be in [0, 0.75]: the strategy needs the rest of the handoff budget",
         ));
     }
-    if !(0.0..1.0).contains(&compaction.prepare_at) {
-        return Err(invalid(
-            "compaction.prepare_at",
-            "must be in [0, 1): a share of the trigger (0: never prepare)",
-        ));
+    if let PrepareAt::Share(share) = compaction.prepare_at {
+        if !(0.0..1.0).contains(&share) {
+            return Err(invalid(
+                "compaction.prepare_at",
+                "must be \"auto\" or in [0, 1): a share of the trigger (0: never prepare)",
+            ));
+        }
     }
     validate_strategies(config)?;
     for (name, model) in &config.models {

@@ -4,8 +4,10 @@
 //! Loading and layering live in `load.rs`; masking for display lives in `mask.rs`.
 
 pub mod kinds;
+pub use prepare_at::PrepareAt;
 mod load;
 mod mask;
+mod prepare_at;
 mod workers;
 
 use std::collections::BTreeMap;
@@ -594,9 +596,10 @@ pub struct CompactionConfig {
     /// Share of the handoff budget the ledger may use: the exact facts (the user's
     /// messages, identifiers, tool outcomes) every handoff ends with. 0: no ledger.
     pub ledger_share: f64,
-    /// Share of the trigger at which a view's compaction is prepared in the background,
-    /// so the request that crosses the trigger adopts it at once. 0: never prepare.
-    pub prepare_at: f64,
+    /// When a view's compaction is prepared in the background, so the request that
+    /// crosses the trigger adopts it at once: `"auto"` (from the conversation's growth
+    /// and the summariser's latency), or a share of the trigger (0: never prepare).
+    pub prepare_at: PrepareAt,
     /// Preparations running at once, over all conversations; more are dropped.
     pub max_background: usize,
     /// Longest a request waits for a model-written summary. Past it, the view is sent
@@ -680,7 +683,7 @@ impl Default for CompactionConfig {
             max_retries: 2,
             rescue: true,
             ledger_share: 0.3,
-            prepare_at: 0.8,
+            prepare_at: PrepareAt::Auto,
             max_background: 4,
             max_wait: Duration::from_secs(2),
             fold_concurrency: 4,

@@ -240,6 +240,7 @@ pub async fn evaluate(
         summary_slots: Arc::new(tokio::sync::Semaphore::new(
             snapshot.config.compaction.max_summary_concurrency.max(1),
         )),
+        pace: Arc::default(),
     };
     let none: Arc<dyn ModelClient> = Arc::new(NoUpstream);
     let clients = DialectKind::ALL

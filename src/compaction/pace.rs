@@ -1,0 +1,191 @@
+//! `compaction.prepare_at = "auto"`: when to start preparing a conversation's
+//! compaction, from how fast it has grown (tokens per request, seconds between requests)
+//! and how long its summariser has taken, so that the handoff is ready before the view
+//! reaches the trigger.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+// The runtime's clock: paused in tests, the system's otherwise.
+use tokio::time::Instant;
+
+use crate::conversation::ConversationId;
+
+/// The summariser's time assumed before one was measured.
+const LATENCY_PRIOR: Duration = Duration::from_secs(10);
+
+/// The mark used until a conversation has shown how it grows: as a fixed share would.
+const SHARE_UNTIL_MEASURED: f64 = 0.8;
+
+/// The earliest and latest marks, as shares of the trigger. A preparation keeps less
+/// recent history by what will arrive before its adoption, so one made at half the
+/// trigger leaves the view at about half the trigger plus its handoff when adopted;
+/// earlier would leave it near the trigger again. Later leaves no time at all.
+const EARLIEST: f64 = 0.5;
+const LATEST: f64 = 0.9;
+
+/// Margin on the growth expected while the summary is written: an agent's growth
+/// comes in bursts (a user turn, then small tool round trips), an average does not.
+const MARGIN: f64 = 1.5;
+
+/// Weight of a new observation in the running averages.
+const WEIGHT: f64 = 0.3;
+
+/// Conversations whose pace is remembered.
+const CONVERSATIONS: u64 = 100_000;
+
+/// How one conversation has been growing.
+#[derive(Debug, Clone, Copy)]
+struct Growth {
+    last_estimate: u64,
+    last_at: Instant,
+    /// Tokens a request adds, on average.
+    per_request: f64,
+    /// Seconds between requests, on average.
+    interval: f64,
+    /// Requests that showed growth.
+    samples: u32,
+}
+
+/// The paces of conversations and the latencies of summarisers.
+pub struct Pace {
+    conversations: moka::sync::Cache<ConversationId, Growth>,
+    latencies: Mutex<HashMap<String, f64>>,
+}
+
+impl Default for Pace {
+    fn default() -> Self {
+        Self {
+            conversations: moka::sync::Cache::new(CONVERSATIONS),
+            latencies: Mutex::default(),
+        }
+    }
+}
+
+impl Pace {
+    /// Notes a request of `id` whose view was estimated at `estimate` tokens, now.
+    pub fn observe(&self, id: &ConversationId, estimate: u64) {
+        self.observe_at(id, estimate, Instant::now());
+    }
+
+    fn observe_at(&self, id: &ConversationId, estimate: u64, now: Instant) {
+        let growth = match self.conversations.get(id) {
+            None => Growth {
+                last_estimate: estimate,
+                last_at: now,
+                per_request: 0.0,
+                interval: 0.0,
+                samples: 0,
+            },
+            // A smaller view (a compaction adopted, a branch) says nothing of growth.
+            Some(last) if estimate <= last.last_estimate => Growth {
+                last_estimate: estimate,
+                last_at: now,
+                ..last
+            },
+            Some(last) => {
+                let added = (estimate - last.last_estimate) as f64;
+                let seconds = now.duration_since(last.last_at).as_secs_f64();
+                let average = |old: f64, new: f64| match last.samples {
+                    0 => new,
+                    _ => old + WEIGHT * (new - old),
+                };
+                Growth {
+                    last_estimate: estimate,
+                    last_at: now,
+                    per_request: average(last.per_request, added),
+                    interval: average(last.interval, seconds),
+                    samples: last.samples.saturating_add(1),
+                }
+            }
+        };
+        self.conversations.insert(id.clone(), growth);
+    }
+
+    /// Notes that a summary by `model` took `took`.
+    pub fn note_latency(&self, model: &str, took: Duration) {
+        let Ok(mut latencies) = self.latencies.lock() else {
+            return;
+        };
+        let took = took.as_secs_f64();
+        latencies
+            .entry(model.to_owned())
+            .and_modify(|old| *old += WEIGHT * (took - *old))
+            .or_insert(took);
+    }
+
+    /// The estimate past which `id`'s compaction should be prepared, for a trigger of
+    /// `threshold` tokens and a summary by `model`: the trigger less what the
+    /// conversation adds while the summary is written (with a margin).
+    pub fn mark(&self, id: &ConversationId, threshold: u64, model: &str) -> u64 {
+        let share = |s: f64| (threshold as f64 * s) as u64;
+        let Some(growth) = self.conversations.get(id).filter(|g| g.samples >= 2) else {
+            return share(SHARE_UNTIL_MEASURED);
+        };
+        let latency = self
+            .latencies
+            .lock()
+            .ok()
+            .and_then(|l| l.get(model).copied())
+            .unwrap_or(LATENCY_PRIOR.as_secs_f64());
+        // The requests that arrive while it is written, the one that then crosses, and
+        // one more for the view to adopt the handoff with room to spare.
+        let requests = (latency / growth.interval.max(0.05)).ceil() + 2.0;
+        let coming = growth.per_request * requests * MARGIN;
+        let mark = threshold as f64 - coming;
+        (mark.max(0.0) as u64).clamp(share(EARLIEST), share(LATEST))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(name: &str) -> ConversationId {
+        ConversationId::parse(crate::base::tenant::TenantId::legacy(), name).unwrap()
+    }
+
+    fn id() -> ConversationId {
+        named("c-pace")
+    }
+
+    #[test]
+    fn a_fast_conversation_with_a_slow_summariser_prepares_early_and_a_slow_one_late() {
+        let pace = Pace::default();
+        let start = Instant::now();
+        assert_eq!(pace.mark(&id(), 10_000, "m"), 8_000, "unmeasured: 0.8");
+        // 300 tokens a request, a request every 0.5 s; summaries take 4 s.
+        for n in 0..6u64 {
+            pace.observe_at(
+                &id(),
+                1_000 + 300 * n,
+                start + Duration::from_millis(500 * n),
+            );
+        }
+        pace.note_latency("m", Duration::from_secs(4));
+        // 10 requests of 300 tokens, with the margin: 4,500 before the trigger.
+        assert_eq!(pace.mark(&id(), 10_000, "m"), 5_500);
+        // A slower summariser: prepared earlier, never before half the trigger.
+        pace.note_latency("slow", Duration::from_secs(60));
+        assert_eq!(pace.mark(&id(), 10_000, "slow"), 5_000);
+        // A conversation that barely grows: prepared late, never after 0.9.
+        let calm = named("c-calm");
+        for n in 0..6u64 {
+            pace.observe_at(&calm, 1_000 + 10 * n, start + Duration::from_secs(30 * n));
+        }
+        assert_eq!(pace.mark(&calm, 10_000, "m"), 9_000);
+    }
+
+    #[test]
+    fn a_view_that_shrinks_is_no_growth() {
+        let pace = Pace::default();
+        let start = Instant::now();
+        for (n, estimate) in [1_000u64, 1_500, 2_000, 600, 1_100].iter().enumerate() {
+            pace.observe_at(&id(), *estimate, start + Duration::from_secs(n as u64));
+        }
+        pace.note_latency("m", Duration::from_secs(1));
+        // 500 tokens a request, one a second: 3 requests and the margin.
+        assert_eq!(pace.mark(&id(), 10_000, "m"), 10_000 - 2_250);
+    }
+}

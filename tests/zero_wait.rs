@@ -1,0 +1,229 @@
+//! Zero-wait on the real binary, in real time, against a fast tool-calling agent: a
+//! 16k model that answers at once, about 1,300 tokens of tool output a turn, 0.3 s
+//! between turns; summaries on a 4k model (so each span is folded into parts) that
+//! take 4 s a call, or 30 s. The defaults are under test: `prepare_at = "auto"`,
+//! `max_wait = "2s"`, `fold_concurrency = 4`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mock_upstream::strict::{Strict, SUMMARY_PROMPT_START};
+use mock_upstream::{AgentStyle, MockUpstream};
+use serde_json::{json, Value};
+use support::scenario::{agent_requests, chat_as, options, records};
+use support::Proxy;
+
+/// The agent's model: a 16k window, answered at once.
+const MODEL: &str = "strict-16k";
+
+/// The client's pause between turns.
+const PAUSE: Duration = Duration::from_millis(300);
+
+/// Summaries on the 4k model: a span of the 16k conversation is folded into parts.
+const SUMMARIES_ON_4K: &str = "[compaction]\nsummary_model = \"strict\"\n";
+
+async fn agent_with_summaries_of(delay: Duration) -> (Arc<Strict>, MockUpstream) {
+    let strict = Strict::new(4096);
+    strict.set_style(AgentStyle {
+        brief_answers: true,
+        ..AgentStyle::default()
+    });
+    let answering = Arc::clone(&strict);
+    let mock = MockUpstream::with(move |request| {
+        let reply = answering.answer(request);
+        let summary = request.json()["messages"][0]["content"]
+            .as_str()
+            .is_some_and(|system| system.starts_with(SUMMARY_PROMPT_START));
+        if summary {
+            reply.delayed(delay)
+        } else {
+            reply
+        }
+    })
+    .await;
+    (strict, mock)
+}
+
+/// A tool result of about 1,300 tokens that states one fact on its first line.
+fn tool_result(n: usize) -> String {
+    let filler: Vec<String> = (0..1_250).map(|i| format!("r{i}")).collect();
+    format!(
+        "FACT-{n:03}-result found\n{}\nend of record {n}",
+        filler.join(" ")
+    )
+}
+
+/// One turn: the user's question (its fact), the tool call, its result, the answer;
+/// each request's latency is pushed to `latencies`.
+async fn turn(proxy: &Proxy, id: &str, messages: &mut Vec<Value>, n: usize) -> Vec<Duration> {
+    messages.push(json!({"role": "user", "content": format!("FACT-{n:03}: look up record {n}")}));
+    let mut latencies = Vec::new();
+    loop {
+        let started = Instant::now();
+        let got = chat_as(proxy, id, MODEL, messages).await;
+        latencies.push(started.elapsed());
+        assert_eq!(got.status, 200, "turn {n}: {}", got.text());
+        let reply = got.json()["choices"][0]["message"].clone();
+        let call = reply["tool_calls"][0]["id"].as_str().map(str::to_owned);
+        messages.push(reply);
+        match call {
+            Some(call) => messages
+                .push(json!({"role": "tool", "tool_call_id": call, "content": tool_result(n)})),
+            None => return latencies,
+        }
+    }
+}
+
+/// The lines of the conversation's log.
+fn log_lines(proxy: &Proxy, id: &str) -> Vec<Value> {
+    std::fs::read_to_string(proxy.conversation_dir(id).join("messages.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn of_kind(lines: &[Value], kind: &str) -> Vec<Value> {
+    lines
+        .iter()
+        .filter(|l| l["kind"] == kind)
+        .cloned()
+        .collect()
+}
+
+/// The facts (`FACT-007`, `FACT-007-result`) of the first `turns` turns that `text`
+/// still carries, out of all of them.
+fn facts_kept(text: &str, turns: usize) -> (usize, usize) {
+    let words: BTreeSet<&str> = text
+        .split(|c: char| c.is_whitespace() || c == '"' || c == ':' || c == '\\')
+        .collect();
+    let all: Vec<String> = (0..turns)
+        .flat_map(|n| [format!("FACT-{n:03}"), format!("FACT-{n:03}-result")])
+        .collect();
+    let kept = all.iter().filter(|f| words.contains(f.as_str())).count();
+    (kept, all.len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_agent_never_waits_for_its_summaries_and_keeps_its_facts() {
+    let (strict, mock) = agent_with_summaries_of(Duration::from_secs(4)).await;
+    let proxy = Proxy::start_with(&mock.url(), options(4096, SUMMARIES_ON_4K));
+    let mut messages = vec![json!({"role": "system", "content": "be brief"})];
+    let mut latencies = Vec::new();
+    for n in 0..30 {
+        latencies.extend(turn(&proxy, "fast", &mut messages, n).await);
+        tokio::time::sleep(PAUSE).await;
+    }
+    // The model answers at once: every request's time is handoff's.
+    let slowest = latencies.iter().max().copied().unwrap();
+    assert!(
+        slowest < Duration::from_millis(500),
+        "a request took {slowest:?}"
+    );
+    // The preparation still running ends before the counts are read.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let records = records(&proxy, "fast");
+    let lines = log_lines(&proxy, "fast");
+    let stand_ins = of_kind(&lines, "stand_in");
+    assert!(
+        records.len() + stand_ins.len() >= 2,
+        "{} records, {} stand-ins",
+        records.len(),
+        stand_ins.len()
+    );
+    let summarized: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["strategy"] == "summarize")
+        .collect();
+    assert!(!summarized.is_empty(), "no summary was ever adopted");
+    // Each summary is a fold: its parts at once, then a merge; no call is wasted but
+    // those of a run overtaken before it committed.
+    let calls: u64 = records
+        .iter()
+        .flat_map(|r| r["attempts"].as_array().unwrap().iter())
+        .filter(|a| a["strategy"] == "summarize")
+        .map(|a| a["calls"].as_u64().unwrap_or(1))
+        .sum();
+    for record in &summarized {
+        let folded = record["attempts"][0]["calls"].as_u64().unwrap_or(1);
+        assert!(
+            (3..=5).contains(&folded),
+            "a fold of 3-4 parts and a merge: {record}"
+        );
+    }
+    let made = strict.summaries.load(Ordering::SeqCst) as u64;
+    assert!(
+        made <= calls + 5,
+        "{made} summary calls, {calls} in records"
+    );
+    // What reaches the model at the end: the facts of every turn, through handoffs.
+    let last = agent_requests(&mock).pop().unwrap().json().to_string();
+    let (kept, all) = facts_kept(&last, 30);
+    assert!(
+        kept * 10 >= all * 9,
+        "{kept} of {all} facts in the final request"
+    );
+    assert!(strict.over_window.lock().unwrap().is_empty());
+    assert!(strict.broken_pairs.lock().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_max_wait_extract_stands_in_and_the_summary_is_adopted_when_it_lands() {
+    let (strict, mock) = agent_with_summaries_of(Duration::from_secs(30)).await;
+    let proxy = Proxy::start_with(&mock.url(), options(4096, SUMMARIES_ON_4K));
+    let mut messages = vec![json!({"role": "system", "content": "be brief"})];
+    let mut latencies = Vec::new();
+    let mut n = 0;
+    // A burst of turns until two requests went out with a stand-in.
+    while of_kind(&log_lines(&proxy, "burst"), "stand_in").len() < 2 {
+        assert!(n < 40, "no stand-in after {n} turns");
+        latencies.extend(turn(&proxy, "burst", &mut messages, n).await);
+        tokio::time::sleep(PAUSE).await;
+        n += 1;
+    }
+    let slowest = latencies.iter().max().copied().unwrap();
+    assert!(
+        slowest < Duration::from_millis(2_500),
+        "a request waited past max_wait: {slowest:?}"
+    );
+    let lines = log_lines(&proxy, "burst");
+    let stand_in = &of_kind(&lines, "stand_in")[0];
+    assert_eq!(stand_in["record"]["strategy"], "extract");
+    assert_eq!(stand_in["record"]["attempts"][0]["outcome"], "pending");
+    let decisions = of_kind(&lines, "decision");
+    assert!(
+        decisions
+            .iter()
+            .any(|d| d["compaction"] == stand_in["record"]["id"]),
+        "a request was sent with the stand-in"
+    );
+    // The user reads; the summary lands, is committed, and the next turn is sent with it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let summary = loop {
+        let found = records(&proxy, "burst")
+            .into_iter()
+            .find(|r| r["strategy"] == "summarize");
+        if let Some(found) = found {
+            break found;
+        }
+        assert!(Instant::now() < deadline, "the summary never landed");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let after = turn(&proxy, "burst", &mut messages, n).await;
+    assert!(
+        after.iter().all(|l| *l < Duration::from_millis(500)),
+        "{after:?}"
+    );
+    let decisions = of_kind(&log_lines(&proxy, "burst"), "decision");
+    assert_eq!(
+        decisions.last().unwrap()["compaction"],
+        summary["id"],
+        "the landed summary is what the next request is sent with"
+    );
+    assert!(strict.over_window.lock().unwrap().is_empty());
+}
