@@ -117,7 +117,13 @@ impl Compactor {
         let Some(started) = self.background.started(job.id) else {
             return self.done_or_ended(job).await;
         };
-        let deadline = arrived.max(started + max_wait);
+        // A summariser measured slower than max_wait is not waited for at all: the
+        // stand-in would come anyway, max_wait later.
+        let slower = (self.pace.latency(&job.model.summary_model)).is_some_and(|l| l > max_wait);
+        let deadline = match slower {
+            true => arrived,
+            false => arrived.max(started + max_wait),
+        };
         loop {
             let ended = self.background.ended();
             tokio::pin!(ended);
@@ -160,7 +166,23 @@ impl Compactor {
         };
         let waited = arrived.elapsed();
         let stand_in_job = job.with_chain(chain);
-        let mut record = self.run_once(&stand_in_job, view, estimate, false).await?;
+        // Built on the last stand-in when it stands on the same committed compaction:
+        // only what arrived since is compacted, not the whole span again.
+        let basis = view.compact_id().map(str::to_owned);
+        let mut pool = job.tracker.compactions(job.id).await?;
+        let last = self.background.last_stand_in(job.id, basis.as_deref());
+        let on_last = last.and_then(|last| {
+            let mut with_last = pool.clone();
+            with_last.insert(last.record.source.prefix_digest, Arc::clone(&last));
+            let on_last = project_view(job.request, job.tracked, &with_last);
+            (on_last.compact_id() == Some(last.record.id.as_str()) && on_last.validate().is_ok())
+                .then_some(on_last)
+        });
+        let (base, before) = match &on_last {
+            Some(on_last) => (on_last, self.count(job, on_last)),
+            None => (view, estimate),
+        };
+        let mut record = self.run_once(&stand_in_job, base, before, false).await?;
         // What the record would have been made with, and why it was not.
         if let Some(first) = job.chain.first() {
             record.chain = job.chain.iter().map(|s| s.name.clone()).collect();
@@ -182,8 +204,7 @@ impl Compactor {
         }
         let adopted =
             Arc::new(Adopted::new(record.clone()).map_err(crate::store::StoreError::from)?);
-        let mut pool = job.tracker.compactions(job.id).await?;
-        pool.insert(adopted.record.source.prefix_digest, adopted);
+        pool.insert(adopted.record.source.prefix_digest, Arc::clone(&adopted));
         let stood_in = project_view(job.request, job.tracked, &pool);
         stood_in.validate()?;
         let after = job.scale.view(
@@ -204,6 +225,7 @@ impl Compactor {
             tracing::warn!(conversation = %job.id, error = %err, "cannot log the stand-in; waiting for the summary");
             return Ok(Waited::Ended);
         }
+        self.background.keep_stand_in(job.id, basis, adopted);
         self.metrics.add(STAND_INS, &[], 1.0);
         tracing::info!(conversation = %job.id, waited_ms = waited.as_millis() as u64, estimate = after, "the summary ran past compaction.max_wait; sent with a stand-in");
         Ok(Waited::StandIn(stood_in))

@@ -103,6 +103,12 @@ impl Pace {
         self.conversations.insert(id.clone(), growth);
     }
 
+    /// How long a summary by `model` was measured to take, if one was.
+    pub fn latency(&self, model: &str) -> Option<Duration> {
+        let latencies = self.latencies.lock().ok()?;
+        latencies.get(model).map(|s| Duration::from_secs_f64(*s))
+    }
+
     /// Notes that a summary by `model` took `took`.
     pub fn note_latency(&self, model: &str, took: Duration) {
         let Ok(mut latencies) = self.latencies.lock() else {

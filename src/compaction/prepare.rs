@@ -34,6 +34,9 @@ pub use crate::metrics::{
     PREPARED, PREPARED_ADOPTED, PREPARED_WAITED, PREPARED_WASTED, SENT_WHILE_PREPARING,
 };
 
+/// Conversations whose last stand-in is kept.
+const STAND_INS_KEPT: u64 = 10_000;
+
 /// The compactions running on their own tasks: preparations (at most one per
 /// conversation, and a global cap) and the runs `compaction.max_wait` detaches from
 /// their request; each with the time it started.
@@ -42,6 +45,10 @@ pub struct Background {
     running: Mutex<HashMap<ConversationId, Instant>>,
     /// Woken whenever a run ends (after its commit): what a waiting request waits on.
     ended: tokio::sync::Notify,
+    /// Each conversation's last stand-in (`compaction.max_wait`), with the committed
+    /// compaction it was built on: the next one builds on it while that basis holds, so
+    /// a stand-in covers only what arrived since the last.
+    stand_ins: moka::sync::Cache<ConversationId, (Option<String>, Arc<Adopted>)>,
 }
 
 /// Why a preparation was not started.
@@ -68,12 +75,34 @@ impl Background {
             slots: Arc::new(Semaphore::new(max)),
             running: Mutex::default(),
             ended: tokio::sync::Notify::new(),
+            stand_ins: moka::sync::Cache::builder()
+                .max_capacity(STAND_INS_KEPT)
+                .time_to_idle(std::time::Duration::from_secs(600))
+                .build(),
         })
     }
 
     /// True while `id` has a preparation running.
     pub fn is_running(&self, id: &ConversationId) -> bool {
         self.started(id).is_some()
+    }
+
+    /// `id`'s last stand-in, if it was built on the committed compaction `basis`.
+    pub fn last_stand_in(&self, id: &ConversationId, basis: Option<&str>) -> Option<Arc<Adopted>> {
+        self.stand_ins
+            .get(id)
+            .filter(|(root, _)| root.as_deref() == basis)
+            .map(|(_, stand_in)| stand_in)
+    }
+
+    /// Keeps `stand_in`, built on the committed compaction `basis`, as `id`'s last.
+    pub fn keep_stand_in(
+        &self,
+        id: &ConversationId,
+        basis: Option<String>,
+        stand_in: Arc<Adopted>,
+    ) {
+        self.stand_ins.insert(id.clone(), (basis, stand_in));
     }
 
     /// Resolves when a run ends; enable it before looking at [`Self::is_running`].

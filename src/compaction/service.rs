@@ -331,7 +331,7 @@ async fn count_on_the_blocking_pool(
 
 impl Compactor {
     /// The view's calibrated estimate: the count every decision is made with.
-    fn count(&self, job: &Job<'_>, view: &ModelView<'_>) -> u64 {
+    pub(super) fn count(&self, job: &Job<'_>, view: &ModelView<'_>) -> u64 {
         let local = view.estimate(&self.tokens, job.tokenizer, job.tools_tokens);
         job.scale.view(local, view.compact_id())
     }
