@@ -1,5 +1,5 @@
 //! The strict mock provider as a server, for `handoff eval` runs (`benches/eval.sh`)
-//! and the preparation benchmark (`benches/prepare.sh`): it writes handoffs that keep
+//! and the zero-wait benchmark (`benches/zero_wait.sh`): it writes handoffs that keep
 //! every `FACT-…` and every word with a digit it is shown in the history (ids,
 //! numbers, amounts), as a perfect summariser of tool output would, so an evaluation
 //! measures what reaches the summariser, not a model's writing.
@@ -28,6 +28,11 @@ async fn main() {
     // No window of its own: handoff's windows are the ones under test.
     let strict = Strict::new(u64::MAX / 4);
     strict.set_keep_digit_words(true);
+    // An agent's answer after a tool result is a line, not the result again.
+    strict.set_style(mock_upstream::AgentStyle {
+        brief_answers: true,
+        ..mock_upstream::AgentStyle::default()
+    });
     let responder = Arc::clone(&strict);
     let mock = MockUpstream::serve_on(addr, move |req| {
         let reply = responder.answer(req);
