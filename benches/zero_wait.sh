@@ -20,8 +20,8 @@
 #   DELAYS="4" GROWTHS="agent" benches/zero_wait.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MOCK_PORT=18120
-PROXY_PORT=18121
+MOCK_PORT=${MOCK_PORT:-18120}
+PROXY_PORT=${PROXY_PORT:-18121}
 DELAYS=${DELAYS:-"4 30"}
 GROWTHS=${GROWTHS:-"chat agent"}
 
@@ -30,7 +30,8 @@ cargo build --release --quiet --bin mock-summarizer -p mock-upstream
 WORK=$(mktemp -d)
 PIDS=()
 cleanup() { kill "${PIDS[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
-trap 'cleanup; rm -rf "$WORK"' EXIT
+# KEEP=1 keeps the data dirs (their logs) and prints where.
+if [ "${KEEP:-0}" = 1 ]; then trap 'cleanup; echo "kept $WORK" >&2' EXIT; else trap 'cleanup; rm -rf "$WORK"' EXIT; fi
 wait_port() { for _ in $(seq 1 600); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.1; done; echo "nothing on port $1" >&2; exit 1; }
 
 echo "| growth | summariser | preparation | max_wait | slowest request ms | requests over 2.5 s | stand-ins | compactions (summary / extract) | summary calls per summary | facts in the last request |"
