@@ -14,7 +14,9 @@ use mock_upstream::strict::{Strict, SUMMARY_PROMPT_START};
 use mock_upstream::{MockUpstream, Recorded, Reply};
 use serde_json::{json, Value};
 use support::client::{self, request};
-use support::scenario::{agent_requests, big_user, options, post_chat, records, strict_mock};
+use support::scenario::{
+    agent_requests, big_user, log_lines, of_kind, options, post_chat, records, strict_mock,
+};
 use support::{Proxy, ProxyOptions};
 
 const SUMMARY: &str =
@@ -81,23 +83,6 @@ fn requests_of(timeline: &Value) -> Vec<Value> {
         .unwrap()
         .iter()
         .filter(|e| e["type"] == "request")
-        .cloned()
-        .collect()
-}
-
-/// The lines of the conversation's log, as written.
-fn log_lines(proxy: &Proxy, id: &str) -> Vec<Value> {
-    std::fs::read_to_string(proxy.conversation_dir(id).join("messages.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn of_kind(lines: &[Value], kind: &str) -> Vec<Value> {
-    lines
-        .iter()
-        .filter(|l| l["kind"] == kind)
         .cloned()
         .collect()
 }

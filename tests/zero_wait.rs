@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use mock_upstream::strict::{Strict, SUMMARY_PROMPT_START};
 use mock_upstream::{AgentStyle, MockUpstream};
 use serde_json::{json, Value};
-use support::scenario::{agent_requests, chat_as, options, records};
+use support::scenario::{agent_requests, chat_as, log_lines, of_kind, options, records};
 use support::Proxy;
 
 /// The agent's model: a 16k window, answered at once.
@@ -84,23 +84,6 @@ async fn turn(proxy: &Proxy, id: &str, messages: &mut Vec<Value>, n: usize) -> V
 async fn warm_up(proxy: &Proxy) {
     let hello = [json!({"role": "user", "content": "hello"})];
     assert_eq!(chat_as(proxy, "warm-up", MODEL, &hello).await.status, 200);
-}
-
-/// The lines of the conversation's log.
-fn log_lines(proxy: &Proxy, id: &str) -> Vec<Value> {
-    std::fs::read_to_string(proxy.conversation_dir(id).join("messages.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn of_kind(lines: &[Value], kind: &str) -> Vec<Value> {
-    lines
-        .iter()
-        .filter(|l| l["kind"] == kind)
-        .cloned()
-        .collect()
 }
 
 /// The facts (`FACT-007`, `FACT-007-result`) of the first `turns` turns that `text`

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::tests::{agent_requests, assert_compacted_view, strict, user};
+use super::tests::{agent_requests, assert_compacted_view, decisions, strict, user};
 use crate::base::line::{Entry, StandInLine};
 use crate::base::record::Reason;
 use crate::testing::Harness;
@@ -52,12 +52,9 @@ fn stand_ins(log: &crate::store::ConversationLog) -> Vec<StandInLine> {
 
 /// The compaction each logged decision says its view was sent with.
 fn sent_with(log: &crate::store::ConversationLog) -> Vec<Option<String>> {
-    log.lines
+    decisions(log)
         .iter()
-        .filter_map(|line| match &line.entry {
-            Entry::Decision(decision) => Some(decision.compaction.clone()),
-            _ => None,
-        })
+        .map(|d| d.compaction.clone())
         .collect()
 }
 

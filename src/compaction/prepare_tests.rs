@@ -12,7 +12,7 @@ use std::time::Duration;
 use mock_upstream::strict::SummaryMode;
 use serde_json::Value;
 
-use super::tests::{agent_requests, assert_compacted_view, strict, user};
+use super::tests::{agent_requests, assert_compacted_view, decisions, strict, user};
 use crate::base::line::Entry;
 use crate::base::record::Reason;
 use crate::testing::Harness;
@@ -171,16 +171,8 @@ fn compacted_view_sent(mock: &mock_upstream::MockUpstream) -> bool {
 
 /// The `over` of every decision logged for `id`.
 async fn decisions_over(proxy: &Harness, id: &str) -> Vec<Option<String>> {
-    proxy
-        .log(id)
-        .await
-        .lines
-        .iter()
-        .filter_map(|line| match &line.entry {
-            Entry::Decision(decision) => Some(decision.over.clone()),
-            _ => None,
-        })
-        .collect()
+    let log = proxy.log(id).await;
+    decisions(&log).iter().map(|d| d.over.clone()).collect()
 }
 
 #[tokio::test(start_paused = true)]

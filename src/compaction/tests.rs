@@ -55,6 +55,19 @@ pub(super) fn history(turns: usize, tokens: usize) -> Vec<Value> {
     messages
 }
 
+/// The decision lines of `log`, in order.
+pub(super) fn decisions(
+    log: &crate::store::ConversationLog,
+) -> Vec<&crate::base::line::DecisionLine> {
+    log.lines
+        .iter()
+        .filter_map(|line| match &line.entry {
+            crate::base::line::Entry::Decision(decision) => Some(decision),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The requests the agent made (not the summaries), as JSON.
 pub(super) fn agent_requests(mock: &MockUpstream) -> Vec<Value> {
     mock.requests()

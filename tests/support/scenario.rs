@@ -163,6 +163,24 @@ pub async fn drive_until_compaction(
     panic!("no compaction after {limit} turns");
 }
 
+/// The lines of conversation `id`'s log, as written.
+pub fn log_lines(proxy: &Proxy, id: &str) -> Vec<Value> {
+    std::fs::read_to_string(proxy.conversation_dir(id).join("messages.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The lines of `kind` among `lines`.
+pub fn of_kind(lines: &[Value], kind: &str) -> Vec<Value> {
+    lines
+        .iter()
+        .filter(|l| l["kind"] == kind)
+        .cloned()
+        .collect()
+}
+
 /// Serves `strict`'s answers (a strict provider of another API) on a fresh mock.
 pub async fn serve_strict<T: Send + Sync + 'static>(
     strict: &Arc<T>,
