@@ -371,7 +371,7 @@ impl<'s> Exchange<'s> {
         // has the next one prepared, so that the request after it need not wait.
         let due = !config.prepare_at.is_off()
             && ((before >= mark && before <= budget.threshold) || fitted.sent_over_trigger);
-        if !due || !calls_a_model || prepare::waiting_suffices(tracked, before, budget.threshold) {
+        if !due || !calls_a_model || prepare::waiting_suffices(tracked, before, mark) {
             return;
         }
         let metrics = &self.state.metrics;

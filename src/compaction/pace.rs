@@ -46,9 +46,6 @@ struct Growth {
     interval: f64,
     /// Requests that showed growth.
     samples: u32,
-    /// The view just after it last shrank (a compaction adopted): no preparation
-    /// before half the way from there to the trigger, where it would cover little.
-    floor: u64,
 }
 
 /// The paces of conversations and the latencies of summarisers.
@@ -80,13 +77,11 @@ impl Pace {
                 per_request: 0.0,
                 interval: 0.0,
                 samples: 0,
-                floor: 0,
             },
             // A smaller view (a compaction adopted, a branch) says nothing of growth.
             Some(last) if estimate <= last.last_estimate => Growth {
                 last_estimate: estimate,
                 last_at: now,
-                floor: estimate,
                 ..last
             },
             Some(last) => {
@@ -102,7 +97,6 @@ impl Pace {
                     per_request: average(last.per_request, added),
                     interval: average(last.interval, seconds),
                     samples: last.samples.saturating_add(1),
-                    floor: last.floor,
                 }
             }
         };
@@ -146,9 +140,7 @@ impl Pace {
         let requests = (latency / growth.interval.max(0.05)).ceil() + 2.0;
         let coming = growth.per_request * requests * MARGIN;
         let mark = threshold as f64 - coming;
-        let since_shrink = growth.floor + threshold.saturating_sub(growth.floor) / 2;
-        let earliest = share(EARLIEST).max(since_shrink).min(share(LATEST));
-        (mark.max(0.0) as u64).clamp(earliest, share(LATEST))
+        (mark.max(0.0) as u64).clamp(share(EARLIEST), share(LATEST))
     }
 }
 
@@ -189,25 +181,6 @@ mod tests {
             pace.observe_at(&calm, 1_000 + 10 * n, start + Duration::from_secs(30 * n));
         }
         assert_eq!(pace.mark(&calm, 10_000, "m"), 9_000);
-    }
-
-    #[test]
-    fn after_a_compaction_nothing_is_prepared_before_half_the_way_to_the_trigger() {
-        let pace = Pace::default();
-        let start = Instant::now();
-        // Fast growth, a slow summariser: the mark would be half the trigger.
-        for (n, estimate) in [1_000u64, 3_000, 5_000, 7_000, 9_000].iter().enumerate() {
-            pace.observe_at(
-                &id(),
-                *estimate,
-                start + Duration::from_millis(500 * n as u64),
-            );
-        }
-        pace.note_latency("m", Duration::from_secs(20));
-        assert_eq!(pace.mark(&id(), 10_000, "m"), 5_000);
-        // A compaction adopted: the view is 6,000; the next preparation waits for 8,000.
-        pace.observe_at(&id(), 6_000, start + Duration::from_secs(3));
-        assert_eq!(pace.mark(&id(), 10_000, "m"), 8_000);
     }
 
     #[test]

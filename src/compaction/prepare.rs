@@ -186,15 +186,14 @@ pub fn settled_view<'a>(
 }
 
 /// True when `tracked` holds a prepared compaction no request took yet that is enough
-/// for a view estimated at `estimate`: what it removed would bring the view under the
-/// trigger, `threshold`. One prepared too early (a conversation that grew past the
-/// trigger since, sent while it was prepared) is not: a new preparation then compacts on
-/// top of it. (Judged against the mark instead, an early mark prepared again on every
-/// turn, and all but the last preparation were wasted.)
-pub fn waiting_suffices(tracked: &Tracked, estimate: u64, threshold: u64) -> bool {
+/// for a view estimated at `estimate`: what it removed would bring the view under
+/// `mark`. One prepared too early (a conversation that grew much since) is not: a new
+/// preparation then compacts on top of it, and the first is wasted (counted in
+/// `handoff_prepared_wasted_total`): the price of never waiting.
+pub fn waiting_suffices(tracked: &Tracked, estimate: u64, mark: u64) -> bool {
     tracked.compactions.values().any(|a| {
         let removed = a.record.tokens_before.saturating_sub(a.record.tokens_after);
-        a.is_waiting() && estimate.saturating_sub(removed) < threshold
+        a.is_waiting() && estimate.saturating_sub(removed) < mark
     })
 }
 
