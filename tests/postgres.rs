@@ -570,8 +570,11 @@ async fn turn_on(proxy: &Proxy, mock: &MockUpstream, messages: &mut Vec<Value>, 
 async fn a_compaction_prepared_on_one_replica_is_adopted_on_another() {
     let db = Postgres::start();
     let (strict, mock) = strict_with_slow_summaries(4096, 0, Duration::ZERO).await;
-    let a = replica(&mock, &db, "");
-    let b = replica(&mock, &db, "");
+    // A fixed mark: with "auto", B (which has not seen the conversation grow) may judge
+    // A's record prepared too early and prepare again on top of it.
+    let fixed = "prepare_at = 0.8\n";
+    let a = replica_with(&mock, &db, fixed, "");
+    let b = replica_with(&mock, &db, fixed, "");
     let mut messages = vec![json!({"role": "system", "content": "be brief"})];
     let mut n = 0;
     // On A, up to the mark: the compaction is prepared there, and nothing is adopted.
