@@ -452,6 +452,17 @@ async fn a_prepared_compaction_is_drawn_waiting_from_its_commit_to_its_adoption(
     let band = item(&seen["prepared"], "id", id);
     assert_eq!(band["waiting_from"], waiting_from.to_string());
     assert_eq!(band["adopted_at"], adopted_at.to_string());
+    // Being written from the request that started it to its commit: a band of its own
+    // when a request went out meanwhile.
+    let started_from = span["started_from"].as_u64().unwrap();
+    assert!(
+        started_from >= 1 && started_from <= waiting_from as u64,
+        "{span}"
+    );
+    if started_from < waiting_from as u64 {
+        let writing = item(&seen["preparing"], "id", id);
+        assert_eq!(writing["started_from"], started_from.to_string(), "{seen}");
+    }
     assert!(
         seen["adopted"].as_array().unwrap().contains(&json!(id)),
         "{seen}"

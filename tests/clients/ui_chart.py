@@ -50,6 +50,8 @@ try:
     out["prepared"] = [{"id": attr(b, "data-prepared"), "waiting_from": attr(b, "data-waiting-from"),
                         "adopted_at": attr(b, "data-adopted-at")}
                        for b in chart.find_elements(By.CSS_SELECTOR, "[data-prepared]")]
+    out["preparing"] = [{"id": attr(b, "data-preparing"), "started_from": attr(b, "data-started-from")}
+                        for b in chart.find_elements(By.CSS_SELECTOR, "[data-preparing]")]
     out["adopted"] = [attr(line, "data-adopted") for line in chart.find_elements(By.CSS_SELECTOR, "[data-adopted]")]
     out["lines"] = [attr(line, "data-line") for line in chart.find_elements(By.CSS_SELECTOR, "[data-line]")]
     out["caption"] = driver.find_element(By.CSS_SELECTOR, "figure figcaption").text
