@@ -10,12 +10,12 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mock_upstream::strict::{Strict, SUMMARY_PROMPT_START};
+use mock_upstream::strict::Strict;
 use mock_upstream::{MockUpstream, Recorded, Reply};
 use serde_json::{json, Value};
 use support::client::{self, request};
 use support::scenario::{
-    agent_requests, big_user, log_lines, of_kind, options, post_chat, records, strict_mock,
+    agent_requests, big_user, log_lines, of_kind, options, paced, post_chat, records, strict_mock,
 };
 use support::{Proxy, ProxyOptions};
 
@@ -380,23 +380,10 @@ async fn a_manual_compaction_aims_at_the_budget_the_client_left_and_a_restart_ke
     assert!(last["provider_tokens"].as_u64().unwrap() < 7545, "{last}");
 }
 
-/// A provider that answers turns in `turn` and summaries in `summary`.
-async fn paced(window: u64, turn: Duration, summary: Duration) -> MockUpstream {
-    let strict = Strict::new(window);
-    MockUpstream::with(move |request| {
-        let reply = strict.answer(request);
-        let summarising = request.json()["messages"][0]["content"]
-            .as_str()
-            .is_some_and(|system| system.starts_with(SUMMARY_PROMPT_START));
-        reply.delayed(if summarising { summary } else { turn })
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prepared_compaction_is_drawn_waiting_from_its_commit_to_its_adoption() {
     let mock = paced(
-        8192,
+        &Strict::new(8192),
         Duration::from_millis(400),
         Duration::from_millis(1000),
     )

@@ -15,7 +15,7 @@ use std::time::Duration;
 use mock_upstream::strict::{Strict, SUMMARY_PROMPT_START};
 use mock_upstream::MockUpstream;
 use serde_json::{json, Value};
-use support::scenario::{agent_requests, agent_turn, big_user, options, records};
+use support::scenario::{agent_requests, agent_turn, big_user, options, paced, records};
 use support::Proxy;
 
 const SUMMARY_DELAY: Duration = Duration::from_secs(3);
@@ -25,15 +25,7 @@ const TURN_DELAY: Duration = Duration::from_secs(1);
 
 async fn slow_summaries(window: u64) -> (Arc<Strict>, MockUpstream) {
     let strict = Strict::new(window);
-    let answering = Arc::clone(&strict);
-    let mock = MockUpstream::with(move |request| {
-        let reply = answering.answer(request);
-        let summary = request.json()["messages"][0]["content"]
-            .as_str()
-            .is_some_and(|system| system.starts_with(SUMMARY_PROMPT_START));
-        reply.delayed(if summary { SUMMARY_DELAY } else { TURN_DELAY })
-    })
-    .await;
+    let mock = paced(&strict, TURN_DELAY, SUMMARY_DELAY).await;
     (strict, mock)
 }
 

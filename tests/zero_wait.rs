@@ -12,10 +12,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mock_upstream::strict::{Strict, SUMMARY_PROMPT_START};
+use mock_upstream::strict::Strict;
 use mock_upstream::{AgentStyle, MockUpstream};
 use serde_json::{json, Value};
-use support::scenario::{agent_requests, chat_as, log_lines, of_kind, options, records};
+use support::scenario::{agent_requests, chat_as, log_lines, of_kind, options, paced, records};
 use support::Proxy;
 
 /// The agent's model: a 16k window, answered at once.
@@ -33,19 +33,7 @@ async fn agent_with_summaries_of(delay: Duration) -> (Arc<Strict>, MockUpstream)
         brief_answers: true,
         ..AgentStyle::default()
     });
-    let answering = Arc::clone(&strict);
-    let mock = MockUpstream::with(move |request| {
-        let reply = answering.answer(request);
-        let summary = request.json()["messages"][0]["content"]
-            .as_str()
-            .is_some_and(|system| system.starts_with(SUMMARY_PROMPT_START));
-        if summary {
-            reply.delayed(delay)
-        } else {
-            reply
-        }
-    })
-    .await;
+    let mock = paced(&strict, Duration::ZERO, delay).await;
     (strict, mock)
 }
 

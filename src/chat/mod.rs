@@ -357,11 +357,14 @@ impl<'s> Exchange<'s> {
             return;
         };
         let config = &self.snap.config.compaction;
-        let pace = &self.state.compactor.pace;
-        pace.observe(&tracked.id, before);
         let mark = match config.prepare_at {
             PrepareAt::Share(share) => (budget.threshold as f64 * share) as u64,
-            PrepareAt::Auto => pace.mark(&tracked.id, budget.threshold, &budget.info.summary_model),
+            // Only "auto" reads the pace: a fixed share costs no record of it.
+            PrepareAt::Auto => {
+                let pace = &self.state.compactor.pace;
+                pace.observe(&tracked.id, before);
+                pace.mark(&tracked.id, budget.threshold, &budget.info.summary_model)
+            }
         };
         let calls_a_model = self
             .chain

@@ -137,13 +137,7 @@ async fn past_max_wait_a_request_is_sent_with_a_stand_in_and_the_summary_is_adop
     );
     assert!(strict.over_window.lock().unwrap().is_empty());
     // The audit shows the stand-in next to the request it served.
-    let request = http::Request::get(format!(
-        "{}/handoff/conversations/slow/timeline",
-        proxy.url()
-    ))
-    .body(http_body_util::Full::default())
-    .unwrap();
-    let timeline = proxy.send(request).await.json();
+    let timeline = proxy.timeline("slow").await;
     let events = timeline["events"].as_array().unwrap();
     let shown = events.iter().find(|e| e["type"] == "stand_in").unwrap();
     assert_eq!(shown["id"], stand_in.record.id.as_str());

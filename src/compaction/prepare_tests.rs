@@ -143,13 +143,7 @@ async fn a_prepared_compaction_waits_for_the_trigger_and_is_adopted_without_a_su
         "{metrics}"
     );
     // The timeline (what the web view reads) shows both.
-    let request = http::Request::get(format!(
-        "{}/handoff/conversations/zero/timeline",
-        proxy.url()
-    ))
-    .body(http_body_util::Full::default())
-    .unwrap();
-    let timeline = proxy.send(request).await.json();
+    let timeline = proxy.timeline("zero").await;
     let events = timeline["events"].as_array().unwrap();
     let compaction = events.iter().find(|e| e["type"] == "compaction").unwrap();
     assert_eq!(

@@ -189,6 +189,15 @@ impl Harness {
         Some(self.state.tracker.store().read(&found).await.unwrap())
     }
 
+    /// Conversation `id`'s timeline, as the web view reads it.
+    pub async fn timeline(&self, id: &str) -> serde_json::Value {
+        let uri = format!("{}/handoff/conversations/{id}/timeline", self.url());
+        match Request::get(uri).body(Full::default()) {
+            Ok(request) => self.send(request).await.json(),
+            Err(err) => panic!("a timeline request for {id}: {err}"),
+        }
+    }
+
     /// Sends `request` and reads the whole answer.
     pub async fn send(&self, request: Request<Full<Bytes>>) -> Answer {
         let response = self.client.request(request).await.unwrap();

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use mock_upstream::strict::Strict;
+use mock_upstream::strict::{Strict, SUMMARY_PROMPT_START};
 use mock_upstream::{MockUpstream, Recorded};
 use serde_json::{json, Value};
 
@@ -161,6 +161,29 @@ pub async fn drive_until_compaction(
         }
     }
     panic!("no compaction after {limit} turns");
+}
+
+/// `strict` served with its agent turns answered after `turn` and its summary calls
+/// after `summary` (zero: at once), as a model and a summariser take their time.
+pub async fn paced(
+    strict: &Arc<Strict>,
+    turn: std::time::Duration,
+    summary: std::time::Duration,
+) -> MockUpstream {
+    let answering = Arc::clone(strict);
+    MockUpstream::with(move |request| {
+        let reply = answering.answer(request);
+        let summarising = request.json()["messages"][0]["content"]
+            .as_str()
+            .is_some_and(|system| system.starts_with(SUMMARY_PROMPT_START));
+        let wait = if summarising { summary } else { turn };
+        if wait.is_zero() {
+            reply
+        } else {
+            reply.delayed(wait)
+        }
+    })
+    .await
 }
 
 /// The lines of conversation `id`'s log, as written.
