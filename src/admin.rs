@@ -65,6 +65,15 @@ pub async fn handle(
         );
         return response;
     }
+    let upkeep =
+        crate::upkeep::admin::handle(state, request.method(), path, request.uri().query(), peer)
+            .await;
+    if let Some(answer) = upkeep {
+        return match answer {
+            Ok(value) => ok_json(&value),
+            Err(err) => err.into_response(),
+        };
+    }
     if request.method() == http::Method::POST {
         let compact = path
             .strip_prefix("/handoff/conversations/")
@@ -367,7 +376,8 @@ async fn read_conversation(
     Ok((id, log))
 }
 
-fn resolve_error(err: ResolveError) -> ApiError {
+/// The API error of a conversation that cannot be resolved.
+pub fn resolve_error(err: ResolveError) -> ApiError {
     match err {
         ResolveError::Unknown { .. } => ApiError::not_found(err.to_string()),
         ResolveError::Ambiguous { .. } => {
@@ -382,7 +392,7 @@ fn resolve_error(err: ResolveError) -> ApiError {
 }
 
 /// The value of `name` in a query string (ids and tenants need no decoding).
-fn query_param(query: Option<&str>, name: &str) -> Option<String> {
+pub fn query_param(query: Option<&str>, name: &str) -> Option<String> {
     query?
         .split('&')
         .filter_map(|pair| pair.split_once('='))

@@ -24,7 +24,7 @@ enum Command {
     Serve(ConfigArgs),
     /// Print the effective config, secrets masked, and exit.
     CheckConfig(ConfigArgs),
-    /// Read the log of originals (read-only; safe while the server runs).
+    /// Read the log of originals (safe while the server runs); erase and hold change it.
     Audit {
         #[command(subcommand)]
         command: AuditCommand,
@@ -120,6 +120,45 @@ enum AuditCommand {
         #[arg(long)]
         tenant: Option<String>,
     },
+    /// Erase a conversation, a tenant, or a proxy key's tenant, as a deletion request
+    /// asks: originals, records and indexes, from the store and the caches; writes a
+    /// tombstone. Held conversations are left (exit 3).
+    Erase {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// One conversation.
+        #[arg(long, conflicts_with = "key")]
+        conversation: Option<String>,
+        /// Every conversation of this tenant; with --conversation, the tenant of an id
+        /// several tenants have.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Every conversation of this proxy key's tenant.
+        #[arg(long, conflicts_with_all = ["conversation", "tenant"])]
+        key: Option<String>,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Keep a conversation from retention until released.
+    Hold {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Conversation id.
+        id: String,
+        /// Its tenant; needed only when the id exists under several.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Lift the hold.
+        #[arg(long)]
+        release: bool,
+        /// Why, kept with the hold.
+        #[arg(long)]
+        reason: Option<String>,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Check JSON, digests, chain and torn lines; exits non-zero on any problem.
     Verify {
         #[command(flatten)]
@@ -134,6 +173,35 @@ enum AuditCommand {
 
 #[derive(Subcommand)]
 enum StoreCommand {
+    /// Remove conversations whose last request is older than their retention
+    /// (store.retention and its overrides) or --older-than; held ones stay.
+    Prune {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// One age for every tenant, e.g. 90d.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        older_than: Option<std::time::Duration>,
+        /// Only this tenant's conversations.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// List what would go; remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Conversations, requests and bytes (raw and on disk) per tenant.
+    Stats {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Only this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Copy a disk data dir into the postgres store of a config; run it again to
     /// finish an interrupted copy (conversations already there are left alone).
     Copy {
@@ -195,10 +263,32 @@ pub fn main() -> ExitCode {
 }
 
 fn store(command: StoreCommand) -> ExitCode {
-    let StoreCommand::Copy {
-        from_data_dir,
-        to_config,
-    } = command;
+    use crate::upkeep::command::Ask;
+    let (from_data_dir, to_config) = match command {
+        StoreCommand::Copy {
+            from_data_dir,
+            to_config,
+        } => (from_data_dir, to_config),
+        StoreCommand::Prune {
+            config,
+            older_than,
+            tenant,
+            dry_run,
+            json,
+        } => {
+            let ask = Ask::Prune {
+                older_than,
+                tenant,
+                dry_run,
+            };
+            return upkeep(&config, &ask, json);
+        }
+        StoreCommand::Stats {
+            config,
+            tenant,
+            json,
+        } => return upkeep(&config, &Ask::Stats { tenant }, json),
+    };
     let config = match load(&ConfigArgs {
         config: Some(to_config),
         listen: None,
@@ -350,13 +440,59 @@ fn progress_bar(length: u64) -> indicatif::ProgressBar {
     bar
 }
 
+/// Runs an upkeep command with the config of `args`.
+fn upkeep(args: &ConfigArgs, ask: &crate::upkeep::command::Ask, json: bool) -> ExitCode {
+    match load(args) {
+        Ok(config) => {
+            install_crypto_provider();
+            crate::upkeep::command::run(&config, ask, json)
+        }
+        Err(code) => code,
+    }
+}
+
 fn audit(command: AuditCommand) -> ExitCode {
+    use crate::upkeep::command::Ask;
+    let command = match command {
+        AuditCommand::Erase {
+            config,
+            conversation,
+            tenant,
+            key,
+            json,
+        } => {
+            let ask = Ask::Erase {
+                conversation,
+                tenant,
+                key,
+            };
+            return upkeep(&config, &ask, json);
+        }
+        AuditCommand::Hold {
+            config,
+            id,
+            tenant,
+            release,
+            reason,
+            json,
+        } => {
+            let ask = Ask::Hold {
+                id,
+                tenant,
+                release,
+                reason,
+            };
+            return upkeep(&config, &ask, json);
+        }
+        other => other,
+    };
     let args = match &command {
         AuditCommand::List { config, .. }
         | AuditCommand::Show { config, .. }
         | AuditCommand::Replay { config, .. }
         | AuditCommand::View { config, .. }
         | AuditCommand::Verify { config, .. } => config,
+        AuditCommand::Erase { config, .. } | AuditCommand::Hold { config, .. } => config,
     };
     let config = match load(args) {
         Ok(config) => config,
@@ -393,6 +529,7 @@ fn audit(command: AuditCommand) -> ExitCode {
         AuditCommand::Verify { id, tenant, .. } => {
             audit.verify(id.as_deref(), tenant.as_deref(), &mut out)
         }
+        AuditCommand::Erase { .. } | AuditCommand::Hold { .. } => Ok(()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -76,5 +76,6 @@ pub mod tenant;
 pub mod testing;
 pub mod tokens;
 pub mod ui;
+pub mod upkeep;
 pub mod upstream;
 pub mod worker;

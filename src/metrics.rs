@@ -28,6 +28,16 @@ pub const SENT_WHILE_PREPARING: &str = "handoff_sent_while_preparing_total";
 /// Requests sent with a stand-in handoff because the summary they would have waited
 /// for ran past `compaction.max_wait`.
 pub const STAND_INS: &str = "handoff_stand_ins_total";
+/// Conversations retention removed.
+pub const PRUNED: &str = "handoff_pruned_conversations_total";
+/// Bytes retention removed.
+pub const PRUNED_BYTES: &str = "handoff_pruned_bytes_total";
+/// Conversations erased on request.
+pub const ERASED: &str = "handoff_erased_conversations_total";
+/// Conversations compressed once idle for `store.compress_after`.
+pub const COMPRESSED: &str = "handoff_compressed_conversations_total";
+/// Bytes compression saved.
+pub const COMPRESSED_SAVED: &str = "handoff_compressed_bytes_saved_total";
 /// Prepared compactions superseded before any request adopted them.
 pub const PREPARED_WASTED: &str = "handoff_prepared_wasted_total";
 
@@ -102,6 +112,23 @@ const HELP: &[(&str, &str, &str)] = &[
         "counter",
         "Background preparations by outcome (started, committed, stale, failed, dropped).",
     ),
+    (
+        PRUNED,
+        "counter",
+        "Conversations removed by retention (store.retention and its overrides).",
+    ),
+    (PRUNED_BYTES, "counter", "Bytes removed by retention."),
+    (
+        ERASED,
+        "counter",
+        "Conversations erased on request (handoff audit erase, POST /handoff/erase).",
+    ),
+    (
+        COMPRESSED,
+        "counter",
+        "Conversations compressed after store.compress_after of idleness.",
+    ),
+    (COMPRESSED_SAVED, "counter", "Bytes compression saved on disk."),
     (
         STAND_INS,
         "counter",

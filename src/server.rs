@@ -85,6 +85,8 @@ pub async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeErro
     let scheme = if tls.is_some() { "https" } else { "http" };
     let state = Arc::new(AppState::new(config, overrides).await?);
     let reload = spawn_reloader(Arc::clone(&state));
+    crate::upkeep::task::spawn(Arc::clone(&state));
+    state.advertise(&format!("{scheme}://{local}"));
     let _watcher = state
         .config_file()
         .and_then(|file| watch_config_file(file, reload.clone()));

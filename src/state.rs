@@ -380,6 +380,16 @@ impl AppState {
         })
     }
 
+    /// Tells commands run beside this server where its admin API is (the data dir's
+    /// lock file), when it holds a disk data dir.
+    pub fn advertise(&self, url: &str) {
+        if let Some(lock) = &self._data_dir_lock {
+            if let Err(err) = lock.advertise(url) {
+                tracing::warn!(error = %err, "cannot write the listening address into the data dir's lock file");
+            }
+        }
+    }
+
     /// The config snapshot in force; hold it for the whole request.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.current.load_full()

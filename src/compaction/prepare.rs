@@ -105,6 +105,11 @@ impl Background {
         self.stand_ins.insert(id.clone(), (basis, stand_in));
     }
 
+    /// Drops `id`'s last stand-in: its conversation was erased.
+    pub fn forget(&self, id: &ConversationId) {
+        self.stand_ins.invalidate(id);
+    }
+
     /// Resolves when a run ends; enable it before looking at [`Self::is_running`].
     pub fn ended(&self) -> tokio::sync::futures::Notified<'_> {
         self.ended.notified()

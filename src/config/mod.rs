@@ -352,6 +352,9 @@ pub struct KeyConfig {
     /// the rest, instead of being refused with 429.
     #[serde(default)]
     pub tpm_oversize: bool,
+    /// How long this key's conversations are kept, overriding `store.retention`.
+    #[serde(default)]
+    pub retention: Option<Retention>,
     /// Paths the key may use, each with everything under it (`/v1/files` covers
     /// `/v1/files/file-…`); when unset, the inference APIs and their objects.
     #[serde(default)]
@@ -440,6 +443,54 @@ pub struct StoreConfig {
     /// Bytes one tenant's log may hold on disk (0: no quota); past it, its tracked
     /// requests get 507. The disk store counts; PostgreSQL's own quotas apply there.
     pub tenant_quota_bytes: u64,
+    /// How long a conversation is kept after its last request; `None`: forever.
+    #[serde(with = "humantime_serde")]
+    pub retention: Option<Duration>,
+    /// Per-tenant retention, overriding `retention`: a duration, or `"forever"`.
+    pub tenant_retention: std::collections::BTreeMap<String, Retention>,
+    /// How long a conversation idles before the disk store compresses it; `None`:
+    /// never.
+    #[serde(with = "humantime_serde")]
+    pub compress_after: Option<Duration>,
+    /// How often the background task prunes and compresses.
+    #[serde(with = "humantime_serde")]
+    pub upkeep_interval: Duration,
+}
+
+/// A retention override: a duration, or kept forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retention {
+    /// Kept this long after the last request.
+    For(Duration),
+    /// Never pruned.
+    Forever,
+}
+
+impl Serialize for Retention {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::For(duration) => {
+                serializer.serialize_str(&humantime::format_duration(*duration).to_string())
+            }
+            Self::Forever => serializer.serialize_str("forever"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Retention {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        if text == "forever" {
+            return Ok(Self::Forever);
+        }
+        humantime::parse_duration(&text)
+            .map(Self::For)
+            .map_err(|err| {
+                serde::de::Error::custom(format!(
+                    "{text:?}: {err} (a duration such as \"90d\", or \"forever\")"
+                ))
+            })
+    }
 }
 
 impl Default for StoreConfig {
@@ -458,6 +509,10 @@ impl Default for StoreConfig {
             facts_cache_entries: 500_000,
             prefix_cache_entries: 1_000_000,
             tenant_quota_bytes: 0,
+            retention: None,
+            tenant_retention: Default::default(),
+            compress_after: None,
+            upkeep_interval: Duration::from_secs(600),
         }
     }
 }

@@ -231,6 +231,45 @@ impl Tracker {
         Ok((entry.into_value(), fresh))
     }
 
+    /// Runs `remove` (the store's removal of `id`) under the conversation's lock, then
+    /// empties and evicts its cached state: a request that waited for the lock finds no
+    /// history and starts the conversation anew, and none of its text stays here.
+    pub async fn forget_with<T>(
+        &self,
+        id: &ConversationId,
+        remove: impl std::future::Future<Output = T>,
+    ) -> T {
+        let out = match self.cache.get(id).await {
+            Some(entry) => {
+                let mut state = entry.lock().await;
+                let out = remove.await;
+                *state = ConversationState::default();
+                out
+            }
+            None => remove.await,
+        };
+        // A load that raced the removal may have cached what it read meanwhile.
+        if let Some(entry) = self.cache.remove(id).await {
+            *entry.lock().await = ConversationState::default();
+        }
+        out
+    }
+
+    /// Drops what the in-memory indexes say of the conversations `gone`: the response
+    /// ids and opening turns that lead to them.
+    pub fn forget_links(&self, gone: &std::collections::HashSet<ConversationId>) {
+        for (key, (id, _)) in self.responses.iter() {
+            if gone.contains(&id) {
+                self.responses.invalidate(&*key);
+            }
+        }
+        for (key, id) in self.openings.iter() {
+            if gone.contains(&id) {
+                self.openings.invalidate(&*key);
+            }
+        }
+    }
+
     /// Logs the request's new originals before it goes upstream.
     pub async fn track(
         &self,

@@ -251,6 +251,11 @@ fn facts_cache() -> &'static FactsCache {
     })
 }
 
+/// Empties the facts cache: the messages of an erased conversation leave no trace here.
+pub(crate) fn clear_facts() {
+    facts_cache().entries.clear();
+}
+
 /// True for a `reasoning` item and for an `item_reference` to one: the API refuses
 /// either without the item that follows it. A reference names its item by id only,
 /// and the API gives reasoning items the `rs_` prefix.

@@ -29,6 +29,16 @@ use serde_json::Value;
 pub use message::{size_facts_cache, DialectError, Message, RawMessage, Role};
 pub use openai::check_tool_pairs;
 pub use prefix::size_prefix_cache;
+
+/// Empties every cache of parsed messages (facts, built prompts, memos of recent
+/// bodies): after an erasure, none of its text or ids stays in memory. They refill
+/// from the next requests.
+pub fn clear_message_caches() {
+    message::clear_facts();
+    pinned::clear();
+    prefix::clear();
+    repeated::clear();
+}
 use prefix::Reading;
 
 use crate::base::chunks::Chunks;

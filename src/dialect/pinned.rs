@@ -39,6 +39,11 @@ fn built() -> &'static BuiltCache {
     BUILT.get_or_init(|| BuiltCache::with_weighter(256, KEPT_BYTES, ByLength))
 }
 
+/// Empties the built prompts: an erased conversation's leave no trace here.
+pub(crate) fn clear() {
+    built().clear();
+}
+
 /// The pinned system message for a top-level prompt whose JSON text is `content`;
 /// `digest` is the [`keyed_hash`](crate::base::chunks::keyed_hash) of `content` when
 /// the reading took it already, which finds the message built for it before.

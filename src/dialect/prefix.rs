@@ -121,6 +121,11 @@ struct Memos {
     cache: quick_cache::sync::Cache<Key, Arc<Memo>, ByBytes>,
 }
 
+/// Empties the memos of recent bodies: an erased conversation's leave no trace here.
+pub(crate) fn clear() {
+    memos().cache.clear();
+}
+
 fn memos() -> &'static Memos {
     static MEMOS: OnceLock<Memos> = OnceLock::new();
     MEMOS.get_or_init(|| {

@@ -49,6 +49,11 @@ fn seen() -> &'static quick_cache::sync::Cache<u64, Arc<[Seen]>> {
     SEEN.get_or_init(|| quick_cache::sync::Cache::new(REMEMBERED))
 }
 
+/// Empties the values read before: an erased conversation's leave no trace here.
+pub(crate) fn clear() {
+    seen().clear();
+}
+
 fn head_hash(value: &[u8]) -> Option<u64> {
     value.get(..HEAD).map(|head| keyed_hash(head) as u64)
 }

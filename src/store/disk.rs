@@ -7,15 +7,18 @@ use std::path::{Path, PathBuf};
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
+use super::disk_upkeep;
 use super::layout::find;
-use super::layout::{conversation_dir, list_ids, COMPACTIONS_FILE, MESSAGES_FILE};
+use super::layout::{conversation_dir, list_ids, COLD_FILE, COMPACTIONS_FILE, MESSAGES_FILE};
 use super::response_index;
+use super::upkeep::{Activity, Hold, Removed, TenantStats, Tombstone, Unless};
 use super::{Committed, KeepText, Lease, ResponseEnd, Store, StoreError, Writer};
 use crate::base::digest::PrefixDigest;
 use crate::base::id::ConversationId;
 use crate::base::line::{encode, Entry, Line, NEWEST_VERSION};
 use crate::base::record::CompactionRecord;
 use crate::base::tenant::TenantId;
+use rustix::fd::OwnedFd;
 
 /// A line that could not be used, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -399,6 +402,151 @@ impl Store for DiskStore {
         self.data_dir.display().to_string()
     }
 
+    fn activity(
+        &self,
+        tenant: Option<TenantId>,
+    ) -> BoxFuture<'_, Result<Vec<Activity>, StoreError>> {
+        let data_dir = self.data_dir.clone();
+        async move { scan(move || disk_upkeep::activity(&data_dir, tenant.as_ref())).await }.boxed()
+    }
+
+    fn remove(
+        &self,
+        id: &ConversationId,
+        unless: Unless,
+    ) -> BoxFuture<'_, Result<Removed, StoreError>> {
+        let dir = conversation_dir(&self.data_dir, id);
+        let data_dir = self.data_dir.clone();
+        let id = id.clone();
+        async move {
+            let write = |source| StoreError::Write {
+                id: id.to_string(),
+                source,
+            };
+            let (removed, trash) = self
+                .writer
+                .exclusive(dir.clone(), move || {
+                    disk_upkeep::retire(&data_dir, &dir, unless)
+                })
+                .await
+                .map_err(write)?;
+            if let Some(trash) = trash {
+                scan(move || std::fs::remove_dir_all(trash)).await?;
+            }
+            if let Removed::Removed(bytes) = removed {
+                self.unaccount(id.tenant(), bytes);
+            }
+            Ok(removed)
+        }
+        .boxed()
+    }
+
+    fn tidy_indexes(&self, tenant: &TenantId) -> BoxFuture<'_, Result<(), StoreError>> {
+        let index = response_index::index_path(&self.data_dir, tenant);
+        let data_dir = self.data_dir.clone();
+        let tenant = tenant.clone();
+        async move {
+            let path = index.clone();
+            self.writer
+                .exclusive(index, move || {
+                    response_index::drop_conversations(&path, |name| {
+                        ConversationId::parse(tenant.clone(), name).is_ok_and(|id| {
+                            !conversation_dir(&data_dir, &id)
+                                .join(MESSAGES_FILE)
+                                .is_file()
+                        })
+                    })
+                })
+                .await
+                .map_err(|source| StoreError::Write {
+                    id: response_index::RESPONSES_FILE.into(),
+                    source,
+                })
+        }
+        .boxed()
+    }
+
+    fn set_hold(
+        &self,
+        id: &ConversationId,
+        hold: Option<Hold>,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let dir = conversation_dir(&self.data_dir, id);
+        let id = id.to_string();
+        async move {
+            self.writer
+                .exclusive(dir.clone(), move || {
+                    disk_upkeep::write_hold(&dir, hold.as_ref())
+                })
+                .await
+                .map_err(|source| StoreError::Write { id, source })
+        }
+        .boxed()
+    }
+
+    fn tombstone(&self, tombstone: Tombstone) -> BoxFuture<'_, Result<(), StoreError>> {
+        let path = self.data_dir.join(super::layout::TOMBSTONES_FILE);
+        async move {
+            let mut line = serde_json::to_vec(&tombstone)?;
+            line.push(b'\n');
+            self.writer
+                .append(path, line)
+                .await
+                .map_err(|source| StoreError::Write {
+                    id: super::layout::TOMBSTONES_FILE.into(),
+                    source,
+                })
+        }
+        .boxed()
+    }
+
+    fn compress(
+        &self,
+        id: &ConversationId,
+        idle_since: std::time::SystemTime,
+    ) -> BoxFuture<'_, Result<Option<(u64, u64)>, StoreError>> {
+        let dir = conversation_dir(&self.data_dir, id);
+        let data_dir = self.data_dir.clone();
+        let tenant = id.tenant().clone();
+        let id = id.to_string();
+        async move {
+            let build = dir.clone();
+            let Some(copy) =
+                scan(move || disk_upkeep::build_compressed(&data_dir, &build, idle_since)).await?
+            else {
+                return Ok(None);
+            };
+            let bytes = copy.bytes;
+            let swapped = self
+                .writer
+                .exclusive(dir.clone(), move || {
+                    disk_upkeep::swap_compressed(&dir, &copy)
+                })
+                .await
+                .map_err(|source| StoreError::Write { id, source })?;
+            if !swapped {
+                // Written meanwhile: it is not cold; the copy goes with the next clean.
+                return Ok(None);
+            }
+            self.unaccount(&tenant, bytes.0.saturating_sub(bytes.1));
+            Ok(Some(bytes))
+        }
+        .boxed()
+    }
+
+    fn sweep(&self, all: bool) -> BoxFuture<'_, Result<(), StoreError>> {
+        let data_dir = self.data_dir.clone();
+        async move { scan(move || disk_upkeep::clean(&data_dir, all)).await }.boxed()
+    }
+
+    fn stats(
+        &self,
+        tenant: Option<TenantId>,
+    ) -> BoxFuture<'_, Result<Vec<TenantStats>, StoreError>> {
+        let data_dir = self.data_dir.clone();
+        async move { scan(move || disk_upkeep::stats(&data_dir, tenant.as_ref())).await }.boxed()
+    }
+
     fn list(
         &self,
         tenant: Option<TenantId>,
@@ -427,26 +575,42 @@ async fn scan<T: Send + 'static>(
 
 /// Reads a conversation from its `messages.jsonl` path and the records beside it.
 pub fn read_conversation(data_dir: &Path, messages: &Path) -> std::io::Result<ConversationLog> {
-    with_records(data_dir, messages, read_log_file(data_dir, messages)?)
+    let Some(dir) = open_folder(data_dir, messages)? else {
+        return Ok(ConversationLog::default());
+    };
+    let log = read_lines(&dir, |_| {})?;
+    with_records(&dir, log)
 }
 
-/// `log` with the compaction records that lie beside `messages`.
-fn with_records(
-    data_dir: &Path,
-    messages: &Path,
-    mut log: ConversationLog,
-) -> std::io::Result<ConversationLog> {
-    if let Some(dir) = messages.parent() {
-        let mut records = Vec::new();
-        let problems = read_jsonl(data_dir, &dir.join(COMPACTIONS_FILE), |bytes, _| {
+/// The folder of `messages`, opened once so that every file read through it is of
+/// one version of the folder; `None` when there is none.
+fn open_folder(data_dir: &Path, messages: &Path) -> std::io::Result<Option<OwnedFd>> {
+    let Some(folder) = messages.parent() else {
+        return Ok(None);
+    };
+    // No link followed below the data dir: a planted one would read another's log.
+    match super::perms::open_dir_beneath(data_dir, folder) {
+        Ok(dir) => Ok(Some(dir)),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+/// `log` with the compaction records of the folder `dir`.
+fn with_records(dir: &OwnedFd, mut log: ConversationLog) -> std::io::Result<ConversationLog> {
+    let mut records = Vec::new();
+    let mut number = 0;
+    let problems = match open_file(dir, COMPACTIONS_FILE)? {
+        Some(file) => read_jsonl(std::io::BufReader::new(file), &mut number, |bytes, _| {
             records.push(
                 serde_json::from_slice::<CompactionRecord>(bytes).map_err(|err| err.to_string())?,
             );
             Ok(())
-        })?;
-        log.compactions = records;
-        log.compaction_problems = problems;
-    }
+        })?,
+        None => Vec::new(),
+    };
+    log.compactions = records;
+    log.compaction_problems = problems;
     Ok(log)
 }
 
@@ -458,8 +622,11 @@ pub fn read_conversation_index(
     messages: &Path,
     keep: KeepText,
 ) -> std::io::Result<ConversationLog> {
+    let Some(dir) = open_folder(data_dir, messages)? else {
+        return Ok(ConversationLog::default());
+    };
     let mut text_keys = std::collections::HashMap::new();
-    let mut log = read_lines(data_dir, messages, |line| {
+    let mut log = read_lines(&dir, |line| {
         if let Entry::Message(message) = &mut line.entry {
             if !keep(message.message.get()) {
                 let key = crate::base::chunks::keyed_hash(message.message.get().as_bytes());
@@ -469,7 +636,7 @@ pub fn read_conversation_index(
         }
     })?;
     log.text_keys = text_keys;
-    with_records(data_dir, messages, log)
+    with_records(&dir, log)
 }
 
 /// What a dropped message text is replaced with.
@@ -480,18 +647,29 @@ fn dropped_text() -> Box<serde_json::value::RawValue> {
 
 /// Reads a message log; a missing file is an empty log, bad lines are reported.
 pub fn read_log_file(data_dir: &Path, path: &Path) -> std::io::Result<ConversationLog> {
-    read_lines(data_dir, path, |_| {})
+    match open_folder(data_dir, path)? {
+        Some(dir) => read_lines(&dir, |_| {}),
+        None => Ok(ConversationLog::default()),
+    }
 }
 
-/// Reads a message log, passing each good line through `keep` before it is kept.
-fn read_lines(
-    data_dir: &Path,
-    path: &Path,
-    mut keep: impl FnMut(&mut Line),
-) -> std::io::Result<ConversationLog> {
+/// A file of the folder `dir`; `None` when it has none.
+fn open_file(dir: &OwnedFd, name: &str) -> std::io::Result<Option<std::fs::File>> {
+    match super::perms::open_in(dir, name) {
+        Ok(file) => Ok(Some(file)),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+/// Reads the message log of the folder `dir`, its compressed lines first, passing
+/// each good line through `keep` before it is kept. Line numbers run on from the
+/// compressed lines into the plain ones.
+fn read_lines(dir: &OwnedFd, mut keep: impl FnMut(&mut Line)) -> std::io::Result<ConversationLog> {
     let mut lines = Vec::new();
     let mut file_lines = Vec::new();
-    let problems = read_jsonl(data_dir, path, |bytes, number| {
+    let mut number = 0;
+    let mut parse = |bytes: &[u8], number: usize| {
         let start = lines.len();
         Line::parse_into(bytes, &mut lines).map_err(|err| err.to_string())?;
         if let Some(line) = lines[start..].iter().find(|l| l.v > NEWEST_VERSION) {
@@ -506,7 +684,23 @@ fn read_lines(
         }
         file_lines.resize(lines.len(), number);
         Ok(())
-    })?;
+    };
+    let mut problems = Vec::new();
+    if let Some(cold) = open_file(dir, COLD_FILE)? {
+        let decoder = zstd::stream::read::Decoder::new(cold)?;
+        problems.extend(read_jsonl(
+            std::io::BufReader::new(decoder),
+            &mut number,
+            &mut parse,
+        )?);
+    }
+    if let Some(hot) = open_file(dir, MESSAGES_FILE)? {
+        problems.extend(read_jsonl(
+            std::io::BufReader::new(hot),
+            &mut number,
+            &mut parse,
+        )?);
+    }
     Ok(ConversationLog {
         lines,
         file_lines,
@@ -515,37 +709,29 @@ fn read_lines(
     })
 }
 
-/// Reads a JSONL file, handing each line and its number to `parse`; a missing file is
-/// empty, bad and torn lines are reported.
+/// Reads JSONL from `reader`, handing each line and its number (counted on from
+/// `number`) to `parse`; bad and torn lines are reported.
 fn read_jsonl(
-    data_dir: &Path,
-    path: &Path,
+    mut reader: impl BufRead,
+    number: &mut usize,
     mut parse: impl FnMut(&[u8], usize) -> Result<(), String>,
 ) -> std::io::Result<Vec<LineProblem>> {
-    // No link followed below the data dir: a planted one would read another's log.
-    let file = match super::perms::open_beneath(data_dir, path, super::perms::Access::Read) {
-        Ok(file) => file,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(err) => return Err(err),
-    };
     let mut problems = Vec::new();
-    let mut reader = std::io::BufReader::new(file);
     let mut buffer = Vec::new();
-    let mut number = 0;
     loop {
         buffer.clear();
         if reader.read_until(b'\n', &mut buffer)? == 0 {
             break;
         }
-        number += 1;
+        *number += 1;
         let torn = buffer.last() != Some(&b'\n');
         let text = buffer.strip_suffix(b"\n").unwrap_or(&buffer);
         if text.is_empty() {
             continue;
         }
-        if let Err(err) = parse(text, number) {
+        if let Err(err) = parse(text, *number) {
             problems.push(LineProblem {
-                line: number,
+                line: *number,
                 reason: if torn {
                     format!("torn last line ({} bytes, no newline): {err}", text.len())
                 } else {

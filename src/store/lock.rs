@@ -20,6 +20,8 @@ pub enum LockError {
         data_dir: String,
         /// The holder's pid as it wrote it, or `unknown`.
         holder: String,
+        /// Where the holder listens (`http://127.0.0.1:8080`), once it said so.
+        listening: Option<String>,
     },
     /// The folder is not safe to write in.
     #[error("refusing data_dir: {0}")]
@@ -37,7 +39,7 @@ pub enum LockError {
 /// The held lock; released when dropped (or when the process dies).
 #[derive(Debug)]
 pub struct DataDirLock {
-    _file: File,
+    file: File,
 }
 
 impl DataDirLock {
@@ -65,12 +67,14 @@ impl DataDirLock {
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
-                let mut holder = String::new();
-                let _ = file.read_to_string(&mut holder);
-                let holder = holder.trim();
+                let mut text = String::new();
+                let _ = file.read_to_string(&mut text);
+                let mut lines = text.lines().map(str::trim);
+                let holder = lines.next().unwrap_or_default();
                 return Err(LockError::Held {
                     data_dir: data_dir.display().to_string(),
                     holder: if holder.is_empty() { "unknown" } else { holder }.to_owned(),
+                    listening: lines.next().filter(|l| !l.is_empty()).map(str::to_owned),
                 });
             }
             Err(std::fs::TryLockError::Error(err)) => return Err(io(err)),
@@ -78,7 +82,16 @@ impl DataDirLock {
         file.set_len(0).map_err(io)?;
         file.seek(SeekFrom::Start(0)).map_err(io)?;
         writeln!(file, "{}", std::process::id()).map_err(io)?;
-        Ok(Self { _file: file })
+        Ok(Self { file })
+    }
+
+    /// Writes where this process listens (`http://127.0.0.1:8080`) after its pid, so
+    /// that a command run beside it (`handoff audit erase`) can reach its admin API.
+    pub fn advertise(&self, url: &str) -> std::io::Result<()> {
+        let mut file = &self.file;
+        file.set_len(0)?;
+        file.seek(SeekFrom::Start(0))?;
+        writeln!(file, "{}\n{url}", std::process::id())
     }
 }
 

@@ -4,6 +4,7 @@
 
 mod copy;
 mod disk;
+mod disk_upkeep;
 pub mod layout;
 mod lock;
 mod memory;
@@ -11,6 +12,7 @@ mod open;
 pub mod perms;
 mod postgres;
 mod response_index;
+pub mod upkeep;
 mod writer;
 
 use futures_util::future::BoxFuture;
@@ -27,6 +29,7 @@ pub use lock::{DataDirLock, LockError, LOCK_FILE};
 pub use memory::MemoryStore;
 pub use open::{open, OpenError, Opened};
 pub use postgres::PgStore;
+pub use upkeep::{Activity, Hold, Removed, TenantStats, Tombstone, Unless};
 pub use writer::Writer;
 
 use crate::base::digest::PrefixDigest;
@@ -255,6 +258,87 @@ pub trait Store: Send + Sync {
     fn tenant_bytes(&self, tenant: &TenantId) -> BoxFuture<'_, Result<Option<u64>, StoreError>> {
         let _ = tenant;
         Box::pin(async { Ok(None) })
+    }
+
+    /// Every conversation of `tenant`, or of all: when it was last written, whether it
+    /// is held, its size. What retention and compression choose from.
+    fn activity(
+        &self,
+        tenant: Option<TenantId>,
+    ) -> BoxFuture<'_, Result<Vec<Activity>, StoreError>> {
+        let _ = tenant;
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// Removes a conversation whole (its log, its records, its hold), or nothing,
+    /// unless `unless` applies. The response ids that lead to it go with the next
+    /// [`Store::tidy_indexes`].
+    fn remove(
+        &self,
+        id: &ConversationId,
+        unless: Unless,
+    ) -> BoxFuture<'_, Result<Removed, StoreError>> {
+        let _ = (id, unless);
+        Box::pin(async { Ok(Removed::Missing) })
+    }
+
+    /// Drops the response ids of `tenant` that lead to removed conversations, after a
+    /// batch of [`Store::remove`]s. (The objects a tenant created stay its own: they
+    /// may still be at the upstream, and no other tenant may reach them.)
+    fn tidy_indexes(&self, tenant: &TenantId) -> BoxFuture<'_, Result<(), StoreError>> {
+        let _ = tenant;
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Puts a hold on a conversation (`Some`) or lifts it (`None`); false when the
+    /// conversation is not in the store.
+    fn set_hold(
+        &self,
+        id: &ConversationId,
+        hold: Option<Hold>,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let _ = (id, hold);
+        Box::pin(async { Ok(false) })
+    }
+
+    /// Appends a tombstone: what was removed, when and by whom, never the content.
+    fn tombstone(&self, tombstone: Tombstone) -> BoxFuture<'_, Result<(), StoreError>> {
+        let _ = tombstone;
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Tombstones after position `seq`, oldest first: what a replica evicts from its
+    /// caches when another process removed conversations. Only a shared store has any.
+    fn tombstones_after(&self, seq: u64) -> BoxFuture<'_, Result<Vec<Tombstone>, StoreError>> {
+        let _ = seq;
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// Compresses the conversation's log if it was last written before `idle_since`;
+    /// the bytes before and after, or `None` when it did nothing.
+    fn compress(
+        &self,
+        id: &ConversationId,
+        idle_since: std::time::SystemTime,
+    ) -> BoxFuture<'_, Result<Option<(u64, u64)>, StoreError>> {
+        let _ = (id, idle_since);
+        Box::pin(async { Ok(None) })
+    }
+
+    /// Deletes what upkeep left behind: folders a removal or a compression retired,
+    /// copies a crash interrupted (`all` at start, when nothing reads them).
+    fn sweep(&self, all: bool) -> BoxFuture<'_, Result<(), StoreError>> {
+        let _ = all;
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Conversations, requests and bytes, per tenant (of `tenant`, or all).
+    fn stats(
+        &self,
+        tenant: Option<TenantId>,
+    ) -> BoxFuture<'_, Result<Vec<TenantStats>, StoreError>> {
+        let _ = tenant;
+        Box::pin(async { Ok(Vec::new()) })
     }
 
     /// Where the store is, for messages: a folder or a masked database URL.

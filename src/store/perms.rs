@@ -96,6 +96,40 @@ pub fn open_beneath(root: &Path, path: &Path, access: Access) -> std::io::Result
     Ok(File::from(fd))
 }
 
+/// Opens the folder `dir` under `root` for reading its files with [`open_in`], without
+/// following a link below `root`. Files read through it are one version of the
+/// folder, even if the folder is swapped for another meanwhile (a compression).
+pub fn open_dir_beneath(root: &Path, dir: &Path) -> std::io::Result<rustix::fd::OwnedFd> {
+    use rustix::fs::{openat, Mode, OFlags, CWD};
+    use std::path::Component;
+
+    let outside = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} is not a folder under {}", dir.display(), root.display()),
+        )
+    };
+    let folder = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC;
+    let mut fd = openat(CWD, root, folder, Mode::empty())?;
+    for component in dir.strip_prefix(root).map_err(|_| outside())?.components() {
+        match component {
+            Component::Normal(part) => {
+                fd = openat(&fd, part, folder | OFlags::NOFOLLOW, Mode::empty())?;
+            }
+            _ => return Err(outside()),
+        }
+    }
+    Ok(fd)
+}
+
+/// Opens the file `name` of a folder opened by [`open_dir_beneath`], never through a
+/// link.
+pub fn open_in(dir: &rustix::fd::OwnedFd, name: &str) -> std::io::Result<File> {
+    use rustix::fs::{openat, Mode, OFlags};
+    let flags = OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY;
+    Ok(File::from(openat(dir, name, flags, Mode::empty())?))
+}
+
 /// Why a path is not trusted.
 #[derive(Debug, thiserror::Error)]
 pub enum PermError {

@@ -81,6 +81,50 @@ pub fn lookup(
     Ok(found)
 }
 
+/// Rewrites the index at `path` without the lines of the conversations `gone` says
+/// (blocking; run where no append can interleave). The rewrite replaces the file in one
+/// rename; a missing file has nothing to drop.
+pub fn drop_conversations(path: &Path, gone: impl Fn(&str) -> bool) -> std::io::Result<()> {
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(err) => return Err(err),
+    };
+    let mut kept = Vec::new();
+    let mut dropped = false;
+    for line in std::io::BufReader::new(file).lines() {
+        let line = line?;
+        let named =
+            serde_json::from_str::<Entry>(&line).is_ok_and(|entry| gone(&entry.conversation));
+        if named {
+            dropped = true;
+        } else {
+            kept.extend_from_slice(line.as_bytes());
+            kept.push(b'\n');
+        }
+    }
+    if !dropped {
+        return Ok(());
+    }
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let fresh = path.with_extension("jsonl.new");
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(super::perms::no_follow())
+        .open(&fresh)?;
+    out.write_all(&kept)?;
+    out.sync_all()?;
+    std::fs::rename(&fresh, path)?;
+    if let Some(parent) = path.parent() {
+        std::fs::File::open(parent)?.sync_all()?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,6 +44,12 @@ enum Command {
         reply: oneshot::Sender<std::io::Result<()>>,
     },
     Sync,
+    /// Runs `job` on the writer thread with no handle open below `dir`: what it does to
+    /// that folder cannot interleave with an append.
+    Exclusive {
+        dir: PathBuf,
+        job: Box<dyn FnOnce() + Send>,
+    },
 }
 
 /// A handle to the writer thread; cheap to clone.
@@ -91,6 +97,26 @@ impl Writer {
             .map_err(|_| gone())?;
         done.await.map_err(|_| gone())?
     }
+
+    /// Runs `job` on the writer thread once every handle below `dir` is synced and
+    /// closed, so that no append lands between its checks and its changes (a removal, a
+    /// folder swapped for its compressed copy). Keep it short: appends wait for it.
+    pub async fn exclusive<T: Send + 'static>(
+        &self,
+        dir: PathBuf,
+        job: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+    ) -> std::io::Result<T> {
+        let (reply, done) = oneshot::channel();
+        let job = Box::new(move || {
+            let _ = reply.send(job());
+        });
+        let gone = || std::io::Error::other("the writer thread has stopped");
+        self.commands
+            .send(Command::Exclusive { dir, job })
+            .await
+            .map_err(|_| gone())?;
+        done.await.map_err(|_| gone())?
+    }
 }
 
 fn run(
@@ -116,6 +142,21 @@ fn run(
                 let _ = reply.send(result);
             }
             Command::Sync => sync_dirty(&files, &mut dirty, metrics),
+            Command::Exclusive { dir, job } => {
+                let below: Vec<PathBuf> = files
+                    .keys()
+                    .filter(|path| path.starts_with(&dir))
+                    .cloned()
+                    .collect();
+                for path in below {
+                    if let Some(file) = files.remove(&path) {
+                        if dirty.remove(&path) && file.sync_data().is_err() {
+                            metrics.add("handoff_store_sync_failures_total", &[], 1.0);
+                        }
+                    }
+                }
+                job();
+            }
         }
     }
     sync_dirty(&files, &mut dirty, metrics);

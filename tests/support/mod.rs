@@ -223,6 +223,19 @@ impl Proxy {
             .expect("run handoff audit")
     }
 
+    /// Runs `handoff store ARGS --config <this proxy's config>`.
+    pub fn store(&self, args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_handoff"))
+            .arg("store")
+            .args(args)
+            .arg("--config")
+            .arg(&self.config_path)
+            .current_dir(self.dir.path())
+            .env_remove("HANDOFF_CONFIG")
+            .output()
+            .expect("run handoff store")
+    }
+
     /// Asserts that `audit verify ARGS` finds no problem.
     pub fn assert_verified(&self, args: &[&str]) {
         let mut all = vec!["verify"];

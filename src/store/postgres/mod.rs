@@ -14,6 +14,7 @@ mod connect;
 mod import;
 mod rows;
 mod schema;
+mod upkeep;
 
 pub use import::Imported;
 
@@ -443,6 +444,52 @@ impl Store for PgStore {
                 .map_err(|err| StoreError::Database(err.to_string()))
         }
         .boxed()
+    }
+
+    fn activity(
+        &self,
+        tenant: Option<TenantId>,
+    ) -> BoxFuture<'_, Result<Vec<crate::store::Activity>, StoreError>> {
+        async move { self.activity_of(tenant.as_ref()).await }.boxed()
+    }
+
+    fn remove(
+        &self,
+        id: &ConversationId,
+        unless: crate::store::Unless,
+    ) -> BoxFuture<'_, Result<crate::store::Removed, StoreError>> {
+        let id = id.clone();
+        async move { self.remove_one(&id, unless).await }.boxed()
+    }
+
+    fn set_hold(
+        &self,
+        id: &ConversationId,
+        hold: Option<crate::store::Hold>,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let id = id.clone();
+        async move { self.hold_one(&id, hold.as_ref()).await }.boxed()
+    }
+
+    fn tombstone(
+        &self,
+        tombstone: crate::store::Tombstone,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        async move { self.bury(&tombstone).await }.boxed()
+    }
+
+    fn tombstones_after(
+        &self,
+        seq: u64,
+    ) -> BoxFuture<'_, Result<Vec<crate::store::Tombstone>, StoreError>> {
+        async move { self.buried_after(seq).await }.boxed()
+    }
+
+    fn stats(
+        &self,
+        tenant: Option<TenantId>,
+    ) -> BoxFuture<'_, Result<Vec<crate::store::TenantStats>, StoreError>> {
+        async move { self.stats_of(tenant.as_ref()).await }.boxed()
     }
 
     fn describe(&self) -> String {

@@ -92,6 +92,19 @@ CREATE TABLE handoff_objects (
 CREATE INDEX handoff_objects_by_object ON handoff_objects (object);
 "#,
     ),
+    (
+        4,
+        r#"
+-- Retention reads conversations by age; a hold (JSON: who, when, why) keeps one.
+ALTER TABLE handoff_conversations ADD COLUMN hold text;
+CREATE INDEX handoff_conversations_by_age ON handoff_conversations (updated_at);
+-- What was erased or pruned, never the content; replicas follow it to evict caches.
+CREATE TABLE handoff_tombstones (
+    seq bigserial PRIMARY KEY,
+    tombstone text NOT NULL
+);
+"#,
+    ),
 ];
 
 /// The newest schema version this build knows.
