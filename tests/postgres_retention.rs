@@ -73,7 +73,9 @@ async fn an_erasure_on_one_replica_is_forgotten_by_the_other_and_leaves_no_row()
         db.count("SELECT count(*) FROM handoff_tombstones WHERE tombstone LIKE '%\"erase\"%'"),
         1
     );
-    assert!(!db.sql("SELECT tombstone FROM handoff_tombstones").contains(marker));
+    assert!(!db
+        .sql("SELECT tombstone FROM handoff_tombstones")
+        .contains(marker));
     // The replicas follow the tombstones within a second.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     turn(&b, "secret", &mut history, "after the erasure").await;
@@ -114,7 +116,10 @@ async fn retention_on_postgres_prunes_idle_conversations_and_keeps_held_ones() {
     let tenant = &stats["tenants"][0];
     assert_eq!(tenant["conversations"], 2);
     assert_eq!(tenant["held"], 1);
-    assert_eq!(tenant["requests"].as_u64().unwrap(), 1 + live.len() as u64 / 2);
+    assert_eq!(
+        tenant["requests"].as_u64().unwrap(),
+        1 + live.len() as u64 / 2
+    );
     assert!(tenant["bytes_stored"].as_u64().unwrap() > 0);
     proxy.assert_verified(&[]);
 }

@@ -1,6 +1,8 @@
 //! One `serve` per data dir: an exclusive lock on `data_dir/lock`, held for the life of
 //! the process. Two writers on one folder could truncate away each other's
-//! acknowledged lines; `audit` only reads and takes no lock.
+//! acknowledged lines. `audit` reads without it; the commands that change the data
+//! dir (erase, hold, prune) take it, or ask the server that holds it, whose address
+//! it names.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};

@@ -3,7 +3,6 @@
 //! The same code runs from the background task ([`task`]), the admin API and the CLI;
 //! in a serving process it also evicts what the caches hold of what it removed.
 
-pub mod admin;
 pub mod command;
 mod erase;
 pub mod task;

@@ -23,6 +23,8 @@ use crate::store::ConversationLog;
 use crate::store::{resolve_in, Store};
 use crate::tenant::TenantId;
 
+mod upkeep;
+
 /// The header that carries the upstream credential of a manual compaction (the
 /// request's own `Authorization` is the admin token).
 pub const UPSTREAM_AUTHORIZATION: &str = "x-handoff-upstream-authorization";
@@ -65,9 +67,7 @@ pub async fn handle(
         );
         return response;
     }
-    let upkeep =
-        crate::upkeep::admin::handle(state, request.method(), path, request.uri().query(), peer)
-            .await;
+    let upkeep = upkeep::handle(state, request.method(), path, request.uri().query(), peer).await;
     if let Some(answer) = upkeep {
         return match answer {
             Ok(value) => ok_json(&value),
@@ -376,8 +376,7 @@ async fn read_conversation(
     Ok((id, log))
 }
 
-/// The API error of a conversation that cannot be resolved.
-pub fn resolve_error(err: ResolveError) -> ApiError {
+fn resolve_error(err: ResolveError) -> ApiError {
     match err {
         ResolveError::Unknown { .. } => ApiError::not_found(err.to_string()),
         ResolveError::Ambiguous { .. } => {
@@ -392,7 +391,7 @@ pub fn resolve_error(err: ResolveError) -> ApiError {
 }
 
 /// The value of `name` in a query string (ids and tenants need no decoding).
-pub fn query_param(query: Option<&str>, name: &str) -> Option<String> {
+fn query_param(query: Option<&str>, name: &str) -> Option<String> {
     query?
         .split('&')
         .filter_map(|pair| pair.split_once('='))
@@ -654,5 +653,4 @@ pub fn ok_json(value: &serde_json::Value) -> Response<ProxyBody> {
 }
 
 #[cfg(test)]
-#[path = "admin_tests.rs"]
 mod tests;

@@ -10,11 +10,11 @@ use std::sync::Arc;
 use http::Method;
 use serde_json::json;
 
-use super::{erase, prune, Policy, PruneOptions, Target};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{resolve_in, Hold};
 use crate::tenant::TenantId;
+use crate::upkeep::{erase, prune, Policy, PruneOptions, Target};
 
 /// Answers an upkeep endpoint; `None` when `path` is not one.
 pub async fn handle(
@@ -24,7 +24,7 @@ pub async fn handle(
     query: Option<&str>,
     peer: SocketAddr,
 ) -> Option<Result<serde_json::Value, ApiError>> {
-    let param = |name: &str| crate::admin::query_param(query, name);
+    let param = |name: &str| super::query_param(query, name);
     let by = format!("admin:{}", peer.ip());
     let store = Arc::clone(state.tracker.store());
     let answer = match (method, path) {
@@ -87,7 +87,7 @@ async fn target(
         (Some(id), tenant, None) => resolve_in(store.as_ref(), &id, tenant.as_deref())
             .await
             .map(Target::Conversation)
-            .map_err(crate::admin::resolve_error),
+            .map_err(super::resolve_error),
         (None, Some(tenant), None) => TenantId::parse(&tenant)
             .map(Target::Tenant)
             .map_err(invalid_tenant),
@@ -144,7 +144,7 @@ async fn set_hold(
     let store = state.tracker.store();
     let id = resolve_in(store.as_ref(), id, tenant)
         .await
-        .map_err(crate::admin::resolve_error)?;
+        .map_err(super::resolve_error)?;
     let held = hold.is_some();
     let found = store
         .set_hold(&id, hold)
