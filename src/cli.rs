@@ -79,6 +79,9 @@ enum AuditCommand {
     List {
         #[command(flatten)]
         config: ConfigArgs,
+        /// Only this tenant's conversations.
+        #[arg(long)]
+        tenant: Option<String>,
         /// One JSON object per line.
         #[arg(long)]
         json: bool,
@@ -516,7 +519,7 @@ fn audit(command: AuditCommand) -> ExitCode {
     let audit = crate::audit::Audit::new(store, runtime.handle().clone());
     let mut out = std::io::stdout().lock();
     let result = match &command {
-        AuditCommand::List { json, .. } => audit.list(*json, &mut out),
+        AuditCommand::List { json, tenant, .. } => audit.list(tenant.as_deref(), *json, &mut out),
         AuditCommand::Show { id, tenant, .. } => audit.show(id, tenant.as_deref(), &mut out),
         AuditCommand::Replay {
             id,

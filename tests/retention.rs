@@ -17,7 +17,17 @@ use support::{read_tree, Proxy, ProxyOptions};
 
 /// A few turns of conversation `id`, each user turn carrying `marker`; the history.
 async fn converse(proxy: &Proxy, id: &str, marker: &str, turns: usize) -> Vec<Value> {
-    let mut history = Vec::new();
+    converse_from(proxy, id, marker, turns, Vec::new()).await
+}
+
+/// [`converse`] after the messages `history` opens with (a system prompt).
+async fn converse_from(
+    proxy: &Proxy,
+    id: &str,
+    marker: &str,
+    turns: usize,
+    mut history: Vec<Value>,
+) -> Vec<Value> {
     for turn in 0..turns {
         history.push(json!({"role": "user", "content": format!("{marker} turn {turn}")}));
         let got = chat(proxy, id, &history).await;
@@ -153,7 +163,10 @@ async fn erasure_leaves_no_trace_of_the_conversation_on_disk_or_in_the_logs() {
     let mock = echo_mock().await;
     let proxy = Proxy::start_with(&mock.url(), options(8192, ""));
     let marker = "ERASE-ME-7f3a91";
-    let history = converse(&proxy, "secret-chat", marker, 4).await;
+    // Its long system prompt is stored once for the tenant: it must go too.
+    let system =
+        json!({"role": "system", "content": format!("{marker} {}", "be precise. ".repeat(200))});
+    let history = converse_from(&proxy, "secret-chat", marker, 4, vec![system]).await;
     converse(&proxy, "other-chat", "KEEP-ME", 2).await;
     assert!(!files_with(&proxy.data_dir(), marker).is_empty());
 
@@ -333,4 +346,58 @@ async fn prune_and_stats_work_on_a_stopped_server_and_a_dry_run_changes_nothing(
     assert_eq!(stats["tenants"], json!([]));
     let table = proxy.store(&["stats"]);
     assert!(String::from_utf8_lossy(&table.stdout).contains("bytes stored"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_system_prompt_many_conversations_open_with_is_stored_once_and_replays_exactly() {
+    let mock = echo_mock().await;
+    let proxy = Proxy::start_with(&mock.url(), options(8192, ""));
+    // Spaced as a client sends it: the replay gives these bytes back.
+    let prompt = format!(
+        "You are a coding agent.   {}",
+        "Follow the repository's style.\n".repeat(120)
+    );
+    let system = json!({"role": "system", "content": prompt});
+    let mut histories = Vec::new();
+    for n in 0..5 {
+        let history = converse_from(
+            &proxy,
+            &format!("agent-{n}"),
+            "TASK",
+            2,
+            vec![system.clone()],
+        )
+        .await;
+        histories.push(history);
+    }
+    let blocks: Vec<_> = support::read_tree(&proxy.data_dir())
+        .into_iter()
+        .filter(|(path, _)| path.components().any(|c| c.as_os_str() == "blocks"))
+        .collect();
+    assert_eq!(blocks.len(), 1, "one block for the five conversations");
+    assert_eq!(
+        files_with(&proxy.data_dir(), "Follow the repository's style.").len(),
+        1,
+        "the prompt is in the block only"
+    );
+    for (n, history) in histories.iter().enumerate() {
+        let raw = proxy.replay_raw(&["replay", &format!("agent-{n}")]);
+        assert_eq!(raw.len(), history.len());
+        assert_eq!(raw[0], system.to_string(), "byte for byte");
+    }
+    proxy.assert_verified(&[]);
+    // Erasing one keeps the block the others name; erasing all removes it.
+    stdout_json(&proxy.audit(&["erase", "--conversation", "agent-0", "--json"]));
+    assert_eq!(
+        files_with(&proxy.data_dir(), "Follow the repository's style.").len(),
+        1
+    );
+    assert_eq!(
+        proxy.replay_raw(&["replay", "agent-1"])[0],
+        system.to_string()
+    );
+    for n in 1..5 {
+        stdout_json(&proxy.audit(&["erase", "--conversation", &format!("agent-{n}"), "--json"]));
+    }
+    assert!(files_with(&proxy.data_dir(), "Follow the repository's style.").is_empty());
 }

@@ -23,6 +23,7 @@ pub use verify::{incomplete_replies, verify_log};
 
 use crate::base::digest::Digest;
 use crate::base::line::Entry;
+use crate::base::tenant::TenantId;
 use crate::compaction::adopt;
 use crate::conversation::ConversationId;
 use crate::dialect::DialectKind;
@@ -106,15 +107,33 @@ impl Audit {
     }
 
     fn ids(&self) -> Result<Vec<ConversationId>, AuditError> {
-        Ok(self
-            .runtime
-            .block_on(self.store.list(None, None, usize::MAX))?)
+        self.ids_of(None)
     }
 
-    /// `audit list`: one conversation per line, or one JSON object per line.
-    pub fn list(&self, json: bool, out: &mut dyn Write) -> Result<(), AuditError> {
-        for id in self.ids()? {
-            let log = self.read_id(&id)?;
+    fn ids_of(&self, tenant: Option<TenantId>) -> Result<Vec<ConversationId>, AuditError> {
+        Ok(self
+            .runtime
+            .block_on(self.store.list(tenant, None, usize::MAX))?)
+    }
+
+    /// `audit list`: one conversation per line, or one JSON object per line; of one
+    /// tenant, or of all.
+    pub fn list(
+        &self,
+        tenant: Option<&str>,
+        json: bool,
+        out: &mut dyn Write,
+    ) -> Result<(), AuditError> {
+        let tenant = tenant
+            .map(TenantId::parse)
+            .transpose()
+            .map_err(|err| AuditError::Resolve(err.into()))?;
+        for id in self.ids_of(tenant)? {
+            // A summary counts lines and reads records: message texts are dropped as
+            // each line is read.
+            let log = self
+                .runtime
+                .block_on(self.store.read_index(&id, |_| false))?;
             let summary = summarize(&id, &log);
             if json {
                 serde_json::to_writer(&mut *out, &summary)?;

@@ -22,8 +22,13 @@ pub const FORM_VERSION: u32 = 3;
 /// Version of a `decision` line.
 pub const DECISION_VERSION: u32 = 4;
 
+/// Version of a `pinned` line whose messages are stored once for the tenant, by
+/// digest ([`PinnedLine::block`]): an older build reports it as too new rather than
+/// reading an empty set.
+pub const BLOCK_VERSION: u32 = 5;
+
 /// The newest version a reader accepts.
-pub const NEWEST_VERSION: u32 = DECISION_VERSION;
+pub const NEWEST_VERSION: u32 = BLOCK_VERSION;
 
 /// Who produced an original.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -453,8 +458,27 @@ struct RunLineOut<'a> {
 pub struct PinnedLine {
     /// Digest of the set.
     pub digest: Digest,
-    /// The messages exactly as received.
+    /// The messages exactly as received; empty on disk when they are in a `block`.
     pub messages: Vec<Box<RawValue>>,
+    /// Where the store keeps the messages once for the whole tenant: the hex BLAKE3
+    /// of their JSON array's bytes. A reader puts them back in `messages`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block: Option<String>,
+}
+
+impl PinnedLine {
+    /// The messages as one JSON array, the bytes a block holds.
+    pub fn array(&self) -> String {
+        let mut out = String::from("[");
+        for (n, message) in self.messages.iter().enumerate() {
+            if n > 0 {
+                out.push(',');
+            }
+            out.push_str(message.get());
+        }
+        out.push(']');
+        out
+    }
 }
 
 /// One request seen by the proxy.

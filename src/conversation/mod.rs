@@ -330,6 +330,7 @@ impl Tracker {
             lines.push(Line::now(Entry::Pinned(PinnedLine {
                 digest,
                 messages: pinned.iter().map(|m| m.raw.to_raw_value()).collect(),
+                block: None,
             })));
         }
         for index in known..rest.len() {

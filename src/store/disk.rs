@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
+use super::blocks::Resolver;
 use super::disk_upkeep;
 use super::layout::find;
 use super::layout::{conversation_dir, list_ids, COLD_FILE, COMPACTIONS_FILE, MESSAGES_FILE};
@@ -185,9 +186,24 @@ impl Store for DiskStore {
         let path = self.messages_path(id);
         let tenant = id.tenant().clone();
         let id = id.to_string();
+        let blocks_dir = super::blocks::blocks_dir(&self.data_dir, &tenant);
+        let root = self.data_dir.clone();
         async move {
+            let mut lines = lines;
+            // Pinned sets many conversations open with are written once per tenant.
+            let mut blocks = Vec::new();
+            let mut block_bytes = 0;
+            for line in &mut lines {
+                if let Some((digest, array)) = super::blocks::candidate(line) {
+                    if !blocks_dir.join(format!("{digest}.json")).exists() {
+                        block_bytes += array.len() as u64;
+                    }
+                    super::blocks::by_reference(line, digest.clone());
+                    blocks.push((digest, array));
+                }
+            }
             let bytes = encode(&lines)?;
-            let written = bytes.len() as u64;
+            let written = bytes.len() as u64 + block_bytes;
             // A reply, and the decision logged with it, are what an admitted request
             // already caused: counted, never refused half-way.
             let replies = lines.iter().all(|line| match &line.entry {
@@ -201,7 +217,18 @@ impl Store for DiskStore {
                 Quota::Checked
             };
             self.account(&tenant, written, quota).await?;
-            self.writer.append(path, bytes).await.map_err(|source| {
+            let appended = if blocks.is_empty() {
+                self.writer.append(path, bytes).await
+            } else {
+                let ensure = move || {
+                    for (digest, array) in &blocks {
+                        super::blocks::ensure(&root, &blocks_dir, digest, array)?;
+                    }
+                    Ok(())
+                };
+                self.writer.append_after(path, bytes, ensure).await
+            };
+            appended.map_err(|source| {
                 self.unaccount(&tenant, written);
                 StoreError::Write { id, source }
             })
@@ -444,6 +471,7 @@ impl Store for DiskStore {
     fn tidy_indexes(&self, tenant: &TenantId) -> BoxFuture<'_, Result<(), StoreError>> {
         let index = response_index::index_path(&self.data_dir, tenant);
         let data_dir = self.data_dir.clone();
+        let (tenant_of_blocks, tenant_of_dir) = (tenant.clone(), tenant.clone());
         let tenant = tenant.clone();
         async move {
             let path = index.clone();
@@ -461,7 +489,21 @@ impl Store for DiskStore {
                 .map_err(|source| StoreError::Write {
                     id: response_index::RESPONSES_FILE.into(),
                     source,
-                })
+                })?;
+            let scanned = self.data_dir.clone();
+            let owner = tenant_of_blocks;
+            let (unnamed, began) = scan(move || super::blocks::unnamed(&scanned, &owner)).await?;
+            if !unnamed.is_empty() {
+                let dir = super::blocks::blocks_dir(&self.data_dir, &tenant_of_dir);
+                self.writer
+                    .exclusive(dir, move || super::blocks::remove_unnamed(&unnamed, began))
+                    .await
+                    .map_err(|source| StoreError::Write {
+                        id: super::blocks::BLOCKS_DIR.into(),
+                        source,
+                    })?;
+            }
+            Ok(())
         }
         .boxed()
     }
@@ -578,7 +620,7 @@ pub fn read_conversation(data_dir: &Path, messages: &Path) -> std::io::Result<Co
     let Some(dir) = open_folder(data_dir, messages)? else {
         return Ok(ConversationLog::default());
     };
-    let log = read_lines(&dir, |_| {})?;
+    let log = read_lines(&dir, Resolver::new(data_dir, messages), |_| {})?;
     with_records(&dir, log)
 }
 
@@ -626,7 +668,7 @@ pub fn read_conversation_index(
         return Ok(ConversationLog::default());
     };
     let mut text_keys = std::collections::HashMap::new();
-    let mut log = read_lines(&dir, |line| {
+    let mut log = read_lines(&dir, Resolver::new(data_dir, messages), |line| {
         if let Entry::Message(message) = &mut line.entry {
             if !keep(message.message.get()) {
                 let key = crate::base::chunks::keyed_hash(message.message.get().as_bytes());
@@ -648,7 +690,7 @@ fn dropped_text() -> Box<serde_json::value::RawValue> {
 /// Reads a message log; a missing file is an empty log, bad lines are reported.
 pub fn read_log_file(data_dir: &Path, path: &Path) -> std::io::Result<ConversationLog> {
     match open_folder(data_dir, path)? {
-        Some(dir) => read_lines(&dir, |_| {}),
+        Some(dir) => read_lines(&dir, Resolver::new(data_dir, path), |_| {}),
         None => Ok(ConversationLog::default()),
     }
 }
@@ -665,7 +707,11 @@ fn open_file(dir: &OwnedFd, name: &str) -> std::io::Result<Option<std::fs::File>
 /// Reads the message log of the folder `dir`, its compressed lines first, passing
 /// each good line through `keep` before it is kept. Line numbers run on from the
 /// compressed lines into the plain ones.
-fn read_lines(dir: &OwnedFd, mut keep: impl FnMut(&mut Line)) -> std::io::Result<ConversationLog> {
+fn read_lines(
+    dir: &OwnedFd,
+    mut blocks: Resolver,
+    mut keep: impl FnMut(&mut Line),
+) -> std::io::Result<ConversationLog> {
     let mut lines = Vec::new();
     let mut file_lines = Vec::new();
     let mut number = 0;
@@ -680,6 +726,10 @@ fn read_lines(dir: &OwnedFd, mut keep: impl FnMut(&mut Line)) -> std::io::Result
             ));
         }
         for line in &mut lines[start..] {
+            if let Err(reason) = blocks.resolve(line) {
+                lines.truncate(start);
+                return Err(reason);
+            }
             keep(line);
         }
         file_lines.resize(lines.len(), number);

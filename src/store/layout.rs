@@ -97,12 +97,18 @@ pub fn list_ids(
         }
         let mut ids: Vec<ConversationId> = names_in(&dir)?
             .iter()
-            .filter(|name| dir.join(name).join(MESSAGES_FILE).is_file())
             .filter_map(|name| ConversationId::parse(tenant.clone(), name).ok())
             .filter(|id| after.is_none_or(|after| id > after))
             .collect();
         ids.sort();
-        out.extend(ids.into_iter().take(limit - out.len()));
+        // A folder without a log (made, not yet written) is no conversation; checked
+        // only for the page, not for every folder of the tenant.
+        let wanted = limit - out.len();
+        out.extend(
+            ids.into_iter()
+                .filter(|id| dir.join(id.as_str()).join(MESSAGES_FILE).is_file())
+                .take(wanted),
+        );
         if out.len() >= limit {
             break;
         }

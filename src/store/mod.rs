@@ -2,6 +2,7 @@
 //! provides; [`DiskStore`] is the embedded default (one folder per conversation under
 //! `data_dir/tenants/<tenant>/conversations/`), [`PgStore`] the shared one.
 
+pub mod blocks;
 mod copy;
 mod disk;
 mod disk_upkeep;

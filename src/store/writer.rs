@@ -41,6 +41,8 @@ enum Command {
     Append {
         path: PathBuf,
         bytes: Vec<u8>,
+        /// Runs first, on the writer thread: what the lines name must exist before them.
+        before: Option<Box<dyn FnOnce() -> std::io::Result<()> + Send>>,
         reply: oneshot::Sender<std::io::Result<()>>,
     },
     Sync,
@@ -89,10 +91,35 @@ impl Writer {
 
     /// Appends `bytes` (whole lines) to `path` and waits until it is written.
     pub async fn append(&self, path: PathBuf, bytes: Vec<u8>) -> std::io::Result<()> {
+        self.append_with(path, bytes, None).await
+    }
+
+    /// Runs `before` on the writer thread, then appends `bytes` if it succeeded: one
+    /// step that no other command (a [`Writer::exclusive`] sweep) comes between.
+    pub async fn append_after(
+        &self,
+        path: PathBuf,
+        bytes: Vec<u8>,
+        before: impl FnOnce() -> std::io::Result<()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        self.append_with(path, bytes, Some(Box::new(before))).await
+    }
+
+    async fn append_with(
+        &self,
+        path: PathBuf,
+        bytes: Vec<u8>,
+        before: Option<Box<dyn FnOnce() -> std::io::Result<()> + Send>>,
+    ) -> std::io::Result<()> {
         let (reply, done) = oneshot::channel();
         let gone = || std::io::Error::other("the writer thread has stopped");
         self.commands
-            .send(Command::Append { path, bytes, reply })
+            .send(Command::Append {
+                path,
+                bytes,
+                before,
+                reply,
+            })
             .await
             .map_err(|_| gone())?;
         done.await.map_err(|_| gone())?
@@ -129,13 +156,21 @@ fn run(
     let mut dirty: HashSet<PathBuf> = HashSet::new();
     while let Some(command) = receiver.blocking_recv() {
         match command {
-            Command::Append { path, bytes, reply } => {
+            Command::Append {
+                path,
+                bytes,
+                before,
+                reply,
+            } => {
                 if !files.contains_key(&path) && files.len() >= MAX_OPEN_FILES {
                     // A handle is closed only after its pending sync.
                     sync_dirty(&files, &mut dirty, metrics);
                     files.clear();
                 }
-                let result = append(&root, &mut files, &path, &bytes, policy);
+                let result = match before.map_or(Ok(()), |before| before()) {
+                    Ok(()) => append(&root, &mut files, &path, &bytes, policy),
+                    Err(err) => Err(err),
+                };
                 if result.is_ok() && policy == FsyncPolicy::Batch {
                     dirty.insert(path);
                 }
