@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Fills a running handoff with CONVERSATIONS conversations of TURNS requests each,
 spread over TENANTS callers (one bearer key each), through its real chat endpoint:
-every request re-sends its whole history, as a client does, with a user turn of 300
-to 900 bytes of varied text and the upstream's reply echoed back.
+every request re-sends its whole history, as a client does: the caller's system prompt
+(8 KB, one per tenant, as an agent's), then user turns of 300 to 900 bytes of varied
+text, each followed by the upstream's reply echoed back.
 
 usage: store_fill.py PORT CONVERSATIONS TURNS TENANTS [WORKERS]
 Prints one JSON line: requests sent, seconds, requests per second, failures.
@@ -26,6 +27,11 @@ def user_turn(rng, conversation, turn):
     return json.dumps({"role": "user", "content": f"c{conversation} t{turn}: {words}"})
 
 
+def system_prompt(tenant):
+    rules = " ".join(f"Rule {n}: keep the change small and test it ({tenant})." for n in range(150))
+    return json.dumps({"role": "system", "content": f"You are tenant {tenant}'s coding agent. {rules}"})
+
+
 def worker(args):
     port, first, count, turns, tenants, index = args
     rng = random.Random(index)
@@ -38,7 +44,7 @@ def worker(args):
             "authorization": key,
             "x-handoff-conversation-id": f"s{conversation}",
         }
-        history = []
+        history = [system_prompt(conversation % tenants)]
         for turn in range(turns):
             history.append(user_turn(rng, conversation, turn))
             body = '{"model":"bench-model","messages":[' + ",".join(history) + "]}"

@@ -165,10 +165,11 @@ pub fn assert_replay_exact(proxy: &super::Proxy, id: &str, sent: &[Sent]) -> usi
 }
 
 /// The figures of BENCHMARKS' record table for one conversation: requests logged,
-/// forms written, and bytes on disk per request (all, and forms' share).
+/// forms written, bytes on disk per request (all, and forms' share), the pinned sets
+/// stored once for the tenant, and the log compressed as `store.compress_after` does.
 pub fn record_row(proxy: &super::Proxy, id: &str) -> String {
-    let path = proxy.conversation_dir(id).join("messages.jsonl");
-    let text = std::fs::read_to_string(&path).unwrap();
+    let dir = proxy.conversation_dir(id);
+    let text = std::fs::read_to_string(dir.join("messages.jsonl")).unwrap();
     let kind = |line: &str| -> String {
         serde_json::from_str::<serde_json::Value>(line)
             .ok()
@@ -178,10 +179,18 @@ pub fn record_row(proxy: &super::Proxy, id: &str) -> String {
     let requests = text.lines().filter(|l| kind(l) == "request").count();
     let forms: Vec<&str> = text.lines().filter(|l| kind(l) == "form").collect();
     let form_bytes: usize = forms.iter().map(|l| l.len() + 1).sum();
+    // The pinned sets stored once for the tenant: what another conversation opening
+    // with them does not write again.
+    let blocks: u64 = std::fs::read_dir(dir.join("../../blocks"))
+        .map(|d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+        .unwrap_or(0);
+    // What store.compress_after makes of it: the log at the store's zstd level.
+    let compressed = zstd::encode_all(text.as_bytes(), 9).unwrap().len();
     format!(
-        "requests={requests} forms={} bytes_per_request={} form_bytes_per_request={}",
+        "requests={requests} forms={} bytes_per_request={} form_bytes_per_request={} pinned_block_bytes={blocks} compressed_bytes_per_request={}",
         forms.len(),
         text.len() / requests.max(1),
-        form_bytes / requests.max(1)
+        form_bytes / requests.max(1),
+        compressed / requests.max(1)
     )
 }
