@@ -80,6 +80,43 @@ fn tombstones(proxy: &Proxy) -> Vec<Value> {
         .collect()
 }
 
+/// `handoff eval` of one logged conversation with extract at a small window, without
+/// its timings.
+fn eval_of(proxy: &Proxy, id: &str) -> Value {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_handoff"))
+        .args([
+            "eval",
+            "--conversation",
+            id,
+            "--chain",
+            "extract",
+            "--window",
+            "120",
+        ])
+        .args(["--probe", "turn [0-9]", "--json"])
+        .arg("--config")
+        .arg(proxy.config_path())
+        .env_remove("HANDOFF_CONFIG")
+        .output()
+        .unwrap();
+    let mut value = stdout_json(&output);
+    fn strip(value: &mut Value) {
+        match value {
+            Value::Object(map) => {
+                map.retain(|key, _| !key.ends_with("_ms"));
+                map.values_mut().for_each(strip);
+            }
+            Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    strip(&mut value);
+    // It read the texts: the probe found the turns in the originals.
+    assert_eq!(value["conversations"][0]["requests"], 6, "{value}");
+    assert!(value["conversations"][0]["recall"].is_object(), "{value}");
+    value
+}
+
 async fn admin(proxy: &Proxy, method: &str, path: &str) -> client::Whole {
     client::send(request(method, &format!("{}{path}", proxy.url()), &[], "")).await
 }
@@ -266,6 +303,7 @@ async fn a_cold_conversation_is_compressed_and_reads_back_byte_identical() {
         .await
         .text();
     let stats_before = stdout_json(&proxy.store(&["stats", "--json"]));
+    let evaluated = eval_of(&proxy, "cold");
 
     let dir = proxy.conversation_dir("cold");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

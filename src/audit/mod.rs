@@ -12,6 +12,7 @@ use std::io::Write;
 
 use std::sync::Arc;
 
+use futures_util::StreamExt;
 use serde_json::Value;
 
 pub use branch::Tree;
@@ -30,6 +31,9 @@ use crate::dialect::DialectKind;
 use crate::redact::strip_controls;
 use crate::store::layout::ResolveError;
 use crate::store::{resolve_in, ConversationLog, Store, StoreError};
+
+/// Conversations `audit list` reads at once.
+const LIST_READS: usize = 8;
 
 /// Why an audit command failed.
 #[derive(Debug, thiserror::Error)]
@@ -128,33 +132,44 @@ impl Audit {
             .map(TenantId::parse)
             .transpose()
             .map_err(|err| AuditError::Resolve(err.into()))?;
-        for id in self.ids_of(tenant)? {
-            // A summary counts lines and reads records: message texts are dropped as
-            // each line is read.
-            let log = self
-                .runtime
-                .block_on(self.store.read_index(&id, |_| false))?;
-            let summary = summarize(&id, &log);
-            if json {
-                serde_json::to_writer(&mut *out, &summary)?;
-                writeln!(out)?;
-            } else {
-                writeln!(
-                    out,
-                    "{}  tenant={} first={} last={} messages={} requests={} branches={} compactions={} models={}",
-                    summary.id,
-                    summary.tenant,
-                    summary.first_seen.as_deref().unwrap_or("-"),
-                    summary.last_seen.as_deref().unwrap_or("-"),
-                    summary.messages,
-                    summary.requests,
-                    summary.branches,
-                    summary.compactions,
-                    summary.models.join(","),
-                )?;
+        let ids = self.ids_of(tenant)?;
+        // Reads run on the blocking pool, a few at once, and print in order.
+        let reads = futures_util::stream::iter(ids)
+            .map(|id| {
+                let store = Arc::clone(&self.store);
+                async move {
+                    // A summary counts lines and reads records: message texts are
+                    // dropped as each line is read.
+                    let log = store.read_index(&id, |_| false).await;
+                    (id, log)
+                }
+            })
+            .buffered(LIST_READS);
+        self.runtime.block_on(async {
+            futures_util::pin_mut!(reads);
+            while let Some((id, log)) = reads.next().await {
+                let summary = summarize(&id, &log?);
+                if json {
+                    serde_json::to_writer(&mut *out, &summary)?;
+                    writeln!(out)?;
+                } else {
+                    writeln!(
+                        out,
+                        "{}  tenant={} first={} last={} messages={} requests={} branches={} compactions={} models={}",
+                        summary.id,
+                        summary.tenant,
+                        summary.first_seen.as_deref().unwrap_or("-"),
+                        summary.last_seen.as_deref().unwrap_or("-"),
+                        summary.messages,
+                        summary.requests,
+                        summary.branches,
+                        summary.compactions,
+                        summary.models.join(","),
+                    )?;
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// `audit show`: a readable timeline of every line.

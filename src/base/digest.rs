@@ -46,7 +46,18 @@ pub type PrefixDigest = Digest;
 impl Digest {
     /// Parses 64 hex digits.
     pub fn from_hex(text: &str) -> Option<Self> {
-        blake3::Hash::from_hex(text).ok().map(Digest)
+        // Every log line carries two or three of these: a table lookup per digit reads
+        // them at a third of the cost of a branch per digit.
+        let digits: &[u8; 64] = text.as_bytes().try_into().ok()?;
+        let mut bytes = [0u8; 32];
+        for (byte, pair) in bytes.iter_mut().zip(digits.chunks_exact(2)) {
+            let (high, low) = (HEX[usize::from(pair[0])], HEX[usize::from(pair[1])]);
+            if (high | low) > 0x0f {
+                return None;
+            }
+            *byte = (high << 4) | low;
+        }
+        Some(Digest(blake3::Hash::from_bytes(bytes)))
     }
 
     /// The 64-digit hex form.
@@ -83,6 +94,23 @@ impl Serialize for Digest {
         serializer.serialize_str(&self.0.to_hex())
     }
 }
+
+/// The value of each hex digit, either case; 0xff for any other byte.
+const HEX: [u8; 256] = {
+    let mut table = [0xff_u8; 256];
+    let mut n = 0;
+    while n < 10 {
+        table[b'0' as usize + n] = n as u8;
+        n += 1;
+    }
+    let mut n = 0;
+    while n < 6 {
+        table[b'a' as usize + n] = 10 + n as u8;
+        table[b'A' as usize + n] = 10 + n as u8;
+        n += 1;
+    }
+    table
+};
 
 impl<'de> Deserialize<'de> for Digest {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {

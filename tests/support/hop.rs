@@ -182,7 +182,12 @@ pub fn record_row(proxy: &super::Proxy, id: &str) -> String {
     // The pinned sets stored once for the tenant: what another conversation opening
     // with them does not write again.
     let blocks: u64 = std::fs::read_dir(dir.join("../../blocks"))
-        .map(|d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
         .unwrap_or(0);
     // What store.compress_after makes of it: the log at the store's zstd level.
     let compressed = zstd::encode_all(text.as_bytes(), 9).unwrap().len();
