@@ -168,7 +168,7 @@ if [ "$STORES" = postgres ] || [ "$STORES" = both ]; then
   PG_BIN=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
   mkdir -p "$WORK/pg" && chown postgres:postgres "$WORK/pg"
   runuser -u postgres -- "$PG_BIN/initdb" -D "$WORK/pg" --auth=trust -U postgres --no-sync -E UTF8 >/dev/null
-  runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$WORK/pg" -o "-p $PG_PORT -k /tmp -c shared_buffers=256MB" -w -l "$WORK/pg.log" start >/dev/null
+  runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$WORK/pg" -o "-p $PG_PORT -k /tmp -c shared_buffers=256MB" -w -l "$WORK/pg/server.log" start >/dev/null
   config "$(printf '[store]\nbackend = "postgres"\nurl = "postgres://postgres@127.0.0.1:%s/postgres"\n' "$PG_PORT")"
   fill postgres
   ROWS+=("$(measure postgres)")

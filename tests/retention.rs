@@ -325,6 +325,7 @@ async fn a_cold_conversation_is_compressed_and_reads_back_byte_identical() {
         .await
         .text();
     assert_eq!(after, timeline);
+    assert_eq!(eval_of(&proxy, "cold"), evaluated);
     proxy.assert_verified(&[]);
     let stats = stdout_json(&proxy.store(&["stats", "--json"]));
     assert_eq!(stats["tenants"][0]["compressed"], 1);
