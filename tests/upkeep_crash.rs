@@ -1,5 +1,6 @@
-//! kill -9 while retention prunes and while cold conversations are compressed, with a
-//! live conversation written to all along. After every restart:
+//! kill -9 while retention prunes, while cold conversations are compressed, and while
+//! conversations are erased, with a live conversation written to all along. After
+//! every restart:
 //! - `audit verify` is clean;
 //! - each conversation is whole (replays as it was sent) or gone, never half;
 //! - every acknowledged turn of the live conversation is kept;
@@ -37,7 +38,7 @@ fn expected(n: usize, turns: usize) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_nine_mid_prune_and_mid_compression_leaves_every_conversation_whole_or_gone() {
-    let rounds: u64 = env_or("UPKEEP_CRASH_ROUNDS", 6);
+    let rounds: u64 = env_or("UPKEEP_CRASH_ROUNDS", 9);
     let conversations: usize = env_or("UPKEEP_CRASH_CONVERSATIONS", 120);
     let mock = MockUpstream::with(|req| {
         let body = req.json();
@@ -78,14 +79,24 @@ async fn kill_nine_mid_prune_and_mid_compression_leaves_every_conversation_whole
     };
     tokio::time::sleep(Duration::from_millis(1500)).await;
     for round in 0..rounds {
-        // Odd rounds prune (all conversations are past 1 s); even rounds compress.
-        let store = if round % 2 == 1 {
-            "[store]\nretention = \"1s\"\nupkeep_interval = \"50ms\""
-        } else {
-            "[store]\ncompress_after = \"1s\"\nupkeep_interval = \"50ms\""
+        // Rounds compress, prune (all conversations are past 1 s), then erase.
+        let store = match round % 3 {
+            0 => "[store]\ncompress_after = \"1s\"\nupkeep_interval = \"50ms\"",
+            1 => "[store]\nretention = \"1s\"\nupkeep_interval = \"50ms\"",
+            _ => "",
         };
         proxy.kill9();
         proxy = start(store);
+        let eraser = (round % 3 == 2).then(|| {
+            let url = proxy.url();
+            let first = next(conversations as u64) as usize;
+            tokio::spawn(async move {
+                for n in first..conversations {
+                    let erase = format!("{url}/handoff/erase?conversation=c{n}");
+                    support::client::send(support::client::request("POST", &erase, &[], "")).await;
+                }
+            })
+        });
         let until = std::time::Instant::now() + Duration::from_millis(next(900));
         while std::time::Instant::now() < until {
             live.push(json!({"role": "user", "content": format!("live {}", live.len())}));
@@ -94,6 +105,9 @@ async fn kill_nine_mid_prune_and_mid_compression_leaves_every_conversation_whole
             live.push(got.json()["choices"][0]["message"].clone());
         }
         proxy.kill9();
+        if let Some(eraser) = eraser {
+            eraser.abort();
+        }
         // A checker: no upkeep (the defaults), so nothing moves while it reads.
         proxy = start("");
         let leftovers = || {
