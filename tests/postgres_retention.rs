@@ -76,6 +76,10 @@ async fn an_erasure_on_one_replica_is_forgotten_by_the_other_and_leaves_no_row()
     assert!(!db
         .sql("SELECT tombstone FROM handoff_tombstones")
         .contains(marker));
+    assert!(
+        !a.logs().contains(marker) && !b.logs().contains(marker),
+        "no log line names the content"
+    );
     // The replicas follow the tombstones within a second.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     turn(&b, "secret", &mut history, "after the erasure").await;
