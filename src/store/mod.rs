@@ -5,6 +5,7 @@
 pub mod blocks;
 mod copy;
 mod disk;
+mod disk_read;
 mod disk_upkeep;
 pub mod layout;
 mod lock;
@@ -21,10 +22,8 @@ use futures_util::future::BoxFuture;
 /// The line format, kept here for callers of the store's API.
 pub use crate::base::line;
 pub use copy::{copy_data_dir, CopyError, CopyReport};
-pub use disk::{
-    read_conversation, read_conversation_index, read_log_file, ConversationLog, DiskStore,
-    LineProblem,
-};
+pub use disk::{ConversationLog, DiskStore, LineProblem};
+pub use disk_read::{read_conversation, read_conversation_index, read_log_file};
 pub use layout::{COMPACTIONS_FILE, MESSAGES_FILE};
 pub use lock::{DataDirLock, LockError, LOCK_FILE};
 pub use memory::MemoryStore;
