@@ -233,6 +233,10 @@ pub(super) fn build_compressed(
     // Exactly the bytes measured: an append after them is not in this copy, and the
     // swap will see the length changed and give up.
     let mut encoder = zstd::stream::write::Encoder::new(&mut cold, LEVEL)?;
+    // With the size declared, the frame's window is the conversation's size, not the
+    // level's 8 MiB: a reader then allocates kilobytes per conversation, not megabytes.
+    encoder.set_pledged_src_size(Some(hot.0))?;
+    encoder.include_contentsize(true)?;
     std::io::copy(&mut plain.take(hot.0), &mut encoder)?;
     encoder.finish()?;
     cold.sync_all()?;
