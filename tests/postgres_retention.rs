@@ -7,25 +7,11 @@ mod support;
 
 use std::time::Duration;
 
-use mock_upstream::{MockUpstream, Reply};
+use mock_upstream::MockUpstream;
 use serde_json::{json, Value};
 use support::postgres::Postgres;
-use support::scenario::{chat, options};
+use support::scenario::{chat, echo_mock, options};
 use support::Proxy;
-
-async fn echo_mock() -> MockUpstream {
-    MockUpstream::with(|req| {
-        let body = req.json();
-        let last = body["messages"]
-            .as_array()
-            .and_then(|m| m.last())
-            .and_then(|m| m["content"].as_str())
-            .unwrap_or_default()
-            .to_owned();
-        Reply::chat_text(&format!("you said: {last}"))
-    })
-    .await
-}
 
 fn replica(mock: &MockUpstream, db: &Postgres, store: &str) -> Proxy {
     Proxy::start_with(&mock.url(), options(8192, &db.store_toml(store)))

@@ -9,10 +9,9 @@ mod support;
 use std::path::Path;
 use std::time::Duration;
 
-use mock_upstream::{MockUpstream, Reply};
 use serde_json::{json, Value};
 use support::client::{self, request};
-use support::scenario::{chat, options};
+use support::scenario::{chat, echo_mock, options};
 use support::{read_tree, Proxy, ProxyOptions};
 
 /// A few turns of conversation `id`, each user turn carrying `marker`; the history.
@@ -35,22 +34,6 @@ async fn converse_from(
         history.push(got.json()["choices"][0]["message"].clone());
     }
     history
-}
-
-/// An upstream that answers each request with its last message's text, quoted: the
-/// replies carry the users' markers too.
-async fn echo_mock() -> MockUpstream {
-    MockUpstream::with(|req| {
-        let body = req.json();
-        let last = body["messages"]
-            .as_array()
-            .and_then(|m| m.last())
-            .and_then(|m| m["content"].as_str())
-            .unwrap_or_default()
-            .to_owned();
-        Reply::chat_text(&format!("you said: {last}"))
-    })
-    .await
 }
 
 fn stdout_json(output: &std::process::Output) -> Value {

@@ -11,9 +11,8 @@ mod support;
 
 use std::time::Duration;
 
-use mock_upstream::{MockUpstream, Reply};
 use serde_json::{json, Value};
-use support::scenario::{chat, options};
+use support::scenario::{chat, echo_mock, options};
 use support::Proxy;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -40,17 +39,7 @@ fn expected(n: usize, turns: usize) -> Vec<Value> {
 async fn kill_nine_mid_prune_compression_or_erasure_leaves_every_conversation_whole_or_gone() {
     let rounds: u64 = env_or("UPKEEP_CRASH_ROUNDS", 9);
     let conversations: usize = env_or("UPKEEP_CRASH_CONVERSATIONS", 120);
-    let mock = MockUpstream::with(|req| {
-        let body = req.json();
-        let last = body["messages"]
-            .as_array()
-            .and_then(|m| m.last())
-            .and_then(|m| m["content"].as_str())
-            .unwrap_or_default()
-            .to_owned();
-        Reply::chat_text(&format!("you said: {last}"))
-    })
-    .await;
+    let mock = echo_mock().await;
     let data = tempfile::tempdir().unwrap();
     let start = |store: &str| {
         let mut opts = options(8192, store);

@@ -184,13 +184,13 @@ impl Store for DiskStore {
         let path = self.messages_path(id);
         let tenant = id.tenant().clone();
         let id = id.to_string();
-        let blocks_dir = super::blocks::blocks_dir(&self.data_dir, &tenant);
         let root = self.data_dir.clone();
         async move {
             let mut lines = lines;
             // Pinned sets many conversations open with are written once per tenant.
             let mut blocks = Vec::new();
             let mut block_bytes = 0;
+            let blocks_dir = super::blocks::blocks_dir(&root, &tenant);
             for line in &mut lines {
                 if let Some((digest, array)) = super::blocks::candidate(line) {
                     if !blocks_dir.join(format!("{digest}.json")).exists() {

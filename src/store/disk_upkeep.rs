@@ -10,7 +10,7 @@
 //!
 //! A crash leaves at most a folder in `upkeep/`, removed at the next start.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -167,20 +167,7 @@ pub(super) fn write_hold(dir: &Path, hold: Option<&Hold>) -> std::io::Result<boo
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
             Err(err) => return Err(err),
         },
-        Some(hold) => {
-            let fresh = dir.join(format!("{HOLD_FILE}.new"));
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .custom_flags(super::perms::no_follow())
-                .open(&fresh)?;
-            file.write_all(&serde_json::to_vec(hold)?)?;
-            file.sync_all()?;
-            std::fs::rename(&fresh, &path)?;
-            sync_dir(dir)?;
-        }
+        Some(hold) => super::perms::replace_file(&path, &serde_json::to_vec(hold)?)?,
     }
     Ok(true)
 }

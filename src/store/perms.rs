@@ -130,6 +130,31 @@ pub fn open_in(dir: &rustix::fd::OwnedFd, name: &str) -> std::io::Result<File> {
     Ok(File::from(openat(dir, name, flags, Mode::empty())?))
 }
 
+/// Replaces the file at `path` with `bytes` in one rename: written to a `.new` beside
+/// it (`0600`, never through a link), synced, renamed over it, and the folder synced.
+/// A reader sees the old file or the new one, never part of either.
+pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut fresh = path.as_os_str().to_owned();
+    fresh.push(".new");
+    let fresh = std::path::PathBuf::from(fresh);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(no_follow())
+        .open(&fresh)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(&fresh, path)?;
+    if let Some(parent) = path.parent() {
+        File::open(parent)?.sync_all()?;
+    }
+    Ok(())
+}
+
 /// Why a path is not trusted.
 #[derive(Debug, thiserror::Error)]
 pub enum PermError {

@@ -106,23 +106,7 @@ pub fn drop_conversations(path: &Path, gone: impl Fn(&str) -> bool) -> std::io::
     if !dropped {
         return Ok(());
     }
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let fresh = path.with_extension("jsonl.new");
-    let mut out = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(super::perms::no_follow())
-        .open(&fresh)?;
-    out.write_all(&kept)?;
-    out.sync_all()?;
-    std::fs::rename(&fresh, path)?;
-    if let Some(parent) = path.parent() {
-        std::fs::File::open(parent)?.sync_all()?;
-    }
-    Ok(())
+    super::perms::replace_file(path, &kept)
 }
 
 #[cfg(test)]

@@ -212,28 +212,25 @@ impl Proxy {
 
     /// Runs `handoff audit ARGS --config <this proxy's config>`.
     pub fn audit(&self, args: &[&str]) -> std::process::Output {
-        Command::new(env!("CARGO_BIN_EXE_handoff"))
-            .arg("audit")
-            .args(args)
-            .arg("--config")
-            .arg(&self.config_path)
-            .current_dir(self.dir.path())
-            .env_remove("HANDOFF_CONFIG")
-            .output()
-            .expect("run handoff audit")
+        self.handoff("audit", args)
     }
 
     /// Runs `handoff store ARGS --config <this proxy's config>`.
     pub fn store(&self, args: &[&str]) -> std::process::Output {
+        self.handoff("store", args)
+    }
+
+    /// Runs `handoff VERB ARGS --config <this proxy's config>`.
+    fn handoff(&self, verb: &str, args: &[&str]) -> std::process::Output {
         Command::new(env!("CARGO_BIN_EXE_handoff"))
-            .arg("store")
+            .arg(verb)
             .args(args)
             .arg("--config")
             .arg(&self.config_path)
             .current_dir(self.dir.path())
             .env_remove("HANDOFF_CONFIG")
             .output()
-            .expect("run handoff store")
+            .expect("run handoff")
     }
 
     /// Asserts that `audit verify ARGS` finds no problem.

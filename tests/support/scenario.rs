@@ -320,3 +320,19 @@ pub async fn agent_turn(
         }
     }
 }
+
+/// An upstream that answers each chat request with its last message's text, quoted:
+/// the replies carry the users' markers too.
+pub async fn echo_mock() -> MockUpstream {
+    MockUpstream::with(|req| {
+        let body = req.json();
+        let last = body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or_default()
+            .to_owned();
+        mock_upstream::Reply::chat_text(&format!("you said: {last}"))
+    })
+    .await
+}
