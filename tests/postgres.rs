@@ -85,6 +85,96 @@ fn handoffs(db: &Postgres) -> Vec<String> {
         .collect()
 }
 
+/// The figures a listing reads from the database's summaries are those the logs give:
+/// `GET /handoff/conversations` and `audit list` against each conversation's own page.
+async fn assert_listing_matches_logs(proxy: &Proxy) {
+    let get = |path: String| async move {
+        support::client::send(support::client::request("GET", &path, &[], ""))
+            .await
+            .json()
+    };
+    let page = get(format!("{}/handoff/conversations?limit=500", proxy.url())).await;
+    let listed = page["data"].as_array().unwrap().clone();
+    assert!(!listed.is_empty(), "{page}");
+    assert_eq!(
+        proxy.conversations(),
+        listed,
+        "audit list and the admin API list alike"
+    );
+    for summary in &listed {
+        let (id, tenant) = (&summary["id"], &summary["tenant"]);
+        let mut own = get(format!(
+            "{}/handoff/conversations/{}?tenant={}",
+            proxy.url(),
+            id.as_str().unwrap(),
+            tenant.as_str().unwrap()
+        ))
+        .await;
+        own.as_object_mut().unwrap().remove("branch_tips");
+        assert_eq!(summary, &own, "listed counts of {id} differ from its log");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listing_counts_what_the_logs_hold_and_a_recount_agrees() {
+    let db = Postgres::start();
+    let (_strict, mock) = strict_with_slow_summaries(4096, 0, Duration::ZERO).await;
+    let proxy = replica(&mock, &db, "");
+    // Several new messages at once (one run row), two models, an edited turn (a second
+    // branch), a repeat (its reply a third), and compactions.
+    let mut messages = vec![
+        json!({"role": "system", "content": "be brief"}),
+        json!({"role": "user", "content": "first"}),
+        json!({"role": "assistant", "content": "noted"}),
+        json!({"role": "user", "content": "second"}),
+    ];
+    for (n, model) in ["strict", "strict-16k", "strict"].iter().enumerate() {
+        let got = support::scenario::chat_as(&proxy, "counted", model, &messages).await;
+        assert_eq!(got.status, 200, "turn {n}: {}", got.text());
+        let reply = got.json()["choices"][0]["message"].clone();
+        let call = reply["tool_calls"][0]["id"].as_str().map(str::to_owned);
+        messages.push(reply);
+        if let Some(call) = call {
+            messages.push(json!({"role": "tool", "tool_call_id": call, "content": "done"}));
+        }
+        messages.push(json!({"role": "user", "content": format!("turn {n}")}));
+    }
+    let mut edited = messages[..4].to_vec();
+    edited.push(json!({"role": "user", "content": "second, edited"}));
+    assert_eq!(chat(&proxy, "counted", &edited).await.status, 200);
+    assert_eq!(chat(&proxy, "counted", &edited).await.status, 200);
+    let mut long = vec![json!({"role": "system", "content": "be brief"})];
+    for n in 0..30 {
+        if compactions(&db) >= 2 {
+            break;
+        }
+        long.push(big_user(n, 300));
+        let got = chat(&proxy, "compacted", &long).await;
+        assert_eq!(got.status, 200, "turn {n}: {}", got.text());
+        let reply = got.json()["choices"][0]["message"].clone();
+        let call = reply["tool_calls"][0]["id"].as_str().map(str::to_owned);
+        long.push(reply);
+        if let Some(call) = call {
+            long.push(json!({"role": "tool", "tool_call_id": call, "content": "ok"}));
+            long.push(json!({"role": "assistant", "content": "ok"}));
+        }
+    }
+    assert!(compactions(&db) >= 2);
+    assert_listing_matches_logs(&proxy).await;
+    let listed = proxy.conversations();
+    let counted = listed.iter().find(|c| c["id"] == "counted").unwrap();
+    // The last reply of the first line, and one per answer to the edited turn (its
+    // repeat logs no request message, but a second reply beside the first).
+    assert_eq!(counted["branches"], 3, "{counted}");
+    assert_eq!(counted["models"], json!(["strict", "strict-16k"]));
+
+    // The migration counts logs written before it the same way.
+    let before = proxy.conversations();
+    db.sql("DELETE FROM handoff_summaries");
+    db.sql("SELECT handoff_recount(NULL, NULL)");
+    assert_eq!(proxy.conversations(), before);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_share_one_conversation_and_its_compactions() {
     let db = Postgres::start();
@@ -199,6 +289,7 @@ async fn two_replicas_share_one_conversation_and_its_compactions() {
             .map(|(path, _)| path)
             .collect();
         assert!(files.is_empty(), "written under data_dir: {files:?}");
+        assert_listing_matches_logs(proxy).await;
     }
 }
 
@@ -406,6 +497,15 @@ async fn store_copy_moves_a_data_dir_into_the_database_idempotently() {
     let replay: Vec<Value> = serde_json::from_slice(&audit(&["replay", "moved"]).stdout).unwrap();
     assert_eq!(replay, disk_replay);
     assert_eq!(replay.len(), history.len());
+    let listed: Vec<Value> = String::from_utf8_lossy(&audit(&["list", "--json"]).stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let on_disk = disk.conversations();
+    assert_eq!(
+        listed, on_disk,
+        "a copied conversation is counted as on disk"
+    );
 
     // A replica on the database continues the conversation with the copied handoff.
     let replica = replica(&mock, &db, "");
@@ -482,6 +582,7 @@ async fn a_run_that_must_cut_twice_commits_both_pairs_under_one_lease() {
         "under one claim"
     );
     proxy.assert_verified(&[]);
+    assert_listing_matches_logs(&proxy).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -706,6 +807,7 @@ async fn re_sent_forms_over_two_replicas_replay_as_the_client_sent_them() {
         assert_eq!(replay[..request.len()], request[..], "request {number}");
     }
     replicas[0].assert_verified(&["forms-pg"]);
+    assert_listing_matches_logs(&replicas[1]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -99,6 +99,11 @@ async fn retention_on_postgres_prunes_idle_conversations_and_keeps_held_ones() {
         ))
     };
     assert_eq!(rows("idle"), 0, "pruned");
+    assert_eq!(
+        db.count("SELECT count(*) FROM handoff_summaries WHERE conversation = 'idle'"),
+        0,
+        "its listing counts go with it"
+    );
     assert!(rows("kept") > 0, "held");
     assert!(rows("live") > 0, "written to");
     assert_eq!(proxy.replay("live", None), live);

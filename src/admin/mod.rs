@@ -7,7 +7,7 @@ use http::{header, HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use serde_json::json;
 
-use crate::audit::{summarize, Tree};
+use crate::audit::{from_listing, summarize, Tree};
 use crate::body::{json, ProxyBody};
 use crate::browser_guard::host_of;
 
@@ -443,21 +443,34 @@ async fn list_conversations(
         Some(cursor) => Some(list_cursor(store.as_ref(), &cursor, tenant.as_ref()).await?),
         None => None,
     };
-    let mut ids = store
-        .list(tenant, after, limit + 1)
+    let storage = |err: crate::store::StoreError| ApiError::storage(err.to_string());
+    let (ids, data) = match store
+        .listings(tenant.clone(), after.clone(), limit + 1)
         .await
-        .map_err(|err| ApiError::storage(err.to_string()))?;
+        .map_err(storage)?
+    {
+        Some(mut listings) => {
+            listings.truncate(limit + 1);
+            let ids: Vec<_> = listings.iter().map(|l| l.id.clone()).collect();
+            let data = listings.into_iter().take(limit).map(from_listing).collect();
+            (ids, data)
+        }
+        None => {
+            let ids = store
+                .list(tenant, after, limit + 1)
+                .await
+                .map_err(storage)?;
+            let mut data = Vec::with_capacity(ids.len().min(limit));
+            for id in ids.iter().take(limit) {
+                // A summary counts lines and reads records: message texts stay on disk.
+                let log = store.read_index(id, |_| false).await.map_err(storage)?;
+                data.push(summarize(id, &log));
+            }
+            (ids, data)
+        }
+    };
     let has_more = ids.len() > limit;
-    ids.truncate(limit);
-    let mut data = Vec::with_capacity(ids.len());
-    for id in &ids {
-        // A summary counts lines and reads records: message texts stay on disk.
-        let log = store
-            .read_index(id, |_| false)
-            .await
-            .map_err(|err| ApiError::storage(err.to_string()))?;
-        data.push(summarize(id, &log));
-    }
+    let ids = &ids[..ids.len().min(limit)];
     Ok(json!({
         "object": "list",
         "data": data,

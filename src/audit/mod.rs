@@ -18,7 +18,7 @@ use serde_json::Value;
 pub use branch::Tree;
 pub use figures::{compacted_here, request_figures, RequestFigures};
 pub use sent::{sent_requests, Forms, RebuildProblem, SentRequest};
-pub use summary::{summarize, ConversationSummary};
+pub use summary::{from_listing, summarize, ConversationSummary};
 pub use timeline::{next_view, timeline};
 pub use verify::{incomplete_replies, verify_log};
 
@@ -34,6 +34,36 @@ use crate::store::{resolve_in, ConversationLog, Store, StoreError};
 
 /// Conversations `audit list` reads at once.
 const LIST_READS: usize = 8;
+
+/// Conversations `audit list` reads at once from a store that keeps their counts.
+const LIST_PAGE: usize = 1_000;
+
+/// One line of `audit list`: words, or a JSON object.
+fn print_summary(
+    summary: &ConversationSummary,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), AuditError> {
+    if json {
+        serde_json::to_writer(&mut *out, summary)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{}  tenant={} first={} last={} messages={} requests={} branches={} compactions={} models={}",
+        summary.id,
+        summary.tenant,
+        summary.first_seen.as_deref().unwrap_or("-"),
+        summary.last_seen.as_deref().unwrap_or("-"),
+        summary.messages,
+        summary.requests,
+        summary.branches,
+        summary.compactions,
+        summary.models.join(","),
+    )?;
+    Ok(())
+}
 
 /// Why an audit command failed.
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +162,9 @@ impl Audit {
             .map(TenantId::parse)
             .transpose()
             .map_err(|err| AuditError::Resolve(err.into()))?;
+        if self.list_kept(tenant.as_ref(), json, out)? {
+            return Ok(());
+        }
         let ids = self.ids_of(tenant)?;
         // Reads run on the blocking pool, a few at once, and print in order.
         let reads = futures_util::stream::iter(ids)
@@ -148,28 +181,39 @@ impl Audit {
         self.runtime.block_on(async {
             futures_util::pin_mut!(reads);
             while let Some((id, log)) = reads.next().await {
-                let summary = summarize(&id, &log?);
-                if json {
-                    serde_json::to_writer(&mut *out, &summary)?;
-                    writeln!(out)?;
-                } else {
-                    writeln!(
-                        out,
-                        "{}  tenant={} first={} last={} messages={} requests={} branches={} compactions={} models={}",
-                        summary.id,
-                        summary.tenant,
-                        summary.first_seen.as_deref().unwrap_or("-"),
-                        summary.last_seen.as_deref().unwrap_or("-"),
-                        summary.messages,
-                        summary.requests,
-                        summary.branches,
-                        summary.compactions,
-                        summary.models.join(","),
-                    )?;
-                }
+                print_summary(&summarize(&id, &log?), json, out)?;
             }
             Ok(())
         })
+    }
+
+    /// `audit list` from the counts the store keeps, a page at a time; false when it
+    /// keeps none and the logs must be read.
+    fn list_kept(
+        &self,
+        tenant: Option<&TenantId>,
+        json: bool,
+        out: &mut dyn Write,
+    ) -> Result<bool, AuditError> {
+        let mut after = None;
+        loop {
+            let page = self.runtime.block_on(self.store.listings(
+                tenant.cloned(),
+                after.take(),
+                LIST_PAGE,
+            ))?;
+            let Some(page) = page else {
+                return Ok(false);
+            };
+            let full = page.len() == LIST_PAGE;
+            after = page.last().map(|listing| listing.id.clone());
+            for listing in page {
+                print_summary(&from_listing(listing), json, out)?;
+            }
+            if !full {
+                return Ok(true);
+            }
+        }
     }
 
     /// `audit show`: a readable timeline of every line.

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::branch::Tree;
 use crate::conversation::ConversationId;
-use crate::store::ConversationLog;
+use crate::store::{ConversationLog, Listing};
 
 /// The facts of one conversation.
 #[derive(Debug, Clone, Serialize)]
@@ -53,5 +53,28 @@ pub fn summarize(id: &ConversationId, log: &ConversationLog) -> ConversationSumm
         models: models.into_iter().collect(),
         compactions: crate::compaction::adopt(log).adopted.len(),
         problems: log.problems.len(),
+    }
+}
+
+/// The summary a store keeps beside the log; it reads no line, so it finds no problem.
+pub fn from_listing(listing: Listing) -> ConversationSummary {
+    let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    let models: BTreeSet<String> = listing
+        .models
+        .iter()
+        .map(|m| crate::redact::strip_controls(m).into_owned())
+        .filter(|m| !m.is_empty())
+        .collect();
+    ConversationSummary {
+        id: listing.id.to_string(),
+        tenant: listing.id.tenant().to_string(),
+        first_seen: listing.first_seen,
+        last_seen: listing.last_seen,
+        messages: count(listing.messages),
+        requests: count(listing.requests),
+        branches: count(listing.branches),
+        models: models.into_iter().collect(),
+        compactions: count(listing.compactions),
+        problems: 0,
     }
 }

@@ -8,6 +8,7 @@ mod disk;
 mod disk_read;
 mod disk_upkeep;
 pub mod layout;
+mod listing;
 mod lock;
 mod memory;
 mod open;
@@ -25,6 +26,7 @@ pub use copy::{copy_data_dir, CopyError, CopyReport};
 pub use disk::{ConversationLog, DiskStore, LineProblem};
 pub use disk_read::{read_conversation, read_conversation_index, read_log_file};
 pub use layout::{COMPACTIONS_FILE, MESSAGES_FILE};
+pub use listing::Listing;
 pub use lock::{DataDirLock, LockError, LOCK_FILE};
 pub use memory::MemoryStore;
 pub use open::{open, OpenError, Opened};
@@ -352,6 +354,18 @@ pub trait Store: Send + Sync {
         after: Option<ConversationId>,
         limit: usize,
     ) -> BoxFuture<'_, Result<Vec<ConversationId>, StoreError>>;
+
+    /// Like [`Store::list`], with each conversation's counts, if the store keeps them;
+    /// `None` when a listing must read the logs.
+    fn listings(
+        &self,
+        tenant: Option<TenantId>,
+        after: Option<ConversationId>,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Option<Vec<Listing>>, StoreError>> {
+        let _ = (tenant, after, limit);
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// The conversation `name` of `tenant`, or of whichever one tenant has it, in `store`.

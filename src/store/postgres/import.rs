@@ -103,6 +103,9 @@ impl PgStore {
         )
         .await
         .map_err(db)?;
+        tx.execute("SELECT handoff_recount($1, $2)", &[&tenant, &conversation])
+            .await
+            .map_err(db)?;
         tx.commit().await.map_err(db)?;
         Ok(Imported::Copied { lines, records })
     }

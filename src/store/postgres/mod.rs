@@ -12,13 +12,14 @@
 
 mod connect;
 mod import;
+mod listing;
 mod rows;
 mod schema;
 mod upkeep;
 
 pub use import::Imported;
 
-use rows::{columns, conversation_of, reserve};
+use rows::{columns, conversation_of, counted, reserve};
 
 use std::time::Duration;
 
@@ -44,6 +45,46 @@ pub struct PgStore {
     claims: std::sync::atomic::AtomicU64,
 }
 
+/// An append: positions, lines, and the conversation's summary, in one statement.
+/// `tips` loses the parents of the new messages and gains their heads.
+const APPEND: &str = "WITH c AS (
+        INSERT INTO handoff_conversations AS c (tenant, conversation, last_seq)
+        VALUES ($1, $2, $3)
+        ON CONFLICT (tenant, conversation)
+        DO UPDATE SET last_seq = c.last_seq + EXCLUDED.last_seq, updated_at = now()
+        RETURNING last_seq
+     ),
+     u AS (
+        SELECT * FROM UNNEST($4::text[], $5::text[], $6::text[], $7::text[], $8::int8[],
+                             $9::text[], $10::text[])
+        WITH ORDINALITY AS u(kind, digest, parent, line, originals, model, at, n)
+     ),
+     kept AS (
+        INSERT INTO handoff_lines (tenant, conversation, seq, kind, digest, parent, line)
+        SELECT $1, $2, c.last_seq - $3 + u.n, u.kind, u.digest, u.parent, u.line FROM c, u
+        ON CONFLICT (tenant, conversation, kind, digest) WHERE digest IS NOT NULL
+        DO NOTHING
+        RETURNING seq
+     ),
+     new AS (SELECT u.* FROM c, kept, u WHERE u.n = kept.seq - c.last_seq + $3),
+     continued AS (SELECT parent FROM new WHERE originals > 0 AND parent IS NOT NULL)
+     INSERT INTO handoff_summaries AS s
+        (tenant, conversation, messages, requests, tips, models, first_at, last_at)
+     SELECT $1, $2, sum(originals), count(*) FILTER (WHERE kind = 'request'),
+        ARRAY(SELECT digest FROM new WHERE originals > 0 AND digest IS NOT NULL
+              EXCEPT SELECT parent FROM continued),
+        coalesce(array_agg(DISTINCT model) FILTER (WHERE model <> ''), '{}'),
+        (array_agg(at ORDER BY n))[1], (array_agg(at ORDER BY n DESC))[1]
+     FROM new HAVING count(*) > 0
+     ON CONFLICT (tenant, conversation) DO UPDATE SET
+        messages = s.messages + EXCLUDED.messages,
+        requests = s.requests + EXCLUDED.requests,
+        tips = ARRAY(SELECT unnest(s.tips) EXCEPT SELECT parent FROM continued
+                     UNION SELECT unnest(EXCLUDED.tips)),
+        models = ARRAY(SELECT DISTINCT unnest(s.models || EXCLUDED.models) ORDER BY 1),
+        first_at = coalesce(s.first_at, EXCLUDED.first_at),
+        last_at = EXCLUDED.last_at";
+
 fn db(err: impl std::fmt::Display) -> StoreError {
     StoreError::Database(err.to_string())
 }
@@ -60,37 +101,29 @@ impl Store for PgStore {
             let mut kinds = Vec::with_capacity(lines.len());
             let mut digests = Vec::with_capacity(lines.len());
             let mut parents = Vec::with_capacity(lines.len());
+            let mut originals = Vec::with_capacity(lines.len());
+            let mut models = Vec::with_capacity(lines.len());
+            let mut times = Vec::with_capacity(lines.len());
             for unit in written_units(&lines) {
                 let (kind, digest, parent) = columns(&unit);
+                let (count, model, at) = counted(&unit);
                 let mut text = Vec::new();
                 unit.write(&mut text)?;
                 texts.push(String::from_utf8(text).map_err(db)?);
                 kinds.push(kind);
                 digests.push(digest);
                 parents.push(parent);
+                originals.push(count);
+                models.push(model);
+                times.push(at);
             }
             let count = i64::try_from(texts.len()).map_err(db)?;
             let client = self.pool.get().await.map_err(db)?;
             // One statement, so one round trip and atomic by itself: the upsert takes the
-            // conversation's row lock and hands out the positions, the insert uses them.
-            let append = client
-                .prepare_cached(
-                    "WITH c AS (
-                        INSERT INTO handoff_conversations AS c (tenant, conversation, last_seq)
-                        VALUES ($1, $2, $3)
-                        ON CONFLICT (tenant, conversation)
-                        DO UPDATE SET last_seq = c.last_seq + EXCLUDED.last_seq, updated_at = now()
-                        RETURNING last_seq
-                     )
-                     INSERT INTO handoff_lines (tenant, conversation, seq, kind, digest, parent, line)
-                     SELECT $1, $2, c.last_seq - $3 + u.n, u.kind, u.digest, u.parent, u.line
-                     FROM c, UNNEST($4::text[], $5::text[], $6::text[], $7::text[])
-                          WITH ORDINALITY AS u(kind, digest, parent, line, n)
-                     ON CONFLICT (tenant, conversation, kind, digest) WHERE digest IS NOT NULL
-                     DO NOTHING",
-                )
-                .await
-                .map_err(db)?;
+            // conversation's row lock and hands out the positions, the insert uses them,
+            // and the summary counts what the insert kept (a message logged before is
+            // skipped by its digest). Under that row lock, summaries never race.
+            let append = client.prepare_cached(APPEND).await.map_err(db)?;
             client
                 .execute(
                     &append,
@@ -102,6 +135,9 @@ impl Store for PgStore {
                         &digests,
                         &parents,
                         &texts,
+                        &originals,
+                        &models,
+                        &times,
                     ],
                 )
                 .await
@@ -281,6 +317,15 @@ impl Store for PgStore {
                     "INSERT INTO handoff_lines (tenant, conversation, seq, kind, digest, parent, line)
                      VALUES ($1, $2, $3, $4, NULL, $5, $6)",
                     &[&tenant, &conversation, &seq, &kind, &parent, &boundary_text],
+                )
+                .await
+                .map_err(db)?;
+                tx.execute(
+                    "INSERT INTO handoff_summaries AS s (tenant, conversation, compactions, first_at, last_at)
+                     VALUES ($1, $2, 1, $3, $3)
+                     ON CONFLICT (tenant, conversation) DO UPDATE
+                     SET compactions = s.compactions + 1, last_at = EXCLUDED.last_at",
+                    &[&tenant, &conversation, &boundary.at],
                 )
                 .await
                 .map_err(db)?;
@@ -490,6 +535,20 @@ impl Store for PgStore {
         tenant: Option<TenantId>,
     ) -> BoxFuture<'_, Result<Vec<crate::store::TenantStats>, StoreError>> {
         async move { self.stats_of(tenant.as_ref()).await }.boxed()
+    }
+
+    fn listings(
+        &self,
+        tenant: Option<TenantId>,
+        after: Option<ConversationId>,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Option<Vec<crate::store::Listing>>, StoreError>> {
+        async move {
+            self.listings_of(tenant.as_ref(), after.as_ref(), limit)
+                .await
+                .map(Some)
+        }
+        .boxed()
     }
 
     fn describe(&self) -> String {

@@ -113,6 +113,23 @@ pub(super) fn columns(unit: &Written<'_>) -> (&'static str, Option<String>, Opti
     }
 }
 
+/// What a written line adds to its conversation's summary: originals, the model of a
+/// request, and the line's time.
+pub(super) fn counted(unit: &Written<'_>) -> (i64, Option<String>, String) {
+    match unit {
+        Written::Run(run) => (
+            i64::try_from(run.len()).unwrap_or(i64::MAX),
+            None,
+            run.first().map(|line| line.at.clone()).unwrap_or_default(),
+        ),
+        Written::Line(line) => match &line.entry {
+            Entry::Message(_) => (1, None, line.at.clone()),
+            Entry::Request(request) => (0, Some(request.model.clone()), line.at.clone()),
+            _ => (0, None, line.at.clone()),
+        },
+    }
+}
+
 /// Reserves `count` positions in the conversation's log, taking its row lock until
 /// the transaction ends; returns the first.
 pub(super) async fn reserve(

@@ -105,6 +105,66 @@ CREATE TABLE handoff_tombstones (
 );
 "#,
     ),
+    (
+        5,
+        r#"
+-- What a listing shows of a conversation, kept by the statements that write its lines,
+-- so a page of conversations reads one row each instead of their logs. `tips` are the
+-- heads no logged message continues: its length is the number of branches.
+CREATE TABLE handoff_summaries (
+    tenant text NOT NULL,
+    conversation text NOT NULL,
+    messages bigint NOT NULL DEFAULT 0,
+    requests bigint NOT NULL DEFAULT 0,
+    tips text[] NOT NULL DEFAULT '{}',
+    models text[] NOT NULL DEFAULT '{}',
+    compactions bigint NOT NULL DEFAULT 0,
+    first_at text,
+    last_at text,
+    PRIMARY KEY (tenant, conversation)
+);
+-- Counts a conversation's summary from its log (of all when both are NULL): once for
+-- the logs written before this migration, and after an import.
+CREATE FUNCTION handoff_recount(of_tenant text, of_conversation text) RETURNS void
+LANGUAGE sql AS $recount$
+INSERT INTO handoff_summaries AS s
+    (tenant, conversation, messages, requests, tips, models, compactions, first_at, last_at)
+SELECT c.tenant, c.conversation,
+    (SELECT coalesce(sum(CASE l.kind WHEN 'messages' THEN json_array_length(l.line::json -> 'messages')
+                                      ELSE 1 END), 0)
+       FROM handoff_lines l
+      WHERE l.tenant = c.tenant AND l.conversation = c.conversation
+        AND l.kind IN ('message', 'messages')),
+    (SELECT count(*) FROM handoff_lines l
+      WHERE l.tenant = c.tenant AND l.conversation = c.conversation AND l.kind = 'request'),
+    ARRAY(SELECT DISTINCT l.digest FROM handoff_lines l
+           WHERE l.tenant = c.tenant AND l.conversation = c.conversation
+             AND l.kind IN ('message', 'messages')
+          EXCEPT
+          SELECT l.parent FROM handoff_lines l
+           WHERE l.tenant = c.tenant AND l.conversation = c.conversation
+             AND l.kind IN ('message', 'messages') AND l.parent IS NOT NULL),
+    ARRAY(SELECT DISTINCT l.line::json ->> 'model' FROM handoff_lines l
+           WHERE l.tenant = c.tenant AND l.conversation = c.conversation AND l.kind = 'request'
+             AND l.line::json ->> 'model' <> ''
+           ORDER BY 1),
+    (SELECT count(*) FROM handoff_compactions k
+      WHERE k.tenant = c.tenant AND k.conversation = c.conversation),
+    (SELECT l.line::json ->> 'at' FROM handoff_lines l
+      WHERE l.tenant = c.tenant AND l.conversation = c.conversation ORDER BY l.seq LIMIT 1),
+    (SELECT l.line::json ->> 'at' FROM handoff_lines l
+      WHERE l.tenant = c.tenant AND l.conversation = c.conversation ORDER BY l.seq DESC LIMIT 1)
+FROM handoff_conversations c
+WHERE (of_tenant IS NULL OR c.tenant = of_tenant)
+  AND (of_conversation IS NULL OR c.conversation = of_conversation)
+ON CONFLICT (tenant, conversation) DO UPDATE SET
+    messages = EXCLUDED.messages, requests = EXCLUDED.requests, tips = EXCLUDED.tips,
+    models = EXCLUDED.models, compactions = EXCLUDED.compactions,
+    first_at = EXCLUDED.first_at, last_at = EXCLUDED.last_at
+$recount$;
+SELECT handoff_recount(NULL, NULL);
+"#,
+    ),
 ];
 
 /// The newest schema version this build knows.

@@ -89,6 +89,7 @@ impl PgStore {
             "handoff_compactions",
             "handoff_leases",
             "handoff_responses",
+            "handoff_summaries",
             "handoff_conversations",
         ] {
             tx.execute(
