@@ -38,24 +38,29 @@
 # Needs: wrk and nginx-light (Debian), and for LiteLLM `pip install 'litellm[proxy]'`
 # in $LITELLM_VENV (default .bench-venv, created when missing); for Portkey, node and
 # npm (the gateway is installed into $PORTKEY_DIR, default .bench-portkey). --smoke runs
-# every step for one second without LiteLLM and Portkey, to keep the harness from
-# rotting (CI does this).
+# every step for one second without LiteLLM and Portkey, on the debug build, to keep
+# the harness from rotting (CI does this).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DURATION=10 ROUNDS=3 LITELLM=1 PORTKEY=1 HANDOFF=target/release/handoff
+DURATION=10 ROUNDS=3 LITELLM=1 PORTKEY=1 HANDOFF='' PROFILE=release
 while [ $# -gt 0 ]; do
   case "$1" in
     --duration) DURATION=$2; shift ;;
     --rounds) ROUNDS=$2; shift ;;
     --no-litellm) LITELLM=0 ;;
     --no-portkey) PORTKEY=0 ;;
-    --smoke) DURATION=1 ROUNDS=1 LITELLM=0 PORTKEY=0 ;;
+    --smoke) DURATION=1 ROUNDS=1 LITELLM=0 PORTKEY=0 PROFILE=dev ;;
     --handoff) HANDOFF=$2; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
 done
+# A smoke run judges no number: the debug build the tests made serves it, and CI
+# builds no release.
+BIN=target/release
+[ "$PROFILE" = dev ] && BIN=target/debug
+HANDOFF=${HANDOFF:-$BIN/handoff}
 command -v wrk >/dev/null || { echo "wrk is missing: apt-get install wrk" >&2; exit 1; }
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || { echo "nginx is missing: apt-get install nginx-light" >&2; exit 1; }
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
@@ -75,8 +80,8 @@ trap cleanup EXIT
 UP=18000 HO=18001 NG=18002 LL=18003 HP=18004 PGPORT=18005 PK=18006 HW=18007 HS=18008 HF=18009 HX=18010
 command -v node >/dev/null || PORTKEY=0
 
-cargo build --release --quiet --bin handoff -p handoff
-cargo build --release --quiet --bin bench-upstream --bin bench-floor -p mock-upstream
+cargo build --profile "$PROFILE" --quiet --bin handoff -p handoff
+cargo build --profile "$PROFILE" --quiet --bin bench-upstream --bin bench-floor -p mock-upstream
 python3 benches/e2e/bodies.py "$WORK"
 # A real agent's request, when scripts/test.sh has installed the agents: Claude Code's
 # first request (its 48 KB of tools and 29 KB of system prompt re-sent every turn).
@@ -88,7 +93,7 @@ fi
 
 wait_port() { for _ in $(seq 1 900); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 did not open" >&2; exit 1; }
 
-target/release/bench-upstream "127.0.0.1:$UP" 2>/dev/null & UP_PID=$!; PIDS+=($UP_PID)
+"$BIN/bench-upstream" "127.0.0.1:$UP" 2>/dev/null & UP_PID=$!; PIDS+=($UP_PID)
 cat > "$WORK/handoff.toml" <<TOML
 listen = "127.0.0.1:$HO"
 data_dir = "$WORK/data"
@@ -105,12 +110,12 @@ TOML
 { echo "workers = 0"; sed -e "s/127.0.0.1:$HO/127.0.0.1:$HS/" -e "s#$WORK/data#$WORK/data-ws#" "$WORK/handoff.toml"; } > "$WORK/handoff-ws.toml"
 "$HANDOFF" serve --config "$WORK/handoff-ws.toml" 2>"$WORK/handoff-ws.log" & HS_PID=$!; PIDS+=($HS_PID)
 PLAIN=0
-if [ "$HANDOFF" != target/release/handoff ]; then
+if [ "$HANDOFF" != "$BIN/handoff" ]; then
   PLAIN=1
   sed -e "s/127.0.0.1:$HO/127.0.0.1:$HX/" -e "s#$WORK/data#$WORK/data-plain#" "$WORK/handoff.toml" > "$WORK/handoff-plain.toml"
-  target/release/handoff serve --config "$WORK/handoff-plain.toml" 2>"$WORK/handoff-plain.log" & HX_PID=$!; PIDS+=($HX_PID)
+  "$BIN/handoff" serve --config "$WORK/handoff-plain.toml" 2>"$WORK/handoff-plain.log" & HX_PID=$!; PIDS+=($HX_PID)
 fi
-target/release/bench-floor "127.0.0.1:$HF" "http://127.0.0.1:$UP" "$(nproc)" & HF_PID=$!; PIDS+=($HF_PID)
+"$BIN/bench-floor" "127.0.0.1:$HF" "http://127.0.0.1:$UP" "$(nproc)" & HF_PID=$!; PIDS+=($HF_PID)
 
 PG=0
 if [ -n "$PGBIN" ] && [ -x "$PGBIN/initdb" ]; then

@@ -7,7 +7,7 @@
 # what it saves.
 #
 #   scripts/pgo-build.sh [--bolt] [--out PATH]        default: target/pgo/handoff
-#   scripts/pgo-build.sh --check     only the training load, on target/release/handoff
+#   scripts/pgo-build.sh --check     only the training load, on the debug build
 #
 # --check is what CI runs: a training load that no longer gets the answers it expects
 # (an API changed) fails there, not in the next deployment's build.
@@ -57,12 +57,15 @@ fi
 
 WORK=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
-cargo build --release --quiet --bin bench-upstream -p mock-upstream
+# --check judges answers, not speed: the debug build the tests made serves it.
+BIN=target/release PROFILE=release
+[ "$CHECK" = 1 ] && BIN=target/debug PROFILE=dev
+cargo build --profile "$PROFILE" --quiet --bin bench-upstream -p mock-upstream
 # The instrumented build writes its profiles to a fixed path, so it is rebuilt only when
 # the sources change; the optimised one reads a new path each time, so it always is.
 RAW=target/pgo-generate/profiles
 if [ "$CHECK" = 1 ]; then
-  cargo build --release --quiet --bin handoff -p handoff
+  cargo build --profile dev --quiet --bin handoff -p handoff
 else
   rm -rf "$RAW"
   RUSTFLAGS="-Cprofile-generate=$PWD/$RAW" \
@@ -71,7 +74,7 @@ fi
 
 python3 benches/e2e/bodies.py "$WORK"
 UP=18250 HO=18251
-target/release/bench-upstream "127.0.0.1:$UP" 2>/dev/null &
+"$BIN/bench-upstream" "127.0.0.1:$UP" 2>/dev/null &
 cat > "$WORK/handoff.toml" <<TOML
 listen = "127.0.0.1:$HO"
 data_dir = "$WORK/data"
@@ -97,7 +100,7 @@ train() {
   wait "$pid"
 }
 if [ "$CHECK" = 1 ]; then
-  train target/release/handoff
+  train target/debug/handoff
   echo "the training load got the answers it expects"
   exit 0
 fi

@@ -225,7 +225,7 @@ struct ConfigArgs {
     /// Address to listen on, e.g. 127.0.0.1:8080.
     #[arg(long)]
     listen: Option<String>,
-    /// Upstream base URL, e.g. https://api.openai.com.
+    /// Upstream base URL, e.g. `https://api.openai.com`.
     #[arg(long)]
     upstream: Option<String>,
     /// Folder for conversation logs.

@@ -322,8 +322,8 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_error_table_names_every_code_handoff_emits() {
-        let readme = include_str!("../README.md");
+    fn the_operations_guide_error_table_names_every_code_handoff_emits() {
+        let readme = include_str!("../docs/operations.md");
         let table = readme.split("## Errors").nth(1).unwrap_or("");
         let codes = emitted_codes();
         assert!(codes.len() >= 25, "the scan found only {codes:?}");
@@ -331,6 +331,9 @@ mod tests {
             .iter()
             .filter(|code| !table.contains(&format!("`{code}`")))
             .collect();
-        assert!(missing.is_empty(), "README's error table lacks {missing:?}");
+        assert!(
+            missing.is_empty(),
+            "docs/operations.md's error table lacks {missing:?}"
+        );
     }
 }

@@ -13,7 +13,7 @@
 //! - [`projection`] builds the model view from the compactions [`adoption`] accepts;
 //!   [`tokens`] and
 //!   [`compaction`] shrink it when it would not fit, with the chain that [`strategies`]
-//!   selects (kinds from [`kinds`]);
+//!   selects (built-in, exec and Rust kinds);
 //! - [`forward`] sends it through [`upstream`] and relays the answer with [`relay`],
 //!   frame by frame, while [`capture`] logs the reply on the side and [`access_log`]
 //!   writes one line per request.

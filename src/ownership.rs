@@ -11,52 +11,15 @@ use std::sync::{Arc, OnceLock};
 use serde_json::Value;
 
 use crate::base::chunks::Chunks;
-use crate::base::object_fields::{may_name_objects, ID_FIELDS, REFERENCE_TYPE};
 use crate::base::tenant::TenantId;
+use crate::dialect::objects::{id_fields, id_prefixes, listings, may_name_objects, REFERENCE_TYPE};
 use crate::dialect::{ChatRequest, Message};
 use crate::error::ApiError;
 use crate::store::{Store, StoreError};
 
-/// Prefixes of the ids of upstream objects (OpenAI's and Anthropic's).
-const ID_PREFIXES: &[&str] = &[
-    "resp_",
-    "conv_",
-    "file-",
-    "file_",
-    "batch_",
-    "msgbatch_",
-    "vs_",
-    "vsfb_",
-    "chatcmpl-",
-    "asst_",
-    "thread_",
-    "run_",
-    "upload_",
-    "part_",
-    "ftjob-",
-    "cntr_",
-    "cfile_",
-    "eval_",
-    "evalrun_",
-];
-
-/// Collections a `GET` lists whole: through a shared key, every team's objects.
-const LISTINGS: &[&str] = &[
-    "/v1/files",
-    "/v1/batches",
-    "/v1/vector_stores",
-    "/v1/chat/completions",
-    "/v1/assistants",
-    "/v1/threads",
-    "/v1/fine_tuning/jobs",
-    "/v1/containers",
-    "/v1/evals",
-    "/v1/messages/batches",
-];
-
 /// True when `text` has the shape of an upstream object id.
 pub fn is_object_id(text: &str) -> bool {
-    ID_PREFIXES.iter().any(|prefix| {
+    id_prefixes().iter().any(|prefix| {
         text.strip_prefix(prefix).is_some_and(|rest| {
             !rest.is_empty()
                 && rest
@@ -154,7 +117,7 @@ fn collect(value: &Value, found: &mut Vec<String>) {
                 }
             }
             for (key, inner) in map {
-                if ID_FIELDS.contains(&key.as_str()) {
+                if id_fields().contains(&key.as_str()) {
                     let named = match inner {
                         Value::String(id) => vec![id.as_str()],
                         Value::Array(ids) => ids.iter().filter_map(Value::as_str).collect(),
@@ -182,7 +145,7 @@ fn collect(value: &Value, found: &mut Vec<String>) {
 
 /// True when `path` lists a collection of upstream objects.
 pub fn is_listing(method: &http::Method, path: &str) -> bool {
-    *method == http::Method::GET && LISTINGS.contains(&path)
+    *method == http::Method::GET && listings().contains(&path)
 }
 
 /// The id of the object a response created: the top-level `id` of a JSON body.

@@ -18,7 +18,7 @@ use handoff_plugin_api::CancellationToken;
 #[derive(Debug)]
 pub struct ConnectionState {
     in_flight: AtomicUsize,
-    /// Milliseconds since [`epoch`] when the last request ended (or it was accepted).
+    /// [`now_ms`] when the last request ended (or it was accepted).
     idle_since: AtomicU64,
     spoke: AtomicBool,
 }

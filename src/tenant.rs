@@ -6,7 +6,6 @@
 //! otherwise `t-` + 16 hex digits of HMAC-SHA256(server secret, credential): the
 //! credential never appears in it, and without the secret it cannot be guessed.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -101,8 +100,8 @@ impl ServerSecret {
         }
     }
 
-    /// The tenant of a caller presenting `credential` (an `Authorization` or
-    /// `x-api-key` value, or `anonymous`).
+    /// The tenant of a caller presenting `credential` (what
+    /// [`crate::dialect::credential`] reads from a request).
     pub fn tenant_for(&self, credential: &[u8]) -> TenantId {
         if let Some(tenant) = self.tenants.get(credential) {
             return tenant;
@@ -120,108 +119,5 @@ impl ServerSecret {
         mac.update(credential);
         let digest = mac.finalize().into_bytes();
         TenantId::derived(&digest[..8])
-    }
-}
-
-/// The credential a request presents: `Authorization`, else `x-api-key` read as the
-/// `Bearer` value it stands for, else `anonymous`. One key is one tenant whichever
-/// header carries it: Anthropic's SDKs send `x-api-key` or `Authorization: Bearer`.
-pub fn credential(headers: &http::HeaderMap) -> Cow<'_, [u8]> {
-    if let Some(value) = headers.get(http::header::AUTHORIZATION) {
-        return Cow::Borrowed(value.as_bytes());
-    }
-    match headers.get("x-api-key") {
-        Some(key) => Cow::Owned([b"Bearer ".as_slice(), key.as_bytes()].concat()),
-        None => Cow::Borrowed(b"anonymous".as_slice()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_key_is_one_tenant_in_either_header() {
-        let mut bearer = http::HeaderMap::new();
-        bearer.insert(http::header::AUTHORIZATION, "Bearer sk-1".parse().unwrap());
-        let mut api_key = http::HeaderMap::new();
-        api_key.insert("x-api-key", "sk-1".parse().unwrap());
-        assert_eq!(credential(&bearer), credential(&api_key));
-        assert_eq!(&*credential(&http::HeaderMap::new()), b"anonymous");
-    }
-
-    #[test]
-    fn tenants_are_stable_per_credential_and_hide_it() {
-        let secret = ServerSecret::from_bytes([7; 32]);
-        let a = secret.tenant_for(b"Bearer sk-alpha");
-        assert_eq!(a, secret.tenant_for(b"Bearer sk-alpha"));
-        assert_ne!(a, secret.tenant_for(b"Bearer sk-beta"));
-        assert!(
-            a.as_str().starts_with("t-") && a.as_str().len() == 18,
-            "{a}"
-        );
-        assert!(!a.as_str().contains("alpha"));
-        let other = ServerSecret::from_bytes([8; 32]);
-        assert_ne!(
-            a,
-            other.tenant_for(b"Bearer sk-alpha"),
-            "the secret keys it"
-        );
-    }
-
-    #[test]
-    fn a_tenant_is_the_standard_hmac_so_its_name_never_changes() {
-        // HMAC-SHA256(key = 32 bytes of 7, "Bearer sk-alpha"), its first 8 bytes: what
-        // any HMAC implementation gives (Python's `hmac` made this one), and so the
-        // name every tenant logged so far has on disk.
-        let secret = ServerSecret::from_bytes([7; 32]);
-        assert_eq!(
-            secret.tenant_for(b"Bearer sk-alpha").as_str(),
-            "t-17de92ddd6557509"
-        );
-    }
-
-    #[test]
-    fn a_kept_tenant_is_the_derived_one_and_only_for_the_same_bytes() {
-        let secret = ServerSecret::from_bytes([7; 32]);
-        let long = [b"Bearer ".as_slice(), &[b'k'; 600]].concat();
-        for credential in [b"Bearer sk-alpha".as_slice(), b"Bearer sk-alph", &long] {
-            let first = secret.tenant_for(credential);
-            assert_eq!(first, secret.derive(credential));
-            assert_eq!(
-                secret.tenant_for(credential),
-                first,
-                "kept, or derived again"
-            );
-        }
-        // A clone shares what is kept, and keeps deriving the same names.
-        let clone = secret.clone();
-        assert_eq!(
-            clone.tenant_for(b"Bearer sk-alpha").as_str(),
-            "t-17de92ddd6557509"
-        );
-        assert_ne!(
-            secret.tenant_for(b"Bearer sk-alph"),
-            secret.tenant_for(b"Bearer sk-alpha")
-        );
-        assert_eq!(secret.tenants.len(), 2, "the long credential is not kept");
-    }
-
-    #[test]
-    fn the_secret_is_created_once_with_0600() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let first = ServerSecret::load_or_create(dir.path()).unwrap();
-        let again = ServerSecret::load_or_create(dir.path()).unwrap();
-        assert_eq!(
-            first.tenant_for(b"k"),
-            again.tenant_for(b"k"),
-            "the same key"
-        );
-        let mode = std::fs::metadata(dir.path().join(SECRET_FILE))
-            .unwrap()
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o777, 0o600);
     }
 }

@@ -1,10 +1,11 @@
 //! Who may use the proxy, as which tenant, and with which upstream credential.
 //!
 //! With `[[auth.keys]]` configured, every request to the upstream must present one of
-//! them (`Authorization: Bearer` or `x-api-key`); its name is the tenant, and its
-//! model allow-list and rate limits apply. Without keys, every caller is served and
-//! its tenant is derived from its credential. Either way, when `upstream.api_key_env`
-//! is set the upstream sees that key only: a client's key never goes upstream then.
+//! them (`Authorization: Bearer`, or its API's key header such as `x-api-key`); its
+//! name is the tenant, and its model allow-list and rate limits apply. Without keys,
+//! every caller is served and its tenant is derived from its credential. Either way,
+//! when `upstream.api_key_env` is set the upstream sees that key only: a client's key
+//! never goes upstream then.
 //! Keys are compared by SHA-256, so the config never holds one.
 
 mod limit;
@@ -19,9 +20,10 @@ use sha2::{Digest, Sha256};
 pub use limit::{too_large, Exceeded, RateLimiter, Want, WantKind};
 
 use crate::config::Config;
+use crate::dialect::{credential, presented_key};
 use crate::dialect::{DialectKind, KeyHeader};
 use crate::error::ApiError;
-use crate::tenant::{credential, ServerSecret, TenantId};
+use crate::tenant::{ServerSecret, TenantId};
 use crate::upstream::Upstream;
 
 /// Why the key table could not be built.
@@ -129,9 +131,9 @@ impl Credentials {
                     tpm: key.tpm,
                     tpm_oversize: key.tpm_oversize,
                     paths: key.paths.clone().unwrap_or_else(|| {
-                        crate::config::DEFAULT_KEY_PATHS
-                            .iter()
-                            .map(|p| (*p).to_owned())
+                        crate::dialect::key_paths()
+                            .into_iter()
+                            .map(str::to_owned)
                             .collect()
                     }),
                 }),
@@ -175,7 +177,7 @@ impl Credentials {
         }
         let presented = presented_key(headers).ok_or_else(|| {
             ApiError::invalid_api_key(
-                "no API key: send your handoff key as Authorization: Bearer <key> or x-api-key",
+                "no API key: send your handoff key as Authorization: Bearer <key> or in your API's key header (x-api-key…)",
             )
         })?;
         let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
@@ -380,20 +382,6 @@ impl Admission {
             _ => Ok(()),
         }
     }
-}
-
-/// The key a request presents: the `Authorization: Bearer` token, else `x-api-key`.
-fn presented_key(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
-        .map(str::trim)
-        .filter(|k| !k.is_empty())
 }
 
 fn from_hex(hex: &str) -> Option<[u8; 32]> {

@@ -11,7 +11,6 @@ pub mod id;
 pub mod json_lex;
 pub mod ledger;
 pub mod line;
-pub mod object_fields;
 pub mod outcome;
 pub mod record;
 pub mod reply;

@@ -18,12 +18,12 @@ pub use stream::ReplyCapture;
 
 use crate::base::digest::{message_digest, PrefixDigest};
 use crate::base::line::DecisionLine;
-use crate::base::object_fields::REFERENCE_TYPE;
 use crate::base::outcome::Outcome;
 use crate::base::reply::Assembled;
 use crate::compaction::budget::Calibration;
 use crate::config::Tokenizer;
 use crate::conversation::{CapturedReplies, ConversationId, Tracker};
+use crate::dialect::objects::REFERENCE_TYPE;
 use crate::dialect::DialectKind;
 use crate::metrics::{Metrics, REPLIES_UNLOGGED};
 use crate::relay::RelayError;

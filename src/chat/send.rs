@@ -78,12 +78,12 @@ impl Exchange<'_> {
                 .as_ref()
                 .filter(|_| retries < self.snap.config.compaction.max_retries);
             let (head, error_body) = match self.inspect(response).await? {
-                // An upstream that does not know `stream_options` is asked as the client
-                // asked; the refusal never reaches the client.
+                // An upstream that refuses the ask for usage is asked as the client asked;
+                // the refusal never reaches the client.
                 Inspected::Refused(_, body)
-                    if rewrite.is_some() && contains(&body, b"stream_options") =>
+                    if rewrite.is_some() && dialect.refused_usage_ask(&body) =>
                 {
-                    tracing::info!(conversation = %tracked.id, "upstream refused stream_options; sending as the client did");
+                    tracing::info!(conversation = %tracked.id, "upstream refused the ask for usage; sending as the client did");
                     ask_usage = false;
                     continue;
                 }
@@ -307,10 +307,6 @@ enum Inspected {
     },
     /// A 5xx, relayed as it arrives.
     Passed(Response<Incoming>),
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    memchr::memmem::find(haystack, needle).is_some()
 }
 
 fn json_of(body: &Bytes) -> serde_json::Value {

@@ -12,7 +12,10 @@
 //! - [`service`]: one run, single flight per conversation, the loop guard;
 //! - [`prepare`] and [`pace`]: compactions prepared in the background, and when;
 //! - [`blocking`]: a run's CPU work, off the worker threads;
-//! - [`reactive`]: recognising an upstream context-length error.
+//! - [`summary_count`]: the summary model's own counts, calibrated by what it reports.
+//!
+//! Recognising an upstream context-length error is the dialects' job
+//! ([`crate::dialect::overflow`]).
 //!
 //! It never destroys an original, never commits after cancellation, and never
 //! produces a view that it has not validated.

@@ -17,10 +17,10 @@ use super::service::{handoff_budget, user_slack, CompactError, Compactor, Job, P
 use super::unit::split_into_units;
 use super::Adopted;
 use crate::base::line::{Entry, FORMAT_VERSION};
-use crate::base::object_fields::REFERENCE_TYPE;
 use crate::base::record::{
     Attempt, CompactionRecord, Prepared, Reason, RecordSource, POLICY_VERSION,
 };
+use crate::dialect::objects::REFERENCE_TYPE;
 use crate::dialect::Message;
 use crate::projection::ModelView;
 use crate::store::StoreError;

@@ -1,7 +1,7 @@
 //! Counting summary requests as the summary model counts them. A summary model other
 //! than the conversation's has its own tokenizer (`models."X".tokenizer`) and its own
 //! calibration, learned from what it reports: the `usage.prompt_tokens` of each reply,
-//! or the prompt size a context error names (llama.cpp's `n_prompt_tokens`). A prompt
+//! or the prompt size a context error names ([`crate::dialect::overflow`]). A prompt
 //! planned with the request model's tokenizer can be a quarter larger in a small
 //! model's, fill its window and end in `length`.
 
@@ -109,8 +109,8 @@ impl ModelClient for Measuring {
 /// The prompt size a reply reports: its usage, or the count a context error names.
 fn reported_prompt(body: &Value) -> Option<u64> {
     body.pointer("/usage/prompt_tokens")
-        .or_else(|| body.pointer("/error/n_prompt_tokens"))
         .and_then(Value::as_u64)
+        .or_else(|| crate::dialect::overflow::prompt_tokens_named(body))
 }
 
 #[cfg(test)]

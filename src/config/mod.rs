@@ -356,30 +356,11 @@ pub struct KeyConfig {
     #[serde(default)]
     pub retention: Option<Retention>,
     /// Paths the key may use, each with everything under it (`/v1/files` covers
-    /// `/v1/files/file-…`); when unset, the inference APIs and their objects.
+    /// `/v1/files/file-…`); when unset, the inference APIs and their objects
+    /// ([`crate::dialect::key_paths`]).
     #[serde(default)]
     pub paths: Option<Vec<String>>,
 }
-
-/// Paths a proxy key may use when its `paths` is unset: the inference APIs and the
-/// objects they use. The rest (the organisation's admin APIs, fine-tuning…) would act
-/// for the whole upstream account.
-pub const DEFAULT_KEY_PATHS: &[&str] = &[
-    "/v1/chat/completions",
-    "/v1/responses",
-    "/v1/messages",
-    "/v1/completions",
-    "/v1/embeddings",
-    "/v1/moderations",
-    "/v1/models",
-    "/v1/audio",
-    "/v1/images",
-    "/v1/files",
-    "/v1/uploads",
-    "/v1/batches",
-    "/v1/vector_stores",
-    "/v1/conversations",
-];
 
 /// When appended lines are fsynced.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

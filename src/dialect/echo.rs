@@ -42,7 +42,7 @@
 use serde_json::Value;
 
 use crate::base::digest::{message_digest, tagged_digest, MessageDigest};
-use crate::base::object_fields::REFERENCE_TYPE;
+use crate::dialect::objects::REFERENCE_TYPE;
 
 /// The digest of the forms of `message` that clients echo as the same message: for
 /// an assistant message with tool calls, or any message with content blocks; `None`

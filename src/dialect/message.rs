@@ -12,10 +12,10 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use twox_hash::XxHash3_128;
 
+use super::objects::may_name_objects;
 use super::DialectKind;
 use crate::base::chunks::keyed_hash;
 use crate::base::digest::{message_digest, MessageDigest};
-use crate::base::object_fields::may_name_objects;
 use crate::config::Tokenizer;
 use crate::dialect::echo::{echo_digest, identity_digest, reference_digest};
 use crate::error::ApiError;
@@ -262,7 +262,7 @@ pub(crate) fn clear_facts() {
 fn glues_to_next(value: &Value) -> bool {
     match value.get("type").and_then(Value::as_str) {
         Some("reasoning") => true,
-        Some(crate::base::object_fields::REFERENCE_TYPE) => value
+        Some(super::objects::REFERENCE_TYPE) => value
             .get("id")
             .and_then(Value::as_str)
             .is_some_and(|id| id.starts_with("rs_")),

@@ -7,6 +7,7 @@
 pub mod anthropic;
 pub mod echo;
 mod message;
+pub mod objects;
 pub mod openai;
 pub mod overflow;
 pub mod pair;
@@ -211,16 +212,74 @@ pub struct Markers {
     pub indexed: &'static [&'static str],
 }
 
+/// The header names the dialects take a bare key in (Anthropic's `x-api-key`…), in
+/// registry order.
+pub fn key_headers() -> &'static [&'static str] {
+    static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    NAMES.get_or_init(|| {
+        unique(
+            DialectKind::ALL
+                .iter()
+                .filter_map(|d| match d.get().key_header() {
+                    KeyHeader::Named(name) => Some(name),
+                    KeyHeader::Bearer => None,
+                }),
+        )
+    })
+}
+
+/// The credential a request presents, as `Authorization` carries it: that header's
+/// value, else a dialect's bare key read as the `Bearer` value it stands for, else
+/// `anonymous`. One key is one tenant whichever header carries it (Anthropic's SDKs
+/// send `x-api-key` or `Authorization: Bearer`).
+pub fn credential(headers: &http::HeaderMap) -> std::borrow::Cow<'_, [u8]> {
+    use std::borrow::Cow;
+    if let Some(value) = headers.get(http::header::AUTHORIZATION) {
+        return Cow::Borrowed(value.as_bytes());
+    }
+    match key_headers().iter().find_map(|name| headers.get(*name)) {
+        Some(key) => Cow::Owned([b"Bearer ".as_slice(), key.as_bytes()].concat()),
+        None => Cow::Borrowed(b"anonymous".as_slice()),
+    }
+}
+
+/// The key a request presents: the `Authorization: Bearer` token, else a dialect's
+/// bare key; trimmed, never empty.
+pub fn presented_key(headers: &http::HeaderMap) -> Option<&str> {
+    headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .or_else(|| {
+            key_headers()
+                .iter()
+                .find_map(|name| headers.get(*name).and_then(|v| v.to_str().ok()))
+        })
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+}
+
+/// Paths a proxy key may use when its `paths` is unset: every dialect's own path and
+/// [`Dialect::key_paths`].
+pub fn key_paths() -> Vec<&'static str> {
+    unique(
+        DialectKind::ALL.iter().flat_map(|d| {
+            std::iter::once(d.get().path()).chain(d.get().key_paths().iter().copied())
+        }),
+    )
+}
+
 /// The headers that carry a credential, in any dialect: `Authorization`, Azure's
 /// `api-key`, and each dialect's own key header.
 pub fn credential_headers() -> Vec<&'static str> {
-    let named = DialectKind::ALL
-        .iter()
-        .filter_map(|d| match d.get().key_header() {
-            KeyHeader::Named(name) => Some(name),
-            KeyHeader::Bearer => None,
-        });
-    unique(["authorization", "api-key"].into_iter().chain(named))
+    unique(
+        ["authorization", "api-key"]
+            .into_iter()
+            .chain(key_headers().iter().copied()),
+    )
 }
 
 /// The client headers a summary call carries, in any dialect: the credentials, then
@@ -236,7 +295,7 @@ pub fn summary_headers() -> Vec<&'static str> {
 }
 
 /// `names` in order, each once.
-fn unique(names: impl Iterator<Item = &'static str>) -> Vec<&'static str> {
+pub(crate) fn unique(names: impl Iterator<Item = &'static str>) -> Vec<&'static str> {
     let mut out: Vec<&'static str> = Vec::new();
     for name in names {
         if !out.contains(&name) {
@@ -372,6 +431,18 @@ pub trait Dialect: Send + Sync {
 
     /// True when this dialect tracks `POST path`.
     fn tracks(&self, path: &str) -> bool;
+
+    /// Paths of the provider's API, besides [`Dialect::path`], that a proxy key may use
+    /// when its `paths` is unset: the objects this API's requests use (files, models…),
+    /// each with everything under it. Not its admin APIs, which act for the account.
+    fn key_paths(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// What the provider's API names its stored objects by.
+    fn objects(&self) -> objects::Objects {
+        objects::Objects::NONE
+    }
 
     /// True when handoff's own errors for `path` (any method) take this dialect's
     /// shape; OpenAI's shape answers every path no dialect claims.
@@ -567,6 +638,13 @@ pub trait Dialect: Send + Sync {
     fn ask_usage(&self, body: &Chunks) -> Option<(Vec<Bytes>, Box<dyn crate::rewrite::Rewrite>)> {
         let _ = body;
         None
+    }
+
+    /// True when `error_body` refuses what [`Dialect::ask_usage`] added, so the request
+    /// goes again as the client sent it.
+    fn refused_usage_ask(&self, error_body: &[u8]) -> bool {
+        let _ = error_body;
+        false
     }
 
     /// The input tokens the upstream counted, from its `usage`.

@@ -32,6 +32,13 @@ pub fn is_context_length_error(body: &Value) -> bool {
     .any(|needle| message.contains(needle))
 }
 
+/// The prompt size an overflow error names, where the server says it: llama.cpp's
+/// `n_prompt_tokens`. What a summary model's calibration learns from a refusal.
+pub fn prompt_tokens_named(body: &Value) -> Option<u64> {
+    body.pointer("/error/n_prompt_tokens")
+        .and_then(Value::as_u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

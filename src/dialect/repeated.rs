@@ -6,7 +6,7 @@
 //! top-level member ([`remember`]), a later text that holds the same bytes at a
 //! top-level member of a named key gets them replaced by an empty placeholder of
 //! their own kind (`[]`, `{}`, `""`) for serde to read ([`hold`]); the dialect then
-//! takes the value's bytes from the text as they are ([`Held::value`]).
+//! takes the value's bytes from the text as they are ([`Held::span`]).
 //!
 //! Why serde's verdict on the held text is its verdict on the whole one: the value
 //! and its placeholder are both complete JSON values that end at their own closing

@@ -263,6 +263,7 @@ mod tests {
 
     use mock_upstream::{MockUpstream, Reply};
     use serde_json::json;
+    use sha2::Digest;
 
     use crate::dialect::pair::CONTINUATION;
     use crate::testing::Harness;
@@ -374,5 +375,94 @@ mod tests {
         assert_eq!(answer.status, 200, "{}", answer.text());
         let seen = mock.requests();
         assert!(seen.len() >= 2, "the overflow was retried compacted");
+    }
+
+    #[tokio::test]
+    async fn a_tally_key_is_a_credential_a_tenant_and_a_proxy_key() {
+        let mock = MockUpstream::with(|_| {
+            Reply::json(json!({"turn": {"role": "assistant", "content": "noted"}, "stop": "end", "tally": {"in": 10, "out": 1}}))
+        })
+        .await;
+        let body = json!({"model": "t", "turns": [turn(0)]}).to_string();
+        // Without proxy keys, the key in the API's own header names the tenant, as the
+        // same key in `Authorization` does.
+        let open = Harness::start(&mock.url(), CONFIG).await;
+        let sent: [(&str, &[(&str, &str)]); 3] = [
+            ("in-key-header", &[("x-tally-key", "tk-1")]),
+            ("in-bearer", &[("authorization", "Bearer tk-1")]),
+            ("no-key", &[]),
+        ];
+        for (id, headers) in sent {
+            let mut headers = headers.to_vec();
+            headers.push(("x-handoff-conversation-id", id));
+            let answer = open
+                .post("/v1/tally/generate", &headers, body.as_bytes())
+                .await;
+            assert_eq!(answer.status, 200, "{}", answer.text());
+        }
+        let listed = open
+            .state
+            .tracker
+            .store()
+            .list(None, None, 10)
+            .await
+            .unwrap();
+        let tenant = |id: &str| {
+            listed
+                .iter()
+                .find(|c| c.as_str() == id)
+                .map(|c| c.tenant().clone())
+                .unwrap()
+        };
+        assert_eq!(tenant("in-key-header"), tenant("in-bearer"));
+        assert_ne!(tenant("in-key-header"), tenant("no-key"));
+
+        // With proxy keys, a key in that header is admitted as its team and never goes
+        // upstream; an unknown one is refused in the Tally API's own shape.
+        let digest: String = sha2::Sha256::digest(b"tk-team")
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let keyed = Harness::start(
+            &mock.url(),
+            &format!("{CONFIG}[[auth.keys]]\nname = \"tally-team\"\nsha256 = {digest:?}\n"),
+        )
+        .await;
+        let answer = keyed
+            .post(
+                "/v1/tally/generate",
+                &[("x-tally-key", "tk-team")],
+                body.as_bytes(),
+            )
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert!(mock
+            .requests()
+            .last()
+            .unwrap()
+            .headers
+            .get("x-tally-key")
+            .is_none());
+        let listed = keyed
+            .state
+            .tracker
+            .store()
+            .list(None, None, 10)
+            .await
+            .unwrap();
+        assert_eq!(listed[0].tenant().as_str(), "tally-team");
+        let refused = keyed
+            .post(
+                "/v1/tally/generate",
+                &[("x-tally-key", "tk-other")],
+                body.as_bytes(),
+            )
+            .await;
+        assert_eq!(refused.status, 401);
+        assert!(
+            refused.json()["fault"]["detail"].is_string(),
+            "{}",
+            refused.text()
+        );
     }
 }

@@ -271,7 +271,7 @@ async fn local(config: &Config, store: &Arc<dyn Store>, ask: &Ask) -> Result<Val
 async fn forward(config: &Config, at: &str, ask: &Ask) -> Result<Value, String> {
     let Some(address) = at.strip_prefix("http://") else {
         return Err(format!(
-            "a handoff serve holds {} and listens at {at}: call its admin API (README, \"Retention, erasure and disk\")",
+            "a handoff serve holds {} and listens at {at}: call its admin API (docs/operations.md, \"Retention, erasure and disk\")",
             config.data_dir.display()
         ));
     };

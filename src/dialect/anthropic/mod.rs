@@ -85,6 +85,14 @@ impl Dialect for AnthropicMessages {
         "/v1/messages"
     }
 
+    fn objects(&self) -> super::objects::Objects {
+        super::objects::Objects {
+            id_fields: &["file_id"],
+            id_prefixes: &["file_", "msgbatch_"],
+            listings: &["/v1/messages/batches", "/v1/files"],
+        }
+    }
+
     fn name(&self) -> &'static str {
         "anthropic"
     }

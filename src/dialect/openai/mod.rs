@@ -61,6 +61,61 @@ impl Dialect for OpenAiChat {
         "/v1/chat/completions"
     }
 
+    fn objects(&self) -> super::objects::Objects {
+        super::objects::Objects {
+            id_fields: &[
+                "file_id",
+                "file_ids",
+                "input_file_id",
+                "vector_store_id",
+                "vector_store_ids",
+                "assistant_id",
+                "thread_id",
+                "batch_id",
+            ],
+            id_prefixes: &[
+                "file-",
+                "batch_",
+                "vs_",
+                "vsfb_",
+                "chatcmpl-",
+                "asst_",
+                "thread_",
+                "run_",
+                "upload_",
+                "part_",
+                "ftjob-",
+                "eval_",
+                "evalrun_",
+            ],
+            listings: &[
+                "/v1/files",
+                "/v1/batches",
+                "/v1/vector_stores",
+                "/v1/chat/completions",
+                "/v1/assistants",
+                "/v1/threads",
+                "/v1/fine_tuning/jobs",
+                "/v1/evals",
+            ],
+        }
+    }
+
+    fn key_paths(&self) -> &'static [&'static str] {
+        &[
+            "/v1/completions",
+            "/v1/embeddings",
+            "/v1/moderations",
+            "/v1/models",
+            "/v1/audio",
+            "/v1/images",
+            "/v1/files",
+            "/v1/uploads",
+            "/v1/batches",
+            "/v1/vector_stores",
+        ]
+    }
+
     fn name(&self) -> &'static str {
         "openai"
     }
@@ -172,6 +227,11 @@ impl Dialect for OpenAiChat {
 
     fn ask_usage(&self, body: &Chunks) -> Option<(Vec<Bytes>, Box<dyn Rewrite>)> {
         Some((usage::ask(body)?, Box::<usage::StripUsage>::default()))
+    }
+
+    fn refused_usage_ask(&self, error_body: &[u8]) -> bool {
+        // Servers that predate `stream_options` name it in their refusal.
+        memchr::memmem::find(error_body, b"stream_options").is_some()
     }
 
     fn stream_end(&self) -> StreamEnd {

@@ -144,6 +144,23 @@ impl Dialect for OpenAiResponses {
         "/v1/responses"
     }
 
+    fn objects(&self) -> super::objects::Objects {
+        super::objects::Objects {
+            id_fields: &[
+                "previous_response_id",
+                "conversation",
+                "container",
+                "container_id",
+            ],
+            id_prefixes: &["resp_", "conv_", "cntr_", "cfile_"],
+            listings: &["/v1/containers"],
+        }
+    }
+
+    fn key_paths(&self) -> &'static [&'static str] {
+        &["/v1/conversations"]
+    }
+
     fn name(&self) -> &'static str {
         "responses"
     }

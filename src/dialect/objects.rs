@@ -1,34 +1,78 @@
-//! Which JSON texts may name upstream objects: those that hold one of the fields their
-//! ids go in, or a key spelled with a `\u` escape, which can spell any field (and which
-//! the upstream reads as that field). A text that may is parsed to find the ids
-//! (`ownership`); most never may, and a search spares the parse.
+//! What the providers' APIs name their stored objects by (responses, files, batches,
+//! vector stores…), as each dialect declares it ([`Dialect::objects`]): the body fields
+//! their ids go in, the prefixes of the ids, and the collections a `GET` lists whole.
+//! Ownership keeps each object to the tenant that made it through these.
+//!
+//! Which JSON texts may name objects: those that hold one of the id fields, or a key
+//! spelled with a `\u` escape, which can spell any field (and which the upstream reads
+//! as that field). A text that may is parsed to find the ids; most never may, and a
+//! search spares the parse.
+//!
+//! [`Dialect::objects`]: super::Dialect::objects
 
 use std::sync::OnceLock;
 
 use aho_corasick::AhoCorasick;
 
-use super::json_lex::{skip_space, string_end};
+use super::{unique, DialectKind};
+use crate::base::json_lex::{skip_space, string_end};
 
-/// Body fields that name upstream objects (a string or a list of strings).
-pub const ID_FIELDS: &[&str] = &[
-    "previous_response_id",
-    "conversation",
-    "file_id",
-    "file_ids",
-    "input_file_id",
-    "vector_store_id",
-    "vector_store_ids",
-    "assistant_id",
-    "thread_id",
-    "batch_id",
-    "container",
-    "container_id",
-];
+/// One API's stored objects.
+#[derive(Debug, Clone, Copy)]
+pub struct Objects {
+    /// Body fields that name objects (a string or a list of strings), at any depth.
+    pub id_fields: &'static [&'static str],
+    /// Prefixes of the objects' ids.
+    pub id_prefixes: &'static [&'static str],
+    /// Collections a `GET` lists whole: through a shared key, every team's objects.
+    pub listings: &'static [&'static str],
+}
+
+impl Objects {
+    /// An API that stores nothing.
+    pub const NONE: Objects = Objects {
+        id_fields: &[],
+        id_prefixes: &[],
+        listings: &[],
+    };
+}
+
+/// Every dialect's `pick`, once, without repeats.
+fn all(
+    cell: &'static OnceLock<Vec<&'static str>>,
+    pick: fn(&Objects) -> &'static [&'static str],
+) -> &'static [&'static str] {
+    cell.get_or_init(|| {
+        unique(
+            DialectKind::ALL
+                .iter()
+                .flat_map(|d| pick(&d.get().objects()).iter().copied()),
+        )
+    })
+}
+
+/// Body fields that name upstream objects, in any dialect.
+pub fn id_fields() -> &'static [&'static str] {
+    static CELL: OnceLock<Vec<&'static str>> = OnceLock::new();
+    all(&CELL, |o| o.id_fields)
+}
+
+/// Prefixes of upstream objects' ids, in any dialect.
+pub fn id_prefixes() -> &'static [&'static str] {
+    static CELL: OnceLock<Vec<&'static str>> = OnceLock::new();
+    all(&CELL, |o| o.id_prefixes)
+}
+
+/// Collections a `GET` lists whole, in any dialect.
+pub fn listings() -> &'static [&'static str] {
+    static CELL: OnceLock<Vec<&'static str>> = OnceLock::new();
+    all(&CELL, |o| o.listings)
+}
 
 /// The `type` of an input item that names a stored item by its `id`.
 pub const REFERENCE_TYPE: &str = "item_reference";
 
-/// True when the JSON text `body` may hold one of [`ID_FIELDS`] as a key, or an
+/// True when the JSON text `body` may hold one of [`id_fields`] as a key, or an
 /// [`REFERENCE_TYPE`] item: its quoted
 /// name appears, or a key is spelled with a `\u` escape. `body` is a whole value, or a
 /// run of a value's text cut between tokens, where no string can straddle the cut.
@@ -38,7 +82,7 @@ pub const REFERENCE_TYPE: &str = "item_reference";
 pub fn may_name_objects(body: &[u8]) -> bool {
     static NAMES: OnceLock<Option<AhoCorasick>> = OnceLock::new();
     let names = NAMES.get_or_init(|| {
-        let quoted = ID_FIELDS.iter().chain([&REFERENCE_TYPE]);
+        let quoted = id_fields().iter().chain([&REFERENCE_TYPE]);
         AhoCorasick::new(quoted.map(|field| format!("\"{field}\""))).ok()
     });
     // The patterns are constants; were they ever refused, every body is parsed.
