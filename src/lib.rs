@@ -1,30 +1,32 @@
-//! handoff: a transparent proxy for LLM chat-completion APIs that keeps long
-//! conversations alive by compacting them before they overflow the context window.
+//! handoff: a proxy in front of three LLM APIs (OpenAI chat completions, Anthropic
+//! Messages, OpenAI Responses) that keeps long conversations alive by compacting them
+//! before they overflow the context window, and keeps every original for audit.
 //!
 //! A request travels through the modules in this order:
 //! - [`server`] accepts the connection (HTTP/1.1 or h2, `TCP_NODELAY`);
 //! - [`router`] sends `/handoff/*` to [`admin`]; every other request is admitted by
-//!   [`auth`] as a [`tenant`], then chat completions go to [`chat`] and every other path
-//!   straight to [`forward`];
-//! - [`chat`] reads the body and parses it with [`dialect`], keeping every unknown field;
+//!   [`auth`] as a tenant ([`tenant`]); a path a [`dialect`] tracks goes to [`chat`],
+//!   every other path to [`passthrough`];
+//! - [`chat`] reads the body and parses it with its [`dialect`], keeping every unknown
+//!   field;
 //! - [`conversation`] names the conversation within its tenant, chains the [`digest`]s of
 //!   its messages and appends the new originals to the [`store`] before anything goes
 //!   upstream;
 //! - [`projection`] builds the model view from the compactions [`adoption`] accepts;
-//!   [`tokens`] and
-//!   [`compaction`] shrink it when it would not fit, with the chain that [`strategies`]
-//!   selects (built-in, exec and Rust kinds);
-//! - [`forward`] sends it through [`upstream`] and relays the answer with [`relay`],
-//!   frame by frame, while [`capture`] logs the reply on the side and [`access_log`]
-//!   writes one line per request.
+//!   [`tokens`] and [`compaction`] shrink it when it would not fit, with the chain that
+//!   [`strategies`] selects (built-in, exec and Rust kinds);
+//! - [`forward`] sends it through [`upstream`] and [`relay`] hands the answer to the
+//!   client frame by frame, while [`capture`] logs the reply on the side and
+//!   [`access_log`] writes one line per request.
 //!
 //! [`base`] is the leaf vocabulary every layer shares (ids, digests, log lines, records,
 //! calibration); the store imports nothing above it and no compaction code.
 //! [`config`] holds the typed, layered configuration; [`error`] is the one place where a
 //! failure becomes an HTTP answer in the API's own error shape; [`state`] holds the
 //! config snapshot that [`reload`] swaps; [`audit`] reads the log back for people;
-//! [`metrics`] counts; [`redact`] keeps secrets out of what people read; [`eval`] replays recorded conversations offline to compare
-//! strategies; [`cli`] is the command line.
+//! [`upkeep`] prunes, erases and compresses it; [`metrics`] counts; [`redact`] keeps
+//! secrets out of what people read; [`eval`] replays recorded conversations offline to
+//! compare strategies; [`cli`] is the command line.
 
 #![forbid(unsafe_code)]
 
