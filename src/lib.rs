@@ -38,7 +38,9 @@ pub mod admin;
 pub mod adoption;
 pub mod audit;
 pub mod auth;
-pub mod base;
+/// The vocabulary every layer shares, its own crate (`src/base`): it can import
+/// nothing of handoff's.
+pub use handoff_base as base;
 pub mod body;
 pub mod body_read;
 pub mod browser_guard;

@@ -9,7 +9,7 @@
 //!
 //!
 //! How clients re-send a logged message in other forms is the wire formats' business:
-//! [`crate::dialect::echo`].
+//! `handoff::dialect::echo`.
 
 use std::fmt::{self, Write as _};
 
@@ -142,11 +142,11 @@ pub fn bytes_digest(bytes: &[u8]) -> Digest {
 
 /// A fast keyed digest of raw bytes, for in-memory cache keys only (the token count of
 /// a request's `tools` schemas, which agents resend whole, tens of KB, every turn): the
-/// body digests' seeded xxh3-128 ([`crate::base::chunks::keyed_hash`]), a tenth of
+/// body digests' seeded xxh3-128 ([`crate::chunks::keyed_hash`]), a tenth of
 /// blake3's cost, and no one can aim a collision without the seed. Never stored or shown: it names nothing outside
 /// this process. Its second half is a fixed tag, so it is never a blake3 digest.
 pub fn bytes_key(bytes: &[u8]) -> Digest {
-    hash_key(crate::base::chunks::keyed_hash(bytes))
+    hash_key(crate::chunks::keyed_hash(bytes))
 }
 
 /// [`bytes_key`] of bytes whose keyed hash was already taken (a held tool list's).
@@ -340,7 +340,7 @@ mod tests {
         assert_ne!(bytes_key(tools), bytes_digest(tools));
         assert!(bytes_key(tools).hex().ends_with(&hex_of(KEY_TAG)));
         // A held tool list's hash, taken once, keys its count as its bytes would.
-        let taken = crate::base::chunks::keyed_hash(tools);
+        let taken = crate::chunks::keyed_hash(tools);
         assert_eq!(hash_key(taken), bytes_key(tools));
     }
 

@@ -319,7 +319,7 @@ pub struct StandInLine {
     /// Milliseconds the request waited for the summary before it took the stand-in.
     pub waited_ms: u64,
     /// The stand-in: a compaction record, never committed by a boundary.
-    pub record: Box<crate::base::record::CompactionRecord>,
+    pub record: Box<crate::record::CompactionRecord>,
 }
 
 /// Which tool results a request's view shortened, and by how much; the originals stay
@@ -651,7 +651,7 @@ fn encode_run(run: &[Line], out: &mut Vec<u8>) -> Result<(), serde_json::Error> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::base::digest::{message_digest, next_prefix};
+    use crate::digest::{message_digest, next_prefix};
 
     #[test]
     fn a_message_line_round_trips_with_its_raw_message() {
@@ -790,7 +790,7 @@ mod tests {
         for (original, form) in cases {
             let edit = edit_between(original, form);
             let line = FormLine {
-                digest: crate::base::digest::bytes_digest(form.as_bytes()),
+                digest: crate::digest::bytes_digest(form.as_bytes()),
                 of: None,
                 message: None,
                 edit: Some(edit.clone()),

@@ -112,7 +112,7 @@ pub struct CompactionRecord {
     /// left it no room, the user's messages alone, carried for the next compaction but
     /// not written); none before ledgers existed or with `compaction.ledger_share = 0`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ledger: Option<crate::base::ledger::Ledger>,
+    pub ledger: Option<crate::ledger::Ledger>,
     /// Set when it was prepared in the background: it counts only once a request
     /// crosses the trigger without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

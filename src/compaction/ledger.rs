@@ -38,9 +38,42 @@ const OUTCOME_PART_CHARS: usize = 160;
 /// Longest identifier kept.
 const IDENTIFIER_CHARS: usize = 120;
 
-impl Ledger {
+/// What compaction does with a [`Ledger`]: build it from compacted units, fit it to its
+/// share, render it. The ledger itself is vocabulary (`handoff_base`); its making is
+/// compaction's, so these live here, as a trait.
+pub trait LedgerWork {
     /// The ledger of `history` after `previous`'s, whole.
-    pub fn build(previous: Option<&Ledger>, history: &[Unit]) -> Ledger {
+    fn build(previous: Option<&Ledger>, history: &[Unit]) -> Ledger
+    where
+        Self: Sized;
+
+    /// Tokens the ledger takes after `above` with every user message it does not quote
+    /// whole, and nothing else: what it needs before any user text is cut.
+    fn instructions_tokens(&self, tokens: &dyn TokenCounter, above: &str) -> u64;
+
+    /// True when there is nothing to list.
+    fn is_empty(&self) -> bool;
+
+    /// Cuts the ledger to `limit` tokens of its rendering after `above` (the text it
+    /// is appended to; what that quotes costs nothing): the oldest outcomes first, then
+    /// the oldest identifiers, and the user's messages shortened only when they alone
+    /// are over the limit.
+    ///
+    /// The plan is made from each item's own count, and outcomes and identifiers are
+    /// counted newest first only while they could still fit: a long span's ledger is
+    /// many times its share, and its older items go whatever they cost. The rendering
+    /// then settles how many go, in a few counts of the kept ledger. (Counting every
+    /// item, and the whole ledger again after each drop, was most of a 200k-token
+    /// compaction.)
+    fn fit(&mut self, limit: u64, tokens: &dyn TokenCounter, above: &str);
+
+    /// The ledger as the handoff's last section. Items `above` (the strategy's text)
+    /// already quotes verbatim are not repeated.
+    fn render(&self, above: &str) -> String;
+}
+
+impl LedgerWork for Ledger {
+    fn build(previous: Option<&Ledger>, history: &[Unit]) -> Ledger {
         let mut ledger = previous.cloned().unwrap_or_default();
         let mut outcomes = Vec::new();
         let mut found = Vec::new();
@@ -101,9 +134,7 @@ impl Ledger {
         ledger
     }
 
-    /// Tokens the ledger takes after `above` with every user message it does not quote
-    /// whole, and nothing else: what it needs before any user text is cut.
-    pub fn instructions_tokens(&self, tokens: &dyn TokenCounter, above: &str) -> u64 {
+    fn instructions_tokens(&self, tokens: &dyn TokenCounter, above: &str) -> u64 {
         let only = Ledger {
             instructions: self.instructions.clone(),
             ..Ledger::default()
@@ -111,23 +142,11 @@ impl Ledger {
         tokens.count_text(&only.render(above))
     }
 
-    /// True when there is nothing to list.
-    pub fn is_empty(&self) -> bool {
+    fn is_empty(&self) -> bool {
         self.instructions.is_empty() && self.identifiers.is_empty() && self.outcomes.is_empty()
     }
 
-    /// Cuts the ledger to `limit` tokens of its rendering after `above` (the text it
-    /// is appended to; what that quotes costs nothing): the oldest outcomes first, then
-    /// the oldest identifiers, and the user's messages shortened only when they alone
-    /// are over the limit.
-    ///
-    /// The plan is made from each item's own count, and outcomes and identifiers are
-    /// counted newest first only while they could still fit: a long span's ledger is
-    /// many times its share, and its older items go whatever they cost. The rendering
-    /// then settles how many go, in a few counts of the kept ledger. (Counting every
-    /// item, and the whole ledger again after each drop, was most of a 200k-token
-    /// compaction.)
-    pub fn fit(&mut self, limit: u64, tokens: &dyn TokenCounter, above: &str) {
+    fn fit(&mut self, limit: u64, tokens: &dyn TokenCounter, above: &str) {
         let above_lower = above.to_lowercase();
         let quoted: Vec<bool> = (self.instructions.iter())
             .map(|text| !above.is_empty() && above.contains(text.as_str()))
@@ -198,42 +217,12 @@ impl Ledger {
             .fold((0, 0), |(sum, n), cost| (sum + cost, n + 1));
         let per_item = (sum / priced.max(1)).max(1);
         let count =
-            |dropped: usize| tokens.count_text(&self.without(&order, dropped).render(above));
+            |dropped: usize| tokens.count_text(&without(self, &order, dropped).render(above));
         let dropped = settle(planned, order.len(), per_item, limit, count);
-        *self = self.without(&order, dropped);
+        *self = without(self, &order, dropped);
     }
 
-    /// The ledger without the first `dropped` items of `order`, the left-out counts
-    /// raised for them.
-    fn without(&self, order: &DropOrder, dropped: usize) -> Ledger {
-        let outcomes = dropped.min(order.outcomes);
-        let identifiers = (dropped - outcomes).min(order.identifiers.len());
-        let instructions = dropped - outcomes - identifiers;
-        let gone = |indices: &[usize], n: usize| -> std::collections::HashSet<usize> {
-            indices[..n.min(indices.len())].iter().copied().collect()
-        };
-        let (gone_ids, gone_instructions) = (
-            gone(&order.identifiers, identifiers),
-            gone(&order.instructions, instructions),
-        );
-        let keep = |gone: &std::collections::HashSet<usize>, items: &[String]| -> Vec<String> {
-            (items.iter().enumerate())
-                .filter(|(i, _)| !gone.contains(i))
-                .map(|(_, item)| item.clone())
-                .collect()
-        };
-        Ledger {
-            instructions: keep(&gone_instructions, &self.instructions),
-            identifiers: keep(&gone_ids, &self.identifiers),
-            outcomes: self.outcomes[..self.outcomes.len() - outcomes].to_vec(),
-            outcomes_left_out: self.outcomes_left_out + outcomes as u64,
-            identifiers_left_out: self.identifiers_left_out + identifiers as u64,
-        }
-    }
-
-    /// The ledger as the handoff's last section. Items `above` (the strategy's text)
-    /// already quotes verbatim are not repeated.
-    pub fn render(&self, above: &str) -> String {
+    fn render(&self, above: &str) -> String {
         let mut out = format!("{HEADING}\n{INTRO}\n");
         let above_lower = above.to_lowercase();
         let instructions: Vec<&String> = self
@@ -281,6 +270,34 @@ impl Ledger {
             }
         }
         out
+    }
+}
+
+/// The ledger without the first `dropped` items of `order`, the left-out counts
+/// raised for them.
+fn without(ledger: &Ledger, order: &DropOrder, dropped: usize) -> Ledger {
+    let outcomes = dropped.min(order.outcomes);
+    let identifiers = (dropped - outcomes).min(order.identifiers.len());
+    let instructions = dropped - outcomes - identifiers;
+    let gone = |indices: &[usize], n: usize| -> std::collections::HashSet<usize> {
+        indices[..n.min(indices.len())].iter().copied().collect()
+    };
+    let (gone_ids, gone_instructions) = (
+        gone(&order.identifiers, identifiers),
+        gone(&order.instructions, instructions),
+    );
+    let keep = |gone: &std::collections::HashSet<usize>, items: &[String]| -> Vec<String> {
+        (items.iter().enumerate())
+            .filter(|(i, _)| !gone.contains(i))
+            .map(|(_, item)| item.clone())
+            .collect()
+    };
+    Ledger {
+        instructions: keep(&gone_instructions, &ledger.instructions),
+        identifiers: keep(&gone_ids, &ledger.identifiers),
+        outcomes: ledger.outcomes[..ledger.outcomes.len() - outcomes].to_vec(),
+        outcomes_left_out: ledger.outcomes_left_out + outcomes as u64,
+        identifiers_left_out: ledger.identifiers_left_out + identifiers as u64,
     }
 }
 

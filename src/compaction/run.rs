@@ -12,7 +12,7 @@ use serde_json::json;
 
 use super::chain::{run_chain, sum_usage, ChainOutcome, CountFor};
 use super::handoff::{continuation_message, handoff_message, needs_reasoning_marker};
-use super::ledger::{self, Ledger};
+use super::ledger::{self, Ledger, LedgerWork};
 use super::service::{handoff_budget, user_slack, CompactError, Compactor, Job, Plan};
 use super::unit::split_into_units;
 use super::Adopted;
