@@ -373,8 +373,16 @@ async fn one_worker_answers_a_small_request_while_a_huge_first_count_runs() {
         {"role": "user", "content": words.join(" ")},
     ]});
     let heavy = tokio::spawn(client::send(request("POST", &url, &[], huge.to_string())));
-    // Once the upload is in, the worker has read it and handed the count off.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The huge request's original is logged before it is counted: once its folder is
+    // there, the worker has read it and handed the count off.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while proxy.conversation_dirs().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the huge request was never logged"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let mut small = chat_body();
     small["model"] = json!("big");
     let got = client::send(request("POST", &url, &[], small.to_string())).await;

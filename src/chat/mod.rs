@@ -1,4 +1,4 @@
-//! The pipeline of a tracked request (OpenAI chat, Anthropic Messages: the
+//! The pipeline of a tracked request (OpenAI chat, Anthropic Messages, Responses: the
 //! [`Dialect`](crate::dialect::Dialect) decides everything format-specific), as named
 //! stages over one [`Exchange`]:
 //!
