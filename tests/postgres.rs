@@ -115,6 +115,18 @@ async fn assert_listing_matches_logs(proxy: &Proxy) {
     }
 }
 
+/// Appends `got`'s reply to `messages`, and a result for the tool it calls, if any;
+/// true when it called one.
+fn answer(messages: &mut Vec<Value>, got: &support::client::Whole) -> bool {
+    let reply = got.json()["choices"][0]["message"].clone();
+    let call = reply["tool_calls"][0]["id"].as_str().map(str::to_owned);
+    messages.push(reply);
+    if let Some(call) = &call {
+        messages.push(json!({"role": "tool", "tool_call_id": call, "content": "done"}));
+    }
+    call.is_some()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_listing_counts_what_the_logs_hold_and_a_recount_agrees() {
     let db = Postgres::start();
@@ -131,12 +143,7 @@ async fn the_listing_counts_what_the_logs_hold_and_a_recount_agrees() {
     for (n, model) in ["strict", "strict-16k", "strict"].iter().enumerate() {
         let got = support::scenario::chat_as(&proxy, "counted", model, &messages).await;
         assert_eq!(got.status, 200, "turn {n}: {}", got.text());
-        let reply = got.json()["choices"][0]["message"].clone();
-        let call = reply["tool_calls"][0]["id"].as_str().map(str::to_owned);
-        messages.push(reply);
-        if let Some(call) = call {
-            messages.push(json!({"role": "tool", "tool_call_id": call, "content": "done"}));
-        }
+        answer(&mut messages, &got);
         messages.push(json!({"role": "user", "content": format!("turn {n}")}));
     }
     let mut edited = messages[..4].to_vec();
@@ -151,11 +158,7 @@ async fn the_listing_counts_what_the_logs_hold_and_a_recount_agrees() {
         long.push(big_user(n, 300));
         let got = chat(&proxy, "compacted", &long).await;
         assert_eq!(got.status, 200, "turn {n}: {}", got.text());
-        let reply = got.json()["choices"][0]["message"].clone();
-        let call = reply["tool_calls"][0]["id"].as_str().map(str::to_owned);
-        long.push(reply);
-        if let Some(call) = call {
-            long.push(json!({"role": "tool", "tool_call_id": call, "content": "ok"}));
+        if answer(&mut long, &got) {
             long.push(json!({"role": "assistant", "content": "ok"}));
         }
     }

@@ -7,7 +7,7 @@ use http::{header, HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use serde_json::json;
 
-use crate::audit::{from_listing, summarize, Tree};
+use crate::audit::{from_listing, summarize, ConversationSummary, Tree};
 use crate::body::{json, ProxyBody};
 use crate::browser_guard::host_of;
 
@@ -444,16 +444,15 @@ async fn list_conversations(
         None => None,
     };
     let storage = |err: crate::store::StoreError| ApiError::storage(err.to_string());
-    let (ids, data) = match store
+    let (has_more, data): (bool, Vec<ConversationSummary>) = match store
         .listings(tenant.clone(), after.clone(), limit + 1)
         .await
         .map_err(storage)?
     {
         Some(mut listings) => {
-            listings.truncate(limit + 1);
-            let ids: Vec<_> = listings.iter().map(|l| l.id.clone()).collect();
-            let data = listings.into_iter().take(limit).map(from_listing).collect();
-            (ids, data)
+            let more = listings.len() > limit;
+            listings.truncate(limit);
+            (more, listings.into_iter().map(from_listing).collect())
         }
         None => {
             let ids = store
@@ -466,17 +465,16 @@ async fn list_conversations(
                 let log = store.read_index(id, |_| false).await.map_err(storage)?;
                 data.push(summarize(id, &log));
             }
-            (ids, data)
+            (ids.len() > limit, data)
         }
     };
-    let has_more = ids.len() > limit;
-    let ids = &ids[..ids.len().min(limit)];
+    let last = data.last();
     Ok(json!({
         "object": "list",
-        "data": data,
         "has_more": has_more,
-        "last_id": ids.last().map(ToString::to_string),
-        "next_after": ids.last().filter(|_| has_more).map(|id| format!("{}/{id}", id.tenant())),
+        "last_id": last.map(|s| s.id.clone()),
+        "next_after": last.filter(|_| has_more).map(|s| format!("{}/{}", s.tenant, s.id)),
+        "data": data,
     }))
 }
 

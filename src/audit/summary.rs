@@ -33,30 +33,29 @@ pub struct ConversationSummary {
     pub problems: usize,
 }
 
-/// Summarises a conversation's log.
+/// Summarises a conversation's log: what a store that keeps counts would list, and
+/// the lines it could not read.
 pub fn summarize(id: &ConversationId, log: &ConversationLog) -> ConversationSummary {
     let tree = Tree::new(log);
-    let models: BTreeSet<String> = tree
-        .requests()
-        .iter()
-        .map(|r| crate::redact::strip_controls(&r.model).into_owned())
-        .filter(|m| !m.is_empty())
-        .collect();
-    ConversationSummary {
-        id: id.to_string(),
-        tenant: id.tenant().to_string(),
+    let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+    let listing = Listing {
+        id: id.clone(),
         first_seen: log.lines.first().map(|l| l.at.clone()),
         last_seen: log.lines.last().map(|l| l.at.clone()),
-        messages: tree.messages().len(),
-        requests: tree.requests().len(),
-        branches: tree.tips().len(),
-        models: models.into_iter().collect(),
-        compactions: crate::compaction::adopt(log).adopted.len(),
+        messages: count(tree.messages().len()),
+        requests: count(tree.requests().len()),
+        branches: count(tree.tips().len()),
+        models: tree.requests().iter().map(|r| r.model.clone()).collect(),
+        compactions: count(crate::compaction::adopt(log).adopted.len()),
+    };
+    ConversationSummary {
         problems: log.problems.len(),
+        ..from_listing(listing)
     }
 }
 
-/// The summary a store keeps beside the log; it reads no line, so it finds no problem.
+/// The summary of counts a store keeps beside the log (models shown without control
+/// characters, sorted, once each); it reads no line, so it finds no problem.
 pub fn from_listing(listing: Listing) -> ConversationSummary {
     let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
     let models: BTreeSet<String> = listing

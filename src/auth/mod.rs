@@ -211,10 +211,8 @@ impl Credentials {
     pub fn rewrite(&self, headers: &mut HeaderMap, dialect: DialectKind, upstream: &Upstream) {
         if self.holds_upstream_key || self.requires_keys() || upstream.key().is_some() {
             headers.remove(header::AUTHORIZATION);
-            for kind in DialectKind::ALL {
-                if let KeyHeader::Named(name) = kind.get().key_header() {
-                    headers.remove(name);
-                }
+            for name in crate::dialect::key_headers() {
+                headers.remove(*name);
             }
         }
         match (dialect.get().key_header(), upstream.key()) {

@@ -57,6 +57,9 @@ fn without_keys_each_credential_is_its_own_tenant_in_either_header() {
     };
     let bearer = tenant(&[("authorization", "Bearer sk-one")]);
     assert_eq!(bearer, tenant(&[("x-api-key", "sk-one")]));
+    // Azure OpenAI's clients send the key in `api-key`: theirs, not the anonymous one.
+    assert_eq!(bearer, tenant(&[("api-key", "sk-one")]));
+    assert_ne!(tenant(&[("api-key", "sk-two")]), tenant(&[]));
     assert_ne!(bearer, tenant(&[("authorization", "Bearer sk-two")]));
     assert!(
         !bearer.as_str().contains("sk-one"),
@@ -83,6 +86,10 @@ fn with_keys_a_request_needs_a_known_key_and_gets_its_tenant_and_models() {
     let b = admit(&[("x-api-key", "hk-b")]).unwrap();
     assert_eq!(b.tenant.as_str(), "team-b");
     assert!(b.key.unwrap().allows("anything"));
+    assert_eq!(
+        admit(&[("api-key", "hk-b")]).unwrap().tenant.as_str(),
+        "team-b"
+    );
 }
 
 #[test]
@@ -113,7 +120,11 @@ fn a_proxy_key_never_goes_upstream_and_the_upstream_key_goes_where_the_dialect_t
         .unwrap();
     let credentials = keyed("");
     for dialect in [DialectKind::OpenAiChat, DialectKind::Anthropic] {
-        let mut sent = headers(&[("authorization", "Bearer hk-a"), ("x-api-key", "hk-a")]);
+        let mut sent = headers(&[
+            ("authorization", "Bearer hk-a"),
+            ("x-api-key", "hk-a"),
+            ("api-key", "hk-a"),
+        ]);
         credentials.rewrite(&mut sent, dialect, &plain);
         assert!(sent.is_empty(), "{dialect:?}: {sent:?}");
     }

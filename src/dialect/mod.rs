@@ -212,19 +212,19 @@ pub struct Markers {
     pub indexed: &'static [&'static str],
 }
 
-/// The header names the dialects take a bare key in (Anthropic's `x-api-key`…), in
-/// registry order.
+/// The header names a bare key comes in: each dialect's (Anthropic's `x-api-key`…), in
+/// registry order, then Azure OpenAI's `api-key`, which its clients send for the
+/// OpenAI formats.
 pub fn key_headers() -> &'static [&'static str] {
     static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
     NAMES.get_or_init(|| {
-        unique(
-            DialectKind::ALL
-                .iter()
-                .filter_map(|d| match d.get().key_header() {
-                    KeyHeader::Named(name) => Some(name),
-                    KeyHeader::Bearer => None,
-                }),
-        )
+        let named = DialectKind::ALL
+            .iter()
+            .filter_map(|d| match d.get().key_header() {
+                KeyHeader::Named(name) => Some(name),
+                KeyHeader::Bearer => None,
+            });
+        unique(named.chain(["api-key"]))
     })
 }
 
@@ -272,14 +272,10 @@ pub fn key_paths() -> Vec<&'static str> {
     )
 }
 
-/// The headers that carry a credential, in any dialect: `Authorization`, Azure's
-/// `api-key`, and each dialect's own key header.
+/// The headers that carry a credential, in any dialect: `Authorization` and
+/// [`key_headers`].
 pub fn credential_headers() -> Vec<&'static str> {
-    unique(
-        ["authorization", "api-key"]
-            .into_iter()
-            .chain(key_headers().iter().copied()),
-    )
+    unique(std::iter::once("authorization").chain(key_headers().iter().copied()))
 }
 
 /// The client headers a summary call carries, in any dialect: the credentials, then

@@ -377,6 +377,16 @@ mod tests {
         assert!(seen.len() >= 2, "the overflow was retried compacted");
     }
 
+    async fn conversations(proxy: &Harness) -> Vec<crate::base::id::ConversationId> {
+        proxy
+            .state
+            .tracker
+            .store()
+            .list(None, None, 10)
+            .await
+            .unwrap()
+    }
+
     #[tokio::test]
     async fn a_tally_key_is_a_credential_a_tenant_and_a_proxy_key() {
         let mock = MockUpstream::with(|_| {
@@ -400,13 +410,7 @@ mod tests {
                 .await;
             assert_eq!(answer.status, 200, "{}", answer.text());
         }
-        let listed = open
-            .state
-            .tracker
-            .store()
-            .list(None, None, 10)
-            .await
-            .unwrap();
+        let listed = conversations(&open).await;
         let tenant = |id: &str| {
             listed
                 .iter()
@@ -443,13 +447,7 @@ mod tests {
             .headers
             .get("x-tally-key")
             .is_none());
-        let listed = keyed
-            .state
-            .tracker
-            .store()
-            .list(None, None, 10)
-            .await
-            .unwrap();
+        let listed = conversations(&keyed).await;
         assert_eq!(listed[0].tenant().as_str(), "tally-team");
         let refused = keyed
             .post(

@@ -2,8 +2,9 @@
 
 use crate::base::id::ConversationId;
 
-/// A conversation's counts, kept up to date by the store's own writes, so a listing
-/// reads one row instead of the log. Figures mean what `audit list` means by them.
+/// A conversation's counts, as a listing shows them. A store that keeps them beside
+/// the log, updated by its own writes, lists one row instead of reading the log;
+/// `audit` counts the same from a log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listing {
     /// The conversation.
@@ -18,7 +19,7 @@ pub struct Listing {
     pub requests: u64,
     /// Branches: heads no logged message continues.
     pub branches: u64,
-    /// Models named by requests, sorted, without repeats.
+    /// Models named by requests.
     pub models: Vec<String>,
     /// Committed compactions.
     pub compactions: u64,

@@ -115,17 +115,17 @@ pub(super) fn columns(unit: &Written<'_>) -> (&'static str, Option<String>, Opti
 
 /// What a written line adds to its conversation's summary: originals, the model of a
 /// request, and the line's time.
-pub(super) fn counted(unit: &Written<'_>) -> (i64, Option<String>, String) {
-    match unit {
+pub(super) fn counted<'a>(unit: &Written<'a>) -> (i64, Option<&'a str>, &'a str) {
+    match *unit {
         Written::Run(run) => (
             i64::try_from(run.len()).unwrap_or(i64::MAX),
             None,
-            run.first().map(|line| line.at.clone()).unwrap_or_default(),
+            run.first().map_or("", |line| line.at.as_str()),
         ),
         Written::Line(line) => match &line.entry {
-            Entry::Message(_) => (1, None, line.at.clone()),
-            Entry::Request(request) => (0, Some(request.model.clone()), line.at.clone()),
-            _ => (0, None, line.at.clone()),
+            Entry::Message(_) => (1, None, line.at.as_str()),
+            Entry::Request(request) => (0, Some(request.model.as_str()), line.at.as_str()),
+            _ => (0, None, line.at.as_str()),
         },
     }
 }
