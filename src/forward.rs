@@ -7,7 +7,7 @@ use http::{request, Request, Response, Version};
 
 use crate::access_log::RequestLog;
 use crate::body::ProxyBody;
-use crate::dialect::DialectKind;
+use crate::dialect::{DialectKind, ErrorResponse};
 use crate::error::ApiError;
 use crate::headers::strip_hop_by_hop;
 use crate::relay::{Observer, RelayBody};

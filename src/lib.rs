@@ -41,40 +41,35 @@ pub mod auth;
 /// The vocabulary every layer shares, its own crate (`src/base`): it can import
 /// nothing of handoff's.
 pub use handoff_base as base;
-pub mod body;
+/// Primitives and settings, their own crate (`src/core`): bodies, headers, errors,
+/// counters, secret scrubbing, the config, logging.
+pub use handoff_core::{
+    body, config, error, finish, headers, metrics, peers, redact, rewrite, telemetry, worker,
+};
 pub mod body_read;
 pub mod browser_guard;
 pub mod capture;
 pub mod chat;
 pub mod cli;
 pub mod compaction;
-pub mod config;
 pub mod conversation;
 pub mod dialect;
-pub mod error;
 pub mod eval;
-pub mod finish;
 pub mod forward;
 pub mod gate;
-pub mod headers;
-pub mod metrics;
 pub mod named_model;
 pub mod ownership;
 pub mod passthrough;
 pub mod path;
-pub mod peers;
 pub mod pins;
 pub mod projection;
-pub mod redact;
 pub mod relay;
 pub mod reload;
-pub mod rewrite;
 pub mod router;
 pub mod server;
 pub mod state;
 pub mod store;
 pub mod strategies;
-pub mod telemetry;
 pub mod tenant;
 #[cfg(test)]
 pub mod testing;
@@ -82,4 +77,3 @@ pub mod tokens;
 pub mod ui;
 pub mod upkeep;
 pub mod upstream;
-pub mod worker;

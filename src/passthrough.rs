@@ -19,7 +19,7 @@ use crate::access_log::RequestLog;
 use crate::auth::{Admission, RateLimiter};
 use crate::body::{full, BoxError, ProxyBody};
 use crate::body_read::read_body;
-use crate::dialect::DialectKind;
+use crate::dialect::{DialectKind, ErrorResponse};
 use crate::error::ApiError;
 use crate::forward::{forward, relay, send_timed, upstream_request};
 use crate::named_model::{self, Reading};

@@ -10,7 +10,7 @@ use hyper::body::Incoming;
 
 use crate::access_log::{Logged, RequestLog};
 use crate::body::ProxyBody;
-use crate::dialect::DialectKind;
+use crate::dialect::{DialectKind, ErrorResponse};
 use crate::error::ApiError;
 use crate::headers::loggable_target;
 use crate::state::AppState;

@@ -39,7 +39,7 @@ use crate::compaction::service::{CompactError, FitError, Fitted, Job};
 use crate::compaction::{prepare, Reason};
 use crate::config::PrepareAt;
 use crate::conversation::{identify, ConversationId, Tracked, CONVERSATION_HEADER};
-use crate::dialect::{ChatRequest, DialectKind};
+use crate::dialect::{ChatRequest, DialectKind, ErrorResponse};
 use crate::error::ApiError;
 use crate::forward::forward;
 use crate::state::{AppState, Snapshot};

@@ -12,6 +12,7 @@ use hyper::body::Incoming;
 
 use crate::body::ProxyBody;
 use crate::capture::{ReplyCapture, ReplyTarget};
+use crate::dialect::ErrorResponse;
 use crate::error::ApiError;
 use crate::finish::Finish;
 use crate::forward::relay_after;

@@ -655,9 +655,15 @@ pub trait Dialect: Send + Sync {
     fn summary_client(&self, raw: Arc<dyn ModelClient>) -> Arc<dyn ModelClient>;
 }
 
-impl ApiError {
+/// handoff's error answered in a dialect's error shape (the error is the core's, the
+/// shape is the wire format's).
+pub trait ErrorResponse {
     /// The error as a complete HTTP response, in `dialect`'s error shape.
-    pub fn into_response_for(self, dialect: DialectKind) -> http::Response<crate::body::ProxyBody> {
+    fn into_response_for(self, dialect: DialectKind) -> http::Response<crate::body::ProxyBody>;
+}
+
+impl ErrorResponse for ApiError {
+    fn into_response_for(self, dialect: DialectKind) -> http::Response<crate::body::ProxyBody> {
         let body = dialect.get().error_json(&self);
         self.into_response_with(&body)
     }

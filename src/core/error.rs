@@ -1,6 +1,6 @@
 //! The one error handoff answers with. Its own shape, `{"error": {"message", "type",
 //! "param", "code"}}` (OpenAI's, which the admin API uses too), is rendered here; a
-//! dialect renders it in its API's shape (`ApiError::into_response_for`, in
+//! dialect renders it in its API's shape (`ErrorResponse::into_response_for`, in
 //! `dialect`), so this module knows no wire format but its own.
 //!
 //! Other modules return their own typed errors and convert them into [`ApiError`];
@@ -290,7 +290,11 @@ mod tests {
     /// The codes handoff can answer with, read from the code that makes them: the
     /// constructors here, `invalid_request("…")` calls, and the dialect parse errors.
     fn emitted_codes() -> std::collections::BTreeSet<String> {
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        // Every crate of the proxy lives under the workspace's `src`, this one too.
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap()
+            .to_path_buf();
         let patterns = [
             regex::Regex::new(r#"invalid_request\(\s*"([a-z_]+)""#).unwrap(),
             regex::Regex::new(r#"Some\("([a-z_]+)"\)"#).unwrap(),
@@ -309,7 +313,7 @@ mod tests {
                 // Unit tests make up codes of their own.
                 let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
                 let is_error_rs =
-                    path.ends_with("error.rs") && path.parent().is_some_and(|p| p.ends_with("src"));
+                    path.ends_with("error.rs") && path.parent().is_some_and(|p| p.ends_with("src/core"));
                 for (index, pattern) in patterns.iter().enumerate() {
                     if index == 1 && !is_error_rs {
                         continue;
@@ -323,7 +327,7 @@ mod tests {
 
     #[test]
     fn the_operations_guide_error_table_names_every_code_handoff_emits() {
-        let readme = include_str!("../docs/operations.md");
+        let readme = include_str!("../../docs/operations.md");
         let table = readme.split("## Errors").nth(1).unwrap_or("");
         let codes = emitted_codes();
         assert!(codes.len() >= 25, "the scan found only {codes:?}");

@@ -12,7 +12,7 @@ use super::kinds;
 use super::{Config, PrepareAt};
 
 /// The documented default config, compiled in so that `handoff serve` needs no file.
-const EMBEDDED_DEFAULT: &str = include_str!("../../config/handoff.toml");
+const EMBEDDED_DEFAULT: &str = include_str!("../../../config/handoff.toml");
 
 /// The file read when no `--config` is given, relative to the working directory.
 const LOCAL_CONFIG: &str = "config/handoff.toml";
