@@ -35,7 +35,6 @@ pub use base::digest;
 
 pub mod access_log;
 pub mod admin;
-pub mod adoption;
 pub mod audit;
 pub mod auth;
 /// The vocabulary every layer shares, its own crate (`src/base`): it can import
@@ -46,6 +45,9 @@ pub use handoff_base as base;
 pub use handoff_core::{
     body, config, error, finish, headers, metrics, peers, redact, rewrite, telemetry, worker,
 };
+/// The store, its own crate (`src/store`): the message log on disk or in PostgreSQL;
+/// tenants; which compaction records count.
+pub use handoff_store::{self as store, adoption, tenant};
 pub mod body_read;
 pub mod browser_guard;
 pub mod capture;
@@ -68,9 +70,7 @@ pub mod reload;
 pub mod router;
 pub mod server;
 pub mod state;
-pub mod store;
 pub mod strategies;
-pub mod tenant;
 #[cfg(test)]
 pub mod testing;
 pub mod tokens;

@@ -1,7 +1,7 @@
 //! The disk store's upkeep: ages, holds, removal, compression, tombstones and sizes.
 //!
 //! Whatever changes a conversation's folder runs on the writer thread
-//! ([`crate::store::Writer::exclusive`]) once its files are closed, so no append lands between the
+//! ([`crate::Writer::exclusive`]) once its files are closed, so no append lands between the
 //! check (is it held, was it written since) and the change. A change is one rename:
 //! - removal moves the folder into `upkeep/` and deletes it there;
 //! - compression builds the compressed copy in `upkeep/` and swaps it in

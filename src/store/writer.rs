@@ -270,7 +270,7 @@ fn seal_torn_line(file: &mut File) -> std::io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::read_log_file;
+    use crate::read_log_file;
 
     #[tokio::test]
     async fn a_torn_line_is_sealed_and_the_next_append_stays_whole() {

@@ -8,7 +8,7 @@ use super::rows::log_of;
 use super::{db, schema, PgStore};
 use crate::base::id::ConversationId;
 use crate::redact::shown_url;
-use crate::store::{ConversationLog, StoreError};
+use crate::{ConversationLog, StoreError};
 
 impl PgStore {
     /// Connects to `url` with at most `pool_size` connections and brings the schema up

@@ -6,7 +6,7 @@ use super::{db, PgStore};
 use crate::base::id::ConversationId;
 use crate::base::line::{Entry, Written};
 use crate::base::record::CompactionRecord;
-use crate::store::{ConversationLog, StoreError};
+use crate::{ConversationLog, StoreError};
 
 /// What importing one conversation did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use super::rows::conversation_of;
 use super::{db, PgStore};
 use crate::base::id::ConversationId;
 use crate::base::tenant::TenantId;
-use crate::store::{Listing, StoreError};
+use crate::{Listing, StoreError};
 
 impl PgStore {
     /// Conversations of `tenant` or of all after `after`, at most `limit`, with counts.

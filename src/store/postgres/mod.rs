@@ -494,15 +494,15 @@ impl Store for PgStore {
     fn activity(
         &self,
         tenant: Option<TenantId>,
-    ) -> BoxFuture<'_, Result<Vec<crate::store::Activity>, StoreError>> {
+    ) -> BoxFuture<'_, Result<Vec<crate::Activity>, StoreError>> {
         async move { self.activity_of(tenant.as_ref()).await }.boxed()
     }
 
     fn remove(
         &self,
         id: &ConversationId,
-        unless: crate::store::Unless,
-    ) -> BoxFuture<'_, Result<crate::store::Removed, StoreError>> {
+        unless: crate::Unless,
+    ) -> BoxFuture<'_, Result<crate::Removed, StoreError>> {
         let id = id.clone();
         async move { self.remove_one(&id, unless).await }.boxed()
     }
@@ -510,7 +510,7 @@ impl Store for PgStore {
     fn set_hold(
         &self,
         id: &ConversationId,
-        hold: Option<crate::store::Hold>,
+        hold: Option<crate::Hold>,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
         let id = id.clone();
         async move { self.hold_one(&id, hold.as_ref()).await }.boxed()
@@ -518,7 +518,7 @@ impl Store for PgStore {
 
     fn tombstone(
         &self,
-        tombstone: crate::store::Tombstone,
+        tombstone: crate::Tombstone,
     ) -> BoxFuture<'_, Result<(), StoreError>> {
         async move { self.bury(&tombstone).await }.boxed()
     }
@@ -526,14 +526,14 @@ impl Store for PgStore {
     fn tombstones_after(
         &self,
         seq: u64,
-    ) -> BoxFuture<'_, Result<Vec<crate::store::Tombstone>, StoreError>> {
+    ) -> BoxFuture<'_, Result<Vec<crate::Tombstone>, StoreError>> {
         async move { self.buried_after(seq).await }.boxed()
     }
 
     fn stats(
         &self,
         tenant: Option<TenantId>,
-    ) -> BoxFuture<'_, Result<Vec<crate::store::TenantStats>, StoreError>> {
+    ) -> BoxFuture<'_, Result<Vec<crate::TenantStats>, StoreError>> {
         async move { self.stats_of(tenant.as_ref()).await }.boxed()
     }
 
@@ -542,7 +542,7 @@ impl Store for PgStore {
         tenant: Option<TenantId>,
         after: Option<ConversationId>,
         limit: usize,
-    ) -> BoxFuture<'_, Result<Option<Vec<crate::store::Listing>>, StoreError>> {
+    ) -> BoxFuture<'_, Result<Option<Vec<crate::Listing>>, StoreError>> {
         async move {
             self.listings_of(tenant.as_ref(), after.as_ref(), limit)
                 .await

@@ -9,7 +9,7 @@ use crate::base::id::ConversationId;
 use crate::base::line::{Entry, Line, Written, NEWEST_VERSION, RUN_KIND};
 use crate::base::record::CompactionRecord;
 use crate::base::tenant::TenantId;
-use crate::store::{ConversationLog, LineProblem, StoreError};
+use crate::{ConversationLog, LineProblem, StoreError};
 
 /// Rows into a log; a line this build cannot read is a problem, as on disk.
 pub(super) fn log_of(lines: &[Row], records: &[Row], after: u64) -> ConversationLog {

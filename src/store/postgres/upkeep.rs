@@ -10,8 +10,8 @@ use std::time::SystemTime;
 use super::{db, PgStore};
 use crate::base::id::ConversationId;
 use crate::base::tenant::TenantId;
-use crate::store::upkeep::{Activity, Hold, Removed, TenantStats, Tombstone, Unless};
-use crate::store::StoreError;
+use crate::upkeep::{Activity, Hold, Removed, TenantStats, Tombstone, Unless};
+use crate::StoreError;
 
 impl PgStore {
     /// Every conversation of `tenant` or of all, oldest first.

@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 use crate::base::digest::{message_digest, MessageDigest, PrefixDigest};
 use crate::base::line::Entry;
 use crate::base::record::CompactionRecord;
-use crate::store::{ConversationLog, LineProblem};
+use crate::{ConversationLog, LineProblem};
 
 /// The records a log adopts, and what it had to ignore.
 #[derive(Debug, Default)]

@@ -18,7 +18,7 @@ use hmac::digest::KeyInit;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-pub use crate::store::layout::SECRET_FILE;
+pub use crate::layout::SECRET_FILE;
 
 /// The server's secret: the key of the HMAC that turns credentials into tenants.
 ///
@@ -64,12 +64,12 @@ impl ServerSecret {
         let path = data_dir.join(SECRET_FILE);
         let opened = std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags(crate::store::perms::no_follow())
+            .custom_flags(crate::perms::no_follow())
             .open(&path);
         match opened {
             Ok(mut file) => {
                 // A secret planted by someone else would let them name every tenant.
-                crate::store::perms::check_secret(&file, &path).map_err(std::io::Error::other)?;
+                crate::perms::check_secret(&file, &path).map_err(std::io::Error::other)?;
                 let mut bytes = [0u8; 32];
                 file.read_exact(&mut bytes)?;
                 return Ok(Self::from_bytes(bytes));
@@ -85,7 +85,7 @@ impl ServerSecret {
             .write(true)
             .create_new(true)
             .mode(0o600)
-            .custom_flags(crate::store::perms::no_follow())
+            .custom_flags(crate::perms::no_follow())
             .open(&path)
         {
             Ok(mut file) => {
@@ -101,7 +101,7 @@ impl ServerSecret {
     }
 
     /// The tenant of a caller presenting `credential` (what
-    /// [`crate::dialect::credential`] reads from a request).
+    /// `dialect::credential` reads from a request).
     pub fn tenant_for(&self, credential: &[u8]) -> TenantId {
         if let Some(tenant) = self.tenants.get(credential) {
             return tenant;

@@ -1,6 +1,18 @@
 //! Where originals live. The [`Store`] trait has the operations every backend
 //! provides; [`DiskStore`] is the embedded default (one folder per conversation under
 //! `data_dir/tenants/<tenant>/conversations/`), [`PgStore`] the shared one.
+//!
+//! Its own crate, `handoff-store`, on the vocabulary and the core only: it knows no wire
+//! format and no compaction. [`tenant`] names tenants from credential bytes, and
+//! [`adoption`] is the rule that says which compaction records count.
+
+#![forbid(unsafe_code)]
+
+// The layers below, under the names every layer uses for them.
+use handoff_base as base;
+use handoff_core::{config, error, metrics, redact};
+
+pub mod adoption;
 
 pub mod blocks;
 mod copy;
@@ -15,6 +27,7 @@ mod open;
 pub mod perms;
 mod postgres;
 mod response_index;
+pub mod tenant;
 pub mod upkeep;
 mod writer;
 
