@@ -48,6 +48,9 @@ pub use handoff_core::{
 /// The store, its own crate (`src/store`): the message log on disk or in PostgreSQL;
 /// tenants; which compaction records count.
 pub use handoff_store::{self as store, adoption, tenant};
+/// The wire formats, their own crate (`src/wire`): dialects, token counting, the HTTP
+/// client to the provider.
+pub use handoff_wire::{dialect, tokens, upstream};
 pub mod body_read;
 pub mod browser_guard;
 pub mod capture;
@@ -55,7 +58,6 @@ pub mod chat;
 pub mod cli;
 pub mod compaction;
 pub mod conversation;
-pub mod dialect;
 pub mod eval;
 pub mod forward;
 pub mod gate;
@@ -73,7 +75,5 @@ pub mod state;
 pub mod strategies;
 #[cfg(test)]
 pub mod testing;
-pub mod tokens;
 pub mod ui;
 pub mod upkeep;
-pub mod upstream;

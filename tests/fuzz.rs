@@ -143,6 +143,7 @@ fn body_of(dialect: DialectKind, messages: &[Value], tools: &Value) -> Bytes {
         DialectKind::Responses => {
             json!({"model": "gpt-4o", "input": responses_items(messages), "store": false})
         }
+        other => panic!("no fuzzed body for {other:?}"),
     };
     Bytes::from(serde_json::to_vec(&body).unwrap())
 }
@@ -310,6 +311,7 @@ proptest! {
                             "content": [{"type": "output_text", "text": text, "annotations": []}]}],
                 "usage": {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7},
             })),
+            other => panic!("no fuzzed stream for {other:?}"),
         };
         let stream: Vec<u8> = events.concat().into_bytes();
         let mut points: Vec<usize> = cuts.iter().map(|c| c.index(stream.len() + 1)).collect();

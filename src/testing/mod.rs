@@ -29,6 +29,8 @@ use crate::state::AppState;
 use crate::store::ConversationLog;
 use crate::tokens::Tokens;
 
+mod stub_dialect;
+
 /// The counter every in-process test shares.
 pub fn tokens() -> Arc<Tokens> {
     static TOKENS: OnceLock<Arc<Tokens>> = OnceLock::new();

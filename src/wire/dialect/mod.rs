@@ -15,7 +15,7 @@ mod pinned;
 mod prefix;
 mod repeated;
 pub mod responses;
-#[cfg(test)]
+#[cfg(feature = "stub")]
 mod stub;
 pub mod text;
 mod translate;
@@ -50,8 +50,10 @@ use crate::error::ApiError;
 /// its doc. This is the only place that lists them.
 macro_rules! registry {
     ($($(#[cfg($cfg:meta)])? $variant:ident => $imp:path, $doc:literal;)*) => {
-        /// The wire formats handoff understands.
+        /// The wire formats handoff understands. Non-exhaustive: a build may register
+        /// more (the tests' stub), so a match outside this crate needs a default arm.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
         pub enum DialectKind {
             $($(#[cfg($cfg)])? #[doc = $doc] $variant,)*
         }
@@ -74,7 +76,7 @@ registry! {
     OpenAiChat => openai::OpenAiChat, "OpenAI chat completions, `POST …/chat/completions`.";
     Anthropic => anthropic::AnthropicMessages, "Anthropic Messages, `POST …/v1/messages`.";
     Responses => responses::OpenAiResponses, "OpenAI Responses, `POST …/v1/responses`.";
-    #[cfg(test)] Stub => stub::StubDialect, "A fourth format, kept in a test: what a new dialect touches.";
+    #[cfg(feature = "stub")] Stub => stub::StubDialect, "A fourth format, built for tests only: what a new dialect touches.";
 }
 
 impl Default for DialectKind {
