@@ -35,7 +35,6 @@ pub use base::digest;
 
 pub mod access_log;
 pub mod admin;
-pub mod audit;
 pub mod auth;
 /// The vocabulary every layer shares, its own crate (`src/base`): it can import
 /// nothing of handoff's.
@@ -51,13 +50,14 @@ pub use handoff_store::{self as store, adoption, tenant};
 /// The wire formats, their own crate (`src/wire`): dialects, token counting, the HTTP
 /// client to the provider.
 pub use handoff_wire::{dialect, tokens, upstream};
+/// The engine, its own crate (`src/engine`): conversations, pins, the model view,
+/// compaction and its strategies, audit.
+pub use handoff_engine::{audit, compaction, conversation, pins, projection, strategies};
 pub mod body_read;
 pub mod browser_guard;
 pub mod capture;
 pub mod chat;
 pub mod cli;
-pub mod compaction;
-pub mod conversation;
 pub mod eval;
 pub mod forward;
 pub mod gate;
@@ -65,14 +65,11 @@ pub mod named_model;
 pub mod ownership;
 pub mod passthrough;
 pub mod path;
-pub mod pins;
-pub mod projection;
 pub mod relay;
 pub mod reload;
 pub mod router;
 pub mod server;
 pub mod state;
-pub mod strategies;
 #[cfg(test)]
 pub mod testing;
 pub mod ui;

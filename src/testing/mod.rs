@@ -29,6 +29,7 @@ use crate::state::AppState;
 use crate::store::ConversationLog;
 use crate::tokens::Tokens;
 
+mod compaction;
 mod stub_dialect;
 
 /// The counter every in-process test shares.

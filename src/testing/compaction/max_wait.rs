@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::tests::{agent_requests, assert_compacted_view, decisions, strict, user};
+use super::{agent_requests, assert_compacted_view, decisions, strict, user};
 use crate::base::line::{Entry, StandInLine};
 use crate::base::record::Reason;
 use crate::testing::Harness;

@@ -38,10 +38,3 @@ pub mod unit;
 
 pub use crate::adoption::{adopt, Adopted, Adoption};
 pub use crate::base::record::{CompactionRecord, Reason};
-
-#[cfg(test)]
-mod max_wait_tests;
-#[cfg(test)]
-mod prepare_tests;
-#[cfg(test)]
-mod tests;

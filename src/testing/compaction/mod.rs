@@ -5,6 +5,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod max_wait;
+mod prepare;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
