@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
-"""The layering check CI runs: reads the real `crate::` import graph of `src/` and the
-layer table of docs/architecture.md, and fails, naming the files, on
+"""The layering check CI runs. Cargo already refuses an import of a crate a crate does
+not depend on; this checks what Cargo cannot see, against the two tables of
+docs/architecture.md's `## Layers` section, and fails, naming the files, on
 
-- an import cycle between top-level modules;
-- an import of a module in a higher layer than the importer's;
-- a top-level module the table does not place, or a table entry with no module.
+- a crate whose `Cargo.toml` uses other handoff crates than the crate table says, or a
+  workspace crate the table does not name (so the picture cannot drift from the code);
+- a crate's top-level module the layer table does not place, or places in another
+  crate, or a table entry with no module;
+- an import cycle between a crate's top-level modules;
+- an import of a module of a higher layer than the importer's, inside one crate.
 
-A module may import its own layer and the layers below. Edges are read from `use`
-declarations and paths (`crate::a`, `crate::{a, b::c}`, a top-level file's
-`super::a`); unit-test modules (`#[cfg(test)] mod tests` at a file's end, and the
-files that hold them: `tests.rs`, `*_tests.rs`) are not read, since they are not
-built into the binary. The in-process harness, `testing`, is read: it is the top
-layer, and nothing but tests may import it.
+Edges are read from `use` declarations and paths (`crate::a`, `crate::{a, b::c}`, a
+top-level file's `super::a`); a name that is no module of the crate (a layer below,
+named at the crate's root) is Cargo's business. Unit-test modules (`#[cfg(test)] mod
+tests` at a file's end, and the files `tests.rs`, `*_tests.rs`) are not read, since
+they are not built into the binary. The in-process harness, `testing`, is read: it is
+the top layer, and nothing but tests may import it.
 
 usage: scripts/check_layering.py [REPO]   (prints the graph with --graph)
 """
@@ -19,17 +23,37 @@ usage: scripts/check_layering.py [REPO]   (prints the graph with --graph)
 import os
 import re
 import sys
+import tomllib
 from collections import defaultdict
 
 ROOT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else os.path.join(os.path.dirname(__file__), ".."))
-SRC = os.path.join(ROOT, "src")
 DOC = os.path.join(ROOT, "docs", "architecture.md")
 CRATE_ROOTS = {"lib", "main"}
 
 
-def module_of(path):
-    """The file's module path under `src`, as a list: src/a/b.rs is ['a', 'b']."""
-    parts = os.path.relpath(path, SRC)[:-3].split(os.sep)
+def workspace():
+    """{crate name: (folder relative to ROOT, {handoff crates it uses})} of every member."""
+    manifest = tomllib.load(open(os.path.join(ROOT, "Cargo.toml"), "rb"))
+    out = {}
+    for member in manifest["workspace"]["members"]:
+        data = tomllib.load(open(os.path.join(ROOT, member, "Cargo.toml"), "rb"))
+        uses = {name for name in data.get("dependencies", {}) if name.startswith("handoff")}
+        out[data["package"]["name"]] = (os.path.normpath(member), uses)
+    return out
+
+
+def sources(folder, nested):
+    """The `.rs` files of the crate in `folder`, without the crates nested in it."""
+    for directory, subdirs, files in os.walk(folder):
+        subdirs[:] = [d for d in subdirs if os.path.join(directory, d) not in nested]
+        for name in files:
+            if name.endswith(".rs") and name != "tests.rs" and not name.endswith("_tests.rs"):
+                yield os.path.join(directory, name)
+
+
+def module_of(path, src):
+    """The file's module path in its crate, as a list: src/a/b.rs is ['a', 'b']."""
+    parts = os.path.relpath(path, src)[:-3].split(os.sep)
     if parts[-1] == "mod":
         parts = parts[:-1]
     return [] if parts in ([p] for p in CRATE_ROOTS) else parts
@@ -59,33 +83,29 @@ def code_of(path):
     return re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
 
 
-def graph():
-    """{importer: {imported: set(files)}} over top-level modules."""
+def graph(src, nested):
+    """(modules, {importer: {imported: set(files)}}) over one crate's top-level modules."""
     edges = defaultdict(lambda: defaultdict(set))
     modules = set()
-    for directory, _, files in os.walk(SRC):
-        for name in files:
-            if not name.endswith(".rs") or name == "tests.rs" or name.endswith("_tests.rs"):
-                continue
-            path = os.path.join(directory, name)
-            module = module_of(path)
-            top = module[0] if module else None
-            if top:
-                modules.add(top)
-            text = code_of(path)
-            targets = []
-            for match in re.finditer(r"\bcrate::(\{[^;]*?\}|[a-z_][a-z0-9_]*)", text):
+    for path in sources(src, nested):
+        module = module_of(path, src)
+        top = module[0] if module else None
+        if top:
+            modules.add(top)
+        text = code_of(path)
+        targets = []
+        for match in re.finditer(r"\bcrate::(\{[^;]*?\}|[a-z_][a-z0-9_]*)", text):
+            found = match.group(1)
+            targets += items_of(found) if found.startswith("{") else [found]
+        # From a top-level file, `super::x` is the crate root's x.
+        if len(module) == 1:
+            for match in re.finditer(r"\bsuper::(\{[^;]*?\}|[a-z_][a-z0-9_]*)", text):
                 found = match.group(1)
                 targets += items_of(found) if found.startswith("{") else [found]
-            # From a top-level file, `super::x` is the crate root's x.
-            if len(module) == 1:
-                for match in re.finditer(r"\bsuper::(\{[^;]*?\}|[a-z_][a-z0-9_]*)", text):
-                    found = match.group(1)
-                    targets += items_of(found) if found.startswith("{") else [found]
-            rel = os.path.relpath(path, ROOT)
-            for target in targets:
-                if target not in ("self", "super") and target != top and top:
-                    edges[top][target].add(rel)
+        rel = os.path.relpath(path, ROOT)
+        for target in targets:
+            if target not in ("self", "super") and target != top and top:
+                edges[top][target].add(rel)
     for importer in edges:
         for target in list(edges[importer]):
             if target not in modules:
@@ -93,17 +113,28 @@ def graph():
     return modules, edges
 
 
-def layers():
-    """[(layer name, [modules])] from the `## Layers` table, bottom first."""
+def tables():
+    """The `## Layers` section's two tables: [(layer, crate, [modules])] bottom first,
+    and {crate: (folder, {crates it uses})}."""
     text = open(DOC, encoding="utf-8").read()
     section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
-    rows = []
+    layers, crates, header = [], {}, None
     for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) < 2 or cells[0] in ("layer", "") or set(cells[0]) <= {"-", " "}:
+        if not line.startswith("|"):
+            header = None if not line.strip() else header
             continue
-        rows.append((cells[0], re.findall(r"`([a-z_]+)`", cells[1])))
-    return rows
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] in ("layer", "crate"):
+            header = cells[0]
+            continue
+        if set(cells[0]) <= {"-", " "}:
+            continue
+        names = lambda cell: re.findall(r"`([a-z_-]+)`", cell)
+        if header == "layer":
+            layers.append((cells[0], names(cells[1])[0], names(cells[2])))
+        elif header == "crate":
+            crates[names(cells[0])[0]] = (cells[1].strip("`"), set(names(cells[2])))
+    return layers, crates
 
 
 def cycles(edges):
@@ -140,45 +171,90 @@ def cycles(edges):
     return out
 
 
-def main():
-    modules, edges = graph()
-    if "--graph" in sys.argv:
-        for importer in sorted(edges):
-            print(importer, "->", " ".join(sorted(edges[importer])))
+def check_crates(members, crates):
     problems = []
-    for component in cycles(edges):
-        ties = [
-            f"    {a} -> {b} ({', '.join(sorted(edges[a][b]))})"
-            for a in component
-            for b in component
-            if b in edges.get(a, {})
-        ]
-        problems.append("import cycle between " + ", ".join(component) + ":\n" + "\n".join(ties))
-    rows = layers()
+    for name, (folder, uses) in sorted(members.items()):
+        if name not in crates:
+            if folder.startswith("src") or folder.startswith("plugins"):
+                problems.append(f"the crate table does not name `{name}` ({folder})")
+            continue
+        want_folder, want_uses = crates[name]
+        if os.path.normpath(want_folder) != folder:
+            problems.append(f"the crate table puts `{name}` in {want_folder}; it is in {folder}")
+        if uses != want_uses:
+            extra, missing = sorted(uses - want_uses), sorted(want_uses - uses)
+            problems.append(
+                f"`{name}` uses other crates than the crate table says: "
+                f"Cargo.toml adds {extra or 'nothing'}, lacks {missing or 'nothing'}"
+            )
+    for name in sorted(set(crates) - set(members)):
+        problems.append(f"the crate table names `{name}`, which is no workspace crate")
+    return problems
+
+
+def check_layers(members, rows):
+    problems, report, total = [], [], [0, 0]
     level = {}
-    for number, (name, members) in enumerate(rows):
-        for member in members:
-            if member in level:
-                problems.append(f"the layer table places `{member}` twice")
-            level[member] = (number, name)
-    for module in sorted(modules - set(level)):
-        problems.append(f"`{module}` is in no layer of docs/architecture.md")
-    for member in sorted(set(level) - modules):
-        problems.append(f"the layer table names `{member}`, which is no module of src/")
-    for importer in sorted(edges):
-        for target, files in sorted(edges[importer].items()):
-            if importer in level and target in level and level[target][0] > level[importer][0]:
-                problems.append(
-                    f"upward import: `{importer}` ({level[importer][1]}) imports `{target}` "
-                    f"({level[target][1]}) in {', '.join(sorted(files))}"
-                )
+    for number, (name, crate, modules) in enumerate(rows):
+        for module in modules:
+            if (crate, module) in level:
+                problems.append(f"the layer table places `{module}` of `{crate}` twice")
+            level[(crate, module)] = (number, name)
+    folders = {name: os.path.normpath(os.path.join(ROOT, folder)) for name, (folder, _) in members.items()}
+    nested = set(folders.values())
+    for crate in sorted({crate for _, crate, _ in rows}):
+        if crate not in folders:
+            problems.append(f"the layer table names the crate `{crate}`, which is no workspace crate")
+            continue
+        src = folders[crate]
+        if os.path.isdir(os.path.join(src, "src")) and not os.path.exists(os.path.join(src, "lib.rs")):
+            src = os.path.join(src, "src")
+        modules, edges = graph(src, nested - {folders[crate]})
+        placed = {module for (c, module) in level if c == crate}
+        for module in sorted(modules - placed):
+            problems.append(f"`{module}` of `{crate}` is in no layer of docs/architecture.md")
+        for module in sorted(placed - modules):
+            problems.append(f"the layer table names `{module}`, which is no module of `{crate}`")
+        for component in cycles(edges):
+            ties = [
+                f"    {a} -> {b} ({', '.join(sorted(edges[a][b]))})"
+                for a in component
+                for b in component
+                if b in edges.get(a, {})
+            ]
+            problems.append(f"import cycle in `{crate}` between " + ", ".join(component) + ":\n" + "\n".join(ties))
+        for importer in sorted(edges):
+            for target, files in sorted(edges[importer].items()):
+                low, high = level.get((crate, importer)), level.get((crate, target))
+                if low and high and high[0] > low[0]:
+                    problems.append(
+                        f"upward import: `{importer}` ({low[1]}) imports `{target}` "
+                        f"({high[1]}) in {', '.join(sorted(files))}"
+                    )
+                if "--graph" in sys.argv:
+                    report.append(f"{crate}: {importer} -> {target}")
+        total[0] += len(modules)
+        total[1] += sum(len(t) for t in edges.values())
+    return problems, report, total
+
+
+def main():
+    members = workspace()
+    rows, crates = tables()
+    problems = check_crates(members, crates)
+    more, report, (modules, imports) = check_layers(members, rows)
+    problems += more
+    if report:
+        print("\n".join(report))
     if problems:
         print("layering: broken", file=sys.stderr)
         for problem in problems:
             print("  " + problem, file=sys.stderr)
         return 1
-    count = sum(len(t) for t in edges.values())
-    print(f"layering: ok ({len(modules)} modules, {count} imports, {len(rows)} layers, no cycles)")
+    print(
+        f"layering: ok ({len(crates)} crates, {modules} modules, {imports} imports "
+        f"within crates, {len(rows)} layers, no cycles)"
+    )
     return 0
 
 

@@ -44,15 +44,15 @@ pub use handoff_base as base;
 pub use handoff_core::{
     body, config, error, finish, headers, metrics, peers, redact, rewrite, telemetry, worker,
 };
+/// The engine, its own crate (`src/engine`): conversations, pins, the model view,
+/// compaction and its strategies, audit.
+pub use handoff_engine::{audit, compaction, conversation, pins, projection, strategies};
 /// The store, its own crate (`src/store`): the message log on disk or in PostgreSQL;
 /// tenants; which compaction records count.
 pub use handoff_store::{self as store, adoption, tenant};
 /// The wire formats, their own crate (`src/wire`): dialects, token counting, the HTTP
 /// client to the provider.
 pub use handoff_wire::{dialect, tokens, upstream};
-/// The engine, its own crate (`src/engine`): conversations, pins, the model view,
-/// compaction and its strategies, audit.
-pub use handoff_engine::{audit, compaction, conversation, pins, projection, strategies};
 pub mod body_read;
 pub mod browser_guard;
 pub mod capture;

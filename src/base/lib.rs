@@ -15,3 +15,4 @@ pub mod outcome;
 pub mod record;
 pub mod reply;
 pub mod tenant;
+pub mod version;

@@ -9,26 +9,10 @@ use serde_json::Value;
 
 use super::digest::{message_digest, next_prefix, Digest, MessageDigest, PrefixDigest};
 
-/// Version written on every line but a run of messages.
-pub const FORMAT_VERSION: u32 = 1;
-
-/// Version of a `messages` run line: an older build reports a run as too new rather
-/// than reading it as nothing.
-pub const RUN_VERSION: u32 = 2;
-
-/// Version of a `form` line.
-pub const FORM_VERSION: u32 = 3;
-
-/// Version of a `decision` line.
-pub const DECISION_VERSION: u32 = 4;
-
-/// Version of a `pinned` line whose messages are stored once for the tenant, by
-/// digest ([`PinnedLine::block`]): an older build reports it as too new rather than
-/// reading an empty set.
-pub const BLOCK_VERSION: u32 = 5;
-
-/// The newest version a reader accepts.
-pub const NEWEST_VERSION: u32 = BLOCK_VERSION;
+pub use super::record::BoundaryLine;
+pub use super::version::{
+    BLOCK_VERSION, DECISION_VERSION, FORMAT_VERSION, FORM_VERSION, NEWEST_VERSION, RUN_VERSION,
+};
 
 /// Who produced an original.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -343,15 +327,6 @@ pub struct ShortenedBody {
     pub bytes_before: usize,
     /// Bytes of the message as sent.
     pub bytes_after: usize,
-}
-
-/// The boundary of a compaction, in the message log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BoundaryLine {
-    /// The record's id in `compactions.jsonl`.
-    pub compact_id: String,
-    /// The prefix the compaction covers.
-    pub prefix_digest: PrefixDigest,
 }
 
 /// An original message in the chain.

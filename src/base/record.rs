@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::digest::PrefixDigest;
-use super::line::{BoundaryLine, FORMAT_VERSION};
+use super::version::FORMAT_VERSION;
 
 /// Version of the compaction policy (split, budgets, prompt contract) in force.
 pub const POLICY_VERSION: u32 = 1;
@@ -117,6 +117,15 @@ pub struct CompactionRecord {
     /// crosses the trigger without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prepared: Option<Prepared>,
+}
+
+/// The boundary of a compaction, in the message log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BoundaryLine {
+    /// The record's id in `compactions.jsonl`.
+    pub compact_id: String,
+    /// The prefix the compaction covers.
+    pub prefix_digest: PrefixDigest,
 }
 
 impl CompactionRecord {

@@ -8,7 +8,7 @@ use std::path::Path;
 use rustix::fd::OwnedFd;
 
 use super::blocks::Resolver;
-use super::disk::{ConversationLog, LineProblem};
+use super::conversation_log::{ConversationLog, LineProblem};
 use super::layout::{COLD_FILE, COMPACTIONS_FILE, MESSAGES_FILE};
 use super::KeepText;
 use crate::base::line::{Entry, Line, NEWEST_VERSION};

@@ -15,6 +15,7 @@ use handoff_core::{config, error, metrics, redact};
 pub mod adoption;
 
 pub mod blocks;
+mod conversation_log;
 mod copy;
 mod disk;
 mod disk_read;
@@ -35,8 +36,9 @@ use futures_util::future::BoxFuture;
 
 /// The line format, kept here for callers of the store's API.
 pub use crate::base::line;
+pub use conversation_log::{ConversationLog, LineProblem};
 pub use copy::{copy_data_dir, CopyError, CopyReport};
-pub use disk::{ConversationLog, DiskStore, LineProblem};
+pub use disk::DiskStore;
 pub use disk_read::{read_conversation, read_conversation_index, read_log_file};
 pub use layout::{COMPACTIONS_FILE, MESSAGES_FILE};
 pub use listing::Listing;

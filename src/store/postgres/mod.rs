@@ -516,10 +516,7 @@ impl Store for PgStore {
         async move { self.hold_one(&id, hold.as_ref()).await }.boxed()
     }
 
-    fn tombstone(
-        &self,
-        tombstone: crate::Tombstone,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
+    fn tombstone(&self, tombstone: crate::Tombstone) -> BoxFuture<'_, Result<(), StoreError>> {
         async move { self.bury(&tombstone).await }.boxed()
     }
 

@@ -1,0 +1,23 @@
+//! The format versions of the log's lines: each line carries one, and a reader reports
+//! a line newer than it knows instead of reading it as nothing.
+
+/// Version written on every line but a run of messages.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Version of a `messages` run line: an older build reports a run as too new rather
+/// than reading it as nothing.
+pub const RUN_VERSION: u32 = 2;
+
+/// Version of a `form` line.
+pub const FORM_VERSION: u32 = 3;
+
+/// Version of a `decision` line.
+pub const DECISION_VERSION: u32 = 4;
+
+/// Version of a `pinned` line whose messages are stored once for the tenant, by
+/// digest ([`PinnedLine::block`]): an older build reports it as too new rather than
+/// reading an empty set.
+pub const BLOCK_VERSION: u32 = 5;
+
+/// The newest version a reader accepts.
+pub const NEWEST_VERSION: u32 = BLOCK_VERSION;
