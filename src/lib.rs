@@ -19,23 +19,23 @@
 //!   client frame by frame, while [`capture`] logs the reply on the side and
 //!   [`access_log`] writes one line per request.
 //!
-//! [`base`] is the leaf vocabulary every layer shares (ids, digests, log lines, records,
-//! calibration); the store imports nothing above it and no compaction code.
-//! [`config`] holds the typed, layered configuration; [`error`] is the one place where a
-//! failure becomes an HTTP answer in the API's own error shape; [`state`] holds the
-//! config snapshot that [`reload`] swaps; [`audit`] reads the log back for people;
-//! [`upkeep`] prunes, erases and compresses it; [`metrics`] counts; [`redact`] keeps
-//! secrets out of what people read; [`eval`] replays recorded conversations offline to
-//! compare strategies; [`cli`] is the command line.
+//! The layers below the request path are crates of their own, re-exported here under
+//! the paths above: [`base`] (`handoff-base`, the vocabulary: ids, digests, log lines,
+//! records); `handoff-core` ([`body`], [`headers`], [`error`], the one place where a
+//! failure becomes an answer in the API's own error shape, [`metrics`], [`redact`],
+//! [`config`], [`telemetry`], …); `handoff-store` ([`store`], [`tenant`],
+//! [`adoption`]); `handoff-wire` ([`dialect`], [`tokens`], [`upstream`]);
+//! `handoff-engine` ([`conversation`], [`pins`], [`projection`], [`compaction`],
+//! [`strategies`], [`audit`]). This crate is the request path and the tools: [`state`]
+//! holds the config snapshot that [`reload`] swaps; [`upkeep`] prunes, erases and
+//! compresses the log; [`eval`] replays recorded conversations offline to compare
+//! strategies; [`cli`] is the command line.
 
 #![forbid(unsafe_code)]
 
 /// Digests live in [`base`]; this path is kept for users of the library.
 pub use base::digest;
 
-pub mod access_log;
-pub mod admin;
-pub mod auth;
 /// The vocabulary every layer shares, its own crate (`src/base`): it can import
 /// nothing of handoff's.
 pub use handoff_base as base;
@@ -53,6 +53,10 @@ pub use handoff_store::{self as store, adoption, tenant};
 /// The wire formats, their own crate (`src/wire`): dialects, token counting, the HTTP
 /// client to the provider.
 pub use handoff_wire::{dialect, tokens, upstream};
+
+pub mod access_log;
+pub mod admin;
+pub mod auth;
 pub mod body_read;
 pub mod browser_guard;
 pub mod capture;

@@ -15,7 +15,7 @@ pub const FORM_VERSION: u32 = 3;
 pub const DECISION_VERSION: u32 = 4;
 
 /// Version of a `pinned` line whose messages are stored once for the tenant, by
-/// digest ([`PinnedLine::block`]): an older build reports it as too new rather than
+/// digest ([`crate::line::PinnedLine::block`]): an older build reports it as too new rather than
 /// reading an empty set.
 pub const BLOCK_VERSION: u32 = 5;
 

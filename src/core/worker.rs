@@ -1,6 +1,6 @@
 //! Which worker thread this is, and how many there are: a process-wide fact, set once
 //! by the server before anything is built, so that each worker keeps its own upstream
-//! connections ([`crate::upstream`]).
+//! connections (`upstream`, in handoff-wire).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -357,7 +357,7 @@ pub struct KeyConfig {
     pub retention: Option<Retention>,
     /// Paths the key may use, each with everything under it (`/v1/files` covers
     /// `/v1/files/file-…`); when unset, the inference APIs and their objects
-    /// ([`crate::dialect::key_paths`]).
+    /// (`dialect::key_paths`, in handoff-wire).
     #[serde(default)]
     pub paths: Option<Vec<String>>,
 }
