@@ -56,7 +56,7 @@ impl RequestLog {
     }
 
     /// Reports this request's overhead to `metrics` when it ends.
-    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = Some(metrics);
         self
     }
@@ -67,7 +67,7 @@ impl RequestLog {
     }
 
     /// Hands the log to `response`'s body, which writes it when the body ends.
-    pub fn respond(mut self, response: Response<ProxyBody>) -> Response<Logged> {
+    pub(crate) fn respond(mut self, response: Response<ProxyBody>) -> Response<Logged> {
         self.status = Some(response.status());
         self.head_at = Some(self.started.elapsed());
         let (parts, inner) = response.into_parts();
@@ -79,7 +79,7 @@ impl RequestLog {
     }
 
     /// Records the time from sending upstream to the response head.
-    pub fn set_upstream_time(&mut self, elapsed: Duration) {
+    pub(crate) fn set_upstream_time(&mut self, elapsed: Duration) {
         self.upstream_time = Some(elapsed);
     }
 

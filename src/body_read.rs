@@ -60,7 +60,7 @@ impl Gathered {
 /// An excess, declared or actual, is a 413 sent at once, while the rest of the upload
 /// is read and dropped on the side (bounded, like nginx's lingering close): a client
 /// that sends its whole body before reading then reads the 413, not a broken pipe.
-pub async fn read_body(
+pub(crate) async fn read_body(
     mut body: Incoming,
     limits: &LimitsConfig,
     headers: &http::HeaderMap,

@@ -13,7 +13,7 @@ use crate::error::ApiError;
 /// Refuses a request whose addressed host is not one of the listener's names: the
 /// request target's authority (absolute form, h2's `:authority`) and `Host` must both
 /// be allowed, and agree when both are present.
-pub fn check_host<B>(config: &Config, request: &Request<B>) -> Result<(), ApiError> {
+pub(crate) fn check_host<B>(config: &Config, request: &Request<B>) -> Result<(), ApiError> {
     let from_target = request.uri().authority().map(|a| a.as_str());
     let from_header = match request.headers().get(header::HOST) {
         Some(value) => Some(
@@ -42,7 +42,7 @@ pub fn check_host<B>(config: &Config, request: &Request<B>) -> Result<(), ApiErr
 }
 
 /// Refuses a request that carries an `Origin` not in `allowed_origins`: a web page's.
-pub fn check_origin<B>(config: &Config, request: &Request<B>) -> Result<(), ApiError> {
+pub(crate) fn check_origin<B>(config: &Config, request: &Request<B>) -> Result<(), ApiError> {
     let Some(origin) = request.headers().get(header::ORIGIN) else {
         return Ok(());
     };
@@ -97,7 +97,7 @@ fn ends_with_ignore_case(text: &str, suffix: &str) -> bool {
 
 /// The host part of a `Host` value or of an origin's authority: no port or path, lower
 /// case; an IPv6 literal keeps its brackets. User info stays, so no name with it passes.
-pub fn host_of(authority: &str) -> String {
+pub(crate) fn host_of(authority: &str) -> String {
     let authority = authority.split('/').next().unwrap_or(authority);
     if let Some(rest) = authority.strip_prefix('[') {
         return format!("[{}]", rest.split(']').next().unwrap_or(rest)).to_ascii_lowercase();

@@ -33,7 +33,7 @@ pub async fn forward(
 }
 
 /// Sends `request` upstream and records how long the response head took.
-pub async fn send_timed(
+pub(crate) async fn send_timed(
     upstream: &Upstream,
     request: Request<ProxyBody>,
     log: &mut RequestLog,
@@ -49,7 +49,7 @@ pub async fn send_timed(
 
 /// The request to send upstream: the client's method, path and headers, hop-by-hop and
 /// `x-handoff-*` headers removed, `Host` left to the client pool.
-pub fn upstream_request(
+pub(crate) fn upstream_request(
     upstream: &Upstream,
     method: http::Method,
     uri: &http::Uri,
@@ -91,7 +91,7 @@ pub fn relay(
 }
 
 /// Like [`relay`], for a body whose first bytes (`opening`) were already read.
-pub fn relay_after(
+pub(crate) fn relay_after(
     upstream: &Upstream,
     mut parts: http::response::Parts,
     opening: Bytes,
@@ -114,7 +114,7 @@ pub fn relay_after(
 }
 
 /// True for `text/event-stream` responses.
-pub fn is_event_stream(headers: &http::HeaderMap) -> bool {
+pub(crate) fn is_event_stream(headers: &http::HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())

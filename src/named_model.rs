@@ -58,7 +58,10 @@ pub fn reading(path: &str, headers: &HeaderMap) -> Result<Reading, ApiError> {
 }
 
 /// The model a body read whole names, or `None` when it names none.
-pub async fn named_model(headers: &HeaderMap, body: &Bytes) -> Result<Option<String>, ApiError> {
+pub(crate) async fn named_model(
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Option<String>, ApiError> {
     if body.is_empty() {
         return Ok(None);
     }

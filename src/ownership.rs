@@ -18,7 +18,7 @@ use crate::error::ApiError;
 use crate::store::{Store, StoreError};
 
 /// True when `text` has the shape of an upstream object id.
-pub fn is_object_id(text: &str) -> bool {
+pub(crate) fn is_object_id(text: &str) -> bool {
     id_prefixes().iter().any(|prefix| {
         text.strip_prefix(prefix).is_some_and(|rest| {
             !rest.is_empty()
@@ -30,12 +30,12 @@ pub fn is_object_id(text: &str) -> bool {
 }
 
 /// The object ids a path names.
-pub fn path_objects(path: &str) -> impl Iterator<Item = &str> {
+pub(crate) fn path_objects(path: &str) -> impl Iterator<Item = &str> {
     path.split('/').filter(|segment| is_object_id(segment))
 }
 
 /// The object ids a JSON body names in the fields that hold them, at any depth.
-pub fn body_objects(body: &[u8]) -> Vec<String> {
+pub(crate) fn body_objects(body: &[u8]) -> Vec<String> {
     // Most bodies name none: a search for the field names spares the parse.
     if !may_name_objects(body) {
         return Vec::new();
@@ -51,7 +51,7 @@ pub fn body_objects(body: &[u8]) -> Vec<String> {
 ///
 /// Exact because no string straddles the list's edges or an element's, so a field
 /// name or an escaped key lies inside one of the parts searched.
-pub fn request_objects(body: &Chunks, chat: &ChatRequest) -> Vec<String> {
+pub(crate) fn request_objects(body: &Chunks, chat: &ChatRequest) -> Vec<String> {
     let listed = chat.messages.get(chat.top_level..).unwrap_or_default();
     let may = match chat.list.clone() {
         Some(list) if !listed.is_empty() => {
@@ -144,12 +144,12 @@ fn collect(value: &Value, found: &mut Vec<String>) {
 }
 
 /// True when `path` lists a collection of upstream objects.
-pub fn is_listing(method: &http::Method, path: &str) -> bool {
+pub(crate) fn is_listing(method: &http::Method, path: &str) -> bool {
     *method == http::Method::GET && listings().contains(&path)
 }
 
 /// The id of the object a response created: the top-level `id` of a JSON body.
-pub fn created_object(body: &[u8]) -> Option<String> {
+pub(crate) fn created_object(body: &[u8]) -> Option<String> {
     #[derive(serde::Deserialize)]
     struct Created {
         id: Option<String>,

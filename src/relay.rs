@@ -37,7 +37,7 @@ pub enum Flow {
 }
 
 /// What an observer's end work yields: `Err` cuts the client's body before its end.
-pub type EndWork = BoxFuture<'static, Result<(), RelayError>>;
+pub(crate) type EndWork = BoxFuture<'static, Result<(), RelayError>>;
 
 /// Watches the frames of one response as they go by.
 pub trait Observer: Send {
@@ -113,7 +113,7 @@ impl Drop for Settle {
 
 pin_project_lite::pin_project! {
     /// The upstream body, relayed frame by frame.
-    pub struct RelayBody {
+    pub(crate) struct RelayBody {
         // `None` once the client's body is over: after the end, or after the frame that
         // ended the reply, when what is left is drained on the side.
         inner: Option<Incoming>,
@@ -145,15 +145,6 @@ async fn drain(mut rest: Incoming) {
 }
 
 impl RelayBody {
-    /// Relays `inner`, showing its frames to `observer`.
-    pub fn new(
-        inner: Incoming,
-        idle_timeout: Duration,
-        observer: Option<Box<dyn Observer>>,
-    ) -> Self {
-        Self::after(Bytes::new(), inner, idle_timeout, observer)
-    }
-
     /// Relays `prefix` (bytes already read from `inner`), then the rest of `inner`.
     pub fn after(
         prefix: Bytes,

@@ -15,7 +15,7 @@ use crate::state::AppState;
 const DEBOUNCE: Duration = Duration::from_millis(250);
 
 /// Reloads `state` whenever a message arrives on the returned sender.
-pub fn spawn_reloader(state: Arc<AppState>) -> mpsc::Sender<&'static str> {
+pub(crate) fn spawn_reloader(state: Arc<AppState>) -> mpsc::Sender<&'static str> {
     let (sender, mut receiver) = mpsc::channel::<&'static str>(1);
     tokio::spawn(async move {
         while let Some(cause) = receiver.recv().await {
@@ -31,7 +31,7 @@ pub fn spawn_reloader(state: Arc<AppState>) -> mpsc::Sender<&'static str> {
 
 /// Watches the config file's folder (editors replace files by renaming) and asks for
 /// a reload when the file changes. The watcher stops when the returned value drops.
-pub fn watch_config_file(
+pub(crate) fn watch_config_file(
     file: PathBuf,
     reload: mpsc::Sender<&'static str>,
 ) -> Option<Debouncer<RecommendedWatcher>> {

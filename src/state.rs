@@ -161,14 +161,14 @@ impl Snapshot {
 
     /// The upstream for a request of `dialect` that is not routed by model (e.g.
     /// `count_tokens`): the dialect's own base URL, else the default.
-    pub fn dialect_upstream(&self, dialect: DialectKind) -> &Upstream {
+    pub(crate) fn dialect_upstream(&self, dialect: DialectKind) -> &Upstream {
         self.dialect_upstreams
             .get(&dialect)
             .unwrap_or(&self.upstream)
     }
 
     /// The upstream for `model` in `dialect`: a matching route's, else the dialect's.
-    pub fn upstream_in(&self, dialect: DialectKind, model: &str) -> &Upstream {
+    pub(crate) fn upstream_in(&self, dialect: DialectKind, model: &str) -> &Upstream {
         self.config
             .routes
             .iter()
@@ -181,7 +181,7 @@ impl Snapshot {
 
 /// Reloads so far, for `GET /handoff/config`.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct ReloadStatus {
+pub(crate) struct ReloadStatus {
     /// Successful reloads.
     pub reloads: u64,
     /// Why the last attempt failed, if it did.
@@ -229,7 +229,7 @@ pub struct AppState {
 impl AppState {
     /// Refuses a request that names an upstream object its tenant did not create. A
     /// Responses id or conversation is the tenant's when its conversation logged it.
-    pub async fn check_owned(
+    pub(crate) async fn check_owned(
         &self,
         tenant: &crate::tenant::TenantId,
         named: &[String],
@@ -251,7 +251,7 @@ impl AppState {
     /// Refuses (507) a request of a tenant whose log already holds its
     /// `store.tenant_quota_bytes`. The store refuses, before writing, the lines that
     /// would take it past; this spares the work of a request that cannot be logged.
-    pub async fn check_quota(
+    pub(crate) async fn check_quota(
         &self,
         snap: &Snapshot,
         tenant: &crate::tenant::TenantId,
@@ -444,7 +444,7 @@ impl AppState {
     }
 
     /// Reloads so far.
-    pub fn reload_status(&self) -> ReloadStatus {
+    pub(crate) fn reload_status(&self) -> ReloadStatus {
         self.reload.lock().map(|s| s.clone()).unwrap_or_default()
     }
 

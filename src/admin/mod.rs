@@ -27,11 +27,11 @@ mod upkeep;
 
 /// The header that carries the upstream credential of a manual compaction (the
 /// request's own `Authorization` is the admin token).
-pub const UPSTREAM_AUTHORIZATION: &str = "x-handoff-upstream-authorization";
+pub(crate) const UPSTREAM_AUTHORIZATION: &str = "x-handoff-upstream-authorization";
 
 /// The header that carries the upstream key for a manual compaction of a conversation
 /// whose API takes a bare key in a header of its own (Anthropic's `x-api-key`).
-pub const UPSTREAM_API_KEY: &str = "x-handoff-upstream-api-key";
+pub(crate) const UPSTREAM_API_KEY: &str = "x-handoff-upstream-api-key";
 
 /// Handles a `/handoff/*` request.
 pub async fn handle(
@@ -654,7 +654,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// A 200 JSON answer.
-pub fn ok_json(value: &serde_json::Value) -> Response<ProxyBody> {
+pub(crate) fn ok_json(value: &serde_json::Value) -> Response<ProxyBody> {
     let mut response = Response::new(json(value));
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -141,7 +141,7 @@ impl RateLimiter {
     }
 
     /// Gives `tokens` back to `key`'s `tpm` bucket: a reservation the body did not use.
-    pub fn refund(&self, key: &str, tpm: Option<u64>, tokens: u64, now: Instant) {
+    pub(crate) fn refund(&self, key: &str, tpm: Option<u64>, tokens: u64, now: Instant) {
         let (Some(per_minute), true) = (tpm, tokens > 0) else {
             return;
         };
@@ -155,7 +155,7 @@ impl RateLimiter {
     /// Takes `tokens` more from `key`'s `tpm` bucket, below empty if need be (at most a
     /// minute's allowance of debt): what an admitted oversize body, or a summary call
     /// made for the key's conversation, cost. The next requests wait until it is paid.
-    pub fn charge(&self, key: &str, tpm: Option<u64>, tokens: u64, now: Instant) {
+    pub(crate) fn charge(&self, key: &str, tpm: Option<u64>, tokens: u64, now: Instant) {
         let (Some(per_minute), true) = (tpm, tokens > 0) else {
             return;
         };

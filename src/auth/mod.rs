@@ -40,7 +40,7 @@ pub enum KeyError {
 }
 
 /// The value of the key variable `variable`, named by the config key `field`.
-pub fn read_key(field: &str, variable: &str) -> Result<String, KeyError> {
+pub(crate) fn read_key(field: &str, variable: &str) -> Result<String, KeyError> {
     let value = std::env::var(variable)
         .ok()
         .filter(|v| !v.is_empty())
@@ -71,7 +71,7 @@ pub struct ProxyKey {
 
 impl ProxyKey {
     /// True when the key may use `path`: one of its paths, or below one.
-    pub fn allows_path(&self, path: &str) -> bool {
+    pub(crate) fn allows_path(&self, path: &str) -> bool {
         self.paths.iter().any(|allowed| {
             let allowed = allowed.trim_end_matches('/');
             path == allowed
@@ -150,13 +150,13 @@ impl Credentials {
     }
 
     /// True when callers must present a proxy key.
-    pub fn requires_keys(&self) -> bool {
+    pub(crate) fn requires_keys(&self) -> bool {
         !self.keys.is_empty()
     }
 
     /// True when many proxy keys share one upstream key: their upstream objects live
     /// in one account, and handoff keeps them apart.
-    pub fn shares_upstream_key(&self) -> bool {
+    pub(crate) fn shares_upstream_key(&self) -> bool {
         self.requires_keys() && self.holds_upstream_key
     }
 
@@ -241,7 +241,7 @@ pub struct Admission {
 
 /// The tokens a body of unknown length (chunked, or h2 without `content-length`)
 /// reserves until its size is known: 64 KiB of text.
-pub const CHUNKED_RESERVE_TOKENS: u64 = 16 * 1024;
+pub(crate) const CHUNKED_RESERVE_TOKENS: u64 = 16 * 1024;
 
 /// What a request reserves of its key's `tpm` before it is admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -307,7 +307,7 @@ impl Admission {
     /// Settles the reservation once a body read whole held `read` bytes: gives back
     /// what it did not use, or takes what it held beyond, refusing the request (before
     /// anything is sent) when the key's `tpm` cannot cover it.
-    pub fn settle_read(&self, limiter: &RateLimiter, read: usize) -> Result<(), ApiError> {
+    pub(crate) fn settle_read(&self, limiter: &RateLimiter, read: usize) -> Result<(), ApiError> {
         let Some(key) = &self.key else {
             return Ok(());
         };
@@ -337,7 +337,7 @@ impl Admission {
 
     /// Takes `tokens` more for a streamed body that passed its reservation; `Err` when
     /// the key's `tpm` cannot cover them (the stream is then cut).
-    pub fn take_streamed(&self, limiter: &RateLimiter, tokens: u64) -> Result<(), ApiError> {
+    pub(crate) fn take_streamed(&self, limiter: &RateLimiter, tokens: u64) -> Result<(), ApiError> {
         let Some(key) = &self.key else {
             return Ok(());
         };
@@ -351,14 +351,14 @@ impl Admission {
     }
 
     /// Gives back `tokens` of the reservation a streamed body did not use.
-    pub fn refund(&self, limiter: &RateLimiter, tokens: u64) {
+    pub(crate) fn refund(&self, limiter: &RateLimiter, tokens: u64) {
         if let Some(key) = &self.key {
             limiter.refund(key.tenant.as_str(), key.tpm, tokens, Instant::now());
         }
     }
 
     /// 403 when the key may not use `path`.
-    pub fn check_path(&self, path: &str) -> Result<(), ApiError> {
+    pub(crate) fn check_path(&self, path: &str) -> Result<(), ApiError> {
         match &self.key {
             Some(key) if !key.allows_path(path) => Err(ApiError::path_not_allowed(format!(
                 "key {} may not use {path}; allowed: [{}] ([[auth.keys]] paths)",
@@ -370,7 +370,7 @@ impl Admission {
     }
 
     /// 403 when the key may not use `model`.
-    pub fn check_model(&self, model: &str) -> Result<(), ApiError> {
+    pub(crate) fn check_model(&self, model: &str) -> Result<(), ApiError> {
         match &self.key {
             Some(key) if !key.allows(model) => Err(ApiError::model_not_allowed(format!(
                 "key {} may not use model {model:?}; allowed: [{}]",

@@ -14,7 +14,7 @@ const LINE_HEAD: usize = 48;
 
 /// Reads SSE lines chunk by chunk and reports the offset at which the final event ends.
 #[derive(Debug)]
-pub struct FinalEvent {
+pub(crate) struct FinalEvent {
     end: StreamEnd,
     // The start of the current line, up to `LINE_HEAD` bytes.
     head: Vec<u8>,
@@ -40,7 +40,7 @@ impl FinalEvent {
 
     /// Reads one chunk; returns the offset just past the final event's closing blank
     /// line when it is in this chunk.
-    pub fn feed(&mut self, data: &[u8]) -> Option<usize> {
+    pub(crate) fn feed(&mut self, data: &[u8]) -> Option<usize> {
         for (at, &byte) in data.iter().enumerate() {
             let is_break = byte == b'\n' || byte == b'\r';
             if byte == b'\n' && self.after_cr {

@@ -164,7 +164,7 @@ impl ReplyTarget {
     }
 
     /// Logs a non-streamed reply, read whole.
-    pub async fn log_json(self, body: &[u8]) -> Result<(), RelayError> {
+    pub(crate) async fn log_json(self, body: &[u8]) -> Result<(), RelayError> {
         match self.dialect.get().replies_from_json(body) {
             Ok(assembled) => self.log(assembled, Outcome::Complete).await,
             Err(err) => {

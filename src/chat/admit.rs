@@ -7,7 +7,7 @@ use crate::state::Snapshot;
 pub const STRATEGY_HEADER: &str = "x-handoff-strategy";
 
 /// The strategy a client asked for, if it is on `compaction.request_override_allow`.
-pub fn strategy_override<'h>(
+pub(crate) fn strategy_override<'h>(
     snap: &Snapshot,
     headers: &'h http::HeaderMap,
 ) -> Result<Option<&'h str>, ApiError> {

@@ -15,7 +15,7 @@ use crate::auth::{ProxyKey, RateLimiter};
 use crate::metrics::{Metrics, KEY_SUMMARY_CALLS, KEY_SUMMARY_TOKENS};
 
 /// A model client whose calls are charged to a key.
-pub struct ChargedClient {
+pub(crate) struct ChargedClient {
     inner: Arc<dyn ModelClient>,
     key: Arc<ProxyKey>,
     limiter: Arc<RateLimiter>,

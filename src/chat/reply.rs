@@ -25,7 +25,7 @@ const MAX_JSON_REPLY: usize = 64 * 1024 * 1024;
 
 /// Relays a stream whose `opening` was already read, logging its reply on the way;
 /// `rewrite` then takes out of the client's bytes what handoff asked for on its own.
-pub fn answer_stream(
+pub(crate) fn answer_stream(
     upstream: &Upstream,
     head: http::response::Parts,
     opening: Bytes,
@@ -43,7 +43,7 @@ pub fn answer_stream(
 
 /// Logs a non-streamed reply read whole, and only then answers it: a reply that
 /// cannot be logged while the store is required becomes a 503, not a silent gap.
-pub async fn answer_read(
+pub(crate) async fn answer_read(
     head: http::response::Parts,
     body: Bytes,
     target: ReplyTarget,

@@ -8,7 +8,7 @@ use std::sync::{OnceLock, RwLock};
 use regex::Regex;
 
 /// What a scrubbed secret is replaced by.
-pub const REDACTED: &str = "[redacted]";
+pub(crate) const REDACTED: &str = "[redacted]";
 
 fn key_pattern() -> Option<&'static Regex> {
     static PATTERN: OnceLock<Option<Regex>> = OnceLock::new();
@@ -64,7 +64,7 @@ pub fn scrub_secrets(text: &str) -> Cow<'_, str> {
 
 /// `text` with each of `values` (at least 8 bytes long) replaced by [`REDACTED`], in
 /// its own spelling and URL-encoded ([`encoded_forms`]).
-pub fn scrub_values<'t, 'v>(
+pub(crate) fn scrub_values<'t, 'v>(
     text: &'t str,
     values: impl IntoIterator<Item = &'v str>,
 ) -> Cow<'t, str> {
@@ -142,12 +142,12 @@ pub fn scrub_json(value: &mut serde_json::Value, values: &[String]) {
 }
 
 /// True when `text` looks like a credential: masked by value wherever it appears.
-pub fn looks_like_secret(text: &str) -> bool {
+pub(crate) fn looks_like_secret(text: &str) -> bool {
     key_pattern().is_some_and(|p| p.find(text).is_some_and(|m| m.start() == 0))
 }
 
 /// `https://user:pass@host/x` as `https://********@host/x`; `None` without userinfo.
-pub fn mask_url_userinfo(text: &str) -> Option<String> {
+pub(crate) fn mask_url_userinfo(text: &str) -> Option<String> {
     let (scheme, rest) = text.split_once("://")?;
     let authority_end = rest.find('/').unwrap_or(rest.len());
     let at = rest[..authority_end].rfind('@')?;
@@ -156,7 +156,7 @@ pub fn mask_url_userinfo(text: &str) -> Option<String> {
 
 /// `text` with every `password=…` (a URL's query, libpq's `key=value` form, quoted
 /// or not) masked; `None` when it has none.
-pub fn mask_passwords(text: &str) -> Option<String> {
+pub(crate) fn mask_passwords(text: &str) -> Option<String> {
     static PATTERN: OnceLock<Option<Regex>> = OnceLock::new();
     let pattern = PATTERN
         .get_or_init(|| {

@@ -96,7 +96,7 @@ impl ModelView<'_> {
     /// [`ModelView::estimate`] in one pass when everything it counts was counted
     /// before, so nothing is tokenised; else the bytes of the messages not counted yet
     /// (an upper bound on the tokenising work `estimate` will do).
-    pub fn cached_estimate(
+    pub(crate) fn cached_estimate(
         &self,
         tokens: &Tokens,
         tokenizer: Tokenizer,
@@ -146,7 +146,7 @@ impl ModelView<'_> {
 
     /// The messages whose token count is not cached yet, shared, for counting them
     /// off the async path.
-    pub fn uncounted(&self, tokens: &Tokens, tokenizer: Tokenizer) -> Vec<Message> {
+    pub(crate) fn uncounted(&self, tokens: &Tokens, tokenizer: Tokenizer) -> Vec<Message> {
         self.uncounted_messages(tokens, tokenizer)
             .cloned()
             .collect()

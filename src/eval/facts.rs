@@ -55,7 +55,7 @@ pub struct LostFact {
 /// view's handoff) holds, each with the compaction that lost it: `handoffs` are the
 /// compactions' texts in order, with the number of live messages each one covers
 /// (`end_exclusive`), and `pinned` the leading messages that are never compacted.
-pub fn lost_facts(
+pub(crate) fn lost_facts(
     messages: &[Value],
     (verbatim, last): (&str, &str),
     handoffs: &[(usize, String)],
@@ -132,7 +132,7 @@ fn classes(messages: &[Value]) -> [BTreeSet<String>; 3] {
 
 /// The recall of `messages`' facts that are not in `verbatim` (the final view without
 /// its handoff) but are in `handoff`.
-pub fn compacted_recall(messages: &[Value], verbatim: &str, handoff: &str) -> ClassRecall {
+pub(crate) fn compacted_recall(messages: &[Value], verbatim: &str, handoff: &str) -> ClassRecall {
     let verbatim = verbatim.to_lowercase();
     let handoff = handoff.to_lowercase();
     let [user, identifiers, outcomes] = classes(messages).map(|facts| {
@@ -155,7 +155,7 @@ pub fn compacted_recall(messages: &[Value], verbatim: &str, handoff: &str) -> Cl
 
 /// Every string of `value`, appended to `out` one per line: a message's text as a
 /// reader sees it, without JSON escapes.
-pub fn strings_of(value: &Value, out: &mut String) {
+pub(crate) fn strings_of(value: &Value, out: &mut String) {
     match value {
         Value::String(text) => {
             out.push_str(text);

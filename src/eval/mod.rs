@@ -221,7 +221,7 @@ fn eval_config(mut config: Config, options: &EvalOptions, replays: &[Replay]) ->
 
 /// Replays `replays` with `config` adjusted by `options`; `progress` is called after
 /// each request.
-pub async fn evaluate(
+pub(crate) async fn evaluate(
     config: Config,
     options: &EvalOptions,
     replays: &[Replay],

@@ -64,7 +64,7 @@ pub struct Replay {
 }
 
 /// The recorded conversations of `data_dir`: `ids`, or all when empty.
-pub fn from_data_dir(data_dir: &Path, ids: &[String]) -> Result<Vec<Replay>, SourceError> {
+pub(crate) fn from_data_dir(data_dir: &Path, ids: &[String]) -> Result<Vec<Replay>, SourceError> {
     let ids: Vec<ConversationId> = if ids.is_empty() {
         list_ids(data_dir, None, None, usize::MAX).map_err(|source| SourceError::Read {
             path: data_dir.display().to_string(),
@@ -143,7 +143,7 @@ pub fn from_data_dir(data_dir: &Path, ids: &[String]) -> Result<Vec<Replay>, Sou
 
 /// A conversation file, replayed as its client would have sent it: one request before
 /// each assistant message, and one with every message.
-pub fn from_file(path: &Path, model: &str) -> Result<Replay, SourceError> {
+pub(crate) fn from_file(path: &Path, model: &str) -> Result<Replay, SourceError> {
     let shape = |reason: &str| SourceError::Shape {
         path: path.display().to_string(),
         reason: reason.to_owned(),

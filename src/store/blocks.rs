@@ -24,13 +24,13 @@ use crate::base::line::{Entry, Line, PinnedLine, BLOCK_VERSION, FORMAT_VERSION};
 use crate::base::tenant::TenantId;
 
 /// Pinned sets shorter than this stay in their line: a block costs a file.
-pub const BLOCK_MIN: usize = 1024;
+pub(crate) const BLOCK_MIN: usize = 1024;
 
 /// Folder of a tenant's blocks.
-pub const BLOCKS_DIR: &str = "blocks";
+pub(crate) const BLOCKS_DIR: &str = "blocks";
 
 /// The folder of `tenant`'s blocks.
-pub fn blocks_dir(data_dir: &Path, tenant: &TenantId) -> PathBuf {
+pub(crate) fn blocks_dir(data_dir: &Path, tenant: &TenantId) -> PathBuf {
     data_dir
         .join(TENANTS_DIR)
         .join(tenant.as_str())
@@ -43,7 +43,7 @@ pub fn blocks_of(messages: &Path) -> Option<PathBuf> {
 }
 
 /// A pinned line that should be stored as a block: its digest and bytes.
-pub fn candidate(line: &Line) -> Option<(String, String)> {
+pub(crate) fn candidate(line: &Line) -> Option<(String, String)> {
     let Entry::Pinned(pinned) = &line.entry else {
         return None;
     };
@@ -55,7 +55,7 @@ pub fn candidate(line: &Line) -> Option<(String, String)> {
 }
 
 /// `line` naming the block `digest` instead of holding its messages.
-pub fn by_reference(line: &mut Line, digest: String) {
+pub(crate) fn by_reference(line: &mut Line, digest: String) {
     if let Entry::Pinned(pinned) = &mut line.entry {
         pinned.messages.clear();
         pinned.block = Some(digest);
@@ -65,7 +65,7 @@ pub fn by_reference(line: &mut Line, digest: String) {
 
 /// Makes sure the block `digest` holds `bytes` (blocking; on the writer thread): writes
 /// it if new, marks it reused if not. True when it was written.
-pub fn ensure(root: &Path, dir: &Path, digest: &str, bytes: &str) -> std::io::Result<bool> {
+pub(crate) fn ensure(root: &Path, dir: &Path, digest: &str, bytes: &str) -> std::io::Result<bool> {
     let path = dir.join(format!("{digest}.json"));
     if let Ok(file) = std::fs::File::options().write(true).open(&path) {
         file.set_modified(SystemTime::now())?;
@@ -84,7 +84,7 @@ pub fn ensure(root: &Path, dir: &Path, digest: &str, bytes: &str) -> std::io::Re
 
 /// The blocks read so far by one reader, by digest.
 #[derive(Default)]
-pub struct Resolver {
+pub(crate) struct Resolver {
     dir: Option<(PathBuf, PathBuf)>,
     read: HashMap<String, Option<Vec<Box<RawValue>>>>,
 }
@@ -168,7 +168,10 @@ fn named(data_dir: &Path, tenant: &TenantId) -> std::io::Result<HashSet<String>>
 
 /// The blocks of `tenant` that no conversation names (blocking), and when the
 /// reading began: [`remove_unnamed`] spares a block touched since.
-pub fn unnamed(data_dir: &Path, tenant: &TenantId) -> std::io::Result<(Vec<PathBuf>, SystemTime)> {
+pub(crate) fn unnamed(
+    data_dir: &Path,
+    tenant: &TenantId,
+) -> std::io::Result<(Vec<PathBuf>, SystemTime)> {
     let began = SystemTime::now();
     let dir = blocks_dir(data_dir, tenant);
     let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -191,7 +194,7 @@ pub fn unnamed(data_dir: &Path, tenant: &TenantId) -> std::io::Result<(Vec<PathB
 
 /// Removes each of `blocks` not written or reused since `began` (blocking; on the
 /// writer thread). Returns how many went.
-pub fn remove_unnamed(blocks: &[PathBuf], began: SystemTime) -> std::io::Result<usize> {
+pub(crate) fn remove_unnamed(blocks: &[PathBuf], began: SystemTime) -> std::io::Result<usize> {
     let mut removed = 0;
     for path in blocks {
         let untouched = std::fs::metadata(path)

@@ -15,27 +15,27 @@ use crate::base::tenant::{TenantId, LEGACY};
 pub const SECRET_FILE: &str = "secret";
 
 /// Folder of all tenants.
-pub const TENANTS_DIR: &str = "tenants";
+pub(crate) const TENANTS_DIR: &str = "tenants";
 
 /// Folder of a tenant's conversations, and of a pre-tenant data dir's.
-pub const CONVERSATIONS_DIR: &str = "conversations";
+pub(crate) const CONVERSATIONS_DIR: &str = "conversations";
 
 /// File name of a conversation's message log.
 pub const MESSAGES_FILE: &str = "messages.jsonl";
 
 /// File name of a conversation's older lines, compressed (zstd frames, one per
 /// compression), read before [`MESSAGES_FILE`].
-pub const COLD_FILE: &str = "messages.jsonl.zst";
+pub(crate) const COLD_FILE: &str = "messages.jsonl.zst";
 
 /// File name of the hold that keeps a conversation from retention.
-pub const HOLD_FILE: &str = "hold.json";
+pub(crate) const HOLD_FILE: &str = "hold.json";
 
 /// Folder under `data_dir` where upkeep builds and retires conversation folders; what
 /// a crash leaves there is removed at the next start.
-pub const UPKEEP_DIR: &str = "upkeep";
+pub(crate) const UPKEEP_DIR: &str = "upkeep";
 
 /// File under `data_dir` of what was erased and pruned, without content.
-pub const TOMBSTONES_FILE: &str = "tombstones.jsonl";
+pub(crate) const TOMBSTONES_FILE: &str = "tombstones.jsonl";
 
 /// File name of a conversation's compaction records.
 pub const COMPACTIONS_FILE: &str = "compactions.jsonl";

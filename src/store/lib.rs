@@ -119,7 +119,7 @@ impl Lease {
 }
 
 /// Where a response ended: its conversation and the prefix its last item closes.
-pub type ResponseEnd = (ConversationId, Option<PrefixDigest>);
+pub(crate) type ResponseEnd = (ConversationId, Option<PrefixDigest>);
 
 /// What a commit did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,7 +132,7 @@ pub enum Committed {
 }
 
 /// Which logged messages keep their text in an index read, by their raw JSON.
-pub type KeepText = fn(&str) -> bool;
+pub(crate) type KeepText = fn(&str) -> bool;
 
 /// The operations every backend provides.
 pub trait Store: Send + Sync {

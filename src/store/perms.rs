@@ -8,7 +8,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 /// `O_NOFOLLOW`, for every file the store opens: a link in its place is an error.
-pub fn no_follow() -> i32 {
+pub(crate) fn no_follow() -> i32 {
     // The flag's bits fit an i32 on every Unix.
     i32::try_from(rustix::fs::OFlags::NOFOLLOW.bits()).unwrap_or(0)
 }
@@ -31,7 +31,7 @@ pub enum Access {
 /// `O_NOFOLLOW | O_DIRECTORY`, so a link planted in place of a tenant's or a
 /// conversation's folder is an error, not a way into another folder. `root` itself (the
 /// data dir) may be a link.
-pub fn open_beneath(root: &Path, path: &Path, access: Access) -> std::io::Result<File> {
+pub(crate) fn open_beneath(root: &Path, path: &Path, access: Access) -> std::io::Result<File> {
     use rustix::fs::{fsync, mkdirat, openat, Mode, OFlags, CWD};
     use rustix::io::Errno;
     use std::path::Component;
@@ -99,7 +99,7 @@ pub fn open_beneath(root: &Path, path: &Path, access: Access) -> std::io::Result
 /// Opens the folder `dir` under `root` for reading its files with [`open_in`], without
 /// following a link below `root`. Files read through it are one version of the
 /// folder, even if the folder is swapped for another meanwhile (a compression).
-pub fn open_dir_beneath(root: &Path, dir: &Path) -> std::io::Result<rustix::fd::OwnedFd> {
+pub(crate) fn open_dir_beneath(root: &Path, dir: &Path) -> std::io::Result<rustix::fd::OwnedFd> {
     use rustix::fs::{openat, Mode, OFlags, CWD};
     use std::path::Component;
 
@@ -124,7 +124,7 @@ pub fn open_dir_beneath(root: &Path, dir: &Path) -> std::io::Result<rustix::fd::
 
 /// Opens the file `name` of a folder opened by [`open_dir_beneath`], never through a
 /// link.
-pub fn open_in(dir: &rustix::fd::OwnedFd, name: &str) -> std::io::Result<File> {
+pub(crate) fn open_in(dir: &rustix::fd::OwnedFd, name: &str) -> std::io::Result<File> {
     use rustix::fs::{openat, Mode, OFlags};
     let flags = OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY;
     Ok(File::from(openat(dir, name, flags, Mode::empty())?))
@@ -133,7 +133,7 @@ pub fn open_in(dir: &rustix::fd::OwnedFd, name: &str) -> std::io::Result<File> {
 /// Replaces the file at `path` with `bytes` in one rename: written to a `.new` beside
 /// it (`0600`, never through a link), synced, renamed over it, and the folder synced.
 /// A reader sees the old file or the new one, never part of either.
-pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut fresh = path.as_os_str().to_owned();
@@ -191,7 +191,7 @@ pub enum PermError {
 }
 
 /// Refuses a data dir that another user owns or that group or others may write to.
-pub fn check_data_dir(dir: &Path) -> Result<(), PermError> {
+pub(crate) fn check_data_dir(dir: &Path) -> Result<(), PermError> {
     let path = dir.display().to_string();
     let meta = std::fs::metadata(dir).map_err(|source| PermError::Io {
         path: path.clone(),
@@ -211,7 +211,7 @@ pub fn check_data_dir(dir: &Path) -> Result<(), PermError> {
 }
 
 /// Refuses an open secret file that another user owns or others may read or write.
-pub fn check_secret(file: &File, path: &Path) -> Result<(), PermError> {
+pub(crate) fn check_secret(file: &File, path: &Path) -> Result<(), PermError> {
     let shown = path.display().to_string();
     let meta = file.metadata().map_err(|source| PermError::Io {
         path: shown.clone(),

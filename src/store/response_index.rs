@@ -16,7 +16,7 @@ use crate::base::id::ConversationId;
 use crate::base::tenant::TenantId;
 
 /// File name of a tenant's response index.
-pub const RESPONSES_FILE: &str = "responses.jsonl";
+pub(crate) const RESPONSES_FILE: &str = "responses.jsonl";
 
 /// One line of the index.
 #[derive(Debug, Serialize, Deserialize)]
@@ -27,7 +27,7 @@ struct Entry {
 }
 
 /// Where `tenant`'s index lives.
-pub fn index_path(data_dir: &Path, tenant: &TenantId) -> PathBuf {
+pub(crate) fn index_path(data_dir: &Path, tenant: &TenantId) -> PathBuf {
     data_dir
         .join(TENANTS_DIR)
         .join(tenant.as_str())
@@ -35,7 +35,7 @@ pub fn index_path(data_dir: &Path, tenant: &TenantId) -> PathBuf {
 }
 
 /// The line that records `response_id` as ending `head` of `id`.
-pub fn encode_line(
+pub(crate) fn encode_line(
     id: &ConversationId,
     response_id: &str,
     head: Option<PrefixDigest>,
@@ -84,7 +84,7 @@ pub fn lookup(
 /// Rewrites the index at `path` without the lines of the conversations `gone` says
 /// (blocking; run where no append can interleave). The rewrite replaces the file in one
 /// rename; a missing file has nothing to drop.
-pub fn drop_conversations(path: &Path, gone: impl Fn(&str) -> bool) -> std::io::Result<()> {
+pub(crate) fn drop_conversations(path: &Path, gone: impl Fn(&str) -> bool) -> std::io::Result<()> {
     let file = match std::fs::File::open(path) {
         Ok(file) => file,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),

@@ -96,7 +96,7 @@ impl Writer {
 
     /// Runs `before` on the writer thread, then appends `bytes` if it succeeded: one
     /// step that no other command (a [`Writer::exclusive`] sweep) comes between.
-    pub async fn append_after(
+    pub(crate) async fn append_after(
         &self,
         path: PathBuf,
         bytes: Vec<u8>,

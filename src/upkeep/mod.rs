@@ -217,7 +217,7 @@ pub fn forget(state: &AppState, gone: &HashSet<ConversationId>) {
 
 /// What compressing the idle conversations did.
 #[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct CompressReport {
+pub(crate) struct CompressReport {
     /// Conversations compressed.
     pub conversations: u64,
     /// Their bytes before.
@@ -229,7 +229,7 @@ pub struct CompressReport {
 /// Compresses every conversation idle for `after`, one at a time; with `paced`, each
 /// followed by a pause as long as it took, so compression takes at most half of a
 /// core and of the disk.
-pub async fn compress_idle(
+pub(crate) async fn compress_idle(
     store: &Arc<dyn Store>,
     after: Duration,
     paced: bool,

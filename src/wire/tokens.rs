@@ -21,7 +21,7 @@ pub const REPLY_PRIMING: u64 = 3;
 const CACHE_ENTRIES: u64 = 1_000_000;
 
 /// What the model reads of a message, as text to count.
-pub type MessageText = fn(&Value) -> String;
+pub(crate) type MessageText = fn(&Value) -> String;
 
 /// The tokenizers and the per-message count cache.
 pub struct Tokens {
@@ -113,7 +113,7 @@ impl Tokens {
 
     /// Like [`Tokens::count_message`], reading the message only on a cache miss: a
     /// message seen before is counted without being parsed.
-    pub fn count_lazy<'v>(
+    pub(crate) fn count_lazy<'v>(
         &self,
         tokenizer: Tokenizer,
         digest: &MessageDigest,

@@ -12,7 +12,7 @@ use handoff_strategy_summarize::Summarize;
 use crate::config::StrategyConfig;
 
 /// Builds a strategy from its `[compaction.strategies.<name>]` settings.
-pub type Factory = fn(&StrategyConfig) -> Arc<dyn Strategy>;
+pub(crate) type Factory = fn(&StrategyConfig) -> Arc<dyn Strategy>;
 
 /// Kinds built into handoff, each with a factory of a strategy that answers what the
 /// kind is (the registry builds the real ones, with their prompts read).
@@ -23,7 +23,7 @@ const BUILT_IN: &[(&str, Factory)] = &[
 ];
 
 /// Built-in kinds a chain may name without declaring them (exec needs a command).
-pub const USABLE_BY_NAME: &[&str] = &["summarize", "extract"];
+pub(crate) const USABLE_BY_NAME: &[&str] = &["summarize", "extract"];
 
 fn summarize_probe(_: &StrategyConfig) -> Arc<dyn Strategy> {
     Arc::new(Summarize::new(String::new(), Default::default()))
@@ -56,7 +56,7 @@ pub fn register(kind: &str, factory: Factory) {
 }
 
 /// True for a built-in or registered kind.
-pub fn is_known(kind: &str) -> bool {
+pub(crate) fn is_known(kind: &str) -> bool {
     any_factory(kind).is_some()
 }
 

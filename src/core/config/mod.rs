@@ -71,7 +71,7 @@ pub struct Config {
 
 /// Per-wire-format settings, by dialect name (`anthropic`, `responses`, `openai`):
 /// which names exist is the dialects' business, checked when the config is built.
-pub type DialectsConfig = std::collections::BTreeMap<String, DialectConfig>;
+pub(crate) type DialectsConfig = std::collections::BTreeMap<String, DialectConfig>;
 
 /// One wire format's settings.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

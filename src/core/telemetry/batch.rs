@@ -58,7 +58,7 @@ impl Shared {
 
 /// The `MakeWriter` handed to the fmt layer.
 #[derive(Clone)]
-pub struct Batched {
+pub(crate) struct Batched {
     shared: Arc<Shared>,
 }
 

@@ -74,7 +74,7 @@ impl<'a> Tree<'a> {
     }
 
     /// The tip of the latest branch: the last message written that nothing continues.
-    pub fn latest_tip(&self) -> Option<PrefixDigest> {
+    pub(crate) fn latest_tip(&self) -> Option<PrefixDigest> {
         self.tips().last().copied()
     }
 
@@ -102,7 +102,7 @@ impl<'a> Tree<'a> {
     }
 
     /// The pinned messages of the latest request whose history lies on the branch.
-    pub fn pinned_for(&self, branch: &[&MessageLine]) -> Vec<&'a RawValue> {
+    pub(crate) fn pinned_for(&self, branch: &[&MessageLine]) -> Vec<&'a RawValue> {
         self.pinned_placed(branch).0
     }
 
@@ -184,7 +184,7 @@ impl<'a> Tree<'a> {
     /// The client's own message list ending at `tip`, as it would send it: pinned
     /// messages first where the dialect keeps them in the list (OpenAI), then every
     /// original of the branch.
-    pub fn client_messages(&self, tip: &PrefixDigest) -> Option<Vec<&'a RawValue>> {
+    pub(crate) fn client_messages(&self, tip: &PrefixDigest) -> Option<Vec<&'a RawValue>> {
         let top_level = self.top_level();
         let mut out = self.replay(tip)?;
         let pinned = self.pinned_for(&self.branch(tip)?).len();

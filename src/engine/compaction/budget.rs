@@ -89,7 +89,7 @@ impl RequestBudget {
 
 /// Output reserved for the reply: the request's `max_tokens`, else the model's
 /// `default_output_reserve`, else `min(8192, window/10)`.
-pub fn reserved_output(request_max: Option<u64>, model: &ModelConfig) -> u64 {
+pub(crate) fn reserved_output(request_max: Option<u64>, model: &ModelConfig) -> u64 {
     request_max
         .or(model.default_output_reserve)
         .unwrap_or_else(|| 8192.min(model.context_window / 10))
@@ -130,7 +130,7 @@ impl Scale {
     }
 
     /// True when a calibration backs the counts.
-    pub fn is_calibrated(&self) -> bool {
+    pub(crate) fn is_calibrated(&self) -> bool {
         self.ratio.is_some()
     }
 
@@ -158,7 +158,7 @@ impl Scale {
 
 /// A strategy's token counter that counts as the upstream does: summary requests
 /// to the conversation's own model must fit what that model counts, not tiktoken.
-pub struct ScaledCounter {
+pub(crate) struct ScaledCounter {
     /// The local counter.
     pub inner: std::sync::Arc<dyn TokenCounter>,
     /// The conversation's scale.

@@ -50,7 +50,7 @@ pub struct SummaryModel {
 
 /// What an input's token counter counts for.
 #[derive(Debug, Clone, Copy)]
-pub enum CountFor<'a> {
+pub(crate) enum CountFor<'a> {
     /// Summary requests to the chain's default summary model (`None`) or a strategy's
     /// own: that model's tokenizer and calibration.
     Summary(Option<&'a SummaryModel>),
@@ -60,7 +60,7 @@ pub enum CountFor<'a> {
 }
 
 /// Gives an input the token counter (and client) of what it counts for.
-pub type Equip<'a> = dyn Fn(&mut StrategyInput, CountFor<'_>) + Sync + 'a;
+pub(crate) type Equip<'a> = dyn Fn(&mut StrategyInput, CountFor<'_>) + Sync + 'a;
 
 impl NamedStrategy {
     /// The input this strategy sees: its own summary model, pruned tool output, and
@@ -99,7 +99,7 @@ impl NamedStrategy {
 
 /// Replaces old tool results by placeholders that keep the tool name and the size;
 /// the newest `keep_tokens` of tool output stay whole.
-pub fn prune_tool_outputs(
+pub(crate) fn prune_tool_outputs(
     history: &[Unit],
     keep_tokens: u64,
     tokens: &dyn TokenCounter,
@@ -152,7 +152,7 @@ pub fn prune_tool_outputs(
 }
 
 /// What a chain run produced.
-pub struct ChainOutcome {
+pub(crate) struct ChainOutcome {
     /// The strategy name and summary that succeeded, if any.
     pub summary: Option<(String, Summary)>,
     /// Every attempt, in order.
@@ -167,7 +167,7 @@ fn reason_name(reason: FailureReason) -> String {
 }
 
 /// Tries each strategy of `chain` until one succeeds or the run is cancelled.
-pub async fn run_chain(
+pub(crate) async fn run_chain(
     chain: &[NamedStrategy],
     input: &StrategyInput,
     timeout: Duration,

@@ -10,14 +10,14 @@ use crate::projection::ModelView;
 
 /// `over` for a view over the trigger that nothing more could be cut from, within the
 /// input budget.
-pub const OVER_NEWEST_UNIT: &str = "newest_unit";
+pub(crate) const OVER_NEWEST_UNIT: &str = "newest_unit";
 /// `over` for a view that fits only with its tool bodies shortened.
-pub const OVER_RESCUED: &str = "rescued";
+pub(crate) const OVER_RESCUED: &str = "rescued";
 /// `over` for a view over the input budget by an uncalibrated count, sent on that guess.
-pub const OVER_GUESS: &str = "guess";
+pub(crate) const OVER_GUESS: &str = "guess";
 /// `over` for a view over the trigger, within the input budget, sent as it was while
 /// the conversation's compaction ran: the request did not wait for it.
-pub const OVER_WHILE_PREPARING: &str = "sent_while_preparing";
+pub(crate) const OVER_WHILE_PREPARING: &str = "sent_while_preparing";
 
 /// The budget part of a decision, with no view yet.
 fn budgeted(budget: &RequestBudget, tracked: &Tracked) -> DecisionLine {

@@ -8,19 +8,19 @@ use crate::dialect::pair::REASONING_MARKER;
 use crate::dialect::{DialectKind, Message, Role};
 
 /// The user continuation message.
-pub fn continuation_message(dialect: DialectKind) -> Value {
+pub(crate) fn continuation_message(dialect: DialectKind) -> Value {
     dialect.get().continuation()
 }
 
 /// The assistant handoff message, with the marker when `reasoning_marker` is set and
 /// the dialect allows one.
-pub fn handoff_message(dialect: DialectKind, text: &str, reasoning_marker: bool) -> Value {
+pub(crate) fn handoff_message(dialect: DialectKind, text: &str, reasoning_marker: bool) -> Value {
     dialect.get().handoff(text, reasoning_marker)
 }
 
 /// True when the handoff needs the marker: configured for the model, or the request's
 /// own assistant messages carry reasoning the upstream wants on each of them.
-pub fn needs_reasoning_marker(
+pub(crate) fn needs_reasoning_marker(
     configured: bool,
     dialect: DialectKind,
     messages: &[Message],

@@ -41,7 +41,7 @@ const IDENTIFIER_CHARS: usize = 120;
 /// What compaction does with a [`Ledger`]: build it from compacted units, fit it to its
 /// share, render it. The ledger itself is vocabulary (`handoff_base`); its making is
 /// compaction's, so these live here, as a trait.
-pub trait LedgerWork {
+pub(crate) trait LedgerWork {
     /// The ledger of `history` after `previous`'s, whole.
     fn build(previous: Option<&Ledger>, history: &[Unit]) -> Ledger
     where

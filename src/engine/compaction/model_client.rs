@@ -20,7 +20,7 @@ use crate::upstream::Upstream;
 /// A summary client that holds one of the process's summary slots
 /// (`compaction.max_summary_concurrency`) for each call: the folds of every compaction
 /// together never have more calls in flight.
-pub struct Bounded {
+pub(crate) struct Bounded {
     inner: std::sync::Arc<dyn ModelClient>,
     slots: std::sync::Arc<tokio::sync::Semaphore>,
 }

@@ -110,7 +110,7 @@ impl Pace {
     }
 
     /// Notes that a summary by `model` took `took`.
-    pub fn note_latency(&self, model: &str, took: Duration) {
+    pub(crate) fn note_latency(&self, model: &str, took: Duration) {
         let Ok(mut latencies) = self.latencies.lock() else {
             return;
         };

@@ -83,12 +83,16 @@ impl Background {
     }
 
     /// True while `id` has a preparation running.
-    pub fn is_running(&self, id: &ConversationId) -> bool {
+    pub(crate) fn is_running(&self, id: &ConversationId) -> bool {
         self.started(id).is_some()
     }
 
     /// `id`'s last stand-in, if it was built on the committed compaction `basis`.
-    pub fn last_stand_in(&self, id: &ConversationId, basis: Option<&str>) -> Option<Arc<Adopted>> {
+    pub(crate) fn last_stand_in(
+        &self,
+        id: &ConversationId,
+        basis: Option<&str>,
+    ) -> Option<Arc<Adopted>> {
         self.stand_ins
             .get(id)
             .filter(|(root, _)| root.as_deref() == basis)
@@ -96,7 +100,7 @@ impl Background {
     }
 
     /// Keeps `stand_in`, built on the committed compaction `basis`, as `id`'s last.
-    pub fn keep_stand_in(
+    pub(crate) fn keep_stand_in(
         &self,
         id: &ConversationId,
         basis: Option<String>,
@@ -130,7 +134,10 @@ impl Background {
 
     /// Marks the run a request detached (`compaction.max_wait`) as `id`'s: it takes no
     /// slot, as an inline run takes none, but it is the one a later request waits for.
-    pub fn start_detached(self: &Arc<Self>, id: &ConversationId) -> Result<Ticket, NotStarted> {
+    pub(crate) fn start_detached(
+        self: &Arc<Self>,
+        id: &ConversationId,
+    ) -> Result<Ticket, NotStarted> {
         self.take(id, false)
     }
 
@@ -167,7 +174,7 @@ impl Drop for Ticket {
 
 /// The view a request is sent: its adopted compactions, but a prepared one no request
 /// took yet only when the view without it is over `threshold` (by `estimate`).
-pub fn settled_view<'a>(
+pub(crate) fn settled_view<'a>(
     request: &'a ChatRequest,
     tracked: &'a Tracked,
     threshold: u64,

@@ -146,7 +146,7 @@ impl Job<'_> {
     /// What a view may not exceed to be sent: the input budget (the window less the
     /// reserved output). After the upstream refused a view for its size, the aim
     /// below that refusal is the limit too.
-    pub fn hard_limit(&self) -> u64 {
+    pub(crate) fn hard_limit(&self) -> u64 {
         match self.reason {
             Reason::ContextLengthExceeded => self.threshold,
             Reason::Threshold | Reason::Manual | Reason::Prepared => {
@@ -158,7 +158,7 @@ impl Job<'_> {
     /// True when the counts are a guess: no calibration for this model yet, or a
     /// tokenizer that only estimates. Then a view handoff thinks is over the limit is
     /// still sent, and the reactive path recovers if the upstream refuses it.
-    pub fn counts_are_guesses(&self) -> bool {
+    pub(crate) fn counts_are_guesses(&self) -> bool {
         !self.scale.is_calibrated() || self.tokenizer == Tokenizer::Estimate
     }
 
@@ -901,6 +901,6 @@ pub(super) fn user_slack(model: &ModelInfo) -> u64 {
 /// The largest handoff: `min(8192, window/10)` of the request model's window. A summary
 /// model with a smaller window writes less (its own output budget bounds its reply),
 /// but the deterministic fallback, and the ledger, still get the request model's room.
-pub fn handoff_budget(model: &ModelInfo) -> u64 {
+pub(crate) fn handoff_budget(model: &ModelInfo) -> u64 {
     8192.min(model.context_window / 10)
 }

@@ -11,7 +11,7 @@ use crate::dialect::{Message, Role};
 /// when the kept units start with an assistant turn, the cut moves forward to the next
 /// user message if there is one. A start the dialect refuses (`allowed`) moves the cut
 /// to the nearest allowed one: back (keeping more) first, then forward.
-pub fn split_at_unit_boundary(
+pub(crate) fn split_at_unit_boundary(
     messages: &[Message],
     units: &[UnitSpan],
     unit_tokens: &[u64],

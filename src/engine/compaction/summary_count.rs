@@ -39,7 +39,7 @@ impl SummaryCalibrations {
     /// Gives `input` the counter and client of its summary model: counted with
     /// `tokenizer` and this model's calibration (the conversation's `own` scale when it
     /// is the request's model), and a client that measures each call.
-    pub fn equip(
+    pub(crate) fn equip(
         &self,
         input: &mut StrategyInput,
         tokens: &Arc<Tokens>,

@@ -12,7 +12,10 @@ use crate::store::{Lease, StoreError};
 
 impl Tracker {
     /// Waits for, and holds, the conversation's compaction lock in this process.
-    pub async fn single_flight(&self, id: &ConversationId) -> tokio::sync::OwnedMutexGuard<()> {
+    pub(crate) async fn single_flight(
+        &self,
+        id: &ConversationId,
+    ) -> tokio::sync::OwnedMutexGuard<()> {
         let lock = {
             let mut flights = self
                 .flights
@@ -35,7 +38,7 @@ impl Tracker {
     /// True while a compaction of the conversation runs: in this process (its lock is
     /// held), or, with a shared store, on any replica (its lease is live). A store that
     /// cannot say counts as not running: the caller then compacts, single flight.
-    pub async fn compaction_running(&self, id: &ConversationId) -> bool {
+    pub(crate) async fn compaction_running(&self, id: &ConversationId) -> bool {
         let local = {
             let flights = self
                 .flights
@@ -71,7 +74,7 @@ impl Tracker {
 
     /// Brings the conversation's cached state up to date with the store: compactions
     /// another replica committed become visible.
-    pub async fn refresh(&self, id: &ConversationId) -> Result<(), StoreError> {
+    pub(crate) async fn refresh(&self, id: &ConversationId) -> Result<(), StoreError> {
         if !self.store.shared() {
             return Ok(());
         }

@@ -369,7 +369,7 @@ impl ConversationState {
     }
 
     /// Rebuilds the state from a log read from the store.
-    pub fn from_log(log: &ConversationLog) -> Self {
+    pub(crate) fn from_log(log: &ConversationLog) -> Self {
         let mut state = Self::default();
         state.absorb(log);
         state

@@ -112,7 +112,7 @@ impl PgStore {
 
     /// Makes `secret` the shared secret if the database has none yet; returns whether
     /// the database's secret is now `secret`.
-    pub async fn adopt_secret(&self, secret: &[u8; 32]) -> Result<bool, StoreError> {
+    pub(crate) async fn adopt_secret(&self, secret: &[u8; 32]) -> Result<bool, StoreError> {
         Ok(self.secret_or(secret).await? == *secret)
     }
 }

@@ -174,7 +174,7 @@ pub fn latest() -> i32 {
 
 /// Applies the missing migrations; returns how many ran. A database at a newer
 /// version than this build is an error, not something to write into.
-pub async fn migrate(client: &mut Client) -> Result<usize, tokio_postgres::Error> {
+pub(crate) async fn migrate(client: &mut Client) -> Result<usize, tokio_postgres::Error> {
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await?;

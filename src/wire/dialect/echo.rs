@@ -196,7 +196,7 @@ pub fn turn_forms(message: &Value) -> Vec<MessageDigest> {
 
 /// True when a content block of `message` (or of a block's own content) carries a
 /// per-request annotation such as `cache_control`.
-pub fn is_annotated(message: &Value) -> bool {
+pub(crate) fn is_annotated(message: &Value) -> bool {
     fn any(content: &Value) -> bool {
         content.as_array().is_some_and(|blocks| {
             blocks.iter().any(|block| {

@@ -570,7 +570,7 @@ impl Message {
 
     /// True unless an Anthropic `tool_result` block comes after another kind of block
     /// (the Messages API wants them first).
-    pub fn tool_results_lead(&self) -> bool {
+    pub(crate) fn tool_results_lead(&self) -> bool {
         self.facts.results_lead
     }
 }

@@ -358,7 +358,9 @@ pub struct StreamEnd {
 
 /// Reads a JSON body whose values borrow from it. The body is checked as UTF-8 once,
 /// so serde_json does not check each borrowed message again.
-pub fn json_body<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, serde_json::Error> {
+pub(crate) fn json_body<'a, T: serde::Deserialize<'a>>(
+    body: &'a [u8],
+) -> Result<T, serde_json::Error> {
     match simdutf8::basic::from_utf8(body) {
         Ok(text) => serde_json::from_str(text),
         // Not UTF-8: serde_json's own reading reports where.

@@ -30,7 +30,7 @@ pub struct Objects {
 
 impl Objects {
     /// An API that stores nothing.
-    pub const NONE: Objects = Objects {
+    pub(crate) const NONE: Objects = Objects {
         id_fields: &[],
         id_prefixes: &[],
         listings: &[],

@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 /// True when an error body says the input exceeded the model's window.
-pub fn is_context_length_error(body: &Value) -> bool {
+pub(crate) fn is_context_length_error(body: &Value) -> bool {
     let error = body.get("error").unwrap_or(body);
     let code = error.get("code").and_then(Value::as_str).unwrap_or("");
     let kind = error.get("type").and_then(Value::as_str).unwrap_or("");

@@ -407,14 +407,14 @@ impl<'b> Reading<'b> {
 
     /// The [`keyed_hash`](crate::base::chunks::keyed_hash) of the value under `key`
     /// when it was held out as a repeat: taken already, so no consumer takes it again.
-    pub fn member_digest(&self, key: &str) -> Option<u128> {
+    pub(crate) fn member_digest(&self, key: &str) -> Option<u128> {
         let held = self.held.get().filter(|_| !self.whole.get())?;
         held.digest(key)
     }
 
     /// [`Reading::member`] as bytes, shared with the body where they lie in one of its
     /// frames: an agent re-sends its tool list, tens of KB, on every turn.
-    pub fn member_bytes(&self, key: &str, parsed: Option<Box<RawValue>>) -> Option<Bytes> {
+    pub(crate) fn member_bytes(&self, key: &str, parsed: Option<Box<RawValue>>) -> Option<Bytes> {
         if let Some(span) = self.held_span(key) {
             return self.body.slice(span);
         }
@@ -476,7 +476,7 @@ impl<'b> Reading<'b> {
 
     /// The list's span in the body, `[` to `]`, once [`Reading::messages`] read a
     /// list with at least one element: what a rewritten body replaces.
-    pub fn list_span(&self) -> Option<Range<usize>> {
+    pub(crate) fn list_span(&self) -> Option<Range<usize>> {
         self.span.get().map(|(start, end)| start..end)
     }
 

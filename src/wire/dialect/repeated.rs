@@ -23,7 +23,7 @@ use crate::base::chunks::keyed_hash;
 use crate::base::json_lex::{skip_space, string_end};
 
 /// A value shorter than this is validated faster than it is digested and looked up.
-pub const HELD_FROM: usize = 1 << 10;
+pub(crate) const HELD_FROM: usize = 1 << 10;
 
 /// The leading bytes a remembered value is found by.
 const HEAD: usize = 64;
@@ -131,7 +131,7 @@ impl Held {
     }
 
     /// Where byte `at` of the held text lies in the original.
-    pub fn original_offset(&self, at: usize) -> usize {
+    pub(crate) fn original_offset(&self, at: usize) -> usize {
         let mut shift = 0;
         for HeldValue { span, .. } in &self.values {
             let placeholder_start = span.start - shift;
@@ -169,7 +169,7 @@ pub fn hold(text: &[u8], keys: &[&'static str]) -> Option<Held> {
 /// members after that list are searched. A body cut around the messages a memo gave
 /// is read this way, so the prompt and tools after its list are neither copied nor
 /// scanned twice. `None` when nothing after the list is held.
-pub fn hold_after_list(head: &[u8], tail: &[u8], keys: &[&'static str]) -> Option<Held> {
+pub(crate) fn hold_after_list(head: &[u8], tail: &[u8], keys: &[&'static str]) -> Option<Held> {
     if tail.len() < HELD_FROM {
         return None;
     }

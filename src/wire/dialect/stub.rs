@@ -39,7 +39,7 @@ struct Wire<'a> {
 }
 
 /// The Tally API.
-pub struct StubDialect;
+pub(crate) struct StubDialect;
 
 impl Dialect for StubDialect {
     fn kind(&self) -> DialectKind {

@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::DialectKind;
 
 /// What a media part counts as: never its base64 bytes.
-pub const MEDIA_TEXT: &str = "[non-text part: counted as 85 tokens] ";
+pub(crate) const MEDIA_TEXT: &str = "[non-text part: counted as 85 tokens] ";
 
 /// How many times [`MEDIA_TEXT`] stands for one media part.
 const MEDIA_REPEAT: usize = 8;
@@ -33,7 +33,7 @@ pub fn message_text(message: &Value) -> String {
 }
 
 /// Pushes `content` when it is a string or a list of parts.
-pub fn push_content(content: Option<&Value>, push: &mut dyn FnMut(&str)) {
+pub(crate) fn push_content(content: Option<&Value>, push: &mut dyn FnMut(&str)) {
     match content {
         Some(Value::String(content)) => push(content),
         Some(Value::Array(parts)) => {
@@ -47,7 +47,7 @@ pub fn push_content(content: Option<&Value>, push: &mut dyn FnMut(&str)) {
 
 /// One content part or block: its text, a dialect's own kind, a fixed allowance for
 /// media, or else its JSON as sent (server tool results, kinds handoff does not know).
-pub fn push_part(part: &Value, push: &mut dyn FnMut(&str)) {
+pub(crate) fn push_part(part: &Value, push: &mut dyn FnMut(&str)) {
     if let Some(text) = part.get("text").and_then(Value::as_str) {
         return push(text);
     }
@@ -61,7 +61,7 @@ pub fn push_part(part: &Value, push: &mut dyn FnMut(&str)) {
 }
 
 /// Pushes the allowance for one media part.
-pub fn push_media(push: &mut dyn FnMut(&str)) {
+pub(crate) fn push_media(push: &mut dyn FnMut(&str)) {
     push(MEDIA_TEXT.repeat(MEDIA_REPEAT).as_str());
 }
 

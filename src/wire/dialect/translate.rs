@@ -10,7 +10,7 @@ use handoff_plugin_api::{ModelCallError, ModelClient, ModelReply};
 use serde_json::Value;
 
 /// Translates summary calls on their way to `raw` and back.
-pub struct TranslatingClient {
+pub(crate) struct TranslatingClient {
     raw: Arc<dyn ModelClient>,
     request: fn(&Value) -> Value,
     answer: fn(u16, Value) -> Value,

@@ -32,7 +32,7 @@ use tower_service::Service;
 use crate::body::ProxyBody;
 
 /// How handoff reaches an upstream: TCP with `TCP_NODELAY`, then TLS by the URI's scheme.
-pub type Connector = HttpsConnector<HttpConnector>;
+pub(crate) type Connector = HttpsConnector<HttpConnector>;
 
 /// Requests sent again, on another connection, when the one taken turned out closed
 /// before a byte of them was written (the upstream dropped it while it was idle).
@@ -40,7 +40,7 @@ const RETRIES: usize = 3;
 
 /// Why a request got no response head.
 #[derive(Debug, thiserror::Error)]
-pub enum SendError {
+pub(crate) enum SendError {
     /// No connection could be opened.
     #[error("{0}")]
     Connect(Box<dyn std::error::Error + Send + Sync>),

@@ -47,7 +47,7 @@ struct Block {
 
 /// Folds `message_start`, `content_block_*` and `message_delta` events into a message.
 #[derive(Default)]
-pub struct MessageAssembler {
+pub(crate) struct MessageAssembler {
     started: bool,
     blocks: BTreeMap<u64, Block>,
     stop_reason: Option<String>,

@@ -7,14 +7,14 @@ use crate::dialect::text::{push_content, push_media};
 use crate::dialect::Markers;
 
 /// The raw-JSON markers of Messages API messages.
-pub const MARKERS: Markers = Markers {
+pub(crate) const MARKERS: Markers = Markers {
     paired: &["\"tool_use_id\"", "\"tool_use\""],
     echoed: &["\"type\""],
     indexed: &[],
 };
 
 /// The text of thinking, tool-use and tool-result blocks; media by allowance.
-pub fn push_part(part: &Value, push: &mut dyn FnMut(&str)) -> bool {
+pub(crate) fn push_part(part: &Value, push: &mut dyn FnMut(&str)) -> bool {
     let text = |key: &str| part.get(key).and_then(Value::as_str).unwrap_or("");
     match part.get("type").and_then(Value::as_str).unwrap_or("") {
         "thinking" => push(text("thinking")),

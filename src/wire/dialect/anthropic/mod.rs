@@ -35,7 +35,7 @@ const API: &str = "Messages API";
 
 /// The continuation when the handoff shares its user message: the text block after
 /// this one is the handoff.
-pub const CONTINUATION_JOINED: &str = "Continue from the compacted state. The earlier part of this conversation was compacted by handoff: the text that follows in this message is its handoff and the source of prior context, and the messages after this one are the most recent ones, verbatim.";
+pub(crate) const CONTINUATION_JOINED: &str = "Continue from the compacted state. The earlier part of this conversation was compacted by handoff: the text that follows in this message is its handoff and the source of prior context, and the messages after this one are the most recent ones, verbatim.";
 
 /// Anthropic Messages.
 pub struct AnthropicMessages;

@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 const DEFAULT_MAX_TOKENS: u64 = 4096;
 
 /// A chat-completions body as a Messages body.
-pub fn to_messages(body: &Value) -> Value {
+pub(crate) fn to_messages(body: &Value) -> Value {
     let mut system = Vec::new();
     let mut messages: Vec<Value> = Vec::new();
     for message in body["messages"].as_array().into_iter().flatten() {
@@ -49,7 +49,7 @@ pub fn to_messages(body: &Value) -> Value {
 }
 
 /// A Messages answer as a chat completion; errors pass through as they are.
-pub fn to_completion(status: u16, body: Value) -> Value {
+pub(crate) fn to_completion(status: u16, body: Value) -> Value {
     if !(200..300).contains(&status) || body.get("content").is_none() {
         return body;
     }

@@ -7,7 +7,7 @@ use crate::dialect::text::push_media;
 use crate::dialect::Markers;
 
 /// The raw-JSON markers of chat messages.
-pub const MARKERS: Markers = Markers {
+pub(crate) const MARKERS: Markers = Markers {
     paired: &["\"tool_calls\"", "\"tool_call_id\""],
     echoed: &["\"tool_calls\"", "\"type\""],
     // A restarted tracker maps re-sent tool calls (arguments reformatted, content
@@ -16,7 +16,7 @@ pub const MARKERS: Markers = Markers {
 };
 
 /// The text of the call ids, DeepSeek's reasoning and each tool call.
-pub fn push_text(message: &Value, push: &mut dyn FnMut(&str)) {
+pub(crate) fn push_text(message: &Value, push: &mut dyn FnMut(&str)) {
     for key in ["tool_call_id", "reasoning_content"] {
         push(message.get(key).and_then(Value::as_str).unwrap_or(""));
     }
@@ -28,7 +28,7 @@ pub fn push_text(message: &Value, push: &mut dyn FnMut(&str)) {
 }
 
 /// Media parts: `image_url`, `input_audio`, `file`.
-pub fn push_part(part: &Value, push: &mut dyn FnMut(&str)) -> bool {
+pub(crate) fn push_part(part: &Value, push: &mut dyn FnMut(&str)) -> bool {
     let media = matches!(
         part.get("type").and_then(Value::as_str),
         Some("image_url" | "input_audio" | "file")

@@ -41,7 +41,7 @@ pub fn ask(body: &Chunks) -> Option<Vec<Bytes>> {
 
 /// Takes the usage handoff asked for out of an OpenAI chat stream, line by line.
 #[derive(Debug, Default)]
-pub struct StripUsage {
+pub(crate) struct StripUsage {
     /// The start of a line whose end has not arrived.
     partial: BytesMut,
     /// The usage chunk's line was dropped: so is the blank line that closes its event.

@@ -61,7 +61,7 @@ pub fn replies_from_json(body: &[u8]) -> Result<Assembled, serde_json::Error> {
 
 /// Watches a Responses stream for its final response, and the items it finished.
 #[derive(Default)]
-pub struct ResponseAssembler {
+pub(crate) struct ResponseAssembler {
     /// The `response` of the final event, re-serialised.
     last: Option<String>,
     done: BTreeMap<u64, Value>,

@@ -7,14 +7,14 @@ use crate::dialect::text::{push_content, push_media};
 use crate::dialect::Markers;
 
 /// The raw-JSON markers of Responses items.
-pub const MARKERS: Markers = Markers {
+pub(crate) const MARKERS: Markers = Markers {
     paired: &["\"call_id\""],
     echoed: &["\"type\""],
     indexed: &[],
 };
 
 /// The text of a call's id, arguments and input, an output, a reasoning item.
-pub fn push_text(item: &Value, push: &mut dyn FnMut(&str)) {
+pub(crate) fn push_text(item: &Value, push: &mut dyn FnMut(&str)) {
     for key in ["call_id", "arguments", "input", "encrypted_content"] {
         push(item.get(key).and_then(Value::as_str).unwrap_or(""));
     }
@@ -30,7 +30,7 @@ pub fn push_text(item: &Value, push: &mut dyn FnMut(&str)) {
 }
 
 /// Media parts: `input_image`, `input_file`.
-pub fn push_part(part: &Value, push: &mut dyn FnMut(&str)) -> bool {
+pub(crate) fn push_part(part: &Value, push: &mut dyn FnMut(&str)) -> bool {
     let media = matches!(
         part.get("type").and_then(Value::as_str),
         Some("input_image" | "input_file")

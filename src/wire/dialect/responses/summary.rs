@@ -6,7 +6,7 @@ use handoff_plugin_api::content_text;
 use serde_json::{json, Map, Value};
 
 /// A chat-completions body as a Responses body.
-pub fn to_responses(body: &Value) -> Value {
+pub(crate) fn to_responses(body: &Value) -> Value {
     let mut instructions = Vec::new();
     let mut input = Vec::new();
     for message in body["messages"].as_array().into_iter().flatten() {
@@ -44,7 +44,7 @@ fn output_text(body: &Value) -> String {
 }
 
 /// A response as a chat completion; errors pass through as they are.
-pub fn to_completion(status: u16, body: Value) -> Value {
+pub(crate) fn to_completion(status: u16, body: Value) -> Value {
     if !(200..300).contains(&status) || body.get("output").is_none() {
         return body;
     }
