@@ -152,3 +152,25 @@ fn a_database_password_is_masked_in_every_form() {
         assert!(shown.contains("db"), "{shown}");
     }
 }
+
+#[test]
+fn a_bad_pin_pattern_is_refused_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "[compaction.pin]\n[[compaction.pin.rules]]\nrole = \"user\"\npattern = \"(\"\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_handoff"))
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("compaction.pin.rules"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

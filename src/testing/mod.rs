@@ -30,6 +30,8 @@ use crate::store::ConversationLog;
 use crate::tokens::Tokens;
 
 mod compaction;
+mod limits;
+mod pins;
 mod stub_dialect;
 
 /// The counter every in-process test shares.
@@ -174,15 +176,19 @@ impl Harness {
             .unwrap_or_default()
     }
 
-    /// Conversation `id` of any tenant, if it exists.
-    pub async fn conversation(&self, id: &str) -> Option<ConversationId> {
-        let ids = self
-            .state
+    /// Every conversation of every tenant (the first thousand).
+    pub async fn conversations(&self) -> Vec<ConversationId> {
+        self.state
             .tracker
             .store()
             .list(None, None, 1000)
             .await
-            .unwrap();
+            .unwrap()
+    }
+
+    /// Conversation `id` of any tenant, if it exists.
+    pub async fn conversation(&self, id: &str) -> Option<ConversationId> {
+        let ids = self.conversations().await;
         ids.into_iter().find(|found| found.as_str() == id)
     }
 

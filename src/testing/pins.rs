@@ -1,12 +1,15 @@
 //! `compaction.pin`: messages a client re-sends before its history as standing context
 //! (aider's files message and its acknowledgement) stay verbatim in every view, and an
-//! edit of one in place continues the conversation.
+//! edit of one in place continues the conversation. On the in-process harness.
+
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::scenario::{agent_requests, big_user, options, records, strict_mock};
+
+use super::compaction::{agent_requests, strict, user};
+use crate::testing::Harness;
 
 const PIN: &str = "[compaction.pin]\n[[compaction.pin.rules]]\nrole = \"user\"\npattern = \"^I have \\\\*added these files to the chat\\\\*\"\nwith_reply = true\n";
 
@@ -18,31 +21,30 @@ fn preamble(version: &str) -> Vec<Value> {
     ]
 }
 
-async fn ask(proxy: &support::Proxy, messages: &[Value]) -> Value {
+async fn ask(proxy: &Harness, messages: &[Value]) -> Value {
     // No conversation header: the id is derived, as for a client that sends none.
-    let got = support::client::send(support::client::request(
-        "POST",
-        &format!("{}/v1/chat/completions", proxy.url()),
-        &[
-            ("content-type", "application/json"),
-            ("authorization", "Bearer sk-x"),
-        ],
-        json!({"model": "strict", "messages": messages}).to_string(),
-    ))
-    .await;
+    let body = json!({"model": "strict", "messages": messages}).to_string();
+    let got = proxy
+        .post(
+            "/v1/chat/completions",
+            &[("authorization", "Bearer sk-x")],
+            body.as_bytes(),
+        )
+        .await;
     assert_eq!(got.status, 200, "{}", got.text());
     got.json()["choices"][0]["message"].clone()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn a_pinned_files_message_stays_in_every_view_and_its_edit_continues_the_conversation() {
-    let (_strict, mock) = strict_mock(4096).await;
-    let proxy = support::Proxy::start_with(&mock.url(), options(4096, PIN));
+    let (_strict, mock) = strict(Duration::ZERO).await;
+    let models = "[models.\"strict\"]\ncontext_window = 4096\n";
+    let proxy = Harness::start(&mock.url(), &format!("{models}{PIN}")).await;
     let mut history: Vec<Value> = Vec::new();
     for n in 0..14 {
         // Half-way, the user changes the file: the files message changes in place.
         let version = if n < 7 { "v1" } else { "v2" };
-        history.push(big_user(n, 300));
+        history.push(user(n, 300));
         let mut messages = preamble(version);
         messages.extend(history.iter().cloned());
         let reply = ask(&proxy, &messages).await;
@@ -56,17 +58,16 @@ async fn a_pinned_files_message_stays_in_every_view_and_its_edit_continues_the_c
             history.push(json!({"role": "tool", "tool_call_id": id, "content": "done"}));
         }
     }
-    let conversations = proxy.conversations();
+    let conversations = proxy.conversations().await;
     assert_eq!(
         conversations.len(),
         1,
         "the edit continued it: {conversations:?}"
     );
-    let id = conversations[0]["id"].as_str().unwrap().to_owned();
-    assert!(!records(&proxy, &id).is_empty(), "it compacted");
+    let id = conversations[0].as_str().to_owned();
+    assert!(!proxy.records(&id).await.is_empty(), "it compacted");
     // Every view the model saw opens with the system message and the files pair.
-    for request in agent_requests(&mock) {
-        let sent = request.json();
+    for sent in agent_requests(&mock) {
         let text = sent["messages"][1]["content"].as_str().unwrap_or("");
         assert!(text.starts_with("I have *added these files"), "{sent}");
         assert!(sent["messages"][2]["content"]
@@ -75,37 +76,13 @@ async fn a_pinned_files_message_stays_in_every_view_and_its_edit_continues_the_c
             .starts_with("Ok,"));
     }
     // The handoff never summarised the files message.
-    for record in records(&proxy, &id) {
-        assert!(
-            !record["handoff"].to_string().contains("FILES-v"),
-            "{record}"
-        );
+    for record in proxy.records(&id).await {
+        let handoff = record.handoff.to_string();
+        assert!(!handoff.contains("FILES-v"), "{handoff}");
     }
-    let last = agent_requests(&mock).pop().unwrap().json();
+    let last = agent_requests(&mock).pop().unwrap();
     assert!(
         last.to_string().contains("FILES-v2"),
         "the edited files are what the model sees"
-    );
-}
-
-#[test]
-fn a_bad_pin_pattern_is_refused_at_load() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bad.toml");
-    std::fs::write(
-        &path,
-        "[compaction.pin]\n[[compaction.pin.rules]]\nrole = \"user\"\npattern = \"(\"\n",
-    )
-    .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_handoff"))
-        .args(["check-config", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("compaction.pin.rules"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
     );
 }

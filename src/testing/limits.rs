@@ -1,17 +1,29 @@
 //! The window is the only hard limit. The trigger says when to compact; the input
 //! budget (window − reserved output) says what may be sent. A view over the trigger
 //! but within the budget is sent; a huge tool result is shortened in the view
-//! (rescue); only what no view can fit gets handoff's 400, naming both limits.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! (rescue); only what no view can fit gets handoff's 400, naming both limits. On the
+//! in-process harness: none of it needs a process.
 
-mod support;
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
 
 use mock_upstream::strict::{text_tokens, Strict};
 use mock_upstream::MockUpstream;
 use serde_json::{json, Value};
-use support::scenario::{agent_requests, chat, options, records};
+
+use super::compaction::agent_requests;
+use crate::testing::{Answer, Harness};
+
+/// The strict model with a `window`-token window, on the embedded defaults.
+async fn proxy(mock: &MockUpstream, window: u64) -> Harness {
+    let models = format!("[models.\"strict\"]\ncontext_window = {window}\n");
+    Harness::start(&mock.url(), &models).await
+}
+
+async fn chat(proxy: &Harness, id: &str, messages: &[Value]) -> Answer {
+    proxy.chat(id, "strict", messages).await
+}
 
 /// Text of about `tokens` tokens (the mock's o200k count), opening with `label`.
 fn text_of(label: &str, tokens: u64) -> String {
@@ -38,11 +50,11 @@ async fn strict(window: u64, scale: f64) -> (Arc<Strict>, MockUpstream) {
     (strict, mock)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn a_newest_unit_between_the_trigger_and_the_budget_is_sent_whole() {
     // 8192 window, 819 reserved: input budget 7373, compaction at 0.9 of it (6635).
     let (strict, mock) = strict(8192, 1.0).await;
-    let proxy = support::Proxy::start_with(&mock.url(), options(8192, ""));
+    let proxy = proxy(&mock, 8192).await;
     let mut messages = Vec::new();
     for i in 0..3 {
         messages.push(json!({"role": "user", "content": text_of(&format!("FACT-{i:03}"), 300)}));
@@ -54,11 +66,11 @@ async fn a_newest_unit_between_the_trigger_and_the_budget_is_sent_whole() {
     let got = chat(&proxy, "between", &messages).await;
     assert_eq!(got.status, 200, "{}", got.text());
     assert_eq!(
-        records(&proxy, "between").len(),
+        proxy.records("between").await.len(),
         1,
         "what precedes it was compacted"
     );
-    let sent = agent_requests(&mock).pop().unwrap().json();
+    let sent = agent_requests(&mock).pop().unwrap();
     let last = sent["messages"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(
         last["content"],
@@ -66,13 +78,12 @@ async fn a_newest_unit_between_the_trigger_and_the_budget_is_sent_whole() {
         "the newest unit is sent whole"
     );
     assert!(strict.over_window.lock().unwrap().is_empty());
-    assert!(!proxy.logs().contains("cannot fit"), "{}", proxy.logs());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn user_text_over_the_budget_gets_a_400_naming_both_limits() {
     let (_strict, mock) = strict(8192, 1.0).await;
-    let proxy = support::Proxy::start_with(&mock.url(), options(8192, ""));
+    let proxy = proxy(&mock, 8192).await;
     // Calibrate first, on a message large enough that overheads do not skew the ratio,
     // so the count is no guess.
     let hello = [json!({"role": "user", "content": text_of("HELLO", 2000)})];
@@ -96,16 +107,15 @@ async fn user_text_over_the_budget_gets_a_400_naming_both_limits() {
     // A client reserve that leaves no room: the 400 gives the reserve too.
     messages.pop();
     messages.push(json!({"role": "user", "content": text_of("MID", 2000)}));
-    let reserved = support::client::send(support::client::request(
-        "POST",
-        &format!("{}/v1/chat/completions", proxy.url()),
-        &[
-            ("content-type", "application/json"),
-            ("x-handoff-conversation-id", "calibrated"),
-        ],
-        json!({"model": "strict", "max_tokens": 7000, "messages": messages}).to_string(),
-    ))
-    .await;
+    let reserved = proxy
+        .post(
+            "/v1/chat/completions",
+            &[("x-handoff-conversation-id", "calibrated")],
+            json!({"model": "strict", "max_tokens": 7000, "messages": messages})
+                .to_string()
+                .as_bytes(),
+        )
+        .await;
     assert_eq!(reserved.status, 400, "{}", reserved.text());
     let message = reserved.json()["error"]["message"]
         .as_str()
@@ -122,7 +132,7 @@ async fn user_text_over_the_budget_gets_a_400_naming_both_limits() {
 /// the first uncalibrated, and every one answered.
 async fn agent_with_big_results(scale: f64) {
     let (strict, mock) = strict(32_768, scale).await;
-    let proxy = support::Proxy::start_with(&mock.url(), options(32_768, ""));
+    let proxy = proxy(&mock, 32_768).await;
     let id = format!("scaled-{scale}");
     let mut messages = vec![json!({"role": "user", "content": "read every log, one per turn"})];
     for turn in 0..20 {
@@ -134,14 +144,14 @@ async fn agent_with_big_results(scale: f64) {
         let got = chat(&proxy, &id, &messages).await;
         assert_eq!(got.status, 200, "turn {turn} at {scale}×: {}", got.text());
     }
-    assert!(records(&proxy, &id).len() >= 2, "{}", proxy.logs());
+    assert!(proxy.records(&id).await.len() >= 2);
     assert!(strict.broken_pairs.lock().unwrap().is_empty());
     // The model may refuse a view sized on a guess; each refusal was recovered.
     let refused = strict.over_window.lock().unwrap().len();
     assert!(refused <= 2, "{refused} refusals at {scale}×");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn an_agent_on_a_model_that_counts_more_or_less_is_never_refused() {
     agent_with_big_results(1.5).await;
     agent_with_big_results(0.7).await;
@@ -150,10 +160,10 @@ async fn an_agent_on_a_model_that_counts_more_or_less_is_never_refused() {
 /// aider's own history summary: a system message and one ~60 KB user message, no
 /// `max_tokens`, to a model that counts ~0.77× tiktoken. One unit the model can take:
 /// sent, first request or not, never refused on handoff's higher count.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn one_big_message_the_model_can_take_is_sent() {
     let (strict, mock) = strict(24_576, 0.77).await;
-    let proxy = support::Proxy::start_with(&mock.url(), options(24_576, ""));
+    let proxy = proxy(&mock, 24_576).await;
     let messages = [
         json!({"role": "system", "content": "Briefly summarize this partial conversation."}),
         json!({"role": "user", "content": text_of("HISTORY", 23_000)}),
