@@ -8,7 +8,9 @@ docs/architecture.md's `## Layers` section, and fails, naming the files, on
 - a crate's top-level module the layer table does not place, or places in another
   crate, or a table entry with no module;
 - an import cycle between a crate's top-level modules;
-- an import of a module of a higher layer than the importer's, inside one crate.
+- an import of a module of a higher layer than the importer's, inside one crate;
+- a chat pipeline (the numbered stages of `## One request`) that is not the one
+  `src/chat/mod.rs` lists, or a stage with no function or module of that name there.
 
 Edges are read from `use` declarations and paths (`crate::a`, `crate::{a, b::c}`, a
 top-level file's `super::a`); a name that is no module of the crate (a layer below,
@@ -238,11 +240,37 @@ def check_layers(members, rows):
     return problems, report, total
 
 
+def check_pipeline():
+    """The chat stages, as docs/architecture.md and src/chat/mod.rs number them."""
+    doc = open(DOC, encoding="utf-8").read().split("## One request", 1)[1].split("\n## ", 1)[0]
+    documented = re.findall(r"^\d+\. \*\*([a-z_]+)\*\*", doc, re.M)
+    chat = os.path.join(ROOT, "src", "chat")
+    header = open(os.path.join(chat, "mod.rs"), encoding="utf-8").read()
+    listed = re.findall(r"^//! \d+\. \*\*([a-z_]+)\*\*", header, re.M)
+    problems = []
+    if not documented or documented != listed:
+        problems.append(
+            f"the chat pipeline drifted: docs/architecture.md has {documented}, "
+            f"src/chat/mod.rs has {listed}"
+        )
+    code = "".join(
+        open(os.path.join(chat, name), encoding="utf-8").read()
+        for name in os.listdir(chat)
+        if name.endswith(".rs")
+    )
+    for stage in listed:
+        if not re.search(rf"\bfn {stage}\b", code) and not os.path.exists(os.path.join(chat, f"{stage}.rs")):
+            problems.append(f"the chat stage `{stage}` is no function or module of src/chat")
+    return problems, len(listed)
+
+
 def main():
     members = workspace()
     rows, crates = tables()
     problems = check_crates(members, crates)
     more, report, (modules, imports) = check_layers(members, rows)
+    problems += more
+    more, stages = check_pipeline()
     problems += more
     if report:
         print("\n".join(report))
@@ -253,7 +281,7 @@ def main():
         return 1
     print(
         f"layering: ok ({len(crates)} crates, {modules} modules, {imports} imports "
-        f"within crates, {len(rows)} layers, no cycles)"
+        f"within crates, {len(rows)} layers, no cycles; {stages} chat stages as documented)"
     )
     return 0
 
