@@ -7,6 +7,9 @@
 //!
 //! `cargo bench --bench compaction`
 
+// criterion's macros declare public functions of their own, undocumented.
+#![allow(missing_docs)]
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

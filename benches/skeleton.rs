@@ -6,6 +6,9 @@
 //!
 //! `cargo bench --bench skeleton`
 
+// criterion's macros declare public functions of their own, undocumented.
+#![allow(missing_docs)]
+
 #[path = "support/mod.rs"]
 mod support;
 

@@ -4,6 +4,9 @@
 //!
 //! `cargo bench --bench tracking`
 
+// criterion's macros declare public functions of their own, undocumented.
+#![allow(missing_docs)]
+
 #[path = "support/mod.rs"]
 mod support;
 
