@@ -1,11 +1,12 @@
-//! Compaction end to end, against a strict provider that enforces its window and
-//! rejects broken tool pairs the way OpenAI does.
+//! Compaction end to end on the real binary, against a strict provider that enforces
+//! its window and rejects broken tool pairs the way OpenAI does: what needs a process
+//! (the SDK agent, restarts, a crash, the audit CLI, the metrics endpoint). The rest is
+//! in-process, in `src/testing/compaction/`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Duration;
 
 use mock_upstream::strict::SummaryMode;
@@ -101,39 +102,6 @@ async fn summary_failures_fall_back_to_extract_and_record_every_attempt() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn thirty_two_concurrent_requests_share_one_compaction() {
-    let (strict, mock) = strict_mock(4096).await;
-    let proxy = Arc::new(Proxy::start_with(
-        &mock.url(),
-        options(4096, SUMMARY_16K_1S),
-    ));
-    // A history just over the trigger (3318 tokens for a 4k window).
-    let mut messages = vec![json!({"role": "system", "content": "s"})];
-    for n in 0..6 {
-        messages.push(big_user(n, 500));
-        messages.push(json!({"role": "assistant", "content": "noted"}));
-    }
-    messages.push(big_user(99, 500));
-    let mut tasks = Vec::new();
-    for _ in 0..32 {
-        let proxy = Arc::clone(&proxy);
-        let messages = messages.clone();
-        tasks.push(tokio::spawn(async move {
-            chat(&proxy, "crowd", &messages).await.status
-        }));
-    }
-    for task in tasks {
-        assert_eq!(task.await.unwrap(), 200);
-    }
-    assert_eq!(
-        strict.summaries.load(Ordering::SeqCst),
-        1,
-        "one summary call for one compaction"
-    );
-    assert_eq!(records(&proxy, "crowd").len(), 1);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_view_is_stable_between_compactions_and_after_a_restart() {
     let (strict, mock) = strict_mock(4096).await;
     let data = tempfile::tempdir().unwrap();
@@ -193,77 +161,6 @@ async fn the_view_is_stable_between_compactions_and_after_a_restart() {
     let after = agent_requests(&mock).pop().unwrap().body;
     assert_eq!(before, after, "the view after a restart must be identical");
     assert_eq!(strict.summaries.load(Ordering::SeqCst), summaries);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_irreducible_request_gets_400_with_the_numbers() {
-    let (_strict, mock) = strict_mock(4096).await;
-    let proxy = Proxy::start_with(&mock.url(), options(4096, ""));
-    // About 400 KB of new text: tokenised off the async path (block_in_place).
-    let got = chat(&proxy, "huge", &[big_user(1, 120_000)]).await;
-    assert_eq!(got.status, 400);
-    assert_eq!(got.json()["error"]["code"], "context_length_exceeded");
-    let message = got.json()["error"]["message"].as_str().unwrap().to_owned();
-    assert!(
-        message.contains("newest unit")
-            && message.contains("4096 window")
-            && message.contains("input budget")
-            && message.contains("trigger"),
-        "{message}"
-    );
-    assert!(
-        mock.requests().is_empty(),
-        "nothing over the window goes upstream"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn disabled_compaction_is_respected_by_every_path() {
-    let (strict, mock) = strict_mock(4096).await;
-    let proxy = Proxy::start_with(
-        &mock.url(),
-        options(4096, "[compaction]\nenabled = false\n"),
-    );
-    let messages = vec![
-        big_user(1, 3000),
-        json!({"role": "assistant", "content": "ok"}),
-        big_user(2, 3000),
-    ];
-    let got = chat(&proxy, "off", &messages).await;
-    assert_eq!(got.status, 400, "the upstream's own error comes back");
-    assert_eq!(got.json()["error"]["code"], "context_length_exceeded");
-    assert_eq!(
-        strict.over_window.lock().unwrap().len(),
-        1,
-        "no reactive retry either"
-    );
-    assert_eq!(strict.summaries.load(Ordering::SeqCst), 0);
-    assert!(records(&proxy, "off").is_empty());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_context_length_answer_compacts_and_retries() {
-    // The proxy believes the window is 16k; the provider enforces 4k.
-    let (strict, mock) = strict_mock(4096).await;
-    let proxy = Proxy::start_with(&mock.url(), options(16_384, SUMMARY_16K_1S));
-    let mut messages = vec![];
-    for n in 0..9 {
-        messages.push(big_user(n, 500));
-        messages.push(json!({"role": "assistant", "content": "noted"}));
-    }
-    messages.push(big_user(9, 500));
-    let got = chat(&proxy, "reactive", &messages).await;
-    assert_eq!(got.status, 200, "{}", got.text());
-    let refused = strict.over_window.lock().unwrap().len();
-    assert!(
-        (1..=2).contains(&refused),
-        "refused {refused} times; max_retries is 2"
-    );
-    let records = records(&proxy, "reactive");
-    assert_eq!(records.len(), refused, "one compaction per refusal");
-    assert!(records
-        .iter()
-        .all(|r| r["reason"] == "context_length_exceeded"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
