@@ -1,5 +1,7 @@
 //! Anthropic's Messages API end to end: the official `anthropic` SDK through the real
-//! binary, against a strict Messages provider that refuses what the real API refuses.
+//! binary, against a strict Messages provider that refuses what the real API refuses,
+//! across restarts. Overflow recovery, the error shape and routing by dialect are
+//! in-process, in `src/testing/anthropic.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
@@ -12,7 +14,7 @@ use mock_upstream::strict::SUMMARY_PROMPT_START;
 use mock_upstream::{MockUpstream, Recorded};
 use serde_json::{json, Value};
 use support::client::{self, request};
-use support::scenario::{self, estimate_model, inline_compaction, records, serve_strict};
+use support::scenario::{self, estimate_model, records, serve_strict};
 use support::{canonical, Proxy, ProxyOptions};
 
 const WINDOW: u64 = 8000;
@@ -168,165 +170,6 @@ async fn an_sdk_agent_compacts_with_summarize_then_extract_across_a_restart() {
         !proxy.logs().contains("sk-ant-agent-test"),
         "key in the logs"
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_overflow_answer_is_compacted_and_retried_and_errors_use_anthropics_shape() {
-    // The provider's window is smaller than the configured one: only its refusal can
-    // tell handoff that the request is too long.
-    let (strict, mock) = strict_anthropic(3000).await;
-    let data = tempfile::tempdir().unwrap();
-    let proxy = Proxy::start_with(&mock.url(), inline_compaction(options(data.path(), 6000)));
-    let messages = scenario::fact_history(
-        json!({"role": "assistant", "content": [{"type": "text", "text": "noted"}]}),
-    );
-    let url = format!("{}/v1/messages", proxy.url());
-    let headers = [
-        ("x-api-key", "sk-ant-overflow"),
-        ("anthropic-version", "2023-06-01"),
-        ("x-handoff-conversation-id", "overflow"),
-    ];
-    let body = json!({"model": "claude-mock", "max_tokens": 100, "messages": messages});
-    let got = client::send(request("POST", &url, &headers, body.to_string())).await;
-    assert_eq!(got.status, 200, "{}", got.text());
-    assert!(strict.refused.lock().unwrap()[0].contains("prompt is too long"));
-    let records = records(&proxy, "overflow");
-    assert_eq!(records[0]["reason"], "context_length_exceeded");
-
-    // handoff's own errors on this path are in Anthropic's shape.
-    for (bad, kind) in [
-        ("{\"messages\": [", "invalid_request_error"),
-        (
-            r#"{"model":"claude-mock","messages":[{"role":"tool","content":"x"}]}"#,
-            "invalid_request_error",
-        ),
-        (
-            r#"{"model":"claude-mock","messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_x","content":"1"}]}]}"#,
-            "invalid_request_error",
-        ),
-    ] {
-        let got = client::send(request("POST", &url, &headers, bad.to_owned())).await;
-        assert_eq!(got.status, 400, "{bad}");
-        let json: Value = serde_json::from_str(&got.text()).unwrap();
-        assert_eq!(json["type"], "error", "{json}");
-        assert_eq!(json["error"]["type"], kind, "{json}");
-        assert!(json["error"]["message"].as_str().unwrap().len() > 10);
-    }
-
-    // count_tokens passes through untouched.
-    let count = json!({"model": "claude-mock", "messages": [{"role": "user", "content": "hi"}]});
-    let before = mock.requests().len();
-    let _ = client::send(request(
-        "POST",
-        &format!("{url}/count_tokens"),
-        &headers,
-        count.to_string(),
-    ))
-    .await;
-    let seen = mock.requests();
-    assert_eq!(seen.len(), before + 1);
-    assert_eq!(seen[before].target, "/v1/messages/count_tokens");
-    assert_eq!(seen[before].json(), count);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_overflow_event_opening_a_stream_is_compacted_and_retried() {
-    // Like a provider that only learns the length once streaming: the stream opens
-    // with `message_start` and then an `error` event.
-    let strict = StrictAnthropic::new(3000);
-    let responder = Arc::clone(&strict);
-    let mock = MockUpstream::with(move |req| {
-        let body = req.json();
-        let input = mock_upstream::anthropic::count(&body);
-        if body["stream"] == true && input > 3000 && !is_summary(req) {
-            let start = json!({"type": "message_start", "message": {"id": "msg_x", "type": "message", "role": "assistant",
-                "content": [], "model": "claude-mock", "stop_reason": null, "usage": {"input_tokens": 0, "output_tokens": 0}}});
-            let error = json!({"type": "error", "error": {"type": "invalid_request_error",
-                "message": format!("prompt is too long: {input} tokens > 3000 maximum")}});
-            return mock_upstream::Reply::Sse {
-                frames: vec![
-                    format!("event: message_start\ndata: {start}\n\n"),
-                    format!("event: error\ndata: {error}\n\n"),
-                ],
-                gap: std::time::Duration::from_millis(5),
-                cut_after: None,
-            };
-        }
-        responder.answer(req)
-    })
-    .await;
-    let data = tempfile::tempdir().unwrap();
-    let proxy = Proxy::start_with(&mock.url(), inline_compaction(options(data.path(), 6000)));
-    let messages = scenario::fact_history(json!({"role": "assistant", "content": "noted"}));
-    let body =
-        json!({"model": "claude-mock", "max_tokens": 100, "stream": true, "messages": messages});
-    let got = client::send(request(
-        "POST",
-        &format!("{}/v1/messages", proxy.url()),
-        &[
-            ("x-api-key", "sk-ant-stream"),
-            ("x-handoff-conversation-id", "stream-overflow"),
-        ],
-        body.to_string(),
-    ))
-    .await;
-    assert_eq!(got.status, 200);
-    let text = got.text();
-    assert!(text.contains("event: message_stop"), "{text}");
-    assert!(
-        !text.contains("event: error"),
-        "the client saw the refused attempt: {text}"
-    );
-    let records = records(&proxy, "stream-overflow");
-    assert_eq!(records[0]["reason"], "context_length_exceeded");
-    // The reply of the retried stream is logged.
-    let lines = support::message_lines(&proxy, "stream-overflow");
-    let reply = lines.last().unwrap();
-    assert_eq!(reply["source"], "upstream");
-    assert_eq!(reply["complete"], true);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dialects_anthropic_base_url_routes_messages_to_their_own_upstream() {
-    let (_strict, anthropic) = strict_anthropic(100_000).await;
-    let openai = MockUpstream::with(|_| mock_upstream::Reply::chat_text("from openai")).await;
-    let data = tempfile::tempdir().unwrap();
-    let mut options = options(data.path(), 100_000);
-    options.extra_toml.push_str(&format!(
-        "[dialects.anthropic]\nbase_url = {:?}\n",
-        anthropic.url()
-    ));
-    let proxy = Proxy::start_with(&openai.url(), options);
-    let headers = [("x-api-key", "sk-ant-route")];
-    let body = json!({"model": "claude-mock", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]});
-    let url = format!("{}/v1/messages", proxy.url());
-    let got = client::send(request("POST", &url, &headers, body.to_string())).await;
-    assert_eq!(got.status, 200, "{}", got.text());
-    let count = json!({"model": "claude-mock", "messages": [{"role": "user", "content": "hi"}]});
-    let _ = client::send(request(
-        "POST",
-        &format!("{url}/count_tokens"),
-        &headers,
-        count.to_string(),
-    ))
-    .await;
-    let chat = json!({"model": "gpt-x", "messages": [{"role": "user", "content": "hi"}]});
-    let got = client::send(request(
-        "POST",
-        &format!("{}/v1/chat/completions", proxy.url()),
-        &[("authorization", "Bearer sk-route")],
-        chat.to_string(),
-    ))
-    .await;
-    assert_eq!(got.status, 200);
-    let to_anthropic: Vec<String> = anthropic
-        .requests()
-        .iter()
-        .map(|r| r.target.clone())
-        .collect();
-    assert_eq!(to_anthropic, ["/v1/messages", "/v1/messages/count_tokens"]);
-    let to_openai: Vec<String> = openai.requests().iter().map(|r| r.target.clone()).collect();
-    assert_eq!(to_openai, ["/v1/chat/completions"]);
 }
 
 /// LangGraph's `ChatAnthropic` echoes a text reply as a plain string and a tool turn as

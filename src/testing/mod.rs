@@ -29,6 +29,7 @@ use crate::state::AppState;
 use crate::store::ConversationLog;
 use crate::tokens::Tokens;
 
+mod anthropic;
 mod compaction;
 mod limits;
 mod pins;
