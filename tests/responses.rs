@@ -1,19 +1,18 @@
 //! OpenAI's Responses API end to end: the official openai SDK's `client.responses`
-//! through the real binary, against a strict Responses provider.
+//! through the real binary, against a strict Responses provider. Overflow recovery in
+//! each of the API's styles is in-process, in `src/testing/responses.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 
 use std::sync::Arc;
 
-use mock_upstream::responses::{OverflowStyle, StrictResponses};
+use mock_upstream::responses::StrictResponses;
 use mock_upstream::strict::SUMMARY_PROMPT_START;
 use mock_upstream::{MockUpstream, Recorded};
 use serde_json::{json, Value};
 use support::client::{self, request};
-use support::scenario::{
-    self, estimate_model, inline_compaction, records, run_client, serve_strict,
-};
+use support::scenario::{self, estimate_model, records, run_client, serve_strict};
 use support::{canonical, Proxy, ProxyOptions};
 
 const ID: &str = "responses-agent";
@@ -131,62 +130,6 @@ async fn a_stateless_sdk_agent_compacts_and_survives_a_restart() {
     // regenerated answer of the resent request.
     assert!(head.contains(" 2 branches"), "{head}");
     proxy.assert_verified(&[]);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_overflow_style_is_compacted_and_retried() {
-    let input = scenario::fact_history(
-        json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "noted", "annotations": []}]}),
-    );
-    for (style, stream) in [
-        (OverflowStyle::Status, false),
-        (OverflowStyle::StreamError, true),
-        (OverflowStyle::Failed, true),
-        (OverflowStyle::Failed, false),
-    ] {
-        let (strict, mock) = strict_responses(3000).await;
-        strict.set_style(style);
-        let data = tempfile::tempdir().unwrap();
-        let proxy = Proxy::start_with(&mock.url(), inline_compaction(options(data.path(), 6000)));
-        let body = json!({"model": "gpt-mock", "input": input, "stream": stream, "store": false});
-        let got = client::send(request(
-            "POST",
-            &format!("{}/v1/responses", proxy.url()),
-            &[
-                ("authorization", "Bearer sk-overflow"),
-                ("x-handoff-conversation-id", "overflow"),
-            ],
-            body.to_string(),
-        ))
-        .await;
-        let text = got.text();
-        assert_eq!(got.status, 200, "{style:?}: {text}");
-        if stream {
-            assert!(
-                text.contains("event: response.completed"),
-                "{style:?}: {text}"
-            );
-            assert!(
-                !text.contains("context_length_exceeded"),
-                "{style:?}: {text}"
-            );
-        } else {
-            let json: Value = serde_json::from_str(&text).unwrap();
-            assert_eq!(json["status"], "completed", "{style:?}: {json}");
-        }
-        assert!(
-            !strict.refused.lock().unwrap().is_empty(),
-            "{style:?}: never refused"
-        );
-        let records = records(&proxy, "overflow");
-        assert_eq!(records[0]["reason"], "context_length_exceeded", "{style:?}");
-        let lines = support::message_lines(&proxy, "overflow");
-        assert_eq!(
-            lines.last().unwrap()["source"],
-            "upstream",
-            "{style:?}: reply not logged"
-        );
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

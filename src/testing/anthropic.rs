@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use crate::base::line::{Entry, Source};
 use crate::compaction::Reason;
-use crate::testing::Harness;
+use crate::testing::{fact_history, Harness};
 
 const MESSAGES: &str = "/v1/messages";
 const COUNT_TOKENS: &str = "/v1/messages/count_tokens";
@@ -42,19 +42,6 @@ fn is_summary(request: &Recorded) -> bool {
     system
         .as_str()
         .is_some_and(|s| s.starts_with(SUMMARY_PROMPT_START))
-}
-
-/// Six user turns of about 1,500 tokens, each stating a fact and answered by
-/// `reply`, then a question: a history that overflows a small window.
-fn fact_history(reply: Value) -> Vec<Value> {
-    let filler: String = (0..600).map(|i| format!("w{i} ")).collect();
-    let mut messages = Vec::new();
-    for n in 0..6 {
-        messages.push(json!({"role": "user", "content": format!("FACT-{n:03} {filler}")}));
-        messages.push(reply.clone());
-    }
-    messages.push(json!({"role": "user", "content": "what were the facts?"}));
-    messages
 }
 
 #[tokio::test]

@@ -33,12 +33,27 @@ mod anthropic;
 mod compaction;
 mod limits;
 mod pins;
+mod responses;
 mod stub_dialect;
 
 /// The counter every in-process test shares.
 pub fn tokens() -> Arc<Tokens> {
     static TOKENS: OnceLock<Arc<Tokens>> = OnceLock::new();
     Arc::clone(TOKENS.get_or_init(|| Arc::new(Tokens::new(crate::dialect::text::message_text))))
+}
+
+/// Six user turns of about 1,500 tokens, each stating a fact and answered by
+/// `reply`, then a question: a history that overflows a small window.
+pub fn fact_history(reply: Value) -> Vec<Value> {
+    let filler: String = (0..600).map(|i| format!("w{i} ")).collect();
+    let mut messages = Vec::new();
+    for n in 0..6 {
+        messages
+            .push(serde_json::json!({"role": "user", "content": format!("FACT-{n:03} {filler}")}));
+        messages.push(reply.clone());
+    }
+    messages.push(serde_json::json!({"role": "user", "content": "what were the facts?"}));
+    messages
 }
 
 /// `extra` (TOML) with `upstream.base_url` set to `upstream`.
