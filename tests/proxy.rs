@@ -1,6 +1,7 @@
 //! The transparent proxy, end to end: the real binary between a client and the mock,
-//! for what needs the process (its listener, h2c, signals, its logs). Bad bodies and a
-//! failing upstream are tested in-process (`src/chat/tests.rs`, `src/relay_tests.rs`).
+//! for what needs the process (its listener, h2c, signals, its logs). Bad bodies, a
+//! failing upstream and what passes through unchanged are tested in-process
+//! (`src/chat/tests.rs`, `src/relay_tests.rs`, `src/testing/passthrough.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
@@ -23,35 +24,6 @@ fn chat_body() -> serde_json::Value {
         ],
         "x_unknown_top_field": {"keep": true}
     })
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chat_body_and_reply_pass_through_unchanged() {
-    let mock = MockUpstream::replying(Reply::chat_text("hello there")).await;
-    let proxy = Proxy::start(&mock.url());
-    let sent = chat_body().to_string();
-
-    let got = client::send(request(
-        "POST",
-        &format!("{}{CHAT}", proxy.url()),
-        &[
-            ("content-type", "application/json"),
-            ("authorization", "Bearer sk-test-123"),
-        ],
-        sent.clone(),
-    ))
-    .await;
-
-    assert_eq!(got.status, 200);
-    assert_eq!(got.json(), chat_completion("hello there"));
-    let seen = mock.requests();
-    assert_eq!(seen.len(), 1);
-    assert_eq!(seen[0].target, CHAT);
-    assert_eq!(
-        seen[0].body,
-        sent.as_bytes(),
-        "the body must reach the upstream byte for byte"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,92 +62,6 @@ async fn headers_cross_except_hop_by_hop_and_host_is_rewritten() {
     for hop in ["x-hop-secret", "keep-alive", "proxy-authorization", "te"] {
         assert!(!seen.headers.contains_key(hop), "{hop} crossed the proxy");
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn other_paths_pass_through_with_method_query_and_status() {
-    let mock = MockUpstream::with(|req| {
-        if req.target.starts_with("/v1/models") {
-            Reply::error(404, "model_not_found", "no such model")
-        } else {
-            Reply::json(json!({"len": req.body.len()}))
-        }
-    })
-    .await;
-    let proxy = Proxy::start_with(
-        &mock.url(),
-        ProxyOptions {
-            extra_toml: "[limits]\nmax_body_bytes = 1024\n".into(),
-            ..ProxyOptions::default()
-        },
-    );
-
-    let got = client::send(request(
-        "GET",
-        &format!("{}/v1/models/x?limit=2&after=a", proxy.url()),
-        &[],
-        "",
-    ))
-    .await;
-    assert_eq!(got.status, 404);
-    assert_eq!(got.json()["error"]["code"], "model_not_found");
-    assert_eq!(mock.requests()[0].target, "/v1/models/x?limit=2&after=a");
-    assert_eq!(mock.requests()[0].method, "GET");
-
-    // Uploads are streamed, so the chat-completions body limit does not apply to them.
-    let upload = vec![b'x'; 256 * 1024];
-    let got = client::send(request(
-        "PUT",
-        &format!("{}/v1/files", proxy.url()),
-        &[],
-        upload,
-    ))
-    .await;
-    assert_eq!(got.status, 200);
-    assert_eq!(got.json()["len"], 256 * 1024);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unknown_roles_and_broken_pairs_are_the_providers_to_judge_until_handoff_must_compact() {
-    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
-    let proxy = Proxy::start_with(
-        &mock.url(),
-        ProxyOptions {
-            extra_toml: "[models.\"tiny\"]\ncontext_window = 2000\n".into(),
-            ..ProxyOptions::default()
-        },
-    );
-    let url = format!("{}{CHAT}", proxy.url());
-
-    // Nothing to compact: sent byte for byte, whatever handoff makes of it.
-    let odd = json!({"model": "m", "messages": [
-        {"role": "robot", "content": "x"},
-        {"role": "user", "content": "x"},
-        {"role": "system", "content": "mid-conversation"},
-        {"role": "tool", "tool_call_id": "call_9", "content": "42"}
-    ]});
-    let got = client::post_json(&url, &odd).await;
-    assert_eq!(got.status, 200, "{}", got.text());
-    assert_eq!(mock.requests().len(), 1);
-    assert_eq!(mock.requests()[0].json(), odd);
-
-    // Over the window, the history must be compacted: a broken pair is named.
-    let filler = "word ".repeat(3000);
-    let orphan = json!({"model": "tiny", "messages": [
-        {"role": "user", "content": filler},
-        {"role": "assistant", "content": "ok"},
-        {"role": "user", "content": "x"},
-        {"role": "tool", "tool_call_id": "call_9", "content": "42"}
-    ]});
-    let got = client::post_json(&url, &orphan).await;
-    assert_eq!(got.status, 400, "{}", got.text());
-    assert_eq!(got.json()["error"]["code"], "invalid_tool_pairs");
-    let message = got.json()["error"]["message"].as_str().unwrap().to_owned();
-    assert!(
-        message.contains("call_9") && message.contains("messages[3]"),
-        "{message}"
-    );
-    assert_eq!(mock.requests().len(), 1, "nothing more reached the model");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,6 +32,7 @@ use crate::tokens::Tokens;
 mod anthropic;
 mod compaction;
 mod limits;
+mod passthrough;
 mod pins;
 mod responses;
 mod stub_dialect;
