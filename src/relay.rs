@@ -146,7 +146,7 @@ async fn drain(mut rest: Incoming) {
 
 impl RelayBody {
     /// Relays `prefix` (bytes already read from `inner`), then the rest of `inner`.
-    pub fn after(
+    pub(crate) fn after(
         prefix: Bytes,
         inner: Incoming,
         idle_timeout: Duration,

@@ -1,5 +1,8 @@
 //! What the benches share: their runtime, and tracking a conversation already seen.
 
+// Each bench includes these helpers as its own module.
+#![allow(unreachable_pub)]
+
 use std::sync::Arc;
 
 use criterion::measurement::WallTime;

@@ -17,7 +17,7 @@ use crate::tenant::TenantId;
 use crate::upkeep::{erase, prune, Policy, PruneOptions, Target};
 
 /// Answers an upkeep endpoint; `None` when `path` is not one.
-pub async fn handle(
+pub(super) async fn handle(
     state: &AppState,
     method: &Method,
     path: &str,

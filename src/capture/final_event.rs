@@ -28,7 +28,7 @@ pub(crate) struct FinalEvent {
 
 impl FinalEvent {
     /// A scanner for a dialect's final event.
-    pub fn new(end: StreamEnd) -> Self {
+    pub(super) fn new(end: StreamEnd) -> Self {
         Self {
             end,
             head: Vec::with_capacity(LINE_HEAD),

@@ -24,7 +24,7 @@ pub(crate) struct ChargedClient {
 
 impl ChargedClient {
     /// `inner`, its calls charged to `key` in `limiter` and counted in `metrics`.
-    pub fn new(
+    pub(super) fn new(
         inner: Arc<dyn ModelClient>,
         key: Arc<ProxyKey>,
         limiter: Arc<RateLimiter>,

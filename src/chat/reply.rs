@@ -66,7 +66,7 @@ pub(crate) async fn answer_read(
 
 /// Reads an upstream reply body, giving up when it stalls for `idle` or passes
 /// [`MAX_JSON_REPLY`].
-pub async fn read_reply(mut body: Incoming, idle: Duration) -> Result<Bytes, ApiError> {
+pub(super) async fn read_reply(mut body: Incoming, idle: Duration) -> Result<Bytes, ApiError> {
     let mut out = BytesMut::new();
     loop {
         let frame = match tokio::time::timeout(idle, body.frame()).await {

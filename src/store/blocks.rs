@@ -91,7 +91,7 @@ pub(crate) struct Resolver {
 
 impl Resolver {
     /// A resolver for the conversation whose log is `messages` under `root`.
-    pub fn new(root: &Path, messages: &Path) -> Self {
+    pub(crate) fn new(root: &Path, messages: &Path) -> Self {
         Self {
             dir: blocks_of(messages).map(|dir| (root.to_owned(), dir)),
             read: HashMap::new(),
@@ -99,7 +99,7 @@ impl Resolver {
     }
 
     /// Puts a block's messages back into `line`; an error says why it cannot.
-    pub fn resolve(&mut self, line: &mut Line) -> Result<(), String> {
+    pub(crate) fn resolve(&mut self, line: &mut Line) -> Result<(), String> {
         let Entry::Pinned(PinnedLine {
             messages, block, ..
         }) = &mut line.entry

@@ -51,7 +51,7 @@ pub(crate) fn encode_line(
 
 /// Looks `response_id` up in the index at `path` under `data_dir` (blocking; a missing
 /// file knows none). The newest line wins; an unreadable line is skipped.
-pub fn lookup(
+pub(crate) fn lookup(
     data_dir: &Path,
     path: &Path,
     tenant: &TenantId,
@@ -169,7 +169,7 @@ mod tests {
 }
 
 /// File name of a tenant's object index.
-pub const OBJECTS_FILE: &str = "objects.jsonl";
+pub(crate) const OBJECTS_FILE: &str = "objects.jsonl";
 
 /// One line of the object index.
 #[derive(Debug, Serialize, Deserialize)]
@@ -178,7 +178,7 @@ struct Object {
 }
 
 /// Where `tenant`'s object index lives.
-pub fn objects_path(data_dir: &Path, tenant: &TenantId) -> PathBuf {
+pub(crate) fn objects_path(data_dir: &Path, tenant: &TenantId) -> PathBuf {
     data_dir
         .join(TENANTS_DIR)
         .join(tenant.as_str())
@@ -186,7 +186,7 @@ pub fn objects_path(data_dir: &Path, tenant: &TenantId) -> PathBuf {
 }
 
 /// The line that records `object`.
-pub fn encode_object(object: &str) -> Vec<u8> {
+pub(crate) fn encode_object(object: &str) -> Vec<u8> {
     let mut line = serde_json::json!({"object": object})
         .to_string()
         .into_bytes();
@@ -198,14 +198,14 @@ pub fn encode_object(object: &str) -> Vec<u8> {
 /// tenant name per object, however long the upstream made its ids. Loaded from the
 /// tenants' object indexes once, then kept up to date by the appends.
 #[derive(Default)]
-pub struct ObjectOwners {
+pub(crate) struct ObjectOwners {
     owners: std::collections::HashMap<u128, TenantId>,
 }
 
 impl ObjectOwners {
     /// Reads every tenant's object index under `data_dir` (blocking). The first owner
     /// recorded for an object keeps it; an unreadable line is skipped.
-    pub fn load(data_dir: &Path) -> std::io::Result<Self> {
+    pub(crate) fn load(data_dir: &Path) -> std::io::Result<Self> {
         let mut owners = Self::default();
         for tenant in super::layout::tenants(data_dir)? {
             let path = objects_path(data_dir, &tenant);
@@ -235,14 +235,14 @@ impl ObjectOwners {
     }
 
     /// Records `tenant` as `object`'s owner, unless it has one already.
-    pub fn insert(&mut self, object: &str, tenant: &TenantId) {
+    pub(crate) fn insert(&mut self, object: &str, tenant: &TenantId) {
         self.owners
             .entry(object_key(object))
             .or_insert_with(|| tenant.clone());
     }
 
     /// The tenant that created `object`.
-    pub fn owner(&self, object: &str) -> Option<&TenantId> {
+    pub(crate) fn owner(&self, object: &str) -> Option<&TenantId> {
         self.owners.get(&object_key(object))
     }
 }

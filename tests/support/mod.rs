@@ -1,6 +1,7 @@
 //! Shared helpers for the integration tests: the real `handoff` binary on a random
 //! loopback port, and a small HTTP client that can watch frames arrive.
-#![allow(dead_code)]
+// Each test file includes these helpers as its own module and uses a few of them.
+#![allow(dead_code, unreachable_pub)]
 
 pub mod client;
 pub mod forms;

@@ -18,7 +18,7 @@ const ARRAY_WHOLE: usize = 6;
 const DEPTH: usize = 2;
 
 /// `text` digested when it is a JSON object or array; `None` for anything else.
-pub fn digest(text: &str) -> Option<String> {
+pub(crate) fn digest(text: &str) -> Option<String> {
     let value: Value = serde_json::from_str(text.trim()).ok()?;
     matches!(value, Value::Object(_) | Value::Array(_)).then(|| render(&value, 0))
 }

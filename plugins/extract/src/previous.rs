@@ -4,7 +4,7 @@
 
 /// The parts of a previous handoff.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Previous {
+pub(crate) struct Previous {
     /// Its user-message items as written (`- …` and their indented lines), oldest first.
     pub users: Vec<String>,
     /// User messages it had already left out.
@@ -28,7 +28,7 @@ const LAST: &str = "Last assistant message";
 
 /// Reads `previous`: an extract handoff (it starts with `preamble`) into its items,
 /// anything else (a model's summary) as carried text.
-pub fn read(previous: &str, preamble: &str) -> Previous {
+pub(crate) fn read(previous: &str, preamble: &str) -> Previous {
     let Some(body) = previous.strip_prefix(preamble) else {
         let text = previous.trim();
         return Previous {

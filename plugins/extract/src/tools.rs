@@ -33,12 +33,12 @@ const SALIENT_SHARE: u64 = 50;
 const SAME_RESULT_CHARS: usize = 80;
 
 /// The section's heading.
-pub const HEADING: &str = "Tool calls and results (first and last lines, oldest first)";
+pub(crate) const HEADING: &str = "Tool calls and results (first and last lines, oldest first)";
 
 /// One call target (a tool and its arguments, with its outcome) and its result: its
 /// line, the kept lines of its result, and how many calls it stands for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolEntry {
+pub(crate) struct ToolEntry {
     /// `- name(arguments) -> outcome`, without the count of calls.
     pub call: String,
     /// The kept lines of its result, each `  | …` and newline-terminated (none for a
@@ -60,7 +60,7 @@ impl ToolEntry {
     }
 
     /// The entry as a previous handoff wrote it: its call line and its result lines.
-    pub fn read(call_line: &str, result: &str) -> ToolEntry {
+    pub(crate) fn read(call_line: &str, result: &str) -> ToolEntry {
         let line = call_line.trim_end();
         let (call, calls) = line
             .strip_suffix(" calls)")
@@ -82,11 +82,11 @@ impl ToolEntry {
 /// Where each identifier is last named by the conversation's own words (user and
 /// assistant text, and tool calls' arguments), by message index; the recent messages,
 /// which come after all of `messages`, name at `usize::MAX`.
-pub struct Mentions(HashMap<String, usize>);
+pub(crate) struct Mentions(HashMap<String, usize>);
 
 impl Mentions {
     /// The mentions of `messages` and of the `recent` ones after them.
-    pub fn of(messages: &[&Value], recent: &[Value]) -> Mentions {
+    pub(crate) fn of(messages: &[&Value], recent: &[Value]) -> Mentions {
         let mut last = HashMap::new();
         for (index, message) in messages.iter().enumerate() {
             if message["role"] == "tool" {
@@ -129,7 +129,7 @@ fn spoken(message: &Value) -> Vec<String> {
 
 /// The previous handoff's entries, then every tool call of `messages`, a repeated call
 /// with the same result merged at its newest, salience marked by `mentions`.
-pub fn entries(
+pub(crate) fn entries(
     previous: Vec<ToolEntry>,
     messages: &[&Value],
     mentions: &Mentions,
@@ -202,7 +202,7 @@ fn merge_targets(all: Vec<ToolEntry>) -> Vec<ToolEntry> {
 /// they fit, then the bare call line, then nothing; with counts of what was left out
 /// (`calls_left_before`: calls the previous handoff had already left out, and what
 /// they named).
-pub fn section(
+pub(crate) fn section(
     entries: &[ToolEntry],
     count: &dyn Fn(&str) -> u64,
     (calls_left_before, named_before): (usize, &[String]),
@@ -338,7 +338,7 @@ fn looks_like_error(text: &str) -> bool {
 }
 
 /// Tokens of `entries` whole, as [`section`] would write them.
-pub fn whole_tokens(entries: &[ToolEntry], count: &dyn Fn(&str) -> u64) -> u64 {
+pub(crate) fn whole_tokens(entries: &[ToolEntry], count: &dyn Fn(&str) -> u64) -> u64 {
     rendered_results(entries)
         .iter()
         .map(|(call, results)| count(call) + count(results))

@@ -32,13 +32,13 @@ impl Spent {
 
 /// How many handoffs of `output` tokens one merge call holds beside `fixed` tokens of
 /// prompt and frame and a previous handoff of `previous`, within `allowance`.
-pub fn per_merge(allowance: u64, fixed: u64, previous: u64, output: u64) -> usize {
+pub(crate) fn per_merge(allowance: u64, fixed: u64, previous: u64, output: u64) -> usize {
     let room = allowance.saturating_sub(fixed + previous);
     usize::try_from(room / output.max(1)).unwrap_or(usize::MAX)
 }
 
 /// Merge calls that fold `parts` handoffs into one, `per` to a call.
-pub fn merge_calls(parts: usize, per: usize) -> usize {
+pub(crate) fn merge_calls(parts: usize, per: usize) -> usize {
     let (mut left, mut calls) = (parts, 0);
     while left > 1 && per >= 2 {
         let round = left.div_ceil(per);
@@ -50,7 +50,7 @@ pub fn merge_calls(parts: usize, per: usize) -> usize {
 
 /// Summarises `parts` at once and merges their handoffs, within `per` handoffs to a
 /// merge call; the previous handoff goes into the first merge.
-pub async fn fold(
+pub(crate) async fn fold(
     summarize: &Summarize,
     input: &StrategyInput,
     parts: Vec<Part>,

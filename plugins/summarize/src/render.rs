@@ -75,7 +75,7 @@ pub fn render_part(
 
 /// The user message of one part of a parallel fold: the part alone, and what becomes
 /// of its handoff.
-pub fn render_parallel_part(
+pub(crate) fn render_parallel_part(
     history: &str,
     recent: Option<&str>,
     index: usize,
@@ -98,7 +98,7 @@ pub fn render_parallel_part(
 
 /// The user message of a merge: the previous compaction's handoff (first merge only),
 /// then `handoffs` of consecutive parts (the first is part `first + 1` of `count`).
-pub fn render_merge(
+pub(crate) fn render_merge(
     previous: Option<&str>,
     handoffs: &[String],
     count: usize,
@@ -158,7 +158,7 @@ fn instruction(has_handoff: bool, at: Position) -> String {
 }
 
 /// The text of one unit's messages.
-pub fn render_unit(unit: &Unit, options: RenderOptions) -> String {
+pub(crate) fn render_unit(unit: &Unit, options: RenderOptions) -> String {
     let mut out = String::new();
     for message in &unit.messages {
         render_message(message, options, &mut out);
@@ -167,7 +167,7 @@ pub fn render_unit(unit: &Unit, options: RenderOptions) -> String {
 }
 
 /// The reference-only block of the retained recent messages.
-pub fn render_recent(messages: &[Value], options: RenderOptions) -> String {
+pub(crate) fn render_recent(messages: &[Value], options: RenderOptions) -> String {
     let mut out = String::from(
         "<retained_recent_messages reference_only=\"true\">\n\
          These messages stay in the conversation verbatim after your handoff. Use them only to \
@@ -212,7 +212,7 @@ fn render_message(message: &Value, options: RenderOptions, out: &mut String) {
 
 /// The text of `content`: a string, or the text parts of an array, other parts named
 /// so the model knows they were there.
-pub fn content_text(content: &Value) -> String {
+pub(crate) fn content_text(content: &Value) -> String {
     match content {
         Value::String(text) => text.clone(),
         Value::Array(parts) => parts

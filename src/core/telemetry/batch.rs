@@ -69,7 +69,7 @@ pub struct Guard {
 }
 
 /// Starts the writer thread over `out`.
-pub fn batched<W: Write + Send + 'static>(out: W) -> std::io::Result<(Batched, Guard)> {
+pub(crate) fn batched<W: Write + Send + 'static>(out: W) -> std::io::Result<(Batched, Guard)> {
     let shared = Arc::new(Shared {
         pending: Mutex::default(),
         wake: Condvar::new(),
@@ -145,7 +145,7 @@ impl<'a> MakeWriter<'a> for Batched {
 }
 
 /// One event's writer: the fmt layer writes each formatted line to it whole.
-pub struct Line<'a> {
+pub(crate) struct Line<'a> {
     shared: &'a Shared,
 }
 

@@ -27,7 +27,7 @@ pub(crate) struct Bounded {
 
 impl Bounded {
     /// `inner`, its calls bounded by `slots`.
-    pub fn new(
+    pub(crate) fn new(
         inner: std::sync::Arc<dyn ModelClient>,
         slots: std::sync::Arc<tokio::sync::Semaphore>,
     ) -> Self {

@@ -39,7 +39,7 @@ enum Slot {
 
 impl FormChanges {
     /// True when the request carried every message in its current form.
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 

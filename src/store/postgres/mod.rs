@@ -17,7 +17,7 @@ mod rows;
 mod schema;
 mod upkeep;
 
-pub use import::Imported;
+pub(crate) use import::Imported;
 
 use rows::{columns, conversation_of, counted, reserve};
 

@@ -168,7 +168,7 @@ SELECT handoff_recount(NULL, NULL);
 ];
 
 /// The newest schema version this build knows.
-pub fn latest() -> i32 {
+pub(super) fn latest() -> i32 {
     MIGRATIONS.last().map_or(0, |(version, _)| *version)
 }
 
@@ -204,7 +204,7 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<usize, tokio_postgres
 }
 
 /// The schema version of the database.
-pub async fn version(client: &Client) -> Result<i32, tokio_postgres::Error> {
+pub(super) async fn version(client: &Client) -> Result<i32, tokio_postgres::Error> {
     Ok(client
         .query_one("SELECT coalesce(max(version), 0) FROM handoff_schema", &[])
         .await?

@@ -47,7 +47,7 @@ pub(crate) fn clear() {
 /// The pinned system message for a top-level prompt whose JSON text is `content`;
 /// `digest` is the [`keyed_hash`](crate::base::chunks::keyed_hash) of `content` when
 /// the reading took it already, which finds the message built for it before.
-pub fn system_message(
+pub(super) fn system_message(
     content: &[u8],
     digest: Option<u128>,
     dialect: DialectKind,

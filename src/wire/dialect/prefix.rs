@@ -233,7 +233,7 @@ impl Reuse {
 
 /// A request body being read, with the elements it repeats from a recent body
 /// already known.
-pub struct Reading<'b> {
+pub(super) struct Reading<'b> {
     body: &'b Chunks,
     kind: DialectKind,
     /// The body's block digests taken as it was read.
@@ -253,7 +253,7 @@ pub struct Reading<'b> {
 
 impl<'b> Reading<'b> {
     /// Starts reading `body` in `kind`, finding the memo it repeats the most of.
-    pub fn new(body: &'b Chunks, kind: DialectKind) -> Self {
+    pub(super) fn new(body: &'b Chunks, kind: DialectKind) -> Self {
         let mut reading = Self {
             body,
             kind,
@@ -331,7 +331,7 @@ impl<'b> Reading<'b> {
     /// The body read as `W`: without the reused elements when there are some, so the
     /// list `W` holds is what follows them, and with the values under `keys` that
     /// repeat ones read before held out ([`Reading::member`] gives them).
-    pub fn json<'s, W: serde::Deserialize<'s>>(
+    pub(super) fn json<'s, W: serde::Deserialize<'s>>(
         &'s self,
         keys: &[&'static str],
     ) -> Result<W, serde_json::Error> {
@@ -388,7 +388,7 @@ impl<'b> Reading<'b> {
     /// The top-level value under `key` as the body holds it: the held one, else what
     /// serde read (`parsed`), which a later body that repeats it need not have read.
     /// UTF-8 either way; a held value is not checked again.
-    pub fn member(&self, key: &str, parsed: Option<Box<RawValue>>) -> Option<Cow<'_, [u8]>> {
+    pub(super) fn member(&self, key: &str, parsed: Option<Box<RawValue>>) -> Option<Cow<'_, [u8]>> {
         if let Some(span) = self.held_span(key) {
             return match self.body.single(span.clone()) {
                 Some(value) => Some(Cow::Borrowed(value)),
@@ -425,7 +425,7 @@ impl<'b> Reading<'b> {
     /// The list's messages: the reused ones, then `read` of each element of `list`
     /// (the list [`Reading::json`] gave), indexed in the whole list. Remembers the list
     /// for the next body.
-    pub fn messages(
+    pub(super) fn messages(
         &self,
         list: &[&RawValue],
         mut read: impl FnMut(usize, RawMessage) -> Result<Message, DialectError>,

@@ -60,7 +60,7 @@ fn head_hash(value: &[u8]) -> Option<u64> {
 
 /// Notes that serde read `value` as a top-level member: a later text holding the same
 /// bytes there need not be read again.
-pub fn remember(value: &str) {
+pub(super) fn remember(value: &str) {
     let bytes = value.as_bytes();
     let Some(head) = head_hash(bytes).filter(|_| bytes.len() >= HELD_FROM) else {
         return;
@@ -98,7 +98,7 @@ fn seen_end(text: &[u8], start: usize) -> Option<(usize, u128)> {
 }
 
 /// A text with the values it repeats held out.
-pub struct Held {
+pub(super) struct Held {
     /// What serde reads: the text with each held value's placeholder.
     pub text: String,
     /// Each held value: its key, where it lay in the original text, and its digest.
@@ -116,13 +116,13 @@ struct HeldValue {
 impl Held {
     /// Where the value held under `key` lay in the original text. Its bytes are UTF-8,
     /// as the bytes serde read before that they repeat, though not checked again.
-    pub fn span(&self, key: &str) -> Option<Range<usize>> {
+    pub(super) fn span(&self, key: &str) -> Option<Range<usize>> {
         self.held(key).map(|held| held.span.clone())
     }
 
     /// The [`keyed_hash`] of the value held under `key`: a consumer that keys a cache
     /// by the value's bytes need not digest them again.
-    pub fn digest(&self, key: &str) -> Option<u128> {
+    pub(super) fn digest(&self, key: &str) -> Option<u128> {
         self.held(key).map(|held| held.digest)
     }
 
@@ -151,7 +151,7 @@ const PLACEHOLDER: usize = 2;
 /// read before replaced by placeholders; `None` when none is, or when the bytes around
 /// them are not UTF-8. Only those bytes are checked: a held value repeats bytes serde
 /// read, and it ends at an ASCII byte, so no character straddles its edges.
-pub fn hold(text: &[u8], keys: &[&'static str]) -> Option<Held> {
+pub(super) fn hold(text: &[u8], keys: &[&'static str]) -> Option<Held> {
     if text.len() < HELD_FROM {
         return None;
     }

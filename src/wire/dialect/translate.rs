@@ -19,7 +19,7 @@ pub(crate) struct TranslatingClient {
 impl TranslatingClient {
     /// `request` turns a chat body into the API's; `answer` turns the API's answer
     /// (with its status) back into a chat completion.
-    pub fn new(
+    pub(super) fn new(
         raw: Arc<dyn ModelClient>,
         request: fn(&Value) -> Value,
         answer: fn(u16, Value) -> Value,

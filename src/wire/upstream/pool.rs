@@ -114,14 +114,14 @@ impl Connections {
 }
 
 /// One worker's connections to one upstream.
-pub struct Pool {
+pub(super) struct Pool {
     connections: Mutex<Connections>,
     idle_timeout: Duration,
 }
 
 impl Pool {
     /// An empty pool whose connections idle at most `idle_timeout`.
-    pub fn new(idle_timeout: Duration) -> Self {
+    pub(super) fn new(idle_timeout: Duration) -> Self {
         Self {
             connections: Mutex::new(Connections::default()),
             idle_timeout,
@@ -138,7 +138,7 @@ impl Pool {
 
     /// Sends `request` (its URI absolute) on a ready connection, opening one through
     /// `connector` when none is; `host` is the upstream's `Host` header for HTTP/1.1.
-    pub async fn send(
+    pub(super) async fn send(
         &self,
         connector: &Connector,
         host: &HeaderValue,

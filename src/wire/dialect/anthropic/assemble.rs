@@ -22,7 +22,7 @@ struct Reply<'a> {
 }
 
 /// The reply of a non-streamed message, its content blocks byte for byte.
-pub fn replies_from_json(body: &[u8]) -> Result<Assembled, serde_json::Error> {
+pub(super) fn replies_from_json(body: &[u8]) -> Result<Assembled, serde_json::Error> {
     let reply: Reply<'_> = crate::dialect::json_body(body)?;
     let message = RawValue::from_string(format!(
         r#"{{"role":"assistant","content":{}}}"#,

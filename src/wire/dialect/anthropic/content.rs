@@ -31,7 +31,7 @@ pub(crate) fn push_part(part: &Value, push: &mut dyn FnMut(&str)) -> bool {
 }
 
 /// Each `tool_result` block's content.
-pub fn shorten_tool_results(
+pub(super) fn shorten_tool_results(
     message: &mut Value,
     shorten: &mut dyn FnMut(&mut Value) -> bool,
 ) -> bool {
@@ -47,7 +47,7 @@ pub fn shorten_tool_results(
 }
 
 /// True for a message with a `tool_use` block.
-pub fn calls_tools(message: &Value) -> bool {
+pub(super) fn calls_tools(message: &Value) -> bool {
     message["content"]
         .as_array()
         .is_some_and(|blocks| blocks.iter().any(|b| b["type"] == "tool_use"))

@@ -28,7 +28,7 @@ fn result_text(block: &Value) -> String {
 /// A Messages message in the chat shape strategies read: text joined, `tool_use` as
 /// `tool_calls`, each `tool_result` as a `tool` message; thinking is left out (it is
 /// the model's, not the conversation's) and other blocks are named, not inlined.
-pub fn neutral(message: &Value) -> Vec<Value> {
+pub(super) fn neutral(message: &Value) -> Vec<Value> {
     let role = message
         .get("role")
         .and_then(Value::as_str)

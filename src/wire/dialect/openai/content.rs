@@ -40,7 +40,7 @@ pub(crate) fn push_part(part: &Value, push: &mut dyn FnMut(&str)) -> bool {
 }
 
 /// A tool message's `content`.
-pub fn shorten_tool_results(
+pub(super) fn shorten_tool_results(
     message: &mut Value,
     shorten: &mut dyn FnMut(&mut Value) -> bool,
 ) -> bool {
@@ -48,12 +48,12 @@ pub fn shorten_tool_results(
 }
 
 /// True for an assistant message with tool calls.
-pub fn calls_tools(message: &Value) -> bool {
+pub(super) fn calls_tools(message: &Value) -> bool {
     tool_calls(message).next().is_some()
 }
 
 /// True when an assistant message carries `reasoning_content`.
-pub fn carries_reasoning(message: &Value) -> bool {
+pub(super) fn carries_reasoning(message: &Value) -> bool {
     message
         .get("reasoning_content")
         .is_some_and(|reasoning| !reasoning.is_null())

@@ -18,7 +18,7 @@ const ASK: &[u8] = br#""stream_options":{"include_usage":true},"#;
 /// `body` (a JSON object) asking for usage in its stream, in parts sent one after the
 /// other: its opening with the member handoff adds, then the rest of `body`, shared,
 /// not copied.
-pub fn ask(body: &Chunks) -> Option<Vec<Bytes>> {
+pub(super) fn ask(body: &Chunks) -> Option<Vec<Bytes>> {
     let open = body.position(0, |b| !b.is_ascii_whitespace())?;
     if body.byte(open)? != b'{' {
         return None;

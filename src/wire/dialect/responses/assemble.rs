@@ -36,7 +36,7 @@ fn stop_reason(status: Option<String>, details: Option<&Value>) -> Option<String
 }
 
 /// The output items of a non-streamed response.
-pub fn replies_from_json(body: &[u8]) -> Result<Assembled, serde_json::Error> {
+pub(super) fn replies_from_json(body: &[u8]) -> Result<Assembled, serde_json::Error> {
     let response: Response<'_> = crate::dialect::json_body(body)?;
     let finish = stop_reason(response.status, response.incomplete_details.as_ref());
     let count = response.output.len();

@@ -42,7 +42,10 @@ pub(crate) fn push_part(part: &Value, push: &mut dyn FnMut(&str)) -> bool {
 }
 
 /// An output item's `output`.
-pub fn shorten_tool_results(item: &mut Value, shorten: &mut dyn FnMut(&mut Value) -> bool) -> bool {
+pub(super) fn shorten_tool_results(
+    item: &mut Value,
+    shorten: &mut dyn FnMut(&mut Value) -> bool,
+) -> bool {
     let output = item
         .get("type")
         .and_then(Value::as_str)
@@ -51,7 +54,7 @@ pub fn shorten_tool_results(item: &mut Value, shorten: &mut dyn FnMut(&mut Value
 }
 
 /// True for a function or custom tool call item.
-pub fn calls_tools(item: &Value) -> bool {
+pub(super) fn calls_tools(item: &Value) -> bool {
     matches!(
         item["type"].as_str(),
         Some("function_call" | "custom_tool_call")
