@@ -5,7 +5,7 @@
 
 /// Runs `work` on the blocking pool; `None` (logged) if it panicked, so the caller
 /// goes on without its result.
-pub async fn run<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+pub(super) async fn run<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
     match tokio::task::spawn_blocking(work).await {
         Ok(value) => Some(value),
         Err(err) => {

@@ -16,10 +16,10 @@ use handoff_plugin_api::{
 };
 use serde_json::Value;
 
-pub use crate::base::ledger::Ledger;
+pub(super) use crate::base::ledger::Ledger;
 
 /// The ledger's heading; it opens the last section of every handoff that has one.
-pub const HEADING: &str = "## Ledger (exact, kept by handoff)";
+pub(super) const HEADING: &str = "## Ledger (exact, kept by handoff)";
 
 /// What the ledger's heading is followed by.
 const INTRO: &str = "Facts of the compacted messages, copied by handoff, not written by a model.";
@@ -406,7 +406,7 @@ fn identifier_item(id: &str) -> String {
 }
 
 /// `text` without the ledger a previous compaction appended: what the strategy wrote.
-pub fn strip(text: &str) -> &str {
+pub(super) fn strip(text: &str) -> &str {
     match text.rfind(&format!("\n\n{HEADING}\n")) {
         Some(at) => &text[..at],
         None if text.starts_with(HEADING) => "",

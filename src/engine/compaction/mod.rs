@@ -20,20 +20,20 @@
 //! It never destroys an original, never commits after cancellation, and never
 //! produces a view that it has not validated.
 
-pub mod blocking;
+mod blocking;
 pub mod budget;
 pub mod chain;
 pub mod decision;
-pub mod handoff;
-pub mod ledger;
+mod handoff;
+mod ledger;
 mod max_wait;
 pub mod model_client;
-pub mod pace;
+mod pace;
 pub mod prepare;
 mod run;
 pub mod service;
-pub mod split;
-pub mod summary_count;
+mod split;
+mod summary_count;
 pub mod unit;
 
 pub use crate::adoption::{adopt, Adopted, Adoption};
