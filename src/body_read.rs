@@ -121,7 +121,7 @@ const DRAIN_STALL: Duration = Duration::from_secs(5);
 
 /// Reads and drops the rest of `body` in the background, up to eight times `limit`
 /// (64 MiB at least), 30 s, or a 5 s stall; then the connection closes.
-pub fn drain(mut body: Incoming, limit: usize) {
+pub(crate) fn drain(mut body: Incoming, limit: usize) {
     let cap = limit.saturating_mul(8).max(64 << 20);
     tokio::spawn(async move {
         let _ = tokio::time::timeout(DRAIN_TIME, async {

@@ -15,7 +15,7 @@ use crate::upstream::Upstream;
 use http_body_util::BodyExt;
 
 /// Forwards `parts` + `body` and relays the answer; errors come back in the API's shape.
-pub async fn forward(
+pub(crate) async fn forward(
     upstream: &Upstream,
     parts: request::Parts,
     body: ProxyBody,
@@ -81,7 +81,7 @@ pub(crate) fn upstream_request(
 
 /// The client's response: the upstream's head (hop-by-hop removed, SSE marked
 /// unbuffered) and its body relayed frame by frame.
-pub fn relay(
+pub(crate) fn relay(
     upstream: &Upstream,
     response: Response<hyper::body::Incoming>,
     observer: Option<Box<dyn Observer>>,
@@ -121,13 +121,8 @@ pub(crate) fn is_event_stream(headers: &http::HeaderMap) -> bool {
         .is_some_and(|value| value.starts_with("text/event-stream"))
 }
 
-/// Answers `err` in the API's error shape.
-pub fn reject(err: impl Into<ApiError>) -> Response<ProxyBody> {
-    err.into().into_response()
-}
-
 /// Sends a response whose body was read to inspect it.
-pub fn buffered(mut head: http::response::Parts, body: bytes::Bytes) -> Response<ProxyBody> {
+pub(crate) fn buffered(mut head: http::response::Parts, body: bytes::Bytes) -> Response<ProxyBody> {
     crate::headers::strip_hop_by_hop(&mut head.headers);
     head.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(head, crate::body::full(body))

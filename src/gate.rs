@@ -14,7 +14,7 @@ use crate::error::ApiError;
 const QUEUE_WAIT: Duration = Duration::from_secs(1);
 
 /// Slots for tracked requests, and the queue in front of them.
-pub struct ChatGate {
+pub(crate) struct ChatGate {
     slots: Arc<Semaphore>,
     max: usize,
     waiting: AtomicUsize,
@@ -32,7 +32,7 @@ fn busy(max: usize) -> ApiError {
 
 impl ChatGate {
     /// `max` slots and a queue of `queue`.
-    pub fn new(max: usize, queue: usize) -> Self {
+    pub(crate) fn new(max: usize, queue: usize) -> Self {
         Self {
             slots: Arc::new(Semaphore::new(max)),
             max,
@@ -42,7 +42,7 @@ impl ChatGate {
     }
 
     /// A slot, held until dropped; 503 when none frees up in time.
-    pub async fn enter(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+    pub(crate) async fn enter(&self) -> Result<OwnedSemaphorePermit, ApiError> {
         let max = self.max;
         if let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() {
             return Ok(permit);

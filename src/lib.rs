@@ -30,6 +30,9 @@
 //! holds the config snapshot that [`reload`] swaps; [`upkeep`] prunes, erases and
 //! compresses the log; [`eval`] replays recorded conversations offline to compare
 //! strategies; [`cli`] is the command line.
+//!
+//! Of this crate's own modules only [`cli`] (what the binary runs) and [`access_log`]
+//! (the line format a log reader parses) are public; the request path is internal.
 
 #![forbid(unsafe_code)]
 
@@ -55,26 +58,26 @@ pub use handoff_store::{self as store, adoption, tenant};
 pub use handoff_wire::{dialect, tokens, upstream};
 
 pub mod access_log;
-pub mod admin;
-pub mod auth;
-pub mod body_read;
-pub mod browser_guard;
-pub mod capture;
-pub mod chat;
+mod admin;
+mod auth;
+mod body_read;
+mod browser_guard;
+mod capture;
+mod chat;
 pub mod cli;
-pub mod eval;
-pub mod forward;
-pub mod gate;
-pub mod named_model;
-pub mod ownership;
-pub mod passthrough;
-pub mod path;
-pub mod relay;
-pub mod reload;
-pub mod router;
-pub mod server;
-pub mod state;
+mod eval;
+mod forward;
+mod gate;
+mod named_model;
+mod ownership;
+mod passthrough;
+mod path;
+mod relay;
+mod reload;
+mod router;
+mod server;
+mod state;
 #[cfg(test)]
-pub mod testing;
-pub mod ui;
-pub mod upkeep;
+mod testing;
+mod ui;
+mod upkeep;

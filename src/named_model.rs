@@ -29,7 +29,7 @@ const MODEL_FORMS: &[&str] = &["/v1/audio/", "/v1/images/", "/v1/videos"];
 
 /// How a pass-through body is admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reading {
+pub(crate) enum Reading {
     /// Read whole and its model checked.
     Whole,
     /// An upload that names no model: streamed, charged as it goes.
@@ -38,7 +38,7 @@ pub enum Reading {
 
 /// How the body of a `path` request with `headers` is admitted, or why it is refused
 /// unread (a form sent where JSON is due).
-pub fn reading(path: &str, headers: &HeaderMap) -> Result<Reading, ApiError> {
+pub(crate) fn reading(path: &str, headers: &HeaderMap) -> Result<Reading, ApiError> {
     let Some(content_type) = content_type(headers) else {
         return Ok(Reading::Whole);
     };

@@ -160,14 +160,14 @@ pub(crate) fn created_object(body: &[u8]) -> Option<String> {
 
 /// The objects each tenant created, in the store, with a cache of the owners found:
 /// keyed by a digest of the id, so an entry's size does not depend on the id's length.
-pub struct Ownership {
+pub(crate) struct Ownership {
     store: Arc<dyn Store>,
     owners: moka::sync::Cache<u128, TenantId>,
 }
 
 /// What [`Ownership::record`] did with an object an upstream answer named.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Recorded {
+pub(crate) enum Recorded {
     /// The object is now the tenant's (or already was).
     Owned,
     /// Another tenant created it: it stays theirs.
@@ -176,7 +176,7 @@ pub enum Recorded {
 
 impl Ownership {
     /// Ownership kept in `store`, `capacity` owners cached.
-    pub fn new(store: Arc<dyn Store>, capacity: u64) -> Self {
+    pub(crate) fn new(store: Arc<dyn Store>, capacity: u64) -> Self {
         Self {
             store,
             owners: moka::sync::Cache::new(capacity),
@@ -184,7 +184,11 @@ impl Ownership {
     }
 
     /// Records that `tenant` created `object`, unless another tenant did.
-    pub async fn record(&self, tenant: &TenantId, object: &str) -> Result<Recorded, StoreError> {
+    pub(crate) async fn record(
+        &self,
+        tenant: &TenantId,
+        object: &str,
+    ) -> Result<Recorded, StoreError> {
         match self.owner(object).await? {
             Some(owner) if owner == *tenant => return Ok(Recorded::Owned),
             Some(owner) => return Ok(Recorded::OthersAlready(owner)),
@@ -196,7 +200,7 @@ impl Ownership {
     }
 
     /// The tenant that created `object`, if one did through handoff.
-    pub async fn owner(&self, object: &str) -> Result<Option<TenantId>, StoreError> {
+    pub(crate) async fn owner(&self, object: &str) -> Result<Option<TenantId>, StoreError> {
         if let Some(owner) = self.owners.get(&key(object)) {
             return Ok(Some(owner));
         }
@@ -209,7 +213,7 @@ impl Ownership {
 
     /// Refuses, as the upstream would refuse an unknown id, a request by `tenant` that
     /// names an object it did not create. Each distinct id is looked up once.
-    pub async fn check<'a>(
+    pub(crate) async fn check<'a>(
         &self,
         tenant: &TenantId,
         objects: impl IntoIterator<Item = &'a str>,

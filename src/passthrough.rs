@@ -27,7 +27,7 @@ use crate::ownership;
 use crate::state::{AppState, Snapshot};
 
 /// Forwards a request that is not tracked, after its admission.
-pub async fn handle(
+pub(crate) async fn handle(
     state: &AppState,
     snap: Arc<Snapshot>,
     request: Request<Incoming>,

@@ -35,7 +35,7 @@ const ESCAPED: &AsciiSet = &NON_ALPHANUMERIC
 /// empty segments (`//`, a trailing `/`), backslashes and `;` parameters in any
 /// spelling; an escaped `/` or `.`; NUL and control characters; a `%` not followed by
 /// two hex digits; escapes that do not decode to UTF-8 (overlong forms included).
-pub fn canonical(path: &str) -> Result<Cow<'_, str>, ApiError> {
+pub(crate) fn canonical(path: &str) -> Result<Cow<'_, str>, ApiError> {
     let refuse = |why: &str| {
         Err(ApiError::invalid_request(
             "invalid_path",

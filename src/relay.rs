@@ -28,7 +28,7 @@ use crate::finish::Finish;
 
 /// What an observer makes of one frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Flow {
+pub(crate) enum Flow {
     /// An ordinary frame: pass it on.
     Pass,
     /// The frame in which the reply ends, `.0` bytes in: those bytes are the client's
@@ -40,7 +40,7 @@ pub enum Flow {
 pub(crate) type EndWork = BoxFuture<'static, Result<(), RelayError>>;
 
 /// Watches the frames of one response as they go by.
-pub trait Observer: Send {
+pub(crate) trait Observer: Send {
     /// Sees a copy of one data frame; must return quickly.
     fn on_data(&mut self, data: &Bytes) -> Flow;
     /// Called once with how the body ended. The returned work runs to its end whatever
@@ -51,7 +51,7 @@ pub trait Observer: Send {
 
 /// Why the relay ended the client's body with an error.
 #[derive(Debug, thiserror::Error)]
-pub enum RelayError {
+pub(crate) enum RelayError {
     /// The upstream broke the stream.
     #[error("upstream cut the stream after {bytes} bytes: {source}")]
     UpstreamCut {
@@ -75,7 +75,7 @@ pub enum RelayError {
 
 impl RelayError {
     /// How a body that ended with this error ended.
-    pub fn outcome(&self) -> Outcome {
+    pub(crate) fn outcome(&self) -> Outcome {
         match self {
             RelayError::UpstreamCut { .. } => Outcome::UpstreamCut,
             RelayError::Idle { .. } => Outcome::Timeout,

@@ -18,7 +18,7 @@ use crate::{admin, chat};
 
 /// Routes one request and always produces a response, whose body writes the
 /// request's access line when it ends.
-pub async fn route(
+pub(crate) async fn route(
     state: &AppState,
     mut request: Request<Incoming>,
     peer: SocketAddr,

@@ -33,7 +33,7 @@ use crate::state::AppState;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
-pub enum ServeError {
+pub(crate) enum ServeError {
     /// The listen address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -71,7 +71,7 @@ pub enum ServeError {
 /// thread whose socket the kernel gave it to: no request wakes another thread. With
 /// one worker on a multi-thread runtime (`workers = 0`), there is one listener and the
 /// runtime spreads the connections.
-pub async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeError> {
+pub(crate) async fn serve(config: Config, overrides: Overrides) -> Result<(), ServeError> {
     let tls = match (&config.tls.cert_file, &config.tls.key_file) {
         (Some(cert), Some(key)) => Some(tls_acceptor(cert, key)?),
         _ => None,

@@ -26,7 +26,7 @@ use crate::upstream::{Upstream, UpstreamError};
 
 /// Why the shared state could not be built.
 #[derive(Debug, thiserror::Error)]
-pub enum StateError {
+pub(crate) enum StateError {
     /// An upstream client could not be built.
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
@@ -59,7 +59,7 @@ pub enum StateError {
 }
 
 /// Everything built from one config.
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// The config.
     pub config: Arc<Config>,
     /// The default upstream.
@@ -80,7 +80,7 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Builds clients and strategies for `config`.
-    pub fn build(config: Config) -> Result<Self, StateError> {
+    pub(crate) fn build(config: Config) -> Result<Self, StateError> {
         let main_key = config
             .upstream
             .api_key_env
@@ -200,7 +200,7 @@ struct Parts {
 }
 
 /// Shared by every connection.
-pub struct AppState {
+pub(crate) struct AppState {
     current: ArcSwap<Snapshot>,
     overrides: Overrides,
     reload: Mutex<ReloadStatus>,
@@ -275,7 +275,7 @@ impl AppState {
     }
 
     /// Builds the state for `config` (loaded with `overrides`), opening its store.
-    pub async fn new(config: Config, overrides: Overrides) -> Result<Self, StateError> {
+    pub(crate) async fn new(config: Config, overrides: Overrides) -> Result<Self, StateError> {
         // With postgres the database is the system of record: nothing goes to data_dir.
         let disk = config.store.backend == StoreBackend::Disk;
         let data_dir_lock = disk
@@ -320,7 +320,8 @@ impl AppState {
     /// The state over a [`MemoryStore`](crate::store::MemoryStore) and a fixed
     /// secret, counting with `tokens` (shared, so its tables load once): what the
     /// in-process tests run the router on.
-    pub fn in_memory(config: Config, tokens: Arc<Tokens>) -> Result<Self, StateError> {
+    #[cfg(test)]
+    pub(crate) fn in_memory(config: Config, tokens: Arc<Tokens>) -> Result<Self, StateError> {
         let parts = Parts {
             store: Arc::new(crate::store::MemoryStore::default()),
             secret: ServerSecret::from_bytes([7; 32]),
@@ -382,7 +383,7 @@ impl AppState {
 
     /// Tells commands run beside this server where its admin API is (the data dir's
     /// lock file), when it holds a disk data dir.
-    pub fn advertise(&self, url: &str) {
+    pub(crate) fn advertise(&self, url: &str) {
         if let Some(lock) = &self._data_dir_lock {
             if let Err(err) = lock.advertise(url) {
                 tracing::warn!(error = %err, "cannot write the listening address into the data dir's lock file");
@@ -391,13 +392,13 @@ impl AppState {
     }
 
     /// The config snapshot in force; hold it for the whole request.
-    pub fn snapshot(&self) -> Arc<Snapshot> {
+    pub(crate) fn snapshot(&self) -> Arc<Snapshot> {
         self.current.load_full()
     }
 
     /// Reloads the config with the same flags: parsed and validated in full, then
     /// swapped at once; on any error the old snapshot stays and the error is kept.
-    pub fn reload(&self) -> Result<(), String> {
+    pub(crate) fn reload(&self) -> Result<(), String> {
         let attempt = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
         let result = config::load(&self.overrides)
             .map_err(StateError::from)
@@ -449,7 +450,7 @@ impl AppState {
     }
 
     /// The config file a reload reads, if any.
-    pub fn config_file(&self) -> Option<std::path::PathBuf> {
+    pub(crate) fn config_file(&self) -> Option<std::path::PathBuf> {
         config::config_file(&self.overrides)
     }
 }

@@ -34,7 +34,7 @@ pub(crate) const UPSTREAM_AUTHORIZATION: &str = "x-handoff-upstream-authorizatio
 pub(crate) const UPSTREAM_API_KEY: &str = "x-handoff-upstream-api-key";
 
 /// Handles a `/handoff/*` request.
-pub async fn handle(
+pub(crate) async fn handle(
     state: &AppState,
     request: Request<Incoming>,
     peer: SocketAddr,

@@ -17,13 +17,13 @@ struct Bucket {
 
 /// The buckets of every key, kept across config reloads.
 #[derive(Debug, Default)]
-pub struct RateLimiter {
+pub(crate) struct RateLimiter {
     buckets: Mutex<HashMap<(String, &'static str), Bucket>>,
 }
 
 /// A limit that was hit: which, and how long until the request would pass.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Exceeded {
+pub(crate) struct Exceeded {
     /// `rpm` or `tpm`.
     pub limit: &'static str,
     /// The per-minute allowance.
@@ -37,7 +37,7 @@ pub struct Exceeded {
 
 /// What a request asks of a key's `tpm` bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Want {
+pub(crate) struct Want {
     /// Estimated input tokens.
     pub tokens: u64,
     /// How they were estimated.
@@ -46,7 +46,7 @@ pub struct Want {
 
 /// How a [`Want`]'s tokens were estimated, and so how a shortfall is met.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WantKind {
+pub(crate) enum WantKind {
     /// From the declared length: more than a minute's allowance is refused.
     Declared,
     /// Declared, and the key lets an oversize request wait for a full bucket.
@@ -57,7 +57,8 @@ pub enum WantKind {
 
 impl Want {
     /// Nothing but the request itself.
-    pub const NOTHING: Want = Want {
+    #[cfg(test)]
+    pub(crate) const NOTHING: Want = Want {
         tokens: 0,
         kind: WantKind::Declared,
     };
@@ -67,7 +68,7 @@ impl RateLimiter {
     /// Takes one request and reserves `want`'s tokens from `key`'s buckets, or says
     /// which limit is hit; a refused request takes nothing. Returns the tokens
     /// reserved: an estimate takes what is there, up to itself, and needs one.
-    pub fn admit(
+    pub(crate) fn admit(
         &self,
         key: &str,
         rpm: Option<u32>,
@@ -119,7 +120,7 @@ impl RateLimiter {
 
     /// Takes `tokens` more from `key`'s `tpm` bucket for a body that held more than was
     /// reserved, or says how long until they would be there; nothing is taken then.
-    pub fn take(
+    pub(crate) fn take(
         &self,
         key: &str,
         tpm: Option<u64>,
@@ -179,7 +180,7 @@ fn wait_for(limit: &'static str, per_minute: u64, missing: f64) -> Exceeded {
 }
 
 /// A request over a whole minute's `tpm`: told to wait the minute, which will not do.
-pub fn too_large(per_minute: u64) -> Exceeded {
+pub(crate) fn too_large(per_minute: u64) -> Exceeded {
     Exceeded {
         limit: "tpm",
         per_minute,

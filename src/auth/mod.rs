@@ -17,7 +17,7 @@ use std::time::Instant;
 use http::header::{self, HeaderMap};
 use sha2::{Digest, Sha256};
 
-pub use limit::{too_large, Exceeded, RateLimiter, Want, WantKind};
+pub(crate) use limit::{too_large, Exceeded, RateLimiter, Want, WantKind};
 
 use crate::config::Config;
 use crate::dialect::{credential, presented_key};
@@ -28,7 +28,7 @@ use crate::upstream::Upstream;
 
 /// Why the key table could not be built.
 #[derive(Debug, thiserror::Error)]
-pub enum KeyError {
+pub(crate) enum KeyError {
     /// A key's or the upstream's variable is unset.
     #[error("{key}: the variable {variable} is not set")]
     Unset {
@@ -54,7 +54,7 @@ pub(crate) fn read_key(field: &str, variable: &str) -> Result<String, KeyError> 
 
 /// One proxy key, as the config describes it.
 #[derive(Debug)]
-pub struct ProxyKey {
+pub(crate) struct ProxyKey {
     /// Its tenant.
     pub tenant: TenantId,
     /// Models it may use; all when empty.
@@ -82,14 +82,14 @@ impl ProxyKey {
     }
 
     /// True when the key may use `model`.
-    pub fn allows(&self, model: &str) -> bool {
+    pub(crate) fn allows(&self, model: &str) -> bool {
         self.models.is_empty() || self.models.iter().any(|m| m == model)
     }
 }
 
 /// The credentials of one config: the proxy keys by digest, and the upstream key.
 #[derive(Debug, Default)]
-pub struct Credentials {
+pub(crate) struct Credentials {
     keys: HashMap<[u8; 32], Arc<ProxyKey>>,
     /// `upstream.api_key_env` is set: handoff holds the upstream key (each upstream
     /// carries its own value, [`Upstream::key`]).
@@ -98,7 +98,7 @@ pub struct Credentials {
 
 impl Credentials {
     /// Builds the table from `config`, reading the variables it names.
-    pub fn build(config: &Config) -> Result<Self, KeyError> {
+    pub(crate) fn build(config: &Config) -> Result<Self, KeyError> {
         let read = |key: String, variable: &str| {
             std::env::var(variable)
                 .ok()
@@ -161,7 +161,7 @@ impl Credentials {
     }
 
     /// Who a request is: its proxy key (checked against rate limits) and tenant.
-    pub fn admit(
+    pub(crate) fn admit(
         &self,
         secret: &ServerSecret,
         limiter: &RateLimiter,
@@ -208,7 +208,12 @@ impl Credentials {
     /// an upstream. The key goes where `dialect` expects it ([`Dialect::key_header`]).
     ///
     /// [`Dialect::key_header`]: crate::dialect::Dialect::key_header
-    pub fn rewrite(&self, headers: &mut HeaderMap, dialect: DialectKind, upstream: &Upstream) {
+    pub(crate) fn rewrite(
+        &self,
+        headers: &mut HeaderMap,
+        dialect: DialectKind,
+        upstream: &Upstream,
+    ) {
         if self.holds_upstream_key || self.requires_keys() || upstream.key().is_some() {
             headers.remove(header::AUTHORIZATION);
             for name in crate::dialect::key_headers() {
@@ -229,7 +234,7 @@ impl Credentials {
 
 /// A request that may go on: its tenant, and the proxy key it presented.
 #[derive(Debug, Clone)]
-pub struct Admission {
+pub(crate) struct Admission {
     /// The tenant its conversations belong to.
     pub tenant: TenantId,
     /// The key, when keys are configured.
@@ -245,7 +250,7 @@ pub(crate) const CHUNKED_RESERVE_TOKENS: u64 = 16 * 1024;
 
 /// What a request reserves of its key's `tpm` before it is admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reservation {
+pub(crate) struct Reservation {
     /// Estimated input tokens: a quarter of the body's bytes.
     pub tokens: u64,
     /// True when the body declared its length; otherwise `tokens` is an estimate,
@@ -255,7 +260,7 @@ pub struct Reservation {
 
 /// What a request reserves: its declared length's tokens, [`CHUNKED_RESERVE_TOKENS`]
 /// for a body of unknown length, none for a request without a body.
-pub fn reservation(method: &http::Method, headers: &HeaderMap) -> Reservation {
+pub(crate) fn reservation(method: &http::Method, headers: &HeaderMap) -> Reservation {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

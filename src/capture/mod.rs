@@ -14,7 +14,7 @@ mod stream;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use stream::ReplyCapture;
+pub(crate) use stream::ReplyCapture;
 
 use crate::base::digest::{message_digest, PrefixDigest};
 use crate::base::line::DecisionLine;
@@ -33,7 +33,7 @@ use crate::tokens::Tokens;
 const LOG_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Where a captured reply belongs, and what to do when it cannot be logged.
-pub struct ReplyTarget {
+pub(crate) struct ReplyTarget {
     /// The tracker that logs it.
     pub tracker: Arc<Tracker>,
     /// The conversation.
@@ -84,7 +84,7 @@ fn count_references(items: Vec<String>, tokens: Arc<Tokens>, tokenizer: Tokenize
 impl ReplyTarget {
     /// Logs `replies`. `Err` only when they could not be logged and the store is
     /// required; otherwise a failure is warned about, counted, and the reply relayed.
-    pub async fn log(self, assembled: Assembled, ended: Outcome) -> Result<(), RelayError> {
+    pub(crate) async fn log(self, assembled: Assembled, ended: Outcome) -> Result<(), RelayError> {
         let Assembled {
             replies,
             usage,

@@ -17,7 +17,7 @@ use crate::relay::{EndWork, Flow, Observer};
 const FRAME_QUEUE: usize = 4096;
 
 /// Observes one streamed chat-completions response and logs its reply.
-pub struct ReplyCapture {
+pub(crate) struct ReplyCapture {
     target: Option<ReplyTarget>,
     frames: Option<mpsc::Sender<Bytes>>,
     parsed: Option<JoinHandle<Box<dyn StreamReply>>>,
@@ -27,7 +27,7 @@ pub struct ReplyCapture {
 
 impl ReplyCapture {
     /// Starts the side parser; the reply will be logged into `target`.
-    pub fn start(target: ReplyTarget) -> Self {
+    pub(crate) fn start(target: ReplyTarget) -> Self {
         let (sender, receiver) = mpsc::channel::<Bytes>(FRAME_QUEUE);
         let dialect = target.dialect.get();
         let assembler = dialect.stream_reply();

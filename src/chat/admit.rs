@@ -4,7 +4,7 @@ use crate::error::ApiError;
 use crate::state::Snapshot;
 
 /// The header that picks a strategy for one request.
-pub const STRATEGY_HEADER: &str = "x-handoff-strategy";
+pub(crate) const STRATEGY_HEADER: &str = "x-handoff-strategy";
 
 /// The strategy a client asked for, if it is on `compaction.request_override_allow`.
 pub(crate) fn strategy_override<'h>(

@@ -26,8 +26,6 @@ use http::header::{self, HeaderValue};
 use http::{request, Request, Response};
 use hyper::body::Incoming;
 
-pub use admit::STRATEGY_HEADER;
-
 use crate::access_log::RequestLog;
 use crate::auth::Admission;
 use crate::base::chunks::Chunks;
@@ -60,7 +58,7 @@ impl From<ApiError> for Halt {
 }
 
 /// Handles a tracked request of `dialect` (`POST …/chat/completions`, `/v1/messages`).
-pub async fn handle(
+pub(crate) async fn handle(
     state: &AppState,
     snap: Arc<Snapshot>,
     request: Request<Incoming>,

@@ -15,7 +15,7 @@ use super::Recall;
 
 /// Recall of the compacted facts of each class.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct ClassRecall {
+pub(crate) struct ClassRecall {
     /// Identifiers in the user's messages: the instructions and constraints.
     pub user: Recall,
     /// Identifiers in tool calls' arguments.
@@ -26,7 +26,7 @@ pub struct ClassRecall {
 
 impl ClassRecall {
     /// Adds `other`'s counts to these.
-    pub fn add(&mut self, other: &ClassRecall) {
+    pub(crate) fn add(&mut self, other: &ClassRecall) {
         for (mine, theirs) in [
             (&mut self.user, &other.user),
             (&mut self.identifiers, &other.identifiers),
@@ -39,7 +39,7 @@ impl ClassRecall {
 
 /// A compacted fact the final view does not carry, and the compaction that lost it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct LostFact {
+pub(crate) struct LostFact {
     /// The fact, lowercased as it is matched.
     pub fact: String,
     /// `user`, `identifiers` or `outcomes`.

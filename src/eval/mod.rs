@@ -8,9 +8,9 @@
 //! reported, so on the same settings a replay makes the same compactions as the live
 //! run. Tools are not in the log: requests from a data dir are replayed without them.
 
-pub mod facts;
+pub(crate) mod facts;
 mod report;
-pub mod source;
+pub(crate) mod source;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -22,9 +22,9 @@ use http::HeaderMap;
 use serde::Serialize;
 use serde_json::Value;
 
-pub use facts::ClassRecall;
-pub use report::write_report;
-pub use source::{Replay, Step};
+pub(crate) use facts::ClassRecall;
+pub(crate) use report::write_report;
+pub(crate) use source::{Replay, Step};
 
 use crate::compaction::budget::{Calibration, RequestBudget};
 use crate::compaction::decision;
@@ -42,7 +42,7 @@ use crate::tokens::Tokens;
 
 /// Why an evaluation could not run.
 #[derive(Debug, thiserror::Error)]
-pub enum EvalError {
+pub(crate) enum EvalError {
     /// A conversation could not be loaded.
     #[error(transparent)]
     Source(#[from] source::SourceError),
@@ -56,7 +56,7 @@ pub enum EvalError {
 
 /// What to replay and how.
 #[derive(Debug, Clone, Default)]
-pub struct EvalOptions {
+pub(crate) struct EvalOptions {
     /// A data dir to read conversations from.
     pub data_dir: Option<PathBuf>,
     /// Its conversations to replay; all when empty.
@@ -82,7 +82,7 @@ pub struct EvalOptions {
 
 /// The figures of one compaction.
 #[derive(Debug, Clone, Serialize)]
-pub struct CompactionFigures {
+pub(crate) struct CompactionFigures {
     /// The strategy that wrote the handoff.
     pub strategy: String,
     /// Why it ran.
@@ -103,7 +103,7 @@ pub struct CompactionFigures {
 
 /// How many probe matches of the originals the final view keeps.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Recall {
+pub(crate) struct Recall {
     /// Distinct matches in the originals.
     pub matches: usize,
     /// Those still in the final view.
@@ -117,7 +117,7 @@ pub struct Recall {
 
 /// The result of one conversation.
 #[derive(Debug, Clone, Serialize)]
-pub struct ConversationReport {
+pub(crate) struct ConversationReport {
     /// The conversation id or file name.
     pub name: String,
     /// Requests replayed.
@@ -162,7 +162,7 @@ impl ModelClient for NoUpstream {
 }
 
 /// The conversations `options` names.
-pub fn load(options: &EvalOptions) -> Result<Vec<Replay>, EvalError> {
+pub(crate) fn load(options: &EvalOptions) -> Result<Vec<Replay>, EvalError> {
     let mut replays = Vec::new();
     if let Some(dir) = &options.data_dir {
         replays.extend(source::from_data_dir(dir, &options.conversations)?);
@@ -556,7 +556,7 @@ impl Seen {
 }
 
 /// The share of `probe`'s distinct matches in `originals` that `view` still holds.
-pub fn recall(probe: &regex::Regex, originals: &str, view: &str) -> Recall {
+pub(crate) fn recall(probe: &regex::Regex, originals: &str, view: &str) -> Recall {
     let matches: std::collections::BTreeSet<&str> =
         probe.find_iter(originals).map(|m| m.as_str()).collect();
     let lost: Vec<String> = matches
@@ -573,7 +573,7 @@ pub fn recall(probe: &regex::Regex, originals: &str, view: &str) -> Recall {
 
 impl Recall {
     /// `kept` of `matches`; a share of 1 when there is nothing to keep.
-    pub fn of(matches: usize, kept: usize) -> Self {
+    pub(crate) fn of(matches: usize, kept: usize) -> Self {
         Self {
             matches,
             kept,

@@ -8,7 +8,7 @@ use serde_json::json;
 use super::{ClassRecall, ConversationReport, Recall};
 
 /// Writes `reports` as a table, or as one JSON document with `json`.
-pub fn write_report(
+pub(crate) fn write_report(
     reports: &[ConversationReport],
     json: bool,
     out: &mut dyn Write,

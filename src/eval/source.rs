@@ -18,7 +18,7 @@ use crate::tenant::TenantId;
 
 /// Why a conversation could not be loaded.
 #[derive(Debug, thiserror::Error)]
-pub enum SourceError {
+pub(crate) enum SourceError {
     /// A file could not be read.
     #[error("cannot read {path}: {source}")]
     Read {
@@ -41,7 +41,7 @@ pub enum SourceError {
 }
 
 /// One request to replay, and the reply the upstream gave it, if it was logged.
-pub struct Step {
+pub(crate) struct Step {
     /// The request's wire format.
     pub dialect: DialectKind,
     /// The request body, in its dialect.
@@ -52,7 +52,7 @@ pub struct Step {
 }
 
 /// A conversation to replay.
-pub struct Replay {
+pub(crate) struct Replay {
     /// Its name in the report: the conversation id or the file name.
     pub name: String,
     /// The tenant of a recorded conversation.

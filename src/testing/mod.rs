@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, StatusCode};
+use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::service::service_fn;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
@@ -38,14 +38,14 @@ mod responses;
 mod stub_dialect;
 
 /// The counter every in-process test shares.
-pub fn tokens() -> Arc<Tokens> {
+pub(crate) fn tokens() -> Arc<Tokens> {
     static TOKENS: OnceLock<Arc<Tokens>> = OnceLock::new();
     Arc::clone(TOKENS.get_or_init(|| Arc::new(Tokens::new(crate::dialect::text::message_text))))
 }
 
 /// Six user turns of about 1,500 tokens, each stating a fact and answered by
 /// `reply`, then a question: a history that overflows a small window.
-pub fn fact_history(reply: Value) -> Vec<Value> {
+pub(crate) fn fact_history(reply: Value) -> Vec<Value> {
     let filler: String = (0..600).map(|i| format!("w{i} ")).collect();
     let mut messages = Vec::new();
     for n in 0..6 {
@@ -58,7 +58,7 @@ pub fn fact_history(reply: Value) -> Vec<Value> {
 }
 
 /// `extra` (TOML) with `upstream.base_url` set to `upstream`.
-pub fn config_text(upstream: &str, extra: &str) -> String {
+pub(crate) fn config_text(upstream: &str, extra: &str) -> String {
     if extra.contains("[upstream]") {
         extra.replacen(
             "[upstream]",
@@ -71,7 +71,7 @@ pub fn config_text(upstream: &str, extra: &str) -> String {
 }
 
 /// The router, serving in this runtime; it stops when dropped.
-pub struct Harness {
+pub(crate) struct Harness {
     /// The state the router runs on: its tracker, store and metrics can be read.
     pub state: Arc<AppState>,
     addr: SocketAddr,
@@ -81,11 +81,9 @@ pub struct Harness {
 
 /// One answer, read whole.
 #[derive(Debug)]
-pub struct Answer {
+pub(crate) struct Answer {
     /// The status.
     pub status: StatusCode,
-    /// The headers.
-    pub headers: HeaderMap,
     /// The body, as far as it came.
     pub body: Bytes,
     /// Why the body ended before its end, when it did: the client saw a cut.
@@ -94,12 +92,12 @@ pub struct Answer {
 
 impl Answer {
     /// The body as JSON (`Null` when it is not).
-    pub fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or(Value::Null)
     }
 
     /// The body as text.
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
 }
@@ -107,7 +105,7 @@ impl Answer {
 impl Harness {
     /// Starts the router with the embedded default config, `extra` on top, and
     /// `upstream` as the provider.
-    pub async fn start(upstream: &str, extra: &str) -> Self {
+    pub(crate) async fn start(upstream: &str, extra: &str) -> Self {
         let config = crate::config::from_toml(&config_text(upstream, extra)).unwrap();
         let state = Arc::new(AppState::in_memory(config, tokens()).unwrap());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -147,12 +145,12 @@ impl Harness {
     }
 
     /// `http://127.0.0.1:PORT`.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
     /// Posts `body` to `path` with `headers` (and a JSON content type).
-    pub async fn post(&self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
+    pub(crate) async fn post(&self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
         let mut request = Request::post(format!("{}{path}", self.url()))
             .header(http::header::CONTENT_TYPE, "application/json");
         for (name, value) in headers {
@@ -165,7 +163,7 @@ impl Harness {
     }
 
     /// A chat-completions request of `model` with `messages`, in conversation `id`.
-    pub async fn chat(&self, id: &str, model: &str, messages: &[Value]) -> Answer {
+    pub(crate) async fn chat(&self, id: &str, model: &str, messages: &[Value]) -> Answer {
         let body = serde_json::json!({"model": model, "messages": messages});
         self.post(
             "/v1/chat/completions",
@@ -179,14 +177,14 @@ impl Harness {
     }
 
     /// The log of conversation `id` (of any tenant), read from the store.
-    pub async fn log(&self, id: &str) -> ConversationLog {
+    pub(crate) async fn log(&self, id: &str) -> ConversationLog {
         self.find_log(id)
             .await
             .unwrap_or_else(|| panic!("no conversation {id}"))
     }
 
     /// The compaction records of conversation `id`, in order (none before it exists).
-    pub async fn records(&self, id: &str) -> Vec<CompactionRecord> {
+    pub(crate) async fn records(&self, id: &str) -> Vec<CompactionRecord> {
         self.find_log(id)
             .await
             .map(|log| log.compactions)
@@ -194,7 +192,7 @@ impl Harness {
     }
 
     /// Every conversation of every tenant (the first thousand).
-    pub async fn conversations(&self) -> Vec<ConversationId> {
+    pub(crate) async fn conversations(&self) -> Vec<ConversationId> {
         self.state
             .tracker
             .store()
@@ -204,7 +202,7 @@ impl Harness {
     }
 
     /// Conversation `id` of any tenant, if it exists.
-    pub async fn conversation(&self, id: &str) -> Option<ConversationId> {
+    pub(crate) async fn conversation(&self, id: &str) -> Option<ConversationId> {
         let ids = self.conversations().await;
         ids.into_iter().find(|found| found.as_str() == id)
     }
@@ -216,7 +214,7 @@ impl Harness {
     }
 
     /// Conversation `id`'s timeline, as the web view reads it.
-    pub async fn timeline(&self, id: &str) -> serde_json::Value {
+    pub(crate) async fn timeline(&self, id: &str) -> serde_json::Value {
         let uri = format!("{}/handoff/conversations/{id}/timeline", self.url());
         match Request::get(uri).body(Full::default()) {
             Ok(request) => self.send(request).await.json(),
@@ -225,7 +223,7 @@ impl Harness {
     }
 
     /// Sends `request` and reads the whole answer.
-    pub async fn send(&self, request: Request<Full<Bytes>>) -> Answer {
+    pub(crate) async fn send(&self, request: Request<Full<Bytes>>) -> Answer {
         let response = self.client.request(request).await.unwrap();
         let (parts, mut body) = response.into_parts();
         let mut read = Vec::new();
@@ -245,7 +243,6 @@ impl Harness {
         }
         Answer {
             status: parts.status,
-            headers: parts.headers,
             body: Bytes::from(read),
             cut,
         }

@@ -11,7 +11,7 @@ use crate::body::{full, ProxyBody};
 const PAGE: &str = include_str!("page.html");
 
 /// The page's response; its own Content-Security-Policy keeps it to this origin.
-pub fn page() -> Response<ProxyBody> {
+pub(crate) fn page() -> Response<ProxyBody> {
     let mut response = Response::new(full(PAGE));
     let headers = response.headers_mut();
     headers.insert(

@@ -21,7 +21,7 @@ use crate::tenant::TenantId;
 
 /// What an upkeep command asks for.
 #[derive(Debug, Clone)]
-pub enum Ask {
+pub(crate) enum Ask {
     /// Erase a conversation (with its tenant when ambiguous), a tenant or a key's tenant.
     Erase {
         /// `--conversation`.
@@ -142,7 +142,7 @@ fn who() -> String {
 }
 
 /// Runs `ask` against the store of `config`, printing JSON or a table.
-pub fn run(config: &Config, ask: &Ask, json: bool) -> ExitCode {
+pub(crate) fn run(config: &Config, ask: &Ask, json: bool) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

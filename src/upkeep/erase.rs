@@ -13,7 +13,7 @@ use crate::store::{Removed, Store, StoreError, Tombstone, Unless};
 
 /// What to erase.
 #[derive(Debug, Clone)]
-pub enum Target {
+pub(crate) enum Target {
     /// One conversation.
     Conversation(ConversationId),
     /// Every conversation of a tenant.
@@ -22,7 +22,7 @@ pub enum Target {
 
 /// What an erasure did.
 #[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct EraseReport {
+pub(crate) struct EraseReport {
     /// The tenant.
     pub tenant: String,
     /// The conversations erased.
@@ -35,7 +35,7 @@ pub struct EraseReport {
 
 /// Erases `target` and writes its tombstone (`by`: who asked). Held conversations are
 /// left and listed: lifting a hold is its own, deliberate step.
-pub async fn erase(
+pub(crate) async fn erase(
     store: &Arc<dyn Store>,
     state: Option<&AppState>,
     target: &Target,

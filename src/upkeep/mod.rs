@@ -3,11 +3,11 @@
 //! The same code runs from the background task ([`task`]), the admin API and the CLI;
 //! in a serving process it also evicts what the caches hold of what it removed.
 
-pub mod command;
+pub(crate) mod command;
 mod erase;
-pub mod task;
+pub(crate) mod task;
 
-pub use erase::{erase, EraseReport, Target};
+pub(crate) use erase::{erase, Target};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -25,7 +25,7 @@ const REMOVALS_PER_SECOND: u64 = 200;
 
 /// How long each conversation is kept, per tenant.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Policy {
+pub(crate) struct Policy {
     default: Option<Duration>,
     tenants: HashMap<String, Retention>,
 }
@@ -33,7 +33,7 @@ pub struct Policy {
 impl Policy {
     /// `store.retention`, overridden by `store.tenant_retention` and by each
     /// `[[auth.keys]]`'s `retention` (a key's name is its tenant).
-    pub fn of(config: &Config) -> Self {
+    pub(crate) fn of(config: &Config) -> Self {
         let mut tenants: HashMap<String, Retention> = config
             .store
             .tenant_retention
@@ -52,7 +52,7 @@ impl Policy {
     }
 
     /// How long `tenant`'s conversations are kept; `None`: forever.
-    pub fn retention(&self, tenant: &TenantId) -> Option<Duration> {
+    pub(crate) fn retention(&self, tenant: &TenantId) -> Option<Duration> {
         match self.tenants.get(tenant.as_str()) {
             Some(Retention::For(duration)) => Some(*duration),
             Some(Retention::Forever) => None,
@@ -61,7 +61,7 @@ impl Policy {
     }
 
     /// True when some tenant's conversations expire.
-    pub fn prunes(&self) -> bool {
+    pub(crate) fn prunes(&self) -> bool {
         self.default.is_some()
             || self
                 .tenants
@@ -72,7 +72,7 @@ impl Policy {
 
 /// What a prune is asked to do.
 #[derive(Debug, Clone, Default)]
-pub struct PruneOptions {
+pub(crate) struct PruneOptions {
     /// One age for every tenant instead of the policy's.
     pub older_than: Option<Duration>,
     /// Only this tenant's conversations.
@@ -85,7 +85,7 @@ pub struct PruneOptions {
 
 /// What a prune did, or would do.
 #[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct PruneReport {
+pub(crate) struct PruneReport {
     /// The conversations removed (or that would be), with when each was last written.
     pub pruned: Vec<Pruned>,
     /// Expired but held.
@@ -100,7 +100,7 @@ pub struct PruneReport {
 
 /// One pruned conversation.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Pruned {
+pub(crate) struct Pruned {
     /// Its tenant.
     pub tenant: String,
     /// Its id.
@@ -112,7 +112,7 @@ pub struct Pruned {
 /// Removes the conversations whose last write is older than their tenant's retention
 /// (or `older_than`), except held ones, each whole and with a tombstone per tenant.
 /// `state` is the serving process, whose caches forget what goes.
-pub async fn prune(
+pub(crate) async fn prune(
     store: &Arc<dyn Store>,
     state: Option<&AppState>,
     policy: &Policy,
@@ -207,7 +207,7 @@ async fn remove(
 
 /// Drops from the serving process's caches what they hold of the conversations
 /// `gone`, and every parsed message: a cache keyed by content cannot tell whose it is.
-pub fn forget(state: &AppState, gone: &HashSet<ConversationId>) {
+pub(crate) fn forget(state: &AppState, gone: &HashSet<ConversationId>) {
     state.tracker.forget_links(gone);
     for id in gone {
         state.compactor.background.forget(id);

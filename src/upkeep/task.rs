@@ -17,7 +17,7 @@ const TOMBSTONE_POLL: Duration = Duration::from_secs(1);
 const FIRST_PASS: Duration = Duration::from_secs(5);
 
 /// Starts the loops on the current runtime; they end at shutdown.
-pub fn spawn(state: Arc<AppState>) {
+pub(crate) fn spawn(state: Arc<AppState>) {
     let upkeep = Arc::clone(&state);
     tokio::spawn(async move {
         let store = Arc::clone(upkeep.tracker.store());
