@@ -2,7 +2,7 @@
 //! provider: an overflow answer or an overflow event opening a stream is compacted and
 //! retried, handoff's own errors come in Anthropic's shape, and
 //! `[dialects.anthropic] base_url` routes Messages to their own upstream. The SDK
-//! agents and restarts are in `tests/anthropic.rs`.
+//! agents and restarts are in `tests/e2e/anthropic.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

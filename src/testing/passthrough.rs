@@ -2,7 +2,7 @@
 //! byte for byte, other paths with their method, query and status, uploads streamed
 //! past the chat body limit, and odd roles or broken pairs left to the provider until
 //! a compaction needs the history whole. What needs the listener (hop-by-hop headers on
-//! the wire, h2c, frame timing, signals) is in `tests/proxy.rs`.
+//! the wire, h2c, frame timing, signals) is in `tests/e2e/proxy.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -1,7 +1,7 @@
 //! OpenAI's Responses API on the in-process harness, against a strict Responses
 //! provider: every way it says a request is too long (a status, an error event, a
 //! failed response, streamed or not) is compacted and retried. The SDK agents, chains
-//! and restarts are in `tests/responses.rs`.
+//! and restarts are in `tests/e2e/responses.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -1,5 +1,5 @@
 //! Request bodies shaped to make the log write more than they hold, and a reply for
-//! each wire format: the amplification probes of tests/attacks.rs and tests/postgres.rs.
+//! each wire format: the amplification probes of tests/e2e/attacks.rs and tests/postgres.rs.
 
 use mock_upstream::Reply;
 

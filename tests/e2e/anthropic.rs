@@ -4,18 +4,16 @@
 //! in-process, in `src/testing/anthropic.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::support::client::{self, request};
+use crate::support::scenario::{self, estimate_model, records, serve_strict};
+use crate::support::{canonical, Proxy, ProxyOptions};
 use mock_upstream::anthropic::StrictAnthropic;
 use mock_upstream::strict::SUMMARY_PROMPT_START;
 use mock_upstream::{MockUpstream, Recorded};
 use serde_json::{json, Value};
-use support::client::{self, request};
-use support::scenario::{self, estimate_model, records, serve_strict};
-use support::{canonical, Proxy, ProxyOptions};
 
 const WINDOW: u64 = 8000;
 const ID: &str = "claude-agent";
@@ -158,7 +156,7 @@ async fn an_sdk_agent_compacts_with_summarize_then_extract_across_a_restart() {
 
     // The key (sent as Authorization by the SDK, as x-api-key by the resend) is never
     // written, in the log of originals or in the proxy's own logs.
-    for (path, bytes) in support::read_tree(&proxy.data_dir()) {
+    for (path, bytes) in crate::support::read_tree(&proxy.data_dir()) {
         let text = String::from_utf8_lossy(&bytes);
         assert!(
             !text.contains("sk-ant-agent-test"),

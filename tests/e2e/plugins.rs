@@ -2,17 +2,15 @@
 //! per-route and per-request selection, and hot reload under load.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::client::{self, request};
+use crate::support::scenario::*;
 use mock_upstream::strict::SummaryMode;
 use serde_json::{json, Value};
-use support::client::{self, request};
-use support::scenario::*;
 
 fn repo(path: &str) -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -36,7 +34,7 @@ async fn the_python_exec_plugin_writes_the_handoff() {
         "[compaction]\nchain = [\"keywords\", \"extract\"]\n[compaction.strategies.keywords]\nkind = \"exec\"\ncommand = [\"python3\", {:?}]\ntimeout = \"10s\"\n",
         repo("examples/plugins/keyword_handoff.py")
     );
-    let proxy = support::Proxy::start_with(&mock.url(), options(4096, &extra));
+    let proxy = crate::support::Proxy::start_with(&mock.url(), options(4096, &extra));
     drive_until_compaction(&proxy, "exec", 500, 20).await;
     let record = &records(&proxy, "exec")[0];
     assert_eq!(record["strategy"], "keywords", "{record}");
@@ -69,7 +67,7 @@ async fn misbehaving_plugins_are_clean_failed_attempts() {
             "[compaction]\nchain = [\"bad\", \"extract\"]\n{}",
             misbehaving("bad", mode)
         );
-        let proxy = support::Proxy::start_with(&mock.url(), options(4096, &extra));
+        let proxy = crate::support::Proxy::start_with(&mock.url(), options(4096, &extra));
         // drive_until_compaction asserts that every turn, the compacting one too, got a 200.
         drive_until_compaction(&proxy, "bad", 500, 20).await;
         let record = &records(&proxy, "bad")[0];
@@ -96,7 +94,7 @@ async fn what_an_exec_plugin_forks_dies_with_it() {
         repo("tests/plugins/misbehave.py"),
         pid_file.path().display().to_string()
     );
-    let proxy = support::Proxy::start_with(&mock.url(), options(4096, &extra));
+    let proxy = crate::support::Proxy::start_with(&mock.url(), options(4096, &extra));
     drive_until_compaction(&proxy, "forky", 500, 20).await;
     assert_eq!(records(&proxy, "forky")[0]["strategy"], "forky");
     let pid = std::fs::read_to_string(pid_file.path()).unwrap();
@@ -128,7 +126,7 @@ async fn a_hung_exec_plugin_and_what_it_forked_die_with_a_killed_handoff() {
         repo("tests/plugins/misbehave.py"),
         pid_file.display().to_string()
     );
-    let mut proxy = support::Proxy::start_with(&mock.url(), options(4096, &extra));
+    let mut proxy = crate::support::Proxy::start_with(&mock.url(), options(4096, &extra));
     let url = format!("{}/v1/chat/completions", proxy.url());
     // Turns until the plugin runs; the turn that started it waits on it (and panics,
     // unseen, once the proxy is killed).
@@ -197,7 +195,7 @@ async fn a_three_strategy_chain_records_every_attempt() {
         "[compaction]\nsummary_model = \"strict-16k\"\nchain = [\"crashy\", \"summarize\", \"extract\"]\n{}",
         misbehaving("crashy", "crash")
     );
-    let proxy = support::Proxy::start_with(&mock.url(), options(4096, &extra));
+    let proxy = crate::support::Proxy::start_with(&mock.url(), options(4096, &extra));
     drive_until_compaction(&proxy, "three", 500, 20).await;
     let record = &records(&proxy, "three")[0];
     let attempts = record["attempts"].as_array().unwrap();
@@ -231,7 +229,7 @@ async fn the_strategy_header_is_honoured_only_for_allowed_names() {
     let (strict, mock) = strict_mock(4096).await;
     let extra =
         "[compaction]\nsummary_model = \"strict-16k\"\nrequest_override_allow = [\"extract\"]\n";
-    let proxy = support::Proxy::start_with(&mock.url(), options(4096, extra));
+    let proxy = crate::support::Proxy::start_with(&mock.url(), options(4096, extra));
     let mut messages = vec![];
     for n in 0..8 {
         messages.push(big_user(n, 500));
@@ -281,7 +279,7 @@ async fn models_and_routes_choose_their_chain_and_upstream() {
         "[models.\"strict\".compaction]\nchain = [\"extract\"]\n[models.\"rt-4k\"]\ncontext_window = 4096\n[compaction]\nsummary_model = \"strict-16k\"\n[[routes]]\nmatch = \"rt-*\"\nupstream = {:?}\nchain = [\"quick\", \"extract\"]\n[compaction.strategies.quick]\nkind = \"summarize\"\nmodel = \"strict-16k\"\nhandoff_tokens = 50\n",
         routed.url()
     );
-    let proxy = support::Proxy::start_with(&mock.url(), options(4096, &extra));
+    let proxy = crate::support::Proxy::start_with(&mock.url(), options(4096, &extra));
 
     drive_until_compaction(&proxy, "per-model", 500, 20).await;
     assert_eq!(records(&proxy, "per-model")[0]["chain"], json!(["extract"]));
@@ -341,7 +339,7 @@ fn chain_config(chain: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_reload_under_load_switches_chains_without_failing_a_request() {
     let (_strict, mock) = strict_mock(4096).await;
-    let proxy = Arc::new(support::Proxy::start_with(
+    let proxy = Arc::new(crate::support::Proxy::start_with(
         &mock.url(),
         ProxyOptions {
             extra_toml: chain_config("[\"summarize\", \"extract\"]"),
@@ -438,4 +436,4 @@ async fn hot_reload_under_load_switches_chains_without_failing_a_request() {
     assert!(served.load(Ordering::SeqCst) > 10);
 }
 
-use support::ProxyOptions;
+use crate::support::ProxyOptions;

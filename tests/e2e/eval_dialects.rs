@@ -3,15 +3,13 @@
 //! by its own usage.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::sync::Arc;
 
+use crate::support::client::{self, request};
+use crate::support::Proxy;
 use mock_upstream::scripted::{ScriptedCoder, Thinking};
 use mock_upstream::MockUpstream;
 use serde_json::{json, Value};
-use support::client::{self, request};
-use support::Proxy;
 
 /// A user turn of about 1,500 tokens stating fact `n`.
 fn turn(n: usize) -> String {

@@ -3,19 +3,17 @@
 //! token or local tools.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::client::{self, request};
+use crate::support::scenario::{big_user, options};
+use crate::support::{read_tree, Proxy, ProxyOptions};
 use mock_upstream::strict::Strict;
 use mock_upstream::{MockUpstream, Reply};
 use serde_json::{json, Value};
-use support::client::{self, request};
-use support::scenario::{big_user, options};
-use support::{read_tree, Proxy, ProxyOptions};
 
-use support::scenario::post_chat as ask;
+use crate::support::scenario::post_chat as ask;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_credentials_with_the_same_opening_never_share_a_conversation() {

@@ -4,14 +4,12 @@
 //! (`src/chat/tests.rs`, `src/relay_tests.rs`, `src/testing/passthrough.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::client::{self, request};
+use crate::support::{Proxy, ProxyOptions};
 use mock_upstream::{chat_completion, MockUpstream, Reply};
 use serde_json::json;
-use support::client::{self, request};
-use support::{Proxy, ProxyOptions};
 
 const CHAT: &str = "/v1/chat/completions";
 
@@ -417,7 +415,7 @@ async fn a_long_body_in_many_frames_reaches_the_upstream_and_the_log_whole() {
         "the second body changed on its way"
     );
     // Every message after the pinned system one logged once, each turn's reply after it.
-    let logged: Vec<serde_json::Value> = support::message_lines(&proxy, "framed")
+    let logged: Vec<serde_json::Value> = crate::support::message_lines(&proxy, "framed")
         .into_iter()
         .map(|line| line["message"].clone())
         .collect();

@@ -3,14 +3,12 @@
 //! `base_url`. Each test here failed on the main before it (issue 24's findings).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::support::{Proxy, ProxyOptions};
 use mock_upstream::{MockUpstream, Reply};
 use sha2::{Digest, Sha256};
-use support::{Proxy, ProxyOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TEAM_A: &str = "hk-team-a-0123456789";
@@ -422,25 +420,25 @@ async fn a_credential_an_upstream_echoes_is_never_stored() {
     );
     let mut messages = vec![serde_json::json!({"role": "system", "content": "be brief"})];
     for n in 0..12 {
-        messages.push(support::scenario::big_user(n, 200));
+        messages.push(crate::support::scenario::big_user(n, 200));
         messages.push(serde_json::json!({"role": "assistant", "content": format!("noted {n}")}));
     }
     messages.push(serde_json::json!({"role": "user", "content": "and now?"}));
-    let got = support::scenario::post_chat(
+    let got = crate::support::scenario::post_chat(
         &proxy,
         &[("x-handoff-conversation-id", "echoed")],
         &serde_json::json!({"model": "small", "messages": messages}),
     )
     .await;
     assert_eq!(got.status, 200, "{}", got.text());
-    let records = support::scenario::records(&proxy, "echoed");
+    let records = crate::support::scenario::records(&proxy, "echoed");
     assert!(
         records
             .iter()
             .any(|r| r.to_string().contains("Invalid credential")),
         "the summary attempt failed with the upstream's message: {records:?}"
     );
-    let timeline = support::client::send(support::client::request(
+    let timeline = crate::support::client::send(crate::support::client::request(
         "GET",
         &format!("{}/handoff/conversations/echoed/timeline", proxy.url()),
         &[],
@@ -451,7 +449,7 @@ async fn a_credential_an_upstream_echoes_is_never_stored() {
     for (where_, text) in [("the log", proxy.logs()), ("the timeline", timeline.text())]
         .into_iter()
         .chain(
-            support::read_tree(&proxy.data_dir())
+            crate::support::read_tree(&proxy.data_dir())
                 .into_iter()
                 .map(|(path, bytes)| {
                     (
@@ -673,7 +671,7 @@ async fn no_credential_of_any_kind_is_at_rest_after_mixed_traffic() {
         }
     }
     let logs = proxy.logs();
-    let stored: Vec<(String, String)> = support::read_tree(&proxy.data_dir())
+    let stored: Vec<(String, String)> = crate::support::read_tree(&proxy.data_dir())
         .into_iter()
         .map(|(path, bytes)| {
             (

@@ -1,13 +1,11 @@
 //! The official openai Python SDK as a real client, through the real binary.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::scenario::run_client;
+use crate::support::Proxy;
 use mock_upstream::{MockUpstream, Reply};
-use support::scenario::run_client;
-use support::Proxy;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_sdk_works_streamed_and_not_and_sees_cuts() {

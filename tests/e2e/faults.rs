@@ -3,18 +3,16 @@
 //! mid-stream, and hundreds of held streams.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::support::client::{self, request};
+use crate::support::scenario::post_chat;
+use crate::support::{Proxy, ProxyOptions};
 use mock_upstream::{MockUpstream, Reply};
 use serde_json::{json, Value};
-use support::client::{self, request};
-use support::scenario::post_chat;
-use support::{Proxy, ProxyOptions};
 
 fn with_toml(extra: &str) -> ProxyOptions {
     ProxyOptions {

@@ -3,17 +3,17 @@
 //! count, and the deterministic fallback keeps the edges of tool results.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use crate::support::client;
+use crate::support::scenario::{
+    agent_requests, chat_as, inline_compaction, options, records, run_client,
+};
+use crate::support::Proxy;
 use mock_upstream::strict::{Strict, SummaryMode};
 use mock_upstream::{AgentStyle, MockUpstream};
 use serde_json::{json, Value};
-use support::client;
-use support::scenario::{agent_requests, chat_as, inline_compaction, options, records, run_client};
-use support::Proxy;
 
 /// The strict provider, playing an agent that answers briefly after tool results and
 /// writes handoffs of a realistic length (about 1k tokens).
@@ -354,19 +354,19 @@ async fn eval_replays_a_live_run_to_the_same_figures_and_writes_nothing() {
         );
         let mut messages = vec![json!({"role": "system", "content": "be brief"})];
         for n in 0..14 {
-            messages.push(support::scenario::big_user(n, 400));
-            let got = support::scenario::chat(&proxy, "live", &messages).await;
+            messages.push(crate::support::scenario::big_user(n, 400));
+            let got = crate::support::scenario::chat(&proxy, "live", &messages).await;
             assert_eq!(got.status, 200, "{}", got.text());
             messages.push(got.json()["choices"][0]["message"].clone());
             if let Some(call) = messages.last().unwrap()["tool_calls"][0]["id"].as_str() {
                 messages.push(json!({"role": "tool", "tool_call_id": call, "content": format!("FACT-r{n:02} found")}));
-                let got = support::scenario::chat(&proxy, "live", &messages).await;
+                let got = crate::support::scenario::chat(&proxy, "live", &messages).await;
                 messages.push(got.json()["choices"][0]["message"].clone());
             }
         }
         let live = records(&proxy, "live");
         assert!(live.len() >= 2, "{chain}: {} live compactions", live.len());
-        let before = support::read_tree(&proxy.data_dir());
+        let before = crate::support::read_tree(&proxy.data_dir());
 
         let report = eval(
             &proxy,
@@ -374,7 +374,7 @@ async fn eval_replays_a_live_run_to_the_same_figures_and_writes_nothing() {
         );
 
         assert_eq!(
-            support::read_tree(&proxy.data_dir()),
+            crate::support::read_tree(&proxy.data_dir()),
             before,
             "the data dir is untouched"
         );

@@ -4,15 +4,13 @@
 //! byte-identical, and `store prune`/`stats` work with the server up or down.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 
+use crate::support::client::{self, request};
+use crate::support::scenario::{chat, echo_mock, options};
+use crate::support::{read_tree, Proxy, ProxyOptions};
 use serde_json::{json, Value};
-use support::client::{self, request};
-use support::scenario::{chat, echo_mock, options};
-use support::{read_tree, Proxy, ProxyOptions};
 
 /// A few turns of conversation `id`, each user turn carrying `marker`; the history.
 async fn converse(proxy: &Proxy, id: &str, marker: &str, turns: usize) -> Vec<Value> {
@@ -236,7 +234,7 @@ async fn erasing_a_key_takes_its_tenant_and_leaves_the_others() {
     let proxy = Proxy::start_with(&mock.url(), opts);
     for (key, who) in [("hk-alice-secret", "ALICE"), ("hk-bob-secret", "BOB")] {
         for n in 0..3 {
-            let got = support::scenario::post_chat(
+            let got = crate::support::scenario::post_chat(
                 &proxy,
                 &[
                     ("authorization", &format!("Bearer {key}")),
@@ -392,7 +390,7 @@ async fn a_system_prompt_many_conversations_open_with_is_stored_once_and_replays
         .await;
         histories.push(history);
     }
-    let blocks: Vec<_> = support::read_tree(&proxy.data_dir())
+    let blocks: Vec<_> = crate::support::read_tree(&proxy.data_dir())
         .into_iter()
         .filter(|(path, _)| path.components().any(|c| c.as_os_str() == "blocks"))
         .collect();

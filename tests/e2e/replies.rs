@@ -2,16 +2,14 @@
 //! cut short, and echoed back by real SDKs without forking the conversation.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::support::client::{self, request};
+use crate::support::scenario::{run_client, CHAT};
+use crate::support::{access_lines, message_lines, Proxy};
 use mock_upstream::{agent_reply_as, tool_call_frames, AgentStyle, MockUpstream, Reply};
 use serde_json::{json, Value};
-use support::client::{self, request};
-use support::scenario::{run_client, CHAT};
-use support::{access_lines, message_lines, Proxy};
 
 /// The user text of a conversation's first message, and its upstream replies.
 fn replies_by_question(proxy: &Proxy) -> Vec<(String, Vec<Value>)> {
@@ -60,7 +58,7 @@ async fn every_streamed_reply_is_logged_before_a_client_that_closes_at_done_sees
     .await;
     let proxy = Proxy::start_with(
         &mock.url(),
-        support::ProxyOptions {
+        crate::support::ProxyOptions {
             rust_log: "info".into(),
             ..Default::default()
         },
@@ -290,7 +288,9 @@ async fn replies_echoed_by_the_openai_sdk_keep_one_branch() {
     let echoed_differently = messages
         .iter()
         .zip(&lines)
-        .filter(|(echo, line)| support::canonical(echo) != support::canonical(&line["message"]))
+        .filter(|(echo, line)| {
+            crate::support::canonical(echo) != crate::support::canonical(&line["message"])
+        })
         .count();
     if echoed_differently < 5 {
         for (echo, line) in messages.iter().zip(&lines) {
@@ -419,7 +419,7 @@ async fn a_reply_that_cannot_be_logged_never_ends_cleanly_while_the_store_is_req
                 .to_string(),
         )
     };
-    let options = |disk: &SmallDisk, extra: &str| support::ProxyOptions {
+    let options = |disk: &SmallDisk, extra: &str| crate::support::ProxyOptions {
         data_dir: Some(disk.path.join("data")),
         extra_toml: extra.to_owned(),
         ..Default::default()

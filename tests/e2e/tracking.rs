@@ -1,26 +1,24 @@
 //! Conversation tracking and the log of originals, end to end.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::client::{self, request};
+use crate::support::scenario::run_client;
+use crate::support::{canonical, read_tree, Proxy, ProxyOptions};
 use mock_upstream::{agent_reply, MockUpstream, Reply};
 use serde_json::{json, Value};
-use support::client::{self, request};
-use support::scenario::run_client;
-use support::{canonical, read_tree, Proxy, ProxyOptions};
 
 async fn agent_mock() -> MockUpstream {
     let serial = Arc::new(AtomicUsize::new(0));
     MockUpstream::with(move |req| agent_reply(req, serial.fetch_add(1, Ordering::SeqCst))).await
 }
 
-use support::scenario::post_chat as post;
+use crate::support::scenario::post_chat as post;
 
 fn user(text: &str) -> Value {
     json!({"role": "user", "content": text})
@@ -60,7 +58,7 @@ async fn three_hundred_sdk_requests_replay_exactly() {
     // Byte for byte too: the SDK's last request reached the mock uncompacted, each
     // message as the SDK wrote it, and the replay gives those bytes back.
     let last = mock.requests().pop().unwrap();
-    let sent = support::hop::Sent {
+    let sent = crate::support::hop::Sent {
         path: last.target.clone(),
         body: last.body.clone(),
     }
@@ -513,7 +511,7 @@ async fn admin_lists_conversations_in_pages() {
 /// client sent it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn re_serialised_tool_arguments_replay_as_the_client_sent_them() {
-    let mock = support::forms::spaced_tool_caller().await;
+    let mock = crate::support::forms::spaced_tool_caller().await;
     let data = tempfile::tempdir().unwrap();
     let options = || ProxyOptions {
         data_dir: Some(data.path().to_owned()),
@@ -530,7 +528,7 @@ async fn re_serialised_tool_arguments_replay_as_the_client_sent_them() {
             proxy = Proxy::start_with(&mock.url(), options());
         }
         sent.push(messages.clone());
-        support::forms::turn(&proxy.url(), "spaced", &mut messages).await;
+        crate::support::forms::turn(&proxy.url(), "spaced", &mut messages).await;
     }
     assert_eq!(proxy.conversations()[0]["branches"], 1);
     for (n, request) in sent.iter().enumerate() {

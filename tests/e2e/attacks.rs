@@ -4,18 +4,16 @@
 //! case to the table of the test whose promise it attacks.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::support::shapes::{amplifying_bodies, reply_for, tiny_messages};
+use crate::support::{Proxy, ProxyOptions};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use mock_upstream::{MockUpstream, Reply};
 use sha2::{Digest, Sha256};
-use support::shapes::{amplifying_bodies, reply_for, tiny_messages};
-use support::{Proxy, ProxyOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TEAM_A: &str = "hk-team-a-0123456789";
@@ -808,7 +806,7 @@ async fn summary_calls_are_charged_to_the_key_whose_conversation_needed_them() {
     let addr = proxy.addr();
     let mut messages = Vec::new();
     for n in 0..12 {
-        messages.push(support::scenario::big_user(n, 200));
+        messages.push(crate::support::scenario::big_user(n, 200));
         messages.push(serde_json::json!({"role": "assistant", "content": format!("noted {n}")}));
     }
     messages.push(serde_json::json!({"role": "user", "content": "and now?"}));
@@ -961,7 +959,7 @@ async fn an_idle_h2_connection_is_closed_after_the_idle_timeout() {
 
 /// Bytes of every file under `dir`.
 fn bytes_under(dir: &std::path::Path) -> u64 {
-    support::read_tree(dir)
+    crate::support::read_tree(dir)
         .iter()
         .map(|(_, bytes)| bytes.len() as u64)
         .sum()

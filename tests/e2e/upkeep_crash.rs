@@ -7,13 +7,11 @@
 //! - nothing a crash left in `upkeep/` survives the restart.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::scenario::{chat, echo_mock, options};
+use crate::support::Proxy;
 use serde_json::{json, Value};
-use support::scenario::{chat, echo_mock, options};
-use support::Proxy;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -84,7 +82,13 @@ async fn kill_nine_mid_prune_compression_or_erasure_leaves_every_conversation_wh
             tokio::spawn(async move {
                 for n in first..conversations {
                     let erase = format!("{url}/handoff/erase?conversation=c{n}");
-                    support::client::send(support::client::request("POST", &erase, &[], "")).await;
+                    crate::support::client::send(crate::support::client::request(
+                        "POST",
+                        &erase,
+                        &[],
+                        "",
+                    ))
+                    .await;
                 }
             })
         });

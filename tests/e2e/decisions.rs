@@ -5,19 +5,17 @@
 //! own count of the input.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::client::{self, request};
+use crate::support::scenario::{
+    agent_requests, big_user, log_lines, of_kind, options, paced, post_chat, records, strict_mock,
+};
+use crate::support::{Proxy, ProxyOptions};
 use mock_upstream::strict::Strict;
 use mock_upstream::{MockUpstream, Recorded, Reply};
 use serde_json::{json, Value};
-use support::client::{self, request};
-use support::scenario::{
-    agent_requests, big_user, log_lines, of_kind, options, paced, post_chat, records, strict_mock,
-};
-use support::{Proxy, ProxyOptions};
 
 const SUMMARY: &str =
     "[compaction]\nstrategy = \"summarize\"\nsummary_model = \"strict-16k\"\nprepare_at = 0\n";
@@ -392,7 +390,8 @@ async fn a_prepared_compaction_is_drawn_waiting_from_its_commit_to_its_adoption(
     let proxy = Proxy::start_with(&mock.url(), options(8192, extra));
     let mut messages = vec![json!({"role": "system", "content": "be brief"})];
     for n in 0..9 {
-        support::scenario::agent_turn(&proxy, "prepared", &mut messages, big_user(n, 450)).await;
+        crate::support::scenario::agent_turn(&proxy, "prepared", &mut messages, big_user(n, 450))
+            .await;
     }
     let records = records(&proxy, "prepared");
     let prepared = records
@@ -430,7 +429,7 @@ async fn a_prepared_compaction_is_drawn_waiting_from_its_commit_to_its_adoption(
     // And the browser draws it so.
     let shots = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/ui-screenshots");
     std::fs::create_dir_all(&shots).unwrap();
-    let seen = support::scenario::run_client(
+    let seen = crate::support::scenario::run_client(
         &proxy,
         "ui_chart.py",
         &["prepared", shots.to_str().unwrap()],

@@ -7,17 +7,15 @@
 //! CI runs a few rounds; `scripts/crash-loop.sh ROUNDS` runs the long version.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::scenario::{big_user, chat, options};
+use crate::support::Proxy;
 use mock_upstream::strict::{Strict, SUMMARY_PROMPT_START};
 use mock_upstream::{MockUpstream, Reply};
 use serde_json::{json, Value};
-use support::scenario::{big_user, chat, options};
-use support::Proxy;
 
 /// A small deterministic generator, so a failing run can be replayed by its seed.
 struct Lcg(AtomicU64);

@@ -4,17 +4,15 @@
 //! in-process, in `src/testing/compaction/`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use mock_upstream::strict::SummaryMode;
 
+use crate::support::client::{self, request};
+use crate::support::scenario::*;
+use crate::support::{Proxy, ProxyOptions};
 use serde_json::{json, Value};
-use support::client::{self, request};
-use support::scenario::*;
-use support::{Proxy, ProxyOptions};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_40_turn_sdk_agent_in_16k_never_sees_an_error() {

@@ -4,15 +4,13 @@
 //! result, must still reach the model.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::sync::Arc;
 
+use crate::support::scenario::{agent_requests, options, records, run_client};
+use crate::support::Proxy;
 use mock_upstream::strict::{Strict, SummaryMode};
 use mock_upstream::{AgentStyle, MockUpstream};
 use serde_json::Value;
-use support::scenario::{agent_requests, options, records, run_client};
-use support::Proxy;
 
 /// The strict provider playing an agent that answers briefly after tool results, whose
 /// summary calls all fail with a 500.

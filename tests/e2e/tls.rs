@@ -1,14 +1,12 @@
 //! Listening over TLS (`tls.cert_file`, `tls.key_file`), HTTP/1.1 and h2 by ALPN.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
+use crate::support::{Proxy, ProxyOptions};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use mock_upstream::{MockUpstream, Reply};
-use support::{Proxy, ProxyOptions};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_listener_serves_http1_and_h2() {

@@ -3,15 +3,13 @@
 //! exact bytes) and with the official SDKs (what they parse), for every dialect.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::client::{self, request};
+use crate::support::scenario::run_client;
+use crate::support::{access_lines, message_lines, Proxy};
 use mock_upstream::{anthropic, chat_stream_frames, responses, MockUpstream, Recorded, Reply};
 use serde_json::{json, Value};
-use support::client::{self, request};
-use support::scenario::run_client;
-use support::{access_lines, message_lines, Proxy};
 
 /// What the mock sends after the final event, in the same chunk: never the client's.
 const TRAILING: &str = "event: ping\ndata: {\"type\":\"ping\"}\n\n";

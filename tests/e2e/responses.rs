@@ -3,17 +3,15 @@
 //! each of the API's styles is in-process, in `src/testing/responses.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::sync::Arc;
 
+use crate::support::client::{self, request};
+use crate::support::scenario::{self, estimate_model, records, run_client, serve_strict};
+use crate::support::{canonical, Proxy, ProxyOptions};
 use mock_upstream::responses::StrictResponses;
 use mock_upstream::strict::SUMMARY_PROMPT_START;
 use mock_upstream::{MockUpstream, Recorded};
 use serde_json::{json, Value};
-use support::client::{self, request};
-use support::scenario::{self, estimate_model, records, run_client, serve_strict};
-use support::{canonical, Proxy, ProxyOptions};
 
 const ID: &str = "responses-agent";
 
