@@ -391,8 +391,10 @@ async fn an_ai_sdk_session_of_references_is_one_branch_and_replays_exactly() {
         "two compactions in 10 turns: {}",
         records(&proxy, &id).len()
     );
-    // The strategies read the items the references name, not their ids: the
-    // summaries quote the assistant's messages.
+    // The strategies read the items the references name, not their ids: no summary
+    // reads a reference, and the summaries quote the assistant's messages. (A summary
+    // prepared in the background covers the span known when it started, which may end
+    // at a user turn whose call and result stay recent, so not every one quotes one.)
     let summaries: Vec<String> = mock
         .requests()
         .iter()
@@ -402,11 +404,15 @@ async fn an_ai_sdk_session_of_references_is_one_branch_and_replays_exactly() {
     assert!(!summaries.is_empty());
     for summary in &summaries {
         assert!(
-            summary.contains("the record is noted") && !summary.contains("[item_reference]"),
+            !summary.contains("[item_reference]"),
             "a summary read references: {}",
             &summary[..summary.len().min(600)]
         );
     }
+    assert!(
+        summaries.iter().any(|s| s.contains("the record is noted")),
+        "no summary quotes an assistant message"
+    );
     // The last request, item for item and byte for byte, then its reply.
     let replay = proxy.replay_raw(&["replay", &id]);
     assert_eq!(replay.len(), last_request.len() + 1, "{replay:?}");
