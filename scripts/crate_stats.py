@@ -2,7 +2,7 @@
 """Per crate of the workspace's `src/`: its lines of Rust, and its items by visibility
 (`pub` items, that is the crate's API, and `pub(crate)`/`pub(super)` ones), counting
 `fn`, `struct`, `enum`, `trait`, `type`, `const`, `static`, `mod` and `use`
-declarations outside unit-test modules. The closing notes of the crates work quote it.
+declarations outside unit-test modules: how much of each crate is its API.
 
 usage: scripts/crate_stats.py [SRC]   (default: this checkout's src/)
 """

@@ -13,6 +13,7 @@ use mock_upstream::MockUpstream;
 use serde_json::{json, Value};
 
 use super::compaction::agent_requests;
+use crate::base::line::Entry;
 use crate::testing::{Answer, Harness};
 
 /// The strict model with a `window`-token window, on the embedded defaults.
@@ -78,6 +79,13 @@ async fn a_newest_unit_between_the_trigger_and_the_budget_is_sent_whole() {
         "the newest unit is sent whole"
     );
     assert!(strict.over_window.lock().unwrap().is_empty());
+    // Sent because it fits the input budget, not on a guess that it might.
+    let log = proxy.log("between").await;
+    let over = log.lines.iter().rev().find_map(|line| match &line.entry {
+        Entry::Decision(decision) => Some(decision.over.clone()),
+        _ => None,
+    });
+    assert_eq!(over, Some(Some("newest_unit".to_owned())));
 }
 
 #[tokio::test]
