@@ -9,8 +9,10 @@ docs/architecture.md's `## Layers` section, and fails, naming the files, on
   crate, or a table entry with no module;
 - an import cycle between a crate's top-level modules;
 - an import of a module of a higher layer than the importer's, inside one crate;
-- a chat pipeline (the numbered stages of `## One request`) that is not the one
-  `src/chat/mod.rs` lists, or a stage with no function or module of that name there.
+- a request pipeline (the numbered phases of `## One request`, each marked tracked or
+  not) that is not the one `src/pipeline/mod.rs` lists, or a phase with no function or
+  module of that name in `src/pipeline/`, or an untracked phase that the pass-through
+  route (`src/pipeline/passthrough.rs`) does not run.
 
 Edges are read from `use` declarations and paths (`crate::a`, `crate::{a, b::c}`, a
 top-level file's `super::a`); a name that is no module of the crate (a layer below,
@@ -240,27 +242,42 @@ def check_layers(members, rows):
     return problems, report, total
 
 
+def phases(text, prefix):
+    """The numbered phases of `text` (lines starting with `prefix`): name and whether
+    it is marked *(tracked)*."""
+    found = re.findall(rf"^{prefix}\d+\. \*\*([a-z_]+)\*\*( \*\(tracked\)\*)?", text, re.M)
+    return [(name, bool(tracked)) for name, tracked in found]
+
+
 def check_pipeline():
-    """The chat stages, as docs/architecture.md and src/chat/mod.rs number them."""
+    """The request phases, as docs/architecture.md and src/pipeline/mod.rs number them."""
     doc = open(DOC, encoding="utf-8").read().split("## One request", 1)[1].split("\n## ", 1)[0]
-    documented = re.findall(r"^\d+\. \*\*([a-z_]+)\*\*", doc, re.M)
-    chat = os.path.join(ROOT, "src", "chat")
-    header = open(os.path.join(chat, "mod.rs"), encoding="utf-8").read()
-    listed = re.findall(r"^//! \d+\. \*\*([a-z_]+)\*\*", header, re.M)
+    documented = phases(doc, "")
+    pipeline = os.path.join(ROOT, "src", "pipeline")
+    header = open(os.path.join(pipeline, "mod.rs"), encoding="utf-8").read()
+    listed = phases(header, "//! ")
     problems = []
     if not documented or documented != listed:
         problems.append(
-            f"the chat pipeline drifted: docs/architecture.md has {documented}, "
-            f"src/chat/mod.rs has {listed}"
+            f"the request pipeline drifted: docs/architecture.md has {documented}, "
+            f"src/pipeline/mod.rs has {listed}"
         )
-    code = "".join(
-        open(os.path.join(chat, name), encoding="utf-8").read()
-        for name in os.listdir(chat)
-        if name.endswith(".rs")
-    )
-    for stage in listed:
-        if not re.search(rf"\bfn {stage}\b", code) and not os.path.exists(os.path.join(chat, f"{stage}.rs")):
-            problems.append(f"the chat stage `{stage}` is no function or module of src/chat")
+    code = ""
+    for folder, _, files in os.walk(pipeline):
+        for name in files:
+            if name.endswith(".rs") and name != "tests.rs":
+                code += open(os.path.join(folder, name), encoding="utf-8").read()
+    passthrough = open(os.path.join(pipeline, "passthrough.rs"), encoding="utf-8").read()
+    for phase, tracked in listed:
+        if not re.search(rf"\bfn {phase}\b", code) and not os.path.exists(
+            os.path.join(pipeline, f"{phase}.rs")
+        ):
+            problems.append(f"the phase `{phase}` is no function or module of src/pipeline")
+        if not tracked and not re.search(rf"\b{phase}\b", passthrough):
+            problems.append(
+                f"the phase `{phase}` is not marked tracked, but src/pipeline/passthrough.rs "
+                "does not run it"
+            )
     return problems, len(listed)
 
 
@@ -281,7 +298,7 @@ def main():
         return 1
     print(
         f"layering: ok ({len(crates)} crates, {modules} modules, {imports} imports "
-        f"within crates, {len(rows)} layers, no cycles; {stages} chat stages as documented)"
+        f"within crates, {len(rows)} layers, no cycles; {stages} request phases as documented)"
     )
     return 0
 

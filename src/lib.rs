@@ -5,10 +5,11 @@
 //! A request travels through the modules in this order:
 //! - [`server`] accepts the connection (HTTP/1.1 or h2, `TCP_NODELAY`);
 //! - [`router`] sends `/handoff/*` to [`admin`]; every other request is admitted by
-//!   [`auth`] as a tenant ([`tenant`]); a path a [`dialect`] tracks goes to [`chat`],
-//!   every other path to [`passthrough`];
-//! - [`chat`] reads the body and parses it with its [`dialect`], keeping every unknown
-//!   field;
+//!   [`auth`] as a tenant ([`tenant`]) and runs through the phases of [`pipeline`]: a
+//!   `POST` a [`dialect`] tracks takes them all, any other request only those that
+//!   read, check and forward its body;
+//! - [`pipeline`] reads the body and parses it with its [`dialect`], keeping every
+//!   unknown field;
 //! - [`conversation`] names the conversation within its tenant, chains the [`digest`]s of
 //!   its messages and appends the new originals to the [`store`] before anything goes
 //!   upstream;
@@ -63,15 +64,14 @@ mod auth;
 mod body_read;
 mod browser_guard;
 mod capture;
-mod chat;
 pub mod cli;
 mod eval;
 mod forward;
 mod gate;
 mod named_model;
 mod ownership;
-mod passthrough;
 mod path;
+mod pipeline;
 mod relay;
 mod reload;
 mod router;

@@ -5,16 +5,17 @@ use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http::{Method, Request, Response};
+use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::access_log::{Logged, RequestLog};
+use crate::admin;
 use crate::body::ProxyBody;
 use crate::dialect::{DialectKind, ErrorResponse};
 use crate::error::ApiError;
 use crate::headers::loggable_target;
+use crate::pipeline::{self, Route};
 use crate::state::AppState;
-use crate::{admin, chat};
 
 /// Routes one request and always produces a response, whose body writes the
 /// request's access line when it ends.
@@ -99,12 +100,8 @@ async fn dispatch(
         admission.refund(&state.limiter, admission.reserved_tokens);
         return refuse(request, err, dialect, limit);
     }
-    if request.method() == Method::POST {
-        if let Some(tracking) = DialectKind::tracking(path) {
-            return chat::handle(state, snap, request, log, admission, tracking).await;
-        }
-    }
-    crate::passthrough::handle(state, snap, request, log, admission, dialect).await
+    let route = Route::of(request.method(), path);
+    pipeline::handle(state, snap, request, log, admission, route).await
 }
 
 /// The answer to a request refused before its body is read: the body is read and

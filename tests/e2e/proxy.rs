@@ -1,7 +1,7 @@
 //! The transparent proxy, end to end: the real binary between a client and the mock,
 //! for what needs the process (its listener, h2c, signals, its logs). Bad bodies, a
 //! failing upstream and what passes through unchanged are tested in-process
-//! (`src/chat/tests.rs`, `src/relay_tests.rs`, `src/testing/passthrough.rs`).
+//! (`src/pipeline/tracked/tests.rs`, `src/relay_tests.rs`, `src/testing/passthrough.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;

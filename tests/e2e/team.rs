@@ -732,3 +732,62 @@ async fn a_tenant_past_its_disk_quota_gets_507_and_others_go_on() {
         "another tenant is not held up"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_a_lowered_quota_is_refused_before_its_body_is_read_on_every_route() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let data = tempfile::tempdir().unwrap();
+    let first = team_proxy_with(&mock.url(), "", Some(data.path().to_owned()));
+    let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hello there"}]}"#;
+    let (head, body) = post(
+        "/v1/chat/completions",
+        TEAM_A,
+        "application/json",
+        body.as_bytes(),
+    );
+    assert_eq!(raw(first.addr(), &head, &body).await.0, 200);
+    drop(first);
+    // The operator lowers the quota under what team-a's log already holds.
+    let proxy = team_proxy_with(
+        &mock.url(),
+        "[store]\ntenant_quota_bytes = 100\n",
+        Some(data.path().to_owned()),
+    );
+    let forwarded = mock.requests().len();
+    let held = || crate::support::read_tree(&data.path().join("tenants"));
+    let before = held();
+    // One intake for every route: a body that would not even parse gets the 507, not
+    // a 400, on the three tracked APIs and a pass-through path alike, each in its API's
+    // shape, and nothing goes upstream.
+    let refused = [
+        ("/v1/chat/completions", r#"{"model":"gpt-4o","messages":["#),
+        (
+            "/v1/messages",
+            r#"{"model":"gpt-4o","max_tokens":9,"messages":[]}"#,
+        ),
+        ("/v1/responses", r#"{"model":"gpt-4o","input":"hi"}"#),
+        ("/v1/embeddings", r#"{"model":"gpt-4o","input":"hi"}"#),
+    ];
+    for (path, body) in refused {
+        let (head, body) = post(path, TEAM_A, "application/json", body.as_bytes());
+        let (status, text) = raw(proxy.addr(), &head, &body).await;
+        assert_eq!(status, 507, "{path}: {text}");
+        assert!(text.contains("tenant_quota_exceeded"), "{path}: {text}");
+        if path == "/v1/messages" {
+            assert!(
+                text.contains(r#""type":"error""#),
+                "Anthropic's shape: {text}"
+            );
+        }
+    }
+    assert_eq!(
+        mock.requests().len(),
+        forwarded,
+        "nothing refused went upstream"
+    );
+    // Reading writes nothing: the same tenant's GET still goes through.
+    let get = format!("GET /v1/models HTTP/1.1\r\nauthorization: Bearer {TEAM_A}");
+    let (status, text) = raw(proxy.addr(), &get, b"").await;
+    assert_eq!(status, 200, "{text}");
+    assert!(held() == before, "the refused requests wrote nothing");
+}

@@ -1,4 +1,4 @@
-//! The first stage's helper: the strategy a client may pick for its request.
+//! A helper of **parse**: the strategy a client may pick for its request.
 
 use crate::error::ApiError;
 use crate::state::Snapshot;

@@ -1,4 +1,4 @@
-//! The last stage: the upstream's answer goes to the client, and its reply to the log.
+//! Phase 8, **reply**, of a tracked request: the upstream's answer goes to the client, and its reply to the log.
 //! A streamed reply is relayed frame by frame with the capture watching; a
 //! non-streamed one is read whole and logged before it is answered; an error is
 //! relayed as it is.

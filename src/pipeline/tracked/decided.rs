@@ -1,5 +1,5 @@
-//! What the log records of each stage's decision: the budget, the count and the view
-//! sent ([`DecisionLine`]), built here from what the stages learned and logged with
+//! What the log records of each phase's decision: the budget, the count and the view
+//! sent ([`DecisionLine`]), built here from what the phases learned and logged with
 //! the reply, or alone when the request ends without one.
 
 use super::Exchange;

@@ -1,24 +1,14 @@
-//! The pipeline of a tracked request (OpenAI chat, Anthropic Messages, Responses: the
-//! [`Dialect`](crate::dialect::Dialect) decides everything format-specific), as named
-//! stages over one [`Exchange`]:
-//!
-//! 1. **admit**: read the body (bounded), parse it, check the client's headers, the
-//!    model against the proxy key, and the reserve against the window;
-//! 2. **identify**: the conversation, within the request's tenant;
-//! 3. **track**: log the new originals before anything goes upstream;
-//! 4. **fit**: project the model view, and compact it when it passes the trigger;
-//! 5. **send**: forward it, and on a context-length answer (an error body, a reply that
-//!    stopped for the window, an error event opening a stream) compact tighter and retry;
-//! 6. **reply**: relay the answer while the reply is logged ([`reply`]).
-//!
-//! Each stage returns `Result<_, Halt>`; [`handle`] is the one place where a halt
-//! becomes the client's answer.
+//! The tracked route: every phase of [`super`], over one [`Exchange`] that holds what
+//! each phase learned. The dialect ([`crate::dialect::Dialect`]) decides everything
+//! format-specific; the phases here are **parse** ([`Exchange::parse`]), **identify**,
+//! **track**, **fit** (with a compaction prepared in the background past
+//! `compaction.prepare_at`), **send** ([`send`]) and **reply** ([`reply`]).
 
-mod admit;
 mod charged;
 mod decided;
-mod reply;
+pub(super) mod reply;
 mod send;
+mod strategy;
 
 use std::sync::Arc;
 
@@ -26,6 +16,8 @@ use http::header::{self, HeaderValue};
 use http::{request, Request, Response};
 use hyper::body::Incoming;
 
+use super::intake;
+use super::{authorize, Claims, Halt};
 use crate::access_log::RequestLog;
 use crate::auth::Admission;
 use crate::base::chunks::Chunks;
@@ -37,43 +29,15 @@ use crate::compaction::service::{CompactError, FitError, Fitted, Job};
 use crate::compaction::{prepare, Reason};
 use crate::config::PrepareAt;
 use crate::conversation::{identify, ConversationId, Tracked, CONVERSATION_HEADER};
-use crate::dialect::{ChatRequest, DialectKind, ErrorResponse};
+use crate::dialect::{ChatRequest, DialectKind};
 use crate::error::ApiError;
 use crate::forward::forward;
 use crate::state::{AppState, Snapshot};
 use crate::upstream::Upstream;
 
-/// Why a stage ended the request early.
-enum Halt {
-    /// An error, answered in the API's shape.
-    Error(ApiError),
-    /// A complete answer (an upstream error passed on, an untracked forward).
-    Respond(Box<Response<ProxyBody>>),
-}
-
-impl From<ApiError> for Halt {
-    fn from(err: ApiError) -> Self {
-        Halt::Error(err)
-    }
-}
-
-/// Handles a tracked request of `dialect` (`POST …/chat/completions`, `/v1/messages`).
-pub(crate) async fn handle(
-    state: &AppState,
-    snap: Arc<Snapshot>,
-    request: Request<Incoming>,
-    log: &mut RequestLog,
-    admission: Admission,
-    dialect: DialectKind,
-) -> Response<ProxyBody> {
-    match run(state, snap, request, log, admission, dialect).await {
-        Ok(response) => response,
-        Err(Halt::Respond(response)) => *response,
-        Err(Halt::Error(err)) => err.into_response_for(dialect),
-    }
-}
-
-async fn run(
+/// Runs a tracked request of `dialect` (`POST …/chat/completions`, `/v1/messages`,
+/// `/v1/responses`) through every phase.
+pub(super) async fn run(
     state: &AppState,
     snap: Arc<Snapshot>,
     request: Request<Incoming>,
@@ -87,7 +51,11 @@ async fn run(
             .metrics
             .add("handoff_chat_rejected_total", &[("reason", "busy")], 1.0);
     })?;
-    let mut exchange = Exchange::admit(state, snap, request, &admission, dialect).await?;
+    let (parts, body) = request.into_parts();
+    let body = intake::whole(state, &snap, &parts, body, &admission).await?;
+    let mut exchange = Exchange::parse(state, snap, parts, body, &admission, dialect)?;
+    let claims = exchange.claims();
+    authorize(state, &exchange.snap, &admission, &claims).await?;
     let (id, base) = exchange.identify(admission).await?;
     log.set_conversation(&id);
     let Some(tracked) = exchange.track(id, base).await? else {
@@ -102,7 +70,7 @@ async fn run(
     exchange.send(fitted, log).await
 }
 
-/// One chat request, and what each stage learned about it.
+/// One tracked request, and what each phase learned about it.
 struct Exchange<'s> {
     state: &'s AppState,
     /// The config snapshot for the whole request: a reload mid-way changes nothing.
@@ -124,23 +92,17 @@ struct Exchange<'s> {
 }
 
 impl<'s> Exchange<'s> {
-    /// Stage 1: reads and checks everything the request carries.
-    async fn admit(
+    /// Phase 2, **parse**: the body in its dialect's shape, then what only a tracked
+    /// request is checked for, and its headers as the upstream will get them.
+    fn parse(
         state: &'s AppState,
         snap: Arc<Snapshot>,
-        request: Request<Incoming>,
+        mut parts: request::Parts,
+        body: Chunks,
         admission: &Admission,
         dialect: DialectKind,
     ) -> Result<Self, Halt> {
-        let (mut parts, body) = request.into_parts();
-        let body = crate::body_read::read_body(body, &snap.config.limits, &parts.headers).await?;
-        admission.settle_read(&state.limiter, body.len())?;
         let mut chat = dialect.get().parse_body(&body).map_err(ApiError::from)?;
-        if snap.credentials.shares_upstream_key() {
-            // A continued response, a conversation, a file: only the tenant's own.
-            let named = crate::ownership::request_objects(&body, &chat);
-            state.check_owned(&admission.tenant, &named).await?;
-        }
         let most = snap.config.limits.max_messages;
         if chat.messages.len() > most {
             return Err(ApiError::invalid_request(
@@ -153,10 +115,8 @@ impl<'s> Exchange<'s> {
             .into());
         }
         snap.pins.apply(&mut chat);
-        let chosen = admit::strategy_override(&snap, &parts.headers)?;
+        let chosen = strategy::strategy_override(&snap, &parts.headers)?;
         let chain = snap.registry.select(&snap.config, &chat.model, chosen);
-        admission.check_model(&chat.model)?;
-        state.check_quota(&snap, &admission.tenant).await?;
         // A server-held conversation is the upstream's to manage: never rewritten.
         let budget = (!chat.server_held)
             .then(|| RequestBudget::new(&snap.config, &chat, &state.tokens))
@@ -198,7 +158,21 @@ impl<'s> Exchange<'s> {
         })
     }
 
-    /// Stage 2: the conversation, from the client's header or derived, in its tenant.
+    /// What **authorize** checks: the model, and (through a shared upstream key) the
+    /// objects the body names, each message searched once in its life.
+    fn claims(&self) -> Claims {
+        let objects = if self.snap.credentials.shares_upstream_key() {
+            crate::ownership::request_objects(&self.body, &self.chat)
+        } else {
+            Vec::new()
+        };
+        Claims {
+            model: Some(self.chat.model.clone()),
+            objects,
+        }
+    }
+
+    /// Phase 4, **identify**: the conversation, from the client's header or derived, in its tenant.
     /// A server-held request that continues a logged response also gets the prefix it
     /// continues.
     async fn identify(
@@ -266,7 +240,7 @@ impl<'s> Exchange<'s> {
         Ok((id, None))
     }
 
-    /// Stage 3: logs the new originals; `None` when they could not be logged and the
+    /// Phase 5, **track**: logs the new originals; `None` when they could not be logged and the
     /// store is not required.
     async fn track(
         &self,
@@ -305,7 +279,7 @@ impl<'s> Exchange<'s> {
         self.snap.upstream_in(self.chat.dialect, &self.chat.model)
     }
 
-    /// Stage 4: the view to send, compacted when it passes the trigger.
+    /// Phase 6, **fit**: the view to send, compacted when it passes the trigger.
     async fn fit(&self) -> Result<Fitted<'_>, Halt> {
         let tracked = self.tracked()?;
         let budget = self.budget.as_ref();
@@ -341,7 +315,7 @@ impl<'s> Exchange<'s> {
         }
     }
 
-    /// Stage 4b: past `compaction.prepare_at` of the trigger and under it (or over it,
+    /// Part of **fit**: past `compaction.prepare_at` of the trigger and under it (or over it,
     /// sent without a compaction of its own), the conversation's compaction is prepared
     /// in the background, for the request that crosses the trigger to adopt; this one
     /// goes on untouched. Only chains that call a model prepare: a deterministic handoff

@@ -1,4 +1,4 @@
-//! The chat path's stages on the in-process harness: reading and checking the body,
+//! The tracked route's phases on the in-process harness: reading and checking the body,
 //! naming the conversation, logging before sending, and the upstream failing. Each
 //! bad input gets the API's own error shape, and nothing the client sent is lost.
 

@@ -1,0 +1,137 @@
+//! The phases of every proxied request once `router` has admitted it (`auth`). Tracking
+//! is a set of optional phases: a `POST` to a path its dialect tracks (chat completions,
+//! Messages, Responses) takes them all ([`tracked`]); every other request skips the
+//! marked ones ([`passthrough`]). The phases every request takes are one function each,
+//! shared by both, so a check added there holds on every path.
+//!
+//! 1. **intake**: refuse what needs no body (a listing through a shared key, a `POST`
+//!    of a tenant at its quota), then take the body in: read whole within
+//!    `limits.max_body_bytes` and charged by its bytes, or streamed and charged as it
+//!    arrives;
+//! 2. **parse**: what the body claims. A tracked body in its dialect's shape (pins,
+//!    `max_messages`, the strategy header, the window's reserve); any other body read
+//!    whole, its model and the objects it names;
+//! 3. **authorize**: the model against the proxy key, the objects against the tenant;
+//! 4. **identify** *(tracked)*: the conversation, within the request's tenant;
+//! 5. **track** *(tracked)*: log the new originals before anything goes upstream;
+//! 6. **fit** *(tracked)*: project the model view, and compact it past the trigger;
+//! 7. **send**: the upstream's credentials, then forward. A tracked request that meets a
+//!    context-length answer (an error body, a reply that stopped for the window, an
+//!    error event opening a stream) is compacted tighter and retried;
+//! 8. **reply**: relay the answer. A tracked reply is logged on the way
+//!    ([`tracked::reply`]); what a `POST` through a shared key created becomes the
+//!    tenant's.
+//!
+//! Each phase returns `Result<_, Halt>`; [`handle`] is the one place where a halt
+//! becomes the client's answer.
+
+mod intake;
+mod passthrough;
+mod tracked;
+mod upload;
+
+use std::sync::Arc;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+
+use crate::access_log::RequestLog;
+use crate::auth::Admission;
+use crate::body::ProxyBody;
+use crate::dialect::{DialectKind, ErrorResponse};
+use crate::error::ApiError;
+use crate::state::{AppState, Snapshot};
+
+/// Why a phase ended the request early.
+enum Halt {
+    /// An error, answered in the API's shape.
+    Error(ApiError),
+    /// A complete answer (an upstream error passed on, an untracked forward).
+    Respond(Box<Response<ProxyBody>>),
+}
+
+impl From<ApiError> for Halt {
+    fn from(err: ApiError) -> Self {
+        Halt::Error(err)
+    }
+}
+
+/// Which phases a request takes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Route {
+    /// Every phase, for a `POST` its dialect tracks.
+    Tracked(DialectKind),
+    /// The phases every request takes, answered in the path's dialect's shape.
+    Passthrough(DialectKind),
+}
+
+impl Route {
+    /// The route of `POST`-or-not `path`.
+    pub(crate) fn of(method: &http::Method, path: &str) -> Self {
+        let tracking = (method == http::Method::POST)
+            .then(|| DialectKind::tracking(path))
+            .flatten();
+        match tracking {
+            Some(dialect) => Route::Tracked(dialect),
+            None => Route::Passthrough(DialectKind::for_path(path)),
+        }
+    }
+
+    /// The dialect whose shape every answer of this request takes.
+    fn dialect(self) -> DialectKind {
+        match self {
+            Route::Tracked(dialect) | Route::Passthrough(dialect) => dialect,
+        }
+    }
+}
+
+/// Runs an admitted request through its route's phases.
+pub(crate) async fn handle(
+    state: &AppState,
+    snap: Arc<Snapshot>,
+    request: Request<Incoming>,
+    log: &mut RequestLog,
+    admission: Admission,
+    route: Route,
+) -> Response<ProxyBody> {
+    let ran = match route {
+        Route::Tracked(dialect) => {
+            tracked::run(state, snap, request, log, admission, dialect).await
+        }
+        Route::Passthrough(dialect) => {
+            passthrough::run(state, snap, request, log, admission, dialect).await
+        }
+    };
+    match ran {
+        Ok(response) => response,
+        Err(Halt::Respond(response)) => *response,
+        Err(Halt::Error(err)) => err.into_response_for(route.dialect()),
+    }
+}
+
+/// What a body claims, for **authorize**: the model it names and the upstream objects
+/// it (and its path) name, the latter only read through a shared upstream key.
+#[derive(Debug, Default)]
+struct Claims {
+    model: Option<String>,
+    objects: Vec<String>,
+}
+
+/// Phase 3, **authorize**: the model against the proxy key, then (through a shared
+/// upstream key) every object the request names against its tenant.
+async fn authorize(
+    state: &AppState,
+    snap: &Snapshot,
+    admission: &Admission,
+    claims: &Claims,
+) -> Result<(), ApiError> {
+    if let Some(model) = &claims.model {
+        admission.check_model(model)?;
+    }
+    if snap.credentials.shares_upstream_key() {
+        state
+            .check_owned(&admission.tenant, &claims.objects)
+            .await?;
+    }
+    Ok(())
+}
