@@ -326,6 +326,10 @@ impl fmt::Write for Feed<'_> {
 }
 
 #[cfg(test)]
+#[path = "digest_golden_tests.rs"]
+mod golden_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;

@@ -17,7 +17,6 @@ mod config;
 mod crash_loop;
 mod decisions;
 mod deterministic;
-mod digests;
 mod eval_dialects;
 mod faults;
 mod folding;

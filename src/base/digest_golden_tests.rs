@@ -1,14 +1,16 @@
 //! Digests are the log's identity: every message of the shared real conversations
 //! must keep the digest it had when `tests/fixtures/digests.json` was written (before
 //! echo forms were merged), or existing logs would stop matching their requests.
+
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use handoff::digest::{message_digest, prefix_digests};
 use serde_json::Value;
+
+use super::{message_digest, prefix_digests, Digest};
 
 #[test]
 fn every_message_of_the_real_conversations_keeps_its_digest() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
     let golden: Value =
         serde_json::from_slice(&std::fs::read(root.join("digests.json")).unwrap()).unwrap();
     let golden = golden.as_object().unwrap();
@@ -24,9 +26,8 @@ fn every_message_of_the_real_conversations_keeps_its_digest() {
             .iter()
             .map(message_digest)
             .collect();
-        let hex = |d: &[handoff::digest::Digest]| -> Vec<Value> {
-            d.iter().map(|d| Value::String(d.to_hex())).collect()
-        };
+        let hex =
+            |d: &[Digest]| -> Vec<Value> { d.iter().map(|d| Value::String(d.to_hex())).collect() };
         assert_eq!(
             hex(&digests),
             *expected["messages"].as_array().unwrap(),
