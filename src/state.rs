@@ -74,6 +74,8 @@ pub(crate) struct Snapshot {
     pub credentials: Credentials,
     /// `compaction.pin`, compiled.
     pub pins: crate::pins::Pins,
+    /// `[middleware]`'s chain, built.
+    pub hooks: Vec<config::BuiltHook>,
     /// When it was loaded, RFC 3339.
     pub loaded_at: String,
 }
@@ -147,6 +149,7 @@ impl Snapshot {
                 reason: err.to_string(),
             }
         })?;
+        let hooks = config.middleware.build()?;
         Ok(Self {
             config: Arc::new(config),
             upstream,
@@ -155,6 +158,7 @@ impl Snapshot {
             dialect_upstreams,
             registry,
             credentials,
+            hooks,
             loaded_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
         })
     }

@@ -208,6 +208,30 @@ impl ApiError {
         )
     }
 
+    /// A refusal by a `[middleware]` hook: its 4xx status (403 if it is not one) and its
+    /// message.
+    pub fn denied_by_hook(status: u16, message: impl Into<String>) -> Self {
+        let status = StatusCode::from_u16(status)
+            .ok()
+            .filter(StatusCode::is_client_error)
+            .unwrap_or(StatusCode::FORBIDDEN);
+        let kind = match status {
+            StatusCode::FORBIDDEN => "permission_error",
+            _ => "invalid_request_error",
+        };
+        Self::new(status, kind, Some("denied_by_hook"), message.into())
+    }
+
+    /// 503 when a `[middleware]` hook that fails closed could not decide.
+    pub fn hook_failed(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            Some("hook_failed"),
+            message.into(),
+        )
+    }
+
     /// 503 while the proxy cannot serve, e.g. during shutdown.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(

@@ -73,6 +73,11 @@ pub struct Metrics {
 /// Help text of each metric.
 const HELP: &[(&str, &str, &str)] = &[
     (
+        "handoff_hook_calls_total",
+        "counter",
+        "Middleware hook calls by hook and outcome (passed, redacted, denied, failed_open, failed_closed).",
+    ),
+    (
         "handoff_compactions_total",
         "counter",
         "Compactions by strategy and outcome.",

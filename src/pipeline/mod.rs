@@ -12,19 +12,22 @@
 //!    `max_messages`, the strategy header, the window's reserve); any other body read
 //!    whole, its model and the objects it names;
 //! 3. **authorize**: the model against the proxy key, the objects against the tenant;
-//! 4. **identify** *(tracked)*: the conversation, within the request's tenant;
-//! 5. **track** *(tracked)*: log the new originals before anything goes upstream;
-//! 6. **fit** *(tracked)*: project the model view, and compact it past the trigger;
-//! 7. **send**: the upstream's credentials, then forward. A tracked request that meets a
+//! 4. **hook** *(tracked)*: the `[middleware]` hooks, which may refuse, redact or tag
+//!    the request ([`hooks`]);
+//! 5. **identify** *(tracked)*: the conversation, within the request's tenant;
+//! 6. **track** *(tracked)*: log the new originals before anything goes upstream;
+//! 7. **fit** *(tracked)*: project the model view, and compact it past the trigger;
+//! 8. **send**: the upstream's credentials, then forward. A tracked request that meets a
 //!    context-length answer (an error body, a reply that stopped for the window, an
 //!    error event opening a stream) is compacted tighter and retried;
-//! 8. **reply**: relay the answer. A tracked reply is logged on the way
+//! 9. **reply**: relay the answer. A tracked reply is logged on the way
 //!    ([`tracked::reply`]); what a `POST` through a shared key created becomes the
 //!    tenant's.
 //!
 //! Each phase returns `Result<_, Halt>`; [`handle`] is the one place where a halt
 //! becomes the client's answer.
 
+mod hooks;
 mod intake;
 mod passthrough;
 mod tracked;

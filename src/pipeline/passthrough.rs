@@ -85,7 +85,7 @@ enum Sent {
     Read(http::response::Parts, Bytes),
 }
 
-/// Phase 7, **send**: the upstream's credentials, then the forward. A successful JSON
+/// Phase 8, **send**: the upstream's credentials, then the forward. A successful JSON
 /// answer to a `POST` through a shared key is read whole, for **reply** to learn what it
 /// created.
 async fn send(
@@ -120,7 +120,7 @@ async fn send(
     Ok(Sent::Read(head, body))
 }
 
-/// Phase 8, **reply**, of a `POST` through a shared key: the object its answer created
+/// Phase 9, **reply**, of a `POST` through a shared key: the object its answer created
 /// becomes the tenant's. Only a new one: an answer that names an object the request
 /// named (a conversation updated, a file attached) creates nothing, and another
 /// tenant's stays theirs.

@@ -31,6 +31,7 @@ use crate::tokens::Tokens;
 
 mod anthropic;
 mod compaction;
+mod hooks;
 mod limits;
 mod passthrough;
 mod pins;

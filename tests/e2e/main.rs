@@ -20,6 +20,7 @@ mod deterministic;
 mod eval_dialects;
 mod faults;
 mod folding;
+mod hooks;
 mod plugins;
 mod proxy;
 mod replies;

@@ -1,5 +1,7 @@
-//! The plugin API of handoff's compaction: the [`Strategy`] trait, what a strategy is
-//! given ([`StrategyInput`]) and what it returns ([`Summary`] or [`AttemptError`]).
+//! The plugin API of handoff: the compaction [`Strategy`] trait, what a strategy is
+//! given ([`StrategyInput`]) and what it returns ([`Summary`] or [`AttemptError`]); and
+//! the middleware [`Hook`] trait, what a hook sees ([`HookRequest`]) and decides
+//! ([`HookDecision`]).
 //!
 //! A strategy turns the history being compacted into the text of a handoff. It never
 //! sees the proxy's internals: it calls a model only through the [`ModelClient`] the
@@ -10,6 +12,7 @@
 
 mod attempt;
 mod facts;
+mod hook;
 mod shorten;
 pub mod testing;
 mod usage;
@@ -22,6 +25,7 @@ use serde_json::Value;
 
 pub use attempt::{AttemptError, FailureReason};
 pub use facts::identifiers;
+pub use hook::{Denial, Hook, HookDecision, HookError, HookRequest, Redaction};
 pub use shorten::{cap_head_tail, shorten_tool_body, TOOL_BODY_HEAD, TOOL_BODY_TAIL};
 pub use tokio_util::sync::CancellationToken;
 pub use usage::sum_usage;

@@ -323,6 +323,7 @@ fn validate(config: &Config) -> Result<(), ConfigError> {
         }
     }
     validate_strategies(config)?;
+    config.middleware.build()?;
     for (name, model) in &config.models {
         if model.context_window == 0 {
             return Err(invalid(

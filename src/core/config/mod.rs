@@ -7,6 +7,7 @@ pub mod kinds;
 pub use prepare_at::PrepareAt;
 mod load;
 mod mask;
+mod middleware;
 mod prepare_at;
 mod workers;
 
@@ -19,6 +20,9 @@ use serde::{Deserialize, Serialize};
 
 pub use load::{check_serve, config_file, from_toml, load, strategy_kind, ConfigError, Overrides};
 pub use mask::masked;
+pub use middleware::{
+    register_hook, BuiltHook, DenyRule, Failure, HookConfig, HookFactory, MiddlewareConfig,
+};
 pub use workers::{cores, Workers};
 
 /// The whole effective configuration, as one validated snapshot.
@@ -67,6 +71,8 @@ pub struct Config {
     pub routes: Vec<RouteConfig>,
     /// Per-wire-format settings.
     pub dialects: DialectsConfig,
+    /// Hooks a tracked request goes through before it is tracked.
+    pub middleware: MiddlewareConfig,
 }
 
 /// Per-wire-format settings, by dialect name (`anthropic`, `responses`, `openai`):
@@ -152,6 +158,7 @@ impl Default for Config {
             compaction: CompactionConfig::default(),
             routes: Vec::new(),
             dialects: DialectsConfig::default(),
+            middleware: MiddlewareConfig::default(),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The tracked route: every phase of [`super`], over one [`Exchange`] that holds what
 //! each phase learned. The dialect ([`crate::dialect::Dialect`]) decides everything
-//! format-specific; the phases here are **parse** ([`Exchange::parse`]), **identify**,
+//! format-specific; the phases here are **parse** ([`Exchange::parse`]), **hook**, **identify**,
 //! **track**, **fit** (with a compaction prepared in the background past
 //! `compaction.prepare_at`), **send** ([`send`]) and **reply** ([`reply`]).
 
@@ -16,8 +16,8 @@ use http::header::{self, HeaderValue};
 use http::{request, Request, Response};
 use hyper::body::Incoming;
 
-use super::intake;
 use super::{authorize, Claims, Halt};
+use super::{hooks, intake};
 use crate::access_log::RequestLog;
 use crate::auth::Admission;
 use crate::base::chunks::Chunks;
@@ -56,6 +56,7 @@ pub(super) async fn run(
     let mut exchange = Exchange::parse(state, snap, parts, body, &admission, dialect)?;
     let claims = exchange.claims();
     authorize(state, &exchange.snap, &admission, &claims).await?;
+    exchange.hook(&admission.tenant).await?;
     let (id, base) = exchange.identify(admission).await?;
     log.set_conversation(&id);
     let Some(tracked) = exchange.track(id, base).await? else {
@@ -158,6 +159,46 @@ impl<'s> Exchange<'s> {
         })
     }
 
+    /// Phase 4, **hook**: the `[middleware]` hooks. Their redactions replace the body
+    /// (and its parse) before anything reads it for tracking, compaction or the
+    /// upstream.
+    async fn hook(&mut self, tenant: &crate::tenant::TenantId) -> Result<(), Halt> {
+        let decided = hooks::on_request(
+            self.state,
+            &self.snap,
+            &self.chat,
+            self.parts.uri.path(),
+            tenant,
+            self.chat.dialect,
+        )
+        .await?;
+        if !decided.tags.is_empty() {
+            tracing::info!(tags = ?decided.tags, "tagged by middleware hooks");
+        }
+        if decided.redact.is_empty() {
+            return Ok(());
+        }
+        let secret = &self.state.secret;
+        let body = hooks::redacted_body(&self.body, &decided.redact, |text| {
+            secret.redaction_tag(tenant, text)
+        })?;
+        let body = Chunks::from(body);
+        let mut chat = self
+            .chat
+            .dialect
+            .get()
+            .parse_body(&body)
+            .map_err(ApiError::from)?;
+        self.snap.pins.apply(&mut chat);
+        tracing::info!(
+            texts = decided.redact.len(),
+            "middleware hooks redacted the request"
+        );
+        self.chat = chat;
+        self.body = body;
+        Ok(())
+    }
+
     /// What **authorize** checks: the model, and (through a shared upstream key) the
     /// objects the body names, each message searched once in its life.
     fn claims(&self) -> Claims {
@@ -172,8 +213,8 @@ impl<'s> Exchange<'s> {
         }
     }
 
-    /// Phase 4, **identify**: the conversation, from the client's header or derived, in its tenant.
-    /// A server-held request that continues a logged response also gets the prefix it
+    /// Phase 5, **identify**: the conversation, from the client's header or derived, in
+    /// its tenant. A server-held request that continues a logged response also gets the prefix it
     /// continues.
     async fn identify(
         &self,
@@ -240,8 +281,8 @@ impl<'s> Exchange<'s> {
         Ok((id, None))
     }
 
-    /// Phase 5, **track**: logs the new originals; `None` when they could not be logged and the
-    /// store is not required.
+    /// Phase 6, **track**: logs the new originals; `None` when they could not be logged
+    /// and the store is not required.
     async fn track(
         &self,
         id: ConversationId,
@@ -279,7 +320,7 @@ impl<'s> Exchange<'s> {
         self.snap.upstream_in(self.chat.dialect, &self.chat.model)
     }
 
-    /// Phase 6, **fit**: the view to send, compacted when it passes the trigger.
+    /// Phase 7, **fit**: the view to send, compacted when it passes the trigger.
     async fn fit(&self) -> Result<Fitted<'_>, Halt> {
         let tracked = self.tracked()?;
         let budget = self.budget.as_ref();
@@ -315,7 +356,8 @@ impl<'s> Exchange<'s> {
         }
     }
 
-    /// Part of **fit**: past `compaction.prepare_at` of the trigger and under it (or over it,
+    /// Part of **fit**: past `compaction.prepare_at` of the trigger and under it (or
+    /// over it,
     /// sent without a compaction of its own), the conversation's compaction is prepared
     /// in the background, for the request that crosses the trigger to adopt; this one
     /// goes on untouched. Only chains that call a model prepare: a deterministic handoff

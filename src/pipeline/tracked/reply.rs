@@ -1,7 +1,7 @@
-//! Phase 8, **reply**, of a tracked request: the upstream's answer goes to the client, and its reply to the log.
-//! A streamed reply is relayed frame by frame with the capture watching; a
-//! non-streamed one is read whole and logged before it is answered; an error is
-//! relayed as it is.
+//! Phase 9, **reply**, of a tracked request: the upstream's answer goes to the client,
+//! and its reply to the log. A streamed reply is relayed frame by frame with the
+//! capture watching; a non-streamed one is read whole and logged before it is
+//! answered; an error is relayed as it is.
 
 use std::time::Duration;
 

@@ -1,7 +1,8 @@
-//! Phase 7, **send**, of a tracked request: the view goes upstream, and the answer is read as far as deciding on it
-//! needs. A context-length answer that reached no client byte (an error body, a reply
-//! that stopped for the window, an error event opening a stream) becomes a tighter
-//! compaction and a retry; anything else goes on to **reply**.
+//! Phase 8, **send**, of a tracked request: the view goes upstream, and the answer is
+//! read as far as deciding on it needs. A context-length answer that reached no client
+//! byte (an error body, a reply that stopped for the window, an error event opening a
+//! stream) becomes a tighter compaction and a retry; anything else goes on to
+//! **reply**.
 
 use std::sync::Arc;
 
@@ -30,7 +31,8 @@ const MAX_ERROR_BODY: usize = 1024 * 1024;
 const REACTIVE_TIGHTEN: f64 = 0.8;
 
 impl Exchange<'_> {
-    /// Phase 7, **send**: sends the view; a context-length answer, while nothing has reached the
+    /// Phase 8, **send**: sends the view; a context-length answer, while nothing has
+    /// reached the
     /// client, becomes a tighter compaction and a retry. Then **reply** answers.
     pub(super) async fn send(
         &self,

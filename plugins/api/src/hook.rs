@@ -1,0 +1,82 @@
+//! Middleware hooks: code that sees a request before it is tracked, compacted and sent,
+//! and may refuse it, redact it or tag it. A hook gets the messages in the neutral
+//! (chat-completions) form whatever the client's API, and answers with what it decided;
+//! the host applies that to the request in the client's own format, so a hook never
+//! writes a wire format.
+
+use std::collections::BTreeMap;
+
+use futures_util::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// What an `on_request` hook is given.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HookRequest {
+    /// The client's wire format (`openai`, `anthropic`, `responses`).
+    pub dialect: String,
+    /// The request's path, canonical.
+    pub path: String,
+    /// The requested model.
+    pub model: String,
+    /// The tenant the request belongs to.
+    pub tenant: String,
+    /// Every message of the request, oldest first, in the neutral form; the system
+    /// prompt is a message with role `system`.
+    pub messages: Vec<Value>,
+    /// Tags the hooks before this one added.
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+}
+
+/// One text to take out of the request: every occurrence of `find`, in any message or
+/// field, becomes a marker the host makes from `label` and the text itself, the same
+/// for the same text within a tenant, so a model can still tell two of them apart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Redaction {
+    /// The exact text to remove.
+    pub find: String,
+    /// What it is (`email`, `api_key`, `card`…): it names the marker, never the text.
+    pub label: String,
+}
+
+/// A refusal: the client gets `status` and `message` in its API's error shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Denial {
+    /// An HTTP status, 400 to 499.
+    pub status: u16,
+    /// Why, for the client.
+    pub message: String,
+}
+
+/// What an `on_request` hook decided. The default changes nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HookDecision {
+    /// Refuse the request; no later hook runs and nothing is tracked or sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deny: Option<Denial>,
+    /// Texts to take out before the request is tracked, compacted or sent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub redact: Vec<Redaction>,
+    /// Metadata to add to the request's record and metrics.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+}
+
+/// Why a hook could not decide. The host then applies the hook's failure policy:
+/// fail open (the request goes on as if the hook were not there) or closed (refused).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct HookError(pub String);
+
+/// A middleware hook.
+pub trait Hook: Send + Sync {
+    /// The hook's kind, e.g. `redact`.
+    fn kind(&self) -> &'static str;
+
+    /// Looks at a request after its admission, before it is tracked.
+    fn on_request<'a>(
+        &'a self,
+        request: &'a HookRequest,
+    ) -> BoxFuture<'a, Result<HookDecision, HookError>>;
+}

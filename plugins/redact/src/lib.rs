@@ -1,0 +1,261 @@
+//! The `redact` hook: finds secrets and personal data in a request's messages, for the
+//! host to replace by markers before the request is tracked, compacted or sent.
+//!
+//! Named detectors cover what users ask for first: `api_keys` (the common providers'
+//! key shapes), `emails`, and `cards` (13 to 19 digits, spaces or dashes between them,
+//! that pass the Luhn check, so order numbers and timestamps stay). Any other shape is a
+//! regex with a label. Every string of every message is searched, tool arguments and
+//! results included.
+
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeSet;
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use handoff_plugin_api::{Hook, HookDecision, HookError, HookRequest, Redaction};
+use regex::Regex;
+use serde_json::Value;
+
+/// The named detectors, for error messages and docs.
+pub const DETECTORS: &[&str] = &["api_keys", "emails", "cards"];
+
+/// Key shapes of the common providers: OpenAI and Anthropic (`sk-…`), AWS access keys,
+/// GitHub tokens, Google API keys, Slack tokens, Stripe keys, Hugging Face tokens.
+const API_KEYS: &str = concat!(
+    r"\bsk-[A-Za-z0-9_-]{20,}",
+    r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",
+    r"|\bgh[pousr]_[A-Za-z0-9]{36,}\b|\bgithub_pat_[A-Za-z0-9_]{22,}",
+    r"|\bAIza[0-9A-Za-z_-]{35}\b",
+    r"|\bxox[abposr]-[A-Za-z0-9-]{10,}",
+    r"|\b[rs]k_(?:live|test)_[A-Za-z0-9]{16,}\b",
+    r"|\bhf_[A-Za-z0-9]{30,}\b",
+);
+
+const EMAILS: &str = r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b";
+
+/// Candidates only: [`luhn`] decides.
+const CARDS: &str = r"\b\d(?:[ -]?\d){12,18}\b";
+
+/// One thing to look for.
+#[derive(Debug, Clone)]
+struct Detector {
+    label: String,
+    pattern: Regex,
+    /// Cards: a match counts only if its digits pass the Luhn check.
+    luhn: bool,
+}
+
+/// A `redact` hook: its detectors, in order.
+#[derive(Debug, Clone)]
+pub struct Redact {
+    detectors: Vec<Detector>,
+}
+
+impl Redact {
+    /// The hook for `named` detectors (of [`DETECTORS`]) and `patterns`, each a label
+    /// and a regex; an unknown name or a regex that does not compile is an error that
+    /// names it.
+    pub fn new(named: &[String], patterns: &[(String, String)]) -> Result<Self, String> {
+        let mut detectors = Vec::new();
+        for name in named {
+            let (label, source, luhn) = match name.as_str() {
+                "api_keys" => ("api_key", API_KEYS, false),
+                "emails" => ("email", EMAILS, false),
+                "cards" => ("card", CARDS, true),
+                other => {
+                    return Err(format!(
+                        "unknown detector {other:?}; known: {}",
+                        DETECTORS.join(", ")
+                    ))
+                }
+            };
+            let pattern = Regex::new(source).map_err(|err| format!("{name}: {err}"))?;
+            detectors.push(Detector {
+                label: label.to_owned(),
+                pattern,
+                luhn,
+            });
+        }
+        for (label, source) in patterns {
+            if label.is_empty()
+                || !label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            {
+                return Err(format!(
+                    "pattern label {label:?}: letters, digits and _ only (it names the marker)"
+                ));
+            }
+            let pattern = Regex::new(source).map_err(|err| format!("pattern {label:?}: {err}"))?;
+            detectors.push(Detector {
+                label: label.clone(),
+                pattern,
+                luhn: false,
+            });
+        }
+        if detectors.is_empty() {
+            return Err("no detectors and no patterns: it would redact nothing".into());
+        }
+        Ok(Self { detectors })
+    }
+
+    /// What the detectors find in `text`, each distinct text once, in order found.
+    pub fn find(&self, text: &str, found: &mut Vec<Redaction>, seen: &mut BTreeSet<String>) {
+        for detector in &self.detectors {
+            for hit in detector.pattern.find_iter(text) {
+                let hit = hit.as_str();
+                if detector.luhn && !luhn(hit) {
+                    continue;
+                }
+                if seen.insert(hit.to_owned()) {
+                    found.push(Redaction {
+                        find: hit.to_owned(),
+                        label: detector.label.clone(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+impl Hook for Redact {
+    fn kind(&self) -> &'static str {
+        "redact"
+    }
+
+    fn on_request<'a>(
+        &'a self,
+        request: &'a HookRequest,
+    ) -> BoxFuture<'a, Result<HookDecision, HookError>> {
+        let mut found = Vec::new();
+        let mut seen = BTreeSet::new();
+        for message in &request.messages {
+            for_each_string(message, &mut |text| self.find(text, &mut found, &mut seen));
+        }
+        let decision = HookDecision {
+            redact: found,
+            ..HookDecision::default()
+        };
+        async move { Ok(decision) }.boxed()
+    }
+}
+
+/// Calls `visit` on every string inside `value`, keys excluded.
+fn for_each_string(value: &Value, visit: &mut impl FnMut(&str)) {
+    match value {
+        Value::String(text) => visit(text),
+        Value::Array(items) => items.iter().for_each(|item| for_each_string(item, visit)),
+        Value::Object(fields) => fields
+            .values()
+            .for_each(|field| for_each_string(field, visit)),
+        _ => {}
+    }
+}
+
+/// True when the digits of `candidate` pass the Luhn check.
+fn luhn(candidate: &str) -> bool {
+    let digits: Vec<u32> = candidate.chars().filter_map(|c| c.to_digit(10)).collect();
+    if !(13..=19).contains(&digits.len()) {
+        return false;
+    }
+    let sum: u32 = digits
+        .iter()
+        .rev()
+        .enumerate()
+        .map(|(i, &d)| match (i % 2 == 1, d * 2) {
+            (true, doubled) if doubled > 9 => doubled - 9,
+            (true, doubled) => doubled,
+            (false, _) => d,
+        })
+        .sum();
+    sum.is_multiple_of(10)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use serde_json::json;
+
+    fn found(redact: &Redact, text: &str) -> Vec<(String, String)> {
+        let mut found = Vec::new();
+        redact.find(text, &mut found, &mut BTreeSet::new());
+        found.into_iter().map(|r| (r.label, r.find)).collect()
+    }
+
+    fn all() -> Redact {
+        let named: Vec<String> = DETECTORS.iter().map(|d| (*d).to_owned()).collect();
+        Redact::new(&named, &[]).unwrap()
+    }
+
+    #[test]
+    fn each_provider_s_key_shape_is_found_and_ordinary_words_are_not() {
+        let keys = [
+            "sk-proj-abcdefghijklmnopqrstuvwx123",
+            "sk-ant-api03-abcdefghijklmnopqrstuvwxyz",
+            "AKIAIOSFODNN7EXAMPLE",
+            "ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+            "AIzaSyA-abcdefghijklmnopqrstuvwxyz12345",
+            "xoxb-1234567890-abcdef",
+            "sk_live_abcdefghijklmnop1234",
+            "hf_abcdefghijklmnopqrstuvwxyz012345",
+        ];
+        for key in keys {
+            assert_eq!(
+                found(&all(), &format!("use {key} here")),
+                vec![("api_key".to_owned(), key.to_owned())],
+                "{key}"
+            );
+        }
+        assert!(found(&all(), "the task-runner and skeleton keys, ask me").is_empty());
+    }
+
+    #[test]
+    fn cards_must_pass_luhn_and_emails_are_found() {
+        let text = "card 4111 1111 1111 1111, order 4111 1111 1111 1112, mail ana.b@example.co.uk";
+        assert_eq!(
+            found(&all(), text),
+            vec![
+                ("email".to_owned(), "ana.b@example.co.uk".to_owned()),
+                ("card".to_owned(), "4111 1111 1111 1111".to_owned()),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn every_string_of_every_message_is_searched_and_each_text_named_once() {
+        let request = HookRequest {
+            dialect: "openai".into(),
+            path: "/v1/chat/completions".into(),
+            model: "m".into(),
+            tenant: "t".into(),
+            messages: vec![
+                json!({"role": "user", "content": [{"type": "text", "text": "me: a@b.io"}]}),
+                json!({"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                    "function": {"name": "mail", "arguments": "{\"to\":\"a@b.io\",\"cc\":\"c@d.io\"}"}}]}),
+            ],
+            tags: Default::default(),
+        };
+        let decision = all().on_request(&request).await.unwrap();
+        let finds: Vec<&str> = decision.redact.iter().map(|r| r.find.as_str()).collect();
+        assert_eq!(finds, ["a@b.io", "c@d.io"]);
+    }
+
+    #[test]
+    fn a_bad_pattern_or_label_or_detector_is_named() {
+        let bad = |named: &[&str], patterns: &[(&str, &str)]| {
+            let named: Vec<String> = named.iter().map(|n| (*n).to_owned()).collect();
+            let patterns: Vec<(String, String)> = patterns
+                .iter()
+                .map(|(l, p)| ((*l).to_owned(), (*p).to_owned()))
+                .collect();
+            Redact::new(&named, &patterns).unwrap_err()
+        };
+        assert!(bad(&["phones"], &[]).contains("phones"));
+        assert!(bad(&[], &[("ticket", "(")]).contains("ticket"));
+        assert!(bad(&[], &[("a b", "x")]).contains("a b"));
+        assert!(bad(&[], &[]).contains("nothing"));
+    }
+}

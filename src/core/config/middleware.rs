@@ -1,0 +1,220 @@
+//! `[middleware]`: the hooks a tracked request goes through after its admission, before
+//! it is tracked. Each hook is a named instance of a kind (`redact`, `deny`, or one a
+//! binary registers), built here when the config loads, so a reload swaps them with
+//! the rest of the config and a mistake stops the load, naming its key.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::Duration;
+
+use handoff_hook_deny::{Deny, RuleSettings};
+use handoff_hook_redact::Redact;
+use handoff_plugin_api::Hook;
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+
+/// `[middleware]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MiddlewareConfig {
+    /// The hooks every tracked request goes through, in order.
+    pub chain: Vec<String>,
+    /// The named hooks.
+    pub hooks: BTreeMap<String, HookConfig>,
+}
+
+/// What a hook's failure (an error, or no answer within its `timeout`) does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Failure {
+    /// The request is refused (503): what the hook guards is never skipped.
+    #[default]
+    Closed,
+    /// The request goes on as if the hook were not configured.
+    Open,
+}
+
+/// `[middleware.hooks.<name>]`: a named hook.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HookConfig {
+    /// `redact`, `deny`, or a registered kind.
+    pub kind: String,
+    /// What a failure does: `closed` (the default) or `open`.
+    #[serde(default)]
+    pub failure: Failure,
+    /// Time allowed for one call.
+    #[serde(default = "default_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// redact: named detectors (`api_keys`, `emails`, `cards`).
+    #[serde(default)]
+    pub detectors: Vec<String>,
+    /// redact: more shapes, each a marker label and a regex.
+    #[serde(default)]
+    pub patterns: BTreeMap<String, String>,
+    /// deny: the rules, the first that matches refuses.
+    #[serde(default)]
+    pub rules: Vec<DenyRule>,
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(1)
+}
+
+/// `[[middleware.hooks.<name>.rules]]`: one rule of a `deny` hook.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DenyRule {
+    /// A model pattern (`*` matches any run of characters).
+    pub model: Option<String>,
+    /// A tenant: a proxy key's `name`.
+    pub tenant: Option<String>,
+    /// A path pattern.
+    pub path: Option<String>,
+    /// A regex some message's text matches.
+    pub content: Option<String>,
+    /// More characters of message text than this.
+    pub larger_than: Option<usize>,
+    /// The status answered (4xx); 403 when unset.
+    pub status: Option<u16>,
+    /// Why, for the client.
+    #[serde(default)]
+    pub message: String,
+}
+
+fn invalid(key: String, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        reason: reason.into(),
+    }
+}
+
+/// Builds a hook from its settings, or says what is wrong with them.
+pub type HookFactory = fn(&HookConfig) -> Result<Arc<dyn Hook>, String>;
+
+fn redact(settings: &HookConfig) -> Result<Arc<dyn Hook>, String> {
+    let patterns: Vec<(String, String)> = settings
+        .patterns
+        .iter()
+        .map(|(label, regex)| (label.clone(), regex.clone()))
+        .collect();
+    Ok(Arc::new(Redact::new(&settings.detectors, &patterns)?))
+}
+
+fn deny(settings: &HookConfig) -> Result<Arc<dyn Hook>, String> {
+    let rules: Vec<RuleSettings> = settings
+        .rules
+        .iter()
+        .map(|rule| RuleSettings {
+            model: rule.model.clone(),
+            tenant: rule.tenant.clone(),
+            path: rule.path.clone(),
+            content: rule.content.clone(),
+            larger_than: rule.larger_than,
+            status: rule.status,
+            message: rule.message.clone(),
+        })
+        .collect();
+    Ok(Arc::new(Deny::new(&rules)?))
+}
+
+const BUILT_IN: &[(&str, HookFactory)] = &[("redact", redact), ("deny", deny)];
+
+fn extra() -> &'static RwLock<HashMap<String, HookFactory>> {
+    static EXTRA: OnceLock<RwLock<HashMap<String, HookFactory>>> = OnceLock::new();
+    EXTRA.get_or_init(|| RwLock::new(HashMap::new()))
+}
+
+/// Registers a hook kind (a Rust hook crate); call it before the config is loaded.
+pub fn register_hook(kind: &str, factory: HookFactory) {
+    if let Ok(mut kinds) = extra().write() {
+        kinds.insert(kind.to_owned(), factory);
+    }
+}
+
+fn factory(kind: &str) -> Option<HookFactory> {
+    BUILT_IN
+        .iter()
+        .find(|(name, _)| *name == kind)
+        .map(|(_, factory)| *factory)
+        .or_else(|| extra().read().ok()?.get(kind).copied())
+}
+
+/// One hook of the chain, built.
+#[derive(Clone)]
+pub struct BuiltHook {
+    /// Its name in `[middleware.hooks]`.
+    pub name: String,
+    /// The hook.
+    pub hook: Arc<dyn Hook>,
+    /// What its failure does.
+    pub failure: Failure,
+    /// Time allowed for one call.
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for BuiltHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BuiltHook")
+            .field("name", &self.name)
+            .field("kind", &self.hook.kind())
+            .field("failure", &self.failure)
+            .finish()
+    }
+}
+
+impl MiddlewareConfig {
+    /// The chain, built in order; an unknown name or kind, or settings the kind
+    /// refuses, is an error naming the key.
+    pub fn build(&self) -> Result<Vec<BuiltHook>, ConfigError> {
+        for (name, settings) in &self.hooks {
+            if factory(&settings.kind).is_none() {
+                let mut known: Vec<String> =
+                    BUILT_IN.iter().map(|(k, _)| (*k).to_owned()).collect();
+                if let Ok(kinds) = extra().read() {
+                    known.extend(kinds.keys().cloned());
+                }
+                return Err(invalid(
+                    format!("middleware.hooks.{name}.kind"),
+                    format!(
+                        "unknown kind {:?}; known: {}",
+                        settings.kind,
+                        known.join(", ")
+                    ),
+                ));
+            }
+            if settings.timeout.is_zero() {
+                return Err(invalid(
+                    format!("middleware.hooks.{name}.timeout"),
+                    "must be more than zero",
+                ));
+            }
+        }
+        self.chain
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let settings = self.hooks.get(name).ok_or_else(|| {
+                    invalid(
+                        format!("middleware.chain[{i}]"),
+                        format!(
+                            "unknown hook {name:?}; declare it under [middleware.hooks.{name}]"
+                        ),
+                    )
+                })?;
+                let build = factory(&settings.kind).ok_or_else(|| {
+                    invalid(format!("middleware.hooks.{name}.kind"), "unknown kind")
+                })?;
+                let hook = build(settings)
+                    .map_err(|reason| invalid(format!("middleware.hooks.{name}"), reason))?;
+                Ok(BuiltHook {
+                    name: name.clone(),
+                    hook,
+                    failure: settings.failure,
+                    timeout: settings.timeout,
+                })
+            })
+            .collect()
+    }
+}

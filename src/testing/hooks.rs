@@ -1,0 +1,141 @@
+//! `[middleware]` hooks that misbehave, on the in-process harness with Rust hook kinds
+//! registered for the test: one that errs, one that never answers. Each fails as its
+//! `failure` says (closed: 503 in the API's shape and nothing sent; open: the request
+//! goes on as if the hook were not there), and a later hook still runs after an open
+//! failure.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use handoff_plugin_api::{Hook, HookDecision, HookError, HookRequest, Redaction};
+use mock_upstream::{MockUpstream, Reply};
+use serde_json::json;
+
+use crate::config::{register_hook, HookConfig};
+use crate::testing::Harness;
+
+/// How a test hook behaves.
+struct Scripted(&'static str);
+
+impl Hook for Scripted {
+    fn kind(&self) -> &'static str {
+        self.0
+    }
+
+    fn on_request<'a>(
+        &'a self,
+        request: &'a HookRequest,
+    ) -> BoxFuture<'a, Result<HookDecision, HookError>> {
+        async move {
+            match self.0 {
+                "test_errs" => Err(HookError("the policy service said 500".into())),
+                "test_hangs" => std::future::pending().await,
+                // Redacts the last user message's first word.
+                _ => {
+                    let text = request
+                        .messages
+                        .iter()
+                        .rev()
+                        .find(|m| m["role"] == "user")
+                        .and_then(|m| m["content"].as_str())
+                        .unwrap_or_default();
+                    let word = text.split_whitespace().next().unwrap_or_default();
+                    Ok(HookDecision {
+                        redact: vec![Redaction {
+                            find: word.to_owned(),
+                            label: "word".into(),
+                        }],
+                        ..HookDecision::default()
+                    })
+                }
+            }
+        }
+        .boxed()
+    }
+}
+
+fn register() {
+    fn errs(_: &HookConfig) -> Result<Arc<dyn Hook>, String> {
+        Ok(Arc::new(Scripted("test_errs")))
+    }
+    fn hangs(_: &HookConfig) -> Result<Arc<dyn Hook>, String> {
+        Ok(Arc::new(Scripted("test_hangs")))
+    }
+    fn first_word(_: &HookConfig) -> Result<Arc<dyn Hook>, String> {
+        Ok(Arc::new(Scripted("test_first_word")))
+    }
+    register_hook("test_errs", errs);
+    register_hook("test_hangs", hangs);
+    register_hook("test_first_word", first_word);
+}
+
+fn config(failure: &str) -> String {
+    format!(
+        "[middleware]\nchain = [\"errs\", \"hangs\", \"word\"]\n\
+         [middleware.hooks.errs]\nkind = \"test_errs\"\nfailure = \"{failure}\"\n\
+         [middleware.hooks.hangs]\nkind = \"test_hangs\"\nfailure = \"{failure}\"\ntimeout = \"50ms\"\n\
+         [middleware.hooks.word]\nkind = \"test_first_word\"\n"
+    )
+}
+
+fn body(text: &str) -> Vec<u8> {
+    json!({"model": "m", "messages": [{"role": "user", "content": text}]})
+        .to_string()
+        .into_bytes()
+}
+
+#[tokio::test]
+async fn a_hook_that_fails_closed_refuses_with_503_and_sends_nothing() {
+    register();
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = Harness::start(&mock.url(), &config("closed")).await;
+    let got = proxy
+        .post("/v1/chat/completions", &[], &body("Secretword stays home"))
+        .await;
+    assert_eq!(got.status, 503, "{}", got.text());
+    assert_eq!(got.json()["error"]["code"], "hook_failed");
+    assert!(
+        got.text().contains("errs"),
+        "the hook is named: {}",
+        got.text()
+    );
+    let anthropic = proxy
+        .post(
+            "/v1/messages",
+            &[("anthropic-version", "2023-06-01")],
+            br#"{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}"#,
+        )
+        .await;
+    assert_eq!(anthropic.status, 503);
+    assert_eq!(anthropic.json()["type"], "error", "{}", anthropic.text());
+    assert!(mock.requests().is_empty(), "nothing went upstream");
+    assert!(proxy.conversations().await.is_empty(), "nothing was logged");
+}
+
+#[tokio::test]
+async fn hooks_that_fail_open_are_skipped_and_the_rest_of_the_chain_runs() {
+    register();
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let proxy = Harness::start(&mock.url(), &config("open")).await;
+    let got = proxy
+        .post("/v1/chat/completions", &[], &body("Secretword stays home"))
+        .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let sent = mock.requests()[0].json().to_string();
+    assert!(
+        !sent.contains("Secretword"),
+        "the last hook still ran: {sent}"
+    );
+    assert!(sent.contains("[redacted:word:"), "{sent}");
+    let metrics = proxy.state.metrics.render();
+    for line in [
+        "handoff_hook_calls_total{hook=\"errs\",outcome=\"failed_open\"} 1",
+        "handoff_hook_calls_total{hook=\"hangs\",outcome=\"failed_open\"} 1",
+        "handoff_hook_calls_total{hook=\"word\",outcome=\"redacted\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+}
