@@ -253,7 +253,8 @@ pub fn main() -> ExitCode {
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     if let Ok(binary) = std::env::current_exe() {
-        crate::strategies::guard_exec_plugins_with(binary);
+        crate::strategies::guard_exec_plugins_with(binary.clone());
+        crate::config::guard_exec_hooks_with(binary);
     }
     let cli = Cli::parse();
     match cli.command {

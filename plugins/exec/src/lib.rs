@@ -1,6 +1,8 @@
-//! The `exec` strategy: runs a program in any language. It gets one JSON document on
-//! stdin and answers one on stdout (protocol version 1, `docs/plugins.md`). No shell is
-//! involved, and the environment is cleared but for an allow-list.
+//! The `exec` strategy, and the `exec` middleware hook ([`ExecHook`]): a program in any
+//! language. The strategy's program gets one JSON document on stdin and answers one on
+//! stdout (protocol version 1, `docs/plugins.md`); the hook's stays up and answers a
+//! line per call. No shell is involved, and the environment is cleared but for an
+//! allow-list.
 //!
 //! The program runs in a process group of its own, and the whole group is killed when
 //! the program exits, when its output passes the limit, or when the host's time limit
@@ -14,6 +16,10 @@
 //! `kill -9`ed does not run on for ever.
 
 #![forbid(unsafe_code)]
+
+mod hook;
+
+pub use hook::ExecHook;
 
 use std::ffi::OsString;
 use std::path::PathBuf;

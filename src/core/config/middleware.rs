@@ -1,5 +1,5 @@
 //! `[middleware]`: the hooks a tracked request goes through after its admission, before
-//! it is tracked. Each hook is a named instance of a kind (`redact`, `deny`, or one a
+//! it is tracked. Each hook is a named instance of a kind (`redact`, `deny`, `exec`, or one a
 //! binary registers), built here when the config loads, so a reload swaps them with
 //! the rest of the config and a mistake stops the load, naming its key.
 
@@ -10,6 +10,7 @@ use std::time::Duration;
 use handoff_hook_deny::{Deny, RuleSettings};
 use handoff_hook_redact::Redact;
 use handoff_plugin_api::Hook;
+use handoff_strategy_exec::ExecHook;
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
@@ -39,7 +40,7 @@ pub enum Failure {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HookConfig {
-    /// `redact`, `deny`, or a registered kind.
+    /// `redact`, `deny`, `exec`, or a registered kind.
     pub kind: String,
     /// What a failure does: `closed` (the default) or `open`.
     #[serde(default)]
@@ -56,6 +57,19 @@ pub struct HookConfig {
     /// deny: the rules, the first that matches refuses.
     #[serde(default)]
     pub rules: Vec<DenyRule>,
+    /// exec: the program and its arguments; no shell is involved.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// exec: environment variables passed through (all others are cleared).
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// exec: the longest answer line accepted.
+    #[serde(default = "default_exec_output")]
+    pub max_output_bytes: usize,
+}
+
+fn default_exec_output() -> usize {
+    1024 * 1024
 }
 
 fn default_timeout() -> Duration {
@@ -93,6 +107,30 @@ fn invalid(key: String, reason: impl Into<String>) -> ConfigError {
 /// Builds a hook from its settings, or says what is wrong with them.
 pub type HookFactory = fn(&HookConfig) -> Result<Arc<dyn Hook>, String>;
 
+/// The binary exec hooks start under, if the host has one (see
+/// `handoff_strategy_exec::guard_main`).
+static EXEC_GUARD: OnceLock<std::path::PathBuf> = OnceLock::new();
+
+/// Starts exec hooks under `binary`, which runs the guard when asked.
+pub fn guard_exec_hooks_with(binary: std::path::PathBuf) {
+    let _ = EXEC_GUARD.set(binary);
+}
+
+fn exec(settings: &HookConfig) -> Result<Arc<dyn Hook>, String> {
+    if settings.command.is_empty() {
+        return Err("command: an exec hook needs a program to run".into());
+    }
+    let hook = ExecHook::new(
+        settings.command.clone(),
+        settings.env.clone(),
+        settings.max_output_bytes,
+    );
+    Ok(Arc::new(match EXEC_GUARD.get() {
+        Some(guard) => hook.guarded_by(guard.clone()),
+        None => hook,
+    }))
+}
+
 fn redact(settings: &HookConfig) -> Result<Arc<dyn Hook>, String> {
     let patterns: Vec<(String, String)> = settings
         .patterns
@@ -119,7 +157,7 @@ fn deny(settings: &HookConfig) -> Result<Arc<dyn Hook>, String> {
     Ok(Arc::new(Deny::new(&rules)?))
 }
 
-const BUILT_IN: &[(&str, HookFactory)] = &[("redact", redact), ("deny", deny)];
+const BUILT_IN: &[(&str, HookFactory)] = &[("redact", redact), ("deny", deny), ("exec", exec)];
 
 fn extra() -> &'static RwLock<HashMap<String, HookFactory>> {
     static EXTRA: OnceLock<RwLock<HashMap<String, HookFactory>>> = OnceLock::new();

@@ -21,7 +21,8 @@ use serde::{Deserialize, Serialize};
 pub use load::{check_serve, config_file, from_toml, load, strategy_kind, ConfigError, Overrides};
 pub use mask::masked;
 pub use middleware::{
-    register_hook, BuiltHook, DenyRule, Failure, HookConfig, HookFactory, MiddlewareConfig,
+    guard_exec_hooks_with, register_hook, BuiltHook, DenyRule, Failure, HookConfig, HookFactory,
+    MiddlewareConfig,
 };
 pub use workers::{cores, Workers};
 
