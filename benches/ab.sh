@@ -4,8 +4,10 @@
 # at the default log level (info: one access line per request, to a file outside the
 # config's folder), interleaved over ROUNDS rounds.
 #
-#   benches/ab.sh [--duration S] [--rounds N] [--conversations N] NAME=BINARY[@WORKERS] ...
+#   benches/ab.sh [--duration S] [--rounds N] [--conversations N] NAME=BINARY[@WORKERS][%TOML] ...
 #   e.g. benches/ab.sh before=/tmp/old/handoff after=target/release/handoff after-w1=target/release/handoff@1
+#   %TOML appends that file to the variant's config, e.g.
+#   redact=target/release/handoff%benches/e2e/redact10.toml (a redact hook, 10 patterns).
 #   floor=target/release/bench-floor@2 runs the floor proxy (handoff's shape on hyper
 #   and tokio, doing nothing else; two workers unless @WORKERS) as one more variant.
 #
@@ -37,14 +39,15 @@ ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 switches() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ {n += $2} END {print n}'; }
 for round in $(seq 1 "$ROUNDS"); do
   for variant in "$@"; do
-    name=${variant%%=*} spec=${variant#*=}
+    name=${variant%%=*} spec=${variant#*=} extra=""
+    if [[ "$spec" == *%* ]]; then extra=$(cat "${spec#*%}"); spec=${spec%%\%*}; fi
     binary=${spec%@*} workers=""
     # Only when asked: a binary older than the `workers` key refuses it.
     [[ "$spec" == *@* ]] && workers="workers = ${spec##*@}"
     for body in small long; do
       rm -rf "$WORK/data"
-      printf 'listen = "127.0.0.1:%s"\ndata_dir = "%s/data"\n%s\n[upstream]\nbase_url = "http://127.0.0.1:%s"\n[models."bench-model"]\ncontext_window = 1000000\n' \
-        "$HO" "$WORK" "$workers" "$UP" > "$WORK/handoff.toml"
+      printf 'listen = "127.0.0.1:%s"\ndata_dir = "%s/data"\n%s\n[upstream]\nbase_url = "http://127.0.0.1:%s"\n[models."bench-model"]\ncontext_window = 1000000\n%s\n' \
+        "$HO" "$WORK" "$workers" "$UP" "$extra" > "$WORK/handoff.toml"
       if [ "$(basename "$binary")" = bench-floor ]; then
         # The floor: handoff's threading shape on hyper and tokio, doing nothing else.
         "$binary" "127.0.0.1:$HO" "http://127.0.0.1:$UP" ${workers#workers = } 2>"$WORK/../handoff-ab.log" & pid=$!

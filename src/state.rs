@@ -74,8 +74,8 @@ pub(crate) struct Snapshot {
     pub credentials: Credentials,
     /// `compaction.pin`, compiled.
     pub pins: crate::pins::Pins,
-    /// `[middleware]`'s chain, built.
-    pub hooks: Vec<config::BuiltHook>,
+    /// `[middleware]`'s hooks and the chains of routes and keys, built.
+    pub hooks: config::HookChains,
     /// When it was loaded, RFC 3339.
     pub loaded_at: String,
 }
@@ -149,7 +149,7 @@ impl Snapshot {
                 reason: err.to_string(),
             }
         })?;
-        let hooks = config.middleware.build()?;
+        let hooks = config::HookChains::build(&config)?;
         Ok(Self {
             config: Arc::new(config),
             upstream,

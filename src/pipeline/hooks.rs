@@ -31,19 +31,32 @@ pub(super) struct Decided {
     pub(super) tags: BTreeMap<String, String>,
 }
 
-/// Runs the chain over `chat`. Without hooks it returns at once, having built nothing.
+/// The caller of [`on_request`]: who sent the request, and where to.
+pub(super) struct Caller<'a> {
+    /// The request's tenant.
+    pub(super) tenant: &'a TenantId,
+    /// Whether it came with a proxy key (whose name is the tenant's).
+    pub(super) keyed: bool,
+    /// The request's path.
+    pub(super) path: &'a str,
+}
+
+/// Runs the request's chain (the key's, a route's or `middleware.chain`) over `chat`.
+/// Without hooks it returns at once, having built nothing.
 pub(super) async fn on_request(
     state: &AppState,
     snap: &Snapshot,
     chat: &ChatRequest,
-    path: &str,
-    tenant: &TenantId,
+    caller: Caller<'_>,
     dialect: DialectKind,
 ) -> Result<Decided, ApiError> {
     let mut decided = Decided::default();
-    if snap.hooks.is_empty() {
+    let key = caller.keyed.then(|| caller.tenant.as_str());
+    let chain = snap.hooks.select(&snap.config, key, &chat.model);
+    if chain.is_empty() {
         return Ok(decided);
     }
+    let (tenant, path) = (caller.tenant, caller.path);
     let neutral = dialect.get();
     let mut request = HookRequest {
         dialect: dialect.name().to_owned(),
@@ -57,7 +70,7 @@ pub(super) async fn on_request(
             .collect(),
         tags: BTreeMap::new(),
     };
-    for hook in &snap.hooks {
+    for hook in chain {
         let name = hook.name.as_str();
         let called = tokio::time::timeout(hook.timeout, hook.hook.on_request(&request)).await;
         let failure = match called {

@@ -139,3 +139,72 @@ async fn hooks_that_fail_open_are_skipped_and_the_rest_of_the_chain_runs() {
         assert!(metrics.contains(line), "{line} in {metrics}");
     }
 }
+
+fn sha256_hex(text: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_key_s_chain_comes_first_then_a_route_s_then_the_global_one() {
+    let mock = MockUpstream::replying(Reply::chat_text("fine")).await;
+    let config = format!(
+        "[middleware]\nchain = [\"tickets\"]\n\
+         [middleware.hooks.paused]\nkind = \"deny\"\n\
+         [[middleware.hooks.paused.rules]]\nmodel = \"*\"\nmessage = \"team-a is paused\"\n\
+         [middleware.hooks.words]\nkind = \"redact\"\npatterns = {{ word = \"SECRETWORD\" }}\n\
+         [middleware.hooks.tickets]\nkind = \"redact\"\npatterns = {{ ticket = \"TCK-[0-9]+\" }}\n\
+         [[routes]]\nmatch = \"special-*\"\nhooks = [\"words\"]\n\
+         [[auth.keys]]\nname = \"team-a\"\nsha256 = \"{}\"\nhooks = [\"paused\"]\n\
+         [[auth.keys]]\nname = \"team-b\"\nsha256 = \"{}\"\n",
+        sha256_hex("hk-team-a-123456"),
+        sha256_hex("hk-team-b-123456")
+    );
+    let proxy = Harness::start(&mock.url(), &config).await;
+    let ask = |key: &'static str, model: &'static str| {
+        let proxy = &proxy;
+        async move {
+            let body = json!({"model": model, "messages": [{"role": "user", "content": "SECRETWORD and TCK-42"}]});
+            let bearer = format!("Bearer {key}");
+            proxy
+                .post(
+                    "/v1/chat/completions",
+                    &[("authorization", bearer.as_str())],
+                    body.to_string().as_bytes(),
+                )
+                .await
+        }
+    };
+    // team-a's own chain: refused whatever the model.
+    for model in ["special-1", "plain"] {
+        let got = ask("hk-team-a-123456", model).await;
+        assert_eq!(got.status, 403, "{}", got.text());
+        assert_eq!(got.json()["error"]["code"], "denied_by_hook");
+    }
+    assert!(mock.requests().is_empty());
+    // team-b on a special model: the route's chain (the word), not the global one.
+    assert_eq!(ask("hk-team-b-123456", "special-1").await.status, 200);
+    // team-b on another model: the global chain (the ticket).
+    assert_eq!(ask("hk-team-b-123456", "plain").await.status, 200);
+    let sent: Vec<String> = mock
+        .requests()
+        .iter()
+        .map(|r| {
+            r.json()["messages"][0]["content"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .collect();
+    assert!(
+        sent[0].starts_with("[redacted:word:") && sent[0].ends_with("and TCK-42"),
+        "{sent:?}"
+    );
+    assert!(
+        sent[1].starts_with("SECRETWORD and [redacted:ticket:"),
+        "{sent:?}"
+    );
+}

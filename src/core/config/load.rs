@@ -323,7 +323,7 @@ fn validate(config: &Config) -> Result<(), ConfigError> {
         }
     }
     validate_strategies(config)?;
-    config.middleware.build()?;
+    super::HookChains::build(config)?;
     for (name, model) in &config.models {
         if model.context_window == 0 {
             return Err(invalid(

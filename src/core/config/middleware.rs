@@ -202,57 +202,123 @@ impl std::fmt::Debug for BuiltHook {
     }
 }
 
-impl MiddlewareConfig {
-    /// The chain, built in order; an unknown name or kind, or settings the kind
-    /// refuses, is an error naming the key.
-    pub fn build(&self) -> Result<Vec<BuiltHook>, ConfigError> {
-        for (name, settings) in &self.hooks {
-            if factory(&settings.kind).is_none() {
+/// Every chain of hooks a request may get, built once per config: the global one, each
+/// route's and each key's. A hook named in several chains is one instance.
+#[derive(Debug, Clone, Default)]
+pub struct HookChains {
+    global: Arc<[BuiltHook]>,
+    /// Index-aligned with `config.routes`.
+    by_route: Vec<Option<Arc<[BuiltHook]>>>,
+    /// By key name (its tenant).
+    by_key: HashMap<String, Arc<[BuiltHook]>>,
+}
+
+impl HookChains {
+    /// Builds every hook `config` declares and every chain that names them; an unknown
+    /// name or kind, or settings a kind refuses, is an error naming the key.
+    pub fn build(config: &super::Config) -> Result<Self, ConfigError> {
+        let middleware = &config.middleware;
+        let mut built: HashMap<&str, BuiltHook> = HashMap::new();
+        for (name, settings) in &middleware.hooks {
+            let key = format!("middleware.hooks.{name}");
+            let Some(factory) = factory(&settings.kind) else {
                 let mut known: Vec<String> =
                     BUILT_IN.iter().map(|(k, _)| (*k).to_owned()).collect();
                 if let Ok(kinds) = extra().read() {
                     known.extend(kinds.keys().cloned());
                 }
                 return Err(invalid(
-                    format!("middleware.hooks.{name}.kind"),
+                    format!("{key}.kind"),
                     format!(
                         "unknown kind {:?}; known: {}",
                         settings.kind,
                         known.join(", ")
                     ),
                 ));
-            }
+            };
             if settings.timeout.is_zero() {
-                return Err(invalid(
-                    format!("middleware.hooks.{name}.timeout"),
-                    "must be more than zero",
-                ));
+                return Err(invalid(format!("{key}.timeout"), "must be more than zero"));
             }
-        }
-        self.chain
-            .iter()
-            .enumerate()
-            .map(|(i, name)| {
-                let settings = self.hooks.get(name).ok_or_else(|| {
-                    invalid(
-                        format!("middleware.chain[{i}]"),
-                        format!(
-                            "unknown hook {name:?}; declare it under [middleware.hooks.{name}]"
-                        ),
-                    )
-                })?;
-                let build = factory(&settings.kind).ok_or_else(|| {
-                    invalid(format!("middleware.hooks.{name}.kind"), "unknown kind")
-                })?;
-                let hook = build(settings)
-                    .map_err(|reason| invalid(format!("middleware.hooks.{name}"), reason))?;
-                Ok(BuiltHook {
+            let hook = factory(settings).map_err(|reason| invalid(key, reason))?;
+            built.insert(
+                name,
+                BuiltHook {
                     name: name.clone(),
                     hook,
                     failure: settings.failure,
                     timeout: settings.timeout,
+                },
+            );
+        }
+        let chain = |names: &[String], key: &str| -> Result<Arc<[BuiltHook]>, ConfigError> {
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, name)| {
+                    built.get(name.as_str()).cloned().ok_or_else(|| {
+                        invalid(
+                            format!("{key}[{i}]"),
+                            format!(
+                                "unknown hook {name:?}; declare it under [middleware.hooks.{name}]"
+                            ),
+                        )
+                    })
                 })
+                .collect()
+        };
+        let global = chain(&middleware.chain, "middleware.chain")?;
+        let by_route = config
+            .routes
+            .iter()
+            .enumerate()
+            .map(|(i, route)| {
+                route
+                    .hooks
+                    .as_deref()
+                    .map(|names| chain(names, &format!("routes[{i}].hooks")))
+                    .transpose()
             })
-            .collect()
+            .collect::<Result<_, _>>()?;
+        let mut by_key = HashMap::new();
+        for (i, key) in config.auth.keys.iter().enumerate() {
+            if let Some(names) = &key.hooks {
+                by_key.insert(
+                    key.name.clone(),
+                    chain(names, &format!("auth.keys[{i}].hooks"))?,
+                );
+            }
+        }
+        Ok(Self {
+            global,
+            by_route,
+            by_key,
+        })
+    }
+
+    /// The chain of a request of `model` by the key of `tenant` (if keys are
+    /// configured): the key's, else the first route matching the model that names
+    /// hooks, else `middleware.chain`.
+    pub fn select(
+        &self,
+        config: &super::Config,
+        tenant: Option<&str>,
+        model: &str,
+    ) -> &[BuiltHook] {
+        if let Some(chain) = tenant.and_then(|tenant| self.by_key.get(tenant)) {
+            return chain;
+        }
+        config
+            .routes
+            .iter()
+            .zip(&self.by_route)
+            .find_map(|(route, chain)| chain.as_ref().filter(|_| route.matches(model)))
+            .unwrap_or(&self.global)
+    }
+
+    /// True when no request gets a hook.
+    pub fn is_empty(&self) -> bool {
+        self.global.is_empty()
+            && self.by_key.values().all(|chain| chain.is_empty())
+            && self.by_route.iter().flatten().all(|chain| chain.is_empty())
     }
 }

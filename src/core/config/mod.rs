@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 pub use load::{check_serve, config_file, from_toml, load, strategy_kind, ConfigError, Overrides};
 pub use mask::masked;
 pub use middleware::{
-    guard_exec_hooks_with, register_hook, BuiltHook, DenyRule, Failure, HookConfig, HookFactory,
-    MiddlewareConfig,
+    guard_exec_hooks_with, register_hook, BuiltHook, DenyRule, Failure, HookChains, HookConfig,
+    HookFactory, MiddlewareConfig,
 };
 pub use workers::{cores, Workers};
 
@@ -108,6 +108,9 @@ pub struct RouteConfig {
     /// Strategy chain for these models; the model's or the global one when unset.
     #[serde(default)]
     pub chain: Option<Vec<String>>,
+    /// Middleware hooks for these models; `middleware.chain` when unset.
+    #[serde(default)]
+    pub hooks: Option<Vec<String>>,
 }
 
 impl RouteConfig {
@@ -368,6 +371,10 @@ pub struct KeyConfig {
     /// (`dialect::key_paths`, in handoff-wire).
     #[serde(default)]
     pub paths: Option<Vec<String>>,
+    /// Middleware hooks for this key's requests, before any route's; the route's or
+    /// `middleware.chain` when unset.
+    #[serde(default)]
+    pub hooks: Option<Vec<String>>,
 }
 
 /// When appended lines are fsynced.
@@ -751,6 +758,7 @@ mod tests {
             upstream: None,
             api_key_env: None,
             chain: None,
+            hooks: None,
         };
         assert!(route("gpt-4o*").matches("gpt-4o-mini"));
         assert!(route("gpt-4o*").matches("gpt-4o"));

@@ -163,12 +163,16 @@ impl<'s> Exchange<'s> {
     /// (and its parse) before anything reads it for tracking, compaction or the
     /// upstream.
     async fn hook(&mut self, tenant: &crate::tenant::TenantId) -> Result<(), Halt> {
+        let caller = hooks::Caller {
+            tenant,
+            keyed: self.key.is_some(),
+            path: self.parts.uri.path(),
+        };
         let decided = hooks::on_request(
             self.state,
             &self.snap,
             &self.chat,
-            self.parts.uri.path(),
-            tenant,
+            caller,
             self.chat.dialect,
         )
         .await?;
