@@ -10,11 +10,13 @@
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeSet;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use handoff_plugin_api::{Hook, HookDecision, HookError, HookRequest, Redaction};
-use regex::Regex;
+use regex::{Regex, RegexSet};
 use serde_json::Value;
 
 /// The named detectors, for error messages and docs.
@@ -23,19 +25,20 @@ pub const DETECTORS: &[&str] = &["api_keys", "emails", "cards"];
 /// Key shapes of the common providers: OpenAI and Anthropic (`sk-…`), AWS access keys,
 /// GitHub tokens, Google API keys, Slack tokens, Stripe keys, Hugging Face tokens.
 const API_KEYS: &str = concat!(
-    r"\bsk-[A-Za-z0-9_-]{20,}",
-    r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",
-    r"|\bgh[pousr]_[A-Za-z0-9]{36,}\b|\bgithub_pat_[A-Za-z0-9_]{22,}",
-    r"|\bAIza[0-9A-Za-z_-]{35}\b",
-    r"|\bxox[abposr]-[A-Za-z0-9-]{10,}",
-    r"|\b[rs]k_(?:live|test)_[A-Za-z0-9]{16,}\b",
-    r"|\bhf_[A-Za-z0-9]{30,}\b",
+    r"(?-u:\b)sk-[A-Za-z0-9_-]{20,}",
+    r"|(?-u:\b)(?:AKIA|ASIA)[0-9A-Z]{16}(?-u:\b)",
+    r"|(?-u:\b)gh[pousr]_[A-Za-z0-9]{36,}(?-u:\b)|(?-u:\b)github_pat_[A-Za-z0-9_]{22,}",
+    r"|(?-u:\b)AIza[0-9A-Za-z_-]{35}(?-u:\b)",
+    r"|(?-u:\b)xox[abposr]-[A-Za-z0-9-]{10,}",
+    r"|(?-u:\b)[rs]k_(?:live|test)_[A-Za-z0-9]{16,}(?-u:\b)",
+    r"|(?-u:\b)hf_[A-Za-z0-9]{30,}(?-u:\b)",
 );
 
-const EMAILS: &str = r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b";
+const EMAILS: &str =
+    r"(?-u:\b)[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}(?-u:\b)";
 
 /// Candidates only: [`luhn`] decides.
-const CARDS: &str = r"\b\d(?:[ -]?\d){12,18}\b";
+const CARDS: &str = r"(?-u:\b)[0-9](?:[ -]?[0-9]){12,18}(?-u:\b)";
 
 /// One thing to look for.
 #[derive(Debug, Clone)]
@@ -47,10 +50,29 @@ struct Detector {
 }
 
 /// A `redact` hook: its detectors, in order.
-#[derive(Debug, Clone)]
 pub struct Redact {
     detectors: Vec<Detector>,
+    /// Every detector's pattern, for one pass over a text that most often holds none.
+    any: RegexSet,
+    /// What a long text was found to hold, by its keyed hash: a long conversation
+    /// re-sends the same texts every turn, and each is searched once.
+    seen: quick_cache::sync::Cache<u64, Arc<[Redaction]>>,
+    keys: RandomState,
 }
+
+impl std::fmt::Debug for Redact {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Redact")
+            .field("detectors", &self.detectors)
+            .finish()
+    }
+}
+
+/// Texts shorter than this are searched every time: cheaper than hashing and caching.
+const CACHED_FROM: usize = 256;
+
+/// Long texts whose findings are kept.
+const CACHED_TEXTS: usize = 16 * 1024;
 
 impl Redact {
     /// The hook for `named` detectors (of [`DETECTORS`]) and `patterns`, each a label
@@ -97,12 +119,46 @@ impl Redact {
         if detectors.is_empty() {
             return Err("no detectors and no patterns: it would redact nothing".into());
         }
-        Ok(Self { detectors })
+        let any = RegexSet::new(detectors.iter().map(|d| d.pattern.as_str()))
+            .map_err(|err| err.to_string())?;
+        Ok(Self {
+            detectors,
+            any,
+            seen: quick_cache::sync::Cache::new(CACHED_TEXTS),
+            keys: RandomState::new(),
+        })
     }
 
     /// What the detectors find in `text`, each distinct text once, in order found.
     pub fn find(&self, text: &str, found: &mut Vec<Redaction>, seen: &mut BTreeSet<String>) {
-        for detector in &self.detectors {
+        if text.len() < CACHED_FROM {
+            return self.search(text, found, seen);
+        }
+        // Keyed (a random key per hook): no client can make two texts share an entry.
+        let key = self.keys.hash_one(text);
+        let hits = match self.seen.get(&key) {
+            Some(hits) => hits,
+            None => {
+                let mut hits = Vec::new();
+                self.search(text, &mut hits, &mut BTreeSet::new());
+                let hits: Arc<[Redaction]> = hits.into();
+                self.seen.insert(key, Arc::clone(&hits));
+                hits
+            }
+        };
+        for hit in hits.iter() {
+            if seen.insert(hit.find.clone()) {
+                found.push(hit.clone());
+            }
+        }
+    }
+
+    fn search(&self, text: &str, found: &mut Vec<Redaction>, seen: &mut BTreeSet<String>) {
+        let matched = self.any.matches(text);
+        if !matched.matched_any() {
+            return;
+        }
+        for detector in matched.iter().filter_map(|i| self.detectors.get(i)) {
             for hit in detector.pattern.find_iter(text) {
                 let hit = hit.as_str();
                 if detector.luhn && !luhn(hit) {
@@ -241,6 +297,29 @@ mod tests {
         let decision = all().on_request(&request).await.unwrap();
         let finds: Vec<&str> = decision.redact.iter().map(|r| r.find.as_str()).collect();
         assert_eq!(finds, ["a@b.io", "c@d.io"]);
+    }
+
+    #[test]
+    fn a_long_text_is_searched_once_and_found_the_same_every_time() {
+        let redact = all();
+        let text = format!(
+            "{} mail ana@example.org {}",
+            "x ".repeat(200),
+            "y ".repeat(200)
+        );
+        let first = found(&redact, &text);
+        assert_eq!(
+            first,
+            vec![("email".to_owned(), "ana@example.org".to_owned())]
+        );
+        assert_eq!(redact.seen.len(), 1, "kept");
+        assert_eq!(found(&redact, &text), first, "from the cache");
+        let other = text.replace("ana@", "bob@");
+        assert_eq!(
+            found(&redact, &other)[0].1,
+            "bob@example.org",
+            "another text, searched"
+        );
     }
 
     #[test]
