@@ -5,6 +5,7 @@
 //! writes a wire format.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
@@ -22,8 +23,9 @@ pub struct HookRequest {
     /// The tenant the request belongs to.
     pub tenant: String,
     /// Every message of the request, oldest first, in the neutral form; the system
-    /// prompt is a message with role `system`.
-    pub messages: Vec<Value>,
+    /// prompt is a message with role `system`. Shared: the host keeps each message's
+    /// neutral form, so a long conversation is not rebuilt for every request.
+    pub messages: Vec<Arc<Value>>,
     /// Tags the hooks before this one added.
     #[serde(default)]
     pub tags: BTreeMap<String, String>,

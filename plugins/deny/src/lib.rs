@@ -109,8 +109,8 @@ impl Deny {
             {
                 continue;
             }
-            let texts =
-                texts.get_or_insert_with(|| request.messages.iter().map(content_text).collect());
+            let texts = texts
+                .get_or_insert_with(|| request.messages.iter().map(|m| content_text(m)).collect());
             if rule
                 .larger_than
                 .is_some_and(|most| texts.iter().map(|t| t.chars().count()).sum::<usize>() <= most)
@@ -182,7 +182,9 @@ mod tests {
             path: "/v1/chat/completions".into(),
             model: model.into(),
             tenant: tenant.into(),
-            messages: vec![json!({"role": "user", "content": text})],
+            messages: vec![std::sync::Arc::new(
+                json!({"role": "user", "content": text}),
+            )],
             tags: Default::default(),
         }
     }

@@ -288,9 +288,13 @@ mod tests {
             model: "m".into(),
             tenant: "t".into(),
             messages: vec![
-                json!({"role": "user", "content": [{"type": "text", "text": "me: a@b.io"}]}),
-                json!({"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                Arc::new(
+                    json!({"role": "user", "content": [{"type": "text", "text": "me: a@b.io"}]}),
+                ),
+                Arc::new(
+                    json!({"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
                     "function": {"name": "mail", "arguments": "{\"to\":\"a@b.io\",\"cc\":\"c@d.io\"}"}}]}),
+                ),
             ],
             tags: Default::default(),
         };
