@@ -69,6 +69,7 @@ mod eval;
 mod forward;
 mod gate;
 mod named_model;
+mod neutral_forms;
 mod ownership;
 mod path;
 mod pipeline;

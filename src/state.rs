@@ -227,7 +227,7 @@ pub(crate) struct AppState {
     /// Slots for tracked requests (`limits.max_concurrent_chat`, fixed at start).
     pub chat_gate: crate::gate::ChatGate,
     /// The neutral forms of messages the middleware hooks saw, by digest.
-    pub hook_forms: crate::pipeline::NeutralForms,
+    pub hook_forms: crate::neutral_forms::NeutralForms,
     /// The disk store's exclusive hold on its data dir, for the life of the process.
     _data_dir_lock: Option<crate::store::DataDirLock>,
 }
@@ -383,7 +383,7 @@ impl AppState {
                 config_limits.max_concurrent_chat,
                 config_limits.chat_queue,
             ),
-            hook_forms: crate::pipeline::NeutralForms::new(),
+            hook_forms: crate::neutral_forms::NeutralForms::new(),
             _data_dir_lock: data_dir_lock,
         })
     }

@@ -6,15 +6,12 @@
 //! see the redacted request, never the text a hook took out.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use aho_corasick::{AhoCorasick, MatchKind};
 use bytes::Bytes;
 use handoff_plugin_api::{HookRequest, Redaction};
-use serde_json::Value;
 
 use crate::base::chunks::Chunks;
-use crate::base::digest::MessageDigest;
 use crate::config::Failure;
 use crate::dialect::{ChatRequest, DialectKind};
 use crate::error::ApiError;
@@ -120,68 +117,6 @@ pub(super) async fn on_request(
         }
     }
     Ok(decided)
-}
-
-/// Each message's neutral form, kept by its digest: a long conversation re-sends its
-/// history every turn, and its messages would otherwise be parsed and converted again
-/// for the hooks each time (most are never parsed on the request path).
-pub(crate) struct NeutralForms {
-    kept: quick_cache::sync::Cache<(DialectKind, MessageDigest), Forms, RawBytes>,
-}
-
-/// One message's neutral form, and the bytes it came from (its weight).
-#[derive(Clone)]
-struct Forms {
-    weight: u64,
-    values: Arc<[Arc<Value>]>,
-}
-
-#[derive(Clone)]
-struct RawBytes;
-
-impl quick_cache::Weighter<(DialectKind, MessageDigest), Forms> for RawBytes {
-    fn weight(&self, _: &(DialectKind, MessageDigest), forms: &Forms) -> u64 {
-        forms.weight
-    }
-}
-
-/// Bytes of messages whose neutral forms are kept (of their JSON as sent).
-const KEPT_FORM_BYTES: u64 = 64 << 20;
-
-impl NeutralForms {
-    /// An empty store of forms.
-    pub(crate) fn new() -> Self {
-        Self {
-            kept: quick_cache::sync::Cache::with_weighter(16 * 1024, KEPT_FORM_BYTES, RawBytes),
-        }
-    }
-
-    /// The neutral forms of `chat`'s messages, in order.
-    fn of(&self, chat: &ChatRequest, dialect: DialectKind) -> Vec<Arc<Value>> {
-        let neutral = dialect.get();
-        let mut out = Vec::with_capacity(chat.messages.len());
-        for message in &chat.messages {
-            let key = (dialect, message.digest());
-            let forms = match self.kept.get(&key) {
-                Some(forms) => forms,
-                None => {
-                    let values: Arc<[Arc<Value>]> = neutral
-                        .neutral(message.value())
-                        .into_iter()
-                        .map(Arc::new)
-                        .collect();
-                    let forms = Forms {
-                        weight: message.raw.get().len() as u64,
-                        values,
-                    };
-                    self.kept.insert(key, forms.clone());
-                    forms
-                }
-            };
-            out.extend(forms.values.iter().cloned());
-        }
-        out
-    }
 }
 
 fn count(metrics: &Metrics, hook: &str, outcome: &str) {

@@ -45,8 +45,6 @@ use crate::dialect::{DialectKind, ErrorResponse};
 use crate::error::ApiError;
 use crate::state::{AppState, Snapshot};
 
-pub(crate) use hooks::NeutralForms;
-
 /// Why a phase ended the request early.
 enum Halt {
     /// An error, answered in the API's shape.
