@@ -248,7 +248,7 @@ fn chat_body(model: &str, text: &str) -> Value {
 async fn an_exec_hook_in_python_stays_up_redacts_and_refuses() {
     let (_strict, mock) = strict_mock(16_384).await;
     let extra = format!(
-        "[middleware]\nchain = [\"policy\"]\n[middleware.hooks.policy]\nkind = \"exec\"\ncommand = [\"python3\", {:?}]\n",
+        "[middleware]\nchain = [\"policy\"]\n[middleware.hooks.policy]\nkind = \"exec\"\ncommand = [\"python3\", {:?}, \"stays-up\"]\n",
         repo("examples/hooks/policy_hook.py")
     );
     let proxy = Proxy::start_with(&mock.url(), options(16_384, &extra));
@@ -292,12 +292,11 @@ async fn an_exec_hook_in_python_stays_up_redacts_and_refuses() {
     );
     assert_eq!(mock.requests().len(), 5, "the refused request went nowhere");
     // One process served every call (the guard in front of it is handoff's binary).
-    let processes = std::process::Command::new("pgrep")
-        .args(["-f", "^python3 .*policy_hook.py"])
-        .output()
-        .unwrap();
-    let pids = String::from_utf8_lossy(&processes.stdout).lines().count();
-    assert_eq!(pids, 1, "one hook process for six calls");
+    assert_eq!(
+        hook_processes("stays-up"),
+        1,
+        "one hook process for six calls"
+    );
 }
 
 /// Pids the misbehaving hook wrote, and whether each still runs.
@@ -369,4 +368,92 @@ async fn a_misbehaving_exec_hook_fails_as_configured_and_leaves_no_process() {
         let left: Vec<(i32, bool)> = alive(&pids).into_iter().filter(|(_, up)| *up).collect();
         assert!(left.is_empty(), "processes outlived handoff: {left:?}");
     }
+}
+
+/// Rewrites the config with `extra` and waits until `/handoff/config` shows its
+/// `middleware.chain`.
+async fn reload(proxy: &Proxy, upstream: &str, extra: &str, chain: Value) {
+    let url = format!("{}/handoff/config", proxy.url());
+    proxy.rewrite_config(upstream, extra);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let status = client::send(request("GET", &url, &[], "")).await.json();
+        if status["config"]["middleware"]["chain"] == chain {
+            assert!(status["reload"]["last_error"].is_null(), "{status}");
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "no reload: {status}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Running `policy_hook.py` processes started with the argument `tag` (each test its
+/// own, as the tests run side by side).
+fn hook_processes(tag: &str) -> usize {
+    let found = std::process::Command::new("pgrep")
+        .args(["-f", &format!("^python3 .*policy_hook.py {tag}$")])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&found.stdout).lines().count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hooks_reload_with_the_config_and_a_dropped_exec_hook_s_process_ends() {
+    let (_strict, mock) = strict_mock(16_384).await;
+    let base = options(16_384, "").extra_toml;
+    let proxy = Proxy::start_with(&mock.url(), options(16_384, ""));
+    let send = |text: String| {
+        let proxy = &proxy;
+        async move {
+            let got = post(
+                proxy,
+                "/v1/chat/completions",
+                "reload",
+                &chat_body("strict", &text),
+            )
+            .await;
+            assert_eq!(got.status, 200, "{}", got.text());
+        }
+    };
+    send(secret_turn()).await;
+    assert!(
+        mock.requests()[0].json().to_string().contains(EMAIL),
+        "no hook yet"
+    );
+    // Redaction switched on by a reload.
+    reload(
+        &proxy,
+        &mock.url(),
+        &format!("{base}{REDACT}"),
+        json!(["secrets"]),
+    )
+    .await;
+    send(secret_turn()).await;
+    assert_clean(
+        "the upstream after the reload",
+        &mock.requests()[1].json().to_string(),
+    );
+    // Then an exec hook instead: its process starts with the first call, and ends
+    // once the config that built it is replaced.
+    let exec = format!(
+        "{base}[middleware]\nchain = [\"policy\"]\n[middleware.hooks.policy]\nkind = \"exec\"\ncommand = [\"python3\", {:?}, \"reloaded\"]\n",
+        repo("examples/hooks/policy_hook.py")
+    );
+    reload(&proxy, &mock.url(), &exec, json!(["policy"])).await;
+    send("to build-1.corp.example".into()).await;
+    assert_eq!(hook_processes("reloaded"), 1);
+    reload(&proxy, &mock.url(), &base, json!([])).await;
+    send(secret_turn()).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while hook_processes("reloaded") > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dropped hook's process runs on"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        mock.requests()[3].json().to_string().contains(EMAIL),
+        "no hook after the last reload"
+    );
 }
