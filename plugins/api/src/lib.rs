@@ -61,6 +61,30 @@ pub fn tool_calls(message: &Value) -> impl Iterator<Item = (&str, &str, &str)> {
         })
 }
 
+/// True when `text` matches `pattern`, where `*` matches any run of characters and
+/// everything else itself: `gpt-4o*`, `*-instruct`, `meta-llama/*-70B-*`. Routes, key
+/// rules and plugins all match model and path names this one way.
+pub fn wildcard_match(pattern: &str, text: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let Some(first) = parts.next() else {
+        return text.is_empty();
+    };
+    let Some(mut rest) = text.strip_prefix(first) else {
+        return false;
+    };
+    let pieces: Vec<&str> = parts.collect();
+    let Some((last, middle)) = pieces.split_last() else {
+        return rest.is_empty();
+    };
+    for piece in middle {
+        match rest.find(piece) {
+            Some(at) => rest = &rest[at + piece.len()..],
+            None => return false,
+        }
+    }
+    rest.ends_with(last)
+}
+
 /// One unit of conversation: a user message, or an assistant message with every tool
 /// result that answers its calls. A cut never falls inside a unit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -7,7 +7,9 @@
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use handoff_plugin_api::{content_text, Denial, Hook, HookDecision, HookError, HookRequest};
+use handoff_plugin_api::{
+    content_text, wildcard_match as glob, Denial, Hook, HookDecision, HookError, HookRequest,
+};
 use regex::Regex;
 
 /// One rule, as configured: every condition given must hold.
@@ -145,28 +147,6 @@ impl Hook for Deny {
         };
         async move { Ok(decision) }.boxed()
     }
-}
-
-/// `*` matches any run of characters; everything else itself.
-fn glob(pattern: &str, text: &str) -> bool {
-    let mut parts = pattern.split('*');
-    let Some(first) = parts.next() else {
-        return text.is_empty();
-    };
-    let Some(mut rest) = text.strip_prefix(first) else {
-        return false;
-    };
-    let parts: Vec<&str> = parts.collect();
-    let Some((last, middle)) = parts.split_last() else {
-        return rest.is_empty();
-    };
-    for part in middle {
-        match rest.find(part) {
-            Some(at) => rest = &rest[at + part.len()..],
-            None => return false,
-        }
-    }
-    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 #[cfg(test)]

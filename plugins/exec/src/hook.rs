@@ -10,7 +10,6 @@
 //! fresh one: no late answer is ever read as another request's.
 
 use std::path::PathBuf;
-use std::process::Stdio;
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -21,7 +20,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::sync::Mutex;
 
-use crate::{Group, GUARD_ARG, PROTOCOL_VERSION};
+use crate::{spawn_sandboxed, Group, PROTOCOL_VERSION};
 
 /// Characters of one stderr line passed to the host's log.
 const STDERR_LINE_SHOWN: usize = 500;
@@ -80,53 +79,15 @@ impl ExecHook {
     }
 
     fn start(&self) -> Result<Running, HookError> {
-        let (program, args) = self
-            .command
-            .split_first()
-            .ok_or_else(|| HookError("exec hook has no command".into()))?;
-        let mut command = match &self.guard {
-            Some(guard) => {
-                let mut command = tokio::process::Command::new(guard);
-                command
-                    .arg(GUARD_ARG)
-                    .arg(std::process::id().to_string())
-                    .arg(program)
-                    .args(args);
-                command
-            }
-            None => {
-                let mut command = tokio::process::Command::new(program);
-                command.args(args);
-                command
-            }
-        };
-        command
-            .env_clear()
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        for name in &self.env {
-            if let Some(value) = std::env::var_os(name) {
-                command.env(name, value);
-            }
-        }
-        let mut child = command
-            .spawn()
-            .map_err(|err| HookError(format!("cannot start {program}: {err}")))?;
-        let group = Group(
-            child
-                .id()
-                .and_then(|pid| i32::try_from(pid).ok())
-                .map(nix::unistd::Pid::from_raw),
-        );
+        let program = self.command.first().map_or("", String::as_str);
+        let (mut child, group) =
+            spawn_sandboxed(&self.command, &self.env, self.guard.as_ref()).map_err(HookError)?;
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
             return Err(HookError(format!("{program}: no pipes")));
         };
-        let name = program.clone();
+        let name = program.to_owned();
         // Read to its end, so a chatty hook never blocks on a full pipe.
         tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();

@@ -110,22 +110,59 @@ impl Exec {
         self.guard = Some(guard);
         self
     }
+}
 
-    /// The command that starts `program args`: itself, or the guard in front of it.
-    fn command(&self, program: &str, args: &[String]) -> Command {
-        let Some(guard) = &self.guard else {
+/// Starts `command` (a program and its arguments) in the sandbox both exec kinds share:
+/// no shell, the environment cleared but for the variables named in `env`, stdio piped,
+/// a process group of its own (under `guard` when given, a binary that runs
+/// [`guard_main`]), killed with the returned [`Group`]. The error names the program.
+fn spawn_sandboxed(
+    command: &[String],
+    env: &[String],
+    guard: Option<&PathBuf>,
+) -> Result<(tokio::process::Child, Group), String> {
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| "no command to run".to_owned())?;
+    let mut command = match guard {
+        Some(guard) => {
+            let mut command = Command::new(guard);
+            command
+                .arg(GUARD_ARG)
+                .arg(std::process::id().to_string())
+                .arg(program)
+                .args(args);
+            command
+        }
+        None => {
             let mut command = Command::new(program);
             command.args(args);
-            return command;
-        };
-        let mut command = Command::new(guard);
-        command
-            .arg(GUARD_ARG)
-            .arg(std::process::id().to_string())
-            .arg(program)
-            .args(args);
-        command
+            command
+        }
+    };
+    command
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    for name in env {
+        if let Some(value) = std::env::var_os(name) {
+            command.env(name, value);
+        }
     }
+    let child = command
+        .spawn()
+        .map_err(|err| format!("cannot start {program}: {err}"))?;
+    // process_group(0): the group's id is the child's pid (the guard's, if any).
+    let group = Group(
+        child
+            .id()
+            .and_then(|pid| i32::try_from(pid).ok())
+            .map(nix::unistd::Pid::from_raw),
+    );
+    Ok((child, group))
 }
 
 /// The first argument that has a host's binary run [`guard_main`] instead of itself.
@@ -227,33 +264,9 @@ fn failed(message: String) -> AttemptError {
 
 impl Exec {
     async fn run(&self, input: &StrategyInput) -> Result<Summary, AttemptError> {
-        let (program, args) = self
-            .command
-            .split_first()
-            .ok_or_else(|| failed("exec strategy has no command".into()))?;
-        let mut command = self.command(program, args);
-        command
-            .env_clear()
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        for name in &self.env {
-            if let Some(value) = std::env::var_os(name) {
-                command.env(name, value);
-            }
-        }
-        let mut child = command
-            .spawn()
-            .map_err(|err| failed(format!("cannot start {program}: {err}")))?;
-        // process_group(0): the group's id is the child's pid (the guard's, if any).
-        let group = Group(
-            child
-                .id()
-                .and_then(|pid| i32::try_from(pid).ok())
-                .map(nix::unistd::Pid::from_raw),
-        );
+        let program = self.command.first().map_or("", String::as_str);
+        let (mut child, group) =
+            spawn_sandboxed(&self.command, &self.env, self.guard.as_ref()).map_err(failed)?;
         let document =
             serde_json::to_vec(&request_document(input)).map_err(|err| failed(err.to_string()))?;
         let mut stdin = child

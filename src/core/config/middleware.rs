@@ -64,12 +64,8 @@ pub struct HookConfig {
     #[serde(default)]
     pub env: Vec<String>,
     /// exec: the longest answer line accepted.
-    #[serde(default = "default_exec_output")]
+    #[serde(default = "super::default_exec_output")]
     pub max_output_bytes: usize,
-}
-
-fn default_exec_output() -> usize {
-    1024 * 1024
 }
 
 fn default_timeout() -> Duration {

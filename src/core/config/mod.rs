@@ -116,30 +116,8 @@ pub struct RouteConfig {
 impl RouteConfig {
     /// True when `model` matches the pattern (`*` is the only wildcard).
     pub fn matches(&self, model: &str) -> bool {
-        wildcard_match(&self.pattern, model)
+        handoff_plugin_api::wildcard_match(&self.pattern, model)
     }
-}
-
-/// `*`-only glob matching: `gpt-4o*`, `*-instruct`, `meta-llama/*-70B-*`.
-fn wildcard_match(pattern: &str, text: &str) -> bool {
-    let mut parts = pattern.split('*');
-    let Some(first) = parts.next() else {
-        return text.is_empty();
-    };
-    let Some(mut rest) = text.strip_prefix(first) else {
-        return false;
-    };
-    let pieces: Vec<&str> = parts.collect();
-    let Some((last, middle)) = pieces.split_last() else {
-        return rest.is_empty();
-    };
-    for piece in middle {
-        match rest.find(piece) {
-            Some(at) => rest = &rest[at + piece.len()..],
-            None => return false,
-        }
-    }
-    rest.ends_with(last)
 }
 
 impl Default for Config {
