@@ -271,6 +271,7 @@ proptest! {
                 new_messages: n,
                 forms: Vec::new(),
                 carried: None,
+                hooks: None,
             })))
             .collect();
         let bytes = encode(&lines).unwrap();

@@ -2,9 +2,9 @@
 """An exec middleware hook (protocol version 1, docs/plugins.md): it stays up and
 answers one JSON line per request line.
 
-It refuses a request whose last user message asks for the system prompt, redacts
-internal host names (*.corp.example), and tags each request with the number of its
-messages. Standard library only.
+On a request (and a view) it refuses one whose last user message asks for the system
+prompt, redacts internal host names (*.corp.example), and tags it with the number of
+its messages; on a reply it tags whether the reply names a host. Standard library only.
 """
 import json
 import re
@@ -39,4 +39,12 @@ for line in sys.stdin:
     if call.get("version") != 1:
         print(json.dumps({"error": f"unknown protocol version {call.get('version')}"}), flush=True)
         continue
-    print(json.dumps(decide(call["request"])), flush=True)
+    hook = call.get("hook")
+    if hook in ("on_request", "on_view"):
+        answer = decide(call["request"])
+    elif hook == "on_reply":
+        named = any(HOSTS.search(text_of(m)) for m in call["reply"])
+        answer = {"tags": {"reply_names_host": "yes" if named else "no"}}
+    else:
+        answer = {}  # a stage this hook does not know: no decision
+    print(json.dumps(answer), flush=True)

@@ -195,6 +195,9 @@ pub struct DecisionLine {
     /// The upstream's status when it answered with an error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_status: Option<u16>,
+    /// What `view`-stage hooks took out of the view sent (the log keeps the text).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub redacted: Vec<RedactionNote>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -496,6 +499,44 @@ pub struct RequestLine {
     /// it continues.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub carried: Option<usize>,
+    /// What the `[middleware]` hooks did to the request before it was tracked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hooks: Option<HookNotes>,
+}
+
+/// What the middleware hooks did to a request or a view: never a text they took out,
+/// only what it was, its marker and how often it occurred.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HookNotes {
+    /// The tags the hooks added.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub tags: std::collections::BTreeMap<String, String>,
+    /// What they took out, by hook and label.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub redacted: Vec<RedactionNote>,
+    /// The model the client asked for, when a hook sent the request to another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_from: Option<String>,
+}
+
+impl HookNotes {
+    /// True when the hooks changed nothing worth a note.
+    pub fn is_empty(&self) -> bool {
+        self.tags.is_empty() && self.redacted.is_empty() && self.model_from.is_none()
+    }
+}
+
+/// One text a hook took out: the text itself is never logged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RedactionNote {
+    /// The hook that asked for it.
+    pub hook: String,
+    /// What the text was (`email`, `api_key`…), as the hook said.
+    pub label: String,
+    /// The marker that stands in its place.
+    pub marker: String,
+    /// How many times it occurred.
+    pub count: usize,
 }
 
 /// Why a line could not be read.
@@ -721,6 +762,7 @@ mod tests {
             new_messages: 3,
             forms: Vec::new(),
             carried: None,
+            hooks: None,
         })));
         let bytes = encode(&lines).unwrap();
         let text = String::from_utf8(bytes.clone()).unwrap();

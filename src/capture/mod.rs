@@ -59,7 +59,13 @@ pub(crate) struct ReplyTarget {
     pub references: Option<(Arc<Tokens>, Tokenizer)>,
     /// What the proxy decided for the request: logged before the replies.
     pub decision: Option<DecisionLine>,
+    /// Given the reply's messages once they are logged (the reply-stage hooks); it
+    /// must not block, for a stream's end waits for the log.
+    pub after: Option<AfterReply>,
 }
+
+/// What sees a reply after it was logged.
+pub(crate) type AfterReply = Box<dyn FnOnce(Vec<Box<serde_json::value::RawValue>>) + Send + Sync>;
 
 /// Counts each item of `items` that has an `id` under the digest of a reference to it,
 /// off the async threads.
@@ -84,7 +90,7 @@ fn count_references(items: Vec<String>, tokens: Arc<Tokens>, tokenizer: Tokenize
 impl ReplyTarget {
     /// Logs `replies`. `Err` only when they could not be logged and the store is
     /// required; otherwise a failure is warned about, counted, and the reply relayed.
-    pub(crate) async fn log(self, assembled: Assembled, ended: Outcome) -> Result<(), RelayError> {
+    pub(crate) async fn log(mut self, assembled: Assembled, ended: Outcome) -> Result<(), RelayError> {
         let Assembled {
             replies,
             usage,
@@ -109,6 +115,10 @@ impl ReplyTarget {
                         server,
                     })
                 });
+        let after = self.after.take().map(|after| {
+            let messages = replies.iter().map(|r| r.message.clone()).collect();
+            (after, messages)
+        });
         let items = match &self.references {
             Some(_) if sequence => replies.iter().map(|r| r.message.get().to_owned()).collect(),
             _ => Vec::new(),
@@ -130,6 +140,9 @@ impl ReplyTarget {
             tokio::time::timeout(LOG_DEADLINE, self.tracker.record_replies(&self.id, batch)).await;
         if let Some((tokens, tokenizer)) = &self.references {
             count_references(items, Arc::clone(tokens), *tokenizer);
+        }
+        if let Some((after, messages)) = after {
+            after(messages);
         }
         let reason = match written {
             Ok(Ok(())) => return Ok(()),

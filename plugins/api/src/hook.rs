@@ -1,8 +1,8 @@
-//! Middleware hooks: code that sees a request before it is tracked, compacted and sent,
-//! and may refuse it, redact it or tag it. A hook gets the messages in the neutral
-//! (chat-completions) form whatever the client's API, and answers with what it decided;
-//! the host applies that to the request in the client's own format, so a hook never
-//! writes a wire format.
+//! Middleware hooks: code that sees a request at the stages of its life ([`Stage`]) and
+//! may refuse it, redact it, send it to another model or tag it. A hook gets the
+//! messages in the neutral (chat-completions) form whatever the client's API, and
+//! answers with what it decided; the host applies that to the request in the client's
+//! own format, so a hook never writes a wire format.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,7 +11,32 @@ use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// What an `on_request` hook is given.
+/// Where in a request's life a hook is called; a hook's config names its stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    /// After admission, before tracking: what it takes out is never tracked, logged,
+    /// summarised or sent; it may refuse, reroute and tag.
+    Request,
+    /// The view about to be sent, after compaction (and each summary call's input):
+    /// what it takes out never reaches the provider, while the log keeps it.
+    View,
+    /// The reply, once logged and answered: it may tag, and never delays the client.
+    Reply,
+}
+
+impl Stage {
+    /// Its name in the config and the exec protocol.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Request => "request",
+            Stage::View => "view",
+            Stage::Reply => "reply",
+        }
+    }
+}
+
+/// What a hook is given: a request, or the view made of it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HookRequest {
     /// The client's wire format (`openai`, `anthropic`, `responses`).
@@ -29,6 +54,16 @@ pub struct HookRequest {
     /// Tags the hooks before this one added.
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
+}
+
+/// What an `on_reply` hook is given: the request, and the reply it got.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HookReply {
+    /// The request, as the request-stage hooks left it (its tags included).
+    pub request: HookRequest,
+    /// The reply's messages in the neutral form (one assistant message, with its tool
+    /// calls), as logged.
+    pub reply: Vec<Arc<Value>>,
 }
 
 /// One text to take out of the request: every occurrence of `find`, in any message or
@@ -63,6 +98,10 @@ pub struct HookDecision {
     /// Metadata to add to the request's record and metrics.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tags: BTreeMap<String, String>,
+    /// Send the request to this model instead (request stage): the route that matches
+    /// it picks the upstream, and the client's key must allow it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 /// Why a hook could not decide. The host then applies the hook's failure policy:
@@ -81,4 +120,23 @@ pub trait Hook: Send + Sync {
         &'a self,
         request: &'a HookRequest,
     ) -> BoxFuture<'a, Result<HookDecision, HookError>>;
+
+    /// Looks at the view about to be sent (its messages in `view.messages`); only its
+    /// redactions and denial count. By default it decides as [`Hook::on_request`].
+    fn on_view<'a>(
+        &'a self,
+        view: &'a HookRequest,
+    ) -> BoxFuture<'a, Result<HookDecision, HookError>> {
+        self.on_request(view)
+    }
+
+    /// Looks at a reply after the client got it; only its tags count. By default it
+    /// adds none.
+    fn on_reply<'a>(
+        &'a self,
+        reply: &'a HookReply,
+    ) -> BoxFuture<'a, Result<HookDecision, HookError>> {
+        let _ = reply;
+        Box::pin(async { Ok(HookDecision::default()) })
+    }
 }

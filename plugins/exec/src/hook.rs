@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use handoff_plugin_api::{Hook, HookDecision, HookError, HookRequest};
+use handoff_plugin_api::{Hook, HookDecision, HookError, HookReply, HookRequest};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -104,18 +104,15 @@ impl ExecHook {
         })
     }
 
-    async fn call(&self, request: &HookRequest) -> Result<HookDecision, HookError> {
+    /// One call: `message` (the protocol's line, without its version) out, a decision in.
+    async fn call(&self, mut message: serde_json::Value) -> Result<HookDecision, HookError> {
+        message["version"] = json!(PROTOCOL_VERSION);
+        let mut line = serde_json::to_vec(&message).map_err(|err| HookError(err.to_string()))?;
         let mut slot = self.running.lock().await;
         let mut running = match slot.take() {
             Some(running) => running,
             None => self.start()?,
         };
-        let mut line = serde_json::to_vec(&json!({
-            "version": PROTOCOL_VERSION,
-            "hook": "on_request",
-            "request": request,
-        }))
-        .map_err(|err| HookError(err.to_string()))?;
         line.push(b'\n');
         running
             .stdin
@@ -163,6 +160,22 @@ impl Hook for ExecHook {
         &'a self,
         request: &'a HookRequest,
     ) -> BoxFuture<'a, Result<HookDecision, HookError>> {
-        self.call(request).boxed()
+        self.call(json!({"hook": "on_request", "request": request}))
+            .boxed()
+    }
+
+    fn on_view<'a>(
+        &'a self,
+        view: &'a HookRequest,
+    ) -> BoxFuture<'a, Result<HookDecision, HookError>> {
+        self.call(json!({"hook": "on_view", "request": view})).boxed()
+    }
+
+    fn on_reply<'a>(
+        &'a self,
+        reply: &'a HookReply,
+    ) -> BoxFuture<'a, Result<HookDecision, HookError>> {
+        self.call(json!({"hook": "on_reply", "request": reply.request, "reply": reply.reply}))
+            .boxed()
     }
 }

@@ -1,15 +1,16 @@
-//! `[middleware]`: the hooks a tracked request goes through after its admission, before
-//! it is tracked. Each hook is a named instance of a kind (`redact`, `deny`, `exec`, or one a
-//! binary registers), built here when the config loads, so a reload swaps them with
-//! the rest of the config and a mistake stops the load, naming its key.
+//! `[middleware]`: the hooks a tracked request goes through, at the stages each names
+//! (`request`, `view`, `reply`). Each hook is a named instance of a kind (`redact`,
+//! `deny`, `tag`, `exec`, or one a binary registers), built here when the config loads,
+//! so a reload swaps them with the rest of the config and a mistake stops the load,
+//! naming its key.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
-use handoff_hook_deny::{Deny, RuleSettings};
 use handoff_hook_redact::Redact;
-use handoff_plugin_api::Hook;
+use handoff_hook_rules::{Deny, RuleSettings, Tag};
+use handoff_plugin_api::{Hook, Stage};
 use handoff_strategy_exec::ExecHook;
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +24,9 @@ pub struct MiddlewareConfig {
     pub chain: Vec<String>,
     /// The named hooks.
     pub hooks: BTreeMap<String, HookConfig>,
+    /// The tag names whose values become a label of `handoff_hook_tags_total`; the
+    /// others go only to the record, so a hook cannot grow the metrics without bound.
+    pub metric_tags: Vec<String>,
 }
 
 /// What a hook's failure (an error, or no answer within its `timeout`) does.
@@ -40,8 +44,11 @@ pub enum Failure {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HookConfig {
-    /// `redact`, `deny`, `exec`, or a registered kind.
+    /// `redact`, `deny`, `tag`, `exec`, or a registered kind.
     pub kind: String,
+    /// When it is called: `request` (the default), `view`, `reply`.
+    #[serde(default = "default_stages")]
+    pub stages: Vec<Stage>,
     /// What a failure does: `closed` (the default) or `open`.
     #[serde(default)]
     pub failure: Failure,
@@ -54,9 +61,10 @@ pub struct HookConfig {
     /// redact: more shapes, each a marker label and a regex.
     #[serde(default)]
     pub patterns: BTreeMap<String, String>,
-    /// deny: the rules, the first that matches refuses.
+    /// deny, tag: the rules (deny: the first that matches refuses; tag: each that
+    /// matches adds its tags).
     #[serde(default)]
-    pub rules: Vec<DenyRule>,
+    pub rules: Vec<Rule>,
     /// exec: the program and its arguments; no shell is involved.
     #[serde(default)]
     pub command: Vec<String>,
@@ -72,10 +80,14 @@ fn default_timeout() -> Duration {
     Duration::from_secs(1)
 }
 
-/// `[[middleware.hooks.<name>.rules]]`: one rule of a `deny` hook.
+fn default_stages() -> Vec<Stage> {
+    vec![Stage::Request]
+}
+
+/// `[[middleware.hooks.<name>.rules]]`: one rule of a `deny` or `tag` hook.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct DenyRule {
+pub struct Rule {
     /// A model pattern (`*` matches any run of characters).
     pub model: Option<String>,
     /// A tenant: a proxy key's `name`.
@@ -88,9 +100,14 @@ pub struct DenyRule {
     pub larger_than: Option<usize>,
     /// The status answered (4xx); 403 when unset.
     pub status: Option<u16>,
-    /// Why, for the client.
+    /// deny: why, for the client.
     #[serde(default)]
     pub message: String,
+    /// tag: the tags a match adds.
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    /// tag: the model a match sends the request to.
+    pub reroute: Option<String>,
 }
 
 fn invalid(key: String, reason: impl Into<String>) -> ConfigError {
@@ -136,8 +153,8 @@ fn redact(settings: &HookConfig) -> Result<Arc<dyn Hook>, String> {
     Ok(Arc::new(Redact::new(&settings.detectors, &patterns)?))
 }
 
-fn deny(settings: &HookConfig) -> Result<Arc<dyn Hook>, String> {
-    let rules: Vec<RuleSettings> = settings
+fn rules(settings: &HookConfig) -> Vec<RuleSettings> {
+    settings
         .rules
         .iter()
         .map(|rule| RuleSettings {
@@ -148,12 +165,26 @@ fn deny(settings: &HookConfig) -> Result<Arc<dyn Hook>, String> {
             larger_than: rule.larger_than,
             status: rule.status,
             message: rule.message.clone(),
+            tags: rule.tags.clone(),
+            reroute: rule.reroute.clone(),
         })
-        .collect();
-    Ok(Arc::new(Deny::new(&rules)?))
+        .collect()
 }
 
-const BUILT_IN: &[(&str, HookFactory)] = &[("redact", redact), ("deny", deny), ("exec", exec)];
+fn deny(settings: &HookConfig) -> Result<Arc<dyn Hook>, String> {
+    Ok(Arc::new(Deny::new(&rules(settings))?))
+}
+
+fn tag(settings: &HookConfig) -> Result<Arc<dyn Hook>, String> {
+    Ok(Arc::new(Tag::new(&rules(settings))?))
+}
+
+const BUILT_IN: &[(&str, HookFactory)] = &[
+    ("redact", redact),
+    ("deny", deny),
+    ("tag", tag),
+    ("exec", exec),
+];
 
 fn extra() -> &'static RwLock<HashMap<String, HookFactory>> {
     static EXTRA: OnceLock<RwLock<HashMap<String, HookFactory>>> = OnceLock::new();
@@ -186,6 +217,15 @@ pub struct BuiltHook {
     pub failure: Failure,
     /// Time allowed for one call.
     pub timeout: Duration,
+    /// When it is called.
+    pub stages: Arc<[Stage]>,
+}
+
+impl BuiltHook {
+    /// True when it is called at `stage`.
+    pub fn at(&self, stage: Stage) -> bool {
+        self.stages.contains(&stage)
+    }
 }
 
 impl std::fmt::Debug for BuiltHook {
@@ -194,6 +234,7 @@ impl std::fmt::Debug for BuiltHook {
             .field("name", &self.name)
             .field("kind", &self.hook.kind())
             .field("failure", &self.failure)
+            .field("stages", &self.stages)
             .finish()
     }
 }
@@ -235,6 +276,12 @@ impl HookChains {
             if settings.timeout.is_zero() {
                 return Err(invalid(format!("{key}.timeout"), "must be more than zero"));
             }
+            if settings.stages.is_empty() {
+                return Err(invalid(
+                    format!("{key}.stages"),
+                    "names no stage; it would never be called",
+                ));
+            }
             let hook = factory(settings).map_err(|reason| invalid(key, reason))?;
             built.insert(
                 name,
@@ -243,6 +290,7 @@ impl HookChains {
                     hook,
                     failure: settings.failure,
                     timeout: settings.timeout,
+                    stages: settings.stages.iter().copied().collect(),
                 },
             );
         }

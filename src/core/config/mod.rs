@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 pub use load::{check_serve, config_file, from_toml, load, strategy_kind, ConfigError, Overrides};
 pub use mask::masked;
 pub use middleware::{
-    guard_exec_hooks_with, register_hook, BuiltHook, DenyRule, Failure, HookChains, HookConfig,
+    guard_exec_hooks_with, register_hook, BuiltHook, Failure, HookChains, HookConfig, Rule,
     HookFactory, MiddlewareConfig,
 };
 pub use workers::{cores, Workers};

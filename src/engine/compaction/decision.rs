@@ -39,6 +39,7 @@ fn budgeted(budget: &RequestBudget, tracked: &Tracked) -> DecisionLine {
         refused: None,
         detail: None,
         upstream_status: None,
+        redacted: Vec::new(),
     }
 }
 

@@ -276,16 +276,18 @@ impl Tracker {
         id: ConversationId,
         request: &ChatRequest,
     ) -> Result<Tracked, StoreError> {
-        self.track_after(id, request, None).await
+        self.track_after(id, request, None, None).await
     }
 
     /// Logs the request's new originals as continuing the prefix `base` (a server-held
-    /// request's items follow the response they continue), or from the root.
+    /// request's items follow the response they continue), or from the root, with what
+    /// the middleware hooks did to it.
     pub async fn track_after(
         &self,
         id: ConversationId,
         request: &ChatRequest,
         base: Option<PrefixDigest>,
+        hooks: Option<crate::base::line::HookNotes>,
     ) -> Result<Tracked, StoreError> {
         let pinned_len = request.pinned_len();
         let (pinned, rest) = request.messages.split_at(pinned_len);
@@ -362,7 +364,9 @@ impl Tracker {
             form_changes: state.form_changes,
         };
         let repeat = state.last_request.as_ref() == Some(&this_request);
-        if known == rest.len() && lines.is_empty() && forms.is_empty() && repeat {
+        // A repeat the hooks changed still says so: its line is how audit knows.
+        if known == rest.len() && lines.is_empty() && forms.is_empty() && repeat && hooks.is_none()
+        {
             // A retry or a repeat of the latest request adds nothing to the log: no
             // write, and the lock is brief. (A request of known messages that is not
             // one, a regenerate from an earlier turn, gets its own request line.)
@@ -396,6 +400,7 @@ impl Tracker {
             new_messages: rest.len() - known,
             forms: form_entries,
             carried: base.map(|_| rest.len()),
+            hooks,
         })));
         self.store.append(&id, lines).await?;
         if state.known.is_empty() && base.is_none() {

@@ -21,14 +21,18 @@ impl Exchange<'_> {
         while_preparing: bool,
     ) -> Option<DecisionLine> {
         let budget = self.budget.as_ref().filter(|_| tracked.logged)?;
-        Some(decision::sent(
+        let mut decision = decision::sent(
             budget,
             tracked,
             &self.chat.model,
             sent,
             retries,
             while_preparing,
-        ))
+        );
+        if let Ok(noted) = self.view_notes.lock() {
+            decision.redacted.clone_from(&noted);
+        }
+        Some(decision)
     }
 
     /// Logs that handoff answered `error` itself instead of sending a view estimated at

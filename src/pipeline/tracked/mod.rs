@@ -22,6 +22,7 @@ use crate::access_log::RequestLog;
 use crate::auth::Admission;
 use crate::base::chunks::Chunks;
 use crate::base::digest::PrefixDigest;
+use crate::base::line::{HookNotes, RedactionNote};
 use crate::body::{chunked, ProxyBody};
 use crate::compaction::budget::RequestBudget;
 use crate::compaction::chain::Chain;
@@ -56,7 +57,12 @@ pub(super) async fn run(
     let mut exchange = Exchange::parse(state, snap, parts, body, &admission, dialect)?;
     let claims = exchange.claims();
     authorize(state, &exchange.snap, &admission, &claims).await?;
-    exchange.hook(&admission.tenant).await?;
+    if exchange.hook().await? {
+        // Sent to another model by a hook: the key must allow that one too.
+        let claims = exchange.claims();
+        authorize(state, &exchange.snap, &admission, &claims).await?;
+    }
+    exchange.settle()?;
     let (id, base) = exchange.identify(admission).await?;
     log.set_conversation(&id);
     let Some(tracked) = exchange.track(id, base).await? else {
@@ -90,6 +96,14 @@ struct Exchange<'s> {
     tracked: Option<Tracked>,
     /// The proxy key its summary calls are charged to, when keys are configured.
     key: Option<Arc<crate::auth::ProxyKey>>,
+    /// Who sent it, as the middleware hooks are told.
+    caller: hooks::Caller,
+    /// The request as the request-stage hooks left it, when reply-stage hooks follow.
+    hooked: Option<handoff_plugin_api::HookRequest>,
+    /// What the request-stage hooks did, for the request's line.
+    notes: Option<HookNotes>,
+    /// What the view-stage hooks took out of the view last sent, for the decision line.
+    view_notes: std::sync::Mutex<Vec<RedactionNote>>,
 }
 
 impl<'s> Exchange<'s> {
@@ -116,11 +130,48 @@ impl<'s> Exchange<'s> {
             .into());
         }
         snap.pins.apply(&mut chat);
-        let chosen = strategy::strategy_override(&snap, &parts.headers)?;
+        let (chain, budget) = Self::for_model(state, &snap, &parts.headers, &chat)?;
+        // The reply is read on the side (tracking, usage); a compressed body could not be.
+        parts.headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+        // A compacted body has another length; hyper sets the right one from the body.
+        parts.headers.remove(header::CONTENT_LENGTH);
+        let caller = hooks::Caller {
+            tenant: admission.tenant.clone(),
+            keyed: admission.key.is_some(),
+            path: parts.uri.path().to_owned(),
+        };
+        Ok(Self {
+            state,
+            snap,
+            parts,
+            body,
+            chat,
+            chain,
+            budget,
+            tracked: None,
+            key: admission.key.clone(),
+            caller,
+            hooked: None,
+            notes: None,
+            view_notes: std::sync::Mutex::default(),
+        })
+    }
+
+    /// What depends on the request's model: the strategies a compaction tries, and the
+    /// window budget (none for a server-held conversation, the upstream's to manage).
+    fn for_model(
+        state: &AppState,
+        snap: &Snapshot,
+        headers: &http::HeaderMap,
+        chat: &ChatRequest,
+    ) -> Result<(Chain, Option<RequestBudget>), Halt> {
+        let chosen = strategy::strategy_override(snap, headers)?;
         let chain = snap.registry.select(&snap.config, &chat.model, chosen);
-        // A server-held conversation is the upstream's to manage: never rewritten.
         let budget = (!chat.server_held)
-            .then(|| RequestBudget::new(&snap.config, &chat, &state.tokens))
+            .then(|| RequestBudget::new(&snap.config, chat, &state.tokens))
             .flatten();
         if let Some(budget) = budget.as_ref().filter(|b| b.input_budget == 0) {
             // A reserve as large as the window leaves nothing to compact into: refusing
@@ -136,71 +187,68 @@ impl<'s> Exchange<'s> {
             )
             .into());
         }
-        // The reply is read on the side (tracking, usage); a compressed body could not be.
-        parts.headers.insert(
-            header::ACCEPT_ENCODING,
-            HeaderValue::from_static("identity"),
-        );
-        // A compacted body has another length; hyper sets the right one from the body.
-        parts.headers.remove(header::CONTENT_LENGTH);
-        let upstream = snap.upstream_in(chat.dialect, &chat.model);
-        snap.credentials
-            .rewrite(&mut parts.headers, dialect, upstream);
-        Ok(Self {
-            state,
-            snap,
-            parts,
-            body,
-            chat,
-            chain,
-            budget,
-            tracked: None,
-            key: admission.key.clone(),
-        })
+        Ok((chain, budget))
     }
 
-    /// Phase 4, **hook**: the `[middleware]` hooks. Their redactions replace the body
-    /// (and its parse) before anything reads it for tracking, compaction or the
-    /// upstream.
-    async fn hook(&mut self, tenant: &crate::tenant::TenantId) -> Result<(), Halt> {
-        let caller = hooks::Caller {
-            tenant,
-            keyed: self.key.is_some(),
-            path: self.parts.uri.path(),
-        };
-        let decided = hooks::on_request(
-            self.state,
-            &self.snap,
-            &self.chat,
-            caller,
-            self.chat.dialect,
-        )
-        .await?;
-        if !decided.tags.is_empty() {
-            tracing::info!(tags = ?decided.tags, "tagged by middleware hooks");
-        }
-        if decided.redact.is_empty() {
-            return Ok(());
-        }
-        let secret = &self.state.secret;
-        let body = hooks::redacted_body(&self.body, &decided.redact, |text| {
-            secret.redaction_tag(tenant, text)
-        })?;
-        let body = Chunks::from(body);
-        let mut chat = self
-            .chat
-            .dialect
-            .get()
-            .parse_body(&body)
-            .map_err(ApiError::from)?;
-        self.snap.pins.apply(&mut chat);
-        tracing::info!(
-            texts = decided.redact.len(),
-            "middleware hooks redacted the request"
-        );
-        self.chat = chat;
-        self.body = body;
+    /// The end of **hook**: the upstream's credentials, for the model the request now
+    /// goes to.
+    fn settle(&mut self) -> Result<(), Halt> {
+        let upstream = self.snap.upstream_in(self.chat.dialect, &self.chat.model);
+        self.snap
+            .credentials
+            .rewrite(&mut self.parts.headers, self.chat.dialect, upstream);
         Ok(())
+    }
+
+    /// Phase 4, **hook**: the request-stage `[middleware]` hooks. Their redactions
+    /// replace the body (and its parse) before anything reads it for tracking,
+    /// compaction or the upstream; true when they sent the request to another model.
+    async fn hook(&mut self) -> Result<bool, Halt> {
+        let Some(hooked) =
+            hooks::on_request(self.state, &self.snap, &self.caller, &self.chat, &self.body)
+                .await?
+        else {
+            return Ok(false);
+        };
+        let hooks::Hooked {
+            body,
+            model,
+            mut notes,
+            request,
+        } = hooked;
+        let mut body = body.map(Chunks::from);
+        if let Some(model) = &model {
+            let sent = body.as_ref().unwrap_or(&self.body);
+            body = Some(Chunks::from(hooks::with_model(sent, model)?));
+            notes.model_from = Some(self.chat.model.clone());
+            tracing::info!(from = %self.chat.model, to = %model, "a middleware hook sent the request to another model");
+        }
+        if let Some(body) = body {
+            let mut chat = self
+                .chat
+                .dialect
+                .get()
+                .parse_body(&body)
+                .map_err(ApiError::from)?;
+            self.snap.pins.apply(&mut chat);
+            if model.is_some() {
+                (self.chain, self.budget) =
+                    Self::for_model(self.state, &self.snap, &self.parts.headers, &chat)?;
+            }
+            self.chat = chat;
+            self.body = body;
+        }
+        if !notes.redacted.is_empty() || !notes.tags.is_empty() {
+            tracing::info!(tags = ?notes.tags, redacted = notes.redacted.len(), "middleware hooks changed the request");
+        }
+        if self
+            .caller
+            .has(&self.snap, &self.chat.model, handoff_plugin_api::Stage::Reply)
+        {
+            self.hooked = Some(request);
+        }
+        self.notes = (!notes.is_empty()).then_some(notes);
+        Ok(model.is_some())
     }
 
     /// What **authorize** checks: the model, and (through a shared upstream key) the
@@ -295,7 +343,7 @@ impl<'s> Exchange<'s> {
         match self
             .state
             .tracker
-            .track_after(id.clone(), &self.chat, base)
+            .track_after(id.clone(), &self.chat, base, self.notes.clone())
             .await
         {
             Ok(tracked) => Ok(Some(tracked)),
@@ -448,6 +496,14 @@ impl<'s> Exchange<'s> {
             self.upstream().clone(),
             self.parts.uri.path_and_query().cloned(),
             self.parts.headers.clone(),
+        );
+        let client = hooks::summary_client(
+            self.state,
+            &self.snap,
+            &self.caller,
+            &self.chat.model,
+            self.chat.dialect,
+            client,
         );
         match &self.key {
             Some(key) => Arc::new(charged::ChargedClient::new(

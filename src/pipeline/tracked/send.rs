@@ -56,6 +56,7 @@ impl Exchange<'_> {
             let body = view
                 .render_body(&self.body)
                 .map_err(|err| ApiError::internal(err.to_string()))?;
+            let body = self.viewed(body).await?;
             let asked = if ask_usage {
                 dialect.ask_usage(&body)
             } else {
@@ -282,6 +283,7 @@ impl Exchange<'_> {
                 .clone()
                 .filter(|_| self.chat.continues_conversation),
             metrics: Arc::clone(&self.state.metrics),
+            after: self.after_reply(),
             references: (self.chat.dialect == crate::dialect::DialectKind::Responses).then(|| {
                 let tokenizer = self
                     .snap
@@ -291,6 +293,56 @@ impl Exchange<'_> {
                 (Arc::clone(&self.state.tokens), tokenizer)
             }),
         }
+    }
+}
+
+impl Exchange<'_> {
+    /// `body` through the view-stage hooks, noting what they took out for the decision
+    /// line.
+    async fn viewed<'b>(
+        &self,
+        body: std::borrow::Cow<'b, crate::base::chunks::Chunks>,
+    ) -> Result<std::borrow::Cow<'b, crate::base::chunks::Chunks>, Halt> {
+        use handoff_plugin_api::Stage;
+        if !self.caller.has(&self.snap, &self.chat.model, Stage::View) {
+            return Ok(body);
+        }
+        let view = self
+            .chat
+            .dialect
+            .get()
+            .parse_body(&body)
+            .map_err(ApiError::from)?;
+        let viewed =
+            super::hooks::on_view(self.state, &self.snap, &self.caller, &view, &body).await?;
+        let Some((redacted, notes)) = viewed else {
+            return Ok(body);
+        };
+        if let Ok(mut noted) = self.view_notes.lock() {
+            *noted = notes;
+        }
+        Ok(std::borrow::Cow::Owned(crate::base::chunks::Chunks::from(
+            redacted,
+        )))
+    }
+
+    /// What runs the reply-stage hooks once the reply is logged, when there are any.
+    fn after_reply(&self) -> Option<crate::capture::AfterReply> {
+        let request = self.hooked.clone()?;
+        let metrics = Arc::clone(&self.state.metrics);
+        let snap = Arc::clone(&self.snap);
+        let caller = self.caller.clone();
+        let dialect = self.chat.dialect;
+        Some(Box::new(move |messages| {
+            let reply = messages
+                .iter()
+                .filter_map(|raw| serde_json::from_str(raw.get()).ok())
+                .flat_map(|value| dialect.get().neutral(&value))
+                .map(Arc::new)
+                .collect();
+            let reply = handoff_plugin_api::HookReply { request, reply };
+            super::hooks::on_reply(metrics, &snap, &caller, reply);
+        }))
     }
 }
 

@@ -1,134 +1,57 @@
-//! The `deny` hook: refuses a request that a rule matches. A rule names any of a model
-//! pattern, a tenant, a path pattern, a content regex and a size; a request is refused
-//! by the first rule all of whose conditions hold, with that rule's status and message,
-//! in the client's API shape.
-
-#![forbid(unsafe_code)]
+//! The `deny` hook: a request is refused by the first rule that matches it, with that
+//! rule's status and message, in the client's API shape.
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use handoff_plugin_api::{
-    content_text, wildcard_match as glob, Denial, Hook, HookDecision, HookError, HookRequest,
-};
-use regex::Regex;
+use handoff_plugin_api::{Denial, Hook, HookDecision, HookError, HookRequest};
 
-/// One rule, as configured: every condition given must hold.
-#[derive(Debug, Clone, Default)]
-pub struct RuleSettings {
-    /// A model pattern (`*` matches any run of characters).
-    pub model: Option<String>,
-    /// A tenant name (a proxy key's `name`).
-    pub tenant: Option<String>,
-    /// A path pattern (`*` as for models).
-    pub path: Option<String>,
-    /// A regex that some message's text matches.
-    pub content: Option<String>,
-    /// More characters of message text than this.
-    pub larger_than: Option<usize>,
-    /// The status answered, 400 to 499; 403 when unset.
-    pub status: Option<u16>,
-    /// What the client reads.
-    pub message: String,
-}
-
-#[derive(Debug, Clone)]
-struct Rule {
-    model: Option<String>,
-    tenant: Option<String>,
-    path: Option<String>,
-    content: Option<Regex>,
-    larger_than: Option<usize>,
-    denial: Denial,
-}
+use crate::conditions::{Conditions, Text};
+use crate::RuleSettings;
 
 /// A `deny` hook: its rules, in order.
 #[derive(Debug, Clone)]
 pub struct Deny {
-    rules: Vec<Rule>,
+    rules: Vec<(Conditions, Denial)>,
 }
 
 impl Deny {
-    /// The hook for `rules`; a rule with no condition, a bad status or a content regex
-    /// that does not compile is an error that names the rule by its index.
+    /// The hook for `rules`; a rule with no condition or reason, a bad status or a
+    /// content regex that does not compile is an error that names the rule.
     pub fn new(rules: &[RuleSettings]) -> Result<Self, String> {
         if rules.is_empty() {
             return Err("no rules: it would refuse nothing".into());
         }
         let mut built = Vec::new();
         for (i, rule) in rules.iter().enumerate() {
-            let content = rule
-                .content
-                .as_deref()
-                .map(Regex::new)
-                .transpose()
-                .map_err(|err| format!("rules[{i}].content: {err}"))?;
+            let conditions = Conditions::new(i, rule)?;
             let status = rule.status.unwrap_or(403);
             if !(400..=499).contains(&status) {
                 return Err(format!("rules[{i}].status: {status} is not a 4xx status"));
             }
-            let any = rule.model.is_some()
-                || rule.tenant.is_some()
-                || rule.path.is_some()
-                || content.is_some()
-                || rule.larger_than.is_some();
-            if !any {
-                return Err(format!(
-                    "rules[{i}]: no condition; it would refuse every request"
-                ));
-            }
             if rule.message.trim().is_empty() {
                 return Err(format!("rules[{i}].message: say why, for the client"));
             }
-            built.push(Rule {
-                model: rule.model.clone(),
-                tenant: rule.tenant.clone(),
-                path: rule.path.clone(),
-                content,
-                larger_than: rule.larger_than,
-                denial: Denial {
-                    status,
-                    message: rule.message.clone(),
-                },
-            });
+            if !rule.tags.is_empty() || rule.reroute.is_some() {
+                return Err(format!(
+                    "rules[{i}]: tags and reroute belong to a `tag` hook's rules"
+                ));
+            }
+            let denial = Denial {
+                status,
+                message: rule.message.clone(),
+            };
+            built.push((conditions, denial));
         }
         Ok(Self { rules: built })
     }
 
     /// The denial of the first rule that matches `request`.
     fn judge(&self, request: &HookRequest) -> Option<Denial> {
-        // The text is read once, and only when a rule needs it.
-        let mut texts: Option<Vec<String>> = None;
-        for rule in &self.rules {
-            if rule
-                .model
-                .as_deref()
-                .is_some_and(|p| !glob(p, &request.model))
-                || rule.tenant.as_deref().is_some_and(|t| t != request.tenant)
-                || rule
-                    .path
-                    .as_deref()
-                    .is_some_and(|p| !glob(p, &request.path))
-            {
-                continue;
-            }
-            let texts = texts
-                .get_or_insert_with(|| request.messages.iter().map(|m| content_text(m)).collect());
-            if rule
-                .larger_than
-                .is_some_and(|most| texts.iter().map(|t| t.chars().count()).sum::<usize>() <= most)
-            {
-                continue;
-            }
-            if rule
-                .content
-                .as_ref()
-                .is_some_and(|regex| !texts.iter().any(|t| regex.is_match(t)))
-            {
-                continue;
-            }
-            return Some(rule.denial.clone());
-        }
-        None
+        let mut text = Text::of(&request.messages);
+        self.rules
+            .iter()
+            .find(|(conditions, _)| conditions.hold(request, &mut text))
+            .map(|(_, denial)| denial.clone())
     }
 }
 
@@ -154,6 +77,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use handoff_plugin_api::wildcard_match as glob;
     use serde_json::json;
 
     fn request(model: &str, tenant: &str, text: &str) -> HookRequest {
@@ -212,6 +136,13 @@ mod tests {
             ..Default::default()
         })
         .contains("no condition"));
+        assert!(rule(RuleSettings {
+            model: Some("x".into()),
+            message: "m".into(),
+            reroute: Some("y".into()),
+            ..Default::default()
+        })
+        .contains("tag"));
         assert!(rule(RuleSettings {
             model: Some("x".into()),
             ..Default::default()

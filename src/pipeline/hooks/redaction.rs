@@ -1,0 +1,250 @@
+//! Redactions applied to a body in the client's format, or to a JSON value: each text
+//! becomes its marker, `[redacted:<label>:<tag>]`, the same for the same text within a
+//! tenant, and a note says how often it occurred.
+
+use aho_corasick::{AhoCorasick, MatchKind};
+use bytes::Bytes;
+use handoff_plugin_api::Redaction;
+
+use crate::base::chunks::Chunks;
+use crate::base::line::RedactionNote;
+use crate::config::{BuiltHook, Failure};
+use crate::error::ApiError;
+
+/// A body with redactions applied, and what each took out.
+pub(super) struct Applied {
+    /// The redacted body.
+    pub(super) body: Bytes,
+    /// One note per redaction, in the order asked.
+    pub(super) notes: Vec<RedactionNote>,
+}
+
+/// `body` with every occurrence of each redaction's text replaced by its marker,
+/// `[redacted:<label>:<tag>]`; longer texts first where two overlap. A text is looked
+/// for as serde spells it inside a JSON string, and where it is not found so (a client
+/// that escapes `/` or non-ASCII characters), in every string of the body parsed.
+pub(super) fn apply(
+    body: &Chunks,
+    redact: &[(String, Redaction)],
+    tag: impl Fn(&str) -> String,
+) -> Result<Applied, ApiError> {
+    let markers = markers(redact, tag);
+    let spelt: Vec<String> = redact
+        .iter()
+        .map(|(_, r)| {
+            let quoted = serde_json::Value::String(r.find.clone()).to_string();
+            quoted[1..quoted.len() - 1].to_owned()
+        })
+        .collect();
+    let finder = AhoCorasick::builder()
+        .match_kind(MatchKind::LeftmostLongest)
+        .build(&spelt)
+        .map_err(|err| ApiError::internal(format!("building the redaction search: {err}")))?;
+    let mut counts = vec![0usize; redact.len()];
+    let mut out = Vec::with_capacity(body.len());
+    finder.replace_all_with_bytes(body.contiguous(), &mut out, |found, _, dst| {
+        counts[found.pattern().as_usize()] += 1;
+        dst.extend_from_slice(markers[found.pattern().as_usize()].as_bytes());
+        true
+    });
+    // A text can hide behind an escape the fast way does not spell it with.
+    let escaped = out.windows(2).any(|pair| pair == b"\\u" || pair == b"\\/");
+    if counts.contains(&0) || escaped {
+        out = in_strings(&out, redact, &markers, &mut counts)?;
+    }
+    Ok(Applied {
+        body: Bytes::from(out),
+        notes: notes(redact, &markers, counts),
+    })
+}
+
+/// `body` parsed, with the texts replaced in every string (and key), re-serialised:
+/// the slow way, for spellings the fast one cannot see.
+fn in_strings(
+    body: &[u8],
+    redact: &[(String, Redaction)],
+    markers: &[String],
+    counts: &mut [usize],
+) -> Result<Vec<u8>, ApiError> {
+    let mut value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|err| ApiError::internal(format!("reading the redacted body: {err}")))?;
+    in_value(&mut value, redact, markers, counts)?;
+    serde_json::to_vec(&value)
+        .map_err(|err| ApiError::internal(format!("writing the redacted body: {err}")))
+}
+
+/// `value` with the texts replaced by their markers in every string, counted.
+fn in_value(
+    value: &mut serde_json::Value,
+    redact: &[(String, Redaction)],
+    markers: &[String],
+    counts: &mut [usize],
+) -> Result<(), ApiError> {
+    let finds: Vec<&str> = redact.iter().map(|(_, r)| r.find.as_str()).collect();
+    let finder = AhoCorasick::builder()
+        .match_kind(MatchKind::LeftmostLongest)
+        .build(&finds)
+        .map_err(|err| ApiError::internal(format!("building the redaction search: {err}")))?;
+    let mut replace = |text: &mut String| {
+        if finder.is_match(text.as_str()) {
+            let mut out = String::with_capacity(text.len());
+            finder.replace_all_with(text, &mut out, |found, _, dst| {
+                counts[found.pattern().as_usize()] += 1;
+                dst.push_str(&markers[found.pattern().as_usize()]);
+                true
+            });
+            *text = out;
+        }
+    };
+    walk_strings(value, &mut replace);
+    Ok(())
+}
+
+/// `value` (a summary call's body) with every redaction applied to its strings, and
+/// the notes of what each took out.
+pub(super) fn apply_to_value(
+    value: &mut serde_json::Value,
+    redact: &[(String, Redaction)],
+    tag: impl Fn(&str) -> String,
+) -> Result<Vec<RedactionNote>, ApiError> {
+    let markers = markers(redact, tag);
+    let mut counts = vec![0usize; redact.len()];
+    in_value(value, redact, &markers, &mut counts)?;
+    Ok(notes(redact, &markers, counts))
+}
+
+fn markers(redact: &[(String, Redaction)], tag: impl Fn(&str) -> String) -> Vec<String> {
+    redact
+        .iter()
+        .map(|(_, r)| format!("[redacted:{}:{}]", marker_label(&r.label), tag(&r.find)))
+        .collect()
+}
+
+fn notes(redact: &[(String, Redaction)], markers: &[String], counts: Vec<usize>) -> Vec<RedactionNote> {
+    redact
+        .iter()
+        .zip(markers)
+        .zip(counts)
+        .map(|(((hook, r), marker), count)| RedactionNote {
+            hook: hook.clone(),
+            label: marker_label(&r.label),
+            marker: marker.clone(),
+            count,
+        })
+        .collect()
+}
+
+fn walk_strings(value: &mut serde_json::Value, each: &mut impl FnMut(&mut String)) {
+    match value {
+        serde_json::Value::String(text) => each(text),
+        serde_json::Value::Array(items) => items.iter_mut().for_each(|v| walk_strings(v, each)),
+        serde_json::Value::Object(members) => {
+            members.values_mut().for_each(|v| walk_strings(v, each))
+        }
+        _ => {}
+    }
+}
+
+/// Refuses a body some redaction found nothing in when its hook fails closed: the text
+/// the hook saw is there in a spelling handoff cannot rewrite (inside a JSON-encoded
+/// argument string, say), and sending it would leak it.
+pub(super) fn unapplied(chain: &[&BuiltHook], notes: &[RedactionNote]) -> Result<(), ApiError> {
+    for note in notes.iter().filter(|note| note.count == 0) {
+        let closed = chain
+            .iter()
+            .find(|hook| hook.name == note.hook)
+            .is_none_or(|hook| hook.failure == Failure::Closed);
+        tracing::warn!(hook = %note.hook, label = %note.label, closed, "a redaction found nothing in the body as sent");
+        if closed {
+            return Err(ApiError::hook_failed(format!(
+                "middleware hook {:?} asked to redact a {} that is not in the body in a form handoff can rewrite; it fails closed",
+                note.hook, note.label
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A label as it may stand in a marker: what a JSON string holds without escapes.
+fn marker_label(label: &str) -> String {
+    let kept: String = label
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+        .take(32)
+        .collect();
+    if kept.is_empty() {
+        "text".to_owned()
+    } else {
+        kept
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn redaction(find: &str, label: &str) -> (String, Redaction) {
+        (
+            "h".into(),
+            Redaction {
+                find: find.into(),
+                label: label.into(),
+            },
+        )
+    }
+
+    #[test]
+    fn every_spelling_in_the_body_becomes_one_stable_marker() {
+        let body = Chunks::from(
+            br#"{"messages":[{"content":"mail a@b.io, say \"hi\" to a@b.io"},{"content":"x\"y"}]}"#
+                .to_vec(),
+        );
+        let out = apply(
+            &body,
+            &[
+                redaction("a@b.io", "email"),
+                redaction("x\"y", "odd label!"),
+            ],
+            |text| format!("{}", text.len()),
+        )
+        .unwrap();
+        assert_eq!(
+            out.notes.iter().map(|n| n.count).collect::<Vec<_>>(),
+            [2, 1]
+        );
+        let out = String::from_utf8(out.body.to_vec()).unwrap();
+        assert_eq!(
+            out,
+            r#"{"messages":[{"content":"mail [redacted:email:6], say \"hi\" to [redacted:email:6]"},{"content":"[redacted:oddlabel:3]"}]}"#
+        );
+        serde_json::from_str::<serde_json::Value>(&out).unwrap();
+    }
+
+    #[test]
+    fn the_longer_of_two_overlapping_texts_wins() {
+        let body = Chunks::from(br#"{"c":"sk-abc-def"}"#.to_vec());
+        let out = apply(
+            &body,
+            &[
+                redaction("sk-abc", "short"),
+                redaction("sk-abc-def", "long"),
+            ],
+            |_| "t".into(),
+        )
+        .unwrap();
+        assert_eq!(&out.body[..], br#"{"c":"[redacted:long:t]"}"#);
+    }
+
+    #[test]
+    fn a_text_spelt_with_escapes_is_found_in_the_parsed_strings() {
+        // A client that escapes `/` and non-ASCII characters (Python's json.dumps).
+        let body = Chunks::from(br#"{"c":"key sk\/a\u00e9b end","d":"plain sk/a\u00e9b"}"#.to_vec());
+        let out = apply(&body, &[redaction("sk/a\u{e9}b", "key")], |_| "t".into()).unwrap();
+        assert_eq!(out.notes[0].count, 2);
+        let value: serde_json::Value = serde_json::from_slice(&out.body).unwrap();
+        assert_eq!(value["c"], "key [redacted:key:t] end");
+        assert_eq!(value["d"], "plain [redacted:key:t]");
+    }
+}
