@@ -90,7 +90,11 @@ fn count_references(items: Vec<String>, tokens: Arc<Tokens>, tokenizer: Tokenize
 impl ReplyTarget {
     /// Logs `replies`. `Err` only when they could not be logged and the store is
     /// required; otherwise a failure is warned about, counted, and the reply relayed.
-    pub(crate) async fn log(mut self, assembled: Assembled, ended: Outcome) -> Result<(), RelayError> {
+    pub(crate) async fn log(
+        mut self,
+        assembled: Assembled,
+        ended: Outcome,
+    ) -> Result<(), RelayError> {
         let Assembled {
             replies,
             usage,

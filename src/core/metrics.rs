@@ -75,7 +75,12 @@ const HELP: &[(&str, &str, &str)] = &[
     (
         "handoff_hook_calls_total",
         "counter",
-        "Middleware hook calls by hook and outcome (passed, redacted, denied, failed_open, failed_closed).",
+        "Middleware hook calls by hook, stage (request, view, reply) and outcome (passed, redacted, rerouted, denied, failed, failed_open, failed_closed).",
+    ),
+    (
+        "handoff_hook_tags_total",
+        "counter",
+        "Tags middleware hooks added, by tag and value, for the tags middleware.metric_tags names.",
     ),
     (
         "handoff_compactions_total",

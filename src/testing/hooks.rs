@@ -132,9 +132,9 @@ async fn hooks_that_fail_open_are_skipped_and_the_rest_of_the_chain_runs() {
     assert!(sent.contains("[redacted:word:"), "{sent}");
     let metrics = proxy.state.metrics.render();
     for line in [
-        "handoff_hook_calls_total{hook=\"errs\",outcome=\"failed_open\"} 1",
-        "handoff_hook_calls_total{hook=\"hangs\",outcome=\"failed_open\"} 1",
-        "handoff_hook_calls_total{hook=\"word\",outcome=\"redacted\"} 1",
+        "handoff_hook_calls_total{hook=\"errs\",stage=\"request\",outcome=\"failed_open\"} 1",
+        "handoff_hook_calls_total{hook=\"hangs\",stage=\"request\",outcome=\"failed_open\"} 1",
+        "handoff_hook_calls_total{hook=\"word\",stage=\"request\",outcome=\"redacted\"} 1",
     ] {
         assert!(metrics.contains(line), "{line} in {metrics}");
     }

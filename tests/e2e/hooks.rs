@@ -146,7 +146,9 @@ async fn redaction_reaches_neither_the_upstream_nor_the_summary_nor_the_disk() {
     assert!(held > 0, "the log holds the redacted messages");
     let metrics = proxy.metrics().await;
     assert!(
-        metrics.contains("handoff_hook_calls_total{hook=\"secrets\",outcome=\"redacted\"}"),
+        metrics.contains(
+            "handoff_hook_calls_total{hook=\"secrets\",stage=\"request\",outcome=\"redacted\"}"
+        ),
         "{metrics}"
     );
 }
@@ -248,7 +250,7 @@ fn chat_body(model: &str, text: &str) -> Value {
 async fn an_exec_hook_in_python_stays_up_redacts_and_refuses() {
     let (_strict, mock) = strict_mock(16_384).await;
     let extra = format!(
-        "[middleware]\nchain = [\"policy\"]\n[middleware.hooks.policy]\nkind = \"exec\"\ncommand = [\"python3\", {:?}, \"stays-up\"]\n",
+        "[middleware]\nchain = [\"policy\"]\nmetric_tags = [\"reply_names_host\"]\n[middleware.hooks.policy]\nkind = \"exec\"\nstages = [\"request\", \"view\", \"reply\"]\ncommand = [\"python3\", {:?}, \"stays-up\"]\n",
         repo("examples/hooks/policy_hook.py")
     );
     let proxy = Proxy::start_with(&mock.url(), options(16_384, &extra));
@@ -291,11 +293,32 @@ async fn an_exec_hook_in_python_stays_up_redacts_and_refuses() {
         got.text()
     );
     assert_eq!(mock.requests().len(), 5, "the refused request went nowhere");
+    // Each sent request was shown to it as a view, and each reply after it was logged.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let metrics = loop {
+        let metrics = proxy.metrics().await;
+        let done = metrics.contains(
+            "handoff_hook_calls_total{hook=\"policy\",stage=\"reply\",outcome=\"passed\"} 5",
+        );
+        if done || std::time::Instant::now() > deadline {
+            break metrics;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    for line in [
+        "handoff_hook_calls_total{hook=\"policy\",stage=\"request\",outcome=\"redacted\"} 5",
+        "handoff_hook_calls_total{hook=\"policy\",stage=\"request\",outcome=\"denied\"} 1",
+        "handoff_hook_calls_total{hook=\"policy\",stage=\"view\",outcome=\"passed\"} 5",
+        "handoff_hook_calls_total{hook=\"policy\",stage=\"reply\",outcome=\"passed\"} 5",
+        "handoff_hook_tags_total{tag=\"reply_names_host\",value=\"no\"} 5",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
     // One process served every call (the guard in front of it is handoff's binary).
     assert_eq!(
         hook_processes("stays-up"),
         1,
-        "one hook process for six calls"
+        "one hook process for sixteen calls"
     );
 }
 

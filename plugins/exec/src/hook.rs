@@ -168,7 +168,8 @@ impl Hook for ExecHook {
         &'a self,
         view: &'a HookRequest,
     ) -> BoxFuture<'a, Result<HookDecision, HookError>> {
-        self.call(json!({"hook": "on_view", "request": view})).boxed()
+        self.call(json!({"hook": "on_view", "request": view}))
+            .boxed()
     }
 
     fn on_reply<'a>(

@@ -48,9 +48,15 @@ impl Conditions {
     /// True when every condition holds for `request`, whose `messages` are the text
     /// the content and size conditions read.
     pub(crate) fn hold(&self, request: &HookRequest, text: &mut Text<'_>) -> bool {
-        if self.model.as_deref().is_some_and(|p| !glob(p, &request.model))
+        if self
+            .model
+            .as_deref()
+            .is_some_and(|p| !glob(p, &request.model))
             || self.tenant.as_deref().is_some_and(|t| t != request.tenant)
-            || self.path.as_deref().is_some_and(|p| !glob(p, &request.path))
+            || self
+                .path
+                .as_deref()
+                .is_some_and(|p| !glob(p, &request.path))
         {
             return false;
         }

@@ -37,7 +37,9 @@ impl Tag {
         for (i, rule) in rules.iter().enumerate() {
             let conditions = Conditions::new(i, rule)?;
             if rule.tags.is_empty() && rule.reroute.is_none() {
-                return Err(format!("rules[{i}]: neither tags nor reroute; it would do nothing"));
+                return Err(format!(
+                    "rules[{i}]: neither tags nor reroute; it would do nothing"
+                ));
             }
             if rule.status.is_some() || !rule.message.is_empty() {
                 return Err(format!(
@@ -155,7 +157,11 @@ mod tests {
             .unwrap();
         assert_eq!(
             decided.tags,
-            tags(&[("family", "claude"), ("tier", "small"), ("task", "translation")])
+            tags(&[
+                ("family", "claude"),
+                ("tier", "small"),
+                ("task", "translation")
+            ])
         );
         assert_eq!(decided.model.as_deref(), Some("cheap-1"));
         let plain = hook.on_request(&request("gpt-4o", "hello")).await.unwrap();
@@ -172,7 +178,10 @@ mod tests {
             )],
         };
         let decided = hook.on_reply(&reply).await.unwrap();
-        assert_eq!(decided.tags, tags(&[("tier", "small"), ("task", "translation")]));
+        assert_eq!(
+            decided.tags,
+            tags(&[("tier", "small"), ("task", "translation")])
+        );
         assert_eq!(decided.model, None);
     }
 

@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 pub use load::{check_serve, config_file, from_toml, load, strategy_kind, ConfigError, Overrides};
 pub use mask::masked;
 pub use middleware::{
-    guard_exec_hooks_with, register_hook, BuiltHook, Failure, HookChains, HookConfig, Rule,
-    HookFactory, MiddlewareConfig,
+    guard_exec_hooks_with, register_hook, BuiltHook, Failure, HookChains, HookConfig, HookFactory,
+    MiddlewareConfig, Rule,
 };
 pub use workers::{cores, Workers};
 

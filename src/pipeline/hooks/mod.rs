@@ -126,7 +126,11 @@ pub(super) async fn on_request(
     }
     let mut request = caller.request(state, chat, chat.dialect);
     let decided = run(&state.metrics, &chain, Stage::Request, &mut request).await?;
-    count_tags(&state.metrics, &snap.config.middleware.metric_tags, &decided.tags);
+    count_tags(
+        &state.metrics,
+        &snap.config.middleware.metric_tags,
+        &decided.tags,
+    );
     let mut notes = HookNotes {
         tags: decided.tags,
         ..HookNotes::default()
@@ -179,7 +183,11 @@ fn count_tags(metrics: &Metrics, metric_tags: &[String], tags: &BTreeMap<String,
     for (key, value) in tags {
         if metric_tags.contains(key) {
             let value: String = value.chars().take(MOST_LABEL_CHARS).collect();
-            metrics.add(TAGS, &[("tag", key.as_str()), ("value", value.as_str())], 1.0);
+            metrics.add(
+                TAGS,
+                &[("tag", key.as_str()), ("value", value.as_str())],
+                1.0,
+            );
         }
     }
 }
@@ -212,12 +220,7 @@ pub(super) async fn on_view(
 
 /// Runs the reply-stage hooks of a request on a task of its own: the client has its
 /// answer, and nothing waits for them. Their tags are counted and traced.
-pub(super) fn on_reply(
-    metrics: Arc<Metrics>,
-    snap: &Snapshot,
-    caller: &Caller,
-    reply: HookReply,
-) {
+pub(super) fn on_reply(metrics: Arc<Metrics>, snap: &Snapshot, caller: &Caller, reply: HookReply) {
     let chain: Vec<BuiltHook> = caller
         .chain(snap, &reply.request.model, Stage::Reply)
         .cloned()
@@ -338,7 +341,10 @@ fn merge(
     request.tags.extend(decision.tags.clone());
     decided.tags.extend(decision.tags);
     // Only a request not yet tracked or sent can go elsewhere.
-    if let Some(model) = decision.model.filter(|m| stage == Stage::Request && !m.is_empty()) {
+    if let Some(model) = decision
+        .model
+        .filter(|m| stage == Stage::Request && !m.is_empty())
+    {
         request.model.clone_from(&model);
         decided.model = Some(model);
     }
@@ -347,8 +353,11 @@ fn merge(
 fn count(metrics: &Metrics, hook: &str, stage: Stage, outcome: &str) {
     metrics.add(
         CALLS,
-        &[("hook", hook), ("stage", stage.name()), ("outcome", outcome)],
+        &[
+            ("hook", hook),
+            ("stage", stage.name()),
+            ("outcome", outcome),
+        ],
         1.0,
     );
 }
-

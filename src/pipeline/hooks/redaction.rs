@@ -120,7 +120,11 @@ fn markers(redact: &[(String, Redaction)], tag: impl Fn(&str) -> String) -> Vec<
         .collect()
 }
 
-fn notes(redact: &[(String, Redaction)], markers: &[String], counts: Vec<usize>) -> Vec<RedactionNote> {
+fn notes(
+    redact: &[(String, Redaction)],
+    markers: &[String],
+    counts: Vec<usize>,
+) -> Vec<RedactionNote> {
     redact
         .iter()
         .zip(markers)
@@ -240,7 +244,8 @@ mod tests {
     #[test]
     fn a_text_spelt_with_escapes_is_found_in_the_parsed_strings() {
         // A client that escapes `/` and non-ASCII characters (Python's json.dumps).
-        let body = Chunks::from(br#"{"c":"key sk\/a\u00e9b end","d":"plain sk/a\u00e9b"}"#.to_vec());
+        let body =
+            Chunks::from(br#"{"c":"key sk\/a\u00e9b end","d":"plain sk/a\u00e9b"}"#.to_vec());
         let out = apply(&body, &[redaction("sk/a\u{e9}b", "key")], |_| "t".into()).unwrap();
         assert_eq!(out.notes[0].count, 2);
         let value: serde_json::Value = serde_json::from_slice(&out.body).unwrap();

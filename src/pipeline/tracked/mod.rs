@@ -205,8 +205,7 @@ impl<'s> Exchange<'s> {
     /// compaction or the upstream; true when they sent the request to another model.
     async fn hook(&mut self) -> Result<bool, Halt> {
         let Some(hooked) =
-            hooks::on_request(self.state, &self.snap, &self.caller, &self.chat, &self.body)
-                .await?
+            hooks::on_request(self.state, &self.snap, &self.caller, &self.chat, &self.body).await?
         else {
             return Ok(false);
         };
@@ -241,10 +240,11 @@ impl<'s> Exchange<'s> {
         if !notes.redacted.is_empty() || !notes.tags.is_empty() {
             tracing::info!(tags = ?notes.tags, redacted = notes.redacted.len(), "middleware hooks changed the request");
         }
-        if self
-            .caller
-            .has(&self.snap, &self.chat.model, handoff_plugin_api::Stage::Reply)
-        {
+        if self.caller.has(
+            &self.snap,
+            &self.chat.model,
+            handoff_plugin_api::Stage::Reply,
+        ) {
             self.hooked = Some(request);
         }
         self.notes = (!notes.is_empty()).then_some(notes);
