@@ -528,7 +528,14 @@ fn audit(command: AuditCommand) -> ExitCode {
             branch,
             request,
             ..
-        } => audit.replay(id, tenant.as_deref(), branch.as_deref(), *request, &mut out),
+        } => audit.replay(
+            id,
+            tenant.as_deref(),
+            branch.as_deref(),
+            *request,
+            &mut out,
+            &mut std::io::stderr(),
+        ),
         AuditCommand::View { id, tenant, .. } => audit.view(id, tenant.as_deref(), &mut out),
         AuditCommand::Verify { id, tenant, .. } => {
             audit.verify(id.as_deref(), tenant.as_deref(), &mut out)

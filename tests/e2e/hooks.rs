@@ -144,6 +144,26 @@ async fn redaction_reaches_neither_the_upstream_nor_the_summary_nor_the_disk() {
         held += usize::from(text.contains("[redacted:email:"));
     }
     assert!(held > 0, "the log holds the redacted messages");
+    // Replay shows the redacted form, and says what was taken out, by which hook.
+    let replayed = proxy.audit(&["replay", "dialect-0"]);
+    assert!(replayed.status.success(), "{replayed:?}");
+    let (shown, said) = (
+        String::from_utf8_lossy(&replayed.stdout),
+        String::from_utf8_lossy(&replayed.stderr),
+    );
+    assert_clean("the replay", &shown);
+    assert!(shown.contains(&per_request[0][0]), "{shown}");
+    assert!(
+        said.contains("middleware hooks changed this request")
+            && said.contains("email ×1 as [redacted:email:")
+            && said.contains("by \"secrets\""),
+        "{said}"
+    );
+    assert_clean("the replay's note", &said);
+    let show = proxy.audit(&["show", "dialect-1"]);
+    let show = String::from_utf8_lossy(&show.stdout);
+    assert!(show.contains("hooks: redacted"), "{show}");
+    assert_clean("audit show", &show);
     let metrics = proxy.metrics().await;
     assert!(
         metrics.contains(

@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::base::digest::PrefixDigest;
-use crate::base::line::{DecisionLine, Entry, Source};
+use crate::base::line::{DecisionLine, Entry, HookNotes, Source};
 use crate::dialect::DialectKind;
 use crate::store::ConversationLog;
 
@@ -22,6 +22,8 @@ pub struct RequestFigures<'a> {
     pub decision: Option<&'a DecisionLine>,
     /// The provider's count of the input, from the first reply's `usage`.
     pub provider: Option<u64>,
+    /// What the middleware hooks did to the request before it was logged.
+    pub hooks: Option<&'a HookNotes>,
 }
 
 impl RequestFigures<'_> {
@@ -49,6 +51,7 @@ pub fn request_figures(log: &ConversationLog) -> Vec<RequestFigures<'_>> {
                     head: request.head,
                     decision: None,
                     provider: None,
+                    hooks: request.hooks.as_ref(),
                 });
             }
             Entry::Decision(decision) => {

@@ -403,7 +403,8 @@ impl Audit {
 
     /// `audit replay`: a request as the client sent it, then its reply, as one JSON
     /// array: request `number` (from 1, in log order), else the latest request on the
-    /// branch ending at `branch` (the latest branch by default).
+    /// branch ending at `branch` (the latest branch by default). When middleware hooks
+    /// changed the request before it was logged, `notes` gets a line that says how.
     pub fn replay(
         &self,
         id: &str,
@@ -411,6 +412,7 @@ impl Audit {
         branch: Option<&str>,
         number: Option<usize>,
         out: &mut dyn Write,
+        notes: &mut dyn Write,
     ) -> Result<(), AuditError> {
         let (_, log) = self.read(id, tenant)?;
         let tree = Tree::new(&log);
@@ -473,6 +475,13 @@ impl Audit {
             .collect();
         serde_json::to_writer_pretty(&mut *out, &all)?;
         writeln!(out)?;
+        if let Some(hooks) = request.request.hooks.as_ref().filter(|h| !h.is_empty()) {
+            writeln!(
+                notes,
+                "note: middleware hooks changed this request before it was logged, and this is the form logged and sent: {}",
+                hooks_shown(hooks)
+            )?;
+        }
         Ok(())
     }
 
@@ -551,6 +560,9 @@ fn rebuilt<'r, 'a>(
 /// count, and what happened when it was not a plain send.
 fn shown_figures(figure: &RequestFigures<'_>, compacted_here: bool) -> String {
     let mut shown = String::new();
+    if let Some(hooks) = figure.hooks.filter(|h| !h.is_empty()) {
+        shown.push_str(&format!("\n{:>26}hooks: {}", "", hooks_shown(hooks)));
+    }
     if let Some(d) = figure.decision {
         shown.push_str(&format!(
             "\n{:>26}budget={} (window {} - reserved {}) trigger={}",
@@ -601,7 +613,50 @@ fn shown_figures(figure: &RequestFigures<'_>, compacted_here: bool) -> String {
     if let Some(status) = d.upstream_status {
         shown.push_str(&format!(" UPSTREAM ANSWERED {status}"));
     }
+    if !d.redacted.is_empty() {
+        shown.push_str(&format!(
+            " view redacted: {}",
+            redactions_shown(&d.redacted)
+        ));
+    }
     shown
+}
+
+/// What hooks did to a request, on its `audit show` line and in `audit replay`'s note.
+pub fn hooks_shown(notes: &crate::base::line::HookNotes) -> String {
+    let mut parts = Vec::new();
+    if let Some(from) = &notes.model_from {
+        parts.push(format!("sent to this model instead of {from:?}"));
+    }
+    if !notes.redacted.is_empty() {
+        parts.push(format!("redacted {}", redactions_shown(&notes.redacted)));
+    }
+    if !notes.tags.is_empty() {
+        let tags: Vec<String> = notes
+            .tags
+            .iter()
+            .map(|(k, v)| format!("{}={}", strip_controls(k), strip_controls(v)))
+            .collect();
+        parts.push(format!("tagged {}", tags.join(" ")));
+    }
+    parts.join("; ")
+}
+
+/// `email ×2 as [redacted:email:…] by "secrets", …`.
+fn redactions_shown(notes: &[crate::base::line::RedactionNote]) -> String {
+    notes
+        .iter()
+        .map(|n| {
+            format!(
+                "{} ×{} as {} by {:?}",
+                n.label,
+                n.count,
+                strip_controls(&n.marker),
+                n.hook
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The start of a message's text, on one line, and the tools it calls: read in the
