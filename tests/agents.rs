@@ -276,17 +276,47 @@ async fn control(agent: Agent) {
 
 /// Through handoff with `strategy`, a task of `files` reads: the agent finishes and
 /// the log is exact.
+/// What a `redact` hook takes out of the agents' sessions when one is on: the
+/// settings the files they read name (`k3_17`), and emails (Claude Code's attribution
+/// reminder names one), as the `emails` detector finds them.
+const REDACTED: &str = r"k[0-9]+_[0-9]+|(?-u:\b)[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}(?-u:\b)";
+const SETTING: &str = "k[0-9]+_[0-9]+";
+
+/// The hooks of a run: none, or a `redact` hook on every request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hooks {
+    None,
+    Redact,
+}
+
 async fn through_handoff(agent: Agent, strategy: &str, thinking: Thinking, files: usize) {
+    through_handoff_with(agent, strategy, thinking, files, Hooks::None).await;
+}
+
+async fn through_handoff_with(
+    agent: Agent,
+    strategy: &str,
+    thinking: Thinking,
+    files: usize,
+    hooks: Hooks,
+) {
     let work = tempfile::tempdir().unwrap();
     let (model, mock) = model_for(agent, work.path(), thinking, files).await;
+    let mut extra_toml = format!(
+        "[models.\"{}\"]\ncontext_window = {}\n[compaction]\nstrategy = \"{strategy}\"\n",
+        agent.model(),
+        agent.window()
+    );
+    if hooks == Hooks::Redact {
+        extra_toml.push_str(&format!(
+            "[middleware]\nchain = [\"secrets\"]\n[middleware.hooks.secrets]\nkind = \"redact\"\n\
+             detectors = [\"emails\"]\npatterns = {{ setting = '{SETTING}' }}\n"
+        ));
+    }
     let proxy = Proxy::start_with(
         &mock.url(),
         ProxyOptions {
-            extra_toml: format!(
-                "[models.\"{}\"]\ncontext_window = {}\n[compaction]\nstrategy = \"{strategy}\"\n",
-                agent.model(),
-                agent.window()
-            ),
+            extra_toml,
             ..ProxyOptions::default()
         },
     );
@@ -300,7 +330,7 @@ async fn through_handoff(agent: Agent, strategy: &str, thinking: Thinking, files
     .await
     .unwrap();
     let context = format!(
-        "{agent:?} with {strategy}: {}\n--- handoff ---\n{}",
+        "{agent:?} with {strategy}, hooks {hooks:?}: {}\n--- handoff ---\n{}",
         said(&output),
         proxy.logs()
     );
@@ -438,12 +468,28 @@ async fn through_handoff(agent: Agent, strategy: &str, thinking: Thinking, files
         "the replay ends with what the agent last sent"
     );
     assert!(replay.last().unwrap().to_string().contains(scripted::FINAL));
-    // And it is the agent's last request byte for byte, each message as it sent it.
-    support::hop::assert_replay_exact(&proxy, &id, &hop.sent());
-    println!(
-        "RECORD-ROW | {agent:?} | {strategy} | {} | exact",
-        support::hop::record_row(&proxy, &id)
-    );
+    // And it is the agent's last request byte for byte, each message as it sent it (but
+    // for what a redact hook took out, which is a marker there and says so).
+    if hooks == Hooks::Redact {
+        let redacted = regex::Regex::new(REDACTED).unwrap();
+        support::hop::assert_replay_exact_but(&proxy, &id, &hop.sent(), Some(&redacted));
+        for request in mock.requests() {
+            let body = String::from_utf8_lossy(&request.body);
+            assert!(!redacted.is_match(&body), "a setting went upstream: {body}");
+        }
+        let replayed = proxy.audit(&["replay", &id]);
+        let note = String::from_utf8_lossy(&replayed.stderr);
+        assert!(
+            note.contains("setting ×") && note.contains("by \"secrets\""),
+            "the replay says what was redacted: {note}"
+        );
+    } else {
+        support::hop::assert_replay_exact(&proxy, &id, &hop.sent());
+        println!(
+            "RECORD-ROW | {agent:?} | {strategy} | {} | exact",
+            support::hop::record_row(&proxy, &id)
+        );
+    }
 
     // The figures of BENCHMARKS.md's agent table: of the facts the agent showed the model
     // (its tools may shorten a file: Codex keeps the head and tail of long output), those
@@ -488,6 +534,15 @@ async fn claude_code_needs_handoff_and_finishes_through_it() {
     control(Agent::ClaudeCode).await;
     through_handoff(Agent::ClaudeCode, "extract", Thinking::Some, FILES).await;
     through_handoff(Agent::ClaudeCode, "summarize", Thinking::Every, FILES).await;
+}
+
+/// Each agent finishes with a `redact` hook on: what it took out never went upstream,
+/// compaction worked on the redacted session, and the replay says what was taken out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_finish_with_a_redact_hook_on() {
+    for agent in [Agent::ClaudeCode, Agent::Codex, Agent::OpenCode] {
+        through_handoff_with(agent, "extract", Thinking::Some, FILES, Hooks::Redact).await;
+    }
 }
 
 /// One 40-turn tool loop with thinking on some turns: it compacts as often as it needs.

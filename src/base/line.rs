@@ -505,7 +505,7 @@ pub struct RequestLine {
 }
 
 /// What the middleware hooks did to a request or a view: never a text they took out,
-/// only what it was, its marker and how often it occurred.
+/// only what kind it was and how often it occurred (its marker is in the messages).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HookNotes {
     /// The tags the hooks added.
@@ -526,16 +526,17 @@ impl HookNotes {
     }
 }
 
-/// One text a hook took out: the text itself is never logged.
+/// The texts of one kind a hook took out; the texts themselves are never logged.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RedactionNote {
-    /// The hook that asked for it.
+    /// The hook that asked.
     pub hook: String,
-    /// What the text was (`email`, `api_key`…), as the hook said.
+    /// What the texts were (`email`, `api_key`…), as the hook said; their markers
+    /// are `[redacted:<label>:…]`.
     pub label: String,
-    /// The marker that stands in its place.
-    pub marker: String,
-    /// How many times it occurred.
+    /// How many different texts.
+    pub texts: usize,
+    /// How many occurrences, all told.
     pub count: usize,
 }
 

@@ -155,7 +155,7 @@ async fn redaction_reaches_neither_the_upstream_nor_the_summary_nor_the_disk() {
     assert!(shown.contains(&per_request[0][0]), "{shown}");
     assert!(
         said.contains("middleware hooks changed this request")
-            && said.contains("email ×1 as [redacted:email:")
+            && said.contains("email ×1 (1 text)")
             && said.contains("by \"secrets\""),
         "{said}"
     );

@@ -141,13 +141,44 @@ async fn pass_on(
 /// that request had. The conversation's requests are those whose first message is the
 /// replay's first.
 pub fn assert_replay_exact(proxy: &super::Proxy, id: &str, sent: &[Sent]) -> usize {
+    assert_replay_exact_but(proxy, id, sent, None)
+}
+
+/// As [`assert_replay_exact`], where a redact hook took `redacted`'s matches out: the
+/// replay is what the client sent with each match, and nothing else, in place of a
+/// marker, the same marker for the same text.
+pub fn assert_replay_exact_but(
+    proxy: &super::Proxy,
+    id: &str,
+    sent: &[Sent],
+    redacted: Option<&regex::Regex>,
+) -> usize {
+    let marker = regex::Regex::new(r"\[redacted:[A-Za-z0-9_-]+:[A-Za-z0-9_-]+\]").unwrap();
+    let mut pairs = std::collections::HashMap::new();
+    let mut same = |got: &str, want: &str| -> bool {
+        let Some(redacted) = redacted else {
+            return got == want;
+        };
+        if marker.replace_all(got, "\u{0}") != redacted.replace_all(want, "\u{0}") {
+            return false;
+        }
+        for (text, mark) in redacted
+            .find_iter(want)
+            .map(|m| m.as_str().to_owned())
+            .zip(marker.find_iter(got).map(|m| m.as_str().to_owned()))
+        {
+            let known = pairs.entry(text.clone()).or_insert_with(|| mark.clone());
+            assert_eq!(*known, mark, "{text} got two markers");
+        }
+        true
+    };
     let replay = proxy.replay_raw(&["replay", id]);
     let first = replay.first().map(String::as_str).unwrap_or_default();
     let last = sent
         .iter()
         .rev()
         .filter_map(Sent::messages)
-        .find(|messages| messages.first().map(String::as_str) == Some(first))
+        .find(|messages| messages.first().is_some_and(|m| same(first, m)))
         .unwrap_or_else(|| panic!("no request the client sent opens with {first}"));
     assert!(
         replay.len() > last.len(),
@@ -156,9 +187,15 @@ pub fn assert_replay_exact(proxy: &super::Proxy, id: &str, sent: &[Sent]) -> usi
         replay.len()
     );
     for (index, (got, want)) in replay.iter().zip(&last).enumerate() {
-        assert_eq!(
-            got, want,
-            "message {index} of the last request is not what the client sent"
+        assert!(
+            same(got, want),
+            "message {index} of the last request is not what the client sent:\n{got}\n{want}"
+        );
+    }
+    if let Some(redacted) = redacted {
+        assert!(
+            last.iter().any(|m| redacted.is_match(m)),
+            "the client sent something to redact"
         );
     }
     last.len()

@@ -642,17 +642,22 @@ pub fn hooks_shown(notes: &crate::base::line::HookNotes) -> String {
     parts.join("; ")
 }
 
-/// `email ×2 as [redacted:email:…] by "secrets", …`.
+/// `email ×3 (2 texts) by "secrets", …`: the markers, `[redacted:email:…]`, are in the
+/// messages.
 fn redactions_shown(notes: &[crate::base::line::RedactionNote]) -> String {
     notes
         .iter()
         .map(|n| {
+            let texts = if n.texts == 1 {
+                "1 text".to_owned()
+            } else {
+                format!("{} texts", n.texts)
+            };
             format!(
-                "{} ×{} as {} by {:?}",
-                n.label,
+                "{} ×{} ({texts}) by {:?}",
+                strip_controls(&n.label),
                 n.count,
-                strip_controls(&n.marker),
-                n.hook
+                strip_controls(&n.hook)
             )
         })
         .collect::<Vec<_>>()

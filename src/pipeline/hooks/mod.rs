@@ -18,7 +18,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use handoff_plugin_api::{HookDecision, HookError, HookReply, HookRequest, Redaction, Stage};
 
-use redaction::{apply, unapplied};
+use redaction::{apply, grouped, unapplied};
 pub(super) use summary::summary_client;
 
 use crate::base::chunks::Chunks;
@@ -140,8 +140,8 @@ pub(super) async fn on_request(
         let applied = apply(body, &decided.redact, |text| {
             state.secret.redaction_tag(&caller.tenant, text)
         })?;
-        unapplied(&chain, &applied.notes)?;
-        notes.redacted = applied.notes;
+        unapplied(&chain, &applied.found)?;
+        notes.redacted = grouped(&applied.found);
         redacted = Some(applied.body);
     }
     Ok(Some(Hooked {
@@ -214,8 +214,8 @@ pub(super) async fn on_view(
     let applied = apply(body, &decided.redact, |text| {
         state.secret.redaction_tag(&caller.tenant, text)
     })?;
-    unapplied(&chain, &applied.notes)?;
-    Ok(Some((applied.body, applied.notes)))
+    unapplied(&chain, &applied.found)?;
+    Ok(Some((applied.body, grouped(&applied.found))))
 }
 
 /// Runs the reply-stage hooks of a request on a task of its own: the client has its

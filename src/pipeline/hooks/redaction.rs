@@ -15,8 +15,8 @@ use crate::error::ApiError;
 pub(super) struct Applied {
     /// The redacted body.
     pub(super) body: Bytes,
-    /// One note per redaction, in the order asked.
-    pub(super) notes: Vec<RedactionNote>,
+    /// What each redaction found, in the order asked.
+    pub(super) found: Vec<Found>,
 }
 
 /// `body` with every occurrence of each redaction's text replaced by its marker,
@@ -54,7 +54,7 @@ pub(super) fn apply(
     }
     Ok(Applied {
         body: Bytes::from(out),
-        notes: notes(redact, &markers, counts),
+        found: notes(redact, counts),
     })
 }
 
@@ -106,11 +106,11 @@ pub(super) fn apply_to_value(
     value: &mut serde_json::Value,
     redact: &[(String, Redaction)],
     tag: impl Fn(&str) -> String,
-) -> Result<Vec<RedactionNote>, ApiError> {
+) -> Result<Vec<Found>, ApiError> {
     let markers = markers(redact, tag);
     let mut counts = vec![0usize; redact.len()];
     in_value(value, redact, &markers, &mut counts)?;
-    Ok(notes(redact, &markers, counts))
+    Ok(notes(redact, counts))
 }
 
 fn markers(redact: &[(String, Redaction)], tag: impl Fn(&str) -> String) -> Vec<String> {
@@ -120,22 +120,50 @@ fn markers(redact: &[(String, Redaction)], tag: impl Fn(&str) -> String) -> Vec<
         .collect()
 }
 
-fn notes(
-    redact: &[(String, Redaction)],
-    markers: &[String],
-    counts: Vec<usize>,
-) -> Vec<RedactionNote> {
+/// One text a hook asked to take out, and how often it was found.
+#[derive(Debug, Clone)]
+pub(super) struct Found {
+    hook: String,
+    label: String,
+    /// Occurrences replaced.
+    pub(super) count: usize,
+}
+
+fn notes(redact: &[(String, Redaction)], counts: Vec<usize>) -> Vec<Found> {
     redact
         .iter()
-        .zip(markers)
         .zip(counts)
-        .map(|(((hook, r), marker), count)| RedactionNote {
+        .map(|((hook, r), count)| Found {
             hook: hook.clone(),
             label: marker_label(&r.label),
-            marker: marker.clone(),
             count,
         })
         .collect()
+}
+
+/// What the record notes of `found`: by hook and label, how many texts and how many
+/// occurrences (the markers are in the messages; a line per text would grow the record
+/// with every request of a long session).
+pub(super) fn grouped(found: &[Found]) -> Vec<RedactionNote> {
+    let mut out: Vec<RedactionNote> = Vec::new();
+    for one in found {
+        match out
+            .iter_mut()
+            .find(|note| note.hook == one.hook && note.label == one.label)
+        {
+            Some(note) => {
+                note.texts += 1;
+                note.count += one.count;
+            }
+            None => out.push(RedactionNote {
+                hook: one.hook.clone(),
+                label: one.label.clone(),
+                texts: 1,
+                count: one.count,
+            }),
+        }
+    }
+    out
 }
 
 fn walk_strings(value: &mut serde_json::Value, each: &mut impl FnMut(&mut String)) {
@@ -152,7 +180,7 @@ fn walk_strings(value: &mut serde_json::Value, each: &mut impl FnMut(&mut String
 /// Refuses a body some redaction found nothing in when its hook fails closed: the text
 /// the hook saw is there in a spelling handoff cannot rewrite (inside a JSON-encoded
 /// argument string, say), and sending it would leak it.
-pub(super) fn unapplied(chain: &[&BuiltHook], notes: &[RedactionNote]) -> Result<(), ApiError> {
+pub(super) fn unapplied(chain: &[&BuiltHook], notes: &[Found]) -> Result<(), ApiError> {
     for note in notes.iter().filter(|note| note.count == 0) {
         let closed = chain
             .iter()
@@ -215,7 +243,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            out.notes.iter().map(|n| n.count).collect::<Vec<_>>(),
+            out.found.iter().map(|n| n.count).collect::<Vec<_>>(),
             [2, 1]
         );
         let out = String::from_utf8(out.body.to_vec()).unwrap();
@@ -247,7 +275,7 @@ mod tests {
         let body =
             Chunks::from(br#"{"c":"key sk\/a\u00e9b end","d":"plain sk/a\u00e9b"}"#.to_vec());
         let out = apply(&body, &[redaction("sk/a\u{e9}b", "key")], |_| "t".into()).unwrap();
-        assert_eq!(out.notes[0].count, 2);
+        assert_eq!(out.found[0].count, 2);
         let value: serde_json::Value = serde_json::from_slice(&out.body).unwrap();
         assert_eq!(value["c"], "key [redacted:key:t] end");
         assert_eq!(value["d"], "plain [redacted:key:t]");
