@@ -12,8 +12,9 @@
 //!    `max_messages`, the strategy header, the window's reserve); any other body read
 //!    whole, its model and the objects it names;
 //! 3. **authorize**: the model against the proxy key, the objects against the tenant;
-//! 4. **hook** *(tracked)*: the `[middleware]` hooks, which may refuse, redact or tag
-//!    the request ([`hooks`]);
+//! 4. **hook** *(tracked)*: the request-stage `[middleware]` hooks, which may refuse,
+//!    redact, reroute or tag the request ([`hooks`]; the view's run in **send**, the
+//!    reply's after **reply**);
 //! 5. **identify** *(tracked)*: the conversation, within the request's tenant;
 //! 6. **track** *(tracked)*: log the new originals before anything goes upstream;
 //! 7. **fit** *(tracked)*: project the model view, and compact it past the trigger;

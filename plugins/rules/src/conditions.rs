@@ -66,10 +66,9 @@ impl Conditions {
         {
             return false;
         }
-        !self
-            .content
+        self.content
             .as_ref()
-            .is_some_and(|regex| !text.get().iter().any(|t| regex.is_match(t)))
+            .is_none_or(|regex| text.get().iter().any(|t| regex.is_match(t)))
     }
 }
 
