@@ -16,6 +16,23 @@ pub trait Rewrite: Send {
     fn end(&mut self) -> Bytes;
 }
 
+/// Two rewrites, one after the other.
+pub struct Both(pub Box<dyn Rewrite>, pub Box<dyn Rewrite>);
+
+impl Rewrite for Both {
+    fn data(&mut self, data: Bytes) -> Bytes {
+        let first = self.0.data(data);
+        self.1.data(first)
+    }
+
+    fn end(&mut self) -> Bytes {
+        let rest = self.0.end();
+        let mut out = self.1.data(rest).to_vec();
+        out.extend_from_slice(&self.1.end());
+        Bytes::from(out)
+    }
+}
+
 pin_project_lite::pin_project! {
     /// `inner` with its data rewritten.
     pub struct Rewritten<B> {

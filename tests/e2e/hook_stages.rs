@@ -255,3 +255,82 @@ async fn a_view_hook_keeps_a_text_from_the_upstream_and_summaries_while_the_log_
         "a note never holds the text"
     );
 }
+
+/// An upstream that answers with the marker it was sent, in chat completions, streamed
+/// in 3-character deltas when asked to stream.
+async fn marker_echo() -> mock_upstream::MockUpstream {
+    mock_upstream::MockUpstream::with(|req| {
+        let text = req.json()["messages"].to_string();
+        let marker = text
+            .find("[redacted:")
+            .and_then(|at| {
+                text[at..]
+                    .find(']')
+                    .map(|end| text[at..=at + end].to_owned())
+            })
+            .unwrap_or_default();
+        let answer = format!("I will write to {marker} today.");
+        if req.json()["stream"] == true {
+            let pieces: Vec<String> = answer
+                .chars()
+                .collect::<Vec<_>>()
+                .chunks(3)
+                .map(|c| c.iter().collect())
+                .collect();
+            let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
+            mock_upstream::Reply::Sse {
+                frames: mock_upstream::chat_stream_frames(&pieces),
+                gap: Duration::ZERO,
+                cut_after: None,
+            }
+        } else {
+            mock_upstream::Reply::chat_text(&answer)
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reversible_hook_s_markers_become_their_texts_in_the_client_s_reply_only() {
+    let mock = marker_echo().await;
+    let extra = "[middleware]\nchain = [\"secrets\"]\n\
+         [middleware.hooks.secrets]\nkind = \"redact\"\ndetectors = [\"emails\"]\nreversible = true\n";
+    let proxy = Proxy::start_with(&mock.url(), options(16_384, extra));
+    let email = "ana.lopez@example.org";
+    for stream in [false, true] {
+        let id = format!("reverse-{stream}");
+        let body = json!({"model": "strict", "stream": stream,
+            "messages": [{"role": "user", "content": format!("Mail {email} the report.")}]});
+        let got = post(&proxy, "/v1/chat/completions", &id, &body).await;
+        assert_eq!(got.status, 200, "{}", got.text());
+        let text = got.text();
+        let said: String = if stream {
+            text.lines()
+                .filter_map(|line| line.strip_prefix("data: "))
+                .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+                .filter_map(|e| {
+                    e["choices"][0]["delta"]["content"]
+                        .as_str()
+                        .map(str::to_owned)
+                })
+                .collect()
+        } else {
+            got.json()["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(said, format!("I will write to {email} today."), "{text}");
+        // The upstream saw the marker, and the log keeps the reply as it sent it.
+        let replies = lines(&proxy, &id, "message");
+        let logged = serde_json::to_string(&replies).unwrap();
+        assert!(!logged.contains(email), "{logged}");
+        assert!(
+            logged.contains("I will write to [redacted:email:"),
+            "{logged}"
+        );
+    }
+    for request in mock.requests() {
+        assert!(!String::from_utf8_lossy(&request.body).contains(email));
+    }
+}

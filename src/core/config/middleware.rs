@@ -49,6 +49,10 @@ pub struct HookConfig {
     /// When it is called: `request` (the default), `view`, `reply`.
     #[serde(default = "default_stages")]
     pub stages: Vec<Stage>,
+    /// The markers its request-stage redactions put in are turned back into their
+    /// texts in the reply the client gets (the log keeps the reply as sent).
+    #[serde(default)]
+    pub reversible: bool,
     /// What a failure does: `closed` (the default) or `open`.
     #[serde(default)]
     pub failure: Failure,
@@ -219,6 +223,8 @@ pub struct BuiltHook {
     pub timeout: Duration,
     /// When it is called.
     pub stages: Arc<[Stage]>,
+    /// Whether its request-stage markers are turned back in replies.
+    pub reversible: bool,
 }
 
 impl BuiltHook {
@@ -291,6 +297,7 @@ impl HookChains {
                     failure: settings.failure,
                     timeout: settings.timeout,
                     stages: settings.stages.iter().copied().collect(),
+                    reversible: settings.reversible,
                 },
             );
         }

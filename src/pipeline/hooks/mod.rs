@@ -32,7 +32,10 @@ use crate::tenant::TenantId;
 
 /// The counter of hook calls, by hook, stage and outcome.
 mod redaction;
+mod reverse;
 mod summary;
+
+pub(super) use reverse::Reverse;
 
 const CALLS: &str = "handoff_hook_calls_total";
 
@@ -109,6 +112,8 @@ pub(super) struct Hooked {
     pub(super) notes: HookNotes,
     /// The request as they left it, for the reply's hooks.
     pub(super) request: HookRequest,
+    /// The markers of `reversible` hooks, to turn back in the reply.
+    pub(super) reverse: Option<Arc<Reverse>>,
 }
 
 /// Runs the request-stage hooks over `chat` (parsed from `body`); `None` when there are
@@ -136,12 +141,22 @@ pub(super) async fn on_request(
         ..HookNotes::default()
     };
     let mut redacted = None;
+    let mut reverse = None;
     if !decided.redact.is_empty() {
         let applied = apply(body, &decided.redact, |text| {
             state.secret.redaction_tag(&caller.tenant, text)
         })?;
         unapplied(&chain, &applied.found)?;
         notes.redacted = grouped(&applied.found);
+        let reversible = |name: &str| chain.iter().any(|h| h.name == name && h.reversible);
+        let pairs: Vec<(String, String)> = decided
+            .redact
+            .iter()
+            .zip(&applied.markers)
+            .filter(|((hook, _), _)| reversible(hook))
+            .map(|((_, redaction), marker)| (marker.clone(), redaction.find.clone()))
+            .collect();
+        reverse = Reverse::new(pairs);
         redacted = Some(applied.body);
     }
     Ok(Some(Hooked {
@@ -149,6 +164,7 @@ pub(super) async fn on_request(
         model: decided.model.filter(|model| *model != chat.model),
         notes,
         request,
+        reverse,
     }))
 }
 

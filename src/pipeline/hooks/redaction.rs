@@ -17,6 +17,8 @@ pub(super) struct Applied {
     pub(super) body: Bytes,
     /// What each redaction found, in the order asked.
     pub(super) found: Vec<Found>,
+    /// Each redaction's marker, in the order asked.
+    pub(super) markers: Vec<String>,
 }
 
 /// `body` with every occurrence of each redaction's text replaced by its marker,
@@ -55,6 +57,7 @@ pub(super) fn apply(
     Ok(Applied {
         body: Bytes::from(out),
         found: notes(redact, counts),
+        markers,
     })
 }
 

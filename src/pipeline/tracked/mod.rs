@@ -104,6 +104,8 @@ struct Exchange<'s> {
     notes: Option<HookNotes>,
     /// What the view-stage hooks took out of the view last sent, for the decision line.
     view_notes: std::sync::Mutex<Vec<RedactionNote>>,
+    /// The markers `reversible` hooks put in, turned back in the client's reply.
+    reverse: Option<Arc<hooks::Reverse>>,
 }
 
 impl<'s> Exchange<'s> {
@@ -157,6 +159,7 @@ impl<'s> Exchange<'s> {
             hooked: None,
             notes: None,
             view_notes: std::sync::Mutex::default(),
+            reverse: None,
         })
     }
 
@@ -214,7 +217,9 @@ impl<'s> Exchange<'s> {
             model,
             mut notes,
             request,
+            reverse,
         } = hooked;
+        self.reverse = reverse;
         let mut body = body.map(Chunks::from);
         if let Some(model) = &model {
             let sent = body.as_ref().unwrap_or(&self.body);

@@ -42,11 +42,13 @@ pub(crate) fn answer_stream(
 }
 
 /// Logs a non-streamed reply read whole, and only then answers it: a reply that
-/// cannot be logged while the store is required becomes a 503, not a silent gap.
-pub(crate) async fn answer_read(
+/// cannot be logged while the store is required becomes a 503, not a silent gap. The
+/// client's copy has `reverse`'s markers turned back; the log keeps them.
+pub(in crate::pipeline) async fn answer_read(
     head: http::response::Parts,
     body: Bytes,
     target: ReplyTarget,
+    reverse: Option<std::sync::Arc<crate::pipeline::hooks::Reverse>>,
 ) -> Response<ProxyBody> {
     let dialect = target.dialect;
     // A client that leaves now must not cancel the log write: abandoned, it is spawned.
@@ -56,11 +58,18 @@ pub(crate) async fn answer_read(
     };
     match logging.await {
         Ok(Err(unlogged)) => ApiError::storage(unlogged.to_string()).into_response_for(dialect),
-        Ok(Ok(())) => crate::forward::buffered(head, body),
+        Ok(Ok(())) => crate::forward::buffered(head, reversed(reverse.as_deref(), body)),
         Err(err) => {
             tracing::error!(error = %err, "reply capture failed");
-            crate::forward::buffered(head, body)
+            crate::forward::buffered(head, reversed(reverse.as_deref(), body))
         }
+    }
+}
+
+fn reversed(reverse: Option<&crate::pipeline::hooks::Reverse>, body: Bytes) -> Bytes {
+    match reverse {
+        Some(reverse) => reverse.json(&body),
+        None => body,
     }
 }
 

@@ -103,7 +103,7 @@ impl Exchange<'_> {
                 Inspected::Read(head, body) if dialect.reply_overflowed(&body) => (head, body),
                 Inspected::Read(head, body) => {
                     let target = self.target(tracked, estimate, &view, sent_as(retries));
-                    return Ok(reply::answer_read(head, body, target).await);
+                    return Ok(reply::answer_read(head, body, target, self.reverse.clone()).await);
                 }
                 Inspected::Stream {
                     head,
@@ -117,6 +117,15 @@ impl Exchange<'_> {
                         (head, opening)
                     } else {
                         let target = self.target(tracked, estimate, &view, sent_as(retries));
+                        let rewrite = match (&self.reverse, rewrite) {
+                            (Some(reverse), Some(first)) => Some(Box::new(crate::rewrite::Both(
+                                first,
+                                reverse.stream(dialect),
+                            ))
+                                as Box<dyn crate::rewrite::Rewrite>),
+                            (Some(reverse), None) => Some(reverse.stream(dialect)),
+                            (None, rewrite) => rewrite,
+                        };
                         return Ok(reply::answer_stream(
                             upstream, head, opening, rest, target, rewrite,
                         ));

@@ -239,7 +239,7 @@ async fn a_reply_being_logged_when_the_client_leaves_is_still_logged() {
     let entry = proxy.state.tracker.entry(&id).await.unwrap();
     let held = entry.lock().await;
     let head = http::Response::new(()).into_parts().0;
-    let answering = tokio::spawn(super::reply::answer_read(head, reply.into(), target));
+    let answering = tokio::spawn(super::reply::answer_read(head, reply.into(), target, None));
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!answering.is_finished(), "the answer waited for the log");
     answering.abort();

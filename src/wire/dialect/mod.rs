@@ -647,6 +647,14 @@ pub trait Dialect: Send + Sync {
         false
     }
 
+    /// The text deltas one event of a streamed reply carries: for each, the channel it
+    /// continues (a choice, a content block) and the JSON pointer to its text. Redaction
+    /// markers are turned back into their texts across them (`reversible` hooks).
+    fn text_deltas(&self, event: &Value) -> Vec<(String, String)> {
+        let _ = event;
+        Vec::new()
+    }
+
     /// The input tokens the upstream counted, from its `usage`.
     fn input_tokens(&self, usage: &Value) -> Option<u64>;
 

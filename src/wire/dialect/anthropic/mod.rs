@@ -337,6 +337,16 @@ impl Dialect for AnthropicMessages {
     }
 
     /// Cached input counts too: the window holds all of it.
+    fn text_deltas(&self, event: &Value) -> Vec<(String, String)> {
+        if event["type"] != "content_block_delta" || event["delta"]["type"] != "text_delta" {
+            return Vec::new();
+        }
+        vec![(
+            format!("block {}", event["index"]),
+            "/delta/text".to_owned(),
+        )]
+    }
+
     fn input_tokens(&self, usage: &Value) -> Option<u64> {
         let field = |name: &str| usage.get(name).and_then(Value::as_u64);
         let input = field("input_tokens")?;

@@ -241,6 +241,24 @@ impl Dialect for OpenAiChat {
         }
     }
 
+    fn text_deltas(&self, event: &Value) -> Vec<(String, String)> {
+        let Some(choices) = event.get("choices").and_then(Value::as_array) else {
+            return Vec::new();
+        };
+        choices
+            .iter()
+            .enumerate()
+            .filter(|(_, choice)| choice["delta"]["content"].is_string())
+            .map(|(at, choice)| {
+                let index = choice["index"].as_u64().unwrap_or(at as u64);
+                (
+                    format!("choice {index}"),
+                    format!("/choices/{at}/delta/content"),
+                )
+            })
+            .collect()
+    }
+
     fn input_tokens(&self, usage: &Value) -> Option<u64> {
         usage.get("prompt_tokens")?.as_u64()
     }

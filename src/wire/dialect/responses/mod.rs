@@ -364,6 +364,19 @@ impl Dialect for OpenAiResponses {
         }
     }
 
+    fn text_deltas(&self, event: &Value) -> Vec<(String, String)> {
+        if event["type"] != "response.output_text.delta" || !event["delta"].is_string() {
+            return Vec::new();
+        }
+        vec![(
+            format!(
+                "output {} {}",
+                event["output_index"], event["content_index"]
+            ),
+            "/delta".to_owned(),
+        )]
+    }
+
     fn input_tokens(&self, usage: &Value) -> Option<u64> {
         usage.get("input_tokens")?.as_u64()
     }
