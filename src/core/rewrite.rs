@@ -5,7 +5,7 @@
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 
 /// Rewrites the data of one streamed body.
@@ -14,6 +14,47 @@ pub trait Rewrite: Send {
     fn data(&mut self, data: Bytes) -> Bytes;
     /// What is still held when the body ends.
     fn end(&mut self) -> Bytes;
+}
+
+/// Whole lines out of a body's data, whatever its frames cut: a line rewrite reads a
+/// stream's events one line at a time.
+#[derive(Debug, Default)]
+pub struct Lines {
+    /// The start of a line whose end has not arrived.
+    partial: BytesMut,
+}
+
+impl Lines {
+    /// Calls `each` with every line `data` completes (its line break included) and
+    /// what the rewrite writes so far; keeps the start of an unfinished one.
+    pub fn feed(&mut self, data: &[u8], mut each: impl FnMut(&[u8], &mut BytesMut)) -> Bytes {
+        let mut out = BytesMut::with_capacity(data.len() + self.partial.len());
+        let mut rest = data;
+        while let Some(at) = rest.iter().position(|b| *b == b'\n') {
+            let (line, tail) = rest.split_at(at + 1);
+            rest = tail;
+            if self.partial.is_empty() {
+                each(line, &mut out);
+            } else {
+                self.partial.extend_from_slice(line);
+                let whole = std::mem::take(&mut self.partial);
+                each(&whole, &mut out);
+            }
+        }
+        self.partial.extend_from_slice(rest);
+        out.freeze()
+    }
+
+    /// The unfinished line the body ended with.
+    pub fn rest(&mut self) -> BytesMut {
+        std::mem::take(&mut self.partial)
+    }
+}
+
+/// `line` without its line break.
+pub fn trim_break(line: &[u8]) -> &[u8] {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    line.strip_suffix(b"\r").unwrap_or(line)
 }
 
 /// Two rewrites, one after the other.

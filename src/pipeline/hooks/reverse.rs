@@ -2,7 +2,8 @@
 //! become their texts again in the reply the client gets, whole or streamed, while the
 //! log keeps the reply as the provider sent it. A streamed marker may arrive split
 //! across text deltas: the start of one is held back until it is whole or proves not to
-//! be one, and sent before the next event that is not a delta of its channel.
+//! be one, and sent before the next event that is not a delta. Tool arguments arrive
+//! as pieces of JSON text: there a text comes back spelt for a JSON string.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,8 +12,8 @@ use aho_corasick::{AhoCorasick, MatchKind};
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
-use crate::dialect::Dialect;
-use crate::rewrite::Rewrite;
+use crate::dialect::{Dialect, ReplyDelta};
+use crate::rewrite::{trim_break, Lines, Rewrite};
 
 /// The markers of a request and the texts they stand for.
 pub(in crate::pipeline) struct Reverse {
@@ -59,9 +60,14 @@ impl Reverse {
         Bytes::from(self.finder.replace_all_bytes(bytes, &self.spelt))
     }
 
-    /// Plain text with every whole marker replaced by its text.
-    fn text(&self, text: &str) -> String {
-        self.finder.replace_all(text, &self.texts)
+    /// Text with every whole marker replaced by its text: as it is, or spelt for a
+    /// JSON string when the text is a piece of JSON (tool arguments).
+    fn text(&self, text: &str, json: bool) -> String {
+        if json {
+            self.finder.replace_all(text, &self.spelt)
+        } else {
+            self.finder.replace_all(text, &self.texts)
+        }
     }
 
     /// Where `text` splits into what can go now and a tail that may be the start of a
@@ -90,7 +96,7 @@ impl Reverse {
         Box::new(ReverseStream {
             reverse: Arc::clone(self),
             dialect,
-            partial: BytesMut::new(),
+            lines: Lines::default(),
             event_line: None,
             held: HashMap::new(),
             order: Vec::new(),
@@ -106,14 +112,15 @@ struct Held {
     event: Value,
     event_line: Option<Vec<u8>>,
     pointer: String,
+    /// Whether the text is a piece of JSON.
+    json: bool,
 }
 
 /// Turns markers back into texts in an SSE stream, line by line.
 struct ReverseStream {
     reverse: Arc<Reverse>,
     dialect: &'static dyn Dialect,
-    /// The start of a line whose end has not arrived.
-    partial: BytesMut,
+    lines: Lines,
     /// An `event:` line, held until its data shows whether held text goes first.
     event_line: Option<Vec<u8>>,
     held: HashMap<String, Held>,
@@ -142,7 +149,7 @@ impl ReverseStream {
             self.pass(line, out);
             return;
         };
-        let deltas = self.dialect.text_deltas(&event);
+        let deltas = self.dialect.reply_deltas(&event);
         if deltas.is_empty() {
             // Any other event closes what was held: it goes first, whole or not.
             self.flush(out);
@@ -150,7 +157,12 @@ impl ReverseStream {
             return;
         }
         let event_line = self.event_line.take();
-        for (channel, pointer) in deltas {
+        for ReplyDelta {
+            channel,
+            pointer,
+            json,
+        } in deltas
+        {
             let Some(Value::String(delta)) = event.pointer_mut(&pointer) else {
                 continue;
             };
@@ -163,7 +175,7 @@ impl ReverseStream {
             text.push_str(delta);
             let at = self.reverse.split_at(&text);
             let keep = text.split_off(at);
-            *delta = self.reverse.text(&text);
+            *delta = self.reverse.text(&text, json);
             if !keep.is_empty() {
                 self.order.push(channel.clone());
                 self.held.insert(
@@ -173,6 +185,7 @@ impl ReverseStream {
                         event: event.clone(),
                         event_line: event_line.clone(),
                         pointer,
+                        json,
                     },
                 );
             }
@@ -199,7 +212,7 @@ impl ReverseStream {
                 continue;
             };
             if let Some(Value::String(delta)) = held.event.pointer_mut(&held.pointer) {
-                *delta = self.reverse.text(&held.text);
+                *delta = self.reverse.text(&held.text, held.json);
             }
             if let Some(event_line) = &held.event_line {
                 out.extend_from_slice(event_line);
@@ -219,29 +232,12 @@ fn write_data(event: &Value, end: &[u8], out: &mut BytesMut) {
     out.extend_from_slice(if end.is_empty() { &b"\n"[..] } else { end });
 }
 
-/// `line` without its line break.
-fn trim_break(line: &[u8]) -> &[u8] {
-    let line = line.strip_suffix(b"\n").unwrap_or(line);
-    line.strip_suffix(b"\r").unwrap_or(line)
-}
-
 impl Rewrite for ReverseStream {
     fn data(&mut self, data: Bytes) -> Bytes {
-        let mut out = BytesMut::with_capacity(data.len() + self.partial.len());
-        let mut rest: &[u8] = &data;
-        while let Some(at) = rest.iter().position(|b| *b == b'\n') {
-            let (line, tail) = rest.split_at(at + 1);
-            rest = tail;
-            if self.partial.is_empty() {
-                self.line(line, &mut out);
-            } else {
-                self.partial.extend_from_slice(line);
-                let whole = std::mem::take(&mut self.partial);
-                self.line(&whole, &mut out);
-            }
-        }
-        self.partial.extend_from_slice(rest);
-        out.freeze()
+        let mut lines = std::mem::take(&mut self.lines);
+        let out = lines.feed(&data, |line, out| self.line(line, out));
+        self.lines = lines;
+        out
     }
 
     fn end(&mut self) -> Bytes {
@@ -250,7 +246,7 @@ impl Rewrite for ReverseStream {
         if let Some(event_line) = self.event_line.take() {
             out.extend_from_slice(&event_line);
         }
-        let rest = std::mem::take(&mut self.partial);
+        let rest = self.lines.rest();
         out.extend_from_slice(&self.reverse.json(&rest));
         out.freeze()
     }
@@ -356,6 +352,38 @@ mod tests {
             .filter_map(|event| event["delta"]["text"].as_str().map(str::to_owned))
             .collect();
         assert_eq!(said, "mail [redacted:email:ab");
+    }
+
+    #[test]
+    fn a_marker_split_across_tool_argument_pieces_comes_back_spelt_for_json() {
+        let reverse = Reverse::new(vec![(MARKER.into(), "a\"b@x.io".into())]).unwrap();
+        let mut rewrite = reverse.stream(DialectKind::OpenAiChat.get());
+        let piece = |arguments: &str| {
+            let event = serde_json::json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "function": {"arguments": arguments}}]}}]});
+            format!("data: {event}\n\n")
+        };
+        let stream = format!(
+            "{}{}{}data: {{\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"tool_calls\"}}]}}\n\n",
+            piece("{\"to\": \"[redacted:"),
+            piece("email:ab12"),
+            piece("cd]\"}")
+        );
+        let mut out = rewrite.data(Bytes::from(stream)).to_vec();
+        out.extend_from_slice(&rewrite.end());
+        let arguments: String = String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .filter_map(|line| line.strip_prefix("data: "))
+            .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+            .filter_map(|e| {
+                e["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .collect();
+        let parsed: Value = serde_json::from_str(&arguments).unwrap();
+        assert_eq!(parsed["to"], "a\"b@x.io", "{arguments}");
     }
 
     #[test]

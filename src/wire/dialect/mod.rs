@@ -192,6 +192,28 @@ impl ChatRequest {
     }
 }
 
+/// One delta of a streamed reply event ([`Dialect::reply_deltas`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplyDelta {
+    /// The channel it continues: a choice's text, a content block, a tool call.
+    pub channel: String,
+    /// The JSON pointer to its string in the event.
+    pub pointer: String,
+    /// True when the string is a piece of JSON text (a tool call's arguments).
+    pub json: bool,
+}
+
+impl ReplyDelta {
+    /// A delta of `channel` at `pointer`.
+    pub fn new(channel: String, pointer: impl Into<String>, json: bool) -> Self {
+        Self {
+            channel,
+            pointer: pointer.into(),
+            json,
+        }
+    }
+}
+
 /// Where an API takes the upstream key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyHeader {
@@ -647,10 +669,10 @@ pub trait Dialect: Send + Sync {
         false
     }
 
-    /// The text deltas one event of a streamed reply carries: for each, the channel it
-    /// continues (a choice, a content block) and the JSON pointer to its text. Redaction
-    /// markers are turned back into their texts across them (`reversible` hooks).
-    fn text_deltas(&self, event: &Value) -> Vec<(String, String)> {
+    /// The deltas one event of a streamed reply carries: text, and tool arguments (JSON
+    /// text in pieces). Redaction markers are turned back into their texts across them
+    /// (`reversible` hooks).
+    fn reply_deltas(&self, event: &Value) -> Vec<ReplyDelta> {
         let _ = event;
         Vec::new()
     }

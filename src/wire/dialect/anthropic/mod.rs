@@ -337,14 +337,18 @@ impl Dialect for AnthropicMessages {
     }
 
     /// Cached input counts too: the window holds all of it.
-    fn text_deltas(&self, event: &Value) -> Vec<(String, String)> {
-        if event["type"] != "content_block_delta" || event["delta"]["type"] != "text_delta" {
+    fn reply_deltas(&self, event: &Value) -> Vec<super::ReplyDelta> {
+        if event["type"] != "content_block_delta" {
             return Vec::new();
         }
-        vec![(
-            format!("block {}", event["index"]),
-            "/delta/text".to_owned(),
-        )]
+        let channel = format!("block {}", event["index"]);
+        match event["delta"]["type"].as_str() {
+            Some("text_delta") => vec![super::ReplyDelta::new(channel, "/delta/text", false)],
+            Some("input_json_delta") => {
+                vec![super::ReplyDelta::new(channel, "/delta/partial_json", true)]
+            }
+            _ => Vec::new(),
+        }
     }
 
     fn input_tokens(&self, usage: &Value) -> Option<u64> {

@@ -241,22 +241,34 @@ impl Dialect for OpenAiChat {
         }
     }
 
-    fn text_deltas(&self, event: &Value) -> Vec<(String, String)> {
+    fn reply_deltas(&self, event: &Value) -> Vec<super::ReplyDelta> {
         let Some(choices) = event.get("choices").and_then(Value::as_array) else {
             return Vec::new();
         };
-        choices
-            .iter()
-            .enumerate()
-            .filter(|(_, choice)| choice["delta"]["content"].is_string())
-            .map(|(at, choice)| {
-                let index = choice["index"].as_u64().unwrap_or(at as u64);
-                (
+        let mut deltas = Vec::new();
+        for (at, choice) in choices.iter().enumerate() {
+            let index = choice["index"].as_u64().unwrap_or(at as u64);
+            if choice["delta"]["content"].is_string() {
+                let pointer = format!("/choices/{at}/delta/content");
+                deltas.push(super::ReplyDelta::new(
                     format!("choice {index}"),
-                    format!("/choices/{at}/delta/content"),
-                )
-            })
-            .collect()
+                    pointer,
+                    false,
+                ));
+            }
+            let calls = choice["delta"]["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten();
+            for (n, call) in calls.enumerate() {
+                if call["function"]["arguments"].is_string() {
+                    let channel = format!("choice {index} call {}", call["index"]);
+                    let pointer = format!("/choices/{at}/delta/tool_calls/{n}/function/arguments");
+                    deltas.push(super::ReplyDelta::new(channel, pointer, true));
+                }
+            }
+        }
+        deltas
     }
 
     fn input_tokens(&self, usage: &Value) -> Option<u64> {

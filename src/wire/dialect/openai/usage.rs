@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::base::chunks::Chunks;
 
-use crate::rewrite::Rewrite;
+use crate::rewrite::{trim_break, Lines, Rewrite};
 
 /// The member handoff adds at the start of the body.
 const ASK: &[u8] = br#""stream_options":{"include_usage":true},"#;
@@ -42,8 +42,7 @@ pub(super) fn ask(body: &Chunks) -> Option<Vec<Bytes>> {
 /// Takes the usage handoff asked for out of an OpenAI chat stream, line by line.
 #[derive(Debug, Default)]
 pub(crate) struct StripUsage {
-    /// The start of a line whose end has not arrived.
-    partial: BytesMut,
+    lines: Lines,
     /// The usage chunk's line was dropped: so is the blank line that closes its event.
     drop_blank: bool,
     /// A chunk carried the `"usage":null` that asking adds: the upstream honoured it.
@@ -95,32 +94,15 @@ impl StripUsage {
 
 impl Rewrite for StripUsage {
     fn data(&mut self, data: Bytes) -> Bytes {
-        let mut out = BytesMut::with_capacity(data.len() + self.partial.len());
-        let mut rest: &[u8] = &data;
-        while let Some(at) = rest.iter().position(|b| *b == b'\n') {
-            let (line, tail) = rest.split_at(at + 1);
-            rest = tail;
-            if self.partial.is_empty() {
-                self.line(line, &mut out);
-            } else {
-                self.partial.extend_from_slice(line);
-                let whole = std::mem::take(&mut self.partial);
-                self.line(&whole, &mut out);
-            }
-        }
-        self.partial.extend_from_slice(rest);
-        out.freeze()
+        let mut lines = std::mem::take(&mut self.lines);
+        let out = lines.feed(&data, |line, out| self.line(line, out));
+        self.lines = lines;
+        out
     }
 
     fn end(&mut self) -> Bytes {
-        std::mem::take(&mut self.partial).freeze()
+        self.lines.rest().freeze()
     }
-}
-
-/// `line` without its line break.
-fn trim_break(line: &[u8]) -> &[u8] {
-    let line = line.strip_suffix(b"\n").unwrap_or(line);
-    line.strip_suffix(b"\r").unwrap_or(line)
 }
 
 /// What a chunk is to the usage handoff asked for.

@@ -364,17 +364,24 @@ impl Dialect for OpenAiResponses {
         }
     }
 
-    fn text_deltas(&self, event: &Value) -> Vec<(String, String)> {
-        if event["type"] != "response.output_text.delta" || !event["delta"].is_string() {
+    fn reply_deltas(&self, event: &Value) -> Vec<super::ReplyDelta> {
+        if !event["delta"].is_string() {
             return Vec::new();
         }
-        vec![(
-            format!(
-                "output {} {}",
-                event["output_index"], event["content_index"]
-            ),
-            "/delta".to_owned(),
-        )]
+        match event["type"].as_str() {
+            Some("response.output_text.delta") => {
+                let channel = format!(
+                    "output {} {}",
+                    event["output_index"], event["content_index"]
+                );
+                vec![super::ReplyDelta::new(channel, "/delta", false)]
+            }
+            Some("response.function_call_arguments.delta") => {
+                let channel = format!("arguments {}", event["output_index"]);
+                vec![super::ReplyDelta::new(channel, "/delta", true)]
+            }
+            _ => Vec::new(),
+        }
     }
 
     fn input_tokens(&self, usage: &Value) -> Option<u64> {
