@@ -299,6 +299,14 @@ async fn compact_now(
         None,
         client_headers,
     );
+    let client = crate::pipeline::view_hooked_summary_client(
+        state,
+        &snap,
+        id.tenant(),
+        &request.model,
+        request.dialect,
+        client,
+    );
     let chain = snap.registry.select(&snap.config, &request.model, None);
     let mut job = Job::new(
         &state.tracker,

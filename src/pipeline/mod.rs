@@ -123,6 +123,32 @@ struct Claims {
 
 /// Phase 3, **authorize**: the model against the proxy key, then (through a shared
 /// upstream key) every object the request names against its tenant.
+/// `inner` through the view-stage hooks of `tenant`'s requests of `model` in `dialect`:
+/// a compaction the admin API runs sends the history to the provider as a request's
+/// summary call would, so the same hooks keep from it what they keep from the view.
+pub(crate) fn view_hooked_summary_client(
+    state: &AppState,
+    snap: &Snapshot,
+    tenant: &crate::tenant::TenantId,
+    model: &str,
+    dialect: DialectKind,
+    inner: Arc<dyn handoff_plugin_api::ModelClient>,
+) -> Arc<dyn handoff_plugin_api::ModelClient> {
+    // A proxy key's conversations belong to the tenant named after it.
+    let keyed = snap
+        .config
+        .auth
+        .keys
+        .iter()
+        .any(|key| key.name == tenant.as_str());
+    let caller = hooks::Caller {
+        tenant: tenant.clone(),
+        keyed,
+        path: dialect.get().path().to_owned(),
+    };
+    hooks::summary_client(state, snap, &caller, model, dialect, inner)
+}
+
 async fn authorize(
     state: &AppState,
     snap: &Snapshot,

@@ -9,25 +9,10 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use sha2::Digest;
 
+use crate::hooks::post;
 use crate::support::client::{self, request};
 use crate::support::scenario::{big_user, options, strict_mock};
 use crate::support::{read_tree, Proxy};
-
-async fn post(proxy: &Proxy, path: &str, id: &str, body: &Value) -> client::Whole {
-    client::send(request(
-        "POST",
-        &format!("{}{path}", proxy.url()),
-        &[
-            ("content-type", "application/json"),
-            ("x-handoff-conversation-id", id),
-            ("authorization", "Bearer sk-client-stages"),
-            ("x-api-key", "sk-client-stages"),
-            ("anthropic-version", "2023-06-01"),
-        ],
-        body.to_string(),
-    ))
-    .await
-}
 
 /// The log's lines of `kind` in conversation `id`, as written.
 fn lines(proxy: &Proxy, id: &str, kind: &str) -> Vec<Value> {
@@ -333,4 +318,46 @@ async fn a_reversible_hook_s_markers_become_their_texts_in_the_client_s_reply_on
     for request in mock.requests() {
         assert!(!String::from_utf8_lossy(&request.body).contains(email));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_compaction_s_summary_call_goes_through_the_view_hooks_too() {
+    let (strict, mock) = strict_mock(16_384).await;
+    let extra = "[middleware]\nchain = [\"outbound\"]\n\
+         [middleware.hooks.outbound]\nkind = \"redact\"\nstages = [\"view\"]\n\
+         patterns = { ticket = \"TCK-[0-9]{6}\" }\n";
+    let proxy = Proxy::start_with(&mock.url(), options(16_384, extra));
+    let mut messages = vec![json!({"role": "user", "content": "Track TCK-123456 for me."})];
+    for n in 0..3 {
+        messages.push(json!({"role": "assistant", "content": format!("noted {n}")}));
+        messages.push(big_user(n, 60));
+    }
+    let got = post(
+        &proxy,
+        "/v1/chat/completions",
+        "manual",
+        &json!({"model": "strict", "messages": messages}),
+    )
+    .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let got = client::send(request(
+        "POST",
+        &format!("{}/handoff/conversations/manual/compact", proxy.url()),
+        &[("x-handoff-upstream-authorization", "Bearer sk-x")],
+        "",
+    ))
+    .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert_eq!(
+        strict.summaries.load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+    let summary = mock.requests().pop().unwrap();
+    let summary = String::from_utf8_lossy(&summary.body);
+    assert!(
+        summary.contains(mock_upstream::strict::SUMMARY_PROMPT_START),
+        "{summary}"
+    );
+    assert!(!summary.contains("TCK-123456"), "{summary}");
+    assert!(summary.contains("[redacted:ticket:"), "{summary}");
 }

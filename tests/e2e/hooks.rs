@@ -24,7 +24,7 @@ fn secret_turn() -> String {
 
 /// Posts `body` to `path` of `proxy` as one client (the same credential in both of the
 /// headers a dialect may read it from).
-async fn post(proxy: &Proxy, path: &str, id: &str, body: &Value) -> client::Whole {
+pub(crate) async fn post(proxy: &Proxy, path: &str, id: &str, body: &Value) -> client::Whole {
     client::send(request(
         "POST",
         &format!("{}{path}", proxy.url()),

@@ -34,7 +34,8 @@ const API_KEYS: &str = concat!(
     r"|(?-u:\b)hf_[A-Za-z0-9]{30,}(?-u:\b)",
 );
 
-const EMAILS: &str =
+/// The `emails` detector's regex.
+pub const EMAILS: &str =
     r"(?-u:\b)[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}(?-u:\b)";
 
 /// Candidates only: [`luhn`] decides.

@@ -14,8 +14,10 @@ use std::collections::BTreeMap;
 pub use deny::Deny;
 pub use tag::Tag;
 
-/// One rule, as configured: every condition given must hold.
-#[derive(Debug, Clone, Default)]
+/// One rule, as configured (`[[middleware.hooks.<name>.rules]]`): every condition given
+/// must hold.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RuleSettings {
     /// A model pattern (`*` matches any run of characters).
     pub model: Option<String>,
@@ -30,8 +32,10 @@ pub struct RuleSettings {
     /// deny: the status answered, 400 to 499; 403 when unset.
     pub status: Option<u16>,
     /// deny: what the client reads.
+    #[serde(default)]
     pub message: String,
     /// tag: the tags a match adds.
+    #[serde(default)]
     pub tags: BTreeMap<String, String>,
     /// tag: the model a match sends the request to.
     pub reroute: Option<String>,

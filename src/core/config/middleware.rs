@@ -68,7 +68,7 @@ pub struct HookConfig {
     /// deny, tag: the rules (deny: the first that matches refuses; tag: each that
     /// matches adds its tags).
     #[serde(default)]
-    pub rules: Vec<Rule>,
+    pub rules: Vec<RuleSettings>,
     /// exec: the program and its arguments; no shell is involved.
     #[serde(default)]
     pub command: Vec<String>,
@@ -86,32 +86,6 @@ fn default_timeout() -> Duration {
 
 fn default_stages() -> Vec<Stage> {
     vec![Stage::Request]
-}
-
-/// `[[middleware.hooks.<name>.rules]]`: one rule of a `deny` or `tag` hook.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Rule {
-    /// A model pattern (`*` matches any run of characters).
-    pub model: Option<String>,
-    /// A tenant: a proxy key's `name`.
-    pub tenant: Option<String>,
-    /// A path pattern.
-    pub path: Option<String>,
-    /// A regex some message's text matches.
-    pub content: Option<String>,
-    /// More characters of message text than this.
-    pub larger_than: Option<usize>,
-    /// The status answered (4xx); 403 when unset.
-    pub status: Option<u16>,
-    /// deny: why, for the client.
-    #[serde(default)]
-    pub message: String,
-    /// tag: the tags a match adds.
-    #[serde(default)]
-    pub tags: BTreeMap<String, String>,
-    /// tag: the model a match sends the request to.
-    pub reroute: Option<String>,
 }
 
 fn invalid(key: String, reason: impl Into<String>) -> ConfigError {
@@ -157,30 +131,12 @@ fn redact(settings: &HookConfig) -> Result<Arc<dyn Hook>, String> {
     Ok(Arc::new(Redact::new(&settings.detectors, &patterns)?))
 }
 
-fn rules(settings: &HookConfig) -> Vec<RuleSettings> {
-    settings
-        .rules
-        .iter()
-        .map(|rule| RuleSettings {
-            model: rule.model.clone(),
-            tenant: rule.tenant.clone(),
-            path: rule.path.clone(),
-            content: rule.content.clone(),
-            larger_than: rule.larger_than,
-            status: rule.status,
-            message: rule.message.clone(),
-            tags: rule.tags.clone(),
-            reroute: rule.reroute.clone(),
-        })
-        .collect()
-}
-
 fn deny(settings: &HookConfig) -> Result<Arc<dyn Hook>, String> {
-    Ok(Arc::new(Deny::new(&rules(settings))?))
+    Ok(Arc::new(Deny::new(&settings.rules)?))
 }
 
 fn tag(settings: &HookConfig) -> Result<Arc<dyn Hook>, String> {
-    Ok(Arc::new(Tag::new(&rules(settings))?))
+    Ok(Arc::new(Tag::new(&settings.rules)?))
 }
 
 const BUILT_IN: &[(&str, HookFactory)] = &[

@@ -22,7 +22,7 @@ pub use load::{check_serve, config_file, from_toml, load, strategy_kind, ConfigE
 pub use mask::masked;
 pub use middleware::{
     guard_exec_hooks_with, register_hook, BuiltHook, Failure, HookChains, HookConfig, HookFactory,
-    MiddlewareConfig, Rule,
+    MiddlewareConfig,
 };
 pub use workers::{cores, Workers};
 

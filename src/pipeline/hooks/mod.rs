@@ -7,8 +7,8 @@
 //!   calls and the upstream all see the redacted request; a hook may send the request to
 //!   another model, and tag it. What they did is noted on the request's line.
 //! - **view**, in **send**: the redactions apply to the body about to go upstream (and to
-//!   each summary call's input), and are noted on the decision line; the log keeps the
-//!   text.
+//!   each summary call's input, a manual compaction's too), and are noted on the
+//!   decision line; the log keeps the text.
 //! - **reply**, after **reply**: on a task of its own, once the client has its answer;
 //!   its tags go to the metrics and the trace.
 
@@ -333,6 +333,7 @@ async fn call(
 ) -> Result<HookDecision, HookError> {
     match stage {
         Stage::View => hook.hook.on_view(request).await,
+        // Reply hooks are called by `on_reply`, with the reply: never through here.
         Stage::Request | Stage::Reply => hook.hook.on_request(request).await,
     }
 }
