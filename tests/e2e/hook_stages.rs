@@ -143,6 +143,23 @@ async fn a_tag_hook_reroutes_to_a_second_upstream_and_tags_the_record_and_the_me
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_of_reply_hooks_alone_tags_every_reply() {
+    let upstream = three_apis(16_384).await;
+    let extra = "[middleware]\nchain = [\"late\"]\nmetric_tags = [\"replied\"]\n\
+         [middleware.hooks.late]\nkind = \"tag\"\nstages = [\"reply\"]\n\
+         [[middleware.hooks.late.rules]]\nmodel = \"*\"\ntags = { replied = \"yes\" }\n";
+    let proxy = Proxy::start_with(&upstream.url(), options(16_384, extra));
+    for (n, (path, body)) in bodies("Hello").iter().enumerate() {
+        let got = post(&proxy, path, &format!("late-{n}"), body).await;
+        assert_eq!(got.status, 200, "{path}: {}", got.text());
+    }
+    let line = "handoff_hook_tags_total{tag=\"replied\",value=\"yes\"} 3";
+    let metrics = metrics_with(&proxy, line).await;
+    assert!(metrics.contains(line), "{metrics}");
+    assert!(!metrics.contains("stage=\"request\""), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_may_not_be_rerouted_to_a_model_it_is_not_allowed() {
     let (_main, main) = strict_mock(16_384).await;
     let key_hash: String = sha2::Sha256::digest(b"sk-proxy-stages")

@@ -89,6 +89,18 @@ impl Caller {
         self.chain(snap, model, stage).next().is_some()
     }
 
+    /// What the reply-stage hooks will be told of `chat`, when there are any: for a
+    /// chain with no request-stage hook to have shown it to.
+    pub(super) fn for_reply(
+        &self,
+        state: &AppState,
+        snap: &Snapshot,
+        chat: &ChatRequest,
+    ) -> Option<HookRequest> {
+        self.has(snap, &chat.model, Stage::Reply)
+            .then(|| self.request(state, chat, chat.dialect))
+    }
+
     /// What a hook is told of `chat`.
     fn request(&self, state: &AppState, chat: &ChatRequest, dialect: DialectKind) -> HookRequest {
         HookRequest {

@@ -23,35 +23,36 @@ pub(super) struct Applied {
 
 /// `body` with every occurrence of each redaction's text replaced by its marker,
 /// `[redacted:<label>:<tag>]`; longer texts first where two overlap. A text is looked
-/// for as serde spells it inside a JSON string, and where it is not found so (a client
-/// that escapes `/` or non-ASCII characters), in every string of the body parsed.
+/// for in each way a JSON encoder spells it inside a string ([`spellings`]), so the
+/// rest of the body keeps its bytes; a text found in none of them is looked for in
+/// every string of the body parsed.
 pub(super) fn apply(
     body: &Chunks,
     redact: &[(String, Redaction)],
     tag: impl Fn(&str) -> String,
 ) -> Result<Applied, ApiError> {
     let markers = markers(redact, tag);
-    let spelt: Vec<String> = redact
-        .iter()
-        .map(|(_, r)| {
-            let quoted = serde_json::Value::String(r.find.clone()).to_string();
-            quoted[1..quoted.len() - 1].to_owned()
-        })
-        .collect();
+    let mut patterns = Vec::new();
+    let mut owner = Vec::new();
+    for (at, (_, redaction)) in redact.iter().enumerate() {
+        for spelt in spellings(&redaction.find) {
+            patterns.push(spelt);
+            owner.push(at);
+        }
+    }
     let finder = AhoCorasick::builder()
         .match_kind(MatchKind::LeftmostLongest)
-        .build(&spelt)
+        .build(&patterns)
         .map_err(|err| ApiError::internal(format!("building the redaction search: {err}")))?;
     let mut counts = vec![0usize; redact.len()];
     let mut out = Vec::with_capacity(body.len());
     finder.replace_all_with_bytes(body.contiguous(), &mut out, |found, _, dst| {
-        counts[found.pattern().as_usize()] += 1;
-        dst.extend_from_slice(markers[found.pattern().as_usize()].as_bytes());
+        let at = owner[found.pattern().as_usize()];
+        counts[at] += 1;
+        dst.extend_from_slice(markers[at].as_bytes());
         true
     });
-    // A text can hide behind an escape the fast way does not spell it with.
-    let escaped = out.windows(2).any(|pair| pair == b"\\u" || pair == b"\\/");
-    if counts.contains(&0) || escaped {
+    if counts.contains(&0) {
         out = in_strings(&out, redact, &markers, &mut counts)?;
     }
     Ok(Applied {
@@ -59,6 +60,42 @@ pub(super) fn apply(
         found: notes(redact, counts),
         markers,
     })
+}
+
+/// The ways JSON encoders spell `text` inside a string: as serde does (only `"`, `\`
+/// and control characters escaped); with every non-ASCII character as `\uXXXX`, in
+/// lower and upper case hex (Python's `json.dumps`, Java's); and each of those with
+/// `/` as `\/` (PHP, older JavaScript encoders).
+fn spellings(text: &str) -> Vec<String> {
+    let quoted = serde_json::Value::String(text.to_owned()).to_string();
+    let plain = quoted[1..quoted.len() - 1].to_owned();
+    let mut out = vec![plain.clone()];
+    if !text.is_ascii() {
+        for upper in [false, true] {
+            let mut ascii = String::with_capacity(plain.len() * 2);
+            for c in plain.chars() {
+                if c.is_ascii() {
+                    ascii.push(c);
+                    continue;
+                }
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    if upper {
+                        ascii.push_str(&format!("\\u{unit:04X}"));
+                    } else {
+                        ascii.push_str(&format!("\\u{unit:04x}"));
+                    }
+                }
+            }
+            out.push(ascii);
+        }
+    }
+    if text.contains('/') {
+        let slashed: Vec<String> = out.iter().map(|s| s.replace('/', "\\/")).collect();
+        out.extend(slashed);
+    }
+    out.dedup();
+    out
 }
 
 /// `body` parsed, with the texts replaced in every string (and key), re-serialised:
@@ -273,14 +310,39 @@ mod tests {
     }
 
     #[test]
-    fn a_text_spelt_with_escapes_is_found_in_the_parsed_strings() {
-        // A client that escapes `/` and non-ASCII characters (Python's json.dumps).
-        let body =
-            Chunks::from(br#"{"c":"key sk\/a\u00e9b end","d":"plain sk/a\u00e9b"}"#.to_vec());
+    fn every_encoder_s_spelling_is_looked_for() {
+        assert_eq!(spellings("a/b"), ["a/b", "a\\/b"]);
+        assert_eq!(
+            spellings("\u{e9}\u{1F600}"),
+            [
+                "\u{e9}\u{1F600}",
+                "\\u00e9\\ud83d\\ude00",
+                "\\u00E9\\uD83D\\uDE00"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_text_spelt_with_escapes_is_found_and_the_rest_keeps_its_bytes() {
+        // A client that escapes `/` and non-ASCII characters (PHP, Python's json.dumps).
+        let body = Chunks::from(
+            br#"{"z":1, "c":"key sk\/a\u00e9b end","d":"plain sk/a\u00e9b"}"#.to_vec(),
+        );
         let out = apply(&body, &[redaction("sk/a\u{e9}b", "key")], |_| "t".into()).unwrap();
         assert_eq!(out.found[0].count, 2);
+        assert_eq!(
+            &out.body[..],
+            br#"{"z":1, "c":"key [redacted:key:t] end","d":"plain [redacted:key:t]"}"#
+        );
+    }
+
+    #[test]
+    fn a_text_no_encoder_s_spelling_finds_is_found_in_the_parsed_strings() {
+        // An ASCII letter as an escape: no encoder writes it, but JSON allows it.
+        let body = Chunks::from(br#"{"c":"key sk-\u0061b end"}"#.to_vec());
+        let out = apply(&body, &[redaction("sk-ab", "key")], |_| "t".into()).unwrap();
+        assert_eq!(out.found[0].count, 1);
         let value: serde_json::Value = serde_json::from_slice(&out.body).unwrap();
         assert_eq!(value["c"], "key [redacted:key:t] end");
-        assert_eq!(value["d"], "plain [redacted:key:t]");
     }
 }

@@ -62,7 +62,7 @@ pub(super) async fn run(
         let claims = exchange.claims();
         authorize(state, &exchange.snap, &admission, &claims).await?;
     }
-    exchange.settle()?;
+    exchange.settle();
     let (id, base) = exchange.identify(admission).await?;
     log.set_conversation(&id);
     let Some(tracked) = exchange.track(id, base).await? else {
@@ -195,12 +195,11 @@ impl<'s> Exchange<'s> {
 
     /// The end of **hook**: the upstream's credentials, for the model the request now
     /// goes to.
-    fn settle(&mut self) -> Result<(), Halt> {
+    fn settle(&mut self) {
         let upstream = self.snap.upstream_in(self.chat.dialect, &self.chat.model);
         self.snap
             .credentials
             .rewrite(&mut self.parts.headers, self.chat.dialect, upstream);
-        Ok(())
     }
 
     /// Phase 4, **hook**: the request-stage `[middleware]` hooks. Their redactions
@@ -210,6 +209,7 @@ impl<'s> Exchange<'s> {
         let Some(hooked) =
             hooks::on_request(self.state, &self.snap, &self.caller, &self.chat, &self.body).await?
         else {
+            self.hooked = self.caller.for_reply(self.state, &self.snap, &self.chat);
             return Ok(false);
         };
         let hooks::Hooked {
