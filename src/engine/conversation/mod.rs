@@ -364,9 +364,9 @@ impl Tracker {
             form_changes: state.form_changes,
         };
         let repeat = state.last_request.as_ref() == Some(&this_request);
-        // A repeat the hooks changed still says so: its line is how audit knows.
-        if known == rest.len() && lines.is_empty() && forms.is_empty() && repeat && hooks.is_none()
-        {
+        // A repeat's hooks did to it what they did to the request it repeats, whose
+        // line notes it.
+        if known == rest.len() && lines.is_empty() && forms.is_empty() && repeat {
             // A retry or a repeat of the latest request adds nothing to the log: no
             // write, and the lock is brief. (A request of known messages that is not
             // one, a regenerate from an earlier turn, gets its own request line.)
