@@ -24,8 +24,11 @@ pub(crate) async fn route(
     mut request: Request<Incoming>,
     peer: SocketAddr,
 ) -> Response<Logged> {
-    // Made canonical before anything reads it, the access line included.
-    let refused = canonicalize(&mut request).err();
+    // Made canonical before anything reads it, the access line included, and a key
+    // in the query moved into its header.
+    let refused = canonicalize(&mut request)
+        .and_then(|()| crate::dialect::lift_query_key(&mut request))
+        .err();
     let uri = request.uri();
     let mut log = RequestLog::start(
         request.method().clone(),

@@ -24,6 +24,13 @@ pub(crate) struct FinalEvent {
     after_cr: bool,
     // The event being read has named itself final.
     in_final: bool,
+    // Bytes of `end.containing` matched so far on the current line.
+    matched: usize,
+    // The current line holds `end.containing`.
+    contains: bool,
+    // The final event's closing blank line was a CR that ended a chunk: the reply ends
+    // after the LF that may open the next one.
+    closing_cr: bool,
 }
 
 impl FinalEvent {
@@ -35,12 +42,19 @@ impl FinalEvent {
             line_len: 0,
             after_cr: false,
             in_final: false,
+            matched: 0,
+            contains: false,
+            closing_cr: false,
         }
     }
 
     /// Reads one chunk; returns the offset just past the final event's closing blank
     /// line when it is in this chunk.
     pub(crate) fn feed(&mut self, data: &[u8]) -> Option<usize> {
+        if self.closing_cr && !data.is_empty() {
+            self.closing_cr = false;
+            return Some(usize::from(data[0] == b'\n'));
+        }
         for (at, &byte) in data.iter().enumerate() {
             let is_break = byte == b'\n' || byte == b'\r';
             if byte == b'\n' && self.after_cr {
@@ -53,17 +67,22 @@ impl FinalEvent {
                     self.head.push(byte);
                 }
                 self.line_len += 1;
+                self.match_containing(byte);
                 continue;
             }
             if self.line_len == 0 {
                 if self.in_final {
-                    // A CRLF pair ends with its LF.
+                    self.in_final = false;
+                    // A CRLF pair ends with its LF, which may open the next chunk.
+                    if byte == b'\r' && at + 1 == data.len() {
+                        self.closing_cr = true;
+                        return None;
+                    }
                     let close = if byte == b'\r' && data.get(at + 1) == Some(&b'\n') {
                         at + 2
                     } else {
                         at + 1
                     };
-                    self.in_final = false;
                     return Some(close);
                 }
             } else {
@@ -72,13 +91,36 @@ impl FinalEvent {
                 }
                 self.head.clear();
                 self.line_len = 0;
+                self.matched = 0;
+                self.contains = false;
             }
         }
         None
     }
 
-    /// True when the line just read is `field: value` for a final value, whole.
+    /// Advances the match of `end.containing` by one byte of the line. Its first byte
+    /// recurs in it only at its end, so a mismatch restarts at that byte alone.
+    fn match_containing(&mut self, byte: u8) {
+        let needle = self.end.containing;
+        if needle.is_empty() || self.contains {
+            return;
+        }
+        if needle[self.matched] == byte {
+            self.matched += 1;
+        } else {
+            self.matched = usize::from(needle[0] == byte);
+        }
+        if self.matched == needle.len() {
+            self.contains = true;
+        }
+    }
+
+    /// True when the line just read is `field: value` for a final value, whole, or a
+    /// `field` line holding `end.containing`.
     fn names_final(&self) -> bool {
+        if self.contains && self.head.starts_with(self.end.field) {
+            return true;
+        }
         if self.line_len != self.head.len() {
             return false;
         }
@@ -157,6 +199,27 @@ mod tests {
             end_of(DialectKind::OpenAiChat, &[b"data:[DONE]\n\n"]),
             Some(13)
         );
+    }
+
+    #[test]
+    fn gemini_ends_after_the_event_that_carries_its_finish_reason_at_every_split() {
+        let text = "t".repeat(9_000);
+        let stream = format!(
+            "data: {{\"candidates\": [{{\"content\": {{\"parts\": [{{\"text\": \"a \\\"finishReason\\\" in text\"}}]}}}}]}}\r\n\r\n\
+             data: {{\"candidates\": [{{\"content\": {{\"parts\": [{{\"text\": \"{text}\"}}]}}, \"finishReason\": \"STOP\"}}]}}\r\n\r\n"
+        );
+        let stream = stream.as_bytes();
+        for split in 0..=stream.len() {
+            let (a, b) = stream.split_at(split);
+            assert_eq!(
+                end_of(DialectKind::Gemini, &[a, b]),
+                Some(stream.len()),
+                "split at {split}"
+            );
+        }
+        // The escaped name inside a text is not the member.
+        let first = stream.len() - text.len() - 100;
+        assert_eq!(end_of(DialectKind::Gemini, &[&stream[..first]]), None);
     }
 
     #[test]

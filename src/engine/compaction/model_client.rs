@@ -67,10 +67,16 @@ pub fn summary_client(
     let chat = config
         .model(summary_model)
         .is_some_and(|m| m.api == Some(ModelApi::Chat));
-    let path = match path {
-        _ if chat => PathAndQuery::from_static("/v1/chat/completions"),
-        Some(path) => path,
-        None => PathAndQuery::from_static(dialect.get().path()),
+    let path = if chat {
+        PathAndQuery::from_static("/v1/chat/completions")
+    } else {
+        // The dialect's path for the summary model: Gemini names it in the path.
+        let target = path.as_ref().map(PathAndQuery::as_str);
+        dialect
+            .get()
+            .call_path(summary_model, target)
+            .parse()
+            .unwrap_or_else(|_| PathAndQuery::from_static(dialect.get().path()))
     };
     let raw: std::sync::Arc<dyn ModelClient> =
         std::sync::Arc::new(UpstreamModelClient::new(upstream, path, headers));

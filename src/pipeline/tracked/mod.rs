@@ -119,7 +119,11 @@ impl<'s> Exchange<'s> {
         admission: &Admission,
         dialect: DialectKind,
     ) -> Result<Self, Halt> {
-        let mut chat = dialect.get().parse_body(&body).map_err(ApiError::from)?;
+        let target = parts.uri.path_and_query().map_or("", |t| t.as_str());
+        let mut chat = dialect
+            .get()
+            .parse_at(target, &body)
+            .map_err(ApiError::from)?;
         let most = snap.config.limits.max_messages;
         if chat.messages.len() > most {
             return Err(ApiError::invalid_request(
@@ -222,8 +226,21 @@ impl<'s> Exchange<'s> {
         self.reverse = reverse;
         let mut body = body.map(Chunks::from);
         if let Some(model) = &model {
-            let sent = body.as_ref().unwrap_or(&self.body);
-            body = Some(Chunks::from(hooks::with_model(sent, model)?));
+            let dialect = self.chat.dialect.get();
+            let target = self.request_target().to_owned();
+            match dialect.retarget(&target, model) {
+                // The model is in the path (Gemini): the body stays as it is.
+                Some(moved) => {
+                    self.parts.uri = moved.parse().map_err(|_| {
+                        ApiError::internal(format!("a hook's model {model:?} makes no valid path"))
+                    })?;
+                    body = Some(body.unwrap_or_else(|| self.body.clone()));
+                }
+                None => {
+                    let sent = body.as_ref().unwrap_or(&self.body);
+                    body = Some(Chunks::from(hooks::with_model(sent, model)?));
+                }
+            }
             notes.model_from = Some(self.chat.model.clone());
             tracing::info!(from = %self.chat.model, to = %model, "a middleware hook sent the request to another model");
         }
@@ -232,7 +249,7 @@ impl<'s> Exchange<'s> {
                 .chat
                 .dialect
                 .get()
-                .parse_body(&body)
+                .parse_at(self.request_target(), &body)
                 .map_err(ApiError::from)?;
             self.snap.pins.apply(&mut chat);
             if model.is_some() {
@@ -365,6 +382,11 @@ impl<'s> Exchange<'s> {
                 Ok(None)
             }
         }
+    }
+
+    /// The request's path and query, as the upstream will get them.
+    fn request_target(&self) -> &str {
+        self.parts.uri.path_and_query().map_or("", |t| t.as_str())
     }
 
     fn tracked(&self) -> Result<&Tracked, ApiError> {

@@ -320,7 +320,7 @@ impl Exchange<'_> {
             .chat
             .dialect
             .get()
-            .parse_body(&body)
+            .parse_at(self.request_target(), &body)
             .map_err(ApiError::from)?;
         let viewed =
             super::hooks::on_view(self.state, &self.snap, &self.caller, &view, &body).await?;

@@ -53,6 +53,9 @@ pub fn echo_digest(message: &Value) -> Option<MessageDigest> {
     if kind == Some(REFERENCE_TYPE) {
         return map.get("id").and_then(Value::as_str).and_then(id_digest);
     }
+    if let Some(parts) = map.get("parts").and_then(Value::as_array) {
+        return gemini_echo(map, parts);
+    }
     let stripped = without_output_fields(map, kind);
     let map = stripped.as_ref().unwrap_or(map);
     if kind.is_some() && map.contains_key("type") {
@@ -94,6 +97,57 @@ pub fn echo_digest(message: &Value) -> Option<MessageDigest> {
         }
     }
     Some(tagged_digest(b"handoff/echo/v3", &Value::Object(echo)))
+}
+
+/// The echo form of a Gemini content (`parts`): a `model` content is the same without
+/// its thought parts, with adjacent text parts joined into the first (whose other
+/// fields it keeps), with a text part's `thoughtSignature` left out, and with each
+/// function call's `id` left out. Gemini CLI sends a streamed reply back so: it drops
+/// thoughts, joins the text pieces and gives each call an id of its own.
+fn gemini_echo(map: &serde_json::Map<String, Value>, parts: &[Value]) -> Option<MessageDigest> {
+    if map.get("role").and_then(Value::as_str) != Some("model") {
+        return Some(tagged_digest(
+            b"handoff/echo/gemini/v1",
+            &Value::Object(map.clone()),
+        ));
+    }
+    let text_only = |part: &Value| {
+        part.as_object().is_some_and(|p| {
+            p.get("text").is_some_and(Value::is_string)
+                && p.keys()
+                    .all(|k| matches!(k.as_str(), "text" | "thoughtSignature"))
+        })
+    };
+    let mut echoed: Vec<Value> = Vec::with_capacity(parts.len());
+    for part in parts {
+        if part.get("thought").and_then(Value::as_bool) == Some(true) {
+            continue;
+        }
+        if text_only(part) {
+            let piece = part.get("text").and_then(Value::as_str).unwrap_or("");
+            if let Some(Value::String(text)) = echoed
+                .last_mut()
+                .filter(|last| last.get("functionCall").is_none())
+                .and_then(|last| last.get_mut("text"))
+            {
+                text.push_str(piece);
+                continue;
+            }
+            echoed.push(serde_json::json!({"text": piece}));
+            continue;
+        }
+        let mut part = part.clone();
+        if let Some(call) = part.get_mut("functionCall").and_then(Value::as_object_mut) {
+            call.remove("id");
+        }
+        echoed.push(part);
+    }
+    let mut echo = map.clone();
+    echo.insert("parts".into(), Value::Array(echoed));
+    Some(tagged_digest(
+        b"handoff/echo/gemini/v1",
+        &Value::Object(echo),
+    ))
 }
 
 /// The output-only fields the Responses API adds to an item, which clients leave out

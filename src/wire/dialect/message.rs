@@ -405,7 +405,10 @@ impl Message {
             glues: glues_to_next(&value),
             tool_answer: match role {
                 Role::Tool | Role::Function => true,
-                Role::User => blocks(&value, "tool_result").next().is_some(),
+                Role::User => {
+                    blocks(&value, "tool_result").next().is_some()
+                        || gemini_parts(&value, "functionResponse").next().is_some()
+                }
                 _ => false,
             },
             results_lead: results_lead(&value),
@@ -595,6 +598,19 @@ fn results_lead(value: &Value) -> bool {
     !blocks[leading..].iter().any(is_result)
 }
 
+/// The functions of a Gemini content's `kind` parts (`functionCall`,
+/// `functionResponse`), by name: a call may carry no id, and Gemini CLI gives only the
+/// response one, so the name is what pairs them for units.
+fn gemini_parts<'v>(value: &'v Value, kind: &'static str) -> impl Iterator<Item = &'v str> {
+    value
+        .get("parts")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(move |part| part.get(kind))
+        .filter_map(|function| function.get("name").and_then(Value::as_str))
+}
+
 fn item_type(value: &Value) -> Option<&str> {
     value.get("type").and_then(Value::as_str)
 }
@@ -612,7 +628,10 @@ fn calls_in(value: &Value) -> impl Iterator<Item = &str> {
     let item = matches!(item_type(value), Some("function_call" | "custom_tool_call"))
         .then(|| value.get("call_id").and_then(Value::as_str))
         .flatten();
-    openai.chain(anthropic).chain(item)
+    openai
+        .chain(anthropic)
+        .chain(item)
+        .chain(gemini_parts(value, "functionCall"))
 }
 
 /// The tool ids `value` answers, in any dialect's shape.
@@ -626,5 +645,9 @@ fn answers_in(value: &Value) -> impl Iterator<Item = &str> {
     )
     .then(|| value.get("call_id").and_then(Value::as_str))
     .flatten();
-    openai.into_iter().chain(anthropic).chain(item)
+    openai
+        .into_iter()
+        .chain(anthropic)
+        .chain(item)
+        .chain(gemini_parts(value, "functionResponse"))
 }

@@ -6,6 +6,7 @@
 
 pub mod anthropic;
 pub mod echo;
+pub mod gemini;
 mod message;
 pub mod objects;
 pub mod openai;
@@ -76,6 +77,7 @@ registry! {
     OpenAiChat => openai::OpenAiChat, "OpenAI chat completions, `POST …/chat/completions`.";
     Anthropic => anthropic::AnthropicMessages, "Anthropic Messages, `POST …/v1/messages`.";
     Responses => responses::OpenAiResponses, "OpenAI Responses, `POST …/v1/responses`.";
+    Gemini => gemini::Gemini, "Google's Gemini API, `POST …/models/{model}:generateContent` and `:streamGenerateContent`.";
     #[cfg(feature = "stub")] Stub => stub::StubDialect, "A fourth format, built for tests only: what a new dialect touches.";
 }
 
@@ -286,6 +288,54 @@ pub fn presented_key(headers: &http::HeaderMap) -> Option<&str> {
         .filter(|k| !k.is_empty())
 }
 
+/// Moves a key sent in the query (`?key=`, on a path whose dialect takes one there,
+/// [`Dialect::query_key`]) into that dialect's key header, and out of the URI: from
+/// here on it is a credential like any other, and the path that is logged, recorded
+/// and forwarded holds no key. A key header already present wins; the query's key is
+/// dropped either way. `Err` when the key cannot be a header value.
+pub fn lift_query_key<B>(request: &mut http::Request<B>) -> Result<(), ApiError> {
+    let uri = request.uri();
+    let dialect = DialectKind::for_path(uri.path()).get();
+    let (Some(name), Some(query)) = (dialect.query_key(), uri.query()) else {
+        return Ok(());
+    };
+    let KeyHeader::Named(header) = dialect.key_header() else {
+        return Ok(());
+    };
+    let mut key = None;
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|pair| {
+            let (field, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if field != name {
+                return true;
+            }
+            key.get_or_insert(value);
+            false
+        })
+        .collect();
+    let Some(key) = key else {
+        return Ok(());
+    };
+    let invalid =
+        || ApiError::invalid_api_key(format!("the {name} query parameter is not a valid API key"));
+    let decoded = percent_encoding::percent_decode_str(key)
+        .decode_utf8()
+        .map_err(|_| invalid())?;
+    let value = http::HeaderValue::from_str(decoded.trim()).map_err(|_| invalid())?;
+    let target = match rest.is_empty() {
+        true => uri.path().to_owned(),
+        false => format!("{}?{}", uri.path(), rest.join("&")),
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(target.parse().map_err(|_| invalid())?);
+    *request.uri_mut() = http::Uri::from_parts(parts).map_err(|_| invalid())?;
+    if !request.headers().contains_key(header) {
+        request.headers_mut().insert(header, value);
+    }
+    Ok(())
+}
+
 /// Paths a proxy key may use when its `paths` is unset: every dialect's own path and
 /// [`Dialect::key_paths`].
 pub fn key_paths() -> Vec<&'static str> {
@@ -369,13 +419,18 @@ pub trait StreamReply: Send {
 }
 
 /// The lines that end a stream: `field: value` at the start of a line, for any of
-/// `values`.
+/// `values`, or a `field` line that holds `containing` (an API whose last event names
+/// itself by a member, as Gemini's carries `finishReason`).
 #[derive(Debug, Clone, Copy)]
 pub struct StreamEnd {
     /// The SSE field, e.g. `data:`.
     pub field: &'static [u8],
     /// Its values, e.g. `[DONE]`.
     pub values: &'static [&'static [u8]],
+    /// Bytes whose presence on a `field` line makes its event the last; empty for
+    /// none. Its first byte must not recur in it but at its end (a `"name"`), which
+    /// lets the scan match it byte by byte without backtracking.
+    pub containing: &'static [u8],
 }
 
 /// Reads a JSON body whose values borrow from it. The body is checked as UTF-8 once,
@@ -499,6 +554,34 @@ pub trait Dialect: Send + Sync {
     /// Parses and checks a request body; the error says where it went wrong. The
     /// messages share `body`'s bytes.
     fn parse_body(&self, body: &Chunks) -> Result<ChatRequest, DialectError>;
+
+    /// Parses a body posted to `target` (path and query): where the API names the model
+    /// or the streaming in the path (Gemini), they are read from there.
+    fn parse_at(&self, target: &str, body: &Chunks) -> Result<ChatRequest, DialectError> {
+        let _ = target;
+        self.parse_body(body)
+    }
+
+    /// The path and query of a non-streamed call handoff makes itself to `model` (a
+    /// summary, an eval), given the client's request `target` when there is one: that
+    /// target where the model is in the body, else [`Dialect::path`].
+    fn call_path(&self, model: &str, target: Option<&str>) -> String {
+        let _ = model;
+        target.unwrap_or(self.path()).to_owned()
+    }
+
+    /// `target` sending its request to `model` instead, where the path names the
+    /// model; `None` where the body does (its top-level `model` is rewritten then).
+    fn retarget(&self, target: &str, model: &str) -> Option<String> {
+        let _ = (target, model);
+        None
+    }
+
+    /// The query parameter some of the API's clients send the key in (`?key=`): moved
+    /// into [`Dialect::key_header`] before anything reads the request.
+    fn query_key(&self) -> Option<&'static str> {
+        None
+    }
 
     /// Like [`Dialect::parse_body`], for a body held elsewhere (copied once).
     fn parse(&self, body: &[u8]) -> Result<ChatRequest, DialectError> {

@@ -183,6 +183,7 @@ impl Dialect for StubDialect {
         StreamEnd {
             field: b"data:",
             values: &[b"END"],
+            containing: b"",
         }
     }
 

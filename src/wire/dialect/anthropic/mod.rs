@@ -333,6 +333,7 @@ impl Dialect for AnthropicMessages {
         StreamEnd {
             field: b"event:",
             values: &[b"message_stop"],
+            containing: b"",
         }
     }
 

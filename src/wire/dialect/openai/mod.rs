@@ -238,6 +238,7 @@ impl Dialect for OpenAiChat {
         StreamEnd {
             field: b"data:",
             values: &[b"[DONE]"],
+            containing: b"",
         }
     }
 

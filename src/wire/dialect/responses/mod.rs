@@ -361,6 +361,7 @@ impl Dialect for OpenAiResponses {
                 b"response.incomplete",
                 b"response.failed",
             ],
+            containing: b"",
         }
     }
 
