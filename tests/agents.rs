@@ -1,6 +1,6 @@
-//! Real coding agents, unmodified, through the real binary: Claude Code, Codex CLI and
-//! opencode (installed from npm at pinned versions by scripts/test.sh into
-//! tests/agents) each run a tool-using task of `FILES` file reads against a scripted
+//! Real coding agents, unmodified, through the real binary: Claude Code, Codex CLI,
+//! opencode and Gemini CLI (installed from npm at pinned versions by scripts/test.sh
+//! into tests/agents) each run a tool-using task of `FILES` file reads against a scripted
 //! model that speaks its wire format as strictly as the real provider. Each agent is
 //! configured only through its own documented settings: the base URL, a provider
 //! entry, its own auto-compaction off and nonessential traffic off.
@@ -33,6 +33,7 @@ enum Agent {
     ClaudeCode,
     Codex,
     OpenCode,
+    GeminiCli,
 }
 
 impl Agent {
@@ -41,6 +42,7 @@ impl Agent {
             Agent::ClaudeCode => "scripted-claude",
             Agent::Codex => "scripted-codex",
             Agent::OpenCode => "scripted-coder",
+            Agent::GeminiCli => "gemini-scripted",
         }
     }
 
@@ -50,6 +52,7 @@ impl Agent {
             Agent::ClaudeCode => 48_000,
             Agent::Codex => 40_000,
             Agent::OpenCode => 40_000,
+            Agent::GeminiCli => 40_000,
         }
     }
 }
@@ -142,6 +145,34 @@ fn run(agent: Agent, base: &str, work: &Path, files: usize) -> Output {
                 .env("OPENCODE_DISABLE_LSP_DOWNLOAD", "1");
             c
         }
+        Agent::GeminiCli => {
+            // Its documented settings: an API key (the base URL alone selects its
+            // "gateway" auth, which headless runs refuse), its own compression out of
+            // reach, telemetry, usage statistics and updates off.
+            let gemini_home = home.join(".gemini");
+            std::fs::create_dir_all(&gemini_home).unwrap();
+            let settings = serde_json::json!({
+                "general": {"disableAutoUpdate": true, "disableUpdateNag": true},
+                "security": {"auth": {"selectedType": "gemini-api-key"}},
+                "telemetry": {"enabled": false},
+                "privacy": {"usageStatisticsEnabled": false},
+                "model": {"chatCompression": {"contextPercentageThreshold": 0.99}}
+            });
+            std::fs::write(gemini_home.join("settings.json"), settings.to_string()).unwrap();
+            let mut c = Command::new(bin("gemini"));
+            c.args([
+                "-p",
+                &prompt,
+                "-m",
+                agent.model(),
+                "--output-format",
+                "json",
+            ])
+            .env("GEMINI_API_KEY", KEY)
+            .env("GOOGLE_GEMINI_BASE_URL", base)
+            .env("GEMINI_CLI_TRUST_WORKSPACE", "true");
+            c
+        }
     };
     // PWD too: opencode takes its project directory from it, not from the process's cwd.
     command
@@ -150,6 +181,7 @@ fn run(agent: Agent, base: &str, work: &Path, files: usize) -> Output {
         .env("HOME", &home)
         .env_remove("OPENAI_API_KEY")
         .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("GOOGLE_API_KEY")
         .stdin(Stdio::null());
     if let Agent::ClaudeCode = agent {
         command.env("ANTHROPIC_API_KEY", KEY);
@@ -206,11 +238,18 @@ fn wait_bounded(mut child: std::process::Child, limit: Duration) -> Output {
 }
 
 /// `value` in its echo form, the way handoff's echo class compares messages: without
-/// `cache_control` annotations, and with an empty `content` of an assistant's tool-call
-/// message as null (opencode echoes the model's null as "").
+/// `cache_control` annotations, with an empty `content` of an assistant's tool-call
+/// message as null (opencode echoes the model's null as ""), and without Gemini's
+/// thought parts and function-call ids (Gemini CLI drops the one and adds the other).
 fn echo_form(value: Value) -> Value {
     match value {
-        Value::Object(map) => {
+        Value::Object(mut map) => {
+            if let Some(Value::Array(parts)) = map.get_mut("parts") {
+                parts.retain(|p| p["thought"] != true);
+            }
+            if let Some(Value::Object(call)) = map.get_mut("functionCall") {
+                call.remove("id");
+            }
             let calls = map.get("tool_calls").is_some_and(Value::is_array);
             Value::Object(
                 map.into_iter()
@@ -440,7 +479,9 @@ async fn through_handoff_with(
         .rev()
         .find(|r| {
             let body = r.json();
+            let declares = |name: &str| body["tools"].to_string().contains(name);
             body["tools"].is_array()
+                && (!r.target.contains(":") || declares("\"read_file\""))
                 && !body
                     .to_string()
                     .contains(mock_upstream::strict::SUMMARY_PROMPT_START)
@@ -450,6 +491,7 @@ async fn through_handoff_with(
     let view: Vec<Value> = last_seen["messages"]
         .as_array()
         .or_else(|| last_seen["input"].as_array())
+        .or_else(|| last_seen["contents"].as_array())
         .cloned()
         .unwrap();
     assert!(
@@ -556,6 +598,13 @@ async fn codex_needs_handoff_and_finishes_through_it() {
     control(Agent::Codex).await;
     through_handoff(Agent::Codex, "extract", Thinking::Some, FILES).await;
     through_handoff(Agent::Codex, "summarize", Thinking::Some, FILES).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_cli_needs_handoff_and_finishes_through_it() {
+    control(Agent::GeminiCli).await;
+    through_handoff(Agent::GeminiCli, "extract", Thinking::Some, FILES).await;
+    through_handoff(Agent::GeminiCli, "summarize", Thinking::Some, FILES).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

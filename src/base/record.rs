@@ -146,12 +146,18 @@ impl CompactionRecord {
                 .iter()
                 .find_map(|b| b.get("text").and_then(Value::as_str))
                 .unwrap_or(""),
-            _ => "",
+            // Gemini: one text part.
+            _ => self
+                .handoff
+                .get("parts")
+                .and_then(Value::as_array)
+                .and_then(|parts| parts.iter().find_map(|p| p.get("text")?.as_str()))
+                .unwrap_or(""),
         }
     }
 
-    /// Checks the pair's shape: a user continuation and an assistant handoff with
-    /// string content and no tool calls.
+    /// Checks the pair's shape: a user continuation and an assistant handoff (Gemini
+    /// calls the role `model`) with text and no tool calls.
     pub fn check(&self) -> Result<(), String> {
         if self.v > FORMAT_VERSION {
             return Err(format!(
@@ -162,7 +168,10 @@ impl CompactionRecord {
         if self.continuation.get("role").and_then(Value::as_str) != Some("user") {
             return Err("continuation is not a user message".into());
         }
-        if self.handoff.get("role").and_then(Value::as_str) != Some("assistant") {
+        if !matches!(
+            self.handoff.get("role").and_then(Value::as_str),
+            Some("assistant" | "model")
+        ) {
             return Err("handoff is not an assistant message".into());
         }
         if self.handoff_text().trim().is_empty() {

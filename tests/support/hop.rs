@@ -24,16 +24,17 @@ pub struct Sent {
 }
 
 impl Sent {
-    /// Each message of its list (`messages`, or `input` when a list), exactly as the
-    /// client wrote it.
+    /// Each message of its list (`messages`, `contents`, or `input` when a list),
+    /// exactly as the client wrote it.
     pub fn messages(&self) -> Option<Vec<String>> {
         #[derive(serde::Deserialize)]
         struct Lists {
             messages: Option<Vec<Box<RawValue>>>,
+            contents: Option<Vec<Box<RawValue>>>,
             input: Option<Box<RawValue>>,
         }
         let lists: Lists = serde_json::from_slice(&self.body).ok()?;
-        let list = match (lists.messages, lists.input) {
+        let list = match (lists.messages.or(lists.contents), lists.input) {
             (Some(messages), _) => messages,
             (None, Some(input)) => serde_json::from_str(input.get()).ok()?,
             (None, None) => return None,

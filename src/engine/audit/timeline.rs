@@ -560,9 +560,13 @@ fn role_of(message: &Value) -> String {
         .to_owned()
 }
 
-/// The handoff's text, whatever its dialect's shape.
+/// The handoff's text, whatever its dialect's shape (Gemini's in `parts`).
 fn handoff_text(handoff: &Value) -> String {
-    match &handoff["content"] {
+    let content = match handoff.get("content") {
+        Some(content) => content,
+        None => &handoff["parts"],
+    };
+    match content {
         Value::String(text) => text.clone(),
         Value::Array(parts) => parts
             .iter()

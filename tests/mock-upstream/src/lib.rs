@@ -15,6 +15,7 @@
 mod agent;
 pub mod anthropic;
 pub mod fixtures;
+pub mod gemini;
 mod reply;
 pub mod responses;
 pub mod scripted;

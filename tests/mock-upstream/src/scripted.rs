@@ -1,5 +1,5 @@
-//! A scripted coding model for real agents (Claude Code, Codex CLI, opencode): it
-//! speaks the Messages, Responses and chat-completions wire formats as the real
+//! A scripted coding model for real agents (Claude Code, Codex CLI, opencode, Gemini
+//! CLI): it speaks the Messages, Responses, chat-completions and Gemini wire formats as the real
 //! providers do, as strictly as they are and no stricter, and plays one task: read
 //! `notes_01.txt` … `notes_NN.txt` in order with the agent's own file tool, then
 //! answer. The next file is read off the newest tool result (each file opens with
@@ -8,7 +8,8 @@
 //! What it enforces, with the providers' own error texts: a context window counted
 //! with its own tokenizer (the overflow error of each API), tool pairing, and, on the
 //! Messages API, signed thinking blocks: those of the current tool-use cycle must come
-//! back unmodified. What the real agents send and the real APIs take passes: `system`
+//! back unmodified; on the Gemini API, the signature of each step's first function
+//! call in the current turn. What the real agents send and the real APIs take passes: `system`
 //! messages inside `messages`, consecutive turns of one role, moving `cache_control`,
 //! unknown fields. Final events are larger than a chunk (Responses echoes the tools in
 //! `response.completed`), and every stream is sent in 4 KiB chunks.
@@ -118,6 +119,10 @@ impl ScriptedCoder {
             "/v1/messages" => self.messages(request, &body),
             "/v1/responses" => self.responses(request, &body),
             "/v1/chat/completions" => self.chat(request, &body),
+            _ if crate::gemini::generating(path).is_some() => self.gemini(request, &body, path),
+            _ if path.ends_with(":countTokens") => Reply::json(json!({
+                "totalTokens": count(&[&body["contents"], &body["generateContentRequest"]])
+            })),
             _ => Reply::Json {
                 status: http::StatusCode::NOT_FOUND,
                 body: json!({"error": {"type": "not_found_error", "message": format!("no route {path}")}}),
@@ -396,6 +401,110 @@ impl ScriptedCoder {
         }
     }
 
+    // ---- Gemini API ---------------------------------------------------------------
+
+    fn gemini(&self, request: &Recorded, body: &Value, path: &str) -> Reply {
+        let (model, stream) = crate::gemini::generating(path).unwrap_or(("", false));
+        let sse = request.target.contains("alt=sse");
+        let contents = body["contents"].as_array().cloned().unwrap_or_default();
+        let input = count(&[
+            &body["systemInstruction"],
+            &body["contents"],
+            &body["tools"],
+        ]);
+        let system = text_of(&body["systemInstruction"]["parts"]);
+        let first = contents
+            .first()
+            .map(|c| text_of(&c["parts"]))
+            .unwrap_or_default();
+        let serial = self.serial.fetch_add(1, Ordering::SeqCst);
+        let answer = |parts: Vec<Value>| {
+            let chunks = crate::gemini::chunks(model, &parts, input, serial);
+            match (stream, sse) {
+                (true, true) => chunked(crate::gemini::sse_events(&chunks)),
+                (true, false) => Reply::json(Value::Array(chunks)),
+                (false, _) => {
+                    Reply::json(crate::gemini::whole(model, &joined(parts), input, serial))
+                }
+            }
+        };
+        if system.starts_with(SUMMARY_PROMPT_START) || first.starts_with(SUMMARY_PROMPT_START) {
+            self.note(|s| s.summaries.push(request.headers.clone()));
+            let text = fact_summary(&body["contents"].to_string());
+            return answer(vec![json!({"text": text})]);
+        }
+        if let Some(input) = self.over(input) {
+            let reply = crate::gemini::overflow(input, self.window);
+            self.note(|s| {
+                s.over_window
+                    .push(format!("{input} tokens > {}", self.window))
+            });
+            return reply;
+        }
+        let signatures = self.thought.lock().map(|t| t.clone()).unwrap_or_default();
+        let signed = |call: &Value| signatures.get(&call["args"].to_string()).cloned();
+        if let Err(message) = crate::gemini::check(&contents, &signed) {
+            self.note(|s| s.refused.push(message.clone()));
+            return crate::gemini::error(400, "INVALID_ARGUMENT", &message);
+        }
+        let declares = body["tools"].as_array().into_iter().flatten().any(|tool| {
+            tool["functionDeclarations"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|f| f["name"] == "read_file")
+        });
+        if !declares {
+            // A side request (a next-speaker check, a title): JSON when it asks for it.
+            let json_asked = body["generationConfig"]["responseMimeType"] == "application/json";
+            let text = if json_asked {
+                json!({"reasoning": "The model has finished its turn.", "next_speaker": "user"})
+                    .to_string()
+            } else {
+                "Reading notes".to_owned()
+            };
+            return answer(vec![json!({"text": text})]);
+        }
+        self.note(|s| s.agent_turns += 1);
+        let results: Vec<String> = contents
+            .iter()
+            .flat_map(|c| c["parts"].as_array().cloned().unwrap_or_default())
+            .filter_map(|p| p.get("functionResponse").cloned())
+            .map(|r| match &r["response"]["output"] {
+                Value::String(text) => text.clone(),
+                _ => r["response"].to_string(),
+            })
+            .collect();
+        let step = self.next_step(results.iter().map(String::as_str));
+        let thinking = body["generationConfig"]["thinkingConfig"].is_object();
+        let include = body["generationConfig"]["thinkingConfig"]["includeThoughts"] == true;
+        let mut parts = Vec::new();
+        if include {
+            parts.push(json!({"text": format!("**Next file**\n\nStep {step}: notes_{step:02}.txt."), "thought": true}));
+        }
+        if step > self.files {
+            let mut done = json!({"text": FINAL});
+            if thinking {
+                done["thoughtSignature"] = json!(self.sign(FINAL));
+            }
+            parts.push(done);
+            return answer(parts);
+        }
+        parts.push(json!({"text": "Reading "}));
+        parts.push(json!({"text": format!("notes_{step:02}.txt.")}));
+        let args = json!({"file_path": self.file_path(step)});
+        let mut call = json!({"functionCall": {"name": "read_file", "args": args}});
+        if thinking {
+            let signature = self.sign(&args.to_string());
+            if let Ok(mut thought) = self.thought.lock() {
+                thought.insert(args.to_string(), signature.clone());
+            }
+            call["thoughtSignature"] = json!(signature);
+        }
+        parts.push(call);
+        answer(parts)
+    }
+
     // ---- Chat completions ---------------------------------------------------------
 
     fn chat(&self, request: &Recorded, body: &Value) -> Reply {
@@ -494,6 +603,27 @@ fn text_of(value: &Value) -> String {
         Value::Null => String::new(),
         other => other.to_string(),
     }
+}
+
+/// Parts as one reply holds them whole: adjacent plain text joined (a stream sends it
+/// in pieces).
+fn joined(parts: Vec<Value>) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    for part in parts {
+        let plain = |p: &Value| p["text"].is_string() && p.get("thought").is_none();
+        match out.last_mut() {
+            Some(last) if plain(last) && plain(&part) && last.get("thoughtSignature").is_none() => {
+                let text = format!(
+                    "{}{}",
+                    last["text"].as_str().unwrap_or(""),
+                    part["text"].as_str().unwrap_or("")
+                );
+                last["text"] = Value::String(text);
+            }
+            _ => out.push(part),
+        }
+    }
+    out
 }
 
 fn message_item(serial: usize, text: &str) -> Value {
