@@ -12,7 +12,7 @@ pub(crate) mod facts;
 mod report;
 pub(crate) mod source;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -242,22 +242,12 @@ pub(crate) async fn evaluate(
         )),
         pace: Arc::default(),
     };
-    let none: Arc<dyn ModelClient> = Arc::new(NoUpstream);
-    let clients = DialectKind::ALL
-        .iter()
-        .map(|&dialect| {
-            let client = match options.upstream {
-                Some(_) => summary_client(&snapshot, dialect),
-                None => Arc::clone(&none),
-            };
-            (dialect, client)
-        })
-        .collect();
     let replayer = Replayer {
         snapshot,
         tokens,
         compactor,
-        clients,
+        live: options.upstream.is_some(),
+        none: Arc::new(NoUpstream),
     };
     let mut reports = Vec::with_capacity(replays.len());
     for replay in replays {
@@ -272,16 +262,19 @@ struct Replayer {
     snapshot: Snapshot,
     tokens: Arc<Tokens>,
     compactor: Compactor,
-    /// The summary client of each dialect.
-    clients: HashMap<DialectKind, Arc<dyn ModelClient>>,
+    /// True when summary calls go to `--upstream`; they fail at once otherwise.
+    live: bool,
+    /// The client that answers every call with an error.
+    none: Arc<dyn ModelClient>,
 }
 
-/// The summary client for `dialect`'s requests: its own path, the key from the
-/// variable its SDKs read ([`Dialect::key_env`]) where it takes one, and the headers
-/// it requires, speaking its wire format under the chat-shaped interface strategies use.
+/// The summary client for `dialect`'s requests to `model`: its own path (for the model,
+/// where the path names it), the key from the variable its SDKs read
+/// ([`Dialect::key_env`]) where it takes one, and the headers it requires, speaking its
+/// wire format under the chat-shaped interface strategies use.
 ///
 /// [`Dialect::key_env`]: crate::dialect::Dialect::key_env
-fn summary_client(snapshot: &Snapshot, dialect: DialectKind) -> Arc<dyn ModelClient> {
+fn summary_client(snapshot: &Snapshot, dialect: DialectKind, model: &str) -> Arc<dyn ModelClient> {
     let api = dialect.get();
     let mut headers = HeaderMap::new();
     if let Ok(key) = std::env::var(api.key_env()) {
@@ -302,9 +295,13 @@ fn summary_client(snapshot: &Snapshot, dialect: DialectKind) -> Arc<dyn ModelCli
     for (name, value) in api.required_headers() {
         headers.insert(*name, http::HeaderValue::from_static(value));
     }
+    let path = api
+        .call_path(model, None)
+        .parse()
+        .unwrap_or_else(|_| PathAndQuery::from_static(api.path()));
     let raw: Arc<dyn ModelClient> = Arc::new(UpstreamModelClient::new(
         snapshot.upstream.clone(),
-        PathAndQuery::from_static(api.path()),
+        path,
         headers,
     ));
     api.summary_client(raw)
@@ -427,13 +424,13 @@ impl Replayer {
             snapshot,
             tokens,
             compactor,
-            clients,
+            live,
+            none,
         } = self;
-        let client = clients
-            .get(&step.dialect)
-            .ok_or_else(|| format!("no summary client for {}", step.dialect.name()))?;
         let dialect = step.dialect.get();
-        let mut chat = dialect.parse(&step.body).map_err(|err| err.to_string())?;
+        let mut chat = dialect
+            .parse_at(&step.target, &step.body.clone().into())
+            .map_err(|err| err.to_string())?;
         snapshot.pins.apply(&mut chat);
         let tracked = tracker
             .track(id.clone(), &chat)
@@ -453,7 +450,12 @@ impl Replayer {
                         &tracked,
                         &config.compaction,
                         budget,
-                        Arc::clone(client),
+                        match live {
+                            true => {
+                                summary_client(snapshot, step.dialect, &budget.info.summary_model)
+                            }
+                            false => Arc::clone(none),
+                        },
                         snapshot.registry.select(config, &chat.model, None),
                     );
                     job.seen_compact_id = compact_id.map(str::to_owned);

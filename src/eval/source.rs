@@ -44,6 +44,8 @@ pub(crate) enum SourceError {
 pub(crate) struct Step {
     /// The request's wire format.
     pub dialect: DialectKind,
+    /// The path and query it was posted to (where Gemini names the model).
+    pub target: String,
     /// The request body, in its dialect.
     pub body: Vec<u8>,
     /// The logged reply (consecutive output items for Responses), to log again, and
@@ -121,6 +123,7 @@ pub(crate) fn from_data_dir(data_dir: &Path, ids: &[String]) -> Result<Vec<Repla
             });
             steps.push(Step {
                 dialect,
+                target: dialect.get().call_path(&request.model, None),
                 body,
                 reply,
             });
@@ -168,6 +171,7 @@ pub(crate) fn from_file(path: &Path, model: &str) -> Result<Replay, SourceError>
             let sent: Vec<&RawValue> = raw[..index].iter().map(AsRef::as_ref).collect();
             steps.push(Step {
                 dialect: DialectKind::OpenAiChat,
+                target: DialectKind::OpenAiChat.get().path().to_owned(),
                 body: chat_body(model, &sent, tools),
                 reply: None,
             });
@@ -176,6 +180,7 @@ pub(crate) fn from_file(path: &Path, model: &str) -> Result<Replay, SourceError>
     let all: Vec<&RawValue> = raw.iter().map(AsRef::as_ref).collect();
     steps.push(Step {
         dialect: DialectKind::OpenAiChat,
+        target: DialectKind::OpenAiChat.get().path().to_owned(),
         body: chat_body(model, &all, tools),
         reply: None,
     });

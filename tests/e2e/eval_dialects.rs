@@ -1,5 +1,5 @@
 //! `handoff eval` replays recorded conversations of every dialect: chat completions,
-//! Anthropic Messages and Responses, each parsed in its own wire format and calibrated
+//! Anthropic Messages, Responses and Gemini, each parsed in its own wire format and calibrated
 //! by its own usage.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -23,10 +23,30 @@ async fn record(proxy: &Proxy, dialect: &str, turns: usize) {
     let (path, list) = match dialect {
         "anthropic" => ("/v1/messages", "messages"),
         "responses" => ("/v1/responses", "input"),
+        "gemini" => ("/v1beta/models/eval-model:generateContent", "contents"),
         _ => ("/v1/chat/completions", "messages"),
     };
     let mut history: Vec<Value> = Vec::new();
     for n in 0..turns {
+        if dialect == "gemini" {
+            history.push(json!({"role": "user", "parts": [{"text": turn(n)}]}));
+            let body = json!({"contents": history, "systemInstruction": {"parts": [{"text": "You are terse."}]},
+                "generationConfig": {"maxOutputTokens": 256}});
+            let got = client::send(request(
+                "POST",
+                &format!("{}{path}", proxy.url()),
+                &[
+                    ("content-type", "application/json"),
+                    ("x-goog-api-key", "eval-key"),
+                    ("x-handoff-conversation-id", "eval-gemini"),
+                ],
+                body.to_string(),
+            ))
+            .await;
+            assert_eq!(got.status, 200, "{dialect}: {}", got.text());
+            history.push(got.json()["candidates"][0]["content"].clone());
+            continue;
+        }
         history.push(json!({"role": "user", "content": turn(n)}));
         let mut body = json!({"model": "eval-model", "max_tokens": 256, list: history});
         match dialect {
@@ -77,7 +97,7 @@ async fn eval_replays_a_data_dir_with_a_conversation_of_each_dialect() {
     let answer = Arc::clone(&model);
     let mock = MockUpstream::with(move |r| answer.answer(r)).await;
     let proxy = Proxy::start(&mock.url());
-    for dialect in ["chat", "anthropic", "responses"] {
+    for dialect in ["chat", "anthropic", "responses", "gemini"] {
         record(&proxy, dialect, 8).await;
     }
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_handoff"))
@@ -96,7 +116,7 @@ async fn eval_replays_a_data_dir_with_a_conversation_of_each_dialect() {
     );
     let report: Value = serde_json::from_slice(&output.stdout).unwrap();
     let conversations = report["conversations"].as_array().unwrap();
-    assert_eq!(conversations.len(), 3, "{report}");
+    assert_eq!(conversations.len(), 4, "{report}");
     for conversation in conversations {
         assert_eq!(conversation["requests"], 8, "{conversation}");
         assert_eq!(
