@@ -322,7 +322,7 @@ pub fn lift_query_key<B>(request: &mut http::Request<B>) -> Result<(), ApiError>
     let decoded = percent_encoding::percent_decode_str(key)
         .decode_utf8()
         .map_err(|_| invalid())?;
-    let value = http::HeaderValue::from_str(decoded.trim()).map_err(|_| invalid())?;
+    let value = http::HeaderValue::from_str(&decoded).map_err(|_| invalid())?;
     let target = match rest.is_empty() {
         true => uri.path().to_owned(),
         false => format!("{}?{}", uri.path(), rest.join("&")),
