@@ -600,6 +600,7 @@ mod tests {
             tenant: None,
             steps: vec![source::Step {
                 dialect: DialectKind::OpenAiChat,
+                target: "/v1/chat/completions".into(),
                 body: br#"{"model":"replayed","messages":[]}"#.to_vec(),
                 reply: None,
             }],
