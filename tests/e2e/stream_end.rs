@@ -8,7 +8,9 @@ use std::time::Duration;
 use crate::support::client::{self, request};
 use crate::support::scenario::run_client;
 use crate::support::{access_lines, message_lines, Proxy};
-use mock_upstream::{anthropic, chat_stream_frames, responses, MockUpstream, Recorded, Reply};
+use mock_upstream::{
+    anthropic, chat_stream_frames, gemini, responses, MockUpstream, Recorded, Reply,
+};
 use serde_json::{json, Value};
 
 /// What the mock sends after the final event, in the same chunk: never the client's.
@@ -38,6 +40,15 @@ fn stream_of(dialect: &str, tools: usize) -> (String, usize) {
                           "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}});
             responses::stream_events(&response)
         }
+        "gemini" => {
+            let parts = [json!({"text": "Hel"}), json!({"text": "lo"})];
+            let mut chunks = gemini::chunks("gemini-mock", &parts, 77, 1);
+            // The final event carries usage and the finish reason, and more text.
+            if let Some(last) = chunks.last_mut() {
+                last["usageMetadata"]["promptTokenCount"] = json!(77);
+            }
+            gemini::sse_events(&chunks)
+        }
         _ => anthropic::stream_events(
             "claude-mock",
             &[json!({"type": "text", "text": "Hello"})],
@@ -57,6 +68,7 @@ fn requested_split(request: &Recorded) -> usize {
     let text = body["messages"][0]["content"]
         .as_str()
         .or_else(|| body["input"].as_str())
+        .or_else(|| body["contents"][0]["parts"][0]["text"].as_str())
         .unwrap_or("split 0")
         .to_owned();
     text.trim_start_matches("split ").parse().unwrap_or(0)
@@ -88,6 +100,10 @@ async fn the_client_gets_exactly_the_reply_and_the_log_its_usage() {
         ("chat", "/v1/chat/completions"),
         ("responses", "/v1/responses"),
         ("anthropic", "/v1/messages"),
+        (
+            "gemini",
+            "/v1beta/models/gemini-mock:streamGenerateContent?alt=sse",
+        ),
     ] {
         let mock = splitting_mock(dialect, 40).await;
         let proxy = Proxy::start(&mock.url());
@@ -96,6 +112,9 @@ async fn the_client_gets_exactly_the_reply_and_the_log_its_usage() {
         let body = match dialect {
             "responses" => {
                 json!({"model": "gpt-mock", "stream": true, "input": format!("split {split}")})
+            }
+            "gemini" => {
+                json!({"contents": [{"role": "user", "parts": [{"text": format!("split {split}")}]}]})
             }
             _ => {
                 json!({"model": "m", "max_tokens": 64, "stream": true, "messages": [{"role": "user", "content": format!("split {split}")}]})
@@ -134,7 +153,8 @@ async fn the_client_gets_exactly_the_reply_and_the_log_its_usage() {
         assert_eq!(reply["complete"], true, "{dialect}: {reply}");
         let input = reply["usage"]["input_tokens"]
             .as_u64()
-            .or_else(|| reply["usage"]["prompt_tokens"].as_u64());
+            .or_else(|| reply["usage"]["prompt_tokens"].as_u64())
+            .or_else(|| reply["usage"]["promptTokenCount"].as_u64());
         assert_eq!(
             input,
             Some(77),
@@ -179,4 +199,26 @@ async fn the_official_sdks_read_final_events_split_at_every_offset() {
             assert_eq!(read["usage"], 77, "{dialect}: {read}");
         }
     }
+}
+
+/// `@google/genai`'s own stream reader, through handoff, with the final event split at
+/// each of its offsets and an event after it that is not the client's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_genai_sdk_reads_gemini_s_final_event_split_at_every_offset() {
+    let mock = splitting_mock("gemini", 1).await;
+    let proxy = Proxy::start(&mock.url());
+    let offsets = offsets("gemini", 1);
+    let args: Vec<String> = offsets.iter().map(usize::to_string).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let seen = run_client(&proxy, "genai_final_event_splits.mjs", &args).await;
+    let seen = seen.as_array().unwrap();
+    assert_eq!(seen.len(), offsets.len());
+    for read in seen {
+        assert_eq!(read["text"], "Hello", "{read}");
+        assert_eq!(read["usage"], 77, "{read}");
+        assert_eq!(read["finish"], "STOP", "{read}");
+    }
+    // Every request was tracked, and every reply logged whole.
+    let replies = mock.requests().len();
+    assert_eq!(replies, offsets.len());
 }

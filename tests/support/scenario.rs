@@ -34,21 +34,34 @@ pub fn python() -> PathBuf {
     venv
 }
 
-/// Runs `tests/clients/SCRIPT ARGS` against `proxy` with the venv's python; the
-/// script must succeed and print one JSON document, which is returned.
+/// Runs `tests/clients/SCRIPT ARGS` against `proxy` with the venv's python (or node,
+/// for a `.mjs` script); the script must succeed and print one JSON document, which is
+/// returned.
 pub async fn run_client(proxy: &Proxy, script: &str, args: &[&str]) -> Value {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/clients")
         .join(script);
     let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     let url = proxy.url();
+    // A Node client (`.mjs`) takes its SDKs from the agents' pinned install.
+    let node = script.extension().is_some_and(|e| e == "mjs");
     let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python())
+        let mut command = if node {
+            let mut c = std::process::Command::new("node");
+            c.env(
+                "HANDOFF_NODE_MODULES",
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/agents/node_modules"),
+            );
+            c
+        } else {
+            std::process::Command::new(python())
+        };
+        command
             .arg(&script)
             .args(&args)
             .env("HANDOFF_URL", url)
             .output()
-            .expect("run the python client")
+            .expect("run the client")
     })
     .await
     .expect("client task");
