@@ -582,7 +582,12 @@ async fn claude_code_needs_handoff_and_finishes_through_it() {
 /// compaction worked on the redacted session, and the replay says what was taken out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agents_finish_with_a_redact_hook_on() {
-    for agent in [Agent::ClaudeCode, Agent::Codex, Agent::OpenCode] {
+    for agent in [
+        Agent::ClaudeCode,
+        Agent::Codex,
+        Agent::OpenCode,
+        Agent::GeminiCli,
+    ] {
         through_handoff_with(agent, "extract", Thinking::Some, FILES, Hooks::Redact).await;
     }
 }

@@ -6,11 +6,13 @@ use serde_json::{json, Value};
 use crate::dialect::text::push_media;
 use crate::dialect::Markers;
 
-/// The raw-JSON markers of Gemini contents.
+/// The raw-JSON markers of Gemini contents. A model content with calls or thoughts
+/// comes back in another form (Gemini CLI gives calls ids and drops thoughts), so a
+/// restarted tracker keeps its text to know it again.
 pub(crate) const MARKERS: Markers = Markers {
     paired: &["\"functionCall\"", "\"functionResponse\""],
     echoed: &["\"parts\""],
-    indexed: &[],
+    indexed: &["\"functionCall\"", "\"thought\""],
 };
 
 /// The parts of a content, or of the `content` a pinned `systemInstruction` stands in.
