@@ -24,6 +24,9 @@ const FORM_PATHS: &[&str] = &[
     "/v1/videos",
 ];
 
+/// Paths that take a file's bytes as they are, in any content type.
+const UPLOAD_PATHS: &[&str] = &["/upload/"];
+
 /// Form paths whose `model` field the allow-list checks.
 const MODEL_FORMS: &[&str] = &["/v1/audio/", "/v1/images/", "/v1/videos"];
 
@@ -39,6 +42,11 @@ pub(crate) enum Reading {
 /// How the body of a `path` request with `headers` is admitted, or why it is refused
 /// unread (a form sent where JSON is due).
 pub(crate) fn reading(path: &str, headers: &HeaderMap) -> Result<Reading, ApiError> {
+    // Google's media uploads (`/upload/v1beta/files`): raw bytes or `multipart/related`,
+    // naming no model.
+    if UPLOAD_PATHS.iter().any(|upload| path.starts_with(upload)) {
+        return Ok(Reading::Streamed);
+    }
     let Some(content_type) = content_type(headers) else {
         return Ok(Reading::Whole);
     };

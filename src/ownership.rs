@@ -29,9 +29,47 @@ pub(crate) fn is_object_id(text: &str) -> bool {
     })
 }
 
-/// The object ids a path names.
-pub(crate) fn path_objects(path: &str) -> impl Iterator<Item = &str> {
-    path.split('/').filter(|segment| is_object_id(segment))
+/// The object ids a path names: a segment (`/v1/files/file-…`), or a segment and the
+/// next where an API names objects by their collection (Gemini's `/v1beta/files/abc`,
+/// `…/batches/xyz:cancel`).
+pub(crate) fn path_objects(path: &str) -> Vec<String> {
+    let segments: Vec<&str> = path.split('/').collect();
+    let mut found = Vec::new();
+    for (at, segment) in segments.iter().enumerate() {
+        if is_object_id(segment) {
+            found.push((*segment).to_owned());
+        }
+        // `/v1/files/file-…` names `file-…`, not `files/file-…`.
+        let Some(next) = segments.get(at + 1).filter(|next| !is_object_id(next)) else {
+            continue;
+        };
+        let next = next.split_once(':').map_or(*next, |(name, _)| name);
+        let named = format!("{segment}/{next}");
+        if is_object_id(&named) {
+            found.push(named);
+        }
+    }
+    found
+}
+
+/// The object a field's text names: the text itself, or a collection-named id inside
+/// it at a segment's start (a Gemini `fileUri`, `https://…/v1beta/files/abc`).
+fn object_in(text: &str) -> Option<String> {
+    if is_object_id(text) {
+        return Some(text.to_owned());
+    }
+    id_prefixes()
+        .iter()
+        .filter(|prefix| prefix.ends_with('/'))
+        .find_map(|prefix| {
+            let at = text.rfind(&format!("/{prefix}"))? + 1;
+            let rest = &text[at + prefix.len()..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+                .unwrap_or(rest.len());
+            let named = &text[at..at + prefix.len() + end];
+            is_object_id(named).then(|| named.to_owned())
+        })
 }
 
 /// The object ids a JSON body names in the fields that hold them, at any depth.
@@ -128,12 +166,7 @@ fn collect(value: &Value, found: &mut Vec<String>) {
                             .collect(),
                         _ => Vec::new(),
                     };
-                    found.extend(
-                        named
-                            .into_iter()
-                            .filter(|id| is_object_id(id))
-                            .map(str::to_owned),
-                    );
+                    found.extend(named.into_iter().filter_map(object_in));
                 }
                 collect(inner, found);
             }
@@ -148,14 +181,24 @@ pub(crate) fn is_listing(method: &http::Method, path: &str) -> bool {
     *method == http::Method::GET && listings().contains(&path)
 }
 
-/// The id of the object a response created: the top-level `id` of a JSON body.
+/// The id of the object a response created: the top-level `id` of a JSON body, or
+/// its `name` (Gemini's cached contents and batches), or its `file.name` (an upload).
 pub(crate) fn created_object(body: &[u8]) -> Option<String> {
     #[derive(serde::Deserialize)]
     struct Created {
         id: Option<String>,
+        name: Option<String>,
+        file: Option<Named>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Named {
+        name: Option<String>,
     }
     let created: Created = serde_json::from_slice(body).ok()?;
-    created.id.filter(|id| is_object_id(id))
+    [created.id, created.name, created.file.and_then(|f| f.name)]
+        .into_iter()
+        .flatten()
+        .find(|id| is_object_id(id))
 }
 
 /// The objects each tenant created, in the store, with a cache of the owners found:
@@ -245,10 +288,18 @@ mod tests {
     #[test]
     fn ids_are_found_in_paths_and_bodies() {
         assert_eq!(
-            path_objects("/v1/files/file-AbC123/content").collect::<Vec<_>>(),
+            path_objects("/v1/files/file-AbC123/content"),
             ["file-AbC123"]
         );
-        assert_eq!(path_objects("/v1/responses/compact").count(), 0);
+        assert!(path_objects("/v1/responses/compact").is_empty());
+        // Gemini names objects by their collection.
+        assert_eq!(path_objects("/v1beta/files/abc123"), ["files/abc123"]);
+        assert_eq!(path_objects("/v1beta/batches/b-9:cancel"), ["batches/b-9"]);
+        assert_eq!(
+            path_objects("/v1beta/cachedContents/xyz"),
+            ["cachedContents/xyz"]
+        );
+        assert!(path_objects("/v1beta/files").is_empty());
         let body = br#"{"model":"m","previous_response_id":"resp_1","tools":[{"type":"file_search","vector_store_ids":["vs_a","vs_b"]}],"input":[{"type":"input_file","file_id":"file-x"}],"conversation":{"id":"conv_9"}}"#;
         let mut found = body_objects(body);
         found.sort();
@@ -260,6 +311,22 @@ mod tests {
         let spelt = br#"{"input":[{"type":"item_refer\u0065nce","id":"fc_B"}]}"#;
         assert_eq!(body_objects(spelt), ["fc_B"]);
         assert!(!is_object_id("resp_../x"));
+        // Gemini: a cached content by name, a file by the URL that ends with its name.
+        let gemini = br#"{"cachedContent":"cachedContents/c1","contents":[{"role":"user","parts":[
+            {"fileData":{"mimeType":"text/plain","fileUri":"https://generativelanguage.googleapis.com/v1beta/files/f-2"}},
+            {"fileData":{"fileUri":"https://www.youtube.com/watch?v=x"}}]}]}"#;
+        let mut found = body_objects(gemini);
+        found.sort();
+        assert_eq!(found, ["cachedContents/c1", "files/f-2"]);
+        assert_eq!(
+            created_object(br#"{"file":{"name":"files/up-1","mimeType":"text/plain"}}"#).as_deref(),
+            Some("files/up-1")
+        );
+        assert_eq!(
+            created_object(br#"{"name":"cachedContents/c1","model":"models/g"}"#).as_deref(),
+            Some("cachedContents/c1")
+        );
+        assert_eq!(created_object(br#"{"name":"not-an-object"}"#), None);
     }
 
     /// What `request_objects` finds in `body` read as `dialect`, twice (the second time

@@ -118,6 +118,8 @@ pub(crate) async fn handle(
 #[derive(Debug, Default)]
 struct Claims {
     model: Option<String>,
+    /// The model the path names, where the API puts it there (Gemini).
+    path_model: Option<String>,
     objects: Vec<String>,
 }
 
@@ -155,7 +157,7 @@ async fn authorize(
     admission: &Admission,
     claims: &Claims,
 ) -> Result<(), ApiError> {
-    if let Some(model) = &claims.model {
+    for model in claims.model.iter().chain(&claims.path_model) {
         admission.check_model(model)?;
     }
     if snap.credentials.shares_upstream_key() {

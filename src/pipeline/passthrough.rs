@@ -56,11 +56,13 @@ async fn parse(
     received: Received,
 ) -> Result<(Claims, ProxyBody), ApiError> {
     let shared = snap.credentials.shares_upstream_key();
-    let mut claims = Claims::default();
+    let path = parts.uri.path();
+    let mut claims = Claims {
+        path_model: DialectKind::for_path(path).get().path_model(path),
+        ..Claims::default()
+    };
     if shared {
-        claims.objects = ownership::path_objects(parts.uri.path())
-            .map(str::to_owned)
-            .collect();
+        claims.objects = ownership::path_objects(parts.uri.path());
     }
     let body = match received {
         Received::Streamed(body) => body,

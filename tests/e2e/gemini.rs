@@ -404,3 +404,140 @@ async fn a_hook_s_reroute_moves_the_model_in_the_path() {
     assert_eq!(request["model"], "gemini-cheap", "{request}");
     assert_eq!(request["hooks"]["model_from"], MODEL, "{request}");
 }
+
+/// The scripted model, and the Gemini API's stored objects: cached contents and
+/// uploaded files, by name.
+async fn storing_gemini() -> MockUpstream {
+    let work = tempfile::tempdir().unwrap();
+    let model = ScriptedCoder::new(1_000_000, 3, work.keep(), Thinking::Some);
+    let serial = std::sync::atomic::AtomicUsize::new(0);
+    MockUpstream::with(move |request| {
+        let n = serial.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let path = request.target.split('?').next().unwrap_or("").to_owned();
+        match (request.method.as_str(), path.as_str()) {
+            ("POST", "/v1beta/cachedContents") => mock_upstream::Reply::json(
+                json!({"name": format!("cachedContents/cc{n}"), "model": "models/gemini-mock"}),
+            ),
+            ("POST", "/upload/v1beta/files") => mock_upstream::Reply::json(json!({"file": {
+                "name": format!("files/up{n}"), "mimeType": "text/plain",
+                "uri": format!("https://generativelanguage.googleapis.com/v1beta/files/up{n}")}})),
+            (_, p) if p.contains(":") => model.answer(request),
+            _ => mock_upstream::Reply::json(json!({"name": path.trim_start_matches("/v1beta/")})),
+        }
+    })
+    .await
+}
+
+async fn call(
+    proxy: &Proxy,
+    method: &str,
+    target: &str,
+    key: &str,
+    content_type: &str,
+    body: &[u8],
+) -> Whole {
+    client::send(request(
+        method,
+        &format!("{}{target}", proxy.url()),
+        &[("content-type", content_type), ("x-goog-api-key", key)],
+        String::from_utf8_lossy(body).into_owned(),
+    ))
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_team_never_reaches_another_team_s_gemini_files_or_caches() {
+    const TEAM_A: &str = "hk-gemini-team-a-0101";
+    const TEAM_B: &str = "hk-gemini-team-b-0202";
+    let mock = storing_gemini().await;
+    let extra = format!(
+        "[upstream]\napi_key_env = \"GEMINI_SHARED_FOR_TEST\"\n\
+         [[auth.keys]]\nname = \"team-a\"\nsha256 = \"{}\"\n\
+         [[auth.keys]]\nname = \"team-b\"\nsha256 = \"{}\"\nmodels = [\"{MODEL}\"]\n",
+        sha256_hex(TEAM_A),
+        sha256_hex(TEAM_B)
+    );
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        options(
+            100_000,
+            &extra,
+            &[("GEMINI_SHARED_FOR_TEST", "AIza-shared-upstream")],
+        ),
+    );
+    let json_type = "application/json";
+    // Team A uploads a file (raw bytes, as the SDKs' media upload sends them) and
+    // caches a content.
+    let uploaded = call(
+        &proxy,
+        "POST",
+        "/upload/v1beta/files",
+        TEAM_A,
+        "text/plain",
+        b"some notes",
+    )
+    .await;
+    assert_eq!(uploaded.status, 200, "{}", uploaded.text());
+    let file = uploaded.json()["file"]["name"].as_str().unwrap().to_owned();
+    let uri = uploaded.json()["file"]["uri"].as_str().unwrap().to_owned();
+    let cache_body = json!({"model": "models/gemini-mock", "contents": [turn(1)]}).to_string();
+    let cached = call(
+        &proxy,
+        "POST",
+        "/v1beta/cachedContents",
+        TEAM_A,
+        json_type,
+        cache_body.as_bytes(),
+    )
+    .await;
+    assert_eq!(cached.status, 200, "{}", cached.text());
+    let cache = cached.json()["name"].as_str().unwrap().to_owned();
+    let before = mock.requests().len();
+
+    // Team B can neither read nor delete them, nor use them in a request, nor list.
+    for (method, target) in [
+        ("GET", format!("/v1beta/{file}")),
+        ("DELETE", format!("/v1beta/{file}")),
+        ("GET", format!("/v1beta/{cache}")),
+        ("PATCH", format!("/v1beta/{cache}")),
+        ("GET", "/v1beta/files/never-made".to_owned()),
+    ] {
+        let got = call(&proxy, method, &target, TEAM_B, json_type, b"").await;
+        assert_eq!(got.status, 404, "{method} {target}: {}", got.text());
+        assert_eq!(got.json()["error"]["status"], "NOT_FOUND");
+    }
+    for listing in ["/v1beta/files", "/v1beta/cachedContents"] {
+        let got = call(&proxy, "GET", listing, TEAM_B, json_type, b"").await;
+        assert_eq!(got.status, 403, "{listing}: {}", got.text());
+    }
+    let with_cache = json!({"cachedContent": cache, "contents": [turn(2)]}).to_string();
+    let with_file = json!({"contents": [{"role": "user", "parts": [
+        {"fileData": {"mimeType": "text/plain", "fileUri": uri}}, {"text": "summarise"}]}]})
+    .to_string();
+    for body in [&with_cache, &with_file] {
+        let got = call(&proxy, "POST", GENERATE, TEAM_B, json_type, body.as_bytes()).await;
+        assert_eq!(got.status, 404, "{body}: {}", got.text());
+    }
+    // Team B's allow-list holds on a model named only in the path.
+    let other = call(
+        &proxy,
+        "POST",
+        "/v1beta/models/gemini-other:countTokens",
+        TEAM_B,
+        json_type,
+        b"{}",
+    )
+    .await;
+    assert_eq!(other.status, 403, "{}", other.text());
+    assert_eq!(mock.requests().len(), before, "team B reached the upstream");
+
+    // Team A still reaches its own.
+    for target in [format!("/v1beta/{file}"), format!("/v1beta/{cache}")] {
+        let got = call(&proxy, "GET", &target, TEAM_A, json_type, b"").await;
+        assert_eq!(got.status, 200, "{target}: {}", got.text());
+    }
+    for body in [&with_cache, &with_file] {
+        let got = call(&proxy, "POST", GENERATE, TEAM_A, json_type, body.as_bytes()).await;
+        assert_eq!(got.status, 200, "{body}: {}", got.text());
+    }
+}

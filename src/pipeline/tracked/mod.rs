@@ -283,6 +283,7 @@ impl<'s> Exchange<'s> {
         };
         Claims {
             model: Some(self.chat.model.clone()),
+            path_model: None,
             objects,
         }
     }

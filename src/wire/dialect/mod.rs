@@ -577,6 +577,14 @@ pub trait Dialect: Send + Sync {
         None
     }
 
+    /// The model a path names (Gemini's `…/models/{model}:countTokens`), which a proxy
+    /// key's allow-list checks on every request, tracked or passed through; `None` where
+    /// the body names it.
+    fn path_model(&self, path: &str) -> Option<String> {
+        let _ = path;
+        None
+    }
+
     /// The query parameter some of the API's clients send the key in (`?key=`): moved
     /// into [`Dialect::key_header`] before anything reads the request.
     fn query_key(&self) -> Option<&'static str> {

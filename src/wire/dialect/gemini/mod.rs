@@ -45,6 +45,20 @@ const CONTINUATION_JOINED: &str = "Continue from the compacted state. The earlie
 const GENERATE: &str = ":generateContent";
 const STREAM: &str = ":streamGenerateContent";
 
+/// The methods of a model (`…/models/{model}:{method}`), whose model a proxy key's
+/// allow-list checks.
+const METHODS: &[&str] = &[
+    "generateContent",
+    "streamGenerateContent",
+    "countTokens",
+    "embedContent",
+    "batchEmbedContents",
+    "batchGenerateContent",
+    "asyncBatchEmbedContent",
+    "predict",
+    "predictLongRunning",
+];
+
 /// Google's Gemini API.
 pub struct Gemini;
 
@@ -132,11 +146,23 @@ impl Dialect for Gemini {
         "/v1beta/models"
     }
 
+    /// Files, cached contents and batches, named `files/…`: in a path
+    /// (`/v1beta/files/abc`), in `cachedContent`, and in a `fileUri` (a URL that ends
+    /// with the name).
+    fn objects(&self) -> super::objects::Objects {
+        super::objects::Objects {
+            id_fields: &["cachedContent", "fileUri"],
+            id_prefixes: &["files/", "cachedContents/", "batches/"],
+            listings: &["/v1beta/files", "/v1beta/cachedContents", "/v1beta/batches"],
+        }
+    }
+
     fn key_paths(&self) -> &'static [&'static str] {
         &[
             "/v1beta/files",
+            "/upload/v1beta/files",
             "/v1beta/cachedContents",
-            "/v1beta/tunedModels",
+            "/v1beta/batches",
             "/v1/models",
         ]
     }
@@ -145,11 +171,24 @@ impl Dialect for Gemini {
         generating(path).is_some()
     }
 
+    /// Its own version prefixes, and a model method under `/v1/models/` (OpenAI's
+    /// fine-tuned model ids hold colons too, so only Gemini's methods count).
     fn answers_path(&self, path: &str) -> bool {
         path.starts_with("/v1beta/")
             || path.starts_with("/v1alpha/")
-            || (path.starts_with("/v1/") && path.contains(':'))
             || path.starts_with("/upload/v1beta/")
+            || (path.starts_with("/v1/models/")
+                && path
+                    .rsplit_once(':')
+                    .is_some_and(|(_, method)| METHODS.contains(&method)))
+    }
+
+    fn path_model(&self, path: &str) -> Option<String> {
+        let (rest, method) = path.rsplit_once(':')?;
+        let at = rest.rfind("/models/")? + "/models/".len();
+        let model = &rest[at..];
+        (METHODS.contains(&method) && !model.is_empty() && !model.contains('/'))
+            .then(|| model.to_owned())
     }
 
     fn key_header(&self) -> KeyHeader {
