@@ -14,6 +14,7 @@
 
 mod assemble;
 mod content;
+mod path;
 mod summary;
 
 use std::sync::Arc;
@@ -41,24 +42,6 @@ const API: &str = "Gemini API";
 /// this one is the handoff.
 const CONTINUATION_JOINED: &str = "Continue from the compacted state. The earlier part of this conversation was compacted by handoff: the text that follows in this message is its handoff and the source of prior context, and the messages after this one are the most recent ones, verbatim.";
 
-/// The two methods that generate, as the path ends.
-const GENERATE: &str = ":generateContent";
-const STREAM: &str = ":streamGenerateContent";
-
-/// The methods of a model (`…/models/{model}:{method}`), whose model a proxy key's
-/// allow-list checks.
-const METHODS: &[&str] = &[
-    "generateContent",
-    "streamGenerateContent",
-    "countTokens",
-    "embedContent",
-    "batchEmbedContents",
-    "batchGenerateContent",
-    "asyncBatchEmbedContent",
-    "predict",
-    "predictLongRunning",
-];
-
 /// Google's Gemini API.
 pub struct Gemini;
 
@@ -83,21 +66,6 @@ struct Config {
     max_output: Option<u64>,
     #[serde(default, rename = "thinkingConfig")]
     thinking: Option<Value>,
-}
-
-/// The model a generating path names and whether it streams: `…/models/{model}:
-/// generateContent` or `:streamGenerateContent` (tuned models too).
-fn generating(path: &str) -> Option<(&str, bool)> {
-    let (rest, stream) = match path.strip_suffix(GENERATE) {
-        Some(rest) => (rest, false),
-        None => (path.strip_suffix(STREAM)?, true),
-    };
-    let at = rest.rfind("/models/").map(|at| at + 8).or_else(|| {
-        rest.rfind("/tunedModels/")
-            .map(|at| at + "/tunedModels/".len())
-    })?;
-    let model = &rest[at..];
-    (!model.is_empty() && !model.contains('/')).then_some((model, stream))
 }
 
 /// The role of the content at `index`: `model` is the assistant; a content without a
@@ -168,7 +136,7 @@ impl Dialect for Gemini {
     }
 
     fn tracks(&self, path: &str) -> bool {
-        generating(path).is_some()
+        path::generating(path).is_some()
     }
 
     /// Its own version prefixes, and a model method under `/v1/models/` (OpenAI's
@@ -180,15 +148,11 @@ impl Dialect for Gemini {
             || (path.starts_with("/v1/models/")
                 && path
                     .rsplit_once(':')
-                    .is_some_and(|(_, method)| METHODS.contains(&method)))
+                    .is_some_and(|(_, method)| path::METHODS.contains(&method)))
     }
 
     fn path_model(&self, path: &str) -> Option<String> {
-        let (rest, method) = path.rsplit_once(':')?;
-        let at = rest.rfind("/models/")? + "/models/".len();
-        let model = &rest[at..];
-        (METHODS.contains(&method) && !model.is_empty() && !model.contains('/'))
-            .then(|| model.to_owned())
+        path::model(path).map(str::to_owned)
     }
 
     fn key_header(&self) -> KeyHeader {
@@ -213,14 +177,11 @@ impl Dialect for Gemini {
 
     fn parse_at(&self, target: &str, body: &Chunks) -> Result<ChatRequest, DialectError> {
         let mut request = self.parse_body(body)?;
-        let path = target.split('?').next().unwrap_or(target);
-        if let Some((model, stream)) = generating(path) {
+        if let Some((model, stream)) = path::generating(target.split('?').next().unwrap_or(target))
+        {
             request.model = model.to_owned();
             // Without `alt=sse` the stream is one JSON array, read as a whole reply.
-            request.stream = stream
-                && target
-                    .split_once('?')
-                    .is_some_and(|(_, query)| query.split('&').any(|pair| pair == "alt=sse"));
+            request.stream = stream && path::asks_sse(target);
         }
         Ok(request)
     }
@@ -368,29 +329,11 @@ impl Dialect for Gemini {
     }
 
     fn call_path(&self, model: &str, target: Option<&str>) -> String {
-        // The request's API version, when it came through one.
-        let root = target
-            .and_then(|t| t.split('?').next())
-            .and_then(|path| path.find("/models/").map(|at| &path[..at]))
-            .filter(|root| !root.is_empty())
-            .unwrap_or("/v1beta");
-        format!("{root}/models/{model}{GENERATE}")
+        path::call(model, target)
     }
 
     fn retarget(&self, target: &str, model: &str) -> Option<String> {
-        let (path, query) = match target.split_once('?') {
-            Some((path, query)) => (path, Some(query)),
-            None => (target, None),
-        };
-        let (old, stream) = generating(path)?;
-        let method = if stream { STREAM } else { GENERATE };
-        let prefix = &path[..path.len() - method.len() - old.len()];
-        let mut out = format!("{prefix}{model}{method}");
-        if let Some(query) = query {
-            out.push('?');
-            out.push_str(query);
-        }
-        Some(out)
+        path::retarget(target, model)
     }
 
     fn request_body(

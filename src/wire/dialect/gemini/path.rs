@@ -1,0 +1,79 @@
+//! Gemini's paths: the model and the method are in them
+//! (`/v1beta/models/{model}:streamGenerateContent?alt=sse`), so reading a request,
+//! calling a summary model and rerouting to another model all go through here.
+
+/// The two methods that generate, as the path ends.
+const GENERATE: &str = ":generateContent";
+const STREAM: &str = ":streamGenerateContent";
+
+/// The methods of a model (`…/models/{model}:{method}`), whose model a proxy key's
+/// allow-list checks.
+pub(super) const METHODS: &[&str] = &[
+    "generateContent",
+    "streamGenerateContent",
+    "countTokens",
+    "embedContent",
+    "batchEmbedContents",
+    "batchGenerateContent",
+    "asyncBatchEmbedContent",
+    "predict",
+    "predictLongRunning",
+];
+
+/// The model a generating path names and whether it streams: `…/models/{model}:
+/// generateContent` or `:streamGenerateContent` (tuned models too).
+pub(super) fn generating(path: &str) -> Option<(&str, bool)> {
+    let (rest, stream) = match path.strip_suffix(GENERATE) {
+        Some(rest) => (rest, false),
+        None => (path.strip_suffix(STREAM)?, true),
+    };
+    let at = rest.rfind("/models/").map(|at| at + 8).or_else(|| {
+        rest.rfind("/tunedModels/")
+            .map(|at| at + "/tunedModels/".len())
+    })?;
+    let model = &rest[at..];
+    (!model.is_empty() && !model.contains('/')).then_some((model, stream))
+}
+
+/// True when the query asks for SSE (`alt=sse`).
+pub(super) fn asks_sse(target: &str) -> bool {
+    target
+        .split_once('?')
+        .is_some_and(|(_, query)| query.split('&').any(|pair| pair == "alt=sse"))
+}
+
+/// The model any model method's path names (`…/models/{model}:countTokens`).
+pub(super) fn model(path: &str) -> Option<&str> {
+    let (rest, method) = path.rsplit_once(':')?;
+    let at = rest.rfind("/models/")? + "/models/".len();
+    let model = &rest[at..];
+    (METHODS.contains(&method) && !model.is_empty() && !model.contains('/')).then_some(model)
+}
+
+/// The `generateContent` path of `model`, under the API version of `target` when the
+/// client's request came through one.
+pub(super) fn call(model: &str, target: Option<&str>) -> String {
+    let root = target
+        .and_then(|t| t.split('?').next())
+        .and_then(|path| path.find("/models/").map(|at| &path[..at]))
+        .filter(|root| !root.is_empty())
+        .unwrap_or("/v1beta");
+    format!("{root}/models/{model}{GENERATE}")
+}
+
+/// `target` with `model` in place of the model it names, its method and query kept.
+pub(super) fn retarget(target: &str, model: &str) -> Option<String> {
+    let (path, query) = match target.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (target, None),
+    };
+    let (old, stream) = generating(path)?;
+    let method = if stream { STREAM } else { GENERATE };
+    let prefix = &path[..path.len() - method.len() - old.len()];
+    let mut out = format!("{prefix}{model}{method}");
+    if let Some(query) = query {
+        out.push('?');
+        out.push_str(query);
+    }
+    Some(out)
+}
