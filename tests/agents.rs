@@ -557,7 +557,28 @@ async fn through_handoff_with(
     );
     proxy.assert_verified(&[&id]);
 
-    // The key never reaches disk.
+    if let Agent::GeminiCli = agent {
+        // Other Gemini clients send the key as `?key=`: one such request, tracked.
+        let body =
+            serde_json::json!({"contents": [{"role": "user", "parts": [{"text": "hello"}]}]});
+        let got = support::client::send(support::client::request(
+            "POST",
+            &format!(
+                "{}/v1beta/models/{}:generateContent?key={KEY}",
+                proxy.url(),
+                agent.model()
+            ),
+            &[("content-type", "application/json")],
+            body.to_string(),
+        ))
+        .await;
+        assert_eq!(got.status, 200, "{}", got.text());
+        let last = mock.requests().pop().unwrap();
+        assert!(!last.target.contains("key="), "{}", last.target);
+        assert_eq!(last.headers["x-goog-api-key"], KEY);
+    }
+
+    // The key never reaches disk, nor the logs (access lines included).
     let found = Command::new("grep")
         .args(["-rl", KEY])
         .arg(proxy.dir())
