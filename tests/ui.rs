@@ -380,6 +380,72 @@ async fn one_odd_message_never_hides_the_rest_of_the_timeline() {
     );
 }
 
+/// A Gemini conversation's texts are in `parts`: the timeline shows them, its calls and
+/// its results, without the model's thoughts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gemini_conversation_shows_its_parts() {
+    let work = tempfile::tempdir().unwrap();
+    let model = mock_upstream::scripted::ScriptedCoder::new(
+        1_000_000,
+        3,
+        work.path().to_owned(),
+        mock_upstream::scripted::Thinking::Some,
+    );
+    let answer = std::sync::Arc::clone(&model);
+    let mock = mock_upstream::MockUpstream::with(move |r| answer.answer(r)).await;
+    let proxy = support::Proxy::start(&mock.url());
+    let body = serde_json::json!({
+        "systemInstruction": {"parts": [{"text": "the gemini instruction"}]},
+        "contents": [
+            {"role": "user", "parts": [{"text": "the gemini question"}]},
+            {"role": "model", "parts": [{"text": "weighing", "thought": true},
+                {"functionCall": {"name": "read_file", "args": {"file_path": "a"}}}]},
+            {"role": "user", "parts": [{"functionResponse": {"name": "read_file", "response": {"output": "the file"}}}]}]});
+    let got = client::send(request(
+        "POST",
+        &format!("{}/v1beta/models/gemini-ui:generateContent", proxy.url()),
+        &[
+            ("content-type", "application/json"),
+            ("x-goog-api-key", "AIza-ui"),
+            ("x-handoff-conversation-id", "gemini-ui"),
+        ],
+        body.to_string(),
+    ))
+    .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/ui_odd_events.py");
+    let url = proxy.url();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python())
+            .arg(script)
+            .arg(&url)
+            .arg("gemini-ui")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let text = seen["text"].as_str().unwrap();
+    for shown in [
+        "the gemini question",
+        "[calls read_file]",
+        "[result of read_file]",
+        "Reading notes",
+    ] {
+        assert!(text.contains(shown), "{shown}: {text}");
+    }
+    assert!(
+        !text.contains("weighing"),
+        "thoughts are the model's: {text}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_timeline_is_read_a_page_at_a_time_with_every_request_charted() {
     let mock = mock_upstream::MockUpstream::replying(mock_upstream::Reply::chat_text("fine")).await;
