@@ -387,6 +387,49 @@ mod tests {
     }
 
     #[test]
+    fn gemini_text_pieces_and_a_call_s_args_come_back_once_each() {
+        let chunk = |parts: serde_json::Value| {
+            let event = serde_json::json!({"candidates": [{"content": {"role": "model", "parts": parts}, "index": 0}]});
+            format!("data: {event}\r\n\r\n")
+        };
+        let stream = [
+            chunk(serde_json::json!([{"text": "Mail [redacted:em"}])),
+            chunk(serde_json::json!([{"text": "ail:ab12cd] now."}])),
+            chunk(serde_json::json!([{"text": " Sending to "}, {"functionCall": {"name": "send", "args": {"to": MARKER}}}])),
+        ]
+        .concat();
+        for cut in [1, 7, 64, 4096] {
+            let mut rewrite = reverse().stream(DialectKind::Gemini.get());
+            let mut out = Vec::new();
+            for piece in stream.as_bytes().chunks(cut) {
+                out.extend_from_slice(&rewrite.data(Bytes::copy_from_slice(piece)));
+            }
+            out.extend_from_slice(&rewrite.end());
+            let text = String::from_utf8(out).unwrap();
+            let events: Vec<Value> = text
+                .lines()
+                .filter_map(|line| line.strip_prefix("data: "))
+                .filter_map(|data| serde_json::from_str(data).ok())
+                .collect();
+            let parts: Vec<&Value> = events
+                .iter()
+                .flat_map(|e| e["candidates"][0]["content"]["parts"].as_array().unwrap())
+                .collect();
+            let said: String = parts.iter().filter_map(|p| p["text"].as_str()).collect();
+            assert_eq!(said, "Mail ana@x.io now. Sending to ", "cut {cut}");
+            let calls: Vec<&&Value> = parts
+                .iter()
+                .filter(|p| p.get("functionCall").is_some())
+                .collect();
+            assert_eq!(calls.len(), 1, "cut {cut}: {text}");
+            assert_eq!(
+                calls[0]["functionCall"]["args"]["to"], "ana@x.io",
+                "cut {cut}"
+            );
+        }
+    }
+
+    #[test]
     fn whole_markers_in_json_become_escaped_texts() {
         let reverse = Reverse::new(vec![(MARKER.into(), "a\"b".into())]).unwrap();
         let out = reverse.json(format!("{{\"text\":\"x {MARKER} y\"}}").as_bytes());

@@ -395,29 +395,36 @@ impl Dialect for Gemini {
         }
     }
 
+    /// The text parts of an event whose parts are all text: a text part continues the
+    /// text before it. An event that also carries a call (whose `args` arrive whole)
+    /// has none, and goes as a whole, its markers turned back in place.
     fn reply_deltas(&self, event: &Value) -> Vec<super::ReplyDelta> {
-        let mut deltas = Vec::new();
-        for (at, candidate) in event["candidates"]
+        let candidates = event["candidates"]
             .as_array()
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            let index = candidate["index"].as_u64().unwrap_or(at as u64);
-            for (part_at, part) in candidate["content"]["parts"]
+            .map_or(&[][..], Vec::as_slice);
+        let parts = |candidate: &Value| {
+            candidate["content"]["parts"]
                 .as_array()
-                .into_iter()
-                .flatten()
-                .enumerate()
-            {
-                if part["text"].is_string() {
-                    let thought = part["thought"] == true;
-                    deltas.push(super::ReplyDelta::new(
-                        format!("candidate {index} text {thought}"),
-                        format!("/candidates/{at}/content/parts/{part_at}/text"),
-                        false,
-                    ));
-                }
+                .map_or(&[][..], Vec::as_slice)
+                .to_vec()
+        };
+        let all_text = candidates
+            .iter()
+            .flat_map(parts)
+            .all(|part| part["text"].is_string() && part.get("functionCall").is_none());
+        if !all_text {
+            return Vec::new();
+        }
+        let mut deltas = Vec::new();
+        for (at, candidate) in candidates.iter().enumerate() {
+            let index = candidate["index"].as_u64().unwrap_or(at as u64);
+            for (part_at, part) in parts(candidate).iter().enumerate() {
+                let thought = part["thought"] == true;
+                deltas.push(super::ReplyDelta::new(
+                    format!("candidate {index} text {thought}"),
+                    format!("/candidates/{at}/content/parts/{part_at}/text"),
+                    false,
+                ));
             }
         }
         deltas

@@ -172,10 +172,13 @@ fn usage_and_reply_deltas() {
     let usage =
         json!({"promptTokenCount": 120, "cachedContentTokenCount": 100, "candidatesTokenCount": 5});
     assert_eq!(Gemini.input_tokens(&usage), Some(120));
-    let event = json!({"candidates": [{"content": {"parts": [{"text": "a"}, {"functionCall": {"name": "f"}}]}, "index": 0}]});
-    let deltas = Gemini.reply_deltas(&event);
+    let text = json!({"candidates": [{"content": {"parts": [{"text": "a"}]}, "index": 0}]});
+    let deltas = Gemini.reply_deltas(&text);
     assert_eq!(deltas.len(), 1);
     assert_eq!(deltas[0].pointer, "/candidates/0/content/parts/0/text");
+    // An event with a call goes whole: its text ends there, its args arrive whole.
+    let mixed = json!({"candidates": [{"content": {"parts": [{"text": "a"}, {"functionCall": {"name": "f"}}]}, "index": 0}]});
+    assert!(Gemini.reply_deltas(&mixed).is_empty());
 }
 
 #[test]
