@@ -139,12 +139,14 @@ impl Dialect for Gemini {
         path::generating(path).is_some()
     }
 
-    /// Its own version prefixes, and a model method under `/v1/models/` (OpenAI's
-    /// fine-tuned model ids hold colons too, so only Gemini's methods count).
+    /// Its own version prefixes, Vertex AI's Google models, and a model method under
+    /// `/v1/models/` (OpenAI's fine-tuned model ids hold colons too, so only Gemini's
+    /// methods count).
     fn answers_path(&self, path: &str) -> bool {
         path.starts_with("/v1beta/")
             || path.starts_with("/v1alpha/")
             || path.starts_with("/upload/v1beta/")
+            || path.contains("/publishers/google/models/")
             || (path.starts_with("/v1/models/")
                 && path
                     .rsplit_once(':')

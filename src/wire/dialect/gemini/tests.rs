@@ -47,6 +47,16 @@ fn the_path_names_the_model_and_the_stream() {
     assert!(!Gemini.tracks("/v1beta/models/gemini-2.5-flash:countTokens"));
     assert!(!Gemini.tracks("/v1beta/models"));
     assert!(!Gemini.tracks("/v1beta/models/:generateContent"));
+    // Vertex AI's paths have the same shape; OpenAI's fine-tuned ids are not Gemini's.
+    let vertex = "/v1/projects/p/locations/us-central1/publishers/google/models/gemini-2.5-pro:streamGenerateContent";
+    assert!(Gemini.tracks(vertex) && Gemini.answers_path(vertex));
+    assert!(!Gemini.answers_path("/v1/models/ft:gpt-4o:org:abc"));
+    assert_eq!(
+        Gemini
+            .path_model("/v1beta/models/gemini-2.5-pro:countTokens")
+            .as_deref(),
+        Some("gemini-2.5-pro")
+    );
 }
 
 #[test]
