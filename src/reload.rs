@@ -11,6 +11,9 @@ use tokio::sync::mpsc;
 
 use crate::state::AppState;
 
+/// The cause a file event sends.
+const FILE_CHANGE: &str = "file change";
+
 /// Quiet time after the last change before the file is read: editors write in steps.
 const DEBOUNCE: Duration = Duration::from_millis(250);
 
@@ -20,7 +23,10 @@ pub(crate) fn spawn_reloader(state: Arc<AppState>) -> mpsc::Sender<&'static str>
     tokio::spawn(async move {
         while let Some(cause) = receiver.recv().await {
             let state = Arc::clone(&state);
-            let outcome = tokio::task::spawn_blocking(move || state.reload()).await;
+            // SIGHUP always reloads (a prompt file may have changed); a file event only
+            // when the config did.
+            let file_event = cause == FILE_CHANGE;
+            let outcome = tokio::task::spawn_blocking(move || state.reload(file_event)).await;
             if let Ok(Err(err)) = outcome {
                 tracing::warn!(cause, error = %err, "reload failed");
             }
@@ -48,7 +54,7 @@ pub(crate) fn watch_config_file(
             .unwrap_or(false);
         // A full queue already holds a pending reload, which will read the newest file.
         if touched {
-            let _ = reload.try_send("file change");
+            let _ = reload.try_send(FILE_CHANGE);
         }
     })
     .map_err(|err| tracing::warn!(error = %err, "cannot watch the config file; reload with SIGHUP"))

@@ -404,12 +404,29 @@ impl AppState {
     }
 
     /// Reloads the config with the same flags: parsed and validated in full, then
-    /// swapped at once; on any error the old snapshot stays and the error is kept.
-    pub(crate) fn reload(&self) -> Result<(), String> {
+    /// swapped at once; on any error the old snapshot stays and the error is kept. With
+    /// `only_if_changed` (a file event), a config equal to the one in force is not
+    /// swapped unless the last reload failed: an editor's or a watcher's second event
+    /// for one save would otherwise rebuild every hook and plugin, and end their
+    /// processes, for nothing.
+    pub(crate) fn reload(&self, only_if_changed: bool) -> Result<(), String> {
         let attempt = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
-        let result = config::load(&self.overrides)
-            .map_err(StateError::from)
-            .and_then(Snapshot::build);
+        let loaded = config::load(&self.overrides).map_err(StateError::from);
+        if let Ok(config) = &loaded {
+            // After a refused file, the same config again is news: its error clears.
+            let failed = self
+                .reload
+                .lock()
+                .map_or(true, |status| status.last_error.is_some());
+            let unchanged = format!("{config:?}") == format!("{:?}", self.snapshot().config);
+            if only_if_changed && unchanged && !failed {
+                tracing::debug!(
+                    "the config file changed on disk but not in content; nothing to reload"
+                );
+                return Ok(());
+            }
+        }
+        let result = loaded.and_then(Snapshot::build);
         let mut status = self
             .reload
             .lock()

@@ -431,10 +431,11 @@ async fn reload(proxy: &Proxy, upstream: &str, extra: &str, chain: Value) {
 }
 
 /// Running `policy_hook.py` processes started with the argument `tag` (each test its
-/// own, as the tests run side by side).
+/// own, as the tests run side by side). The interpreter is `python3` as spawned, or the
+/// full path a version manager's shim (pyenv) execs it under.
 fn hook_processes(tag: &str) -> usize {
     let found = std::process::Command::new("pgrep")
-        .args(["-f", &format!("^python3 .*policy_hook.py {tag}$")])
+        .args(["-f", &format!("(^|/)python3 .*policy_hook\\.py {tag}$")])
         .output()
         .unwrap();
     String::from_utf8_lossy(&found.stdout).lines().count()
@@ -484,7 +485,17 @@ async fn hooks_reload_with_the_config_and_a_dropped_exec_hook_s_process_ends() {
     );
     reload(&proxy, &mock.url(), &exec, json!(["policy"])).await;
     send("to build-1.corp.example".into()).await;
-    assert_eq!(hook_processes("reloaded"), 1);
+    let all = std::process::Command::new("pgrep")
+        .args(["-af", "policy_hook"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        hook_processes("reloaded"),
+        1,
+        "{}\n{}",
+        String::from_utf8_lossy(&all.stdout),
+        proxy.logs()
+    );
     reload(&proxy, &mock.url(), &base, json!([])).await;
     send(secret_turn()).await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
