@@ -326,6 +326,28 @@ async fn the_timeline_puts_an_edited_message_in_its_own_lane() {
         .all(|r| r["estimated_tokens"].as_u64().unwrap() > 0));
 }
 
+/// What the timeline of conversation `id` shows in Chromium (`ui_odd_events.py`).
+async fn timeline_seen(proxy: &support::Proxy, id: &str) -> Value {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/ui_odd_events.py");
+    let (url, id) = (proxy.url(), id.to_owned());
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python())
+            .arg(script)
+            .arg(&url)
+            .arg(&id)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_odd_message_never_hides_the_rest_of_the_timeline() {
     let mock = mock_upstream::MockUpstream::replying(mock_upstream::Reply::chat_text("fine")).await;
@@ -341,24 +363,7 @@ async fn one_odd_message_never_hides_the_rest_of_the_timeline() {
     ];
     let got = chat(&proxy, "odd-one", &messages).await;
     assert_eq!(got.status, 200, "{}", got.text());
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/ui_odd_events.py");
-    let url = proxy.url();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python())
-            .arg(script)
-            .arg(&url)
-            .arg("odd-one")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let seen = timeline_seen(&proxy, "odd-one").await;
     let text = seen["text"].as_str().unwrap();
     assert!(!text.contains("Cannot load"), "{text}");
     assert!(
@@ -413,24 +418,7 @@ async fn a_gemini_conversation_shows_its_parts() {
     ))
     .await;
     assert_eq!(got.status, 200, "{}", got.text());
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/ui_odd_events.py");
-    let url = proxy.url();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python())
-            .arg(script)
-            .arg(&url)
-            .arg("gemini-ui")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let seen = timeline_seen(&proxy, "gemini-ui").await;
     let text = seen["text"].as_str().unwrap();
     for shown in [
         "the gemini question",
