@@ -3,7 +3,8 @@
 # store's tests start throwaway clusters with its initdb), Chromium and chromium-driver
 # (the web audit view is tested in a headless browser), the Python clients the
 # integration tests drive (into .venv), aider (into .venv-aider) and the real coding agents (Claude Code, Codex
-# CLI, opencode from npm, at the versions pinned in tests/agents/package-lock.json),
+# CLI, opencode, Gemini CLI, and the @google/genai SDK, from npm at the versions pinned in
+# tests/agents/package-lock.json),
 # then runs every Rust test in the workspace.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -412,14 +412,13 @@ impl AppState {
     pub(crate) fn reload(&self, only_if_changed: bool) -> Result<(), String> {
         let attempt = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
         let loaded = config::load(&self.overrides).map_err(StateError::from);
-        if let Ok(config) = &loaded {
+        if let (true, Ok(config)) = (only_if_changed, &loaded) {
             // After a refused file, the same config again is news: its error clears.
             let failed = self
                 .reload
                 .lock()
                 .map_or(true, |status| status.last_error.is_some());
-            let unchanged = format!("{config:?}") == format!("{:?}", self.snapshot().config);
-            if only_if_changed && unchanged && !failed {
+            if !failed && format!("{config:?}") == format!("{:?}", self.snapshot().config) {
                 tracing::debug!(
                     "the config file changed on disk but not in content; nothing to reload"
                 );

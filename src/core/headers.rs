@@ -66,7 +66,14 @@ pub fn loggable_target(path: &str, query: Option<&str>) -> String {
     let masked: Vec<String> = query
         .split('&')
         .map(|pair| match pair.split_once('=') {
-            Some((name, _)) if is_secret_param(name) => format!("{name}=********"),
+            // The server reads a name spelt with escapes (`%6Bey`) as the name it spells.
+            Some((name, _))
+                if is_secret_param(
+                    &percent_encoding::percent_decode_str(name).decode_utf8_lossy(),
+                ) =>
+            {
+                format!("{name}=********")
+            }
             _ => pair.to_owned(),
         })
         .collect();
@@ -114,6 +121,11 @@ mod tests {
         assert_eq!(
             shown,
             "/v1/x?api-key=********&limit=3&key=********&access_token=********"
+        );
+        // A name spelt with escapes is the name it spells.
+        assert_eq!(
+            loggable_target("/v1beta/models", Some("%6Bey=abc&%6b%65%79=d")),
+            "/v1beta/models?%6Bey=********&%6b%65%79=********"
         );
     }
 }

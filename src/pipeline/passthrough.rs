@@ -62,7 +62,7 @@ async fn parse(
         ..Claims::default()
     };
     if shared {
-        claims.objects = ownership::path_objects(parts.uri.path());
+        claims.objects = ownership::path_objects(path);
     }
     let body = match received {
         Received::Streamed(body) => body,

@@ -108,6 +108,10 @@ async fn a_key_in_the_query_goes_upstream_as_the_header_and_is_written_nowhere()
     )
     .await;
     assert_eq!(same.status, 200, "{}", same.text());
+    // The parameter's name spelt with escapes is the same parameter to the API.
+    let spelt = format!("{GENERATE}?%6B%65y={SECRET}");
+    let same = post(&proxy, &spelt, "s-key", None, &body(&contents).to_string()).await;
+    assert_eq!(same.status, 200, "{}", same.text());
     // Pass-through too: the models list and a token count.
     let listed = client::send(request(
         "GET",
@@ -129,8 +133,15 @@ async fn a_key_in_the_query_goes_upstream_as_the_header_and_is_written_nowhere()
     assert!(counted.json()["totalTokens"].as_u64().unwrap() > 100);
 
     let seen = mock.requests();
-    assert_eq!(seen.len(), 4, "{seen:?}");
+    assert_eq!(seen.len(), 5, "{seen:?}");
     for request in &seen {
+        assert!(
+            !request.target.contains('?')
+                || request.target.contains("alt=sse")
+                || request.target.contains("pageSize"),
+            "{}",
+            request.target
+        );
         assert!(!request.target.contains("key="), "{}", request.target);
         assert_eq!(
             request.headers["x-goog-api-key"], SECRET,
@@ -139,11 +150,12 @@ async fn a_key_in_the_query_goes_upstream_as_the_header_and_is_written_nowhere()
         );
     }
     assert_eq!(seen[0].target, format!("{STREAM}?alt=sse"));
-    assert_eq!(seen[2].target, "/v1beta/models?pageSize=5");
+    assert_eq!(seen[2].target, GENERATE);
+    assert_eq!(seen[3].target, "/v1beta/models?pageSize=5");
     // One key is one tenant, in the query or in the header.
     let access = access_lines(&proxy);
     let tenants: Vec<String> = access.iter().map(|l| tenant_of(l)).collect();
-    assert_eq!(tenants.len(), 4, "{access:?}");
+    assert_eq!(tenants.len(), 5, "{access:?}");
     assert!(
         !tenants[0].is_empty() && tenants.iter().all(|t| *t == tenants[0]),
         "{access:?}"
@@ -162,7 +174,7 @@ async fn a_key_in_the_query_goes_upstream_as_the_header_and_is_written_nowhere()
     let bad = post(&proxy, &format!("{GENERATE}?key=%0Abad"), "bad", None, "{}").await;
     assert_eq!(bad.status, 401, "{}", bad.text());
     assert_eq!(bad.json()["error"]["status"], "UNAUTHENTICATED");
-    assert_eq!(mock.requests().len(), 4);
+    assert_eq!(mock.requests().len(), 5);
 }
 
 fn sha256_hex(text: &str) -> String {

@@ -105,11 +105,9 @@ pub fn echo_digest(message: &Value) -> Option<MessageDigest> {
 /// function call's `id` left out. Gemini CLI sends a streamed reply back so: it drops
 /// thoughts, joins the text pieces and gives each call an id of its own.
 fn gemini_echo(map: &serde_json::Map<String, Value>, parts: &[Value]) -> Option<MessageDigest> {
+    // A user content comes back as it was sent: one form, no digest to take.
     if map.get("role").and_then(Value::as_str) != Some("model") {
-        return Some(tagged_digest(
-            b"handoff/echo/gemini/v1",
-            &Value::Object(map.clone()),
-        ));
+        return None;
     }
     let text_only = |part: &Value| {
         part.as_object().is_some_and(|p| {

@@ -307,7 +307,8 @@ pub fn lift_query_key<B>(request: &mut http::Request<B>) -> Result<(), ApiError>
         .split('&')
         .filter(|pair| {
             let (field, value) = pair.split_once('=').unwrap_or((pair, ""));
-            if field != name {
+            // The API reads a name spelt with escapes (`%6Bey`) as the name it spells.
+            if percent_encoding::percent_decode_str(field).decode_utf8_lossy() != name {
                 return true;
             }
             key.get_or_insert(value);

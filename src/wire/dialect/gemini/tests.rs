@@ -201,7 +201,13 @@ fn a_streamed_reply_echoed_as_gemini_cli_sends_it_is_the_same_message() {
     let echoed = json!({"role": "model", "parts": [
         {"text": "Reading "}, {"text": "notes."},
         {"functionCall": {"id": "read_file__synth_1", "name": "read_file", "args": {"path": "a"}}, "thoughtSignature": "c2ln"}]});
+    assert!(echo_digest(&logged).is_some());
     assert_eq!(echo_digest(&logged), echo_digest(&echoed));
+    // A user content has one form.
+    assert_eq!(
+        echo_digest(&json!({"role": "user", "parts": [{"text": "hi"}]})),
+        None
+    );
     let other = json!({"role": "model", "parts": [
         {"text": "Reading notes."},
         {"functionCall": {"name": "read_file", "args": {"path": "b"}}, "thoughtSignature": "c2ln"}]});
