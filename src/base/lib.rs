@@ -7,6 +7,7 @@
 pub mod calibration;
 pub mod chunks;
 pub mod digest;
+pub mod frame;
 pub mod id;
 pub mod json_lex;
 pub mod ledger;

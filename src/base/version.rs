@@ -19,5 +19,10 @@ pub const DECISION_VERSION: u32 = 4;
 /// reading an empty set.
 pub const BLOCK_VERSION: u32 = 5;
 
+/// Version of an `escaped` line, which carries a line that holds a line break as a
+/// string ([`crate::frame`]): an older build reports it rather than reading the line
+/// it carries as lines of their own.
+pub const ESCAPED_VERSION: u32 = 6;
+
 /// The newest version a reader accepts.
-pub const NEWEST_VERSION: u32 = BLOCK_VERSION;
+pub const NEWEST_VERSION: u32 = ESCAPED_VERSION;

@@ -20,6 +20,7 @@ mod deterministic;
 mod eval_dialects;
 mod faults;
 mod folding;
+mod forgery;
 mod gemini;
 mod hook_stages;
 mod hooks;

@@ -230,6 +230,18 @@ fn render(
                 tokio::time::sleep(delay).await;
                 render(*then, shared).await
             }
+            Reply::Pretty { status, body } => {
+                let text = serde_json::to_string_pretty(&body).unwrap_or_default();
+                let body = Full::new(Bytes::from(text))
+                    .map_err(|never| match never {})
+                    .boxed();
+                Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .header("x-mock-upstream", "1")
+                    .body(body)
+                    .unwrap_or_else(|_| unreachable!())
+            }
             Reply::Json { status, body } => {
                 let body = Full::new(Bytes::from(body.to_string()))
                     .map_err(|never| match never {})

@@ -15,6 +15,14 @@ pub enum Reply {
         /// The body.
         body: Value,
     },
+    /// A JSON body pretty-printed, as several providers answer: newlines and
+    /// indentation between its tokens.
+    Pretty {
+        /// HTTP status.
+        status: StatusCode,
+        /// The body.
+        body: Value,
+    },
     /// An SSE stream: each string is sent as one frame, `gap` apart.
     Sse {
         /// Raw frames, e.g. `"data: {...}\n\n"`.
@@ -37,6 +45,14 @@ impl Reply {
     /// A 200 JSON reply.
     pub fn json(body: Value) -> Self {
         Reply::Json {
+            status: StatusCode::OK,
+            body,
+        }
+    }
+
+    /// A 200 JSON reply, pretty-printed.
+    pub fn pretty(body: Value) -> Self {
+        Reply::Pretty {
             status: StatusCode::OK,
             body,
         }
