@@ -214,6 +214,10 @@ enum StoreCommand {
         /// A config whose [store] is the postgres backend to write.
         #[arg(long, value_name = "FILE")]
         to_config: PathBuf,
+        /// Copy conversations whose logs do not verify, without their unreadable
+        /// lines; by default such a log stops the copy before anything is written.
+        #[arg(long)]
+        allow_problems: bool,
     },
 }
 
@@ -268,11 +272,12 @@ pub fn main() -> ExitCode {
 
 fn store(command: StoreCommand) -> ExitCode {
     use crate::upkeep::command::Ask;
-    let (from_data_dir, to_config) = match command {
+    let (from_data_dir, to_config, allow_problems) = match command {
         StoreCommand::Copy {
             from_data_dir,
             to_config,
-        } => (from_data_dir, to_config),
+            allow_problems,
+        } => (from_data_dir, to_config, allow_problems),
         StoreCommand::Prune {
             config,
             older_than,
@@ -319,13 +324,23 @@ fn store(command: StoreCommand) -> ExitCode {
     };
     let copied = runtime.block_on(async {
         let store = crate::store::PgStore::connect(url, config.store.pool_size).await?;
-        crate::store::copy_data_dir(&from_data_dir, &store).await
+        let verify = |log: &crate::store::ConversationLog| {
+            let mut problems = crate::audit::verify_log(log);
+            problems.extend(crate::adoption::compaction_problems(log));
+            problems
+        };
+        let unverified = if allow_problems {
+            crate::store::Unverified::Copy
+        } else {
+            crate::store::Unverified::Refuse
+        };
+        crate::store::copy_data_dir(&from_data_dir, &store, &verify, unverified).await
     });
     match copied {
         Ok(report) => {
             println!(
-                "copied {} conversation(s) ({} lines, {} compactions); {} already present; {} unreadable line(s) skipped",
-                report.copied, report.lines, report.records, report.present, report.skipped_lines
+                "copied {} conversation(s) ({} lines, {} compactions); {} already present; {} that did not verify, {} unreadable line(s) skipped",
+                report.copied, report.lines, report.records, report.present, report.unverified, report.skipped_lines
             );
             if !report.same_secret {
                 eprintln!("warning: the database already had another tenant secret: conversations of callers without a proxy key will be under new tenants");

@@ -524,6 +524,58 @@ async fn store_copy_moves_a_data_dir_into_the_database_idempotently() {
     );
 }
 
+/// A log that does not verify stops a copy before anything is written: a copy that
+/// kept what reads as lines and dropped the rest would keep lines a client planted
+/// in an old log and drop the real ones. `--allow-problems` copies it, and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_copy_refuses_a_log_that_does_not_verify() {
+    let mock = MockUpstream::with(|_| Reply::chat_text("fine")).await;
+    let disk = Proxy::start(&mock.url());
+    for id in ["sound", "torn"] {
+        let got = chat(&disk, id, &[json!({"role": "user", "content": id})]).await;
+        assert_eq!(got.status, 200, "{}", got.text());
+    }
+    // A line of an old log torn by a planted break: its pieces read as nothing.
+    let torn = disk.conversation_dir("torn").join("messages.jsonl");
+    let mut text = std::fs::read_to_string(&torn).unwrap();
+    text.push_str("{\"v\":1,\"at\":\"t\",\"kind\":\"message\",\"pad\":[\n\"x\"]}\n");
+    std::fs::write(&torn, text).unwrap();
+
+    let db = Postgres::start();
+    let config = disk.dir().join("postgres.toml");
+    std::fs::write(
+        &config,
+        support::render_config(&mock.url(), &disk.dir().join("unused"), &db.store_toml("")),
+    )
+    .unwrap();
+    let copy = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_handoff"))
+            .args(["store", "copy", "--from-data-dir"])
+            .arg(disk.data_dir())
+            .arg("--to-config")
+            .arg(&config)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let refused = copy(&[]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("/torn: line"), "names the log: {stderr}");
+    assert!(!stderr.contains("/sound"), "{stderr}");
+    assert_eq!(
+        db.count("SELECT count(*) FROM handoff_conversations"),
+        0,
+        "nothing copied"
+    );
+
+    let allowed = copy(&["--allow-problems"]);
+    let stdout = String::from_utf8_lossy(&allowed.stdout);
+    assert!(allowed.status.success(), "{}", String::from_utf8_lossy(&allowed.stderr));
+    assert!(stdout.contains("copied 2 conversation(s)"), "{stdout}");
+    assert!(stdout.contains("1 that did not verify, 2 unreadable line(s) skipped"), "{stdout}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_api_key_reaches_the_database() {
     let db = Postgres::start();

@@ -37,7 +37,7 @@ use futures_util::future::BoxFuture;
 /// The line format, kept here for callers of the store's API.
 pub use crate::base::line;
 pub use conversation_log::{ConversationLog, LineProblem};
-pub use copy::{copy_data_dir, CopyError, CopyReport};
+pub use copy::{copy_data_dir, CopyError, CopyReport, Unverified, Verifier};
 pub use disk::DiskStore;
 pub use disk_read::{read_conversation, read_conversation_index, read_log_file};
 pub use layout::{COMPACTIONS_FILE, MESSAGES_FILE};
