@@ -385,6 +385,30 @@ async fn one_odd_message_never_hides_the_rest_of_the_timeline() {
     );
 }
 
+/// A log that does not verify (here an old log torn by a line break a client planted)
+/// says so at the top of its page, with the lines, before anything it shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_that_does_not_verify_says_so_first() {
+    let mock = mock_upstream::MockUpstream::replying(mock_upstream::Reply::chat_text("fine")).await;
+    let proxy = support::Proxy::start(&mock.url());
+    let messages = [serde_json::json!({"role": "user", "content": "hello"})];
+    assert_eq!(chat(&proxy, "torn-ui", &messages).await.status, 200);
+    assert!(timeline_seen(&proxy, "torn-ui").await["problems"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    let log = proxy.conversation_dir("torn-ui").join("messages.jsonl");
+    let mut text = std::fs::read_to_string(&log).unwrap();
+    text.push_str("{\"v\":1,\"at\":\"t\",\"kind\":\"message\",\"pad\":[\n\"x\"]}\n");
+    std::fs::write(&log, text).unwrap();
+    let seen = timeline_seen(&proxy, "torn-ui").await;
+    let alerts = seen["problems"].as_array().unwrap();
+    assert_eq!(alerts.len(), 1, "{seen}");
+    let alert = alerts[0].as_str().unwrap();
+    assert!(alert.contains("does not verify: 2 problems"), "{alert}");
+    assert!(alert.contains("line 4:") && alert.contains("line 5:"), "{alert}");
+}
+
 /// A Gemini conversation's texts are in `parts`: the timeline shows them, its calls and
 /// its results, without the model's thoughts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

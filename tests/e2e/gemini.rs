@@ -527,21 +527,31 @@ async fn one_team_never_reaches_another_team_s_gemini_files_or_caches() {
     let with_file = json!({"contents": [{"role": "user", "parts": [
         {"fileData": {"mimeType": "text/plain", "fileUri": uri}}, {"text": "summarise"}]}]})
     .to_string();
-    for body in [&with_cache, &with_file] {
-        let got = call(&proxy, "POST", GENERATE, TEAM_B, json_type, body.as_bytes()).await;
-        assert_eq!(got.status, 404, "{body}: {}", got.text());
+    // Google's parser reads the proto's snake_case names as the camelCase ones.
+    let snake_cache = json!({"cached_content": cache, "contents": [turn(2)]}).to_string();
+    let snake_file = json!({"contents": [{"role": "user", "parts": [
+        {"file_data": {"mime_type": "text/plain", "file_uri": uri}}, {"text": "summarise"}]}]})
+    .to_string();
+    let stores = json!({"contents": [turn(2)], "tools": [{"file_search": {
+        "file_search_store_names": ["fileSearchStores/never-made"]}}]})
+    .to_string();
+    for body in [&with_cache, &with_file, &snake_cache, &snake_file, &stores] {
+        for target in [GENERATE, "/v1beta/models/gemini-mock:countTokens"] {
+            let got = call(&proxy, "POST", target, TEAM_B, json_type, body.as_bytes()).await;
+            assert_eq!(got.status, 404, "{target} {body}: {}", got.text());
+        }
     }
-    // Team B's allow-list holds on a model named only in the path.
-    let other = call(
-        &proxy,
-        "POST",
+    let got = call(&proxy, "GET", "/v1beta/fileSearchStores", TEAM_B, json_type, b"").await;
+    assert_eq!(got.status, 403, "{}", got.text());
+    // Team B's allow-list holds on a model named only in the path, whatever the method.
+    for target in [
         "/v1beta/models/gemini-other:countTokens",
-        TEAM_B,
-        json_type,
-        b"{}",
-    )
-    .await;
-    assert_eq!(other.status, 403, "{}", other.text());
+        "/v1beta/models/aqa:generateAnswer",
+        "/v1beta/tunedModels/gemini-other-tuned:generateContent",
+    ] {
+        let other = call(&proxy, "POST", target, TEAM_B, json_type, b"{}").await;
+        assert_eq!(other.status, 403, "{target}: {}", other.text());
+    }
     assert_eq!(mock.requests().len(), before, "team B reached the upstream");
 
     // Team A still reaches its own.
@@ -549,7 +559,7 @@ async fn one_team_never_reaches_another_team_s_gemini_files_or_caches() {
         let got = call(&proxy, "GET", &target, TEAM_A, json_type, b"").await;
         assert_eq!(got.status, 200, "{target}: {}", got.text());
     }
-    for body in [&with_cache, &with_file] {
+    for body in [&with_cache, &with_file, &snake_cache, &snake_file] {
         let got = call(&proxy, "POST", GENERATE, TEAM_A, json_type, body.as_bytes()).await;
         assert_eq!(got.status, 200, "{body}: {}", got.text());
     }

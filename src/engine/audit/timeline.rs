@@ -22,6 +22,9 @@ use crate::projection::project_view;
 use crate::store::ConversationLog;
 use crate::tokens::Tokens;
 
+/// Problems a timeline lists; `problems` counts them all.
+const PROBLEMS_SHOWN: usize = 50;
+
 /// The whole timeline of `log` as JSON.
 pub fn timeline(
     id: &ConversationId,
@@ -297,6 +300,19 @@ pub fn timeline(
             .collect(),
     );
     value["events"] = Value::Array(events);
+    // Everything `audit verify` finds, not only unreadable lines: a torn or planted
+    // line makes the rest of the page untrustworthy, and the page says so first.
+    let mut problems = super::verify_log(log);
+    problems.extend(crate::adoption::compaction_problems(log));
+    problems.sort_by_key(|p| p.line);
+    value["problems"] = json!(problems.len());
+    value["problem_list"] = Value::Array(
+        problems
+            .iter()
+            .take(PROBLEMS_SHOWN)
+            .map(|p| json!({"line": p.line, "reason": p.reason}))
+            .collect(),
+    );
     value["uncommitted_records"] = json!(uncommitted);
     value["window"] = json!(window);
     value["trigger_tokens"] = json!(trigger);

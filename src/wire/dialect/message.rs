@@ -407,7 +407,9 @@ impl Message {
                 Role::Tool | Role::Function => true,
                 Role::User => {
                     blocks(&value, "tool_result").next().is_some()
-                        || gemini_parts(&value, "functionResponse").next().is_some()
+                        || gemini_parts(&value, crate::dialect::gemini::FUNCTION_RESPONSE)
+                            .next()
+                            .is_some()
                 }
                 _ => false,
             },
@@ -601,13 +603,16 @@ fn results_lead(value: &Value) -> bool {
 /// The functions of a Gemini content's `kind` parts (`functionCall`,
 /// `functionResponse`), by name: a call may carry no id, and Gemini CLI gives only the
 /// response one, so the name is what pairs them for units.
-fn gemini_parts<'v>(value: &'v Value, kind: &'static str) -> impl Iterator<Item = &'v str> {
+fn gemini_parts(
+    value: &Value,
+    kind: crate::dialect::gemini::Name,
+) -> impl Iterator<Item = &str> {
     value
         .get("parts")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .filter_map(move |part| part.get(kind))
+        .filter_map(move |part| crate::dialect::gemini::field(part, kind))
         .filter_map(|function| function.get("name").and_then(Value::as_str))
 }
 
@@ -631,7 +636,7 @@ fn calls_in(value: &Value) -> impl Iterator<Item = &str> {
     openai
         .chain(anthropic)
         .chain(item)
-        .chain(gemini_parts(value, "functionCall"))
+        .chain(gemini_parts(value, crate::dialect::gemini::FUNCTION_CALL))
 }
 
 /// The tool ids `value` answers, in any dialect's shape.
@@ -649,5 +654,5 @@ fn answers_in(value: &Value) -> impl Iterator<Item = &str> {
         .into_iter()
         .chain(anthropic)
         .chain(item)
-        .chain(gemini_parts(value, "functionResponse"))
+        .chain(gemini_parts(value, crate::dialect::gemini::FUNCTION_RESPONSE))
 }

@@ -60,6 +60,46 @@ pub(crate) fn push_part(part: &Value, push: &mut dyn FnMut(&str)) {
     push(&part.to_string());
 }
 
+/// A block of a kind the neutral form has no shape for (a document, a search result,
+/// an MCP call, a code-execution result…): its kind, then every text it carries, so
+/// that a strategy and a hook read what the model will read. Media bytes, signatures
+/// and ids are not text.
+pub(crate) fn named_block(kind: &str, block: &Value) -> String {
+    let mut out = format!("[{kind}]");
+    push_leaves(block, &mut out);
+    out
+}
+
+/// Keys whose strings are not text a model reads as such.
+const NOT_TEXT: &[&str] = &[
+    "type",
+    "id",
+    "data",
+    "signature",
+    "thoughtSignature",
+    "thought_signature",
+    "encrypted_content",
+    "media_type",
+    "mimeType",
+    "mime_type",
+    "cache_control",
+];
+
+fn push_leaves(value: &Value, out: &mut String) {
+    match value {
+        Value::String(text) => {
+            out.push(' ');
+            out.push_str(text);
+        }
+        Value::Array(items) => items.iter().for_each(|item| push_leaves(item, out)),
+        Value::Object(map) => map
+            .iter()
+            .filter(|(key, _)| !NOT_TEXT.contains(&key.as_str()))
+            .for_each(|(_, inner)| push_leaves(inner, out)),
+        _ => {}
+    }
+}
+
 /// Pushes the allowance for one media part.
 pub(crate) fn push_media(push: &mut dyn FnMut(&str)) {
     push(MEDIA_TEXT.repeat(MEDIA_REPEAT).as_str());

@@ -87,9 +87,11 @@ impl Dialect for AnthropicMessages {
 
     fn objects(&self) -> super::objects::Objects {
         super::objects::Objects {
-            id_fields: &["file_id"],
-            id_prefixes: &["file_", "msgbatch_"],
-            listings: &["/v1/messages/batches", "/v1/files"],
+            // A custom skill is named by `skill_id` (in a request's `container`) and by
+            // its path.
+            id_fields: &["file_id", "skill_id"],
+            id_prefixes: &["file_", "msgbatch_", "skill_"],
+            listings: &["/v1/messages/batches", "/v1/files", "/v1/skills"],
         }
     }
 

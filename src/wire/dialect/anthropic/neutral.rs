@@ -3,6 +3,7 @@
 use serde_json::{json, Value};
 
 use super::block_type;
+use crate::dialect::text::named_block;
 
 /// The text of a `tool_result`'s content: a string, or its text blocks.
 fn result_text(block: &Value) -> String {
@@ -12,7 +13,7 @@ fn result_text(block: &Value) -> String {
             .iter()
             .map(|p| match p.get("text").and_then(Value::as_str) {
                 Some(text) => text.to_owned(),
-                None => format!("[{}]", block_type(p)),
+                None => named_block(block_type(p), p),
             })
             .collect::<Vec<_>>()
             .join("\n"),
@@ -64,7 +65,7 @@ pub(super) fn neutral(message: &Value) -> Vec<Value> {
                 "tool_call_id": block.get("tool_use_id").cloned().unwrap_or(Value::Null),
                 "content": result_text(block),
             })),
-            other => text.push(format!("[{other}]")),
+            other => text.push(named_block(other, block)),
         }
     }
     if role == "assistant" {

@@ -3,16 +3,25 @@
 
 use serde_json::{json, Value};
 
-use crate::dialect::text::push_media;
+use super::names::{
+    self, CODE_EXECUTION_RESULT, EXECUTABLE_CODE, FILE_DATA, FUNCTION_CALL, FUNCTION_RESPONSE,
+    INLINE_DATA, THOUGHT_SIGNATURE,
+};
+use crate::dialect::text::{named_block, push_media};
 use crate::dialect::Markers;
 
 /// The raw-JSON markers of Gemini contents. A model content with calls or thoughts
 /// comes back in another form (Gemini CLI gives calls ids and drops thoughts), so a
 /// restarted tracker keeps its text to know it again.
 pub(crate) const MARKERS: Markers = Markers {
-    paired: &["\"functionCall\"", "\"functionResponse\""],
+    paired: &[
+        "\"functionCall\"",
+        "\"functionResponse\"",
+        "\"function_call\"",
+        "\"function_response\"",
+    ],
     echoed: &["\"parts\""],
-    indexed: &["\"functionCall\"", "\"thought\""],
+    indexed: &["\"functionCall\"", "\"function_call\"", "\"thought\""],
 };
 
 /// The parts of a content, or of the `content` a pinned `systemInstruction` stands in.
@@ -35,21 +44,20 @@ pub(super) fn push_text(message: &Value, push: &mut dyn FnMut(&str)) {
 pub(super) fn push_part(part: &Value, push: &mut dyn FnMut(&str)) -> bool {
     if let Some(text) = part.get("text").and_then(Value::as_str) {
         push(text);
-    } else if let Some(call) = part.get("functionCall") {
+    } else if let Some(call) = names::get(part, FUNCTION_CALL) {
         push(call.get("name").and_then(Value::as_str).unwrap_or(""));
         push(&call.get("args").map_or_else(String::new, Value::to_string));
-    } else if let Some(answer) = part.get("functionResponse") {
+    } else if let Some(answer) = names::get(part, FUNCTION_RESPONSE) {
         push(answer.get("name").and_then(Value::as_str).unwrap_or(""));
         push(
             &answer
                 .get("response")
                 .map_or_else(String::new, Value::to_string),
         );
-    } else if part.get("inlineData").is_some() || part.get("fileData").is_some() {
+    } else if names::get(part, INLINE_DATA).is_some() || names::get(part, FILE_DATA).is_some() {
         push_media(push);
-    } else if let Some(code) = part
-        .get("executableCode")
-        .or(part.get("codeExecutionResult"))
+    } else if let Some(code) =
+        names::get(part, EXECUTABLE_CODE).or(names::get(part, CODE_EXECUTION_RESULT))
     {
         push(&code.to_string());
     } else {
@@ -69,7 +77,7 @@ pub(super) fn shorten_tool_results(
     let mut changed = false;
     for response in parts
         .iter_mut()
-        .filter_map(|part| part.get_mut("functionResponse"))
+        .filter_map(|part| names::get_mut(part, FUNCTION_RESPONSE))
         .filter_map(|answer| answer.get_mut("response"))
         .filter_map(Value::as_object_mut)
     {
@@ -87,7 +95,7 @@ pub(super) fn shorten_tool_results(
 pub(super) fn calls_tools(message: &Value) -> bool {
     parts(message)
         .iter()
-        .any(|part| part.get("functionCall").is_some())
+        .any(|part| names::get(part, FUNCTION_CALL).is_some())
 }
 
 /// The text of a function response for the neutral form.
@@ -119,7 +127,7 @@ pub(super) fn neutral(message: &Value) -> Vec<Value> {
         }
         if let Some(piece) = part.get("text").and_then(Value::as_str) {
             text.push(piece.to_owned());
-        } else if let Some(call) = part.get("functionCall") {
+        } else if let Some(call) = names::get(part, FUNCTION_CALL) {
             let name = call.get("name").cloned().unwrap_or(Value::Null);
             calls.push(json!({
                 "id": name,
@@ -129,17 +137,22 @@ pub(super) fn neutral(message: &Value) -> Vec<Value> {
                     "arguments": call.get("args").map_or_else(|| "{}".to_owned(), Value::to_string),
                 },
             }));
-        } else if let Some(answer) = part.get("functionResponse") {
+        } else if let Some(answer) = names::get(part, FUNCTION_RESPONSE) {
             out.push(json!({
                 "role": "tool",
                 "tool_call_id": answer.get("name").cloned().unwrap_or(Value::Null),
                 "content": answer.get("response").map_or_else(String::new, response_text),
             }));
-        } else if let Some(kind) = part
+        } else if let Some((kind, block)) = part
             .as_object()
-            .and_then(|map| map.keys().find(|k| *k != "thoughtSignature"))
+            .and_then(|map| map.iter().find(|(k, _)| !names::is(k, THOUGHT_SIGNATURE)))
         {
-            text.push(format!("[{kind}]"));
+            // Media is bytes; the rest (code, its output…) is text a model reads.
+            if names::is(kind, INLINE_DATA) || names::is(kind, FILE_DATA) {
+                text.push(format!("[{kind}]"));
+            } else {
+                text.push(named_block(kind, block));
+            }
         }
     }
     if role == "assistant" {

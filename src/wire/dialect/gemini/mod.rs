@@ -14,7 +14,10 @@
 
 mod assemble;
 mod content;
+mod names;
 mod path;
+
+pub(crate) use names::{get as field, Name, FUNCTION_CALL, FUNCTION_RESPONSE};
 mod summary;
 
 use std::sync::Arc;
@@ -51,9 +54,12 @@ struct Wire<'a> {
     contents: Vec<&'a RawValue>,
     #[serde(default, rename = "systemInstruction")]
     system: Option<Box<RawValue>>,
+    /// The same field as the proto names it, which Google's parser reads too.
+    #[serde(default, rename = "system_instruction")]
+    system_snake: Option<Box<RawValue>>,
     #[serde(default)]
     tools: Option<Box<RawValue>>,
-    #[serde(default, rename = "generationConfig")]
+    #[serde(default, rename = "generationConfig", alias = "generation_config")]
     config: Option<Config>,
     /// The model, where a body names it; the path's wins ([`Dialect::parse_at`]).
     #[serde(default)]
@@ -62,9 +68,9 @@ struct Wire<'a> {
 
 #[derive(Deserialize)]
 struct Config {
-    #[serde(default, rename = "maxOutputTokens")]
+    #[serde(default, rename = "maxOutputTokens", alias = "max_output_tokens")]
     max_output: Option<u64>,
-    #[serde(default, rename = "thinkingConfig")]
+    #[serde(default, rename = "thinkingConfig", alias = "thinking_config")]
     thinking: Option<Value>,
 }
 
@@ -82,10 +88,10 @@ fn role_of(index: usize, value: &Value) -> Result<Role, DialectError> {
 }
 
 /// One call or response part's function: its `id` if it has one, and its name.
-fn functions<'v>(message: &'v Value, kind: &'static str) -> Vec<(Option<&'v str>, &'v str)> {
+fn functions(message: &Value, kind: names::Name) -> Vec<(Option<&str>, &str)> {
     content::parts(message)
         .iter()
-        .filter_map(|part| part.get(kind))
+        .filter_map(|part| names::get(part, kind))
         .map(|f| {
             (
                 f.get("id").and_then(Value::as_str),
@@ -119,9 +125,25 @@ impl Dialect for Gemini {
     /// with the name).
     fn objects(&self) -> super::objects::Objects {
         super::objects::Objects {
-            id_fields: &["cachedContent", "fileUri"],
-            id_prefixes: &["files/", "cachedContents/", "batches/"],
-            listings: &["/v1beta/files", "/v1beta/cachedContents", "/v1beta/batches"],
+            // Both spellings: Google's parser reads `cached_content` as `cachedContent`.
+            id_fields: &[
+                "cachedContent",
+                "cached_content",
+                "fileUri",
+                "file_uri",
+                "fileSearchStoreNames",
+                "file_search_store_names",
+                "fileSearchStore",
+                "file_search_store",
+            ],
+            id_prefixes: &["files/", "cachedContents/", "batches/", "fileSearchStores/", "corpora/"],
+            listings: &[
+                "/v1beta/files",
+                "/v1beta/cachedContents",
+                "/v1beta/batches",
+                "/v1beta/fileSearchStores",
+                "/v1beta/corpora",
+            ],
         }
     }
 
@@ -131,6 +153,8 @@ impl Dialect for Gemini {
             "/upload/v1beta/files",
             "/v1beta/cachedContents",
             "/v1beta/batches",
+            "/v1beta/fileSearchStores",
+            "/upload/v1beta/fileSearchStores",
             "/v1/models",
         ]
     }
@@ -191,17 +215,37 @@ impl Dialect for Gemini {
     fn parse_body(&self, body: &Chunks) -> Result<ChatRequest, DialectError> {
         let reading = Reading::new(body, DialectKind::Gemini);
         let wire: Wire<'_> = reading
-            .json(&["systemInstruction", "tools"])
+            .json(&[
+                names::SYSTEM_INSTRUCTION.camel,
+                names::SYSTEM_INSTRUCTION.snake,
+                "tools",
+            ])
             .map_err(|err| DialectError::json(API, err))?;
         let conversation = reading.messages(&wire.contents, |index, raw| {
             Message::read(raw, DialectKind::Gemini, |value| role_of(index, value))
         })?;
         let mut messages = Vec::with_capacity(conversation.len() + 1);
-        if let Some(system) = reading.member("systemInstruction", wire.system) {
+        // Either spelling is the system instruction; both at once mean two, and which
+        // one Google keeps is not handoff's to guess.
+        let camel = reading.member(names::SYSTEM_INSTRUCTION.camel, wire.system);
+        let snake = reading.member(names::SYSTEM_INSTRUCTION.snake, wire.system_snake);
+        let (key, system) = match (camel, snake) {
+            (Some(_), Some(_)) => {
+                return Err(DialectError::json(
+                    API,
+                    serde::de::Error::custom(
+                        "systemInstruction and system_instruction are one field, given twice",
+                    ),
+                ))
+            }
+            (None, Some(snake)) => (names::SYSTEM_INSTRUCTION.snake, Some(snake)),
+            (camel, None) => (names::SYSTEM_INSTRUCTION.camel, camel),
+        };
+        if let Some(system) = system {
             if !matches!(&*system, b"null" | b"{}") {
                 messages.push(super::pinned::system_message(
                     &system,
-                    reading.member_digest("systemInstruction"),
+                    reading.member_digest(key),
                     DialectKind::Gemini,
                 )?);
             }
@@ -212,7 +256,10 @@ impl Dialect for Gemini {
             .config
             .as_ref()
             .and_then(|c| c.thinking.as_ref())
-            .is_some_and(|t| t.get("thinkingBudget").and_then(Value::as_i64) != Some(0));
+            .is_some_and(|t| {
+                let budget = t.get("thinkingBudget").or_else(|| t.get("thinking_budget"));
+                budget.and_then(Value::as_i64) != Some(0)
+            });
         Ok(ChatRequest {
             dialect: DialectKind::Gemini,
             model: wire.model.unwrap_or_default(),
@@ -251,7 +298,7 @@ impl Dialect for Gemini {
             if message.role.is_instruction() {
                 continue;
             }
-            let answers = functions(message.value(), "functionResponse");
+            let answers = functions(message.value(), names::FUNCTION_RESPONSE);
             for (id, name) in answers {
                 let by_id = id.and_then(|id| pending.iter().position(|(p, _)| *p == Some(id)));
                 let Some(at) = by_id.or_else(|| pending.iter().position(|(_, n)| *n == name))
@@ -267,7 +314,7 @@ impl Dialect for Gemini {
                 return Err(unanswered(&pending, pending_from));
             }
             if message.role == Role::Assistant {
-                pending = functions(message.value(), "functionCall");
+                pending = functions(message.value(), names::FUNCTION_CALL);
                 pending_from = index;
             }
         }

@@ -6,8 +6,9 @@
 const GENERATE: &str = ":generateContent";
 const STREAM: &str = ":streamGenerateContent";
 
-/// The methods of a model (`…/models/{model}:{method}`), whose model a proxy key's
-/// allow-list checks.
+/// The methods of a model (`…/models/{model}:{method}`) Google's references list: what
+/// tells a Gemini path under `/v1/models/` from an OpenAI fine-tuned model's id, which
+/// holds colons too. Under Gemini's own prefixes any method names its model.
 pub(super) const METHODS: &[&str] = &[
     "generateContent",
     "streamGenerateContent",
@@ -18,6 +19,14 @@ pub(super) const METHODS: &[&str] = &[
     "asyncBatchEmbedContent",
     "predict",
     "predictLongRunning",
+    "generateAnswer",
+    "generateMessage",
+    "countMessageTokens",
+    "generateText",
+    "countTextTokens",
+    "embedText",
+    "batchEmbedText",
+    "bidiGenerateContent",
 ];
 
 /// The model a generating path names and whether it streams: `…/models/{model}:
@@ -42,12 +51,19 @@ pub(super) fn asks_sse(target: &str) -> bool {
         .is_some_and(|(_, query)| query.split('&').any(|pair| pair == "alt=sse"))
 }
 
-/// The model any model method's path names (`…/models/{model}:countTokens`).
+/// The model any model method's path names (`…/models/{model}:countTokens`, a tuned
+/// model's `…/tunedModels/{model}:generateContent`), whatever the method: one the
+/// dialect does not list (`models/aqa:generateAnswer`) still runs that model, so a
+/// key's allow-list still applies.
 pub(super) fn model(path: &str) -> Option<&str> {
     let (rest, method) = path.rsplit_once(':')?;
-    let at = rest.rfind("/models/")? + "/models/".len();
+    let at = rest
+        .rfind("/models/")
+        .map(|at| at + "/models/".len())
+        .or_else(|| rest.rfind("/tunedModels/").map(|at| at + "/tunedModels/".len()))?;
     let model = &rest[at..];
-    (METHODS.contains(&method) && !model.is_empty() && !model.contains('/')).then_some(model)
+    let is_method = !method.is_empty() && method.bytes().all(|b| b.is_ascii_alphabetic());
+    (is_method && !model.is_empty() && !model.contains('/')).then_some(model)
 }
 
 /// The `generateContent` path of `model`, under the API version of `target` when the

@@ -213,3 +213,64 @@ fn a_streamed_reply_echoed_as_gemini_cli_sends_it_is_the_same_message() {
         {"functionCall": {"name": "read_file", "args": {"path": "b"}}, "thoughtSignature": "c2ln"}]});
     assert_ne!(echo_digest(&logged), echo_digest(&other));
 }
+
+/// Google's parser reads the proto's snake_case names as the camelCase ones: the
+/// system instruction, the generation config and the function parts are read under
+/// both, and one field given under both names is refused rather than guessed.
+#[test]
+fn snake_case_names_are_the_same_fields() {
+    let body = json!({"contents": [
+            {"role": "user", "parts": [{"text": "hi"}]},
+            {"role": "model", "parts": [{"function_call": {"name": "ls", "args": {}}, "thought_signature": "c2ln"}]},
+            {"role": "user", "parts": [{"function_response": {"name": "ls", "response": {"output": "a.rs"}}}]}],
+        "system_instruction": {"parts": [{"text": "be brief"}]},
+        "generation_config": {"max_output_tokens": 7, "thinking_config": {"thinking_budget": 0}}});
+    let request = parse(STREAM_SSE, body).unwrap();
+    assert_eq!(request.top_level, 1);
+    assert_eq!(request.messages[0].role, Role::System);
+    assert!(request.messages[0].raw.get().contains("be brief"));
+    assert_eq!(request.max_output, Some(7));
+    assert!(!request.thinking);
+    assert!(Gemini.check_pairs(&request.messages).is_ok());
+    assert!(Gemini.calls_tools(request.messages[2].value()));
+    let neutral = content::neutral(request.messages[3].value());
+    assert_eq!(neutral[0]["role"], "tool");
+    assert_eq!(neutral[0]["content"], "a.rs");
+    // An answer with no call before it is an orphan under either name.
+    let orphan = json!({"contents": [{"role": "user", "parts": [
+        {"function_response": {"name": "ls", "response": {}}}]}]});
+    assert!(Gemini
+        .check_pairs(&parse(STREAM_SSE, orphan).unwrap().messages)
+        .is_err());
+    let both = json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+        "systemInstruction": {"parts": [{"text": "one"}]},
+        "system_instruction": {"parts": [{"text": "two"}]}});
+    let err = parse(STREAM_SSE, both).unwrap_err();
+    assert!(err.to_string().contains("given twice"), "{err}");
+}
+
+/// A part the neutral form has no shape for carries its text to strategies and hooks.
+#[test]
+fn code_execution_parts_keep_their_text_in_the_neutral_form() {
+    let content = json!({"role": "model", "parts": [
+        {"executableCode": {"language": "PYTHON", "code": "print(secret)"}},
+        {"code_execution_result": {"outcome": "OUTCOME_OK", "output": "sk-live-123"}},
+        {"inlineData": {"mimeType": "image/png", "data": "iVBORw0KGgo="}}]});
+    let text = content::neutral(&content)[0]["content"].to_string();
+    assert!(text.contains("print(secret)") && text.contains("sk-live-123"), "{text}");
+    assert!(!text.contains("iVBORw0KGgo"), "media bytes are not text: {text}");
+}
+
+#[test]
+fn any_method_of_a_model_names_it() {
+    for (path, model) in [
+        ("/v1beta/models/aqa:generateAnswer", Some("aqa")),
+        ("/v1beta/tunedModels/mine-1:generateContent", Some("mine-1")),
+        ("/v1beta/models/gemini-2.5-pro:someFutureMethod", Some("gemini-2.5-pro")),
+        ("/v1beta/models/gemini-2.5-pro", None),
+        ("/v1beta/models/a/b:generateContent", None),
+    ] {
+        assert_eq!(Gemini.path_model(path).as_deref(), model, "{path}");
+    }
+    assert!(Gemini.answers_path("/v1/models/aqa:generateAnswer"));
+}
