@@ -24,6 +24,7 @@ mod forgery;
 mod gemini;
 mod hook_stages;
 mod hooks;
+mod hooks_everywhere;
 mod plugins;
 mod proxy;
 mod replies;
