@@ -571,9 +571,16 @@ async fn store_copy_refuses_a_log_that_does_not_verify() {
 
     let allowed = copy(&["--allow-problems"]);
     let stdout = String::from_utf8_lossy(&allowed.stdout);
-    assert!(allowed.status.success(), "{}", String::from_utf8_lossy(&allowed.stderr));
+    assert!(
+        allowed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&allowed.stderr)
+    );
     assert!(stdout.contains("copied 2 conversation(s)"), "{stdout}");
-    assert!(stdout.contains("1 that did not verify, 2 unreadable line(s) skipped"), "{stdout}");
+    assert!(
+        stdout.contains("1 that did not verify, 2 unreadable line(s) skipped"),
+        "{stdout}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -406,7 +406,10 @@ async fn a_log_that_does_not_verify_says_so_first() {
     assert_eq!(alerts.len(), 1, "{seen}");
     let alert = alerts[0].as_str().unwrap();
     assert!(alert.contains("does not verify: 2 problems"), "{alert}");
-    assert!(alert.contains("line 4:") && alert.contains("line 5:"), "{alert}");
+    assert!(
+        alert.contains("line 4:") && alert.contains("line 5:"),
+        "{alert}"
+    );
 }
 
 /// A Gemini conversation's texts are in `parts`: the timeline shows them, its calls and

@@ -12,8 +12,8 @@ use super::frame::{escape_breaks, unescape, FrameError, ESCAPED_KIND};
 
 pub use super::record::BoundaryLine;
 pub use super::version::{
-    BLOCK_VERSION, DECISION_VERSION, ESCAPED_VERSION, FORMAT_VERSION, FORM_VERSION,
-    NEWEST_VERSION, RUN_VERSION,
+    BLOCK_VERSION, DECISION_VERSION, ESCAPED_VERSION, FORMAT_VERSION, FORM_VERSION, NEWEST_VERSION,
+    RUN_VERSION,
 };
 
 /// Who produced an original.
@@ -866,7 +866,12 @@ mod tests {
         let raw = RawValue::from_string(planted("hi")).unwrap();
         let md = message_digest(&serde_json::from_str(raw.get()).unwrap());
         let digest = next_prefix(None, &md);
-        let lone = Line::now(Entry::Message(MessageLine::client(digest, None, md, raw.clone())));
+        let lone = Line::now(Entry::Message(MessageLine::client(
+            digest,
+            None,
+            md,
+            raw.clone(),
+        )));
         let mut run = client_chain(&["a"], None);
         let Entry::Message(first) = &run[0].entry else {
             unreachable!()

@@ -174,6 +174,13 @@ pub(crate) fn unnamed(
 ) -> std::io::Result<(Vec<PathBuf>, SystemTime)> {
     let began = SystemTime::now();
     let dir = blocks_dir(data_dir, tenant);
+    // A link in its place would name another folder's files for deletion.
+    if let Err(err) = super::perms::open_dir_beneath(data_dir, &dir) {
+        if err.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(path = %dir.display(), error = %err, "not removing blocks from a folder that is not a folder under the data dir (a symbolic link?)");
+        }
+        return Ok((Vec::new(), began));
+    }
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return Ok((Vec::new(), began));
     };
@@ -194,14 +201,32 @@ pub(crate) fn unnamed(
 
 /// Removes each of `blocks` not written or reused since `began` (blocking; on the
 /// writer thread). Returns how many went.
-pub(crate) fn remove_unnamed(blocks: &[PathBuf], began: SystemTime) -> std::io::Result<usize> {
+pub(crate) fn remove_unnamed(
+    root: &Path,
+    blocks: &[PathBuf],
+    began: SystemTime,
+) -> std::io::Result<usize> {
     let mut removed = 0;
-    for path in blocks {
-        let untouched = std::fs::metadata(path)
-            .and_then(|m| m.modified())
-            .is_ok_and(|at| at < began);
+    // Through the folder opened without following a link, as the reading found it.
+    let Some(dir) = blocks.first().and_then(|p| p.parent()) else {
+        return Ok(0);
+    };
+    let folder = super::perms::open_dir_beneath(root, dir)?;
+    for path in blocks.iter().filter(|p| p.parent() == Some(dir)) {
+        let Some(name) = path.file_name() else {
+            continue;
+        };
+        let untouched = rustix::fs::statat(&folder, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|stat| {
+                let at = SystemTime::UNIX_EPOCH
+                    + std::time::Duration::new(
+                        u64::try_from(stat.st_mtime).unwrap_or(0),
+                        u32::try_from(stat.st_mtime_nsec).unwrap_or(0),
+                    );
+                at < began
+            });
         if untouched {
-            std::fs::remove_file(path)?;
+            rustix::fs::unlinkat(&folder, name, rustix::fs::AtFlags::empty())?;
             removed += 1;
         }
     }

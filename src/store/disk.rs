@@ -185,7 +185,18 @@ impl Store for DiskStore {
                 Quota::Checked
             };
             self.account(&tenant, written, quota).await?;
-            let appended = if blocks.is_empty() {
+            let appended = if replies {
+                // A reply goes only where its request's lines are: a conversation
+                // erased while the request was in flight stays erased.
+                match self.writer.append_in_folder(path, bytes).await {
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                        tracing::info!(conversation = %id, "the conversation was erased while its request was in flight: its reply is not logged");
+                        self.unaccount(&tenant, written);
+                        return Ok(());
+                    }
+                    appended => appended,
+                }
+            } else if blocks.is_empty() {
                 self.writer.append(path, bytes).await
             } else {
                 let ensure = move || {
@@ -263,15 +274,17 @@ impl Store for DiskStore {
             self.account(&tenant, both, Quota::Checked).await?;
             // Record first, boundary second: a crash between them leaves an orphan record,
             // which recovery ignores, never a boundary that points at nothing.
+            // Into the conversation's folder only: one erased while it was summarised
+            // is not brought back by its compaction.
             self.writer
-                .append(records, record_bytes)
+                .append_in_folder(records, record_bytes)
                 .await
                 .map_err(|source| StoreError::Write {
                     id: id.clone(),
                     source,
                 })?;
             self.writer
-                .append(messages, boundary)
+                .append_in_folder(messages, boundary)
                 .await
                 .map_err(|source| StoreError::Write { id, source })?;
             Ok(Committed::Written)
@@ -463,8 +476,11 @@ impl Store for DiskStore {
             let (unnamed, began) = scan(move || super::blocks::unnamed(&scanned, &owner)).await?;
             if !unnamed.is_empty() {
                 let dir = super::blocks::blocks_dir(&self.data_dir, &tenant_of_dir);
+                let root = self.data_dir.clone();
                 self.writer
-                    .exclusive(dir, move || super::blocks::remove_unnamed(&unnamed, began))
+                    .exclusive(dir, move || {
+                        super::blocks::remove_unnamed(&root, &unnamed, began)
+                    })
                     .await
                     .map_err(|source| StoreError::Write {
                         id: super::blocks::BLOCKS_DIR.into(),

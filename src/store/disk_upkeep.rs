@@ -146,7 +146,11 @@ pub(super) fn retire(
             return Ok((Removed::Active, None));
         }
     }
+    // Neither the folder nor the upkeep folder it goes to may be reached through a
+    // link: what is deleted next is what the rename moved.
+    super::perms::open_dir_beneath(data_dir, dir)?;
     let trash = upkeep_path(data_dir, "removed")?;
+    super::perms::open_dir_beneath(data_dir, &data_dir.join(UPKEEP_DIR))?;
     std::fs::rename(dir, &trash)?;
     if let Some(parent) = dir.parent() {
         sync_dir(parent)?;
@@ -280,6 +284,15 @@ pub(super) fn swap_compressed(dir: &Path, copy: &Compressed) -> std::io::Result<
 /// interrupted (blocking). `all` deletes everything: at start, nothing reads them.
 pub(super) fn clean(data_dir: &Path, all: bool) -> std::io::Result<()> {
     let dir = data_dir.join(UPKEEP_DIR);
+    // A link in its place would have its target emptied: never followed for deletion.
+    match super::perms::open_dir_beneath(data_dir, &dir) {
+        Ok(_) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(err) => {
+            tracing::warn!(path = %dir.display(), error = %err, "not cleaning an upkeep folder that is not a folder under the data dir (a symbolic link?)");
+            return Ok(());
+        }
+    }
     let entries = match std::fs::read_dir(&dir) {
         Ok(entries) => entries,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),

@@ -24,6 +24,13 @@ pub enum Access {
         /// Sync what it creates.
         durable: bool,
     },
+    /// For appending to a file of a folder that exists: a `0600` file is created, a
+    /// folder never is. What a request adds after its first lines (its reply, a
+    /// compaction) must not bring back a conversation erased meanwhile.
+    AppendInFolder {
+        /// Sync what it creates.
+        durable: bool,
+    },
 }
 
 /// Opens `path`, which lies under `root`, without following a symbolic link at any
@@ -53,6 +60,7 @@ pub(crate) fn open_beneath(root: &Path, path: &Path, access: Access) -> std::io:
     let (create, durable) = match access {
         Access::Read => (false, false),
         Access::Append { durable } => (true, durable),
+        Access::AppendInFolder { durable } => (false, durable),
     };
     let folder = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC;
     let mut dir = openat(CWD, root, folder, Mode::empty())?;
@@ -74,7 +82,7 @@ pub(crate) fn open_beneath(root: &Path, path: &Path, access: Access) -> std::io:
     let file = OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let fd = match access {
         Access::Read => openat(&dir, name, file | OFlags::RDONLY, Mode::empty())?,
-        Access::Append { .. } => {
+        Access::Append { .. } | Access::AppendInFolder { .. } => {
             let append = file | OFlags::RDWR | OFlags::APPEND;
             match openat(&dir, name, append, Mode::empty()) {
                 Err(Errno::NOENT) => {

@@ -43,6 +43,10 @@ enum Command {
         bytes: Vec<u8>,
         /// Runs first, on the writer thread: what the lines name must exist before them.
         before: Option<Box<dyn FnOnce() -> std::io::Result<()> + Send>>,
+        /// Only into a folder that exists ([`Access::AppendInFolder`]).
+        ///
+        /// [`Access::AppendInFolder`]: super::perms::Access::AppendInFolder
+        in_folder: bool,
         reply: oneshot::Sender<std::io::Result<()>>,
     },
     Sync,
@@ -91,7 +95,13 @@ impl Writer {
 
     /// Appends `bytes` (whole lines) to `path` and waits until it is written.
     pub async fn append(&self, path: PathBuf, bytes: Vec<u8>) -> std::io::Result<()> {
-        self.append_with(path, bytes, None).await
+        self.append_with(path, bytes, None, false).await
+    }
+
+    /// [`Writer::append`] into a folder that exists: `NotFound` when it does not (the
+    /// conversation was erased since its request began), and nothing is created.
+    pub async fn append_in_folder(&self, path: PathBuf, bytes: Vec<u8>) -> std::io::Result<()> {
+        self.append_with(path, bytes, None, true).await
     }
 
     /// Runs `before` on the writer thread, then appends `bytes` if it succeeded: one
@@ -102,7 +112,8 @@ impl Writer {
         bytes: Vec<u8>,
         before: impl FnOnce() -> std::io::Result<()> + Send + 'static,
     ) -> std::io::Result<()> {
-        self.append_with(path, bytes, Some(Box::new(before))).await
+        self.append_with(path, bytes, Some(Box::new(before)), false)
+            .await
     }
 
     async fn append_with(
@@ -110,6 +121,7 @@ impl Writer {
         path: PathBuf,
         bytes: Vec<u8>,
         before: Option<Box<dyn FnOnce() -> std::io::Result<()> + Send>>,
+        in_folder: bool,
     ) -> std::io::Result<()> {
         let (reply, done) = oneshot::channel();
         let gone = || std::io::Error::other("the writer thread has stopped");
@@ -118,6 +130,7 @@ impl Writer {
                 path,
                 bytes,
                 before,
+                in_folder,
                 reply,
             })
             .await
@@ -160,6 +173,7 @@ fn run(
                 path,
                 bytes,
                 before,
+                in_folder,
                 reply,
             } => {
                 if !files.contains_key(&path) && files.len() >= MAX_OPEN_FILES {
@@ -168,7 +182,7 @@ fn run(
                     files.clear();
                 }
                 let result = match before.map_or(Ok(()), |before| before()) {
-                    Ok(()) => append(&root, &mut files, &path, &bytes, policy),
+                    Ok(()) => append(&root, &mut files, &path, &bytes, policy, in_folder),
                     Err(err) => Err(err),
                 };
                 if result.is_ok() && policy == FsyncPolicy::Batch {
@@ -216,13 +230,18 @@ fn append(
     path: &Path,
     bytes: &[u8],
     policy: FsyncPolicy,
+    in_folder: bool,
 ) -> std::io::Result<()> {
     if !files.contains_key(path) {
         // Never through a link, at any folder below the data dir: one planted there
         // would redirect the append.
         let durable = policy != FsyncPolicy::Never;
-        let file =
-            super::perms::open_beneath(root, path, super::perms::Access::Append { durable })?;
+        let access = if in_folder {
+            super::perms::Access::AppendInFolder { durable }
+        } else {
+            super::perms::Access::Append { durable }
+        };
+        let file = super::perms::open_beneath(root, path, access)?;
         files.insert(path.to_owned(), file);
     }
     let Some(file) = files.get_mut(path) else {

@@ -541,7 +541,15 @@ async fn one_team_never_reaches_another_team_s_gemini_files_or_caches() {
             assert_eq!(got.status, 404, "{target} {body}: {}", got.text());
         }
     }
-    let got = call(&proxy, "GET", "/v1beta/fileSearchStores", TEAM_B, json_type, b"").await;
+    let got = call(
+        &proxy,
+        "GET",
+        "/v1beta/fileSearchStores",
+        TEAM_B,
+        json_type,
+        b"",
+    )
+    .await;
     assert_eq!(got.status, 403, "{}", got.text());
     // Team B's allow-list holds on a model named only in the path, whatever the method.
     for target in [

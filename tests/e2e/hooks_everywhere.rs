@@ -102,6 +102,9 @@ async fn every_block_and_spelling_that_carries_text_is_redacted() {
         assert!(sent.contains("[redacted:"), "{sent}");
     }
     for (path, bytes) in read_tree(&proxy.data_dir()) {
-        assert_clean(&path.display().to_string(), &String::from_utf8_lossy(&bytes));
+        assert_clean(
+            &path.display().to_string(),
+            &String::from_utf8_lossy(&bytes),
+        );
     }
 }

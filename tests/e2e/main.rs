@@ -17,6 +17,7 @@ mod config;
 mod crash_loop;
 mod decisions;
 mod deterministic;
+mod erasure;
 mod eval_dialects;
 mod faults;
 mod folding;

@@ -85,19 +85,10 @@ impl PgStore {
             .await
             .map_err(db)?
             .get(0);
-        for table in [
-            "handoff_compactions",
-            "handoff_leases",
-            "handoff_responses",
-            "handoff_summaries",
-            "handoff_conversations",
-        ] {
-            tx.execute(
-                &format!("DELETE FROM {table} WHERE tenant = $1 AND conversation = $2"),
-                &[&key.0, &key.1],
-            )
-            .await
-            .map_err(db)?;
+        for statement in ERASE_ROWS {
+            tx.execute(*statement, &[&key.0, &key.1])
+                .await
+                .map_err(db)?;
         }
         tx.commit().await.map_err(db)?;
         Ok(Removed::Removed(bytes.unsigned_abs()))
@@ -207,3 +198,13 @@ impl PgStore {
             .collect())
     }
 }
+
+/// The rows of a conversation besides its lines, each table's statement a constant:
+/// no statement is built from text at run time.
+const ERASE_ROWS: &[&str] = &[
+    "DELETE FROM handoff_compactions WHERE tenant = $1 AND conversation = $2",
+    "DELETE FROM handoff_leases WHERE tenant = $1 AND conversation = $2",
+    "DELETE FROM handoff_responses WHERE tenant = $1 AND conversation = $2",
+    "DELETE FROM handoff_summaries WHERE tenant = $1 AND conversation = $2",
+    "DELETE FROM handoff_conversations WHERE tenant = $1 AND conversation = $2",
+];

@@ -603,10 +603,7 @@ fn results_lead(value: &Value) -> bool {
 /// The functions of a Gemini content's `kind` parts (`functionCall`,
 /// `functionResponse`), by name: a call may carry no id, and Gemini CLI gives only the
 /// response one, so the name is what pairs them for units.
-fn gemini_parts(
-    value: &Value,
-    kind: crate::dialect::gemini::Name,
-) -> impl Iterator<Item = &str> {
+fn gemini_parts(value: &Value, kind: crate::dialect::gemini::Name) -> impl Iterator<Item = &str> {
     value
         .get("parts")
         .and_then(Value::as_array)
@@ -654,5 +651,8 @@ fn answers_in(value: &Value) -> impl Iterator<Item = &str> {
         .into_iter()
         .chain(anthropic)
         .chain(item)
-        .chain(gemini_parts(value, crate::dialect::gemini::FUNCTION_RESPONSE))
+        .chain(gemini_parts(
+            value,
+            crate::dialect::gemini::FUNCTION_RESPONSE,
+        ))
 }

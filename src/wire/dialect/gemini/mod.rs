@@ -136,7 +136,13 @@ impl Dialect for Gemini {
                 "fileSearchStore",
                 "file_search_store",
             ],
-            id_prefixes: &["files/", "cachedContents/", "batches/", "fileSearchStores/", "corpora/"],
+            id_prefixes: &[
+                "files/",
+                "cachedContents/",
+                "batches/",
+                "fileSearchStores/",
+                "corpora/",
+            ],
             listings: &[
                 "/v1beta/files",
                 "/v1beta/cachedContents",

@@ -60,7 +60,10 @@ pub(super) fn model(path: &str) -> Option<&str> {
     let at = rest
         .rfind("/models/")
         .map(|at| at + "/models/".len())
-        .or_else(|| rest.rfind("/tunedModels/").map(|at| at + "/tunedModels/".len()))?;
+        .or_else(|| {
+            rest.rfind("/tunedModels/")
+                .map(|at| at + "/tunedModels/".len())
+        })?;
     let model = &rest[at..];
     let is_method = !method.is_empty() && method.bytes().all(|b| b.is_ascii_alphabetic());
     (is_method && !model.is_empty() && !model.contains('/')).then_some(model)

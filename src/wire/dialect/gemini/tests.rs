@@ -257,8 +257,14 @@ fn code_execution_parts_keep_their_text_in_the_neutral_form() {
         {"code_execution_result": {"outcome": "OUTCOME_OK", "output": "sk-live-123"}},
         {"inlineData": {"mimeType": "image/png", "data": "iVBORw0KGgo="}}]});
     let text = content::neutral(&content)[0]["content"].to_string();
-    assert!(text.contains("print(secret)") && text.contains("sk-live-123"), "{text}");
-    assert!(!text.contains("iVBORw0KGgo"), "media bytes are not text: {text}");
+    assert!(
+        text.contains("print(secret)") && text.contains("sk-live-123"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("iVBORw0KGgo"),
+        "media bytes are not text: {text}"
+    );
 }
 
 #[test]
@@ -266,7 +272,10 @@ fn any_method_of_a_model_names_it() {
     for (path, model) in [
         ("/v1beta/models/aqa:generateAnswer", Some("aqa")),
         ("/v1beta/tunedModels/mine-1:generateContent", Some("mine-1")),
-        ("/v1beta/models/gemini-2.5-pro:someFutureMethod", Some("gemini-2.5-pro")),
+        (
+            "/v1beta/models/gemini-2.5-pro:someFutureMethod",
+            Some("gemini-2.5-pro"),
+        ),
         ("/v1beta/models/gemini-2.5-pro", None),
         ("/v1beta/models/a/b:generateContent", None),
     ] {

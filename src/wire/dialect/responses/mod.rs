@@ -447,7 +447,9 @@ fn neutral(item: &Value) -> Option<Value> {
         "function_call_output" | "custom_tool_call_output" => Some(json!({
             "role": "tool", "tool_call_id": field("call_id"), "content": text_of(item.get("output")),
         })),
-        other => Some(json!({"role": "assistant", "content": crate::dialect::text::named_block(other, item)})),
+        other => Some(
+            json!({"role": "assistant", "content": crate::dialect::text::named_block(other, item)}),
+        ),
     }
 }
 
