@@ -30,6 +30,59 @@ const UPLOAD_PATHS: &[&str] = &["/upload/"];
 /// Form paths whose `model` field the allow-list checks.
 const MODEL_FORMS: &[&str] = &["/v1/audio/", "/v1/images/", "/v1/videos"];
 
+/// What a batch request runs: the models its inline requests name, or a file of
+/// requests whose models handoff does not read.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Batch {
+    /// Every `model` its nested requests name (Anthropic's `requests[].params.model`,
+    /// Gemini's inline `request.model`).
+    pub(crate) models: Vec<String>,
+    /// It runs the lines of an uploaded file (OpenAI's `input_file_id`, Gemini's
+    /// `input_config.file_name`), each naming its own model.
+    pub(crate) from_file: bool,
+}
+
+/// The batch a `POST path` creates, when it creates one: what a key's allow-list must
+/// also check, as every request of the batch runs a model.
+pub(crate) fn batch(path: &str, body: &[u8]) -> Option<Batch> {
+    let is_batch = path.ends_with("/v1/batches")
+        || path.ends_with("/v1/messages/batches")
+        || path.ends_with(":batchGenerateContent")
+        || path.ends_with(":asyncBatchEmbedContent");
+    if !is_batch {
+        return None;
+    }
+    let value: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let mut batch = Batch::default();
+    nested(&value, 0, &mut batch);
+    Some(batch)
+}
+
+/// Every `model` below the top level, and every file a batch reads its requests from
+/// (under either of Google's spellings).
+fn nested(value: &serde_json::Value, depth: usize, batch: &mut Batch) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, inner) in map {
+                match key.as_str() {
+                    // Google names a model by its resource name, `models/…`.
+                    "model" if depth > 0 => batch.models.push(match inner {
+                        serde_json::Value::String(model) => {
+                            model.strip_prefix("models/").unwrap_or(model).to_owned()
+                        }
+                        other => other.to_string(),
+                    }),
+                    "input_file_id" | "file_name" | "fileName" => batch.from_file = true,
+                    _ => {}
+                }
+                nested(inner, depth + 1, batch);
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|i| nested(i, depth + 1, batch)),
+        _ => {}
+    }
+}
+
 /// How a pass-through body is admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reading {

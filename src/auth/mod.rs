@@ -374,6 +374,19 @@ impl Admission {
         }
     }
 
+    /// 403 when the key has a model list and the request runs models handoff cannot
+    /// read (`what`: a batch over an uploaded file, whose lines name them).
+    pub(crate) fn check_unread_models(&self, what: &str) -> Result<(), ApiError> {
+        match &self.key {
+            Some(key) if !key.models.is_empty() => Err(ApiError::model_not_allowed(format!(
+                "key {} may use only the models [{}], and {what} names models handoff does not read: refused for this key",
+                key.tenant,
+                key.models.join(", ")
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// 403 when the key may not use `model`.
     pub(crate) fn check_model(&self, model: &str) -> Result<(), ApiError> {
         match &self.key {

@@ -120,6 +120,8 @@ struct Claims {
     model: Option<String>,
     /// The model the path names, where the API puts it there (Gemini).
     path_model: Option<String>,
+    /// What a batch's requests run, when the request creates one.
+    batch: Option<crate::named_model::Batch>,
     objects: Vec<String>,
 }
 
@@ -157,8 +159,13 @@ async fn authorize(
     admission: &Admission,
     claims: &Claims,
 ) -> Result<(), ApiError> {
-    for model in claims.model.iter().chain(&claims.path_model) {
+    let batch = claims.batch.as_ref();
+    let nested = batch.map_or(&[][..], |batch| batch.models.as_slice());
+    for model in claims.model.iter().chain(&claims.path_model).chain(nested) {
         admission.check_model(model)?;
+    }
+    if batch.is_some_and(|batch| batch.from_file) {
+        admission.check_unread_models("a batch over an uploaded file")?;
     }
     if snap.credentials.shares_upstream_key() {
         state

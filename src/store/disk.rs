@@ -438,8 +438,19 @@ impl Store for DiskStore {
                 })
                 .await
                 .map_err(write)?;
-            if let Some(trash) = trash {
-                scan(move || std::fs::remove_dir_all(trash)).await?;
+            if !trash.is_empty() {
+                scan(move || {
+                    for folder in trash {
+                        match std::fs::remove_dir_all(&folder) {
+                            Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+                                return Err(err)
+                            }
+                            _ => {}
+                        }
+                    }
+                    Ok(())
+                })
+                .await?;
             }
             if let Removed::Removed(bytes) = removed {
                 self.unaccount(id.tenant(), bytes);

@@ -123,27 +123,55 @@ fn upkeep_path(data_dir: &Path, what: &str) -> std::io::Result<PathBuf> {
     Ok(dir.join(format!("{what}-{nanos}-{}", std::process::id())))
 }
 
+/// A short name for the conversation folder `dir`, carried by the upkeep folders made
+/// from it, so that its erasure finds them.
+fn folder_tag(dir: &Path) -> String {
+    let hash = blake3::hash(dir.as_os_str().as_encoded_bytes()).to_hex();
+    hash[..16].to_owned()
+}
+
+/// The upkeep folders made from the conversation folder `dir`: a compression's copy,
+/// or the old folder a compression swapped out, which readers may still hold for a
+/// while, but which an erasure must not leave behind.
+fn made_from(data_dir: &Path, dir: &Path) -> Vec<PathBuf> {
+    let tag = folder_tag(dir);
+    let upkeep = data_dir.join(UPKEEP_DIR);
+    let Ok(entries) = std::fs::read_dir(&upkeep) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|entry| {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with(&format!("compressing-{tag}-"))
+        })
+        .map(|entry| entry.path())
+        .collect()
+}
+
 /// Syncs a folder, so that a rename in it survives a crash.
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
 /// Moves a conversation's folder out of the tree unless `unless` applies; run on the
-/// writer thread. Returns where it went, for deletion, and the bytes it held.
+/// writer thread. Returns where it went and where the copies a compression made of it
+/// are, for deletion, and the bytes it held.
 pub(super) fn retire(
     data_dir: &Path,
     dir: &Path,
     unless: Unless,
-) -> std::io::Result<(Removed, Option<PathBuf>)> {
+) -> std::io::Result<(Removed, Vec<PathBuf>)> {
     let Some((last, bytes, _)) = folder_state(dir) else {
-        return Ok((Removed::Missing, None));
+        return Ok((Removed::Missing, Vec::new()));
     };
     if dir.join(HOLD_FILE).is_file() {
-        return Ok((Removed::Held, None));
+        return Ok((Removed::Held, Vec::new()));
     }
     if let Unless::HeldOrWrittenSince(since) = unless {
         if last >= since {
-            return Ok((Removed::Active, None));
+            return Ok((Removed::Active, Vec::new()));
         }
     }
     // Neither the folder nor the upkeep folder it goes to may be reached through a
@@ -155,7 +183,9 @@ pub(super) fn retire(
     if let Some(parent) = dir.parent() {
         sync_dir(parent)?;
     }
-    Ok((Removed::Removed(bytes), Some(trash)))
+    let mut gone = vec![trash];
+    gone.extend(made_from(data_dir, dir));
+    Ok((Removed::Removed(bytes), gone))
 }
 
 /// Writes or removes a conversation's hold; run on the writer thread. False when the
@@ -206,7 +236,8 @@ pub(super) fn build_compressed(
         return Ok(None);
     }
     let hot = (hot_meta.len(), hot_meta.modified()?);
-    let folder = upkeep_path(data_dir, "compressing")?;
+    // Named after the conversation: an erasure finds the old folder this becomes.
+    let folder = upkeep_path(data_dir, &format!("compressing-{}", folder_tag(dir)))?;
     std::fs::DirBuilder::new().mode(0o700).create(&folder)?;
     let create = |name: &str| {
         std::fs::OpenOptions::new()

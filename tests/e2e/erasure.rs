@@ -148,3 +148,54 @@ async fn links_below_the_data_dir_are_never_followed_for_deletion() {
     );
     assert!(upkeep_target.is_file());
 }
+
+/// A compression keeps the folder it swapped out for a while, for readers still in it;
+/// an erasure takes that folder at once too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_erasure_takes_the_folder_a_compression_swapped_out() {
+    let mock = MockUpstream::with(|_| Reply::chat_text("fine")).await;
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: "[store]\ncompress_after = \"1s\"\nupkeep_interval = \"300ms\"\n".into(),
+            ..Default::default()
+        },
+    );
+    let marker = "ERASE-ME-compressed";
+    let got = chat(
+        &proxy,
+        "compressed",
+        &[json!({"role": "user", "content": marker})],
+    )
+    .await;
+    assert_eq!(got.status, 200);
+    let dir = proxy.conversation_dir("compressed");
+    for _ in 0..100 {
+        if dir.join("messages.jsonl.zst").is_file() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        dir.join("messages.jsonl.zst").is_file(),
+        "compressed in time"
+    );
+    let upkeep = proxy.data_dir().join("upkeep");
+    let swapped_out = |upkeep: &std::path::Path| {
+        crate::support::read_tree(upkeep)
+            .into_iter()
+            .filter(|(_, bytes)| String::from_utf8_lossy(bytes).contains(marker))
+            .count()
+    };
+    assert!(
+        swapped_out(&upkeep) > 0,
+        "the old folder is kept for readers"
+    );
+    let erased = proxy.audit(&["erase", "--conversation", "compressed", "--json"]);
+    assert!(erased.status.success(), "{erased:?}");
+    assert_eq!(
+        swapped_out(&upkeep),
+        0,
+        "the swapped-out folder outlived the erasure"
+    );
+}

@@ -12,6 +12,7 @@ mod support;
 
 mod anthropic;
 mod attacks;
+mod batches;
 mod compaction;
 mod config;
 mod crash_loop;

@@ -52,7 +52,10 @@ pub(super) fn apply(
         dst.extend_from_slice(markers[at].as_bytes());
         true
     });
-    if counts.contains(&0) {
+    // A text none of the spellings found, or an occurrence spelt with escapes no
+    // encoder writes (`\u0061` for `a`, some `/` escaped and some not) after one that
+    // was found: the strings are read as the upstream reads them.
+    if counts.contains(&0) || (has_escapes(&out) && left_in_strings(&out, redact)) {
         out = in_strings(&out, redact, &markers, &mut counts)?;
     }
     Ok(Applied {
@@ -96,6 +99,28 @@ fn spellings(text: &str) -> Vec<String> {
     }
     out.dedup();
     out
+}
+
+/// True when `body` holds an escape that can spell a character another way than the
+/// spellings looked for.
+fn has_escapes(body: &[u8]) -> bool {
+    memchr::memmem::find(body, b"\\u").is_some() || memchr::memmem::find(body, b"\\/").is_some()
+}
+
+/// True when a text is still in a string of `body` once its escapes are decoded.
+fn left_in_strings(body: &[u8], redact: &[(String, Redaction)]) -> bool {
+    let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return false;
+    };
+    let finds: Vec<&str> = redact.iter().map(|(_, r)| r.find.as_str()).collect();
+    let Ok(finder) = AhoCorasick::new(&finds) else {
+        return true;
+    };
+    let mut left = false;
+    walk_strings(&mut value, &mut |text: &mut String| {
+        left |= finder.is_match(text.as_str());
+    });
+    left
 }
 
 /// `body` parsed, with the texts replaced in every string (and key), re-serialised:
@@ -344,5 +369,22 @@ mod tests {
         assert_eq!(out.found[0].count, 1);
         let value: serde_json::Value = serde_json::from_slice(&out.body).unwrap();
         assert_eq!(value["c"], "key [redacted:key:t] end");
+    }
+
+    #[test]
+    fn a_second_occurrence_spelt_with_escapes_is_found_too() {
+        let body =
+            Chunks::from(br#"{"a":"sk-ab","c":"again sk-\u0061b","d":"x/y and x\/y"}"#.to_vec());
+        let out = apply(
+            &body,
+            &[redaction("sk-ab", "key"), redaction("x/y", "path")],
+            |_| "t".into(),
+        )
+        .unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&out.body).unwrap();
+        assert_eq!(value["a"], "[redacted:key:t]");
+        assert_eq!(value["c"], "again [redacted:key:t]");
+        assert_eq!(value["d"], "[redacted:path:t] and [redacted:path:t]");
+        assert_eq!(out.found[0].count, 2);
     }
 }

@@ -284,6 +284,7 @@ impl<'s> Exchange<'s> {
         Claims {
             model: Some(self.chat.model.clone()),
             path_model: None,
+            batch: None,
             objects,
         }
     }
