@@ -274,17 +274,15 @@ impl Store for DiskStore {
             self.account(&tenant, both, Quota::Checked).await?;
             // Record first, boundary second: a crash between them leaves an orphan record,
             // which recovery ignores, never a boundary that points at nothing.
-            // Into the conversation's folder only: one erased while it was summarised
-            // is not brought back by its compaction.
             self.writer
-                .append_in_folder(records, record_bytes)
+                .append(records, record_bytes)
                 .await
                 .map_err(|source| StoreError::Write {
                     id: id.clone(),
                     source,
                 })?;
             self.writer
-                .append_in_folder(messages, boundary)
+                .append(messages, boundary)
                 .await
                 .map_err(|source| StoreError::Write { id, source })?;
             Ok(Committed::Written)
