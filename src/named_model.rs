@@ -8,6 +8,7 @@
 
 use bytes::Bytes;
 use http::{header, HeaderMap};
+use serde_json::Value;
 
 use crate::error::ApiError;
 
@@ -34,16 +35,19 @@ const MODEL_FORMS: &[&str] = &["/v1/audio/", "/v1/images/", "/v1/videos"];
 /// requests whose models handoff does not read.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Batch {
-    /// Every `model` its nested requests name (Anthropic's `requests[].params.model`,
-    /// Gemini's inline `request.model`).
+    /// Every model its inline requests name (Anthropic's `requests[].params.model`,
+    /// Gemini's `batch.input_config.requests.requests[].request.model` and the batch's
+    /// own `model`), Google's `models/` dropped.
     pub(crate) models: Vec<String>,
     /// It runs the lines of an uploaded file (OpenAI's `input_file_id`, Gemini's
-    /// `input_config.file_name`), each naming its own model.
+    /// `batch.input_config.file_name`), each naming its own model.
     pub(crate) from_file: bool,
 }
 
 /// The batch a `POST path` creates, when it creates one: what a key's allow-list must
-/// also check, as every request of the batch runs a model.
+/// also check, as every request of the batch runs a model. Only the fields the APIs
+/// document are read: a `model` or `file_name` inside a request's messages or tool
+/// input is the conversation's text, not the batch's.
 pub(crate) fn batch(path: &str, body: &[u8]) -> Option<Batch> {
     let is_batch = path.ends_with("/v1/batches")
         || path.ends_with("/v1/messages/batches")
@@ -52,35 +56,35 @@ pub(crate) fn batch(path: &str, body: &[u8]) -> Option<Batch> {
     if !is_batch {
         return None;
     }
-    let value: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
-    let mut batch = Batch::default();
-    nested(&value, 0, &mut batch);
-    Some(batch)
+    let body: Value = serde_json::from_slice(body).unwrap_or_default();
+    // Gemini wraps the batch in `batch`; its protobuf JSON takes either spelling.
+    let gemini = body.get("batch").unwrap_or(&body);
+    let input = either(gemini, "input_config", "inputConfig");
+    let anthropic = items(body.get("requests")).filter_map(|r| r.get("params")?.get("model"));
+    let inline = items(input.and_then(|i| i.get("requests")?.get("requests")))
+        .filter_map(|r| r.get("request")?.get("model"));
+    let models = anthropic
+        .chain(inline)
+        .chain(gemini.get("model").filter(|_| body.get("batch").is_some()))
+        .map(|model| match model {
+            Value::String(model) => model.strip_prefix("models/").unwrap_or(model).to_owned(),
+            // Not a name the allow-list can pass: checked as its JSON text, so refused.
+            other => other.to_string(),
+        })
+        .collect();
+    let from_file = body.get("input_file_id").is_some()
+        || input.is_some_and(|i| either(i, "file_name", "fileName").is_some());
+    Some(Batch { models, from_file })
 }
 
-/// Every `model` below the top level, and every file a batch reads its requests from
-/// (under either of Google's spellings).
-fn nested(value: &serde_json::Value, depth: usize, batch: &mut Batch) {
-    match value {
-        serde_json::Value::Object(map) => {
-            for (key, inner) in map {
-                match key.as_str() {
-                    // Google names a model by its resource name, `models/…`.
-                    "model" if depth > 0 => batch.models.push(match inner {
-                        serde_json::Value::String(model) => {
-                            model.strip_prefix("models/").unwrap_or(model).to_owned()
-                        }
-                        other => other.to_string(),
-                    }),
-                    "input_file_id" | "file_name" | "fileName" => batch.from_file = true,
-                    _ => {}
-                }
-                nested(inner, depth + 1, batch);
-            }
-        }
-        serde_json::Value::Array(items) => items.iter().for_each(|i| nested(i, depth + 1, batch)),
-        _ => {}
-    }
+/// The value of a field under either of its spellings.
+fn either<'v>(value: &'v Value, snake: &str, camel: &str) -> Option<&'v Value> {
+    value.get(snake).or_else(|| value.get(camel))
+}
+
+/// The items of an array, if `value` is one.
+fn items(value: Option<&Value>) -> impl Iterator<Item = &Value> {
+    value.and_then(Value::as_array).into_iter().flatten()
 }
 
 /// How a pass-through body is admitted.
@@ -144,7 +148,7 @@ fn content_type(headers: &HeaderMap) -> Option<&str> {
 fn json_model(body: &[u8]) -> Result<Option<String>, ApiError> {
     #[derive(serde::Deserialize)]
     struct Named {
-        model: Option<serde_json::Value>,
+        model: Option<Value>,
     }
     let named: Named = serde_json::from_slice(body).map_err(|err| {
         ApiError::invalid_request(
@@ -153,7 +157,7 @@ fn json_model(body: &[u8]) -> Result<Option<String>, ApiError> {
         )
     })?;
     Ok(named.model.map(|model| match model {
-        serde_json::Value::String(model) => model,
+        Value::String(model) => model,
         // Not a name the allow-list can pass: checked as its JSON text, so refused.
         other => other.to_string(),
     }))
@@ -270,6 +274,44 @@ mod tests {
         assert!(model("multipart/form-data; boundary=B", nameless)
             .await
             .is_err());
+    }
+
+    #[test]
+    fn a_batch_s_models_and_files_are_read_where_the_apis_put_them() {
+        let anthropic = br#"{"requests": [
+            {"custom_id": "a", "params": {"model": "m1", "messages": [{"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t", "content": "x"}]}],
+                "tools": [{"name": "t", "input_schema": {"model": "not-a-model", "file_name": "x"}}]}},
+            {"custom_id": "b", "params": {"model": "m2"}}]}"#;
+        assert_eq!(
+            batch("/v1/messages/batches", anthropic),
+            Some(Batch {
+                models: vec!["m1".into(), "m2".into()],
+                from_file: false
+            })
+        );
+        let gemini = br#"{"batch": {"model": "models/g0", "inputConfig": {"requests": {"requests": [
+            {"request": {"model": "models/g1", "contents": [{"parts": [{"text": "model file_name"}]}]}}]}}}}"#;
+        let read = batch("/v1beta/models/g0:batchGenerateContent", gemini).unwrap();
+        assert_eq!(read.models, ["g1", "g0"]);
+        assert!(!read.from_file);
+        for (path, body) in [
+            (
+                "/v1/batches",
+                &br#"{"input_file_id": "file-1", "endpoint": "/v1/chat/completions"}"#[..],
+            ),
+            (
+                "/v1beta/models/g:batchGenerateContent",
+                br#"{"batch": {"input_config": {"file_name": "files/f"}}}"#,
+            ),
+            (
+                "/v1beta/models/g:asyncBatchEmbedContent",
+                br#"{"batch": {"inputConfig": {"fileName": "files/f"}}}"#,
+            ),
+        ] {
+            assert!(batch(path, body).unwrap().from_file, "{path}");
+        }
+        assert_eq!(batch("/v1/chat/completions", anthropic), None);
     }
 
     #[test]

@@ -444,6 +444,29 @@ async fn a_database_restart_gives_503_then_service_resumes_and_nothing_acknowled
     proxy.assert_kept("restart", &acknowledged);
 }
 
+/// A config beside `disk`'s whose store is `db`, for `store copy --to-config`.
+fn postgres_config(disk: &Proxy, mock: &MockUpstream, db: &Postgres) -> std::path::PathBuf {
+    let config = disk.dir().join("postgres.toml");
+    std::fs::write(
+        &config,
+        support::render_config(&mock.url(), &disk.dir().join("unused"), &db.store_toml("")),
+    )
+    .unwrap();
+    config
+}
+
+/// `handoff store copy` of `disk`'s data dir into the store of `config`, with `extra`.
+fn store_copy(disk: &Proxy, config: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_handoff"))
+        .args(["store", "copy", "--from-data-dir"])
+        .arg(disk.data_dir())
+        .arg("--to-config")
+        .arg(config)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_copy_moves_a_data_dir_into_the_database_idempotently() {
     let (_strict, mock) = strict_with_slow_summaries(4096, 0, Duration::ZERO).await;
@@ -454,20 +477,9 @@ async fn store_copy_moves_a_data_dir_into_the_database_idempotently() {
     let history = support::scenario::drive_until_compaction(&disk, "moved", 300, 30).await;
     let disk_replay = disk.replay("moved", None);
     let db = Postgres::start();
-    let config = disk.dir().join("postgres.toml");
-    std::fs::write(
-        &config,
-        support::render_config(&mock.url(), &disk.dir().join("unused"), &db.store_toml("")),
-    )
-    .unwrap();
+    let config = postgres_config(&disk, &mock, &db);
     let copy = || {
-        let out = Command::new(env!("CARGO_BIN_EXE_handoff"))
-            .args(["store", "copy", "--from-data-dir"])
-            .arg(disk.data_dir())
-            .arg("--to-config")
-            .arg(&config)
-            .output()
-            .unwrap();
+        let out = store_copy(&disk, &config, &[]);
         assert!(
             out.status.success(),
             "{}",
@@ -542,22 +554,8 @@ async fn store_copy_refuses_a_log_that_does_not_verify() {
     std::fs::write(&torn, text).unwrap();
 
     let db = Postgres::start();
-    let config = disk.dir().join("postgres.toml");
-    std::fs::write(
-        &config,
-        support::render_config(&mock.url(), &disk.dir().join("unused"), &db.store_toml("")),
-    )
-    .unwrap();
-    let copy = |extra: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_handoff"))
-            .args(["store", "copy", "--from-data-dir"])
-            .arg(disk.data_dir())
-            .arg("--to-config")
-            .arg(&config)
-            .args(extra)
-            .output()
-            .unwrap()
-    };
+    let config = postgres_config(&disk, &mock, &db);
+    let copy = |extra: &[&str]| store_copy(&disk, &config, extra);
     let refused = copy(&[]);
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "{stderr}");

@@ -51,22 +51,13 @@ pub fn escape_breaks(out: &mut Vec<u8>, start: usize, at: &str) -> Result<(), se
     )
 }
 
-/// The line an `escaped` line carries, refused when it carries another `escaped` line
-/// (the writer wraps once) or holds no break (the writer wraps only lines that do).
+/// The line an `escaped` line carries, refused when it holds no break (the writer
+/// wraps only lines that do). The caller refuses one that is `escaped` again.
 pub fn unescape(bytes: &[u8]) -> Result<String, FrameError> {
     let escaped: EscapedLine<'_> = serde_json::from_slice(bytes)?;
     let line = escaped.line.into_owned();
     if !breaks_line(line.as_bytes()) {
         return Err(FrameError::NoBreak);
-    }
-    #[derive(Deserialize)]
-    struct Kind<'a> {
-        #[serde(borrow)]
-        kind: std::borrow::Cow<'a, str>,
-    }
-    let inner: Kind<'_> = serde_json::from_str(&line)?;
-    if inner.kind == ESCAPED_KIND {
-        return Err(FrameError::Nested);
     }
     Ok(line)
 }

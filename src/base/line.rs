@@ -52,10 +52,16 @@ impl Line {
     /// serde's tagged and flattened enums buffer their input, which `RawValue` cannot
     /// survive; so the header is read first, then the same bytes as the named kind.
     pub fn parse(bytes: &[u8]) -> Result<Self, LineError> {
-        let header: Header = serde_json::from_slice(bytes)?;
-        if header.kind == ESCAPED_KIND {
-            return Self::parse(unescape(bytes)?.as_bytes());
+        let mut out = Vec::with_capacity(1);
+        Self::parse_into(bytes, &mut out)?;
+        match (out.pop(), out.is_empty()) {
+            (Some(line), true) => Ok(line),
+            _ => Err(LineError::NotOne),
         }
+    }
+
+    /// One line of any kind but a run or an `escaped` one, its header read.
+    fn parse_single(header: Header, bytes: &[u8]) -> Result<Self, LineError> {
         let entry = match header.kind.as_str() {
             "message" => Entry::Message(serde_json::from_slice(bytes)?),
             "pinned" => Entry::Pinned(serde_json::from_slice(bytes)?),
@@ -80,11 +86,26 @@ impl Line {
     /// follow from their bytes; any other kind is itself.
     pub fn parse_into(bytes: &[u8], out: &mut Vec<Line>) -> Result<(), LineError> {
         let header: Header = serde_json::from_slice(bytes)?;
-        if header.kind == ESCAPED_KIND {
-            return Self::parse_into(unescape(bytes)?.as_bytes(), out);
+        if header.kind != ESCAPED_KIND {
+            return Self::parse_unescaped_into(header, bytes, out);
         }
+        let line = unescape(bytes)?;
+        let header: Header = serde_json::from_str(&line)?;
+        // The writer wraps a line once.
+        if header.kind == ESCAPED_KIND {
+            return Err(FrameError::Nested.into());
+        }
+        Self::parse_unescaped_into(header, line.as_bytes(), out)
+    }
+
+    /// [`Line::parse_into`] of a line that is not `escaped`, its header read.
+    fn parse_unescaped_into(
+        header: Header,
+        bytes: &[u8],
+        out: &mut Vec<Line>,
+    ) -> Result<(), LineError> {
         if header.kind != RUN_KIND {
-            out.push(Self::parse(bytes)?);
+            out.push(Self::parse_single(header, bytes)?);
             return Ok(());
         }
         let run: RunLine = serde_json::from_slice(bytes)?;
@@ -563,6 +584,9 @@ pub enum LineError {
     /// An `escaped` line the writer would not have written.
     #[error(transparent)]
     Frame(#[from] FrameError),
+    /// A run where one line was asked for.
+    #[error("a run of messages where one line was expected")]
+    NotOne,
 }
 
 /// Serialises `lines` as JSONL, one `\n`-terminated line each, but two or more
@@ -877,11 +901,10 @@ mod tests {
             unreachable!()
         };
         let parent = first.digest;
-        let md2 = md;
         run.push(Line::now(Entry::Message(MessageLine::client(
-            next_prefix(Some(&parent), &md2),
+            next_prefix(Some(&parent), &md),
             Some(parent),
-            md2,
+            md,
             raw.clone(),
         ))));
         let pinned = Line::now(Entry::Pinned(PinnedLine {

@@ -70,7 +70,7 @@ async fn parse(
             // Read for its model and the objects it names: one buffer.
             let bytes = chunks.contiguous().clone();
             claims.model = named_model::named_model(&parts.headers, &bytes).await?;
-            if parts.method == http::Method::POST {
+            if parts.method == Method::POST {
                 claims.batch = named_model::batch(path, &bytes);
             }
             if shared {

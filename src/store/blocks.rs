@@ -213,29 +213,19 @@ pub(crate) fn remove_unnamed(
     };
     let folder = super::perms::open_dir_beneath(root, dir)?;
     for path in blocks.iter().filter(|p| p.parent() == Some(dir)) {
-        let Some(name) = path.file_name() else {
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
             continue;
         };
-        let untouched = rustix::fs::statat(&folder, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
-            .is_ok_and(|stat| {
-                let at = SystemTime::UNIX_EPOCH
-                    + std::time::Duration::new(
-                        u64::try_from(stat.st_mtime).unwrap_or(0),
-                        u32::try_from(stat.st_mtime_nsec).unwrap_or(0),
-                    );
-                at < began
-            });
+        let untouched = super::perms::open_in(&folder, name)
+            .and_then(|file| file.metadata()?.modified())
+            .is_ok_and(|at| at < began);
         if untouched {
             rustix::fs::unlinkat(&folder, name, rustix::fs::AtFlags::empty())?;
             removed += 1;
         }
     }
-    if let Some(dir) = blocks
-        .first()
-        .and_then(|p| p.parent())
-        .filter(|_| removed > 0)
-    {
-        std::fs::File::open(dir)?.sync_all()?;
+    if removed > 0 {
+        rustix::fs::fsync(&folder)?;
     }
     Ok(removed)
 }

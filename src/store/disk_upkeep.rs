@@ -134,18 +134,13 @@ fn folder_tag(dir: &Path) -> String {
 /// or the old folder a compression swapped out, which readers may still hold for a
 /// while, but which an erasure must not leave behind.
 fn made_from(data_dir: &Path, dir: &Path) -> Vec<PathBuf> {
-    let tag = folder_tag(dir);
-    let upkeep = data_dir.join(UPKEEP_DIR);
-    let Ok(entries) = std::fs::read_dir(&upkeep) else {
+    let prefix = format!("compressing-{}-", folder_tag(dir));
+    let Ok(entries) = std::fs::read_dir(data_dir.join(UPKEEP_DIR)) else {
         return Vec::new();
     };
     entries
         .flatten()
-        .filter(|entry| {
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            name.starts_with(&format!("compressing-{tag}-"))
-        })
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with(&prefix))
         .map(|entry| entry.path())
         .collect()
 }

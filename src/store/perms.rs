@@ -25,8 +25,8 @@ pub enum Access {
         durable: bool,
     },
     /// For appending to a file of a folder that exists: a `0600` file is created, a
-    /// folder never is. What a request adds after its first lines (its reply, a
-    /// compaction) must not bring back a conversation erased meanwhile.
+    /// folder never is. A request's reply must not bring back a conversation erased
+    /// while the request was in flight.
     AppendInFolder {
         /// Sync what it creates.
         durable: bool,

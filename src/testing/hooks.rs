@@ -15,7 +15,7 @@ use mock_upstream::{MockUpstream, Reply};
 use serde_json::json;
 
 use crate::config::{register_hook, HookConfig};
-use crate::testing::Harness;
+use crate::testing::{sha256_hex, Harness};
 
 /// How a test hook behaves.
 struct Scripted(&'static str);
@@ -138,14 +138,6 @@ async fn hooks_that_fail_open_are_skipped_and_the_rest_of_the_chain_runs() {
     ] {
         assert!(metrics.contains(line), "{line} in {metrics}");
     }
-}
-
-fn sha256_hex(text: &str) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 #[tokio::test]

@@ -30,13 +30,24 @@ use crate::store::ConversationLog;
 use crate::tokens::Tokens;
 
 mod anthropic;
+mod batches;
 mod compaction;
 mod hooks;
 mod limits;
 mod passthrough;
 mod pins;
+mod redaction;
 mod responses;
 mod stub_dialect;
+
+/// The hex SHA-256 of `text`: what a `[[auth.keys]]` entry names a key by.
+pub(crate) fn sha256_hex(text: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
 
 /// The counter every in-process test shares.
 pub(crate) fn tokens() -> Arc<Tokens> {

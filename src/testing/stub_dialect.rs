@@ -5,7 +5,6 @@
 
 use mock_upstream::{MockUpstream, Reply};
 use serde_json::json;
-use sha2::Digest;
 
 use crate::dialect::pair::CONTINUATION;
 use crate::testing::Harness;
@@ -165,10 +164,7 @@ async fn a_tally_key_is_a_credential_a_tenant_and_a_proxy_key() {
 
     // With proxy keys, a key in that header is admitted as its team and never goes
     // upstream; an unknown one is refused in the Tally API's own shape.
-    let digest: String = sha2::Sha256::digest(b"tk-team")
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let digest = crate::testing::sha256_hex("tk-team");
     let keyed = Harness::start(
         &mock.url(),
         &format!("{CONFIG}[[auth.keys]]\nname = \"tally-team\"\nsha256 = {digest:?}\n"),

@@ -43,7 +43,8 @@ async fn a_reply_that_lands_after_the_erasure_does_not_bring_the_conversation_ba
 
     let answered = in_flight.await.unwrap();
     assert_eq!(answered.status, 200, "{}", answered.text());
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The reply is logged after the client has it: wait for what became of it.
+    proxy.wait_for_log("its reply is not logged", Duration::from_secs(10));
     assert!(
         !folder.exists(),
         "the reply brought the erased conversation back"

@@ -12,7 +12,6 @@ mod support;
 
 mod anthropic;
 mod attacks;
-mod batches;
 mod compaction;
 mod config;
 mod crash_loop;
@@ -26,7 +25,6 @@ mod forgery;
 mod gemini;
 mod hook_stages;
 mod hooks;
-mod hooks_everywhere;
 mod plugins;
 mod proxy;
 mod replies;

@@ -220,6 +220,19 @@ async fn answer(
     render(reply, shared).await
 }
 
+/// A JSON answer of `text`.
+fn json_response(status: http::StatusCode, text: String) -> Response<MockBody> {
+    let body = Full::new(Bytes::from(text))
+        .map_err(|never| match never {})
+        .boxed();
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .header("x-mock-upstream", "1")
+        .body(body)
+        .unwrap_or_else(|_| unreachable!())
+}
+
 fn render(
     reply: Reply,
     shared: &Arc<Shared>,
@@ -230,29 +243,11 @@ fn render(
                 tokio::time::sleep(delay).await;
                 render(*then, shared).await
             }
-            Reply::Pretty { status, body } => {
-                let text = serde_json::to_string_pretty(&body).unwrap_or_default();
-                let body = Full::new(Bytes::from(text))
-                    .map_err(|never| match never {})
-                    .boxed();
-                Response::builder()
-                    .status(status)
-                    .header("content-type", "application/json")
-                    .header("x-mock-upstream", "1")
-                    .body(body)
-                    .unwrap_or_else(|_| unreachable!())
-            }
-            Reply::Json { status, body } => {
-                let body = Full::new(Bytes::from(body.to_string()))
-                    .map_err(|never| match never {})
-                    .boxed();
-                Response::builder()
-                    .status(status)
-                    .header("content-type", "application/json")
-                    .header("x-mock-upstream", "1")
-                    .body(body)
-                    .unwrap_or_else(|_| unreachable!())
-            }
+            Reply::Pretty { status, body } => json_response(
+                status,
+                serde_json::to_string_pretty(&body).unwrap_or_default(),
+            ),
+            Reply::Json { status, body } => json_response(status, body.to_string()),
             Reply::Sse {
                 frames,
                 gap,

@@ -16,9 +16,9 @@ mod assemble;
 mod content;
 mod names;
 mod path;
+mod summary;
 
 pub(crate) use names::{get as field, Name, FUNCTION_CALL, FUNCTION_RESPONSE};
-mod summary;
 
 use std::sync::Arc;
 
@@ -263,8 +263,7 @@ impl Dialect for Gemini {
             .as_ref()
             .and_then(|c| c.thinking.as_ref())
             .is_some_and(|t| {
-                let budget = t.get("thinkingBudget").or_else(|| t.get("thinking_budget"));
-                budget.and_then(Value::as_i64) != Some(0)
+                names::get(t, names::THINKING_BUDGET).and_then(Value::as_i64) != Some(0)
             });
         Ok(ChatRequest {
             dialect: DialectKind::Gemini,

@@ -55,6 +55,12 @@ pub(super) const SYSTEM_INSTRUCTION: Name = Name {
     snake: "system_instruction",
 };
 
+/// A thinking config's budget of tokens.
+pub(super) const THINKING_BUDGET: Name = Name {
+    camel: "thinkingBudget",
+    snake: "thinking_budget",
+};
+
 /// The value of `name` in `value` under either spelling (the camelCase one first).
 pub(crate) fn get(value: &Value, name: Name) -> Option<&Value> {
     value.get(name.camel).or_else(|| value.get(name.snake))

@@ -36,12 +36,20 @@ pub(super) fn generating(path: &str) -> Option<(&str, bool)> {
         Some(rest) => (rest, false),
         None => (path.strip_suffix(STREAM)?, true),
     };
-    let at = rest.rfind("/models/").map(|at| at + 8).or_else(|| {
-        rest.rfind("/tunedModels/")
-            .map(|at| at + "/tunedModels/".len())
-    })?;
+    Some((model_at_end(rest)?, stream))
+}
+
+/// The model a path names at its end (`…/models/{model}`, `…/tunedModels/{model}`).
+fn model_at_end(rest: &str) -> Option<&str> {
+    let at = rest
+        .rfind("/models/")
+        .map(|at| at + "/models/".len())
+        .or_else(|| {
+            rest.rfind("/tunedModels/")
+                .map(|at| at + "/tunedModels/".len())
+        })?;
     let model = &rest[at..];
-    (!model.is_empty() && !model.contains('/')).then_some((model, stream))
+    (!model.is_empty() && !model.contains('/')).then_some(model)
 }
 
 /// True when the query asks for SSE (`alt=sse`).
@@ -57,16 +65,8 @@ pub(super) fn asks_sse(target: &str) -> bool {
 /// key's allow-list still applies.
 pub(super) fn model(path: &str) -> Option<&str> {
     let (rest, method) = path.rsplit_once(':')?;
-    let at = rest
-        .rfind("/models/")
-        .map(|at| at + "/models/".len())
-        .or_else(|| {
-            rest.rfind("/tunedModels/")
-                .map(|at| at + "/tunedModels/".len())
-        })?;
-    let model = &rest[at..];
     let is_method = !method.is_empty() && method.bytes().all(|b| b.is_ascii_alphabetic());
-    (is_method && !model.is_empty() && !model.contains('/')).then_some(model)
+    is_method.then(|| model_at_end(rest)).flatten()
 }
 
 /// The `generateContent` path of `model`, under the API version of `target` when the

@@ -1,14 +1,16 @@
-//! Hooks wherever text reaches a model: a `redact` hook sees every block that carries
-//! text (documents, search results, MCP outputs, code-execution results), under every
-//! spelling a provider's parser accepts (Gemini's snake_case), and what it takes out
-//! reaches neither the upstream nor the disk.
+//! Hooks wherever text reaches a model, on the in-process harness: a `redact` hook
+//! sees every block that carries text (documents, search results, MCP outputs,
+//! code-execution results), under every spelling a provider's parser accepts
+//! (Gemini's snake_case), and what it takes out reaches neither the upstream nor the
+//! log.
+
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use mock_upstream::{chat_completion, MockUpstream, Reply};
 use serde_json::{json, Value};
 
-use crate::hooks::post;
-use crate::support::{read_tree, Proxy, ProxyOptions};
-use mock_upstream::{chat_completion, MockUpstream, Reply};
+use crate::base::id::CONVERSATION_HEADER;
+use crate::testing::Harness;
 
 const EMAIL: &str = "ana.lopez@example.org";
 const KEY: &str = "sk-proj-ABCDEFGHIJKLMNOPQRSTUVWX0123";
@@ -17,7 +19,7 @@ const REDACT: &str = "[middleware]\nchain = [\"secrets\"]\n\
     [middleware.hooks.secrets]\nkind = \"redact\"\ndetectors = [\"api_keys\", \"emails\"]\n";
 
 /// An upstream that answers each API in its own shape.
-async fn any_api() -> MockUpstream {
+async fn every_api() -> MockUpstream {
     MockUpstream::with(|request| {
         let path = request.target.split('?').next().unwrap_or("");
         if path.ends_with("/v1/messages") {
@@ -30,7 +32,12 @@ async fn any_api() -> MockUpstream {
                     "content": [{"type": "output_text", "text": "ok", "annotations": []}]}],
                 "usage": {"input_tokens": 5, "output_tokens": 1, "total_tokens": 6}}))
         } else if path.contains(":generateContent") {
-            Reply::json(mock_upstream::gemini::whole("gemini-x", &[json!({"text": "ok"})], 9, 0))
+            Reply::json(mock_upstream::gemini::whole(
+                "gemini-x",
+                &[json!({"text": "ok"})],
+                9,
+                0,
+            ))
         } else {
             Reply::json(chat_completion("ok"))
         }
@@ -44,16 +51,10 @@ fn assert_clean(what: &str, text: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn every_block_and_spelling_that_carries_text_is_redacted() {
-    let mock = any_api().await;
-    let proxy = Proxy::start_with(
-        &mock.url(),
-        ProxyOptions {
-            extra_toml: REDACT.to_owned(),
-            ..Default::default()
-        },
-    );
+    let mock = every_api().await;
+    let proxy = Harness::start(&mock.url(), REDACT).await;
     let secret = format!("key {KEY}, mail {EMAIL}");
     let cases: Vec<(&str, Value)> = vec![
         // Gemini's snake_case system instruction and function response.
@@ -95,16 +96,27 @@ async fn every_block_and_spelling_that_carries_text_is_redacted() {
         ),
     ];
     for (n, (path, body)) in cases.iter().enumerate() {
-        let got = post(&proxy, path, &format!("everywhere-{n}"), body).await;
+        let id = format!("everywhere-{n}");
+        let got = proxy
+            .post(
+                path,
+                &[
+                    (CONVERSATION_HEADER, &id),
+                    ("authorization", "Bearer sk-client-hooks"),
+                    ("x-api-key", "sk-client-hooks"),
+                    ("x-goog-api-key", "sk-client-hooks"),
+                ],
+                body.to_string().as_bytes(),
+            )
+            .await;
         assert_eq!(got.status, 200, "{path} {body}: {}", got.text());
         let sent = mock.requests().pop().unwrap().json().to_string();
         assert_clean(&format!("the upstream ({path} {body})"), &sent);
         assert!(sent.contains("[redacted:"), "{sent}");
-    }
-    for (path, bytes) in read_tree(&proxy.data_dir()) {
+        let logged = crate::base::line::encode(&proxy.log(&id).await.lines).unwrap();
         assert_clean(
-            &path.display().to_string(),
-            &String::from_utf8_lossy(&bytes),
+            &format!("the log of {id}"),
+            &String::from_utf8_lossy(&logged),
         );
     }
 }
