@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use crate::support::client::{self, request};
 use crate::support::{message_lines, Proxy};
 use mock_upstream::{chat_completion, MockUpstream, Reply};
-use serde_json::value::RawValue;
 use serde_json::json;
+use serde_json::value::RawValue;
 
 /// Copies of log lines a client plants between the members of its message: a request
 /// and an upstream reply that reads "APPROVED".
