@@ -39,8 +39,8 @@ pub(super) async fn whole(
     read_whole(state, snap, parts, body, admission).await
 }
 
-/// Takes in any other request's body: read whole when a proxy key must see its model,
-/// streamed otherwise.
+/// Takes in any other request's body: read whole when a proxy key must see its model
+/// or a hook its text, streamed otherwise.
 pub(super) async fn any(
     state: &AppState,
     snap: &Snapshot,
@@ -116,7 +116,9 @@ async fn before_reading(
     if whole {
         return Ok(Reading::Whole);
     }
-    if admission.key.is_none()
+    // A proxy key checks the model a body names; a hook reads the text a `POST` sends.
+    let hooked = parts.method == Method::POST && !snap.hooks.is_empty();
+    if (admission.key.is_none() && !hooked)
         || matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS)
     {
         return Ok(Reading::Streamed);

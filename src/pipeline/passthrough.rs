@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
 use super::intake::{self, Received};
-use super::{authorize, Claims, Halt};
+use super::{authorize, hooks, Claims, Halt};
 use crate::access_log::RequestLog;
 use crate::auth::Admission;
 use crate::body::{full, ProxyBody};
@@ -35,10 +35,25 @@ pub(super) async fn run(
     admission: Admission,
     dialect: DialectKind,
 ) -> Result<Response<ProxyBody>, Halt> {
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let received = intake::any(state, &snap, &parts, body, &admission).await?;
     let (claims, body) = parse(&snap, &parts, received).await?;
     authorize(state, &snap, &admission, &claims).await?;
+    let body = match body {
+        Parsed::Streamed(body) => body,
+        Parsed::Whole(bytes) if parts.method == Method::POST => {
+            let hooked = hook(state, &snap, &parts, &admission, dialect, &claims, &bytes).await?;
+            match hooked {
+                Some(redacted) => {
+                    // The body the client sent is not the one sent on.
+                    parts.headers.remove(header::CONTENT_LENGTH);
+                    full(redacted)
+                }
+                None => full(bytes),
+            }
+        }
+        Parsed::Whole(bytes) => full(bytes),
+    };
     match send(&snap, parts, body, dialect, log).await? {
         Sent::Relayed(response) => Ok(response),
         Sent::Read(head, body) => {
@@ -48,13 +63,21 @@ pub(super) async fn run(
     }
 }
 
+/// A body after **parse**.
+enum Parsed {
+    /// Read whole.
+    Whole(Bytes),
+    /// Streamed as it arrives.
+    Streamed(ProxyBody),
+}
+
 /// Phase 2, **parse**: the model a body read whole names, and the objects the path and
 /// such a body name (only looked for through a shared upstream key).
 async fn parse(
     snap: &Snapshot,
     parts: &request::Parts,
     received: Received,
-) -> Result<(Claims, ProxyBody), ApiError> {
+) -> Result<(Claims, Parsed), ApiError> {
     let shared = snap.credentials.shares_upstream_key();
     let path = parts.uri.path();
     let mut claims = Claims {
@@ -65,7 +88,7 @@ async fn parse(
         claims.objects = ownership::path_objects(path);
     }
     let body = match received {
-        Received::Streamed(body) => body,
+        Received::Streamed(body) => Parsed::Streamed(body),
         Received::Whole(chunks) => {
             // Read for its model and the objects it names: one buffer.
             let bytes = chunks.contiguous().clone();
@@ -76,10 +99,37 @@ async fn parse(
             if shared {
                 claims.objects.extend(ownership::body_objects(&bytes));
             }
-            full(bytes)
+            Parsed::Whole(bytes)
         }
     };
     Ok((claims, body))
+}
+
+/// Phase 4, **hook**, of a `POST` read whole: the request-stage hooks of the models it
+/// names see its text, and may refuse it or take texts out of it (the body redacted).
+async fn hook(
+    state: &AppState,
+    snap: &Snapshot,
+    parts: &request::Parts,
+    admission: &Admission,
+    dialect: DialectKind,
+    claims: &Claims,
+    body: &Bytes,
+) -> Result<Option<Bytes>, ApiError> {
+    let caller = hooks::Caller {
+        tenant: admission.tenant.clone(),
+        keyed: admission.key.is_some(),
+        path: parts.uri.path().to_owned(),
+    };
+    let batch = claims.batch.as_ref();
+    let untracked = hooks::Untracked {
+        models: (claims.model.iter().chain(&claims.path_model))
+            .chain(batch.map_or(&[][..], |batch| batch.models.as_slice()))
+            .map(String::as_str)
+            .collect(),
+        from_file: batch.is_some_and(|batch| batch.from_file),
+    };
+    hooks::on_untracked(state, snap, &caller, dialect, &untracked, body).await
 }
 
 /// What **send** got back.

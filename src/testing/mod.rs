@@ -33,6 +33,7 @@ mod anthropic;
 mod batches;
 mod compaction;
 mod hooks;
+mod hooks_everywhere;
 mod limits;
 mod passthrough;
 mod pins;

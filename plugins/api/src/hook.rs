@@ -51,6 +51,13 @@ pub struct HookRequest {
     /// prompt is a message with role `system`. Shared: the host keeps each message's
     /// neutral form, so a long conversation is not rebuilt for every request.
     pub messages: Vec<Arc<Value>>,
+    /// The request's text outside its messages, each top-level member that holds a
+    /// string as `{"field": <its name>, "value": <its JSON>}`: tool definitions, a
+    /// `prediction`, a response schema, metadata. On a path handoff does not track (a
+    /// legacy completion, a batch, an embedding, `/responses/compact`) `messages` is
+    /// empty and this is the whole body but its `model`.
+    #[serde(default)]
+    pub outside: Vec<Arc<Value>>,
     /// Tags the hooks before this one added.
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
@@ -110,10 +117,36 @@ pub struct HookDecision {
 #[error("{0}")]
 pub struct HookError(pub String);
 
+impl HookRequest {
+    /// Calls `visit` on every string of the request's messages and of the text outside
+    /// them, keys excluded: what a hook looking for a text must read.
+    pub fn each_string(&self, visit: &mut impl FnMut(&str)) {
+        for value in self.messages.iter().chain(&self.outside) {
+            each_string(value, visit);
+        }
+    }
+}
+
+/// Calls `visit` on every string inside `value`, keys excluded.
+pub fn each_string(value: &Value, visit: &mut impl FnMut(&str)) {
+    match value {
+        Value::String(text) => visit(text),
+        Value::Array(items) => items.iter().for_each(|item| each_string(item, visit)),
+        Value::Object(fields) => fields.values().for_each(|field| each_string(field, visit)),
+        _ => {}
+    }
+}
+
 /// A middleware hook.
 pub trait Hook: Send + Sync {
     /// The hook's kind, e.g. `redact`.
     fn kind(&self) -> &'static str;
+
+    /// How many calls it serves at once; `None` (the default) when any number. The host
+    /// queues the calls beyond it, per tenant, outside the hook's time limit.
+    fn concurrency(&self) -> Option<usize> {
+        None
+    }
 
     /// Looks at a request after its admission, before it is tracked.
     fn on_request<'a>(

@@ -25,7 +25,9 @@ use serde_json::Value;
 
 pub use attempt::{AttemptError, FailureReason};
 pub use facts::identifiers;
-pub use hook::{Denial, Hook, HookDecision, HookError, HookReply, HookRequest, Redaction, Stage};
+pub use hook::{
+    each_string, Denial, Hook, HookDecision, HookError, HookReply, HookRequest, Redaction, Stage,
+};
 pub use shorten::{cap_head_tail, shorten_tool_body, TOOL_BODY_HEAD, TOOL_BODY_TAIL};
 pub use tokio_util::sync::CancellationToken;
 pub use usage::sum_usage;

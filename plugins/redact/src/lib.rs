@@ -17,7 +17,6 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use handoff_plugin_api::{Hook, HookDecision, HookError, HookRequest, Redaction};
 use regex::{Regex, RegexSet};
-use serde_json::Value;
 
 /// The named detectors, for error messages and docs.
 pub const DETECTORS: &[&str] = &["api_keys", "emails", "cards"];
@@ -187,26 +186,12 @@ impl Hook for Redact {
     ) -> BoxFuture<'a, Result<HookDecision, HookError>> {
         let mut found = Vec::new();
         let mut seen = BTreeSet::new();
-        for message in &request.messages {
-            for_each_string(message, &mut |text| self.find(text, &mut found, &mut seen));
-        }
+        request.each_string(&mut |text| self.find(text, &mut found, &mut seen));
         let decision = HookDecision {
             redact: found,
             ..HookDecision::default()
         };
         async move { Ok(decision) }.boxed()
-    }
-}
-
-/// Calls `visit` on every string inside `value`, keys excluded.
-fn for_each_string(value: &Value, visit: &mut impl FnMut(&str)) {
-    match value {
-        Value::String(text) => visit(text),
-        Value::Array(items) => items.iter().for_each(|item| for_each_string(item, visit)),
-        Value::Object(fields) => fields
-            .values()
-            .for_each(|field| for_each_string(field, visit)),
-        _ => {}
     }
 }
 
@@ -297,11 +282,14 @@ mod tests {
                     "function": {"name": "mail", "arguments": "{\"to\":\"a@b.io\",\"cc\":\"c@d.io\"}"}}]}),
                 ),
             ],
+            outside: vec![Arc::new(
+                json!({"field": "prediction", "value": {"type": "content", "content": "cc e@f.io"}}),
+            )],
             tags: Default::default(),
         };
         let decision = all().on_request(&request).await.unwrap();
         let finds: Vec<&str> = decision.redact.iter().map(|r| r.find.as_str()).collect();
-        assert_eq!(finds, ["a@b.io", "c@d.io"]);
+        assert_eq!(finds, ["a@b.io", "c@d.io", "e@f.io"]);
     }
 
     #[test]

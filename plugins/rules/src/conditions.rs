@@ -1,7 +1,10 @@
 //! The conditions of a rule, and the request text they read, read once per request.
 
-use handoff_plugin_api::{content_text, wildcard_match as glob, HookRequest};
+use std::sync::Arc;
+
+use handoff_plugin_api::{content_text, each_string, wildcard_match as glob, HookRequest};
 use regex::Regex;
+use serde_json::Value;
 
 use crate::RuleSettings;
 
@@ -72,24 +75,40 @@ impl Conditions {
     }
 }
 
-/// The text of some messages, read when a condition first needs it.
+/// The text of some messages and of what lies outside them, read when a condition
+/// first needs it.
 pub(crate) struct Text<'a> {
-    messages: &'a [std::sync::Arc<serde_json::Value>],
+    messages: &'a [Arc<Value>],
+    outside: &'a [Arc<Value>],
     read: Option<Vec<String>>,
 }
 
 impl<'a> Text<'a> {
-    /// The text of `messages`, not read yet.
-    pub(crate) fn of(messages: &'a [std::sync::Arc<serde_json::Value>]) -> Self {
+    /// The text of `messages` (what a model reads in each) and of `outside` (every
+    /// string of each member), not read yet.
+    pub(crate) fn of(messages: &'a [Arc<Value>], outside: &'a [Arc<Value>]) -> Self {
         Self {
             messages,
+            outside,
             read: None,
         }
     }
 
     fn get(&mut self) -> &[String] {
-        let messages = self.messages;
-        self.read
-            .get_or_insert_with(|| messages.iter().map(|m| content_text(m)).collect())
+        let (messages, outside) = (self.messages, self.outside);
+        self.read.get_or_insert_with(|| {
+            let mut texts: Vec<String> = messages.iter().map(|m| content_text(m)).collect();
+            for member in outside {
+                let mut text = String::new();
+                each_string(member, &mut |s| {
+                    if !text.is_empty() {
+                        text.push('\n');
+                    }
+                    text.push_str(s);
+                });
+                texts.push(text);
+            }
+            texts
+        })
     }
 }

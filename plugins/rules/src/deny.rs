@@ -47,7 +47,7 @@ impl Deny {
 
     /// The denial of the first rule that matches `request`.
     fn judge(&self, request: &HookRequest) -> Option<Denial> {
-        let mut text = Text::of(&request.messages);
+        let mut text = Text::of(&request.messages, &request.outside);
         self.rules
             .iter()
             .find(|(conditions, _)| conditions.hold(request, &mut text))
@@ -89,6 +89,7 @@ mod tests {
             messages: vec![std::sync::Arc::new(
                 json!({"role": "user", "content": text}),
             )],
+            outside: Vec::new(),
             tags: Default::default(),
         }
     }

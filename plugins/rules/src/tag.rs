@@ -85,7 +85,7 @@ impl Hook for Tag {
         &'a self,
         request: &'a HookRequest,
     ) -> BoxFuture<'a, Result<HookDecision, HookError>> {
-        let decision = self.decide(request, Text::of(&request.messages));
+        let decision = self.decide(request, Text::of(&request.messages, &request.outside));
         async move { Ok(decision) }.boxed()
     }
 
@@ -93,7 +93,7 @@ impl Hook for Tag {
         &'a self,
         reply: &'a HookReply,
     ) -> BoxFuture<'a, Result<HookDecision, HookError>> {
-        let mut decision = self.decide(&reply.request, Text::of(&reply.reply));
+        let mut decision = self.decide(&reply.request, Text::of(&reply.reply, &[]));
         // A reply is answered already: there is nothing to send elsewhere.
         decision.model = None;
         async move { Ok(decision) }.boxed()
@@ -115,6 +115,7 @@ mod tests {
             model: model.into(),
             tenant: "t".into(),
             messages: vec![Arc::new(json!({"role": "user", "content": text}))],
+            outside: Vec::new(),
             tags: BTreeMap::new(),
         }
     }

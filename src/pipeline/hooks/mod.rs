@@ -24,18 +24,21 @@ pub(super) use summary::summary_client;
 use crate::base::chunks::Chunks;
 use crate::base::line::{HookNotes, RedactionNote};
 use crate::config::{BuiltHook, Failure};
-use crate::dialect::{ChatRequest, DialectKind};
+use crate::dialect::ChatRequest;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::state::{AppState, Snapshot};
 use crate::tenant::TenantId;
 
 /// The counter of hook calls, by hook, stage and outcome.
+mod outside;
 mod redaction;
 mod reverse;
 mod summary;
+mod untracked;
 
 pub(super) use reverse::Reverse;
+pub(super) use untracked::{on_untracked, Untracked};
 
 const CALLS: &str = "handoff_hook_calls_total";
 
@@ -89,28 +92,39 @@ impl Caller {
         self.chain(snap, model, stage).next().is_some()
     }
 
-    /// What the reply-stage hooks will be told of `chat`, when there are any: for a
-    /// chain with no request-stage hook to have shown it to.
+    /// What the reply-stage hooks will be told of `chat` (parsed from `body`), when
+    /// there are any: for a chain with no request-stage hook to have shown it to.
     pub(super) fn for_reply(
         &self,
         state: &AppState,
         snap: &Snapshot,
         chat: &ChatRequest,
-    ) -> Option<HookRequest> {
-        self.has(snap, &chat.model, Stage::Reply)
-            .then(|| self.request(state, chat, chat.dialect))
+        body: &Chunks,
+    ) -> Result<Option<HookRequest>, ApiError> {
+        if !self.has(snap, &chat.model, Stage::Reply) {
+            return Ok(None);
+        }
+        self.request(state, chat, body).map(Some)
     }
 
-    /// What a hook is told of `chat`.
-    fn request(&self, state: &AppState, chat: &ChatRequest, dialect: DialectKind) -> HookRequest {
-        HookRequest {
+    /// What a hook is told of `chat`, parsed from `body`.
+    fn request(
+        &self,
+        state: &AppState,
+        chat: &ChatRequest,
+        body: &Chunks,
+    ) -> Result<HookRequest, ApiError> {
+        let dialect = chat.dialect;
+        let outside = outside::of_body(body.contiguous(), |name| dialect.get().in_messages(name))?;
+        Ok(HookRequest {
             dialect: dialect.name().to_owned(),
             path: self.path.clone(),
             model: chat.model.clone(),
             tenant: self.tenant.as_str().to_owned(),
             messages: state.hook_forms.of(chat, dialect),
+            outside,
             tags: BTreeMap::new(),
-        }
+        })
     }
 }
 
@@ -141,7 +155,7 @@ pub(super) async fn on_request(
     if chain.is_empty() {
         return Ok(None);
     }
-    let mut request = caller.request(state, chat, chat.dialect);
+    let mut request = caller.request(state, chat, body)?;
     let decided = run(&state.metrics, &chain, Stage::Request, &mut request).await?;
     count_tags(
         &state.metrics,
@@ -234,7 +248,7 @@ pub(super) async fn on_view(
     if chain.is_empty() {
         return Ok(None);
     }
-    let mut request = caller.request(state, view, view.dialect);
+    let mut request = caller.request(state, view, body)?;
     let decided = run(&state.metrics, &chain, Stage::View, &mut request).await?;
     if decided.redact.is_empty() {
         return Ok(None);

@@ -10,7 +10,7 @@ use handoff_plugin_api::{HookRequest, ModelCallError, ModelClient, ModelReply, S
 use serde_json::Value;
 
 use super::redaction::{apply_to_value, unapplied};
-use super::{run, Caller};
+use super::{outside, run, Caller};
 use crate::config::BuiltHook;
 use crate::metrics::Metrics;
 use crate::state::{AppState, Snapshot};
@@ -69,6 +69,7 @@ impl ViewHooked {
                 .to_owned(),
             tenant: self.caller.tenant.as_str().to_owned(),
             messages,
+            outside: outside::of_value(&body, |name| name == "messages"),
             tags: Default::default(),
         };
         let chain: Vec<&BuiltHook> = self.chain.iter().collect();

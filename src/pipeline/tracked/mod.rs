@@ -213,7 +213,9 @@ impl<'s> Exchange<'s> {
         let Some(hooked) =
             hooks::on_request(self.state, &self.snap, &self.caller, &self.chat, &self.body).await?
         else {
-            self.hooked = self.caller.for_reply(self.state, &self.snap, &self.chat);
+            self.hooked = self
+                .caller
+                .for_reply(self.state, &self.snap, &self.chat, &self.body)?;
             return Ok(false);
         };
         let hooks::Hooked {

@@ -707,6 +707,12 @@ pub trait Dialect: Send + Sync {
         "messages"
     }
 
+    /// True when the top-level member `name` is one whose text the neutral messages
+    /// carry (the list, the system prompt), under any spelling the API accepts.
+    fn in_messages(&self, name: &str) -> bool {
+        name == self.list_field() || Some(name) == self.top_level_field()
+    }
+
     /// handoff's own error, in the API's error shape.
     fn error_json(&self, err: &ApiError) -> Value;
 

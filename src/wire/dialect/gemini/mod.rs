@@ -338,6 +338,10 @@ impl Dialect for Gemini {
         "contents"
     }
 
+    fn in_messages(&self, name: &str) -> bool {
+        name == self.list_field() || names::is(name, names::SYSTEM_INSTRUCTION)
+    }
+
     fn continuation(&self) -> Value {
         json!({"role": "user", "parts": [{"text": CONTINUATION}]})
     }
