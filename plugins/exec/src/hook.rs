@@ -156,6 +156,11 @@ impl Hook for ExecHook {
         "exec"
     }
 
+    /// One process, one call at a time: the host queues the rest.
+    fn concurrency(&self) -> Option<usize> {
+        Some(1)
+    }
+
     fn on_request<'a>(
         &'a self,
         request: &'a HookRequest,

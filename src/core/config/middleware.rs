@@ -14,7 +14,7 @@ use handoff_plugin_api::{Hook, Stage};
 use handoff_strategy_exec::ExecHook;
 use serde::{Deserialize, Serialize};
 
-use super::ConfigError;
+use super::{ConfigError, HookTurns};
 
 /// `[middleware]`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -56,9 +56,17 @@ pub struct HookConfig {
     /// What a failure does: `closed` (the default) or `open`.
     #[serde(default)]
     pub failure: Failure,
-    /// Time allowed for one call.
+    /// Time allowed for one call, its wait for a turn excluded.
     #[serde(default = "default_timeout", with = "humantime_serde")]
     pub timeout: Duration,
+    /// Calls of one tenant that may wait for a hook serving one call at a time (exec);
+    /// one more fails as `failure` says.
+    #[serde(default = "default_queue")]
+    pub queue: usize,
+    /// The longest a call waits for its turn at such a hook before it fails as
+    /// `failure` says.
+    #[serde(default = "default_timeout", with = "humantime_serde")]
+    pub queue_wait: Duration,
     /// redact: named detectors (`api_keys`, `emails`, `cards`).
     #[serde(default)]
     pub detectors: Vec<String>,
@@ -82,6 +90,10 @@ pub struct HookConfig {
 
 fn default_timeout() -> Duration {
     Duration::from_secs(1)
+}
+
+fn default_queue() -> usize {
+    16
 }
 
 fn default_stages() -> Vec<Stage> {
@@ -175,8 +187,10 @@ pub struct BuiltHook {
     pub hook: Arc<dyn Hook>,
     /// What its failure does.
     pub failure: Failure,
-    /// Time allowed for one call.
+    /// Time allowed for one call, its wait for a turn excluded.
     pub timeout: Duration,
+    /// Where its calls wait, for a hook that serves only so many at once.
+    pub turns: Option<Arc<HookTurns>>,
     /// When it is called.
     pub stages: Arc<[Stage]>,
     /// Whether its request-stage markers are turned back in replies.
@@ -244,7 +258,20 @@ impl HookChains {
                     "names no stage; it would never be called",
                 ));
             }
+            if settings.queue_wait.is_zero() {
+                return Err(invalid(
+                    format!("{key}.queue_wait"),
+                    "must be more than zero",
+                ));
+            }
             let hook = factory(settings).map_err(|reason| invalid(key, reason))?;
+            let turns = hook.concurrency().map(|capacity| {
+                Arc::new(HookTurns::new(
+                    capacity,
+                    settings.queue,
+                    settings.queue_wait,
+                ))
+            });
             built.insert(
                 name,
                 BuiltHook {
@@ -252,6 +279,7 @@ impl HookChains {
                     hook,
                     failure: settings.failure,
                     timeout: settings.timeout,
+                    turns,
                     stages: settings.stages.iter().copied().collect(),
                     reversible: settings.reversible,
                 },

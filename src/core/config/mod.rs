@@ -3,6 +3,7 @@
 //! The structs deny unknown fields, so a misspelt key fails the load and names the key.
 //! Loading and layering live in `load.rs`; masking for display lives in `mask.rs`.
 
+mod hook_turns;
 pub mod kinds;
 pub use prepare_at::PrepareAt;
 mod load;
@@ -18,6 +19,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use hook_turns::{HookTurns, NoTurn, Turn};
 pub use load::{check_serve, config_file, from_toml, load, strategy_kind, ConfigError, Overrides};
 pub use mask::masked;
 pub use middleware::{

@@ -23,7 +23,7 @@ pub(super) use summary::summary_client;
 
 use crate::base::chunks::Chunks;
 use crate::base::line::{HookNotes, RedactionNote};
-use crate::config::{BuiltHook, Failure};
+use crate::config::{BuiltHook, Failure, NoTurn, Turn};
 use crate::dialect::ChatRequest;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -274,7 +274,12 @@ pub(super) fn on_reply(metrics: Arc<Metrics>, snap: &Snapshot, caller: &Caller, 
     tokio::spawn(async move {
         let mut tags = BTreeMap::new();
         for hook in &chain {
-            let called = tokio::time::timeout(hook.timeout, hook.hook.on_reply(&reply)).await;
+            let called = match take_turn(hook, &reply.request.tenant).await {
+                Ok(_turn) => tokio::time::timeout(hook.timeout, hook.hook.on_reply(&reply))
+                    .await
+                    .map_err(|_| format!("no answer within {:?}", hook.timeout)),
+                Err(no_turn) => Err(no_turn.to_string()),
+            };
             match called {
                 Ok(Ok(decision)) => {
                     count(&metrics, &hook.name, Stage::Reply, "passed");
@@ -284,9 +289,9 @@ pub(super) fn on_reply(metrics: Arc<Metrics>, snap: &Snapshot, caller: &Caller, 
                     count(&metrics, &hook.name, Stage::Reply, "failed");
                     tracing::warn!(hook = %hook.name, error = %err, "a reply hook failed");
                 }
-                Err(_) => {
+                Err(failure) => {
                     count(&metrics, &hook.name, Stage::Reply, "failed");
-                    tracing::warn!(hook = %hook.name, "a reply hook gave no answer within {:?}", hook.timeout);
+                    tracing::warn!(hook = %hook.name, error = %failure, "a reply hook failed");
                 }
             }
         }
@@ -308,7 +313,13 @@ async fn run(
     let mut decided = Decided::default();
     for hook in chain {
         let name = hook.name.as_str();
-        let called = tokio::time::timeout(hook.timeout, call(hook, stage, request)).await;
+        let called = match take_turn(hook, &request.tenant).await {
+            // The time limit runs from the turn: it measures the hook's own work.
+            Ok(_turn) => tokio::time::timeout(hook.timeout, call(hook, stage, request))
+                .await
+                .map_err(|_| format!("no answer within {:?}", hook.timeout)),
+            Err(no_turn) => Err(no_turn.to_string()),
+        };
         let failure = match called {
             Ok(Ok(decision)) => {
                 if let Some(denial) = decision.deny {
@@ -333,7 +344,7 @@ async fn run(
                 continue;
             }
             Ok(Err(err)) => err.to_string(),
-            Err(_) => format!("no answer within {:?}", hook.timeout),
+            Err(failure) => failure,
         };
         match hook.failure {
             Failure::Closed => {
@@ -350,6 +361,14 @@ async fn run(
         }
     }
     Ok(decided)
+}
+
+/// A turn of `tenant`'s at `hook`, when the hook serves only so many calls at once.
+async fn take_turn(hook: &BuiltHook, tenant: &str) -> Result<Option<Turn>, NoTurn> {
+    match &hook.turns {
+        Some(turns) => turns.take(tenant).await.map(Some),
+        None => Ok(None),
+    }
 }
 
 async fn call(
