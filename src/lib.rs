@@ -46,7 +46,8 @@ pub use handoff_base as base;
 /// Primitives and settings, their own crate (`src/core`): bodies, headers, errors,
 /// counters, secret scrubbing, the config, logging.
 pub use handoff_core::{
-    body, config, error, finish, headers, metrics, peers, redact, rewrite, telemetry, worker,
+    body, cache_scope, config, error, finish, headers, metrics, peers, redact, rewrite, telemetry,
+    worker,
 };
 /// The engine, its own crate (`src/engine`): conversations, pins, the model view,
 /// compaction and its strategies, audit.

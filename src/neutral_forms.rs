@@ -9,9 +9,11 @@ use serde_json::Value;
 use crate::base::digest::MessageDigest;
 use crate::dialect::{ChatRequest, DialectKind};
 
-/// Neutral forms by message digest, up to [`KEPT_FORM_BYTES`] of messages.
+/// Neutral forms by [`cache_scope`](crate::cache_scope) (per tenant: no request finds,
+/// or times, another tenant's), dialect and message digest, up to [`KEPT_FORM_BYTES`]
+/// of messages.
 pub(crate) struct NeutralForms {
-    kept: quick_cache::sync::Cache<(DialectKind, MessageDigest), Forms, RawBytes>,
+    kept: quick_cache::sync::Cache<(u64, DialectKind, MessageDigest), Forms, RawBytes>,
 }
 
 /// One message's neutral form, and the bytes it came from (its weight).
@@ -24,8 +26,8 @@ struct Forms {
 #[derive(Clone)]
 struct RawBytes;
 
-impl quick_cache::Weighter<(DialectKind, MessageDigest), Forms> for RawBytes {
-    fn weight(&self, _: &(DialectKind, MessageDigest), forms: &Forms) -> u64 {
+impl quick_cache::Weighter<(u64, DialectKind, MessageDigest), Forms> for RawBytes {
+    fn weight(&self, _: &(u64, DialectKind, MessageDigest), forms: &Forms) -> u64 {
         forms.weight
     }
 }
@@ -46,7 +48,7 @@ impl NeutralForms {
         let neutral = dialect.get();
         let mut out = Vec::with_capacity(chat.messages.len());
         for message in &chat.messages {
-            let key = (dialect, message.digest());
+            let key = (crate::cache_scope::current(), dialect, message.digest());
             let forms = match self.kept.get(&key) {
                 Some(forms) => forms,
                 None => {

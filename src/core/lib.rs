@@ -11,6 +11,7 @@
 use handoff_base as base;
 
 pub mod body;
+pub mod cache_scope;
 pub mod config;
 pub mod error;
 pub mod finish;

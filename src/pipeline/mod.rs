@@ -98,14 +98,19 @@ pub(crate) async fn handle(
     admission: Admission,
     route: Route,
 ) -> Response<ProxyBody> {
-    let ran = match route {
-        Route::Tracked(dialect) => {
-            tracked::run(state, snap, request, log, admission, dialect).await
+    // Every content-keyed cache the request reads is its tenant's.
+    let scope = crate::cache_scope::of(admission.tenant.as_str());
+    let ran = crate::cache_scope::within(scope, async {
+        match route {
+            Route::Tracked(dialect) => {
+                tracked::run(state, snap, request, log, admission, dialect).await
+            }
+            Route::Passthrough(dialect) => {
+                passthrough::run(state, snap, request, log, admission, dialect).await
+            }
         }
-        Route::Passthrough(dialect) => {
-            passthrough::run(state, snap, request, log, admission, dialect).await
-        }
-    };
+    })
+    .await;
     match ran {
         Ok(response) => response,
         Err(Halt::Respond(response)) => *response,

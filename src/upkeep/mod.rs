@@ -207,12 +207,21 @@ async fn remove(
 
 /// Drops from the serving process's caches what they hold of the conversations
 /// `gone`, and every parsed message: a cache keyed by content cannot tell whose it is.
+/// Their tenants move to new cache scopes, so what the caches that are not emptied
+/// (token counts, neutral forms, verdicts) keep of them is never found again, and the
+/// hooks drop what they keep of texts.
 pub(crate) fn forget(state: &AppState, gone: &HashSet<ConversationId>) {
     state.tracker.forget_links(gone);
+    let mut tenants = HashSet::new();
     for id in gone {
         state.compactor.background.forget(id);
+        tenants.insert(id.tenant().as_str());
+    }
+    for tenant in tenants {
+        crate::cache_scope::forget(tenant);
     }
     crate::dialect::clear_message_caches();
+    state.snapshot().hooks.forget_texts();
 }
 
 /// What compressing the idle conversations did.

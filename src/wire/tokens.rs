@@ -28,7 +28,14 @@ pub struct Tokens {
     text: MessageText,
     o200k: OnceLock<Option<CoreBPE>>,
     cl100k: OnceLock<Option<CoreBPE>>,
-    cache: moka::sync::Cache<(MessageDigest, u8), u32>,
+    /// Counts by digest, tokenizer and [`cache_scope`](crate::cache_scope): per tenant,
+    /// so no request finds (or times) another tenant's messages.
+    cache: moka::sync::Cache<(MessageDigest, u8, u64), u32>,
+}
+
+/// A count's key in the cache, in the running work's scope.
+fn key(digest: &MessageDigest, tokenizer: Tokenizer) -> (MessageDigest, u8, u64) {
+    (*digest, tokenizer as u8, crate::cache_scope::current())
 }
 
 impl Tokens {
@@ -91,7 +98,7 @@ impl Tokens {
 
     /// The cached count of the message with `digest`, overhead included, if any.
     pub fn cached(&self, tokenizer: Tokenizer, digest: &MessageDigest) -> Option<u64> {
-        self.cache.get(&(*digest, tokenizer as u8)).map(u64::from)
+        self.cache.get(&key(digest, tokenizer)).map(u64::from)
     }
 
     /// Tokens of a message with known digest, overhead included; cached.
@@ -101,7 +108,7 @@ impl Tokens {
         digest: &MessageDigest,
         message: &Value,
     ) -> u64 {
-        let key = (*digest, tokenizer as u8);
+        let key = key(digest, tokenizer);
         if let Some(count) = self.cache.get(&key) {
             return u64::from(count);
         }
@@ -126,7 +133,7 @@ impl Tokens {
     /// Tokens of raw UTF-8 text known by `digest` (e.g. the `tools` schemas); cached,
     /// so only a miss reads the bytes as text.
     pub fn count_raw(&self, tokenizer: Tokenizer, digest: &Digest, text: &[u8]) -> u64 {
-        let key = (*digest, tokenizer as u8);
+        let key = key(digest, tokenizer);
         if let Some(count) = self.cache.get(&key) {
             return u64::from(count);
         }
@@ -184,5 +191,27 @@ mod tests {
             first
         );
         assert_eq!(tokens.count_text(Tokenizer::Estimate, "abcdefgh"), 2);
+    }
+
+    #[tokio::test]
+    async fn a_count_is_found_only_in_the_scope_of_the_tenant_that_made_it() {
+        use crate::cache_scope::{forget, of, within};
+        let tokens = Tokens::new(content);
+        let message = json!({"role": "user", "content": "a text one tenant sent"});
+        let digest = message_digest(&message);
+        let (a, b) = (of("tokens-test-a"), of("tokens-test-b"));
+        within(a, async {
+            tokens.count_message(Tokenizer::Estimate, &digest, &message);
+        })
+        .await;
+        let cached = |scope| within(scope, async { tokens.cached(Tokenizer::Estimate, &digest) });
+        assert!(cached(a).await.is_some());
+        assert_eq!(cached(b).await, None, "another tenant never finds it");
+        forget("tokens-test-a");
+        assert_eq!(
+            cached(of("tokens-test-a")).await,
+            None,
+            "nor does its own after an erasure"
+        );
     }
 }

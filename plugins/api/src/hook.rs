@@ -142,6 +142,10 @@ pub trait Hook: Send + Sync {
     /// The hook's kind, e.g. `redact`.
     fn kind(&self) -> &'static str;
 
+    /// Drops whatever it keeps of the texts it was shown (a cache of what it found in
+    /// them): called after an erasure, which nothing kept may outlive.
+    fn forget_texts(&self) {}
+
     /// How many calls it serves at once; `None` (the default) when any number. The host
     /// queues the calls beyond it, per tenant, outside the hook's time limit.
     fn concurrency(&self) -> Option<usize> {

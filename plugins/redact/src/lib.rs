@@ -54,8 +54,9 @@ pub struct Redact {
     detectors: Vec<Detector>,
     /// Every detector's pattern, for one pass over a text that most often holds none.
     any: RegexSet,
-    /// What a long text was found to hold, by its keyed hash: a long conversation
-    /// re-sends the same texts every turn, and each is searched once.
+    /// What a long text was found to hold, by the keyed hash of its tenant and itself:
+    /// a long conversation re-sends the same texts every turn, and each is searched
+    /// once per tenant (no tenant can time whether another sent a text).
     seen: quick_cache::sync::Cache<u64, Arc<[Redaction]>>,
     keys: RandomState,
 }
@@ -129,13 +130,20 @@ impl Redact {
         })
     }
 
-    /// What the detectors find in `text`, each distinct text once, in order found.
-    pub fn find(&self, text: &str, found: &mut Vec<Redaction>, seen: &mut BTreeSet<String>) {
+    /// What the detectors find in `text` of `tenant`'s, each distinct text once, in
+    /// order found.
+    pub fn find(
+        &self,
+        tenant: &str,
+        text: &str,
+        found: &mut Vec<Redaction>,
+        seen: &mut BTreeSet<String>,
+    ) {
         if text.len() < CACHED_FROM {
             return self.search(text, found, seen);
         }
         // Keyed (a random key per hook): no client can make two texts share an entry.
-        let key = self.keys.hash_one(text);
+        let key = self.keys.hash_one((tenant, text));
         let hits = match self.seen.get(&key) {
             Some(hits) => hits,
             None => {
@@ -180,13 +188,17 @@ impl Hook for Redact {
         "redact"
     }
 
+    fn forget_texts(&self) {
+        self.seen.clear();
+    }
+
     fn on_request<'a>(
         &'a self,
         request: &'a HookRequest,
     ) -> BoxFuture<'a, Result<HookDecision, HookError>> {
         let mut found = Vec::new();
         let mut seen = BTreeSet::new();
-        request.each_string(&mut |text| self.find(text, &mut found, &mut seen));
+        request.each_string(&mut |text| self.find(&request.tenant, text, &mut found, &mut seen));
         let decision = HookDecision {
             redact: found,
             ..HookDecision::default()
@@ -223,7 +235,7 @@ mod tests {
 
     fn found(redact: &Redact, text: &str) -> Vec<(String, String)> {
         let mut found = Vec::new();
-        redact.find(text, &mut found, &mut BTreeSet::new());
+        redact.find("t", text, &mut found, &mut BTreeSet::new());
         found.into_iter().map(|r| (r.label, r.find)).collect()
     }
 

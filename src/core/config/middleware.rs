@@ -350,6 +350,17 @@ impl HookChains {
             .unwrap_or(&self.global)
     }
 
+    /// Has every hook drop what it keeps of the texts it was shown.
+    pub fn forget_texts(&self) {
+        let routes = self.by_route.iter().flatten();
+        for chain in std::iter::once(&self.global)
+            .chain(self.by_key.values())
+            .chain(routes)
+        {
+            chain.iter().for_each(|hook| hook.hook.forget_texts());
+        }
+    }
+
     /// True when no request gets a hook.
     pub fn is_empty(&self) -> bool {
         self.global.is_empty()

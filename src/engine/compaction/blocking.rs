@@ -6,7 +6,8 @@
 /// Runs `work` on the blocking pool; `None` (logged) if it panicked, so the caller
 /// goes on without its result.
 pub(super) async fn run<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    match tokio::task::spawn_blocking(work).await {
+    let scope = crate::cache_scope::current();
+    match tokio::task::spawn_blocking(move || crate::cache_scope::within_sync(scope, work)).await {
         Ok(value) => Some(value),
         Err(err) => {
             tracing::error!(error = %err, "a compaction's work on the blocking pool failed");

@@ -257,7 +257,7 @@ impl Preparation {
         if prepared {
             metrics.add(PREPARED, &[("outcome", "started")], 1.0);
         }
-        tokio::spawn(async move {
+        crate::cache_scope::spawn(async move {
             let _ticket = ticket;
             let outcome = self.run().await;
             if prepared {

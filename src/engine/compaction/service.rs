@@ -317,11 +317,14 @@ async fn count_on_the_blocking_pool(
 ) {
     let work = view.uncounted(tokens, tokenizer);
     let counter = Arc::clone(tokens);
+    let scope = crate::cache_scope::current();
     let counted = tokio::task::spawn_blocking(move || {
         counter.load(tokenizer);
-        for message in &work {
-            message.token_count(&counter, tokenizer);
-        }
+        crate::cache_scope::within_sync(scope, || {
+            for message in &work {
+                message.token_count(&counter, tokenizer);
+            }
+        });
     })
     .await;
     if let Err(err) = counted {

@@ -356,7 +356,11 @@ impl Message {
         let api = dialect.api();
         let cache = facts_cache();
         let key = (
-            XxHash3_128::oneshot_with_seed(cache.seed, raw.as_bytes()),
+            // Per tenant: no request finds (or times) another tenant's messages.
+            XxHash3_128::oneshot_with_seed(
+                cache.seed ^ crate::cache_scope::current(),
+                raw.as_bytes(),
+            ),
             dialect as u8,
         );
         if let Some(facts) = cache.entries.get(&key) {
@@ -655,4 +659,40 @@ fn answers_in(value: &Value) -> impl Iterator<Item = &str> {
             value,
             crate::dialect::gemini::FUNCTION_RESPONSE,
         ))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::cache_scope::{of, within};
+
+    fn facts_found(bytes: &Bytes) -> bool {
+        let cache = facts_cache();
+        let seed = cache.seed ^ crate::cache_scope::current();
+        let key = (
+            XxHash3_128::oneshot_with_seed(seed, bytes),
+            DialectKind::default() as u8,
+        );
+        cache.entries.get(&key).is_some()
+    }
+
+    #[tokio::test]
+    async fn a_message_s_facts_are_found_only_in_its_tenant_s_scope() {
+        let bytes = Bytes::from_static(br#"{"role":"user","content":"only team a sent this"}"#);
+        let (a, b) = (of("facts-test-a"), of("facts-test-b"));
+        within(a, async {
+            Message::read(
+                RawMessage::shared(bytes.clone()),
+                DialectKind::default(),
+                |_| Ok(Role::User),
+            )
+            .unwrap();
+        })
+        .await;
+        assert!(within(a, async { facts_found(&bytes) }).await);
+        assert!(!within(b, async { facts_found(&bytes) }).await);
+        assert!(!facts_found(&bytes), "nor outside any tenant's work");
+    }
 }

@@ -52,7 +52,9 @@ pub(super) fn system_message(
     digest: Option<u128>,
     dialect: DialectKind,
 ) -> Result<Message, DialectError> {
-    let Some(key) = digest.map(|digest| (digest, dialect as u8)) else {
+    // Per tenant: no request finds (or times) another tenant's prompt.
+    let scope = u128::from(crate::cache_scope::current());
+    let Some(key) = digest.map(|digest| (digest ^ scope, dialect as u8)) else {
         return build(content, dialect);
     };
     if let Some(Built { raw, facts }) = built().get(&key) {

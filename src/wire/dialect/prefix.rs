@@ -318,7 +318,8 @@ impl<'b> Reading<'b> {
         }
         let count = LEADS[lead] / BLOCK;
         let digests = Some(self.blocks(count)).filter(|digests| digests.len() == count)?;
-        let seed = memos().seed;
+        // Per tenant: no body finds (or times) another tenant's memo.
+        let seed = memos().seed ^ crate::cache_scope::current();
         Some(*self.leads[lead].get_or_init(|| {
             let mut bytes = Vec::with_capacity(digests.len() * 16);
             digests

@@ -54,8 +54,13 @@ pub(crate) fn clear() {
     seen().clear();
 }
 
+/// The key of a value by its head, per tenant: no request finds (or times) another
+/// tenant's values.
 fn head_hash(value: &[u8]) -> Option<u64> {
-    value.get(..HEAD).map(|head| keyed_hash(head) as u64)
+    let scope = crate::cache_scope::current();
+    value
+        .get(..HEAD)
+        .map(|head| keyed_hash(head) as u64 ^ scope)
 }
 
 /// Notes that serde read `value` as a top-level member: a later text holding the same
