@@ -270,6 +270,7 @@ proptest! {
                 stream: n % 2 == 0,
                 new_messages: n,
                 forms: Vec::new(),
+                inline_forms: Vec::new(),
                 carried: None,
                 hooks: None,
             })))

@@ -207,7 +207,7 @@ async fn request_as_sent(
         top_level: &request.top_level,
         held: &request.held,
         reply: &request.reply,
-        forms: request.request.forms.len(),
+        forms: request.request.forms.len() + request.request.inline_forms.len(),
     };
     serde_json::to_vec(&answer).map_err(|err| ApiError::internal(err.to_string()))
 }

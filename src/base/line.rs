@@ -12,8 +12,8 @@ use super::frame::{escape_breaks, unescape, FrameError, ESCAPED_KIND};
 
 pub use super::record::BoundaryLine;
 pub use super::version::{
-    BLOCK_VERSION, DECISION_VERSION, ESCAPED_VERSION, FORMAT_VERSION, FORM_VERSION, NEWEST_VERSION,
-    RUN_VERSION,
+    BLOCK_VERSION, DECISION_VERSION, ESCAPED_VERSION, FORMAT_VERSION, FORM_VERSION,
+    INLINE_FORMS_VERSION, NEWEST_VERSION, RUN_VERSION,
 };
 
 /// Who produced an original.
@@ -134,6 +134,7 @@ impl Line {
         let v = match entry {
             Entry::Form(_) => FORM_VERSION,
             Entry::Decision(_) => DECISION_VERSION,
+            Entry::Request(ref request) if !request.inline_forms.is_empty() => INLINE_FORMS_VERSION,
             _ => FORMAT_VERSION,
         };
         Self {
@@ -523,6 +524,13 @@ pub struct RequestLine {
     /// sent, a `form` line's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub forms: Vec<(PrefixDigest, Digest)>,
+    /// More of those messages, each written here whole where that is shorter than a
+    /// `form` line and its entry in `forms`: its place in the list the request carried
+    /// (the pinned set's messages, then the branch's it carried) and the bytes sent
+    /// (`v: 7`). Two digests and a line a message made a body of tiny messages re-sent
+    /// in other whitespace write eleven times its size.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inline_forms: Vec<(usize, Box<RawValue>)>,
     /// How many of the branch's last messages the request carried, when not all of
     /// them from the root: a server-held request sends only what follows the response
     /// it continues.
@@ -806,6 +814,7 @@ mod tests {
             stream: false,
             new_messages: 3,
             forms: Vec::new(),
+            inline_forms: Vec::new(),
             carried: None,
             hooks: None,
         })));

@@ -24,5 +24,9 @@ pub const BLOCK_VERSION: u32 = 5;
 /// it carries as lines of their own.
 pub const ESCAPED_VERSION: u32 = 6;
 
+/// Version of a `request` line with `inline_forms`: an older build reports it rather
+/// than rebuilding the request with the forms it carried left out.
+pub const INLINE_FORMS_VERSION: u32 = 7;
+
 /// The newest version a reader accepts.
-pub const NEWEST_VERSION: u32 = ESCAPED_VERSION;
+pub const NEWEST_VERSION: u32 = INLINE_FORMS_VERSION;

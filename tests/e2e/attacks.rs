@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::support::shapes::{amplifying_bodies, reply_for, tiny_messages};
+use crate::support::shapes::{amplifying_bodies, reformed_bodies, reply_for, tiny_messages};
 use crate::support::{Proxy, ProxyOptions};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -1018,6 +1018,25 @@ async fn no_body_shape_writes_more_than_one_and_a_half_times_its_size() {
             .json(&body)
             .send(addr, false)
             .await;
+        assert_eq!(status, 200, "{shape}: {text}");
+        let written = bytes_under(&proxy.data_dir().join("tenants")) - before;
+        report.push((shape, body.len(), written));
+    }
+    // The same conversation re-sent in other bytes: what the second body writes.
+    for (n, (shape, path, first, body)) in reformed_bodies().into_iter().enumerate() {
+        let key = format!("sk-client-reformed-{n}");
+        let bearer = format!("Bearer {key}");
+        let send = |body: &str| {
+            let probe = Probe::new("POST", path)
+                .header("authorization", &bearer)
+                .header("x-api-key", &key)
+                .json(body);
+            async move { probe.send(addr, false).await }
+        };
+        let (status, text) = send(&first).await;
+        assert_eq!(status, 200, "{shape}: {text}");
+        let before = bytes_under(&proxy.data_dir().join("tenants"));
+        let (status, text) = send(&body).await;
         assert_eq!(status, 200, "{shape}: {text}");
         let written = bytes_under(&proxy.data_dir().join("tenants")) - before;
         report.push((shape, body.len(), written));

@@ -75,6 +75,46 @@ pub fn amplifying_bodies() -> Vec<(&'static str, &'static str, String)> {
     ]
 }
 
+/// Bodies that re-send a conversation's 1,999 one-letter turns in other whitespace,
+/// with a reply and a new turn: every turn is a form of a logged message. As (shape,
+/// path, the body first sent, the body measured).
+pub fn reformed_bodies() -> Vec<(&'static str, &'static str, String, String)> {
+    let turns = |spaced: bool| -> String {
+        (0..1_999)
+            .map(|i| {
+                let role = if i % 2 == 0 { "user" } else { "assistant" };
+                let letter = (b'a' + (i % 26) as u8) as char;
+                if spaced {
+                    format!(r#"{{ "role": "{role}", "content": "{letter}" }}"#)
+                } else {
+                    format!(r#"{{"role":"{role}","content":"{letter}"}}"#)
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let next = r#"{"role":"assistant","content":"ok"},{"role":"user","content":"go"}"#;
+    let body = |head: &str, spaced: bool, more: &str| -> String {
+        format!(r#"{{{head}"messages":[{}{more}]}}"#, turns(spaced))
+    };
+    let chat = r#""model":"gpt-4o","#;
+    let anthropic = r#""model":"claude-x","max_tokens":16,"#;
+    vec![
+        (
+            "chat, 1,999 one-letter turns re-sent in other whitespace",
+            "/v1/chat/completions",
+            body(chat, false, ""),
+            body(chat, true, &format!(",{next}")),
+        ),
+        (
+            "Anthropic, 1,999 one-letter turns re-sent in other whitespace",
+            "/v1/messages",
+            body(anthropic, false, ""),
+            body(anthropic, true, &format!(",{next}")),
+        ),
+    ]
+}
+
 /// A reply in the wire format of `path`.
 pub fn reply_for(path: &str) -> Reply {
     match path {

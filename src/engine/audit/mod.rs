@@ -311,10 +311,9 @@ impl Audit {
                     request.stream,
                     request.new_messages,
                     request.head.map_or("-".to_owned(), |h| h.short(12)),
-                    if request.forms.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" forms={}", request.forms.len())
+                    match request.forms.len() + request.inline_forms.len() {
+                        0 => String::new(),
+                        forms => format!(" forms={forms}"),
                     },
                     if request.server_held == Some(true) {
                         "  SERVER-HELD (history kept by the upstream; never rewritten)"

@@ -135,7 +135,7 @@ fn rebuild<'a>(
     tree: &Tree<'a>,
     forms: &HashMap<Digest, &'a RawValue>,
     current: &mut HashMap<PrefixDigest, &'a RawValue>,
-    request: &RequestLine,
+    request: &'a RequestLine,
 ) -> Result<Rebuilt<'a>, String> {
     let pinned = match request.pinned {
         Some(set) => tree
@@ -180,6 +180,16 @@ fn rebuild<'a>(
             )
         })?;
         list[at] = bytes;
+        current.insert(*slot, bytes);
+    }
+    for (at, bytes) in &request.inline_forms {
+        let slot = slots.get(*at).ok_or_else(|| {
+            format!(
+                "its form at {at} lies past the {} messages it carried",
+                slots.len()
+            )
+        })?;
+        list[*at] = bytes;
         current.insert(*slot, bytes);
     }
     let pinned_len = slots.len() - (branch.len() - skip);
@@ -236,9 +246,16 @@ mod tests {
         let store = Arc::new(MemoryStore::default());
         let tracker = Tracker::new(store.clone(), 10);
         let id = ConversationId::parse(TenantId::legacy(), "verify-forms").unwrap();
+        // Long enough that an edit is shorter than the message written again.
+        let ask = format!(
+            "Fix it, and keep the tests green. {}",
+            "Mind the flaky ones. ".repeat(30)
+        );
         for body in [
-            r#"{"model":"m","messages":[{"role":"user","content":"Fix it, and keep the tests green.\n"}]}"#,
-            r#"{"model":"m","messages":[{"role":"user","content":"Fix it, and keep the tests green."},{"role":"user","content":"And now?"}]}"#,
+            format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{ask}\n"}}]}}"#),
+            format!(
+                r#"{{"model":"m","messages":[{{"role":"user","content":"{ask}"}},{{"role":"user","content":"And now?"}}]}}"#
+            ),
         ] {
             let request = ChatRequest::parse(body.as_bytes()).unwrap();
             tracker.track(id.clone(), &request).await.unwrap();

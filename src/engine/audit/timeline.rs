@@ -374,6 +374,7 @@ fn request_event(at: &str, request: &RequestLine) -> Value {
         "head": request.head.map(|h| h.to_hex()),
         "new_messages": request.new_messages,
         "forms": request.forms.iter().map(|(slot, form)| json!({"of": slot.to_hex(), "form": form.to_hex()})).collect::<Vec<_>>(),
+        "inline_forms": request.inline_forms.iter().map(|(at, _)| at).collect::<Vec<_>>(),
         "server_held": request.server_held.unwrap_or(false),
     })
 }

@@ -3,17 +3,26 @@
 //!
 //! Tracking maps a re-sent message onto the logged one (an echo form, a turn without
 //! its reminder, the same JSON in other bytes), so the chain and the branches stay
-//! one. What the client sent is kept beside it: a `form` line holds each distinct
-//! form once, and a request line names the messages it carried in another form than
-//! the one they last had, so `audit replay` rebuilds every request byte for byte.
+//! one. What the client sent is kept beside it, so `audit replay` rebuilds every
+//! request byte for byte, in whichever way is shorter on disk: inside the request line
+//! (its place in the list and its bytes), or as a `form` line (once per distinct form,
+//! whole or as one edit of its original) that the request line names with two digests.
+//! Either way a form costs little more than the bytes the client sent for it.
 
 use super::state::ConversationState;
 use crate::base::digest::{bytes_digest, Digest, PrefixDigest};
 use crate::base::line::{edit_between, pinned_slot, Entry, FormLine, Line};
 use crate::dialect::Message;
 
-/// About what an edit's two offsets cost over the bytes it inserts.
-const EDIT_OVERHEAD: usize = 24;
+/// About what a `form` line costs over the bytes it holds: its kind, version, time,
+/// two digests and an edit's offsets.
+const FORM_LINE_OVERHEAD: usize = 220;
+
+/// What naming a form in the request line's `forms` costs: two digests.
+const NAMED_FORM: usize = 136;
+
+/// What a form inside the request line costs over its bytes: its place and brackets.
+const INLINE_OVERHEAD: usize = 10;
 
 /// The forms a request carried that the log does not yet name for its messages.
 #[derive(Default)]
@@ -22,6 +31,9 @@ pub(super) struct FormChanges {
     pub lines: Vec<Line>,
     /// The request line's `forms`: each changed message's slot and its form.
     pub entries: Vec<(PrefixDigest, Digest)>,
+    /// The request line's `inline_forms`: each changed message's place in the list and
+    /// its bytes.
+    pub inline: Vec<(usize, Box<serde_json::value::RawValue>)>,
     /// The keyed hash each changed slot's form has now, to apply once written.
     keys: Vec<(Slot, u128)>,
     /// The new forms and their keyed hashes, to remember once written.
@@ -40,41 +52,51 @@ enum Slot {
 impl FormChanges {
     /// True when the request carried every message in its current form.
     pub(super) fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries.is_empty() && self.inline.is_empty()
     }
 
-    /// Notes that the message at `slot` (named `named` on disk) was sent as `message`.
+    /// Notes that the message at `slot` (named `named` on disk), the `at`th of the list
+    /// the request carried, was sent as `message`: named as a `form` line's when one
+    /// is logged or costs less than the bytes, else written inline.
     fn change(
         &mut self,
         state: &ConversationState,
-        slot: Slot,
+        (slot, at): (Slot, usize),
         named: PrefixDigest,
         message: &Message,
     ) {
-        let form = bytes_digest(message.raw.as_bytes());
         let key = message.bytes_key();
+        self.keys.push((slot, key));
+        let sent = message.raw.get();
+        let inline = sent.len() + INLINE_OVERHEAD;
+        let form = bytes_digest(sent.as_bytes());
         let logged = state.forms.contains_key(&form)
             || self.new_forms.iter().any(|(digest, _)| *digest == form);
-        if !logged {
-            // Most forms differ from their original in one place (a moved breakpoint,
-            // a reminder, a newline): written as that edit when the original is at hand.
-            let sent = message.raw.get();
-            let edit = match slot {
-                Slot::Chain(digest) => state.recent_original(&digest),
-                Slot::Pinned(..) => None,
-            }
-            .map(|original| edit_between(original, sent))
-            .filter(|(_, _, insert)| insert.len() + EDIT_OVERHEAD < sent.len());
-            self.lines.push(Line::now(Entry::Form(FormLine {
-                digest: form,
-                of: matches!(slot, Slot::Chain(_)).then_some(named),
-                message: edit.is_none().then(|| message.raw.to_raw_value()),
-                edit,
-            })));
-            self.new_forms.push((form, key));
+        if logged && NAMED_FORM < inline {
+            self.entries.push((named, form));
+            return;
         }
+        // Most forms differ from their original in one place (a moved breakpoint, a
+        // reminder, a newline): a `form` line holds that edit when the original is at
+        // hand and a long message makes the line worth its digests.
+        let edit = match slot {
+            Slot::Chain(digest) if !logged => state.recent_original(&digest),
+            _ => None,
+        }
+        .map(|original| edit_between(original, sent))
+        .filter(|(_, _, insert)| insert.len() + FORM_LINE_OVERHEAD + NAMED_FORM < inline);
+        let Some(edit) = edit else {
+            self.inline.push((at, message.raw.to_raw_value()));
+            return;
+        };
+        self.lines.push(Line::now(Entry::Form(FormLine {
+            digest: form,
+            of: matches!(slot, Slot::Chain(_)).then_some(named),
+            message: None,
+            edit: Some(edit),
+        })));
+        self.new_forms.push((form, key));
         self.entries.push((named, form));
-        self.keys.push((slot, key));
     }
 }
 
@@ -101,7 +123,7 @@ impl ConversationState {
             for (index, message) in pinned.iter().enumerate() {
                 if keys.get(index) != Some(&message.bytes_key()) {
                     let slot = pinned_slot(&set, index);
-                    changes.change(self, Slot::Pinned(set, index), slot, message);
+                    changes.change(self, (Slot::Pinned(set, index), index), slot, message);
                 }
             }
         }
@@ -123,7 +145,8 @@ impl ConversationState {
                     .is_some_and(|(_, at, last_key)| *at == slot && *last_key == key)
             };
             if !unchanged && self.known.get(&slot) != Some(&key) {
-                changes.change(self, Slot::Chain(slot), slot, &rest[index]);
+                let at = pinned.len() + index;
+                changes.change(self, (Slot::Chain(slot), at), slot, &rest[index]);
             }
         }
         changes
@@ -220,11 +243,16 @@ mod tests {
             .collect()
     }
 
+    /// Forms written: `form` lines, and forms inside request lines.
     fn forms_written(log: &crate::store::ConversationLog) -> usize {
         log.lines
             .iter()
-            .filter(|l| matches!(l.entry, Entry::Form(_)))
-            .count()
+            .map(|l| match &l.entry {
+                Entry::Form(_) => 1,
+                Entry::Request(request) => request.inline_forms.len(),
+                _ => 0,
+            })
+            .sum()
     }
 
     #[tokio::test]

@@ -399,6 +399,7 @@ impl Tracker {
             stream: request.stream,
             new_messages: rest.len() - known,
             forms: form_entries,
+            inline_forms: forms.inline.clone(),
             carried: base.map(|_| rest.len()),
             hooks,
         })));

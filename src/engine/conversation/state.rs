@@ -351,8 +351,14 @@ impl ConversationState {
         known
     }
 
-    /// Moves each message a logged request carried in another form to that form.
-    fn follow_forms(&mut self, request: &RequestLine) {
+    /// Moves each message a logged request carried in another form to that form;
+    /// `parents` links the log's messages, for the places of its inline forms.
+    fn follow_forms(
+        &mut self,
+        request: &RequestLine,
+        parents: &HashMap<PrefixDigest, Option<PrefixDigest>>,
+    ) {
+        self.follow_inline_forms(request, parents);
         for (slot, form) in &request.forms {
             let key = self.forms.get(form).copied().unwrap_or(UNKNOWN_FORM);
             if let Some(current) = self.known.get_mut(slot) {
@@ -363,6 +369,41 @@ impl ConversationState {
                 keys.get_mut(index)
             }) {
                 *keys = key;
+            }
+            self.form_changes += 1;
+        }
+    }
+
+    /// [`Self::follow_forms`] of the forms a request line holds inline, by their place
+    /// in the list it carried: the pinned set's messages, then the branch's.
+    fn follow_inline_forms(
+        &mut self,
+        request: &RequestLine,
+        parents: &HashMap<PrefixDigest, Option<PrefixDigest>>,
+    ) {
+        if request.inline_forms.is_empty() {
+            return;
+        }
+        let mut branch = Vec::new();
+        let mut at = request.head;
+        while let Some(digest) = at {
+            branch.push(digest);
+            at = parents.get(&digest).copied().flatten();
+        }
+        branch.reverse();
+        let skip = branch.len() - request.carried.unwrap_or(branch.len()).min(branch.len());
+        let pinned = request
+            .pinned
+            .and_then(|set| Some((set, self.pinned.get(&set)?.len())));
+        let pinned_len = pinned.map_or(0, |(_, len)| len);
+        for (at, bytes) in &request.inline_forms {
+            let key = keyed_hash(bytes.get().as_bytes());
+            if let Some((set, _)) = pinned.filter(|_| *at < pinned_len) {
+                if let Some(current) = self.pinned.get_mut(&set).and_then(|k| k.get_mut(*at)) {
+                    *current = key;
+                }
+            } else if let Some(slot) = branch.get(skip + at - pinned_len) {
+                self.known.insert(*slot, key);
             }
             self.form_changes += 1;
         }
@@ -394,6 +435,20 @@ impl ConversationState {
             .filter(|_| edits)
             .filter_map(|line| match &line.entry {
                 Entry::Message(message) => Some((message.digest, message.message.get())),
+                _ => None,
+            })
+            .collect();
+        // The links of the branches, only for a log whose requests hold forms inline.
+        let inline = log
+            .lines
+            .iter()
+            .any(|line| matches!(&line.entry, Entry::Request(r) if !r.inline_forms.is_empty()));
+        let parents: HashMap<PrefixDigest, Option<PrefixDigest>> = log
+            .lines
+            .iter()
+            .filter(|_| inline)
+            .filter_map(|line| match &line.entry {
+                Entry::Message(message) => Some((message.digest, message.parent)),
                 _ => None,
             })
             .collect();
@@ -455,7 +510,7 @@ impl ConversationState {
                     state.forms.insert(form.digest, key);
                 }
                 Entry::Request(request) => {
-                    state.follow_forms(request);
+                    state.follow_forms(request, &parents);
                     state.last_request = Some(LastRequest {
                         head: request.head,
                         pinned: request.pinned,
