@@ -118,3 +118,49 @@ async fn retention_on_postgres_prunes_idle_conversations_and_keeps_held_ones() {
     assert!(tenant["bytes_stored"].as_u64().unwrap() > 0);
     proxy.assert_verified(&[]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_that_lands_after_the_erasure_leaves_no_row() {
+    let db = Postgres::start();
+    let mock = MockUpstream::with(|_| {
+        mock_upstream::Reply::chat_text("late").delayed(Duration::from_millis(1500))
+    })
+    .await;
+    let proxy = replica(&mock, &db, "");
+    let url = proxy.url();
+    let marker = "PG-ERASE-ME-in-flight";
+    let in_flight = tokio::spawn(async move {
+        let body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": marker}]});
+        support::client::send(support::client::request(
+            "POST",
+            &format!("{url}/v1/chat/completions"),
+            &[
+                ("content-type", "application/json"),
+                ("x-handoff-conversation-id", "in-flight"),
+            ],
+            body.to_string(),
+        ))
+        .await
+    });
+    // The request's lines are in the database once the upstream has it.
+    for _ in 0..100 {
+        if !mock.requests().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(db.dump().contains(marker));
+    let erased = stdout_json(&proxy.audit(&["erase", "--conversation", "in-flight", "--json"]));
+    assert_eq!(erased["erased"], json!(["in-flight"]));
+
+    let answered = in_flight.await.unwrap();
+    assert_eq!(answered.status, 200, "{}", answered.text());
+    proxy.wait_for_log("its reply is not logged", Duration::from_secs(10));
+    assert_eq!(
+        db.count("SELECT count(*) FROM handoff_conversations WHERE conversation = 'in-flight'"),
+        0,
+        "the reply brought the erased conversation back"
+    );
+    assert!(!db.dump().contains("late"), "no row holds the reply");
+    assert!(!db.dump().contains(marker));
+}

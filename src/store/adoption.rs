@@ -134,14 +134,14 @@ impl Adopted {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::base::digest::next_prefix;
     use crate::base::line::{BoundaryLine, Line, FORMAT_VERSION};
     use crate::base::record::{Reason, RecordSource, POLICY_VERSION};
     use serde_json::{json, Value};
 
-    fn record(id: &str, n: u8) -> CompactionRecord {
+    pub(crate) fn record(id: &str, n: u8) -> CompactionRecord {
         let digest = next_prefix(None, &message_digest(&json!({"n": n})));
         CompactionRecord {
             v: FORMAT_VERSION,

@@ -43,6 +43,34 @@ enum Quota {
 }
 
 impl DiskStore {
+    /// True when a tombstone erased `id` (or its whole tenant) at or after `since`, in
+    /// milliseconds since the epoch. Read at each compaction commit: tombstones are a
+    /// line an erasure, and commits are rare.
+    async fn erased_since(&self, id: &ConversationId, since: i64) -> Result<bool, StoreError> {
+        let path = self.data_dir.join(super::layout::TOMBSTONES_FILE);
+        let bytes = match tokio::fs::read(&path).await {
+            Ok(bytes) => bytes,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(source) => {
+                return Err(StoreError::Read {
+                    id: super::layout::TOMBSTONES_FILE.into(),
+                    source,
+                })
+            }
+        };
+        let erased = bytes
+            .split(|b| *b == b'\n')
+            .filter_map(|line| serde_json::from_slice::<Tombstone>(line).ok())
+            .filter(|tombstone| tombstone.tenant == id.tenant().as_str())
+            .filter(|tombstone| {
+                tombstone.whole_tenant || tombstone.conversations.iter().any(|c| c == id.as_str())
+            })
+            .filter_map(|tombstone| humantime::parse_rfc3339_weak(&tombstone.at).ok())
+            .filter_map(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
+            .any(|at| i64::try_from(at.as_millis()).unwrap_or(i64::MAX) >= since);
+        Ok(erased)
+    }
+
     /// A store under `data_dir`, writing through `writer`.
     pub fn new(data_dir: &Path, writer: Writer) -> Self {
         Self {
@@ -174,11 +202,7 @@ impl Store for DiskStore {
             let written = bytes.len() as u64 + block_bytes;
             // A reply, and the decision logged with it, are what an admitted request
             // already caused: counted, never refused half-way.
-            let replies = lines.iter().all(|line| match &line.entry {
-                Entry::Message(m) => m.source == crate::base::line::Source::Upstream,
-                Entry::Decision(_) => true,
-                _ => false,
-            });
+            let replies = super::only_replies(&lines);
             let quota = if replies {
                 Quota::Counted
             } else {
@@ -256,17 +280,45 @@ impl Store for DiskStore {
         self.read_with(id, None)
     }
 
+    /// A claim stamped with when it was made: an erasure after it (any process's, by
+    /// its tombstone) fences the compaction's commit.
+    fn acquire(
+        &self,
+        _id: &ConversationId,
+        _ttl: std::time::Duration,
+    ) -> BoxFuture<'_, Result<Option<Lease>, StoreError>> {
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| {
+                i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+            });
+        Box::pin(async move {
+            Ok(Some(Lease {
+                holder: "local".into(),
+                epoch: since,
+            }))
+        })
+    }
+
     fn commit_compaction(
         &self,
         id: &ConversationId,
         record: CompactionRecord,
-        _lease: &Lease,
+        lease: &Lease,
     ) -> BoxFuture<'_, Result<Committed, StoreError>> {
         let records = self.compactions_path(id);
         let messages = self.messages_path(id);
         let tenant = id.tenant().clone();
+        let conversation = id.clone();
+        let since = lease.epoch;
         let id = id.to_string();
         async move {
+            // A conversation erased while it was summarised stays erased: its summary
+            // would bring its text back.
+            if self.erased_since(&conversation, since).await? {
+                tracing::info!(conversation = %id, "the conversation was erased while it was compacted: the compaction is not committed");
+                return Err(StoreError::LeaseLost(id));
+            }
             let mut record_bytes = serde_json::to_vec(&record)?;
             record_bytes.push(b'\n');
             let boundary = encode(&[Line::now(Entry::CompactBoundary(record.boundary()))])?;
@@ -710,3 +762,7 @@ mod tests {
         assert_eq!(store.object_owner("file-c1").await.unwrap(), None);
     }
 }
+
+#[cfg(test)]
+#[path = "disk_erased_tests.rs"]
+mod erased_tests;

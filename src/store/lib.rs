@@ -51,7 +51,7 @@ pub use writer::Writer;
 
 use crate::base::digest::PrefixDigest;
 use crate::base::id::ConversationId;
-use crate::base::line::Line;
+use crate::base::line::{Entry, Line, Source};
 use crate::base::record::CompactionRecord;
 use crate::base::tenant::TenantId;
 
@@ -129,6 +129,16 @@ pub enum Committed {
     /// Another replica's record already covered the prefix: nothing was written, and
     /// the caller adopts that one.
     Superseded,
+}
+
+/// True when `lines` are a reply and the decision logged with it: what an admitted
+/// request already caused, appended only where its request's lines are.
+pub(crate) fn only_replies(lines: &[Line]) -> bool {
+    lines.iter().all(|line| match &line.entry {
+        Entry::Message(m) => m.source == Source::Upstream,
+        Entry::Decision(_) => true,
+        _ => false,
+    })
 }
 
 /// Which logged messages keep their text in an index read, by their raw JSON.

@@ -45,15 +45,15 @@ pub struct PgStore {
     claims: std::sync::atomic::AtomicU64,
 }
 
-/// An append: positions, lines, and the conversation's summary, in one statement.
-/// `tips` loses the parents of the new messages and gains their heads.
-const APPEND: &str = "WITH c AS (
-        INSERT INTO handoff_conversations AS c (tenant, conversation, last_seq)
-        VALUES ($1, $2, $3)
-        ON CONFLICT (tenant, conversation)
-        DO UPDATE SET last_seq = c.last_seq + EXCLUDED.last_seq, updated_at = now()
-        RETURNING last_seq
-     ),
+/// An append's statement after its first step, `c`, which gives the conversation's
+/// positions: the lines, and the conversation's summary, in one statement. `tips`
+/// loses the parents of the new messages and gains their heads.
+macro_rules! append_with {
+    ($c:literal) => {
+        concat!(
+            "WITH c AS (",
+            $c,
+            "     ),
      u AS (
         SELECT * FROM UNNEST($4::text[], $5::text[], $6::text[], $7::text[], $8::int8[],
                              $9::text[], $10::text[])
@@ -83,7 +83,33 @@ const APPEND: &str = "WITH c AS (
                      UNION SELECT unnest(EXCLUDED.tips)),
         models = ARRAY(SELECT DISTINCT unnest(s.models || EXCLUDED.models) ORDER BY 1),
         first_at = coalesce(s.first_at, EXCLUDED.first_at),
-        last_at = EXCLUDED.last_at";
+        last_at = EXCLUDED.last_at"
+        )
+    };
+}
+
+/// An append: the conversation's row made or moved on, then its lines and summary.
+const APPEND: &str = append_with!(
+    "
+        INSERT INTO handoff_conversations AS c (tenant, conversation, last_seq)
+        VALUES ($1, $2, $3)
+        ON CONFLICT (tenant, conversation)
+        DO UPDATE SET last_seq = c.last_seq + EXCLUDED.last_seq, updated_at = now()
+        RETURNING last_seq
+"
+);
+
+/// An append of a reply: only to a conversation that still has its row. One erased
+/// while its request was in flight stays erased: the reply is not logged, and neither
+/// its lines nor its summary come back.
+const APPEND_REPLY: &str = append_with!(
+    "
+        UPDATE handoff_conversations AS c
+        SET last_seq = c.last_seq + $3, updated_at = now()
+        WHERE tenant = $1 AND conversation = $2
+        RETURNING last_seq
+"
+);
 
 fn db(err: impl std::fmt::Display) -> StoreError {
     StoreError::Database(err.to_string())
@@ -123,8 +149,11 @@ impl Store for PgStore {
             // conversation's row lock and hands out the positions, the insert uses them,
             // and the summary counts what the insert kept (a message logged before is
             // skipped by its digest). Under that row lock, summaries never race.
-            let append = client.prepare_cached(APPEND).await.map_err(db)?;
-            client
+            // A reply goes only where its request's lines are (see `APPEND_REPLY`).
+            let replies = super::only_replies(&lines);
+            let statement = if replies { APPEND_REPLY } else { APPEND };
+            let append = client.prepare_cached(statement).await.map_err(db)?;
+            let added = client
                 .execute(
                     &append,
                     &[
@@ -142,6 +171,10 @@ impl Store for PgStore {
                 )
                 .await
                 .map_err(db)?;
+            if replies && added == 0 {
+                // No row to append to (or a reply logged before, all its lines known).
+                tracing::info!(conversation = %id, "no conversation row for the reply: it was erased while its request was in flight, so its reply is not logged");
+            }
             Ok(())
         }
         .boxed()
