@@ -24,7 +24,8 @@ pub struct Assembled {
     /// True when the replies follow one another (Responses output items), each the
     /// parent of the next; false when they are alternatives (chat `n > 1`).
     pub sequence: bool,
-    /// The upstream's id of the response, where later requests may name it
-    /// (Responses' `previous_response_id`).
+    /// The upstream's id of what the reply made, where later requests may name it:
+    /// the response (Responses' `previous_response_id`), or the code-execution
+    /// container it ran in (Messages' `container`). Either is its tenant's from then on.
     pub response_id: Option<String>,
 }

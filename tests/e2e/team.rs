@@ -329,6 +329,57 @@ async fn one_team_never_reaches_another_teams_upstream_objects() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_code_execution_container_is_the_tenant_s_whose_reply_ran_in_it() {
+    let mock = MockUpstream::with(|_| {
+        Reply::json(
+            serde_json::json!({"id": "msg_1", "type": "message", "role": "assistant",
+            "model": "claude-x", "content": [{"type": "text", "text": "ran"}],
+            "stop_reason": "end_turn", "stop_sequence": null,
+            "usage": {"input_tokens": 5, "output_tokens": 1},
+            "container": {"id": "container_011ran", "expires_at": "2026-12-07T02:00:00Z"}}),
+        )
+    })
+    .await;
+    let proxy = team_proxy(&mock.url(), "");
+    let addr = proxy.addr();
+    let ask = |team: &'static str, container: Option<serde_json::Value>| async move {
+        // team-a may use gpt-4o only: the model's name is all the mock reads of it.
+        let mut body = serde_json::json!({"model": "gpt-4o", "max_tokens": 16,
+            "tools": [{"type": "code_execution_20250825", "name": "code_execution"}],
+            "messages": [{"role": "user", "content": format!("run it for {team}")}]});
+        if let Some(container) = container {
+            body["container"] = container;
+        }
+        let body = body.to_string();
+        let (head, body) = post("/v1/messages", team, "application/json", body.as_bytes());
+        raw(addr, &head, &body).await
+    };
+    // Team A's reply ran in a container: it is team A's from then on.
+    let (status, text) = ask(TEAM_A, None).await;
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = ask(TEAM_A, Some(serde_json::json!("container_011ran"))).await;
+    assert_eq!(status, 200, "{text}");
+    let before = mock.requests().len();
+    // Team B names it by id or inside a container object; anyone names one never made.
+    for (team, container) in [
+        (TEAM_B, serde_json::json!("container_011ran")),
+        (
+            TEAM_B,
+            serde_json::json!({"id": "container_011ran", "skills": []}),
+        ),
+        (TEAM_A, serde_json::json!("container_never_made")),
+    ] {
+        let (status, text) = ask(team, Some(container.clone())).await;
+        assert_eq!(status, 404, "{container}: {text}");
+    }
+    assert_eq!(
+        mock.requests().len(),
+        before,
+        "a refused request reached the upstream"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_upstream_key_goes_only_to_its_own_host() {
     let main = MockUpstream::replying(Reply::chat_text("main")).await;
     let other = MockUpstream::replying(Reply::chat_text("other")).await;

@@ -19,6 +19,15 @@ struct Reply<'a> {
     stop_reason: Option<String>,
     #[serde(default)]
     usage: Option<Value>,
+    #[serde(default)]
+    container: Option<Container>,
+}
+
+/// The code-execution container a reply ran in: the tenant's from then on, for a later
+/// request to name (`container`). It stands where a Responses reply has its id.
+#[derive(Deserialize)]
+struct Container {
+    id: String,
 }
 
 /// The reply of a non-streamed message, its content blocks byte for byte.
@@ -35,6 +44,7 @@ pub(super) fn replies_from_json(body: &[u8]) -> Result<Assembled, serde_json::Er
             choice: 0,
         }],
         usage: reply.usage,
+        response_id: reply.container.map(|container| container.id),
         ..Assembled::default()
     })
 }
@@ -52,6 +62,8 @@ pub(crate) struct MessageAssembler {
     blocks: BTreeMap<u64, Block>,
     stop_reason: Option<String>,
     usage: Map<String, Value>,
+    /// The container the reply ran in, from `message_start` or `message_delta`.
+    container: Option<String>,
 }
 
 fn append(block: &mut Value, field: &str, piece: Option<&str>) {
@@ -75,6 +87,7 @@ impl StreamReply for MessageAssembler {
                 if let Some(Value::Object(usage)) = event.pointer("/message/usage") {
                     self.usage.extend(usage.clone());
                 }
+                self.note_container(event.pointer("/message/container/id"));
             }
             "content_block_start" => {
                 let value = event.get("content_block").cloned().unwrap_or(json!({}));
@@ -119,6 +132,7 @@ impl StreamReply for MessageAssembler {
                 if let Some(Value::Object(usage)) = event.get("usage") {
                     self.usage.extend(usage.clone());
                 }
+                self.note_container(event.pointer("/delta/container/id"));
             }
             _ => {}
         }
@@ -130,6 +144,7 @@ impl StreamReply for MessageAssembler {
             blocks,
             stop_reason,
             usage,
+            container,
         } = *self;
         let usage = (!usage.is_empty()).then_some(Value::Object(usage));
         if !started {
@@ -162,7 +177,16 @@ impl StreamReply for MessageAssembler {
         Assembled {
             replies,
             usage,
+            response_id: container,
             ..Assembled::default()
+        }
+    }
+}
+
+impl MessageAssembler {
+    fn note_container(&mut self, id: Option<&Value>) {
+        if let Some(id) = id.and_then(Value::as_str) {
+            self.container = Some(id.to_owned());
         }
     }
 }
@@ -182,12 +206,22 @@ mod tests {
             r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"t1","name":"f","input":{}}}"#,
             r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"q\": "}}"#,
             r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"1}"}}"#,
-            r#"{"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":9}}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","container":{"id":"container_9","expires_at":"x"}},"usage":{"output_tokens":9}}"#,
             r#"{"type":"message_stop"}"#,
         ] {
             assembler.push("", data);
         }
-        let Assembled { replies, usage, .. } = assembler.finish();
+        let Assembled {
+            replies,
+            usage,
+            response_id,
+            ..
+        } = assembler.finish();
+        assert_eq!(
+            response_id.as_deref(),
+            Some("container_9"),
+            "the container it ran in"
+        );
         let message: Value = serde_json::from_str(replies[0].message.get()).unwrap();
         assert_eq!(
             message,

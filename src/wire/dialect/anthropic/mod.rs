@@ -88,9 +88,10 @@ impl Dialect for AnthropicMessages {
     fn objects(&self) -> super::objects::Objects {
         super::objects::Objects {
             // A custom skill is named by `skill_id` (in a request's `container`) and by
-            // its path.
-            id_fields: &["file_id", "skill_id"],
-            id_prefixes: &["file_", "msgbatch_", "skill_"],
+            // its path; a code-execution container by `container` (its id, or an object
+            // with its `id`), and is the tenant's whose reply ran in it.
+            id_fields: &["file_id", "skill_id", "container"],
+            id_prefixes: &["file_", "msgbatch_", "skill_", "container_"],
             listings: &["/v1/messages/batches", "/v1/files", "/v1/skills"],
         }
     }
