@@ -12,7 +12,10 @@ use serde_json::Value;
 
 use crate::base::chunks::Chunks;
 use crate::base::tenant::TenantId;
-use crate::dialect::objects::{id_fields, id_prefixes, listings, may_name_objects, REFERENCE_TYPE};
+use crate::dialect::objects::{
+    id_fields, id_prefixes, listings, may_name_objects, unknown_id_key, FREE_MEMBERS,
+    REFERENCE_TYPE,
+};
 use crate::dialect::{ChatRequest, Message};
 use crate::error::ApiError;
 use crate::store::{Store, StoreError};
@@ -72,11 +75,22 @@ fn object_in(text: &str) -> Option<String> {
         })
 }
 
-/// The object ids a JSON body names in the fields that hold them, at any depth.
-pub(crate) fn body_objects(body: &[u8]) -> Vec<String> {
+/// What a body names through a shared key: the object ids in the fields that hold
+/// them, at any depth, and the keys named like an id that no API's table knows
+/// (outside what clients write freely: messages, tool inputs, metadata).
+#[derive(Debug, Default)]
+pub(crate) struct Named {
+    /// Object ids, each to be the tenant's.
+    pub(crate) objects: Vec<String>,
+    /// Id-like keys holding an id-shaped text, whose owner handoff cannot know.
+    pub(crate) unknown: Vec<String>,
+}
+
+/// What a JSON body names ([`Named`]).
+pub(crate) fn body_objects(body: &[u8]) -> Named {
     // Most bodies name none: a search for the field names spares the parse.
     if !may_name_objects(body) {
-        return Vec::new();
+        return Named::default();
     }
     named_in(body)
 }
@@ -89,7 +103,7 @@ pub(crate) fn body_objects(body: &[u8]) -> Vec<String> {
 ///
 /// Exact because no string straddles the list's edges or an element's, so a field
 /// name or an escaped key lies inside one of the parts searched.
-pub(crate) fn request_objects(body: &Chunks, chat: &ChatRequest) -> Vec<String> {
+pub(crate) fn request_objects(body: &Chunks, chat: &ChatRequest) -> Named {
     let listed = chat.messages.get(chat.top_level..).unwrap_or_default();
     let may = match chat.list.clone() {
         Some(list) if !listed.is_empty() => {
@@ -100,7 +114,7 @@ pub(crate) fn request_objects(body: &Chunks, chat: &ChatRequest) -> Vec<String> 
         _ => return body_objects(body.contiguous()),
     };
     if !may {
-        return Vec::new();
+        return Named::default();
     }
     named_in(body.contiguous())
 }
@@ -136,29 +150,47 @@ fn around_may_name_objects(body: &Chunks, range: Range<usize>) -> bool {
     verdict
 }
 
-/// The object ids in `body`, parsed whole.
-fn named_in(body: &[u8]) -> Vec<String> {
+/// What `body` names, parsed whole.
+fn named_in(body: &[u8]) -> Named {
     let Ok(value) = serde_json::from_slice::<Value>(body) else {
-        return Vec::new();
+        return Named::default();
     };
-    let mut found = Vec::new();
-    collect(&value, &mut found);
-    found
+    let mut named = Named::default();
+    collect(&value, &mut named, false);
+    named
 }
 
-fn collect(value: &Value, found: &mut Vec<String>) {
+/// True when `text` has the shape of an identifier: no space, printable ASCII, not
+/// too short to be one.
+fn id_shaped(text: &str) -> bool {
+    (4..=256).contains(&text.len()) && text.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// Adds what `value` names to `named`; `free` inside a member clients write freely,
+/// where an id-like key is data.
+fn collect(value: &Value, named: &mut Named, free: bool) {
     match value {
         Value::Object(map) => {
             // `{"type": "item_reference", "id": "msg_…"}` names a stored item of any kind
             // (`msg_`, `fc_`, `rs_`…): the tenant's when its conversation logged it.
             if map.get("type").and_then(Value::as_str) == Some(REFERENCE_TYPE) {
                 if let Some(id) = map.get("id").and_then(Value::as_str) {
-                    found.push(id.to_owned());
+                    named.objects.push(id.to_owned());
                 }
             }
             for (key, inner) in map {
+                if !free && unknown_id_key(key) {
+                    let texts = match inner {
+                        Value::String(text) => vec![text.as_str()],
+                        Value::Array(texts) => texts.iter().filter_map(Value::as_str).collect(),
+                        _ => Vec::new(),
+                    };
+                    if texts.into_iter().any(id_shaped) {
+                        named.unknown.push(key.clone());
+                    }
+                }
                 if id_fields().contains(&key.as_str()) {
-                    let named = match inner {
+                    let ids = match inner {
                         Value::String(id) => vec![id.as_str()],
                         Value::Array(ids) => ids.iter().filter_map(Value::as_str).collect(),
                         Value::Object(object) => object
@@ -168,12 +200,12 @@ fn collect(value: &Value, found: &mut Vec<String>) {
                             .collect(),
                         _ => Vec::new(),
                     };
-                    found.extend(named.into_iter().filter_map(object_in));
+                    named.objects.extend(ids.into_iter().filter_map(object_in));
                 }
-                collect(inner, found);
+                collect(inner, named, free || FREE_MEMBERS.contains(&key.as_str()));
             }
         }
-        Value::Array(items) => items.iter().for_each(|item| collect(item, found)),
+        Value::Array(items) => items.iter().for_each(|item| collect(item, named, free)),
         _ => {}
     }
 }
@@ -288,6 +320,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_id_like_key_no_table_lists_is_named_unless_a_client_writes_it_freely() {
+        let unknown = |body: &str| {
+            assert!(may_name_objects(body.as_bytes()), "searched: {body}");
+            body_objects(body.as_bytes()).unknown
+        };
+        assert_eq!(
+            unknown(r#"{"eval_id":"eval_abc123","thread":{"metadata":{"trace_id":"t-123456"}}}"#),
+            ["eval_id"]
+        );
+        assert_eq!(unknown(r#"{"evalId":"eval_abc123"}"#), ["evalId"]);
+        assert_eq!(
+            unknown(r#"{"run_ids":["run_1234","run_5678"]}"#),
+            ["run_ids"]
+        );
+        // Messages, tool inputs and metadata are what clients and models write.
+        let free = r#"{"model":"m","metadata":{"trace_id":"t-123456"},"messages":[
+            {"role":"tool","tool_call_id":"call_123456","content":"x"},
+            {"role":"assistant","content":[{"type":"tool_use","id":"toolu_1","name":"f",
+             "input":{"order_id":"ord_123456"}}]}]}"#;
+        assert!(body_objects(free.as_bytes()).unknown.is_empty());
+        // Listed fields are objects, not unknown; a chosen id alone is not searched.
+        let listed = body_objects(br#"{"vector_store_ids":["vs_a"],"file_id":"file-x"}"#);
+        assert!(listed.unknown.is_empty());
+        assert_eq!(listed.objects.len(), 2);
+        assert!(!may_name_objects(br#"{"tool_call_id":"call_1","uid":"x"}"#));
+    }
+
+    #[test]
     fn ids_are_found_in_paths_and_bodies() {
         assert_eq!(
             path_objects("/v1/files/file-AbC123/content"),
@@ -303,21 +363,25 @@ mod tests {
         );
         assert!(path_objects("/v1beta/files").is_empty());
         let body = br#"{"model":"m","previous_response_id":"resp_1","tools":[{"type":"file_search","vector_store_ids":["vs_a","vs_b"]}],"input":[{"type":"input_file","file_id":"file-x"}],"conversation":{"id":"conv_9"}}"#;
-        let mut found = body_objects(body);
+        let mut found = body_objects(body).objects;
         found.sort();
         assert_eq!(found, ["conv_9", "file-x", "resp_1", "vs_a", "vs_b"]);
-        assert!(body_objects(br#"{"messages":[{"role":"user","content":"file-x"}]}"#).is_empty());
+        assert!(
+            body_objects(br#"{"messages":[{"role":"user","content":"file-x"}]}"#)
+                .objects
+                .is_empty()
+        );
         assert!(!is_object_id("resp_"));
         let referenced = br#"{"model":"m","input":[{"type":"item_reference","id":"msg_A"},{"type":"reasoning","id":"rs_1","summary":[]}]}"#;
-        assert_eq!(body_objects(referenced), ["msg_A"]);
+        assert_eq!(body_objects(referenced).objects, ["msg_A"]);
         let spelt = br#"{"input":[{"type":"item_refer\u0065nce","id":"fc_B"}]}"#;
-        assert_eq!(body_objects(spelt), ["fc_B"]);
+        assert_eq!(body_objects(spelt).objects, ["fc_B"]);
         assert!(!is_object_id("resp_../x"));
         // Gemini: a cached content by name, a file by the URL that ends with its name.
         let gemini = br#"{"cachedContent":"cachedContents/c1","contents":[{"role":"user","parts":[
             {"fileData":{"mimeType":"text/plain","fileUri":"https://generativelanguage.googleapis.com/v1beta/files/f-2"}},
             {"fileData":{"fileUri":"https://www.youtube.com/watch?v=x"}}]}]}"#;
-        let mut found = body_objects(gemini);
+        let mut found = body_objects(gemini).objects;
         found.sort();
         assert_eq!(found, ["cachedContents/c1", "files/f-2"]);
         assert_eq!(
@@ -335,9 +399,9 @@ mod tests {
     /// every message comes from the facts cache), and what a search of the whole finds.
     fn in_request(dialect: &dyn crate::dialect::Dialect, body: &str) -> [Vec<String>; 3] {
         let body = Chunks::from(body.as_bytes().to_vec());
-        let mut first = request_objects(&body, &dialect.parse_body(&body).unwrap());
-        let mut again = request_objects(&body, &dialect.parse_body(&body).unwrap());
-        let mut whole = body_objects(body.contiguous());
+        let mut first = request_objects(&body, &dialect.parse_body(&body).unwrap()).objects;
+        let mut again = request_objects(&body, &dialect.parse_body(&body).unwrap()).objects;
+        let mut whole = body_objects(body.contiguous()).objects;
         for found in [&mut first, &mut again, &mut whole] {
             found.sort();
         }
@@ -432,9 +496,9 @@ mod tests {
     fn a_field_spelled_with_escapes_is_found_and_escapes_in_values_are_not_keys() {
         // The upstream reads `previous_resp\u006fnse_id` as `previous_response_id`.
         let escaped = br#"{"model":"m","previous_resp\u006fnse_id" :"resp_1","input":"hi"}"#;
-        assert_eq!(body_objects(escaped), ["resp_1"]);
+        assert_eq!(body_objects(escaped).objects, ["resp_1"]);
         let after = br#"{"a\\":"\u00e9\"file_id\"","f\u0069le_id":"file-2"}"#;
-        assert_eq!(body_objects(after), ["file-2"]);
+        assert_eq!(body_objects(after).objects, ["file-2"]);
         for plain in [
             &br#"{"messages":[{"role":"user","content":"caf\u00e9 \u00e9 \\u0041 file-x"}]}"#[..],
             br#"{"content":"\"file_id\": file-x"}"#,

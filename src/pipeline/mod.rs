@@ -128,6 +128,8 @@ struct Claims {
     /// What a batch's requests run, when the request creates one.
     batch: Option<crate::named_model::Batch>,
     objects: Vec<String>,
+    /// Id-like keys the body holds that no API's table knows (through a shared key).
+    unknown_ids: Vec<String>,
 }
 
 /// Phase 3, **authorize**: the model against the proxy key, then (through a shared
@@ -173,6 +175,13 @@ async fn authorize(
         admission.check_unread_models("a batch over an uploaded file")?;
     }
     if snap.credentials.shares_upstream_key() {
+        if let Some(key) = claims.unknown_ids.first() {
+            if !snap.config.upstream.pass_unknown_ids {
+                return Err(ApiError::forbidden(format!(
+                    "{key:?} names an object whose owner handoff cannot know: through a shared upstream key, a field that names an object must be one handoff records owners for (upstream.pass_unknown_ids lets such fields through)"
+                )));
+            }
+        }
         state
             .check_owned(&admission.tenant, &claims.objects)
             .await?;

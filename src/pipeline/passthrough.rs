@@ -97,7 +97,9 @@ async fn parse(
                 claims.batch = named_model::batch(path, &bytes);
             }
             if shared {
-                claims.objects.extend(ownership::body_objects(&bytes));
+                let named = ownership::body_objects(&bytes);
+                claims.objects.extend(named.objects);
+                claims.unknown_ids = named.unknown;
             }
             Parsed::Whole(bytes)
         }

@@ -380,6 +380,37 @@ async fn a_code_execution_container_is_the_tenant_s_whose_reply_ran_in_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_field_naming_an_object_kind_handoff_does_not_know_is_refused() {
+    let mock = storing_upstream().await;
+    let proxy = team_proxy(&mock.url(), "");
+    let addr = proxy.addr();
+    let send = |body: &'static str| async move {
+        let (head, body) = post("/v1/responses", TEAM_A, "application/json", body.as_bytes());
+        raw(addr, &head, &body).await
+    };
+    let (status, text) = send(r#"{"model":"gpt-4o","input":"hi","eval_id":"eval_abc123"}"#).await;
+    assert_eq!(status, 403, "{text}");
+    assert!(text.contains("eval_id"), "{text}");
+    assert!(mock.requests().is_empty(), "nothing was sent");
+    // What a client writes freely passes: metadata, a tool call's id.
+    let (status, text) = send(
+        r#"{"model":"gpt-4o","metadata":{"trace_id":"t-123456"},"input":[{"role":"user","content":"hi"},{"type":"function_call_output","call_id":"call_123456","output":"ok"}]}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    // And an operator who must can let such fields through.
+    let open = team_proxy(&mock.url(), "pass_unknown_ids = true");
+    let (head, body) = post(
+        "/v1/responses",
+        TEAM_A,
+        "application/json",
+        br#"{"model":"gpt-4o","input":"hi","eval_id":"eval_abc123"}"#,
+    );
+    let (status, text) = raw(open.addr(), &head, &body).await;
+    assert_eq!(status, 200, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_upstream_key_goes_only_to_its_own_host() {
     let main = MockUpstream::replying(Reply::chat_text("main")).await;
     let other = MockUpstream::replying(Reply::chat_text("other")).await;

@@ -181,6 +181,10 @@ pub struct UpstreamConfig {
     /// Ask for usage in a stream whose client did not (OpenAI's `stream_options`), for
     /// the reply log and calibration, and take it out of the client's stream again.
     pub ask_usage: bool,
+    /// Through a shared key (`api_key_env` with proxy keys), let through a body field
+    /// named like an object id (`*_id`, `*Id`) that no API's object table lists, whose
+    /// owner handoff cannot know; refused (403) by default.
+    pub pass_unknown_ids: bool,
 }
 
 impl Default for UpstreamConfig {
@@ -191,6 +195,7 @@ impl Default for UpstreamConfig {
             read_timeout: Duration::from_secs(600),
             api_key_env: None,
             ask_usage: true,
+            pass_unknown_ids: false,
         }
     }
 }

@@ -278,16 +278,17 @@ impl<'s> Exchange<'s> {
     /// What **authorize** checks: the model, and (through a shared upstream key) the
     /// objects the body names, each message searched once in its life.
     fn claims(&self) -> Claims {
-        let objects = if self.snap.credentials.shares_upstream_key() {
+        let named = if self.snap.credentials.shares_upstream_key() {
             crate::ownership::request_objects(&self.body, &self.chat)
         } else {
-            Vec::new()
+            crate::ownership::Named::default()
         };
         Claims {
             model: Some(self.chat.model.clone()),
             path_model: None,
             batch: None,
-            objects,
+            objects: named.objects,
+            unknown_ids: named.unknown,
         }
     }
 

@@ -69,6 +69,68 @@ pub fn listings() -> &'static [&'static str] {
     all(&CELL, |o| o.listings)
 }
 
+/// Keys named like an id that name no stored object: what a client or a model chose (a
+/// tool call's id, a batch entry's `custom_id`, a metadata `user_id`).
+const CHOSEN_IDS: &[&str] = &[
+    "tool_call_id",
+    "call_id",
+    "tool_use_id",
+    "custom_id",
+    "user_id",
+    "item_id",
+    "session_id",
+    "request_id",
+];
+
+/// Members whose contents a client or a model writes freely (messages, tool inputs and
+/// schemas, metadata): an id-like key inside them is data, not a reference.
+pub const FREE_MEMBERS: &[&str] = &[
+    "messages",
+    "input",
+    "contents",
+    "system",
+    "systemInstruction",
+    "system_instruction",
+    "instructions",
+    "tools",
+    "metadata",
+    "requests",
+    "params",
+    "parameters",
+    "input_schema",
+    "args",
+    "arguments",
+    "response",
+    "content",
+];
+
+/// True when `key` is named like an object id (`*_id`, `*_ids`, `*Id`, `*Ids`) but is
+/// none of the fields the APIs' tables list, nor one a client chooses: a reference to
+/// an object kind handoff does not know the owner of.
+pub fn unknown_id_key(key: &str) -> bool {
+    let camel = |suffix: &str| {
+        key.strip_suffix(suffix)
+            .and_then(|head| head.chars().last())
+            .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+    };
+    let id_like = key.ends_with("_id") || key.ends_with("_ids") || camel("Id") || camel("Ids");
+    id_like && !id_fields().contains(&key) && !CHOSEN_IDS.contains(&key)
+}
+
+/// True when the key whose closing quote is at `quote` in `body` is an
+/// [`unknown_id_key`] or a known id field: its text read back to its opening quote, a
+/// colon after it.
+fn unknown_key_at(body: &[u8], quote: usize) -> bool {
+    if body.get(skip_space(body, quote + 1)) != Some(&b':') {
+        return false;
+    }
+    let Some(open) = memchr::memrchr(b'"', &body[..quote]) else {
+        return false;
+    };
+    std::str::from_utf8(&body[open + 1..quote])
+        .is_ok_and(|key| unknown_id_key(key) || id_fields().contains(&key))
+}
+
 /// The `type` of an input item that names a stored item by its `id`.
 pub const REFERENCE_TYPE: &str = "item_reference";
 
@@ -83,11 +145,27 @@ pub fn may_name_objects(body: &[u8]) -> bool {
     static NAMES: OnceLock<Option<AhoCorasick>> = OnceLock::new();
     let names = NAMES.get_or_init(|| {
         let quoted = id_fields().iter().chain([&REFERENCE_TYPE]);
-        AhoCorasick::new(quoted.map(|field| format!("\"{field}\""))).ok()
+        let mut patterns: Vec<String> = quoted.map(|field| format!("\"{field}\"")).collect();
+        // The ends of id-like keys, looked at whole where one is found.
+        patterns.extend(ID_ENDS.iter().map(|end| (*end).to_owned()));
+        AhoCorasick::builder()
+            .match_kind(aho_corasick::MatchKind::LeftmostLongest)
+            .build(patterns)
+            .ok()
     });
     // The patterns are constants; were they ever refused, every body is parsed.
-    names.as_ref().is_none_or(|names| names.is_match(body)) || escaped_key(body)
+    let Some(names) = names else {
+        return true;
+    };
+    let known = id_fields().len() + 1;
+    let named = names
+        .find_iter(body)
+        .any(|found| found.pattern().as_usize() < known || unknown_key_at(body, found.end() - 1));
+    named || escaped_key(body)
 }
+
+/// How the keys [`unknown_id_key`] looks at end, their closing quote included.
+const ID_ENDS: &[&str] = &["_id\"", "_ids\"", "Id\"", "Ids\""];
 
 /// True when a key of `body` holds a `\u` escape, or a value spelled with one reads as
 /// [`REFERENCE_TYPE`]. Every backslash of a JSON text is in a string and starts an
