@@ -12,9 +12,10 @@
 //!    `max_messages`, the strategy header, the window's reserve); any other body read
 //!    whole, its model and the objects it names;
 //! 3. **authorize**: the model against the proxy key, the objects against the tenant;
-//! 4. **hook** *(tracked)*: the request-stage `[middleware]` hooks, which may refuse,
-//!    redact, reroute or tag the request ([`hooks`]; the view's run in **send**, the
-//!    reply's after **reply**);
+//! 4. **hook**: the request-stage `[middleware]` hooks, which may refuse, redact,
+//!    reroute or tag the request ([`hooks`]; an untracked `POST` read whole is shown
+//!    whole and may be refused or redacted, [`hooks::on_untracked`]; the view's run in
+//!    **send**, the reply's after **reply**);
 //! 5. **identify** *(tracked)*: the conversation, within the request's tenant;
 //! 6. **track** *(tracked)*: log the new originals before anything goes upstream;
 //! 7. **fit** *(tracked)*: project the model view, and compact it past the trigger;
