@@ -384,17 +384,44 @@ impl ConversationState {
         if request.inline_forms.is_empty() {
             return;
         }
-        let mut branch = Vec::new();
-        let mut at = request.head;
-        while let Some(digest) = at {
-            branch.push(digest);
-            at = parents.get(&digest).copied().flatten();
-        }
-        branch.reverse();
-        let skip = branch.len() - request.carried.unwrap_or(branch.len()).min(branch.len());
-        let pinned = request
-            .pinned
-            .and_then(|set| Some((set, self.pinned.get(&set)?.len())));
+        // The messages it carried, from its head back: all of its branch, or its last
+        // `carried`. A catch-up reads only what other replicas wrote since, so the
+        // walk goes on along the chain this replica last saw.
+        let want = request.carried;
+        let mut back = Vec::new();
+        let mut step = request.head;
+        let complete = loop {
+            let Some(digest) = step else {
+                break true;
+            };
+            back.push(digest);
+            if want.is_some_and(|carried| back.len() >= carried) {
+                break true;
+            }
+            match parents.get(&digest) {
+                Some(parent) => step = *parent,
+                None => match self.last_chain.iter().position(|(_, p, _)| *p == digest) {
+                    Some(i) => {
+                        back.extend(self.last_chain[..i].iter().rev().map(|(_, p, _)| *p));
+                        back.truncate(want.unwrap_or(back.len()));
+                        break true;
+                    }
+                    None => break false,
+                },
+            }
+        };
+        // The pinned set's messages come first in the list, when it had one.
+        let pinned = match request.pinned {
+            Some(set) => self.pinned.get(&set).map(|keys| Some((set, keys.len()))),
+            None => Some(None),
+        };
+        let (Some(pinned), true) = (pinned, complete) else {
+            // Places it cannot resolve: the next request that sends these forms writes
+            // them again, which costs bytes, never a wrong record.
+            self.form_changes += request.inline_forms.len() as u64;
+            return;
+        };
+        back.reverse();
         let pinned_len = pinned.map_or(0, |(_, len)| len);
         for (at, bytes) in &request.inline_forms {
             let key = keyed_hash(bytes.get().as_bytes());
@@ -402,7 +429,7 @@ impl ConversationState {
                 if let Some(current) = self.pinned.get_mut(&set).and_then(|k| k.get_mut(*at)) {
                     *current = key;
                 }
-            } else if let Some(slot) = branch.get(skip + at - pinned_len) {
+            } else if let Some(slot) = back.get(at - pinned_len) {
                 self.known.insert(*slot, key);
             }
             self.form_changes += 1;
