@@ -681,7 +681,8 @@ mod tests {
     use crate::base::digest::{message_digest, next_prefix};
     use crate::base::line::{MessageLine, Source};
 
-    fn message(value: serde_json::Value) -> Line {
+    /// A client's message line of `value`.
+    pub(super) fn message(value: serde_json::Value) -> Line {
         Line::now(Entry::Message(MessageLine {
             digest: next_prefix(None, &message_digest(&value)),
             parent: None,

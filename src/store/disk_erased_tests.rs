@@ -6,8 +6,6 @@
 use std::time::Duration;
 
 use super::*;
-use crate::base::digest::{message_digest, next_prefix};
-use crate::base::line::{MessageLine, Source};
 
 fn writer(dir: &Path) -> Writer {
     Writer::start(
@@ -19,20 +17,7 @@ fn writer(dir: &Path) -> Writer {
 }
 
 fn message(text: &str) -> Line {
-    let value = serde_json::json!({"role": "user", "content": text});
-    Line::now(Entry::Message(MessageLine {
-        digest: next_prefix(None, &message_digest(&value)),
-        parent: None,
-        message_digest: message_digest(&value),
-        source: Source::Client,
-        model: "m".into(),
-        message: serde_json::value::to_raw_value(&value).unwrap(),
-        usage: None,
-        finish_reason: None,
-        choice: None,
-        complete: None,
-        incomplete: None,
-    }))
+    super::tests::message(serde_json::json!({"role": "user", "content": text}))
 }
 
 #[tokio::test]

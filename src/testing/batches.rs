@@ -13,20 +13,7 @@ const LISTED: &str = "hk-listed-0123456789";
 const OPEN: &str = "hk-open-9876543210";
 
 async fn post(proxy: &Harness, path: &str, key: &str, body: &Value) -> u16 {
-    let bearer = format!("Bearer {key}");
-    proxy
-        .post(
-            path,
-            &[
-                ("authorization", &bearer),
-                ("x-api-key", key),
-                ("x-goog-api-key", key),
-            ],
-            body.to_string().as_bytes(),
-        )
-        .await
-        .status
-        .as_u16()
+    proxy.post_as(path, key, body).await.status.as_u16()
 }
 
 #[tokio::test]

@@ -47,20 +47,8 @@ fn untracked(text: &str) -> Vec<(&'static str, Value)> {
 
 async fn post(proxy: &Harness, path: &str, keyed: bool, body: &Value) -> (u16, Value) {
     let key = if keyed { PROXY_KEY } else { "sk-client" };
-    let bearer = format!("Bearer {key}");
-    let got = proxy
-        .post(
-            path,
-            &[
-                ("authorization", &bearer),
-                ("x-api-key", key),
-                ("x-goog-api-key", key),
-            ],
-            body.to_string().as_bytes(),
-        )
-        .await;
-    let answer = serde_json::from_slice(&got.body).unwrap_or(Value::Null);
-    (got.status.as_u16(), answer)
+    let got = proxy.post_as(path, key, body).await;
+    (got.status.as_u16(), got.json())
 }
 
 async fn proxy(mock: &MockUpstream, keyed: bool) -> Harness {

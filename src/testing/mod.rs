@@ -176,6 +176,18 @@ impl Harness {
         self.send(request).await
     }
 
+    /// Posts `body` to `path` with `key` in every API's credential header (OpenAI's
+    /// bearer, Anthropic's `x-api-key`, Gemini's `x-goog-api-key`).
+    pub(crate) async fn post_as(&self, path: &str, key: &str, body: &Value) -> Answer {
+        let bearer = format!("Bearer {key}");
+        let headers = [
+            ("authorization", bearer.as_str()),
+            ("x-api-key", key),
+            ("x-goog-api-key", key),
+        ];
+        self.post(path, &headers, body.to_string().as_bytes()).await
+    }
+
     /// A chat-completions request of `model` with `messages`, in conversation `id`.
     pub(crate) async fn chat(&self, id: &str, model: &str, messages: &[Value]) -> Answer {
         let body = serde_json::json!({"model": model, "messages": messages});
