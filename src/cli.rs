@@ -532,7 +532,8 @@ fn audit(command: AuditCommand) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let audit = crate::audit::Audit::new(store, runtime.handle().clone());
+    let audit =
+        crate::audit::Audit::new(store, runtime.handle().clone()).priced(config.prices.clone());
     let mut out = std::io::stdout().lock();
     let result = match &command {
         AuditCommand::List { json, tenant, .. } => audit.list(tenant.as_deref(), *json, &mut out),

@@ -21,11 +21,11 @@ use crate::base::line::DecisionLine;
 use crate::base::outcome::Outcome;
 use crate::base::reply::Assembled;
 use crate::compaction::budget::Calibration;
-use crate::config::Tokenizer;
+use crate::config::{Billed, Price, Tokenizer};
 use crate::conversation::{CapturedReplies, ConversationId, Tracker};
 use crate::dialect::objects::REFERENCE_TYPE;
 use crate::dialect::DialectKind;
-use crate::metrics::{Metrics, REPLIES_UNLOGGED};
+use crate::metrics::{Metrics, COST_USD, REPLIES_UNLOGGED, UNPRICED_REPLIES};
 use crate::relay::RelayError;
 use crate::tokens::Tokens;
 
@@ -50,8 +50,10 @@ pub(crate) struct ReplyTarget {
     pub required: bool,
     /// The server-side conversation the request continued, which this reply moves on.
     pub conversation: Option<String>,
-    /// Where failures are counted.
+    /// Where failures are counted, and what the reply cost.
     pub metrics: Arc<Metrics>,
+    /// The model's price and its `[prices]` key; `None`: the reply is unpriced.
+    pub price: Option<(String, Price)>,
     /// For a Responses reply, the token counter and the model's tokenizer: each output
     /// item with an `id` is counted under the digest of an `item_reference` to it, as
     /// the API expands a reference to the item it names, so a later request carrying
@@ -101,6 +103,9 @@ impl ReplyTarget {
             sequence,
             response_id,
         } = assembled;
+        if let Some(billed) = usage.as_ref().and_then(|u| self.dialect.get().billed(u)) {
+            self.count_cost(&billed);
+        }
         if replies.is_empty() {
             self.note_decision().await;
             return Ok(());
@@ -154,6 +159,17 @@ impl ReplyTarget {
             Err(_) => format!("logging took longer than {LOG_DEADLINE:?}"),
         };
         self.unlogged("storage", &reason)
+    }
+
+    /// Counts what a reply billed as `billed` cost, or that it is unpriced.
+    fn count_cost(&self, billed: &Billed) {
+        match &self.price {
+            Some((key, price)) => {
+                self.metrics
+                    .add(COST_USD, &[("price", key.as_str())], price.cost(billed));
+            }
+            None => self.metrics.add(UNPRICED_REPLIES, &[], 1.0),
+        }
     }
 
     /// Logs the decision alone, for an answer with no reply to log it with.

@@ -9,6 +9,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+/// The US dollars replies cost at the configured prices, by the `[prices]` entry that
+/// priced them (a bounded label: the config's keys, not the clients' model names).
+pub const COST_USD: &str = "handoff_cost_usd_total";
+
+/// The counter of replies whose model has no price: unpriced, never counted as free.
+pub const UNPRICED_REPLIES: &str = "handoff_unpriced_replies_total";
+
 /// The counter of replies that did not reach the log, by cause.
 pub const REPLIES_UNLOGGED: &str = "handoff_replies_unlogged_total";
 
@@ -116,6 +123,16 @@ const HELP: &[(&str, &str, &str)] = &[
         REPLIES_UNLOGGED,
         "counter",
         "Replies that did not reach the log, by cause (storage, capture_lag, unreadable).",
+    ),
+    (
+        COST_USD,
+        "counter",
+        "US dollars the replies cost at the configured [prices], by the entry that priced them.",
+    ),
+    (
+        UNPRICED_REPLIES,
+        "counter",
+        "Replies whose model has no [prices] entry: unpriced, never counted as free.",
     ),
     (
         PREPARED,

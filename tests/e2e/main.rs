@@ -12,6 +12,7 @@ mod support;
 
 mod anthropic;
 mod attacks;
+mod bill;
 mod compaction;
 mod config;
 mod crash_loop;

@@ -10,6 +10,7 @@ mod load;
 mod mask;
 mod middleware;
 mod prepare_at;
+mod prices;
 mod workers;
 
 use std::collections::BTreeMap;
@@ -26,6 +27,7 @@ pub use middleware::{
     guard_exec_hooks_with, register_hook, BuiltHook, Failure, HookChains, HookConfig, HookFactory,
     MiddlewareConfig,
 };
+pub use prices::{price_of, Billed, Price};
 pub use workers::{cores, Workers};
 
 /// The whole effective configuration, as one validated snapshot.
@@ -68,6 +70,8 @@ pub struct Config {
     pub store: StoreConfig,
     /// Per-model facts, keyed by model name or name prefix.
     pub models: BTreeMap<String, ModelConfig>,
+    /// What each model's tokens cost, keyed by model name or name prefix.
+    pub prices: BTreeMap<String, Price>,
     /// When and how conversations are compacted.
     pub compaction: CompactionConfig,
     /// Per-model-pattern upstream and chain, first match wins.
@@ -139,6 +143,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             store: StoreConfig::default(),
             models: BTreeMap::new(),
+            prices: BTreeMap::new(),
             compaction: CompactionConfig::default(),
             routes: Vec::new(),
             dialects: DialectsConfig::default(),
@@ -148,6 +153,12 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The price of `model`'s tokens and the `[prices]` key that gave it; `None` when
+    /// it has none (unpriced, never free).
+    pub fn price(&self, model: &str) -> Option<(&str, &Price)> {
+        price_of(&self.prices, model)
+    }
+
     /// The model entry for `model`: an exact key, else the longest key that prefixes it.
     ///
     /// Providers answer with dated names (`gpt-4o-2024-08-06`), so a prefix must match too.

@@ -26,6 +26,7 @@ use crate::base::digest::Digest;
 use crate::base::line::Entry;
 use crate::base::tenant::TenantId;
 use crate::compaction::adopt;
+use crate::config::{price_of, Billed, Price};
 use crate::conversation::ConversationId;
 use crate::dialect::DialectKind;
 use crate::redact::strip_controls;
@@ -112,13 +113,25 @@ impl AuditError {
 pub struct Audit {
     store: Arc<dyn Store>,
     runtime: tokio::runtime::Handle,
+    /// `[prices]`: what `show` bills each reply at.
+    prices: std::collections::BTreeMap<String, Price>,
 }
 
 impl Audit {
     /// Audits the conversations of `store`, whose futures run on `runtime` (called
     /// from outside it: the commands are synchronous).
     pub fn new(store: Arc<dyn Store>, runtime: tokio::runtime::Handle) -> Self {
-        Self { store, runtime }
+        Self {
+            store,
+            runtime,
+            prices: Default::default(),
+        }
+    }
+
+    /// Bills replies at `prices` (`[prices]`) in `show`.
+    pub fn priced(mut self, prices: std::collections::BTreeMap<String, Price>) -> Self {
+        self.prices = prices;
+        self
     }
 
     fn resolve(&self, id: &str, tenant: Option<&str>) -> Result<ConversationId, AuditError> {
@@ -241,6 +254,8 @@ impl Audit {
         let figures = request_figures(&log);
         let first_uses = compacted_here(figures.iter().map(RequestFigures::compaction));
         let mut requests = 0;
+        let mut bill = Bill::default();
+        let mut last_model = "";
         for line in &log.lines {
             match &line.entry {
                 Entry::Form(form) => {
@@ -270,6 +285,16 @@ impl Audit {
                         .as_ref()
                         .map(|u| format!(" usage={u}"))
                         .unwrap_or_default();
+                    let billed = message.usage.as_ref().and_then(|u| dialect.get().billed(u));
+                    if let Some(billed) = billed {
+                        // A reply names its model; a line without one, its request's.
+                        let model = if message.model.is_empty() {
+                            last_model
+                        } else {
+                            message.model.as_str()
+                        };
+                        usage.push_str(&bill.add(&self.prices, model, billed));
+                    }
                     if let Some(cut) = &message.incomplete {
                         usage.push_str(&format!(" INCOMPLETE ({cut})"));
                     }
@@ -299,7 +324,9 @@ impl Audit {
                     boundary.compact_id,
                     boundary.prefix_digest.short(12)
                 )?,
-                Entry::Request(request) => writeln!(
+                Entry::Request(request) => {
+                    last_model = request.model.as_str();
+                    writeln!(
                     out,
                     "{}  request  #{} model={} stream={} new={} head={}{}{}{}",
                     line.at,
@@ -324,7 +351,8 @@ impl Audit {
                         .get(requests - 1)
                         .map(|f| shown_figures(f, first_uses.get(requests - 1) == Some(&true)))
                         .unwrap_or_default()
-                )?,
+                )?;
+                }
                 // Shown with its request.
                 Entry::Decision(_) => {}
                 Entry::Adopt(adopt) => writeln!(
@@ -366,6 +394,7 @@ impl Audit {
         for problem in &log.problems {
             writeln!(out, "line {}: {}", problem.line, problem.reason)?;
         }
+        writeln!(out, "{bill}")?;
         let adopted = adopt(&log).adopted;
         for record in &log.compactions {
             let attempts: Vec<String> = record
@@ -557,6 +586,60 @@ fn rebuilt<'r, 'a>(
 /// A request's figures on its `audit show` line: the budget and trigger it was
 /// measured against, the calibrated estimate of what was sent (`~`), the provider's
 /// count, and what happened when it was not a plain send.
+/// What the replies of a conversation cost at the configured prices, and those whose
+/// model has none: unpriced, never free.
+#[derive(Default)]
+struct Bill {
+    usd: f64,
+    priced: usize,
+    unpriced: std::collections::BTreeSet<String>,
+    unpriced_replies: usize,
+}
+
+impl Bill {
+    /// Adds a reply of `model` that billed `billed`; what `show` says of its cost.
+    fn add(
+        &mut self,
+        prices: &std::collections::BTreeMap<String, Price>,
+        model: &str,
+        billed: Billed,
+    ) -> String {
+        match price_of(prices, model) {
+            Some((_, price)) => {
+                let cost = price.cost(&billed);
+                self.usd += cost;
+                self.priced += 1;
+                format!(" cost=${cost:.6}")
+            }
+            None => {
+                self.unpriced.insert(strip_controls(model).into_owned());
+                self.unpriced_replies += 1;
+                " unpriced".to_owned()
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Bill {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "bill: ${:.6} for {} priced replies",
+            self.usd, self.priced
+        )?;
+        if self.unpriced_replies > 0 {
+            let models: Vec<&str> = self.unpriced.iter().map(String::as_str).collect();
+            write!(
+                f,
+                "; {} unpriced (no [prices] entry for {})",
+                self.unpriced_replies,
+                models.join(", ")
+            )?;
+        }
+        Ok(())
+    }
+}
+
 fn shown_figures(figure: &RequestFigures<'_>, compacted_here: bool) -> String {
     let mut shown = String::new();
     if let Some(hooks) = figure.hooks.filter(|h| !h.is_empty()) {

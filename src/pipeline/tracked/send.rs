@@ -292,6 +292,8 @@ impl Exchange<'_> {
                 .clone()
                 .filter(|_| self.chat.continues_conversation),
             metrics: Arc::clone(&self.state.metrics),
+            price: (self.snap.config.price(&self.chat.model))
+                .map(|(key, price)| (key.to_owned(), *price)),
             after: self.after_reply(),
             references: (self.chat.dialect == crate::dialect::DialectKind::Responses).then(|| {
                 let tokenizer = self

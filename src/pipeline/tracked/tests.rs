@@ -218,6 +218,7 @@ async fn a_reply_being_logged_when_the_client_leaves_is_still_logged() {
         required: true,
         conversation: None,
         metrics: std::sync::Arc::clone(&proxy.state.metrics),
+        price: None,
         references: None,
         decision: None,
         after: None,

@@ -778,6 +778,13 @@ pub trait Dialect: Send + Sync {
     /// The input tokens the upstream counted, from its `usage`.
     fn input_tokens(&self, usage: &Value) -> Option<u64>;
 
+    /// A reply's tokens by price class (fresh input, cache reads and writes, output),
+    /// from its `usage`; `None` when it reports none this dialect reads.
+    fn billed(&self, usage: &Value) -> Option<crate::config::Billed> {
+        let _ = usage;
+        None
+    }
+
     /// A message in the neutral form strategies read (OpenAI chat shape); one wire
     /// message may become several (Anthropic tool results become `tool` messages).
     fn neutral(&self, message: &Value) -> Vec<Value>;
@@ -800,3 +807,7 @@ impl ErrorResponse for ApiError {
         self.into_response_with(&body)
     }
 }
+
+#[cfg(test)]
+#[path = "billed_tests.rs"]
+mod billed_tests;

@@ -365,6 +365,16 @@ impl Dialect for AnthropicMessages {
         )
     }
 
+    fn billed(&self, usage: &Value) -> Option<crate::config::Billed> {
+        let field = |name: &str| usage.get(name).and_then(Value::as_u64);
+        Some(crate::config::Billed {
+            input: field("input_tokens")?,
+            cache_read: field("cache_read_input_tokens").unwrap_or(0),
+            cache_write: field("cache_creation_input_tokens").unwrap_or(0),
+            output: field("output_tokens").unwrap_or(0),
+        })
+    }
+
     fn neutral(&self, message: &Value) -> Vec<Value> {
         neutral::neutral(message)
     }

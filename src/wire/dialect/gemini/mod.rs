@@ -500,6 +500,18 @@ impl Dialect for Gemini {
         )
     }
 
+    fn billed(&self, usage: &Value) -> Option<crate::config::Billed> {
+        let field = |name: &str| usage.get(name).and_then(Value::as_u64).unwrap_or(0);
+        let input = self.input_tokens(usage)?;
+        let cached = field("cachedContentTokenCount").min(input);
+        Some(crate::config::Billed {
+            input: input - cached,
+            cache_read: cached,
+            cache_write: 0,
+            output: field("candidatesTokenCount") + field("thoughtsTokenCount"),
+        })
+    }
+
     fn neutral(&self, message: &Value) -> Vec<Value> {
         content::neutral(message)
     }

@@ -276,6 +276,23 @@ impl Dialect for OpenAiChat {
         usage.get("prompt_tokens")?.as_u64()
     }
 
+    fn billed(&self, usage: &Value) -> Option<crate::config::Billed> {
+        let prompt = usage.get("prompt_tokens")?.as_u64()?;
+        let cached = usage
+            .pointer("/prompt_tokens_details/cached_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        Some(crate::config::Billed {
+            input: prompt.saturating_sub(cached),
+            cache_read: cached.min(prompt),
+            cache_write: 0,
+            output: usage
+                .get("completion_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+        })
+    }
+
     fn neutral(&self, message: &Value) -> Vec<Value> {
         vec![message.clone()]
     }

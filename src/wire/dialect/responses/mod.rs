@@ -389,6 +389,23 @@ impl Dialect for OpenAiResponses {
         usage.get("input_tokens")?.as_u64()
     }
 
+    fn billed(&self, usage: &Value) -> Option<crate::config::Billed> {
+        let input = usage.get("input_tokens")?.as_u64()?;
+        let cached = usage
+            .pointer("/input_tokens_details/cached_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        Some(crate::config::Billed {
+            input: input.saturating_sub(cached),
+            cache_read: cached.min(input),
+            cache_write: 0,
+            output: usage
+                .get("output_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+        })
+    }
+
     fn neutral(&self, message: &Value) -> Vec<Value> {
         neutral(message).into_iter().collect()
     }

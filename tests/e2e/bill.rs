@@ -1,0 +1,65 @@
+//! The bill on the record: each reply's usage at the configured `[prices]`, in
+//! `audit show` (per reply and in total) and in the metrics; a model with no price is
+//! unpriced, never free.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use crate::support::scenario::chat_as;
+use crate::support::{Proxy, ProxyOptions};
+use mock_upstream::{MockUpstream, Reply};
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bill_is_usage_at_the_configured_prices_and_an_unpriced_model_says_so() {
+    let mock = MockUpstream::with(|_| {
+        Reply::json(
+            json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1,
+            "model": "m", "choices": [{"index": 0, "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "ok"}}],
+            "usage": {"prompt_tokens": 2006, "completion_tokens": 300, "total_tokens": 2306,
+                "prompt_tokens_details": {"cached_tokens": 1920}}}),
+        )
+    })
+    .await;
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml:
+                "[prices.\"priced-model\"]\ninput = 2.5\noutput = 10.0\ncache_read = 1.25\n".into(),
+            ..Default::default()
+        },
+    );
+    let mut history = vec![json!({"role": "user", "content": "one"})];
+    for next in ["two", "three"] {
+        let got = chat_as(&proxy, "billed", "priced-model", &history).await;
+        assert_eq!(got.status, 200, "{}", got.text());
+        history.push(got.json()["choices"][0]["message"].clone());
+        history.push(json!({"role": "user", "content": next}));
+    }
+    let got = chat_as(&proxy, "unpriced", "free-model", &history[..1]).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+
+    // 86 fresh at $2.50, 1,920 cached at $1.25 and 300 out at $10 per million.
+    let show = String::from_utf8(proxy.audit(&["show", "billed"]).stdout).unwrap();
+    assert_eq!(show.matches(" cost=$0.005615").count(), 2, "{show}");
+    assert!(
+        show.contains("bill: $0.011230 for 2 priced replies\n"),
+        "{show}"
+    );
+    let show = String::from_utf8(proxy.audit(&["show", "unpriced"]).stdout).unwrap();
+    assert!(show.contains(" unpriced"), "{show}");
+    assert!(
+        show.contains(
+            "bill: $0.000000 for 0 priced replies; 1 unpriced (no [prices] entry for free-model)"
+        ),
+        "{show}"
+    );
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains("handoff_cost_usd_total{price=\"priced-model\"} 0.01123"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("handoff_unpriced_replies_total 1"),
+        "{metrics}"
+    );
+}
