@@ -71,6 +71,10 @@ pub struct Attempt {
     /// Model calls made (a folding summary makes several).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calls: Option<u32>,
+    /// The model its calls went to (a summarising strategy's summary model), which
+    /// prices its `usage`; none for a strategy that calls no model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// Wall time in milliseconds.
     pub duration_ms: u64,
 }

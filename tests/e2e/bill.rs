@@ -63,3 +63,40 @@ async fn the_bill_is_usage_at_the_configured_prices_and_an_unpriced_model_says_s
         "{metrics}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_s_summary_calls_are_billed_to_its_conversation() {
+    let (_strict, mock) = crate::support::scenario::strict_mock(4096).await;
+    let prices = "[prices.\"strict\"]\ninput = 1.0\noutput = 2.0\n\
+                  [prices.\"strict-16k\"]\ninput = 3.0\noutput = 15.0\n";
+    let config = format!(
+        "{}prepare_at = 0\n{prices}",
+        crate::support::scenario::SUMMARY_16K_1S
+    );
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        crate::support::scenario::options(4096, &config),
+    );
+    crate::support::scenario::drive_until_compaction(&proxy, "summarised", 500, 20).await;
+
+    // What its records say the summary calls used, at the summary model's prices.
+    let records = crate::support::scenario::records(&proxy, "summarised");
+    let mut expected = 0.0;
+    for attempt in records
+        .iter()
+        .flat_map(|r| r["attempts"].as_array().unwrap())
+    {
+        if let Some(usage) = attempt.get("usage") {
+            assert_eq!(attempt["model"], "strict-16k", "{attempt}");
+            let tokens = |field: &str| usage[field].as_u64().unwrap() as f64;
+            expected += (tokens("prompt_tokens") * 3.0 + tokens("completion_tokens") * 15.0) / 1e6;
+        }
+    }
+    assert!(expected > 0.0, "a summary call was made: {records:?}");
+    let show = String::from_utf8(proxy.audit(&["show", "summarised"]).stdout).unwrap();
+    assert!(show.contains(" summary calls cost=$"), "{show}");
+    assert!(
+        show.contains(&format!("summary attempts (${expected:.6})")),
+        "{expected:.6} in {show}"
+    );
+}

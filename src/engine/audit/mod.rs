@@ -394,7 +394,6 @@ impl Audit {
         for problem in &log.problems {
             writeln!(out, "line {}: {}", problem.line, problem.reason)?;
         }
-        writeln!(out, "{bill}")?;
         let adopted = adopt(&log).adopted;
         for record in &log.compactions {
             let attempts: Vec<String> = record
@@ -415,7 +414,7 @@ impl Audit {
                 .collect();
             writeln!(
                 out,
-                "compaction {} {}: strategy={} reason={:?} tokens {}→{} covers {} messages; attempts: {}",
+                "compaction {} {}: strategy={} reason={:?} tokens {}→{} covers {} messages; attempts: {}{}",
                 record.id,
                 if adopted.contains_key(&record.source.prefix_digest) { "adopted" } else { "NOT ADOPTED" },
                 record.strategy,
@@ -423,9 +422,11 @@ impl Audit {
                 record.tokens_before,
                 record.tokens_after,
                 record.source.end_exclusive,
-                attempts.join(", ")
+                attempts.join(", "),
+                bill.add_compaction(&self.prices, record)
             )?;
         }
+        writeln!(out, "{bill}")?;
         Ok(())
     }
 
@@ -594,6 +595,9 @@ struct Bill {
     priced: usize,
     unpriced: std::collections::BTreeSet<String>,
     unpriced_replies: usize,
+    /// What the summary calls of its compactions cost, and how many attempts made them.
+    summaries_usd: f64,
+    summaries: usize,
 }
 
 impl Bill {
@@ -620,13 +624,59 @@ impl Bill {
     }
 }
 
+impl Bill {
+    /// Adds the summary calls of `record`'s attempts, billed as their (chat-shaped)
+    /// usage says at their model's price; what `show` says of their cost.
+    fn add_compaction(
+        &mut self,
+        prices: &std::collections::BTreeMap<String, Price>,
+        record: &crate::base::record::CompactionRecord,
+    ) -> String {
+        let mut cost = 0.0;
+        let mut unpriced = false;
+        for attempt in &record.attempts {
+            let (Some(model), Some(usage)) = (&attempt.model, &attempt.usage) else {
+                continue;
+            };
+            let Some(billed) = DialectKind::OpenAiChat.get().billed(usage) else {
+                continue;
+            };
+            match price_of(prices, model) {
+                Some((_, price)) => {
+                    cost += price.cost(&billed);
+                    self.summaries += 1;
+                }
+                None => {
+                    unpriced = true;
+                    self.unpriced.insert(strip_controls(model).into_owned());
+                    self.unpriced_replies += 1;
+                }
+            }
+        }
+        self.summaries_usd += cost;
+        match (cost > 0.0, unpriced) {
+            (_, true) => " summary calls unpriced".to_owned(),
+            (true, false) => format!(" summary calls cost=${cost:.6}"),
+            (false, false) => String::new(),
+        }
+    }
+}
+
 impl std::fmt::Display for Bill {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
             "bill: ${:.6} for {} priced replies",
-            self.usd, self.priced
+            self.usd + self.summaries_usd,
+            self.priced
         )?;
+        if self.summaries > 0 {
+            write!(
+                f,
+                " and {} summary attempts (${:.6})",
+                self.summaries, self.summaries_usd
+            )?;
+        }
         if self.unpriced_replies > 0 {
             let models: Vec<&str> = self.unpriced.iter().map(String::as_str).collect();
             write!(

@@ -181,6 +181,8 @@ pub(crate) async fn run_chain(
         let started = Instant::now();
         let mut own = named.input_for(input, equip);
         let input_for = own.as_ref().unwrap_or(input);
+        let model =
+            (!named.strategy.is_deterministic()).then(|| input_for.model.summary_model.clone());
         // The time limit is per model call: a folding attempt gets it once per call.
         let calls = named.strategy.max_model_calls(input_for).max(1);
         let timeout = named.timeout.unwrap_or(timeout) * calls;
@@ -205,6 +207,7 @@ pub(crate) async fn run_chain(
                     error: None,
                     usage: summary.usage.clone(),
                     calls: summary.calls,
+                    model,
                     duration_ms,
                 });
                 return ChainOutcome {
@@ -224,6 +227,7 @@ pub(crate) async fn run_chain(
                     error: Some(message),
                     usage: err.usage,
                     calls: err.calls,
+                    model: model.clone(),
                     duration_ms,
                 });
             }

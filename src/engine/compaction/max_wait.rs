@@ -198,6 +198,7 @@ impl Compactor {
                     )),
                     usage: None,
                     calls: None,
+                    model: None,
                     duration_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
                 },
             );

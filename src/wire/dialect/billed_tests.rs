@@ -62,4 +62,17 @@ fn each_api_s_usage_is_read_into_fresh_cached_written_and_output_tokens() {
         }
     );
     assert!(DialectKind::OpenAiChat.get().billed(&json!({})).is_none());
+    // A summary call through Anthropic, as its translator hands it back: the cache's
+    // share kept, so it is billed at the cache prices.
+    let translated = json!({"prompt_tokens": 398, "completion_tokens": 40,
+        "prompt_tokens_details": {"cached_tokens": 100}, "cache_creation_input_tokens": 248});
+    assert_eq!(
+        billed(DialectKind::OpenAiChat, translated),
+        Billed {
+            input: 50,
+            cache_read: 100,
+            cache_write: 248,
+            output: 40
+        }
+    );
 }

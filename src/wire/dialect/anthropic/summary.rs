@@ -69,7 +69,11 @@ pub(crate) fn to_completion(status: u16, body: Value) -> Value {
         "object": "chat.completion",
         "model": body["model"],
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
-        "usage": {"prompt_tokens": prompt, "completion_tokens": field("output_tokens"), "total_tokens": prompt + field("output_tokens")},
+        // The cache's share kept as OpenAI spells it (and Anthropic's writes as it
+        // does), so the summary call is billed at its cache prices.
+        "usage": {"prompt_tokens": prompt, "completion_tokens": field("output_tokens"), "total_tokens": prompt + field("output_tokens"),
+                  "prompt_tokens_details": {"cached_tokens": field("cache_read_input_tokens")},
+                  "cache_creation_input_tokens": field("cache_creation_input_tokens")},
     })
 }
 

@@ -80,7 +80,8 @@ pub(crate) fn to_completion(status: u16, body: Value) -> Value {
         "model": body["modelVersion"],
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text.concat()}, "finish_reason": finish}],
         "usage": {"prompt_tokens": field("promptTokenCount"), "completion_tokens": completion,
-                  "total_tokens": field("promptTokenCount") + completion},
+                  "total_tokens": field("promptTokenCount") + completion,
+                  "prompt_tokens_details": {"cached_tokens": field("cachedContentTokenCount")}},
     })
 }
 

@@ -277,19 +277,21 @@ impl Dialect for OpenAiChat {
     }
 
     fn billed(&self, usage: &Value) -> Option<crate::config::Billed> {
-        let prompt = usage.get("prompt_tokens")?.as_u64()?;
-        let cached = usage
-            .pointer("/prompt_tokens_details/cached_tokens")
-            .and_then(Value::as_u64)
-            .unwrap_or(0);
+        let field = |pointer: &str| usage.pointer(pointer).and_then(Value::as_u64);
+        let prompt = field("/prompt_tokens")?;
+        let cached = field("/prompt_tokens_details/cached_tokens")
+            .unwrap_or(0)
+            .min(prompt);
+        // A summary call through another API comes back in this shape, with the
+        // cache writes that API bills apart (Anthropic's) kept beside.
+        let written = field("/cache_creation_input_tokens")
+            .unwrap_or(0)
+            .min(prompt - cached);
         Some(crate::config::Billed {
-            input: prompt.saturating_sub(cached),
-            cache_read: cached.min(prompt),
-            cache_write: 0,
-            output: usage
-                .get("completion_tokens")
-                .and_then(Value::as_u64)
-                .unwrap_or(0),
+            input: prompt - cached - written,
+            cache_read: cached,
+            cache_write: written,
+            output: field("/completion_tokens").unwrap_or(0),
         })
     }
 

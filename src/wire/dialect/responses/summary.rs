@@ -67,7 +67,8 @@ pub(crate) fn to_completion(status: u16, body: Value) -> Value {
         "object": "chat.completion",
         "model": body["model"],
         "choices": [{"index": 0, "message": {"role": "assistant", "content": output_text(&body)}, "finish_reason": finish}],
-        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                  "prompt_tokens_details": {"cached_tokens": usage["input_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0)}},
     })
 }
 
