@@ -393,10 +393,11 @@ async fn a_log_that_does_not_verify_says_so_first() {
     let proxy = support::Proxy::start(&mock.url());
     let messages = [serde_json::json!({"role": "user", "content": "hello"})];
     assert_eq!(chat(&proxy, "torn-ui", &messages).await.status, 200);
-    assert!(timeline_seen(&proxy, "torn-ui").await["problems"]
-        .as_array()
-        .unwrap()
-        .is_empty());
+    let seen = timeline_seen(&proxy, "torn-ui").await;
+    assert!(seen["problems"].as_array().unwrap().is_empty());
+    // The bill says the reply's model has no price, not that it was free.
+    let bill = seen["bill"][0].as_str().unwrap_or_default();
+    assert!(bill.contains("1 unpriced (no price for strict)"), "{seen}");
     let log = proxy.conversation_dir("torn-ui").join("messages.jsonl");
     let mut text = std::fs::read_to_string(&log).unwrap();
     text.push_str("{\"v\":1,\"at\":\"t\",\"kind\":\"message\",\"pad\":[\n\"x\"]}\n");

@@ -28,6 +28,8 @@ try:
     out["messages"] = len(driver.find_elements(By.CSS_SELECTOR, "details[data-digest]"))
     # A log that does not verify says so before anything else.
     out["problems"] = [e.text for e in driver.find_elements(By.CSS_SELECTOR, '#app [role="alert"].problems')]
+    # The bill line under the chart.
+    out["bill"] = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#app [data-bill]")]
     out["raw"] = len(driver.find_elements(By.CSS_SELECTOR, '[data-unrenderable="true"]'))
     # What a client sent is text: no element of its making, no script of its making ran.
     out["injected"] = len(driver.find_elements(By.CSS_SELECTOR, "#app img, #app script, #app iframe"))

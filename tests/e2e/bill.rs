@@ -53,6 +53,25 @@ async fn the_bill_is_usage_at_the_configured_prices_and_an_unpriced_model_says_s
         ),
         "{show}"
     );
+    // The admin API's timeline (and the web view it feeds) carries the same bill.
+    let url = format!("{}/handoff/conversations/billed/timeline", proxy.url());
+    let timeline =
+        crate::support::client::send(crate::support::client::request("GET", &url, &[], ""))
+            .await
+            .json();
+    assert!(
+        (timeline["bill"]["usd"].as_f64().unwrap() - 0.01123).abs() < 1e-9,
+        "{}",
+        timeline["bill"]
+    );
+    assert_eq!(timeline["bill"]["priced_replies"], 2);
+    let costs: Vec<f64> = timeline["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|event| event["cost_usd"].as_f64())
+        .collect();
+    assert_eq!(costs.len(), 2, "each reply's cost: {costs:?}");
     let metrics = proxy.metrics().await;
     assert!(
         metrics.contains("handoff_cost_usd_total{price=\"priced-model\"} 0.01123"),

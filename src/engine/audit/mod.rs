@@ -1,6 +1,7 @@
 //! `handoff audit`: read-only views of the log of originals, safe to run while the
 //! server writes (appends only ever add whole lines).
 
+mod bill;
 mod branch;
 mod figures;
 mod sent;
@@ -26,7 +27,7 @@ use crate::base::digest::Digest;
 use crate::base::line::Entry;
 use crate::base::tenant::TenantId;
 use crate::compaction::adopt;
-use crate::config::{price_of, Billed, Price};
+use crate::config::Price;
 use crate::conversation::ConversationId;
 use crate::dialect::DialectKind;
 use crate::redact::strip_controls;
@@ -254,7 +255,7 @@ impl Audit {
         let figures = request_figures(&log);
         let first_uses = compacted_here(figures.iter().map(RequestFigures::compaction));
         let mut requests = 0;
-        let mut bill = Bill::default();
+        let mut bill = bill::Bill::default();
         let mut last_model = "";
         for line in &log.lines {
             match &line.entry {
@@ -423,7 +424,11 @@ impl Audit {
                 record.tokens_after,
                 record.source.end_exclusive,
                 attempts.join(", "),
-                bill.add_compaction(&self.prices, record)
+                match bill.add_compaction(&self.prices, record) {
+                    None => " summary calls unpriced".to_owned(),
+                    Some(cost) if cost > 0.0 => format!(" summary calls cost=${cost:.6}"),
+                    Some(_) => String::new(),
+                }
             )?;
         }
         writeln!(out, "{bill}")?;
@@ -587,109 +592,6 @@ fn rebuilt<'r, 'a>(
 /// A request's figures on its `audit show` line: the budget and trigger it was
 /// measured against, the calibrated estimate of what was sent (`~`), the provider's
 /// count, and what happened when it was not a plain send.
-/// What the replies of a conversation cost at the configured prices, and those whose
-/// model has none: unpriced, never free.
-#[derive(Default)]
-struct Bill {
-    usd: f64,
-    priced: usize,
-    unpriced: std::collections::BTreeSet<String>,
-    unpriced_replies: usize,
-    /// What the summary calls of its compactions cost, and how many attempts made them.
-    summaries_usd: f64,
-    summaries: usize,
-}
-
-impl Bill {
-    /// Adds a reply of `model` that billed `billed`; what `show` says of its cost.
-    fn add(
-        &mut self,
-        prices: &std::collections::BTreeMap<String, Price>,
-        model: &str,
-        billed: Billed,
-    ) -> String {
-        match price_of(prices, model) {
-            Some((_, price)) => {
-                let cost = price.cost(&billed);
-                self.usd += cost;
-                self.priced += 1;
-                format!(" cost=${cost:.6}")
-            }
-            None => {
-                self.unpriced.insert(strip_controls(model).into_owned());
-                self.unpriced_replies += 1;
-                " unpriced".to_owned()
-            }
-        }
-    }
-}
-
-impl Bill {
-    /// Adds the summary calls of `record`'s attempts, billed as their (chat-shaped)
-    /// usage says at their model's price; what `show` says of their cost.
-    fn add_compaction(
-        &mut self,
-        prices: &std::collections::BTreeMap<String, Price>,
-        record: &crate::base::record::CompactionRecord,
-    ) -> String {
-        let mut cost = 0.0;
-        let mut unpriced = false;
-        for attempt in &record.attempts {
-            let (Some(model), Some(usage)) = (&attempt.model, &attempt.usage) else {
-                continue;
-            };
-            let Some(billed) = DialectKind::OpenAiChat.get().billed(usage) else {
-                continue;
-            };
-            match price_of(prices, model) {
-                Some((_, price)) => {
-                    cost += price.cost(&billed);
-                    self.summaries += 1;
-                }
-                None => {
-                    unpriced = true;
-                    self.unpriced.insert(strip_controls(model).into_owned());
-                    self.unpriced_replies += 1;
-                }
-            }
-        }
-        self.summaries_usd += cost;
-        match (cost > 0.0, unpriced) {
-            (_, true) => " summary calls unpriced".to_owned(),
-            (true, false) => format!(" summary calls cost=${cost:.6}"),
-            (false, false) => String::new(),
-        }
-    }
-}
-
-impl std::fmt::Display for Bill {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "bill: ${:.6} for {} priced replies",
-            self.usd + self.summaries_usd,
-            self.priced
-        )?;
-        if self.summaries > 0 {
-            write!(
-                f,
-                " and {} summary attempts (${:.6})",
-                self.summaries, self.summaries_usd
-            )?;
-        }
-        if self.unpriced_replies > 0 {
-            let models: Vec<&str> = self.unpriced.iter().map(String::as_str).collect();
-            write!(
-                f,
-                "; {} unpriced (no [prices] entry for {})",
-                self.unpriced_replies,
-                models.join(", ")
-            )?;
-        }
-        Ok(())
-    }
-}
-
 fn shown_figures(figure: &RequestFigures<'_>, compacted_here: bool) -> String {
     let mut shown = String::new();
     if let Some(hooks) = figure.hooks.filter(|h| !h.is_empty()) {

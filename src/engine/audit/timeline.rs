@@ -63,6 +63,9 @@ pub fn timeline(
     let mut request_events: Vec<usize> = Vec::with_capacity(figures.len());
     let mut requests = 0usize;
     let mut rescues: HashMap<Option<PrefixDigest>, &RescueLine> = HashMap::new();
+    let dialect = tree.dialect();
+    let mut bill = super::bill::Bill::default();
+    let mut last_model = "";
     for line in &log.lines {
         match &line.entry {
             Entry::Message(message) => {
@@ -87,6 +90,16 @@ pub fn timeline(
                 positions.insert(message.digest, depth);
                 let counted = count(&value);
                 message_tokens.insert(message.digest, counted);
+                // A reply names its model; a line without one, its request's.
+                let billed_as = if message.model.is_empty() {
+                    last_model
+                } else {
+                    &message.model
+                };
+                let cost = message
+                    .usage
+                    .as_ref()
+                    .and_then(|usage| bill.reply(&config.prices, dialect, billed_as, usage));
                 events.push(json!({
                     "type": "message",
                     "at": line.at,
@@ -100,11 +113,13 @@ pub fn timeline(
                     "tokens": counted,
                     "message": value,
                     "usage": message.usage,
+                    "cost_usd": cost,
                     "finish_reason": message.finish_reason,
                     "incomplete": message.incomplete,
                 }));
             }
             Entry::Request(request) => {
+                last_model = &request.model;
                 if let Some((index, earlier)) = pending.take() {
                     rebuilt[index] = Some(sized(
                         &tree,
@@ -171,6 +186,7 @@ pub fn timeline(
                     "prefix_digest": record.source.prefix_digest.to_hex(),
                     "attempts": record.attempts,
                     "usage": record.usage,
+                    "summary_cost_usd": bill.add_compaction(&config.prices, record),
                     "handoff": handoff_text(&record.handoff),
                     // A prepared record waits for the first request that could adopt it.
                     "waiting_from": record.prepared.as_ref().map(|_| requests + 1),
@@ -305,6 +321,7 @@ pub fn timeline(
     let mut problems = super::verify_log(log);
     problems.extend(crate::adoption::compaction_problems(log));
     problems.sort_by_key(|p| p.line);
+    value["bill"] = bill.json();
     value["problems"] = json!(problems.len());
     value["problem_list"] = Value::Array(
         problems
