@@ -122,7 +122,7 @@ impl Bill {
         let before = self.usd;
         let priced = self.priced;
         self.add(prices, model, billed);
-        (self.priced > priced).then(|| self.usd - before)
+        (self.priced > priced).then_some(self.usd - before)
     }
 
     /// The bill as the timeline gives it.
