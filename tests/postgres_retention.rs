@@ -127,28 +127,8 @@ async fn a_reply_that_lands_after_the_erasure_leaves_no_row() {
     })
     .await;
     let proxy = replica(&mock, &db, "");
-    let url = proxy.url();
     let marker = "PG-ERASE-ME-in-flight";
-    let in_flight = tokio::spawn(async move {
-        let body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": marker}]});
-        support::client::send(support::client::request(
-            "POST",
-            &format!("{url}/v1/chat/completions"),
-            &[
-                ("content-type", "application/json"),
-                ("x-handoff-conversation-id", "in-flight"),
-            ],
-            body.to_string(),
-        ))
-        .await
-    });
-    // The request's lines are in the database once the upstream has it.
-    for _ in 0..100 {
-        if !mock.requests().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let in_flight = support::scenario::turn_in_flight(&proxy, &mock, "in-flight", marker).await;
     assert!(db.dump().contains(marker));
     let erased = stdout_json(&proxy.audit(&["erase", "--conversation", "in-flight", "--json"]));
     assert_eq!(erased["erased"], json!(["in-flight"]));

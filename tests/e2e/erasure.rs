@@ -14,27 +14,9 @@ async fn a_reply_that_lands_after_the_erasure_does_not_bring_the_conversation_ba
     let mock =
         MockUpstream::with(|_| Reply::chat_text("late").delayed(Duration::from_millis(1500))).await;
     let proxy = Proxy::start(&mock.url());
-    let url = proxy.url();
-    let in_flight = tokio::spawn(async move {
-        let body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "ERASE-ME-in-flight"}]});
-        crate::support::client::send(crate::support::client::request(
-            "POST",
-            &format!("{url}/v1/chat/completions"),
-            &[
-                ("content-type", "application/json"),
-                ("x-handoff-conversation-id", "in-flight"),
-            ],
-            body.to_string(),
-        ))
-        .await
-    });
-    // The request's lines are on disk once the upstream has it.
-    for _ in 0..100 {
-        if !mock.requests().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let in_flight =
+        crate::support::scenario::turn_in_flight(&proxy, &mock, "in-flight", "ERASE-ME-in-flight")
+            .await;
     let folder = proxy.conversation_dir("in-flight");
     assert!(folder.join("messages.jsonl").is_file());
     let erased = proxy.audit(&["erase", "--conversation", "in-flight", "--json"]);

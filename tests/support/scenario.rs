@@ -349,3 +349,30 @@ pub async fn echo_mock() -> MockUpstream {
     })
     .await
 }
+
+/// Sends the user turn `text` in conversation `id` on a task of its own, and returns
+/// once `mock` has it: the request's lines are logged by then, its reply not yet.
+pub async fn turn_in_flight(
+    proxy: &Proxy,
+    mock: &MockUpstream,
+    id: &str,
+    text: &str,
+) -> tokio::task::JoinHandle<client::Whole> {
+    let url = format!("{}/v1/chat/completions", proxy.url());
+    let body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": text}]});
+    let id = id.to_owned();
+    let sent = tokio::spawn(async move {
+        let headers = [
+            ("content-type", "application/json"),
+            ("x-handoff-conversation-id", id.as_str()),
+        ];
+        client::send(request("POST", &url, &headers, body.to_string())).await
+    });
+    for _ in 0..100 {
+        if !mock.requests().is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    sent
+}
