@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use mock_upstream::strict::{Strict, SUMMARY_PROMPT_START};
+use mock_upstream::strict::Strict;
 use mock_upstream::{MockUpstream, Recorded, Reply};
 use serde_json::{json, Value};
 use support::postgres::Postgres;
@@ -22,9 +22,7 @@ const SUMMARY_16K: &str =
     "[compaction]\nsummary_model = \"strict-16k\"\nsummary_timeout = \"20s\"\n";
 
 fn is_summary(request: &Recorded) -> bool {
-    request.json()["messages"][0]["content"]
-        .as_str()
-        .is_some_and(|s| s.starts_with(SUMMARY_PROMPT_START))
+    mock_upstream::strict::is_summary(&request.json())
 }
 
 /// A strict provider whose first `slow` summary calls wait `delay` first.

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mock_upstream::strict::{Strict, SUMMARY_PROMPT_START};
+use mock_upstream::strict::Strict;
 use mock_upstream::MockUpstream;
 use serde_json::{json, Value};
 use support::scenario::{agent_requests, agent_turn, big_user, options, paced, records};
@@ -127,11 +127,9 @@ async fn a_kill_during_a_preparation_leaves_nothing_half_made_and_the_next_cross
     let mut n = 0;
     // Until a summary call is on its way: the preparation is running.
     let summarising = |mock: &MockUpstream| {
-        mock.requests().iter().any(|r| {
-            r.json()["messages"][0]["content"]
-                .as_str()
-                .is_some_and(|s| s.starts_with(SUMMARY_PROMPT_START))
-        })
+        mock.requests()
+            .iter()
+            .any(|r| mock_upstream::strict::is_summary(&r.json()))
     };
     let mut latencies = Vec::new();
     while !summarising(&mock) {

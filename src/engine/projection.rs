@@ -248,6 +248,22 @@ impl ModelView<'_> {
         if self.compaction.is_none() && matches!(self.live, Cow::Borrowed(_)) {
             return Ok(Cow::Borrowed(body));
         }
+        let messages = self.raw_messages();
+        Ok(Cow::Owned(self.with_list(body, &messages)?))
+    }
+
+    /// The request body with the messages this view sends before its live message
+    /// `cut`: the conversation as the upstream last saw it, cut after the history a
+    /// compaction at `cut` covers.
+    pub fn render_prefix(&self, body: &Chunks, cut: usize) -> Result<Chunks, ProjectionError> {
+        let mut messages = self.raw_messages();
+        let before = messages.len().saturating_sub(self.live.len());
+        messages.truncate(before + cut.min(self.live.len()));
+        self.with_list(body, &messages)
+    }
+
+    /// `body` with `messages` as its list.
+    fn with_list(&self, body: &Chunks, messages: &[&str]) -> Result<Chunks, ProjectionError> {
         let known = self.list.clone().filter(|list| {
             body.byte(list.start) == Some(b'[')
                 && list.end > 0
@@ -257,7 +273,6 @@ impl ModelView<'_> {
             Some(list) => (list.start, list.end),
             None => list_in(body.contiguous(), self.dialect.get().list_field())?,
         };
-        let messages = self.raw_messages();
         let size: usize = messages.iter().map(|m| m.len() + 1).sum();
         let mut out = Vec::with_capacity(body.len() - (end - start) + size + 2);
         body.copy_into(0..start, &mut out);
@@ -270,7 +285,7 @@ impl ModelView<'_> {
         }
         out.push(b']');
         body.copy_into(end..body.len(), &mut out);
-        Ok(Cow::Owned(Chunks::from(out)))
+        Ok(Chunks::from(out))
     }
 }
 

@@ -9,7 +9,6 @@
 use std::sync::Arc;
 
 use mock_upstream::anthropic::StrictAnthropic;
-use mock_upstream::strict::SUMMARY_PROMPT_START;
 use mock_upstream::{MockUpstream, Recorded};
 use serde_json::{json, Value};
 
@@ -38,10 +37,7 @@ async fn strict_anthropic(window: u64) -> (Arc<StrictAnthropic>, MockUpstream) {
 }
 
 fn is_summary(request: &Recorded) -> bool {
-    let system = request.json()["system"].clone();
-    system
-        .as_str()
-        .is_some_and(|s| s.starts_with(SUMMARY_PROMPT_START))
+    mock_upstream::strict::is_summary(&request.json())
 }
 
 #[tokio::test]

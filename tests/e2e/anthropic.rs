@@ -11,7 +11,6 @@ use crate::support::client::{self, request};
 use crate::support::scenario::{self, estimate_model, records, serve_strict};
 use crate::support::{canonical, Proxy, ProxyOptions};
 use mock_upstream::anthropic::StrictAnthropic;
-use mock_upstream::strict::SUMMARY_PROMPT_START;
 use mock_upstream::{MockUpstream, Recorded};
 use serde_json::{json, Value};
 
@@ -29,10 +28,7 @@ fn options(data: &std::path::Path, window: u64) -> ProxyOptions {
 }
 
 fn is_summary(request: &Recorded) -> bool {
-    let system = request.json()["system"].clone();
-    system
-        .as_str()
-        .is_some_and(|s| s.starts_with(SUMMARY_PROMPT_START))
+    mock_upstream::strict::is_summary(&request.json())
 }
 
 fn agent_requests(mock: &MockUpstream) -> Vec<Recorded> {

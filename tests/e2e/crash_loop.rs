@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crate::support::scenario::{big_user, chat, options};
 use crate::support::Proxy;
-use mock_upstream::strict::{Strict, SUMMARY_PROMPT_START};
+use mock_upstream::strict::Strict;
 use mock_upstream::{MockUpstream, Reply};
 use serde_json::{json, Value};
 
@@ -85,9 +85,7 @@ async fn kill_nine_at_random_points_never_breaks_the_log() {
     let (responder, delays) = (Arc::clone(&strict), Arc::clone(&random));
     let mock = MockUpstream::with(move |req| {
         let answer = responder.answer(req);
-        let summary = req.json()["messages"][0]["content"]
-            .as_str()
-            .is_some_and(|s| s.starts_with(SUMMARY_PROMPT_START));
+        let summary = mock_upstream::strict::is_summary(&req.json());
         if summary {
             return Reply::Delayed {
                 delay: Duration::from_millis(delays.below(400)),

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use crate::support::client::{self, request, Whole};
 use crate::support::{access_lines, message_lines, read_tree, Proxy, ProxyOptions};
 use mock_upstream::scripted::{ScriptedCoder, Thinking};
-use mock_upstream::strict::SUMMARY_PROMPT_START;
 use mock_upstream::MockUpstream;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -289,11 +288,7 @@ async fn an_overflow_is_compacted_and_retried_with_a_summary_in_gemini_s_shape()
     let seen = mock.requests();
     let summaries: Vec<_> = seen
         .iter()
-        .filter(|r| {
-            r.json()["systemInstruction"]["parts"][0]["text"]
-                .as_str()
-                .is_some_and(|t| t.starts_with(SUMMARY_PROMPT_START))
-        })
+        .filter(|r| mock_upstream::strict::is_summary(&r.json()))
         .collect();
     assert!(!summaries.is_empty(), "{seen:?}");
     for summary in &summaries {

@@ -312,12 +312,7 @@ async fn models_and_routes_choose_their_chain_and_upstream() {
     let summary_request = routed
         .requests()
         .into_iter()
-        .find(|r| {
-            r.json()["messages"][0]["content"]
-                .as_str()
-                .unwrap_or("")
-                .starts_with("You are writing a handoff")
-        })
+        .find(|r| mock_upstream::strict::is_summary(&r.json()))
         .unwrap();
     assert_eq!(
         summary_request.json()["max_tokens"],

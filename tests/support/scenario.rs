@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use mock_upstream::strict::{Strict, SUMMARY_PROMPT_START};
+use mock_upstream::strict::Strict;
 use mock_upstream::{MockUpstream, Recorded};
 use serde_json::{json, Value};
 
@@ -99,12 +99,7 @@ pub fn records(proxy: &Proxy, id: &str) -> Vec<Value> {
 pub fn agent_requests(mock: &MockUpstream) -> Vec<Recorded> {
     mock.requests()
         .into_iter()
-        .filter(|r| {
-            !r.json()["messages"][0]["content"]
-                .as_str()
-                .unwrap_or("")
-                .starts_with(mock_upstream::strict::SUMMARY_PROMPT_START)
-        })
+        .filter(|r| !mock_upstream::strict::is_summary(&r.json()))
         .collect()
 }
 
@@ -186,9 +181,7 @@ pub async fn paced(
     let answering = Arc::clone(strict);
     MockUpstream::with(move |request| {
         let reply = answering.answer(request);
-        let summarising = request.json()["messages"][0]["content"]
-            .as_str()
-            .is_some_and(|system| system.starts_with(SUMMARY_PROMPT_START));
+        let summarising = mock_upstream::strict::is_summary(&request.json());
         let wait = if summarising { summary } else { turn };
         if wait.is_zero() {
             reply

@@ -166,6 +166,9 @@ pub struct StrategyInput {
     pub client: Arc<dyn ModelClient>,
     /// The host's token counter for the summary model.
     pub tokens: Arc<dyn TokenCounter>,
+    /// The conversation itself, continued: present when the summary model is the
+    /// conversation's own, so a summary call can reuse the provider's prompt cache.
+    pub conversation: Option<Arc<dyn ConversationClient>>,
 }
 
 /// A strategy's product: the handoff text and what the model charged for it.
@@ -223,6 +226,24 @@ pub struct ModelCallError(pub String);
 pub trait ModelClient: Send + Sync {
     /// Sends a chat-completions request body and returns the answer.
     fn complete(&self, body: Value) -> BoxFuture<'_, Result<ModelReply, ModelCallError>>;
+}
+
+/// Calls that continue the conversation being compacted, as its upstream last saw it:
+/// the request the client sent (its tools, system prompt, settings), its messages up
+/// to the end of the history, then one user turn. The upstream reads that prefix from
+/// its prompt cache, so such a call costs a fraction of one that renders the history
+/// as text. The recent messages are never in it.
+pub trait ConversationClient: Send + Sync {
+    /// Tokens the continued prefix takes, as the conversation's model counts them.
+    fn prefix_tokens(&self) -> u64;
+
+    /// The reply, in the chat-completions shape, to `instruction` sent as a user turn
+    /// after the history, with at most `max_tokens` of output.
+    fn ask(
+        &self,
+        instruction: String,
+        max_tokens: u64,
+    ) -> BoxFuture<'_, Result<ModelReply, ModelCallError>>;
 }
 
 /// Token counting with the host's tokenizer for a model.

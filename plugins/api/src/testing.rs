@@ -59,5 +59,6 @@ pub fn input(history: Vec<Unit>, window: u64, handoff_tokens: u64) -> StrategyIn
         cancel: CancellationToken::new(),
         client: Arc::new(NoModel),
         tokens: Arc::new(BytesPerFour),
+        conversation: None,
     }
 }

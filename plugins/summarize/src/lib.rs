@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod check;
+mod continued;
 pub mod fold;
 mod parallel;
 mod render;
@@ -25,6 +26,7 @@ use handoff_plugin_api::{
 };
 use serde_json::{json, Map, Value};
 
+pub use continued::instruction as continued_instruction;
 pub use fold::{plan_parts, Part, Room};
 pub use render::{render_part, render_request_text, Position, RenderOptions};
 
@@ -337,6 +339,53 @@ impl Strategy for Summarize {
         input: &'a StrategyInput,
     ) -> BoxFuture<'a, Result<Summary, AttemptError>> {
         async move {
+            // The conversation's own cached prefix first; the rendered history if that
+            // call fails, its cost kept on the bill.
+            let mut failed = None;
+            if let Some(conversation) = input.conversation.as_deref() {
+                if self.continued_fits(input, conversation) {
+                    match self.continued(input, conversation).await {
+                        Ok(summary) => return Ok(summary),
+                        Err(err) if err.reason == FailureReason::Cancelled => return Err(err),
+                        Err(err) => failed = Some(err),
+                    }
+                }
+            }
+            let rendered = self.rendered(input).await;
+            match failed {
+                None => rendered,
+                Some(failed) => match rendered {
+                    Ok(summary) => Ok(continued::after_failed(summary, &failed)),
+                    Err(err) => {
+                        let usages: Vec<&Value> =
+                            err.usage.iter().chain(failed.usage.iter()).collect();
+                        let usage = sum_usage(usages);
+                        let calls = err.calls.unwrap_or(0) + failed.calls.unwrap_or(1);
+                        Err(AttemptError::new(
+                            err.reason,
+                            format!(
+                                "{} (a call over the cached conversation failed first: {})",
+                                err.message, failed.message
+                            ),
+                        )
+                        .with_usage(usage)
+                        .with_calls(calls))
+                    }
+                },
+            }
+        }
+        .boxed()
+    }
+
+    fn max_model_calls(&self, input: &StrategyInput) -> u32 {
+        input.budgets.max_calls.max(1) + u32::from(input.conversation.is_some())
+    }
+}
+
+impl Summarize {
+    /// The history rendered as text in the summary request: one call, or a fold.
+    async fn rendered(&self, input: &StrategyInput) -> Result<Summary, AttemptError> {
+        {
             let parts = self.plan(input)?;
             let prompt = input.tokens.count_message(&self.system_message());
             let previous = input
@@ -348,11 +397,6 @@ impl Strategy for Summarize {
                 _ => self.fold(input, parts).await,
             }
         }
-        .boxed()
-    }
-
-    fn max_model_calls(&self, input: &StrategyInput) -> u32 {
-        input.budgets.max_calls.max(1)
     }
 }
 

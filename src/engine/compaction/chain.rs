@@ -93,6 +93,11 @@ impl NamedStrategy {
         if let Some(keep) = self.prune {
             own.history = prune_tool_outputs(&input.history, keep, own.tokens.as_ref());
         }
+        // The conversation continued is the request model's, and holds every tool
+        // output whole: a strategy with another model, or pruned output, renders.
+        if self.prune.is_some() || own.model.summary_model != own.model.model {
+            own.conversation = None;
+        }
         Some(own)
     }
 }

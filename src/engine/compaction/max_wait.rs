@@ -75,6 +75,7 @@ impl Job<'_> {
             waits_for_running: self.waits_for_running,
             detached: self.detached,
             keep_less: self.keep_less,
+            continuer: self.continuer.clone(),
         }
     }
 }

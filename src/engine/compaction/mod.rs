@@ -5,6 +5,7 @@
 //! - [`budget`]: when to compact, with the calibrated estimate;
 //! - [`mod@unit`] and [`split`]: where to cut, never inside a unit;
 //! - [`chain`]: the strategies tried in order, every attempt recorded;
+//! - [`continued`]: summary calls over the conversation's own cached prefix;
 //! - [`handoff`]: the continuation + handoff pair;
 //! - the record and the rule that adopts it (record + boundary) live in
 //!   [`crate::base::record`] and [`crate::adoption`], below this layer;
@@ -23,6 +24,7 @@
 mod blocking;
 pub mod budget;
 pub mod chain;
+pub mod continued;
 pub mod decision;
 mod handoff;
 mod ledger;

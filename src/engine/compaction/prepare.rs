@@ -247,6 +247,8 @@ pub struct Preparation {
     pub reason: Reason,
     /// Tokens the recent part is kept smaller by ([`Job::keep_less`]).
     pub keep_less: u64,
+    /// How its summary call continues the conversation ([`Job::continuer`]).
+    pub continuer: Option<Arc<crate::compaction::continued::Continuer>>,
 }
 
 impl Preparation {
@@ -279,6 +281,7 @@ impl Preparation {
         job.reason = self.reason;
         job.detached = true;
         job.keep_less = self.keep_less;
+        job.continuer = self.continuer.clone();
         job.seen_compact_id = self.seen_compact_id.clone();
         match self.compactor.compact(&job).await {
             Ok(view) => {

@@ -234,7 +234,29 @@ impl Compactor {
             cancel: cancel.clone(),
             client: Arc::clone(&job.client),
             tokens: self.tokens.counter(job.summary_tokenizer),
+            conversation: self.continued(job, view, plan),
         }
+    }
+
+    /// The conversation continued before the plan's cut, when the summary model is the
+    /// request's own: the view's prefix, as the upstream read it, in the model's count.
+    fn continued(
+        &self,
+        job: &Job<'_>,
+        view: &ModelView<'_>,
+        plan: &Plan,
+    ) -> Option<Arc<dyn handoff_plugin_api::ConversationClient>> {
+        let continuer = job.continuer.as_ref()?;
+        if job.model.summary_model != job.model.model {
+            return None;
+        }
+        let recent = job.scale.tokens(plan.rest.saturating_sub(plan.fixed));
+        let prefix = self.count(job, view).saturating_sub(recent);
+        let client = Arc::new(super::model_client::Bounded::new(
+            Arc::clone(&continuer.client),
+            Arc::clone(&self.summary_slots),
+        ));
+        continuer.conversation(view, plan.cut, prefix, client)
     }
 
     /// Runs the chain, each strategy counting in the tokens it is judged in: a summary

@@ -121,6 +121,9 @@ pub struct Job<'a> {
     /// before a request adopts it (the view's distance to the trigger), so that the
     /// recent part at adoption is the `keep_recent` an inline run keeps.
     pub keep_less: u64,
+    /// How a summary call continues this request's conversation over its cached
+    /// prefix; `None` renders the history as text.
+    pub continuer: Option<Arc<super::continued::Continuer>>,
 }
 
 impl Job<'_> {
@@ -209,6 +212,7 @@ impl<'a> Job<'a> {
             waits_for_running: false,
             detached: false,
             keep_less: 0,
+            continuer: None,
             client,
             chain,
         }

@@ -12,6 +12,7 @@ mod strategy;
 
 use std::sync::Arc;
 
+use handoff_plugin_api::Stage;
 use http::header::{self, HeaderValue};
 use http::{request, Request, Response};
 use hyper::body::Incoming;
@@ -26,6 +27,7 @@ use crate::base::line::{HookNotes, RedactionNote};
 use crate::body::{chunked, ProxyBody};
 use crate::compaction::budget::RequestBudget;
 use crate::compaction::chain::Chain;
+use crate::compaction::continued::Continuer;
 use crate::compaction::service::{CompactError, FitError, Fitted, Job};
 use crate::compaction::{prepare, Reason};
 use crate::config::PrepareAt;
@@ -515,6 +517,7 @@ impl<'s> Exchange<'s> {
             seen_compact_id: compact_id.map(str::to_owned),
             reason,
             keep_less: 0,
+            continuer: self.continuer(budget),
         }
     }
 
@@ -548,6 +551,53 @@ impl<'s> Exchange<'s> {
         }
     }
 
+    /// How this request's summary calls continue its conversation over the upstream's
+    /// prompt cache: when they go to the request's own model through its own API, and
+    /// no view-stage hook must see them first (those read the rendered form).
+    fn continuer(&self, budget: &RequestBudget) -> Option<Arc<Continuer>> {
+        let call = self.chat.dialect().continued_call()?;
+        let model = &self.chat.model;
+        let other_api = self
+            .snap
+            .config
+            .model(model)
+            .is_some_and(|m| m.api.is_some());
+        if self.chat.server_held
+            || budget.info.summary_model != *model
+            || other_api
+            || self.caller.has(&self.snap, model, Stage::View)
+        {
+            return None;
+        }
+        let path = self
+            .chat
+            .dialect()
+            .call_path(model, Some(self.request_target()))
+            .parse()
+            .ok()?;
+        let client: Arc<dyn handoff_plugin_api::ModelClient> =
+            Arc::new(crate::compaction::model_client::UpstreamModelClient::new(
+                self.upstream().clone(),
+                path,
+                self.parts.headers.clone(),
+            ));
+        let client = match &self.key {
+            Some(key) => Arc::new(charged::ChargedClient::new(
+                client,
+                Arc::clone(key),
+                Arc::clone(&self.state.limiter),
+                Arc::clone(&self.state.metrics),
+            )),
+            None => client,
+        };
+        Some(Arc::new(Continuer {
+            body: self.body.clone(),
+            client,
+            call,
+            extra: self.snap.config.compaction.summary_request_extra.clone(),
+        }))
+    }
+
     /// The compaction job of this request: the one place a chat request builds one.
     fn job<'e>(
         &'e self,
@@ -570,6 +620,7 @@ impl<'s> Exchange<'s> {
         job.threshold = threshold;
         job.reason = reason;
         job.seen_compact_id = seen_compact_id.map(str::to_owned);
+        job.continuer = self.continuer(budget);
         job
     }
 }

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mock_upstream::strict::{Strict, SUMMARY_PROMPT_START};
+use mock_upstream::strict::Strict;
 use mock_upstream::MockUpstream;
 use serde_json::{json, Value};
 
@@ -30,11 +30,7 @@ pub(super) async fn strict(summary_delay: Duration) -> (Arc<Strict>, MockUpstrea
     let answering = Arc::clone(&strict);
     let mock = MockUpstream::with(move |request| {
         let reply = answering.answer(request);
-        let system = request.json()["messages"][0]["content"]
-            .as_str()
-            .unwrap_or("")
-            .to_owned();
-        if system.starts_with(SUMMARY_PROMPT_START) && !summary_delay.is_zero() {
+        if mock_upstream::strict::is_summary(&request.json()) && !summary_delay.is_zero() {
             reply.delayed(summary_delay)
         } else {
             reply
@@ -77,12 +73,7 @@ pub(super) fn agent_requests(mock: &MockUpstream) -> Vec<Value> {
     mock.requests()
         .iter()
         .map(|r| r.json())
-        .filter(|body| {
-            !body["messages"][0]["content"]
-                .as_str()
-                .unwrap_or("")
-                .starts_with(SUMMARY_PROMPT_START)
-        })
+        .filter(|body| !mock_upstream::strict::is_summary(body))
         .collect()
 }
 

@@ -5,6 +5,7 @@
 //! compaction only ever see the neutral form.
 
 pub mod anthropic;
+mod continued;
 pub mod echo;
 pub mod gemini;
 mod message;
@@ -28,6 +29,7 @@ use handoff_plugin_api::ModelClient;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+pub use continued::ContinuedCall;
 pub use message::{size_facts_cache, DialectError, Message, RawMessage, Role};
 pub use openai::check_tool_pairs;
 pub use prefix::size_prefix_cache;
@@ -792,6 +794,12 @@ pub trait Dialect: Send + Sync {
     /// The summary client: `raw` posts JSON to the request's path with the client's
     /// headers; strategies always speak chat completions to what this returns.
     fn summary_client(&self, raw: Arc<dyn ModelClient>) -> Arc<dyn ModelClient>;
+
+    /// How a summary call continues a conversation of this API over its cached
+    /// prefix; `None` where handoff renders the history as text instead.
+    fn continued_call(&self) -> Option<ContinuedCall> {
+        None
+    }
 }
 
 /// handoff's error answered in a dialect's error shape (the error is the core's, the

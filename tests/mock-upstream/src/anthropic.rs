@@ -21,7 +21,7 @@ use std::time::Duration;
 use http::StatusCode;
 use serde_json::{json, Value};
 
-use crate::strict::SUMMARY_PROMPT_START;
+use crate::strict::{asks_continued_summary, SUMMARY_PROMPT_START};
 use crate::{Recorded, Reply};
 
 /// The strict Messages provider's state, shared with the test.
@@ -99,7 +99,9 @@ impl StrictAnthropic {
                 .join("\n"),
             _ => String::new(),
         };
-        let blocks = if system.starts_with(SUMMARY_PROMPT_START) {
+        let blocks = if system.starts_with(SUMMARY_PROMPT_START)
+            || asks_continued_summary(&body["messages"])
+        {
             self.summaries.fetch_add(1, Ordering::SeqCst);
             if self.fail_summaries.load(Ordering::SeqCst) {
                 return error(529, "overloaded_error", "Overloaded");
@@ -240,9 +242,13 @@ fn agent_blocks(body: &Value, serial: usize) -> Vec<Value> {
     ]
 }
 
-/// A summary that lists every `FACT-…` of the request's user message.
+/// A summary that lists every `FACT-…` of the request's user message, or of the whole
+/// conversation it continues.
 fn summary_text(body: &Value) -> String {
-    crate::strict::fact_summary(&body["messages"][0]["content"].to_string())
+    match asks_continued_summary(&body["messages"]) {
+        true => crate::strict::fact_summary(&body["messages"].to_string()),
+        false => crate::strict::fact_summary(&body["messages"][0]["content"].to_string()),
+    }
 }
 
 /// The SSE events of a streamed message, as the Messages API sends them.

@@ -21,7 +21,7 @@ use std::time::Duration;
 use http::StatusCode;
 use serde_json::{json, Value};
 
-use crate::strict::SUMMARY_PROMPT_START;
+use crate::strict::{asks_continued_summary, SUMMARY_PROMPT_START};
 use crate::{Recorded, Reply};
 
 /// How an over-window request is refused.
@@ -142,7 +142,9 @@ impl StrictResponses {
         }
         let serial = self.serial.fetch_add(1, Ordering::SeqCst);
         let instructions = body["instructions"].as_str().unwrap_or("");
-        let output = if instructions.starts_with(SUMMARY_PROMPT_START) {
+        let output = if instructions.starts_with(SUMMARY_PROMPT_START)
+            || asks_continued_summary(&Value::Array(items.clone()))
+        {
             self.summaries.fetch_add(1, Ordering::SeqCst);
             vec![message(serial, &summary_text(&items))]
         } else {

@@ -25,7 +25,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::anthropic::blocks_of;
-use crate::strict::{fact_summary, SUMMARY_PROMPT_START};
+use crate::strict::{asks_continued_summary, fact_summary, SUMMARY_PROMPT_START};
 use crate::{Recorded, Reply};
 
 /// Bytes per SSE chunk: final events span several.
@@ -171,7 +171,7 @@ impl ScriptedCoder {
     fn messages(&self, request: &Recorded, body: &Value) -> Reply {
         let system = text_of(&body["system"]);
         let input = count(&[&body["system"], &body["messages"], &body["tools"]]);
-        if system.starts_with(SUMMARY_PROMPT_START) {
+        if system.starts_with(SUMMARY_PROMPT_START) || asks_continued_summary(&body["messages"]) {
             self.note(|s| s.summaries.push(request.headers.clone()));
             let text = fact_summary(&body["messages"].to_string());
             return anthropic_reply(body, vec![json!({"type": "text", "text": text})], input, 0);
@@ -336,6 +336,7 @@ impl ScriptedCoder {
             .unwrap_or_default();
         if instructions.starts_with(SUMMARY_PROMPT_START)
             || first_text.starts_with(SUMMARY_PROMPT_START)
+            || asks_continued_summary(&body["input"])
         {
             self.note(|s| s.summaries.push(request.headers.clone()));
             let text = fact_summary(&body["input"].to_string());
@@ -514,7 +515,7 @@ impl ScriptedCoder {
             .first()
             .map(|m| text_of(&m["content"]))
             .unwrap_or_default();
-        if first.starts_with(SUMMARY_PROMPT_START) {
+        if first.starts_with(SUMMARY_PROMPT_START) || asks_continued_summary(&body["messages"]) {
             self.note(|s| s.summaries.push(request.headers.clone()));
             let text = fact_summary(&body["messages"].to_string());
             return chat_reply(

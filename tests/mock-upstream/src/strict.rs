@@ -170,12 +170,10 @@ impl Strict {
             );
         }
         let serial = self.serial.fetch_add(1, Ordering::SeqCst);
-        let system = body["messages"][0]["content"].as_str().unwrap_or("");
-        if system.starts_with(SUMMARY_PROMPT_START) {
+        if let Some(user) = summary_input(&body) {
             let call = self.summaries.fetch_add(1, Ordering::SeqCst) + 1;
             if let Ok(mut inputs) = self.summary_inputs.lock() {
-                let user = body["messages"][1]["content"].as_str().unwrap_or("");
-                inputs.push((user.to_owned(), tokens));
+                inputs.push((user, tokens));
             }
             let mode = match self.summary_mode.lock().map(|m| *m) {
                 Ok(SummaryMode::FailCall(n)) if n == call => SummaryMode::ServerError,
@@ -190,6 +188,100 @@ impl Strict {
         let style = self.style.lock().map(|s| *s).unwrap_or_default();
         with_usage(agent_reply_as(request, serial, style), tokens)
     }
+}
+
+/// The marker a summary call over the conversation itself ends with: its last user
+/// turn is the handoff request.
+pub const CONTINUED_MARKER: &str = "<handoff_request>";
+
+/// What a summary call shows the summariser, when `body` is one: the user message of
+/// a call that renders the history, or every message before the handoff request of a
+/// call that continues the conversation (their texts and tool calls, in order).
+pub fn summary_input(body: &Value) -> Option<String> {
+    let messages = body["messages"].as_array()?;
+    let system = messages.first()?["content"].as_str().unwrap_or("");
+    if system.starts_with(SUMMARY_PROMPT_START) {
+        return Some(
+            messages.get(1)?["content"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned(),
+        );
+    }
+    let (last, before) = messages.split_last()?;
+    let asked = last["role"] == "user"
+        && last["content"]
+            .as_str()
+            .is_some_and(|t| t.starts_with(CONTINUED_MARKER));
+    asked.then(|| conversation_text(before))
+}
+
+/// True when the last turn of `list` (a `messages`, `input` or `contents` list, in
+/// any API's shape) is handoff's request for a handoff of the conversation before it.
+pub fn asks_continued_summary(list: &Value) -> bool {
+    let Some(last) = list.as_array().and_then(|l| l.last()) else {
+        return false;
+    };
+    let first_text = match (&last["content"], &last["parts"]) {
+        (Value::String(text), _) => text.clone(),
+        (Value::Array(parts), _) | (_, Value::Array(parts)) => parts
+            .first()
+            .and_then(|p| p["text"].as_str())
+            .unwrap_or("")
+            .to_owned(),
+        _ => String::new(),
+    };
+    last["role"] == "user" && first_text.starts_with(CONTINUED_MARKER)
+}
+
+/// True when `body` (any API's request) is one of handoff's summary calls: the summary
+/// prompt as its system prompt, instructions or first message, or a handoff request as
+/// the last turn of the conversation it continues.
+pub fn is_summary(body: &Value) -> bool {
+    let text = |value: &Value| match value {
+        Value::String(text) => text.clone(),
+        Value::Array(parts) => parts
+            .first()
+            .and_then(|p| p["text"].as_str())
+            .unwrap_or("")
+            .to_owned(),
+        _ => String::new(),
+    };
+    let openings = [
+        text(&body["system"]),
+        text(&body["instructions"]),
+        text(&body["messages"][0]["content"]),
+        text(&body["input"][0]["content"]),
+        text(&body["systemInstruction"]["parts"]),
+        text(&body["contents"][0]["parts"]),
+    ];
+    openings.iter().any(|t| t.starts_with(SUMMARY_PROMPT_START))
+        || ["messages", "input", "contents"]
+            .iter()
+            .any(|list| asks_continued_summary(&body[*list]))
+}
+
+/// The texts and tool calls of `messages`, one per line.
+pub fn conversation_text(messages: &[Value]) -> String {
+    let mut out = String::new();
+    for message in messages {
+        match &message["content"] {
+            Value::String(text) => out.push_str(text),
+            Value::Array(parts) => {
+                for part in parts {
+                    out.push_str(part["text"].as_str().unwrap_or(""));
+                    out.push('\n');
+                }
+            }
+            _ => {}
+        }
+        out.push('\n');
+        for call in message["tool_calls"].as_array().into_iter().flatten() {
+            out.push_str(call["function"]["arguments"].as_str().unwrap_or(""));
+            out.push('\n');
+        }
+    }
+    out
 }
 
 fn with_usage(reply: Reply, prompt_tokens: u64) -> Reply {
@@ -209,7 +301,8 @@ fn summary_reply(
     padding: usize,
     digit_words: bool,
 ) -> Reply {
-    let input = body["messages"][1]["content"].as_str().unwrap_or("");
+    let input = summary_input(body).unwrap_or_default();
+    let input = input.as_str();
     // Only the history and the handoff so far: the recent messages are reference only.
     let input = input
         .split("<retained_recent_messages")

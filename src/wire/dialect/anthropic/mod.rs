@@ -386,6 +386,14 @@ impl Dialect for AnthropicMessages {
             summary::to_completion,
         ))
     }
+
+    fn continued_call(&self) -> Option<crate::dialect::ContinuedCall> {
+        Some(crate::dialect::ContinuedCall {
+            user_turn: |text| json!({"role": "user", "content": [{"type": "text", "text": text}]}),
+            settle: summary::settle_continued,
+            reply: summary::to_completion,
+        })
+    }
 }
 
 #[cfg(test)]

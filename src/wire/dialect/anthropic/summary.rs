@@ -77,6 +77,58 @@ pub(crate) fn to_completion(status: u16, body: Value) -> Value {
     })
 }
 
+/// Cache breakpoints a request may carry.
+const MAX_BREAKPOINTS: usize = 4;
+
+/// A continued conversation's body, its user turn appended, readied for one reply of
+/// `max_tokens`: extended thinking keeps its budget on top. A client that caches gets
+/// a breakpoint on the appended turn, where the provider looks back for the prefix its
+/// own breakpoints wrote (and finds it unless the history's last unit alone spans more
+/// blocks than the lookback).
+pub(crate) fn settle_continued(body: &mut Map<String, Value>, max_tokens: u64) {
+    crate::dialect::continued::not_streamed(body);
+    let thinking = body
+        .get("thinking")
+        .filter(|t| t["type"] == "enabled")
+        .and_then(|t| t["budget_tokens"].as_u64())
+        .unwrap_or(0);
+    body.insert("max_tokens".into(), (max_tokens + thinking).into());
+    let mut marks = 0;
+    for field in ["tools", "system", "messages"] {
+        if let Some(value) = body.get(field) {
+            count_marks(value, &mut marks);
+        }
+    }
+    if marks == 0 || marks >= MAX_BREAKPOINTS {
+        return;
+    }
+    let last = body
+        .get_mut("messages")
+        .and_then(Value::as_array_mut)
+        .and_then(|list| list.last_mut())
+        .and_then(|turn| turn.get_mut("content"))
+        .and_then(Value::as_array_mut)
+        .and_then(|blocks| blocks.last_mut())
+        .and_then(Value::as_object_mut);
+    if let Some(block) = last {
+        block.insert("cache_control".into(), json!({"type": "ephemeral"}));
+    }
+}
+
+/// Adds the `cache_control` marks inside `value` to `marks`.
+fn count_marks(value: &Value, marks: &mut usize) {
+    match value {
+        Value::Object(fields) => {
+            if fields.get("cache_control").is_some_and(|c| !c.is_null()) {
+                *marks += 1;
+            }
+            fields.values().for_each(|v| count_marks(v, marks));
+        }
+        Value::Array(items) => items.iter().for_each(|v| count_marks(v, marks)),
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -302,6 +302,24 @@ impl Dialect for OpenAiChat {
     fn summary_client(&self, raw: Arc<dyn ModelClient>) -> Arc<dyn ModelClient> {
         raw
     }
+
+    fn continued_call(&self) -> Option<crate::dialect::ContinuedCall> {
+        Some(crate::dialect::ContinuedCall {
+            user_turn: crate::dialect::continued::plain_user_turn,
+            settle: |body, max_tokens| {
+                crate::dialect::continued::not_streamed(body);
+                // Reasoning models refuse max_tokens; a client that sent the newer
+                // field has its limit there.
+                let field = if body.contains_key("max_completion_tokens") {
+                    "max_completion_tokens"
+                } else {
+                    "max_tokens"
+                };
+                body.insert(field.into(), max_tokens.into());
+            },
+            reply: crate::dialect::continued::as_is,
+        })
+    }
 }
 
 #[derive(Deserialize)]

@@ -417,6 +417,17 @@ impl Dialect for OpenAiResponses {
             summary::to_completion,
         ))
     }
+
+    fn continued_call(&self) -> Option<crate::dialect::ContinuedCall> {
+        Some(crate::dialect::ContinuedCall {
+            user_turn: crate::dialect::continued::plain_user_turn,
+            settle: |body, max_tokens| {
+                crate::dialect::continued::not_streamed(body);
+                body.insert("max_output_tokens".into(), max_tokens.into());
+            },
+            reply: summary::to_completion,
+        })
+    }
 }
 
 /// The text of a message's or an output's content: a string, or its text parts.

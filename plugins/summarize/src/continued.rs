@@ -1,0 +1,99 @@
+//! Summaries that continue the conversation: when the summary model is the
+//! conversation's own, the call is the conversation as its upstream last saw it, cut
+//! after the history, with the summary prompt as one more user turn. The provider reads
+//! that prefix from its prompt cache; re-rendering the history as text would pay for
+//! all of it again. The recent messages are not in the call at all, so they cannot be
+//! summarised twice.
+
+use handoff_plugin_api::{
+    sum_usage, AttemptError, ConversationClient, FailureReason, StrategyInput, Summary,
+};
+use serde_json::Value;
+
+use crate::render::{render_part, render_unit, Position, RenderOptions};
+use crate::{check, validate_reply, Summarize};
+
+/// Tokens the instruction frame adds to the prompt, with room to spare.
+const FRAME_TOKENS: u64 = 256;
+
+/// The user turn that asks for the handoff of everything before it.
+pub fn instruction(prompt: &str, previous: bool) -> String {
+    let scope = if previous {
+        "In this request, <history> is every message above this one after the earlier \
+         handoff (the assistant message right after the note that the conversation was \
+         compacted), and <previous_handoff> is that earlier handoff: extend it into one \
+         complete handoff. There are no <retained_recent_messages>."
+    } else {
+        "In this request, <history> is every message above this one. There is no \
+         <previous_handoff> and there are no <retained_recent_messages>."
+    };
+    format!(
+        "<handoff_request>\nThe conversation above is being compacted. Do not continue \
+         the task, do not call tools and do not answer the last message: write the \
+         handoff described below, and nothing else.\n\n{scope}\n\n{prompt}\n</handoff_request>"
+    )
+}
+
+impl Summarize {
+    /// True when the continued call fits the summary model's window.
+    pub(crate) fn continued_fits(
+        &self,
+        input: &StrategyInput,
+        conversation: &dyn ConversationClient,
+    ) -> bool {
+        let allowance = Self::input_allowance(input.model.summary_context_window);
+        let frame = input.tokens.count_text(&self.prompt) + FRAME_TOKENS;
+        conversation.prefix_tokens() + frame <= allowance
+    }
+
+    /// One call over the cached prefix, checked as a handoff of what it showed.
+    pub(crate) async fn continued(
+        &self,
+        input: &StrategyInput,
+        conversation: &dyn ConversationClient,
+    ) -> Result<Summary, AttemptError> {
+        let previous = input.previous_handoff.is_some();
+        let reply = conversation
+            .ask(
+                instruction(&self.prompt, previous),
+                self.output_tokens(input),
+            )
+            .await
+            .map_err(|err| {
+                AttemptError::new(FailureReason::HttpError, err.to_string()).with_calls(1)
+            })?;
+        let summary = validate_reply(reply.status, &reply.body).map_err(|err| err.with_calls(1))?;
+        let options = RenderOptions {
+            shorten_tool_bodies: false,
+        };
+        let history: String = input
+            .history
+            .iter()
+            .map(|unit| render_unit(unit, options))
+            .collect();
+        let shown = render_part(
+            input.previous_handoff.as_deref(),
+            &history,
+            None,
+            Position { index: 0, count: 1 },
+        );
+        if let Err(wrong) = check::check(&summary.text, &self.sections, &self.prompt, &shown) {
+            return Err(AttemptError::new(
+                FailureReason::InvalidSummary,
+                format!("the summary is not a handoff: {wrong}"),
+            )
+            .with_usage(summary.usage.clone())
+            .with_calls(1));
+        }
+        Ok(summary)
+    }
+}
+
+/// `summary` with the usage and calls of a failed continued call added: the bill
+/// counts every call made.
+pub(crate) fn after_failed(mut summary: Summary, failed: &AttemptError) -> Summary {
+    let usages: Vec<&Value> = summary.usage.iter().chain(failed.usage.iter()).collect();
+    summary.usage = sum_usage(usages);
+    summary.calls = Some(summary.calls.unwrap_or(0) + failed.calls.unwrap_or(1));
+    summary
+}
