@@ -75,7 +75,7 @@ impl Continued {
                 self.list_field
             )));
         };
-        list.push((self.call.user_turn)(instruction));
+        (self.call.append)(list, instruction);
         for (key, value) in &self.extra {
             body.insert(key.clone(), value.clone());
         }

@@ -8,8 +8,8 @@ use serde_json::{json, Map, Value};
 /// How one API's conversation is continued ([`Dialect::continued_call`](super::Dialect::continued_call)).
 #[derive(Debug, Clone, Copy)]
 pub struct ContinuedCall {
-    /// The user turn carrying `text`.
-    pub user_turn: fn(&str) -> Value,
+    /// Appends a user turn carrying `text` to the list.
+    pub append: fn(&mut Vec<Value>, &str),
     /// Readies the body, its turn appended, for one plain reply of at most
     /// `max_tokens`: streaming off, the output limit set, and where the API caches at
     /// explicit marks and the client placed some, one on the appended turn.
@@ -26,9 +26,9 @@ pub(super) fn not_streamed(body: &mut Map<String, Value>) {
     }
 }
 
-/// A chat completions user turn.
-pub(super) fn plain_user_turn(text: &str) -> Value {
-    json!({"role": "user", "content": text})
+/// Appends a user message whose content is `text`.
+pub(super) fn push_user_turn(list: &mut Vec<Value>, text: &str) {
+    list.push(json!({"role": "user", "content": text}));
 }
 
 /// The chat completions reply as it is.

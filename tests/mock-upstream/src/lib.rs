@@ -14,6 +14,7 @@
 
 mod agent;
 pub mod anthropic;
+pub mod cache;
 pub mod fixtures;
 pub mod gemini;
 mod reply;

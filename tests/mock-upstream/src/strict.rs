@@ -208,12 +208,8 @@ pub fn summary_input(body: &Value) -> Option<String> {
                 .to_owned(),
         );
     }
-    let (last, before) = messages.split_last()?;
-    let asked = last["role"] == "user"
-        && last["content"]
-            .as_str()
-            .is_some_and(|t| t.starts_with(CONTINUED_MARKER));
-    asked.then(|| conversation_text(before))
+    let (_, before) = messages.split_last()?;
+    asks_continued_summary(&body["messages"]).then(|| conversation_text(before))
 }
 
 /// True when the last turn of `list` (a `messages`, `input` or `contents` list, in
@@ -222,16 +218,17 @@ pub fn asks_continued_summary(list: &Value) -> bool {
     let Some(last) = list.as_array().and_then(|l| l.last()) else {
         return false;
     };
-    let first_text = match (&last["content"], &last["parts"]) {
+    // Its text, or its last block's (a request appended to tool results).
+    let text = match (&last["content"], &last["parts"]) {
         (Value::String(text), _) => text.clone(),
         (Value::Array(parts), _) | (_, Value::Array(parts)) => parts
-            .first()
+            .last()
             .and_then(|p| p["text"].as_str())
             .unwrap_or("")
             .to_owned(),
         _ => String::new(),
     };
-    last["role"] == "user" && first_text.starts_with(CONTINUED_MARKER)
+    last["role"] == "user" && text.starts_with(CONTINUED_MARKER)
 }
 
 /// True when `body` (any API's request) is one of handoff's summary calls: the summary

@@ -389,7 +389,7 @@ impl Dialect for AnthropicMessages {
 
     fn continued_call(&self) -> Option<crate::dialect::ContinuedCall> {
         Some(crate::dialect::ContinuedCall {
-            user_turn: |text| json!({"role": "user", "content": [{"type": "text", "text": text}]}),
+            append: summary::append_user_text,
             settle: summary::settle_continued,
             reply: summary::to_completion,
         })

@@ -77,6 +77,28 @@ pub(crate) fn to_completion(status: u16, body: Value) -> Value {
     })
 }
 
+/// Appends `text` as a user turn: a block of the last message when that is the user's
+/// (tool results), so roles still alternate and every block before it stays where the
+/// cache has it; a new user message otherwise.
+pub(crate) fn append_user_text(list: &mut Vec<Value>, text: &str) {
+    let block = json!({"type": "text", "text": text});
+    if let Some(last) = list.last_mut().filter(|m| m["role"] == "user") {
+        match &mut last["content"] {
+            Value::Array(blocks) => {
+                blocks.push(block);
+                return;
+            }
+            Value::String(first) => {
+                let first = json!({"type": "text", "text": std::mem::take(first)});
+                last["content"] = json!([first, block]);
+                return;
+            }
+            _ => {}
+        }
+    }
+    list.push(json!({"role": "user", "content": [block]}));
+}
+
 /// Cache breakpoints a request may carry.
 const MAX_BREAKPOINTS: usize = 4;
 

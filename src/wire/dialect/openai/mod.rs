@@ -305,7 +305,7 @@ impl Dialect for OpenAiChat {
 
     fn continued_call(&self) -> Option<crate::dialect::ContinuedCall> {
         Some(crate::dialect::ContinuedCall {
-            user_turn: crate::dialect::continued::plain_user_turn,
+            append: crate::dialect::continued::push_user_turn,
             settle: |body, max_tokens| {
                 crate::dialect::continued::not_streamed(body);
                 // Reasoning models refuse max_tokens; a client that sent the newer

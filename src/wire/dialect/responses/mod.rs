@@ -420,7 +420,7 @@ impl Dialect for OpenAiResponses {
 
     fn continued_call(&self) -> Option<crate::dialect::ContinuedCall> {
         Some(crate::dialect::ContinuedCall {
-            user_turn: crate::dialect::continued::plain_user_turn,
+            append: crate::dialect::continued::push_user_turn,
             settle: |body, max_tokens| {
                 crate::dialect::continued::not_streamed(body);
                 body.insert("max_output_tokens".into(), max_tokens.into());
