@@ -32,6 +32,7 @@ use crate::tokens::Tokens;
 mod anthropic;
 mod batches;
 mod compaction;
+mod cost;
 mod hook_queue;
 mod hooks;
 mod hooks_everywhere;

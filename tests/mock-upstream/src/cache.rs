@@ -129,6 +129,7 @@ pub struct PromptCache {
     prices: Prices,
     entries: Mutex<HashMap<u64, Instant>>,
     bills: Mutex<Vec<Bill>>,
+    refused: std::sync::atomic::AtomicUsize,
 }
 
 impl PromptCache {
@@ -139,6 +140,7 @@ impl PromptCache {
             prices,
             entries: Mutex::default(),
             bills: Mutex::default(),
+            refused: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -166,7 +168,11 @@ impl PromptCache {
                 Reply::Json { status, body }
             }
             // Refused requests cost nothing; streams keep the mock's own usage.
-            Reply::Json { status, body } => Reply::Json { status, body },
+            Reply::Json { status, body } => {
+                self.refused
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Reply::Json { status, body }
+            }
             other => {
                 let billed = Billed {
                     input: total - read - write,
@@ -187,6 +193,11 @@ impl PromptCache {
                 billed,
             });
         }
+    }
+
+    /// Requests refused so far (over the window, malformed).
+    pub fn refused(&self) -> usize {
+        self.refused.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Every request billed so far.
