@@ -28,9 +28,10 @@ const WINDOW: u64 = 32_768;
 /// The reference's window: the session never fills it.
 const LARGE_WINDOW: u64 = 200_000;
 
-/// Share of the window past which the client compacts itself (Claude Code and Codex
-/// compact at 80-92% of theirs).
-const CLIENT_TRIGGER: f64 = 0.8;
+/// Share of the window past which the client compacts itself, before a user turn: the
+/// turn's tool round trip must still fit (Claude Code and Codex compact at 75-90% of
+/// theirs, less a reserve for the turn).
+const CLIENT_TRIGGER: f64 = 0.75;
 
 /// How a session is run.
 #[derive(Debug, Clone, Copy)]
@@ -73,7 +74,7 @@ impl Agent {
         // About 1k tokens of system prompt and 3k of tool schemas, as a coding agent's.
         let tools = (0..8)
             .map(|n| {
-                let description = format!("Tool {n}. {}", filler(&format!("d{n}"), 170));
+                let description = format!("Tool {n}. {}", filler(n, 350));
                 let schema = json!({"type": "object", "properties": {"query": {"type": "string"}}});
                 match style {
                     CacheStyle::Automatic => json!({"type": "function", "function": {
@@ -85,10 +86,7 @@ impl Agent {
             .collect();
         Self {
             style,
-            system: format!(
-                "You are a coding agent. House rules: {}",
-                filler("rule", 500)
-            ),
+            system: format!("You are a coding agent. House rules: {}", filler(99, 1000)),
             tools,
             messages: Vec::new(),
         }
@@ -184,10 +182,19 @@ impl Agent {
     }
 }
 
-/// `words` words that tokenise to about two tokens each, tagged `tag`.
-fn filler(tag: &str, words: usize) -> String {
+/// Words of prose and tool output: no digits, so that the facts are the only
+/// identifiers in a session, as in a real one most words are not.
+const VOCABULARY: [&str; 32] = [
+    "the", "build", "function", "returns", "error", "when", "file", "module", "test", "passes",
+    "after", "change", "value", "config", "reads", "from", "path", "server", "request", "handler",
+    "logs", "output", "with", "line", "check", "type", "field", "missing", "and", "then", "update",
+    "call",
+];
+
+/// `words` words of text, varied by `seed`.
+fn filler(seed: usize, words: usize) -> String {
     (0..words)
-        .map(|i| format!("{tag}w{i}"))
+        .map(|i| VOCABULARY[(i * 7 + seed * 13 + i / 5) % VOCABULARY.len()])
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -254,11 +261,15 @@ async fn provider(style: CacheStyle, window: u64) -> (MockUpstream, Arc<PromptCa
     });
     let messages = StrictAnthropic::new(window);
     let mock = MockUpstream::with(move |request| {
-        let reply = match style {
-            CacheStyle::Automatic => chat.answer(request),
-            CacheStyle::Breakpoints => messages.answer(request),
+        let body = request.json();
+        let (reply, counted) = match style {
+            CacheStyle::Automatic => (chat.answer(request), Strict::count(&body)),
+            CacheStyle::Breakpoints => (
+                messages.answer(request),
+                mock_upstream::anthropic::count(&body),
+            ),
         };
-        billing.bill(request, reply)
+        billing.bill_counted(request, reply, Some(counted))
     })
     .await;
     (mock, cache)
@@ -291,7 +302,7 @@ pub(crate) async fn session(style: CacheStyle, run: Run) -> Session {
     for turn in 0..TURNS {
         let fact = format!("FACT-U{turn:03}");
         facts.push(fact.clone());
-        let question = format!("{fact} {}", filler(&format!("u{turn}"), 30));
+        let question = format!("{fact} {}", filler(turn, 40));
         if matches!(run, Run::ClientCompacts) && last_prompt as f64 > CLIENT_TRIGGER * WINDOW as f64
         {
             compact_itself(&route, &mut agent).await;
@@ -304,12 +315,18 @@ pub(crate) async fn session(style: CacheStyle, run: Run) -> Session {
             let (status, reply) = route.post(agent.path(), &body).await;
             assert_eq!(status, 200, "turn {turn} step {step}: {reply}");
             last_prompt = prompt_tokens(&reply);
+            if std::env::var("COST_TRACE").is_ok() {
+                println!(
+                    "turn {turn} step {step} prompt {last_prompt} mock {}",
+                    mock_upstream::anthropic::count(&body)
+                );
+            }
             let (message, call) = agent.answer(&reply);
             agent.messages.push(message);
             let Some(id) = call else { break };
             let fact = format!("FACT-T{turn:03}");
             facts.push(fact.clone());
-            let result = format!("{fact} {}", filler(&format!("t{turn}"), 700));
+            let result = format!("{fact} {}", filler(turn + 50, 2000));
             agent.messages.push(agent.tool_result(&id, result));
         }
     }
@@ -325,10 +342,54 @@ pub(crate) async fn session(style: CacheStyle, run: Run) -> Session {
         .into_iter()
         .filter(|f| !last.contains(f.as_str()))
         .collect();
+    if std::env::var("COST_HANDOFF").is_ok() {
+        if let Route::Proxy(harness) = &route {
+            for record in harness.records("cost").await.iter().take(2) {
+                println!(
+                    "HANDOFF {} {} attempts {:?}\n{}",
+                    record.strategy,
+                    record.tokens_after,
+                    record
+                        .attempts
+                        .iter()
+                        .map(|a| (&a.strategy, &a.outcome))
+                        .collect::<Vec<_>>(),
+                    record.handoff_text()
+                );
+            }
+        }
+    }
     let compactions = match &route {
         Route::Proxy(harness) => harness.records("cost").await.len(),
         Route::Direct(..) => restarts,
     };
+    if std::env::var("COST_DUMP").is_ok() {
+        for (n, r) in mock.requests().iter().enumerate() {
+            let body = r.json();
+            let shape: Vec<String> = body["messages"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|m| {
+                    let blocks = m["content"].as_array().map_or(1, |b| b.len());
+                    let text = m["content"].to_string();
+                    let tokens = mock_upstream::strict::text_tokens(&text);
+                    format!(
+                        "{}{}:{}:{}",
+                        &m["role"].as_str().unwrap_or("?")[..1],
+                        blocks,
+                        tokens,
+                        &text[..text.len().min(24)].replace(' ', "_")
+                    )
+                })
+                .collect();
+            if mock_upstream::strict::is_summary(&body)
+                || std::env::var("COST_DUMP").as_deref() == Ok("all")
+            {
+                println!("{n:3} {}", shape.join(" "));
+            }
+        }
+    }
     if std::env::var("COST_BILLS").is_ok() {
         for (n, bill) in cache.bills().iter().enumerate() {
             let b = bill.billed;
@@ -341,6 +402,20 @@ pub(crate) async fn session(style: CacheStyle, run: Run) -> Session {
                 b.output
             );
         }
+    }
+    if std::env::var("COST_CLASSES").is_ok() {
+        let bills = cache.bills();
+        let sum = |f: &dyn Fn(&mock_upstream::cache::Billed) -> u64| {
+            bills.iter().map(|b| f(&b.billed)).sum::<u64>()
+        };
+        println!(
+            "requests {} input {} read {} write {} output {}",
+            bills.len(),
+            sum(&|b| b.input),
+            sum(&|b| b.cache_read),
+            sum(&|b| b.cache_write),
+            sum(&|b| b.output)
+        );
     }
     let (cost, summary_cost) = cache.cost();
     Session {
@@ -433,7 +508,10 @@ async fn debug_bills() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2);
-    let (name, run) = RUNS[which];
+    let (name, run) = match std::env::var("COST_EXTRA") {
+        Ok(extra) => ("extra", Run::Handoff(Box::leak(extra.into_boxed_str()))),
+        Err(_) => RUNS[which],
+    };
     let (mock, cache) = provider(style, WINDOW).await;
     drop(mock);
     let _ = cache;

@@ -197,16 +197,30 @@ pub(crate) fn settled_view<'a>(
     }
 }
 
-/// True when `tracked` holds a prepared compaction no request took yet that is enough
-/// for a view estimated at `estimate`: what it removed would bring the view under
-/// `mark`. One prepared too early (a conversation that grew much since) is not: a new
-/// preparation then compacts on top of it, and the first is wasted (counted in
-/// `handoff_prepared_wasted_total`): the price of never waiting.
-pub fn waiting_suffices(tracked: &Tracked, estimate: u64, mark: u64) -> bool {
-    tracked.compactions.values().any(|a| {
-        let removed = a.record.tokens_before.saturating_sub(a.record.tokens_after);
-        a.is_waiting() && estimate.saturating_sub(removed) < mark
-    })
+/// True when `request`'s view, with every committed compaction taken, ends on a
+/// prepared one no request took yet. That one is adopted when the view reaches the
+/// trigger; a preparation now would summarise a prefix the upstream never read (no
+/// cache to reuse) and compact twice for once (the first result wasted, or adopted
+/// only to be replaced at once).
+pub fn waiting_ahead(request: &ChatRequest, tracked: &Tracked) -> bool {
+    project_view(request, tracked, &tracked.compactions)
+        .compaction
+        .is_some_and(|adopted| adopted.is_waiting())
+}
+
+/// Share of the room between a compacted view and the trigger that the view must
+/// grow through before its next compaction is prepared.
+const REGROWTH: f64 = 0.5;
+
+/// `mark`, but no earlier than [`REGROWTH`] of the way from `after` (the view's size
+/// right after the compaction it is built on) to `threshold`: a compaction prepared
+/// sooner removes too little to pay for the cache it rewrites, and its adopted view
+/// lands past the next mark at once.
+pub fn paced_mark(mark: u64, after: Option<u64>, threshold: u64) -> u64 {
+    let Some(after) = after.filter(|after| *after < threshold) else {
+        return mark;
+    };
+    mark.max(after + ((threshold - after) as f64 * REGROWTH) as u64)
 }
 
 /// The compaction a preparation for `request` builds on: the one its view ends on with

@@ -466,6 +466,8 @@ impl<'s> Exchange<'s> {
                 pace.mark(&tracked.id, budget.threshold, &budget.info.summary_model)
             }
         };
+        let after = (fitted.view.compaction.as_ref()).map(|adopted| adopted.record.tokens_after);
+        let mark = prepare::paced_mark(mark, after, budget.threshold);
         let calls_a_model = self
             .chain
             .first()
@@ -474,7 +476,7 @@ impl<'s> Exchange<'s> {
         // has the next one prepared, so that the request after it need not wait.
         let due = !config.prepare_at.is_off()
             && ((before >= mark && before <= budget.threshold) || fitted.sent_over_trigger);
-        if !due || !calls_a_model || prepare::waiting_suffices(tracked, before, mark) {
+        if !due || !calls_a_model || prepare::waiting_ahead(&self.chat, tracked) {
             return;
         }
         let metrics = &self.state.metrics;

@@ -147,8 +147,21 @@ impl PromptCache {
     /// Bills `request`, answered by `reply`, and rewrites the reply's usage (a JSON
     /// reply's) to what the provider would report.
     pub fn bill(&self, request: &Recorded, reply: Reply) -> Reply {
+        self.bill_counted(request, reply, None)
+    }
+
+    /// [`PromptCache::bill`] for a provider that counted the request at `counted`
+    /// tokens: each block's share is scaled to that count, so the bill and the window
+    /// agree.
+    pub fn bill_counted(&self, request: &Recorded, reply: Reply, counted: Option<u64>) -> Reply {
         let body = request.json();
-        let blocks = self.blocks(&body);
+        let mut blocks = self.blocks(&body);
+        let own: u64 = blocks.iter().map(|b| b.tokens).sum();
+        if let Some(counted) = counted.filter(|_| own > 0) {
+            for block in &mut blocks {
+                block.tokens = block.tokens * counted / own;
+            }
+        }
         let total: u64 = blocks.iter().map(|b| b.tokens).sum();
         let (read, write) = match self.style {
             CacheStyle::Automatic => self.automatic(&blocks),
