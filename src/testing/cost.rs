@@ -269,10 +269,42 @@ async fn provider(style: CacheStyle, window: u64) -> (MockUpstream, Arc<PromptCa
                 mock_upstream::anthropic::count(&body),
             ),
         };
+        let reply = if mock_upstream::strict::is_summary(&body) {
+            written_out(reply)
+        } else {
+            reply
+        };
         billing.bill_counted(request, reply, Some(counted))
     })
     .await;
     (mock, cache)
+}
+
+/// Words a summary is padded with: the mock's summaries list the facts and little
+/// else, a real summariser writes about a thousand tokens, for the client's own
+/// compaction as for handoff's.
+const SUMMARY_WORDS: usize = 800;
+
+/// A summary reply padded to a real summary's length, its usage with it.
+fn written_out(reply: mock_upstream::Reply) -> mock_upstream::Reply {
+    let mock_upstream::Reply::Json { status, mut body } = reply else {
+        return reply;
+    };
+    let padding = format!("\n{}", filler(7, SUMMARY_WORDS));
+    let tokens = mock_upstream::strict::text_tokens(&padding);
+    let slots = [
+        ("/choices/0/message/content", "/usage/completion_tokens"),
+        ("/content/0/text", "/usage/output_tokens"),
+    ];
+    for (text, output) in slots {
+        if let Some(Value::String(text)) = body.pointer_mut(text) {
+            text.push_str(&padding);
+            if let Some(count) = body.pointer_mut(output) {
+                *count = json!(count.as_u64().unwrap_or(0) + tokens);
+            }
+        }
+    }
+    mock_upstream::Reply::Json { status, body }
 }
 
 /// One 40-turn session of `style`, run as `run` says.
@@ -344,7 +376,7 @@ pub(crate) async fn session(style: CacheStyle, run: Run) -> Session {
         .collect();
     if std::env::var("COST_HANDOFF").is_ok() {
         if let Route::Proxy(harness) = &route {
-            for record in harness.records("cost").await.iter().take(2) {
+            for record in harness.records("cost").await.iter() {
                 println!(
                     "HANDOFF {} {} attempts {:?}\n{}",
                     record.strategy,

@@ -16,6 +16,9 @@ use crate::{check, validate_reply, Summarize};
 /// Tokens the instruction frame adds to the prompt, with room to spare.
 const FRAME_TOKENS: u64 = 256;
 
+/// The window's share kept free for counting error: 1/50.
+const MARGIN_DIVISOR: u64 = 50;
+
 /// The user turn that asks for the handoff of everything before it.
 pub fn instruction(prompt: &str, previous: bool) -> String {
     let scope = if previous {
@@ -35,15 +38,22 @@ pub fn instruction(prompt: &str, previous: bool) -> String {
 }
 
 impl Summarize {
-    /// True when the continued call fits the summary model's window.
-    pub(crate) fn continued_fits(
+    /// The output the continued call may ask for: the handoff budget, less what the
+    /// window lacks for it after the prefix (the prefix is what the upstream already
+    /// read, so only a small margin is kept); `None` when less than a quarter of the
+    /// budget is left, and the rendered history (which may fold) does better.
+    pub(crate) fn continued_output(
         &self,
         input: &StrategyInput,
         conversation: &dyn ConversationClient,
-    ) -> bool {
-        let allowance = Self::input_allowance(input.model.summary_context_window);
+    ) -> Option<u64> {
+        let window = input.model.summary_context_window;
         let frame = input.tokens.count_text(&self.prompt) + FRAME_TOKENS;
-        conversation.prefix_tokens() + frame <= allowance
+        let room =
+            window.saturating_sub(conversation.prefix_tokens() + frame + window / MARGIN_DIVISOR);
+        let wanted = self.output_tokens(input);
+        let output = wanted.min(room);
+        (output >= wanted / 4).then_some(output)
     }
 
     /// One call over the cached prefix, checked as a handoff of what it showed.
@@ -51,13 +61,11 @@ impl Summarize {
         &self,
         input: &StrategyInput,
         conversation: &dyn ConversationClient,
+        output: u64,
     ) -> Result<Summary, AttemptError> {
         let previous = input.previous_handoff.is_some();
         let reply = conversation
-            .ask(
-                instruction(&self.prompt, previous),
-                self.output_tokens(input),
-            )
+            .ask(instruction(&self.prompt, previous), output)
             .await
             .map_err(|err| {
                 AttemptError::new(FailureReason::HttpError, err.to_string()).with_calls(1)

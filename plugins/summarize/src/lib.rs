@@ -343,8 +343,8 @@ impl Strategy for Summarize {
             // call fails, its cost kept on the bill.
             let mut failed = None;
             if let Some(conversation) = input.conversation.as_deref() {
-                if self.continued_fits(input, conversation) {
-                    match self.continued(input, conversation).await {
+                if let Some(output) = self.continued_output(input, conversation) {
+                    match self.continued(input, conversation, output).await {
                         Ok(summary) => return Ok(summary),
                         Err(err) if err.reason == FailureReason::Cancelled => return Err(err),
                         Err(err) => failed = Some(err),

@@ -52,6 +52,8 @@ struct Growth {
 pub struct Pace {
     conversations: moka::sync::Cache<ConversationId, Growth>,
     latencies: Mutex<HashMap<String, f64>>,
+    /// Each conversation's compaction in force, and its view's size when first sent.
+    settled: moka::sync::Cache<ConversationId, (String, u64)>,
 }
 
 impl Default for Pace {
@@ -59,11 +61,32 @@ impl Default for Pace {
         Self {
             conversations: moka::sync::Cache::new(CONVERSATIONS),
             latencies: Mutex::default(),
+            settled: moka::sync::Cache::new(CONVERSATIONS),
         }
     }
 }
 
 impl Pace {
+    /// The size of `id`'s view when it was first sent on compaction `compact_id`,
+    /// given that this view is `estimate`: where the conversation restarted from.
+    /// `None` before its first compaction.
+    pub fn settled(
+        &self,
+        id: &ConversationId,
+        compact_id: Option<&str>,
+        estimate: u64,
+    ) -> Option<u64> {
+        let compact_id = compact_id?;
+        match self.settled.get(id) {
+            Some((known, size)) if known == compact_id => Some(size),
+            _ => {
+                self.settled
+                    .insert(id.clone(), (compact_id.to_owned(), estimate));
+                Some(estimate)
+            }
+        }
+    }
+
     /// Notes a request of `id` whose view was estimated at `estimate` tokens, now.
     pub fn observe(&self, id: &ConversationId, estimate: u64) {
         self.observe_at(id, estimate, Instant::now());

@@ -212,15 +212,20 @@ pub fn waiting_ahead(request: &ChatRequest, tracked: &Tracked) -> bool {
 /// grow through before its next compaction is prepared.
 const REGROWTH: f64 = 0.5;
 
-/// `mark`, but no earlier than [`REGROWTH`] of the way from `after` (the view's size
-/// right after the compaction it is built on) to `threshold`: a compaction prepared
-/// sooner removes too little to pay for the cache it rewrites, and its adopted view
-/// lands past the next mark at once.
-pub fn paced_mark(mark: u64, after: Option<u64>, threshold: u64) -> u64 {
-    let Some(after) = after.filter(|after| *after < threshold) else {
-        return mark;
-    };
-    mark.max(after + ((threshold - after) as f64 * REGROWTH) as u64)
+/// When a view's next compaction is prepared: at `mark`, but never before
+/// - `threshold − recent`: what arrives between a preparation and its adoption (at
+///   the trigger) stays verbatim, so a preparation sooner than the recent part's size
+///   before the trigger adopts a view larger than an inline compaction leaves, which
+///   lands past the next mark and compacts twice as often;
+/// - [`REGROWTH`] of the way from `settled` (the view's size when first sent on the
+///   compaction in force) to the trigger: one prepared sooner removes too little to
+///   pay for the cache it rewrites.
+pub fn paced_mark(mark: u64, settled: Option<u64>, threshold: u64, recent: u64) -> u64 {
+    let mark = mark.max(threshold.saturating_sub(recent));
+    match settled.filter(|settled| *settled < threshold) {
+        Some(settled) => mark.max(settled + ((threshold - settled) as f64 * REGROWTH) as u64),
+        None => mark,
+    }
 }
 
 /// The compaction a preparation for `request` builds on: the one its view ends on with

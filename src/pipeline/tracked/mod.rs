@@ -466,8 +466,10 @@ impl<'s> Exchange<'s> {
                 pace.mark(&tracked.id, budget.threshold, &budget.info.summary_model)
             }
         };
-        let after = (fitted.view.compaction.as_ref()).map(|adopted| adopted.record.tokens_after);
-        let mark = prepare::paced_mark(mark, after, budget.threshold);
+        let pace = &self.state.compactor.pace;
+        let settled = pace.settled(&tracked.id, fitted.view.compact_id(), before);
+        let recent = (config.keep_recent * budget.input_budget as f64) as u64;
+        let mark = prepare::paced_mark(mark, settled, budget.threshold, recent);
         let calls_a_model = self
             .chain
             .first()
