@@ -76,6 +76,7 @@ impl Job<'_> {
             detached: self.detached,
             keep_less: self.keep_less,
             continuer: self.continuer.clone(),
+            cut_from: self.cut_from,
         }
     }
 }

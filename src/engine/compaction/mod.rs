@@ -30,7 +30,7 @@ mod handoff;
 mod ledger;
 mod max_wait;
 pub mod model_client;
-mod pace;
+pub mod pace;
 pub mod prepare;
 mod run;
 pub mod service;

@@ -35,6 +35,15 @@ const WEIGHT: f64 = 0.3;
 /// Conversations whose pace is remembered.
 const CONVERSATIONS: u64 = 100_000;
 
+/// A view as sent: its estimate, and how many non-pinned originals it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    /// Its estimated tokens.
+    pub tokens: u64,
+    /// The non-pinned originals the request carries.
+    pub messages: usize,
+}
+
 /// How one conversation has been growing.
 #[derive(Debug, Clone, Copy)]
 struct Growth {
@@ -52,8 +61,8 @@ struct Growth {
 pub struct Pace {
     conversations: moka::sync::Cache<ConversationId, Growth>,
     latencies: Mutex<HashMap<String, f64>>,
-    /// Each conversation's compaction in force, and its view's size when first sent.
-    settled: moka::sync::Cache<ConversationId, (String, u64)>,
+    /// Each conversation's compaction in force, and its view when first sent.
+    settled: moka::sync::Cache<ConversationId, (String, Settled)>,
 }
 
 impl Default for Pace {
@@ -67,22 +76,22 @@ impl Default for Pace {
 }
 
 impl Pace {
-    /// The size of `id`'s view when it was first sent on compaction `compact_id`,
-    /// given that this view is `estimate`: where the conversation restarted from.
-    /// `None` before its first compaction.
+    /// `id`'s view when it was first sent on compaction `compact_id`, given that this
+    /// view is `now`: where the conversation restarted from. `None` before its first
+    /// compaction.
     pub fn settled(
         &self,
         id: &ConversationId,
         compact_id: Option<&str>,
-        estimate: u64,
-    ) -> Option<u64> {
+        now: Settled,
+    ) -> Option<Settled> {
         let compact_id = compact_id?;
         match self.settled.get(id) {
-            Some((known, size)) if known == compact_id => Some(size),
+            Some((known, first)) if known == compact_id => Some(first),
             _ => {
                 self.settled
-                    .insert(id.clone(), (compact_id.to_owned(), estimate));
-                Some(estimate)
+                    .insert(id.clone(), (compact_id.to_owned(), now));
+                Some(now)
             }
         }
     }

@@ -268,6 +268,8 @@ pub struct Preparation {
     pub keep_less: u64,
     /// How its summary call continues the conversation ([`Job::continuer`]).
     pub continuer: Option<Arc<crate::compaction::continued::Continuer>>,
+    /// Where its cut may start ([`Job::cut_from`]).
+    pub cut_from: usize,
 }
 
 impl Preparation {
@@ -301,6 +303,7 @@ impl Preparation {
         job.detached = true;
         job.keep_less = self.keep_less;
         job.continuer = self.continuer.clone();
+        job.cut_from = self.cut_from;
         job.seen_compact_id = self.seen_compact_id.clone();
         match self.compactor.compact(&job).await {
             Ok(view) => {

@@ -124,6 +124,9 @@ pub struct Job<'a> {
     /// How a summary call continues this request's conversation over its cached
     /// prefix; `None` renders the history as text.
     pub continuer: Option<Arc<super::continued::Continuer>>,
+    /// The fewest non-pinned originals the cut leaves before it, where a cut allows:
+    /// a preparation cuts after what the view held when the upstream first cached it.
+    pub cut_from: usize,
 }
 
 impl Job<'_> {
@@ -213,6 +216,7 @@ impl<'a> Job<'a> {
             detached: false,
             keep_less: 0,
             continuer: None,
+            cut_from: 0,
             client,
             chain,
         }
@@ -807,8 +811,14 @@ impl Compactor {
             let keep = ((job.config.keep_recent * step * job.input_budget as f64) as u64)
                 .saturating_sub(job.keep_less);
             let allowed = |at: usize| dialect.may_cut_at(job.request, &view.live, at);
-            let Some(cut) = split_at_unit_boundary(&view.live, &units, &unit_tokens, keep, allowed)
-            else {
+            // A cut after `cut_from` where there is one (a preparation's: after what the
+            // upstream has cached), any allowed cut otherwise.
+            let past_cached = |at: usize| view.live_start + at >= job.cut_from && allowed(at);
+            let cut = split_at_unit_boundary(&view.live, &units, &unit_tokens, keep, past_cached)
+                .or_else(|| {
+                    split_at_unit_boundary(&view.live, &units, &unit_tokens, keep, allowed)
+                });
+            let Some(cut) = cut else {
                 break;
             };
             let recent: u64 = units

@@ -467,9 +467,13 @@ impl<'s> Exchange<'s> {
             }
         };
         let pace = &self.state.compactor.pace;
-        let settled = pace.settled(&tracked.id, fitted.view.compact_id(), before);
+        let now = crate::compaction::pace::Settled {
+            tokens: before,
+            messages: fitted.view.live_start + fitted.view.live.len(),
+        };
+        let settled = pace.settled(&tracked.id, fitted.view.compact_id(), now);
         let recent = (config.keep_recent * budget.input_budget as f64) as u64;
-        let mark = prepare::paced_mark(mark, settled, budget.threshold, recent);
+        let mark = prepare::paced_mark(mark, settled.map(|s| s.tokens), budget.threshold, recent);
         let calls_a_model = self
             .chain
             .first()
@@ -495,8 +499,12 @@ impl<'s> Exchange<'s> {
         let basis = prepare::basis(&self.chat, tracked, fitted.view.compact_id());
         let mut preparation = self.detached(tracked, budget, basis.as_deref(), Reason::Prepared);
         // Adopted once the view reaches the trigger: what arrives until then stays
-        // verbatim after the cut, so the cut keeps that much less now.
+        // verbatim after the cut, so the cut keeps that much less now. And it cuts
+        // after what the view held when first sent on the compaction in force: the
+        // upstream cached that prefix at its end, so the summary call reads it from
+        // the cache (a cut inside it finds no cached prefix to extend).
         preparation.keep_less = budget.threshold.saturating_sub(before);
+        preparation.cut_from = settled.map_or(0, |s| s.messages);
         preparation.spawn(ticket);
     }
 
@@ -522,6 +530,7 @@ impl<'s> Exchange<'s> {
             reason,
             keep_less: 0,
             continuer: self.continuer(budget),
+            cut_from: 0,
         }
     }
 
