@@ -55,10 +55,27 @@ pub(crate) struct Session {
     pub summary_calls: usize,
     /// Compactions (handoff's records, or the client's restarts).
     pub compactions: usize,
-    /// Requests the provider refused.
-    pub rejects: usize,
+    /// The provider's answers to the requests it refused.
+    pub rejects: Vec<String>,
     /// Facts stated in the session that the last request no longer carried.
     pub lost: Vec<String>,
+    /// Each summary call's body, with what it was billed.
+    pub summaries: Vec<(Value, mock_upstream::cache::Billed)>,
+}
+
+impl Session {
+    /// What a report shows of it.
+    fn line(&self) -> String {
+        format!(
+            "${:.2}, {} summary calls (${:.2}), {} compactions, facts lost {:?}, refused {:?}",
+            self.cost,
+            self.summary_calls,
+            self.summary_cost,
+            self.compactions,
+            self.lost,
+            self.rejects
+        )
+    }
 }
 
 /// The agent's side: its conversation, in the API's shape.
@@ -307,8 +324,8 @@ fn written_out(reply: mock_upstream::Reply) -> mock_upstream::Reply {
     mock_upstream::Reply::Json { status, body }
 }
 
-/// One 40-turn session of `style`, run as `run` says.
-pub(crate) async fn session(style: CacheStyle, run: Run) -> Session {
+/// One session of `turns` user turns in `style`, run as `run` says.
+pub(crate) async fn session(style: CacheStyle, run: Run, turns: usize) -> Session {
     let window = match run {
         Run::Reference => LARGE_WINDOW,
         Run::ClientCompacts | Run::Handoff(_) => WINDOW,
@@ -331,7 +348,7 @@ pub(crate) async fn session(style: CacheStyle, run: Run) -> Session {
     let mut facts = Vec::new();
     let mut restarts = 0;
     let mut last_prompt = 0u64;
-    for turn in 0..TURNS {
+    for turn in 0..turns {
         let fact = format!("FACT-U{turn:03}");
         facts.push(fact.clone());
         let question = format!("{fact} {}", filler(turn, 40));
@@ -347,12 +364,6 @@ pub(crate) async fn session(style: CacheStyle, run: Run) -> Session {
             let (status, reply) = route.post(agent.path(), &body).await;
             assert_eq!(status, 200, "turn {turn} step {step}: {reply}");
             last_prompt = prompt_tokens(&reply);
-            if std::env::var("COST_TRACE").is_ok() {
-                println!(
-                    "turn {turn} step {step} prompt {last_prompt} mock {}",
-                    mock_upstream::anthropic::count(&body)
-                );
-            }
             let (message, call) = agent.answer(&reply);
             agent.messages.push(message);
             let Some(id) = call else { break };
@@ -374,89 +385,25 @@ pub(crate) async fn session(style: CacheStyle, run: Run) -> Session {
         .into_iter()
         .filter(|f| !last.contains(f.as_str()))
         .collect();
-    if std::env::var("COST_HANDOFF").is_ok() {
-        if let Route::Proxy(harness) = &route {
-            for record in harness.records("cost").await.iter() {
-                println!(
-                    "HANDOFF {} {} attempts {:?}\n{}",
-                    record.strategy,
-                    record.tokens_after,
-                    record
-                        .attempts
-                        .iter()
-                        .map(|a| (&a.strategy, &a.outcome))
-                        .collect::<Vec<_>>(),
-                    record.handoff_text()
-                );
-            }
-        }
-    }
     let compactions = match &route {
         Route::Proxy(harness) => harness.records("cost").await.len(),
         Route::Direct(..) => restarts,
     };
-    if std::env::var("COST_DUMP").is_ok() {
-        for (n, r) in mock.requests().iter().enumerate() {
-            let body = r.json();
-            let shape: Vec<String> = body["messages"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|m| {
-                    let blocks = m["content"].as_array().map_or(1, |b| b.len());
-                    let text = m["content"].to_string();
-                    let tokens = mock_upstream::strict::text_tokens(&text);
-                    format!(
-                        "{}{}:{}:{}",
-                        &m["role"].as_str().unwrap_or("?")[..1],
-                        blocks,
-                        tokens,
-                        &text[..text.len().min(24)].replace(' ', "_")
-                    )
-                })
-                .collect();
-            if mock_upstream::strict::is_summary(&body)
-                || std::env::var("COST_DUMP").as_deref() == Ok("all")
-            {
-                println!("{n:3} {}", shape.join(" "));
-            }
-        }
-    }
-    if std::env::var("COST_BILLS").is_ok() {
-        for (n, bill) in cache.bills().iter().enumerate() {
-            let b = bill.billed;
-            println!(
-                "{n:3} {} in {:6} read {:6} write {:6} out {:4}",
-                if bill.summary { "S" } else { " " },
-                b.input,
-                b.cache_read,
-                b.cache_write,
-                b.output
-            );
-        }
-    }
-    if std::env::var("COST_CLASSES").is_ok() {
-        let bills = cache.bills();
-        let sum = |f: &dyn Fn(&mock_upstream::cache::Billed) -> u64| {
-            bills.iter().map(|b| f(&b.billed)).sum::<u64>()
-        };
-        println!(
-            "requests {} input {} read {} write {} output {}",
-            bills.len(),
-            sum(&|b| b.input),
-            sum(&|b| b.cache_read),
-            sum(&|b| b.cache_write),
-            sum(&|b| b.output)
-        );
-    }
     let (cost, summary_cost) = cache.cost();
+    let bodies = mock.requests().into_iter().map(|r| r.json());
+    let summaries: Vec<(Value, mock_upstream::cache::Billed)> = bodies
+        .filter(mock_upstream::strict::is_summary)
+        .zip(cache.bills().into_iter().filter(|b| b.summary))
+        .map(|(body, bill)| (body, bill.billed))
+        .collect();
     Session {
         cost,
         summary_cost,
-        summary_calls: cache.bills().iter().filter(|b| b.summary).count(),
+        summary_calls: summaries.len(),
         compactions,
         rejects: cache.refused(),
         lost,
+        summaries,
     }
 }
 
@@ -491,6 +438,16 @@ fn prompt_tokens(reply: &Value) -> u64 {
         + field("cache_creation_input_tokens")
 }
 
+impl Run {
+    /// The config a run through handoff adds.
+    fn extra(self) -> &'static str {
+        match self {
+            Run::Handoff(extra) => extra,
+            _ => "",
+        }
+    }
+}
+
 /// The runs of the cost table, with their names.
 pub(crate) const RUNS: [(&str, Run); 5] = [
     ("no compaction, 200k window (reference)", Run::Reference),
@@ -514,7 +471,7 @@ async fn table() {
     for style in [CacheStyle::Breakpoints, CacheStyle::Automatic] {
         println!("\n{style:?}\n| run | cost | summary calls (cost) | compactions | facts lost | rejects |\n| --- | ---: | ---: | ---: | ---: | ---: |");
         for (name, run) in RUNS {
-            let s = session(style, run).await;
+            let s = session(style, run, TURNS).await;
             println!(
                 "| {name} | ${:.2} | {} (${:.2}) | {} | {} | {} |",
                 s.cost,
@@ -522,31 +479,80 @@ async fn table() {
                 s.summary_cost,
                 s.compactions,
                 s.lost.len(),
-                s.rejects
+                s.rejects.len()
             );
         }
     }
 }
 
+/// The messages of a summary call's body, each as its JSON text.
+fn message_texts(body: &Value) -> Vec<String> {
+    body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(Value::to_string)
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "debug"]
-async fn debug_bills() {
-    let style = if std::env::var("COST_STYLE").as_deref() == Ok("auto") {
-        CacheStyle::Automatic
-    } else {
-        CacheStyle::Breakpoints
-    };
-    let which: usize = std::env::var("COST_RUN")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
-    let (name, run) = match std::env::var("COST_EXTRA") {
-        Ok(extra) => ("extra", Run::Handoff(Box::leak(extra.into_boxed_str()))),
-        Err(_) => RUNS[which],
-    };
-    let (mock, cache) = provider(style, WINDOW).await;
-    drop(mock);
-    let _ = cache;
-    let s = session(style, run).await;
-    println!("{name}: {s:?}");
+async fn a_summary_call_reads_the_conversation_from_the_cache_and_shows_no_message_twice() {
+    for style in [CacheStyle::Breakpoints, CacheStyle::Automatic] {
+        let s = session(style, Run::Handoff(RUNS[2].1.extra()), 14).await;
+        assert!(!s.summaries.is_empty(), "{style:?}: nothing was compacted");
+        for (body, billed) in &s.summaries {
+            // The conversation's own prefix, read from the cache: most of the call.
+            assert!(
+                billed.cache_read * 10 >= billed.prompt() * 8,
+                "{style:?}: {billed:?}"
+            );
+            let texts = message_texts(body);
+            let mut unique = texts.clone();
+            unique.sort();
+            unique.dedup();
+            assert_eq!(unique.len(), texts.len(), "{style:?}: a message twice");
+            // The tools and system prompt as the client sent them, and no rendering.
+            assert_eq!(body["tools"].as_array().map(Vec::len), Some(8), "{style:?}");
+            assert!(
+                !body.to_string().contains("<history>\n"),
+                "{style:?}: rendered"
+            );
+        }
+        assert!(
+            s.lost.is_empty() && s.rejects.is_empty(),
+            "{style:?}: {}",
+            s.line()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forty_turns_through_the_default_config_cost_less_than_no_compaction_and_pace_like_inline()
+{
+    for style in [CacheStyle::Breakpoints, CacheStyle::Automatic] {
+        let reference = session(style, Run::Reference, TURNS).await;
+        let client = session(style, Run::ClientCompacts, TURNS).await;
+        let inline = session(style, RUNS[2].1, TURNS).await;
+        let default = session(style, Run::Handoff(""), TURNS).await;
+        let report = format!(
+            "{style:?}\nreference {}\nclient {}\ninline {}\ndefault {}",
+            reference.line(),
+            client.line(),
+            inline.line(),
+            default.line()
+        );
+        assert!(default.cost <= 1.2 * reference.cost, "{report}");
+        assert!(
+            default.lost.is_empty() && default.rejects.is_empty(),
+            "{report}"
+        );
+        // Preparing in the background compacts as often as inline, give or take one.
+        assert!(default.compactions <= inline.compactions + 1, "{report}");
+        for (_, billed) in &default.summaries {
+            assert!(billed.cache_read * 2 >= billed.prompt(), "{report}");
+        }
+        // What handoff keeps that a client's own summary does not (the recent part
+        // verbatim, the ledger's exact facts) costs this much at most.
+        assert!(default.cost <= 1.6 * client.cost, "{report}");
+    }
 }

@@ -27,7 +27,17 @@ pub struct RequestBudget {
     pub summary_tokenizer: Tokenizer,
 }
 
+/// A view sent over the trigger without its own compaction (one is running) keeps
+/// this share of the input budget free (1/50): the estimate may be that far under the
+/// upstream's count, and a refusal costs a round trip and a reactive compaction.
+pub const COUNT_MARGIN: u64 = 50;
+
 impl RequestBudget {
+    /// The largest view sent over the trigger while its compaction runs elsewhere.
+    pub fn sendable_over_trigger(&self) -> u64 {
+        self.input_budget - self.input_budget / COUNT_MARGIN
+    }
+
     /// The budget for `request`, or `None` when it is never to be compacted.
     pub fn new(config: &Config, request: &ChatRequest, tokens: &Tokens) -> Option<Self> {
         if !config.compaction.enabled {

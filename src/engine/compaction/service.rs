@@ -139,7 +139,7 @@ impl Job<'_> {
             // A request that waited for a running compaction takes its handoff once the
             // view fits the input budget: the next one is prepared, not waited for.
             Reason::Threshold if self.waits_for_running && someone_else => {
-                estimate <= self.hard_limit()
+                estimate <= self.hard_limit() - self.hard_limit() / super::budget::COUNT_MARGIN
             }
             Reason::Threshold => fits,
             Reason::ContextLengthExceeded => fits && someone_else,
@@ -405,7 +405,7 @@ impl Compactor {
             // for it only when its view does not fit the input budget without it.
             let running = self.background.is_running(&tracked.id)
                 || tracker.compaction_running(&tracked.id).await;
-            if running && current <= budget.input_budget {
+            if running && current <= budget.sendable_over_trigger() {
                 tracing::info!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, input_budget = budget.input_budget, "over the trigger while its compaction runs; the view fits the input budget, so it is sent without waiting");
                 self.metrics.add(SENT_WHILE_PREPARING, &[], 1.0);
                 return Ok(Fitted {

@@ -129,7 +129,7 @@ pub struct PromptCache {
     prices: Prices,
     entries: Mutex<HashMap<u64, Instant>>,
     bills: Mutex<Vec<Bill>>,
-    refused: std::sync::atomic::AtomicUsize,
+    refused: Mutex<Vec<String>>,
 }
 
 impl PromptCache {
@@ -140,7 +140,7 @@ impl PromptCache {
             prices,
             entries: Mutex::default(),
             bills: Mutex::default(),
-            refused: std::sync::atomic::AtomicUsize::new(0),
+            refused: Mutex::default(),
         })
     }
 
@@ -182,8 +182,9 @@ impl PromptCache {
             }
             // Refused requests cost nothing; streams keep the mock's own usage.
             Reply::Json { status, body } => {
-                self.refused
-                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if let Ok(mut refused) = self.refused.lock() {
+                    refused.push(body.to_string());
+                }
                 Reply::Json { status, body }
             }
             other => {
@@ -208,9 +209,9 @@ impl PromptCache {
         }
     }
 
-    /// Requests refused so far (over the window, malformed).
-    pub fn refused(&self) -> usize {
-        self.refused.load(std::sync::atomic::Ordering::SeqCst)
+    /// The error bodies of the requests refused so far (over the window, malformed).
+    pub fn refused(&self) -> Vec<String> {
+        self.refused.lock().map(|r| r.clone()).unwrap_or_default()
     }
 
     /// Every request billed so far.
