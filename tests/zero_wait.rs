@@ -98,10 +98,12 @@ async fn a_fast_agent_never_waits_for_its_summaries_and_keeps_its_facts() {
         latencies.extend(turn(&proxy, "fast", &mut messages, n).await);
         tokio::time::sleep(PAUSE).await;
     }
-    // The model answers at once: every request's time is handoff's.
+    // The model answers at once: every request's time is handoff's. A preparation is
+    // never stacked on one still waiting for its trigger, so a request may wait for
+    // the running summary, never past max_wait (then a stand-in goes).
     let slowest = latencies.iter().max().copied().unwrap();
     assert!(
-        slowest < Duration::from_millis(500),
+        slowest < Duration::from_millis(2_500),
         "a request took {slowest:?}"
     );
     // The preparation still running ends before the counts are read.

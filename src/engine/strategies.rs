@@ -163,7 +163,8 @@ impl Registry {
             .models
             .values()
             .filter_map(|m| m.compaction.as_ref())
-            .map(|c| c.chain.as_slice());
+            .map(|c| c.chain.as_slice())
+            .filter(|chain| !chain.is_empty());
         let named: Vec<&[String]> = std::iter::once(registry.global.as_slice())
             .chain(routes)
             .chain(models)
@@ -231,7 +232,8 @@ impl Registry {
         let own = config
             .model(model)
             .and_then(|m| m.compaction.as_ref())
-            .map(|c| c.chain.as_slice());
+            .map(|c| c.chain.as_slice())
+            .filter(|chain| !chain.is_empty());
         match route.or(own) {
             Some(names) => self.named(names),
             None => Arc::clone(&self.global_chain),

@@ -27,13 +27,14 @@ pub(crate) use report::write_report;
 pub(crate) use source::{Replay, Step};
 
 use crate::compaction::budget::{Calibration, RequestBudget};
+use crate::compaction::continued::Continuer;
 use crate::compaction::decision;
 use crate::compaction::model_client::UpstreamModelClient;
 use crate::compaction::service::{Compactor, Job};
 use crate::compaction::Reason;
 use crate::config::{Config, ModelConfig};
 use crate::conversation::{CapturedReplies, ConversationId, Tracker};
-use crate::dialect::{DialectKind, KeyHeader};
+use crate::dialect::{ChatRequest, DialectKind, KeyHeader};
 use crate::metrics::Metrics;
 use crate::state::{Snapshot, StateError};
 use crate::store::{MemoryStore, Store};
@@ -274,7 +275,31 @@ struct Replayer {
 /// wire format under the chat-shaped interface strategies use.
 ///
 /// [`Dialect::key_env`]: crate::dialect::Dialect::key_env
-fn summary_client(snapshot: &Snapshot, dialect: DialectKind, model: &str) -> Arc<dyn ModelClient> {
+/// How a replayed request's summary calls continue its conversation, as the live
+/// proxy's would: its logged body, posted to its own path with the replay's key.
+fn continuer(
+    snapshot: &Snapshot,
+    step: &Step,
+    chat: &ChatRequest,
+    budget: &RequestBudget,
+) -> Option<Arc<Continuer>> {
+    let call = Continuer::eligible(&snapshot.config, chat, &budget.info.summary_model)?;
+    let path = Continuer::path(chat, &step.target)?;
+    let client: Arc<dyn ModelClient> = Arc::new(UpstreamModelClient::new(
+        snapshot.upstream.clone(),
+        path,
+        credential_headers(step.dialect),
+    ));
+    Some(Arc::new(Continuer {
+        body: step.body.clone().into(),
+        client,
+        call,
+        extra: snapshot.config.compaction.summary_request_extra.clone(),
+    }))
+}
+
+/// The replay's credential (the API's key variable) and required headers.
+fn credential_headers(dialect: DialectKind) -> HeaderMap {
     let api = dialect.get();
     let mut headers = HeaderMap::new();
     if let Ok(key) = std::env::var(api.key_env()) {
@@ -295,6 +320,12 @@ fn summary_client(snapshot: &Snapshot, dialect: DialectKind, model: &str) -> Arc
     for (name, value) in api.required_headers() {
         headers.insert(*name, http::HeaderValue::from_static(value));
     }
+    headers
+}
+
+fn summary_client(snapshot: &Snapshot, dialect: DialectKind, model: &str) -> Arc<dyn ModelClient> {
+    let api = dialect.get();
+    let headers = credential_headers(dialect);
     let path = api
         .call_path(model, None)
         .parse()
@@ -459,6 +490,9 @@ impl Replayer {
                         snapshot.registry.select(config, &chat.model, None),
                     );
                     job.seen_compact_id = compact_id.map(str::to_owned);
+                    if *live {
+                        job.continuer = continuer(snapshot, step, &chat, budget);
+                    }
                     job
                 },
                 // A replay compacts inline: what each view holds, not when, is measured.

@@ -94,11 +94,19 @@ fn validate_strategies(config: &Config) -> Result<(), ConfigError> {
     validate_chain(config, "compaction.chain", &compaction.global_chain())?;
     for (model, entry) in &config.models {
         if let Some(own) = &entry.compaction {
-            validate_chain(
-                config,
-                &format!("models.\"{model}\".compaction.chain"),
-                &own.chain,
-            )?;
+            if !own.chain.is_empty() {
+                validate_chain(
+                    config,
+                    &format!("models.\"{model}\".compaction.chain"),
+                    &own.chain,
+                )?;
+            }
+            if own.keep_recent.is_some_and(|k| !(k > 0.0 && k < 1.0)) {
+                return Err(invalid(
+                    &format!("models.\"{model}\".compaction.keep_recent"),
+                    "must be in (0, 1)",
+                ));
+            }
         }
     }
     for (index, route) in config.routes.iter().enumerate() {

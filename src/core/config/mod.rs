@@ -555,11 +555,16 @@ pub enum ModelApi {
 }
 
 /// `[models."<m>".compaction]`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelCompactionConfig {
-    /// The chain for this model.
+    /// The chain for this model; the global one when empty.
+    #[serde(default)]
     pub chain: Vec<String>,
+    /// `compaction.keep_recent` for this model: a model whose cache reads cost more
+    /// (or whose window is small) pays more for each token kept verbatim.
+    #[serde(default)]
+    pub keep_recent: Option<f64>,
 }
 
 /// `[compaction.strategies.<name>]`: a named strategy instance.
@@ -672,6 +677,15 @@ pub struct CompactionConfig {
 }
 
 impl CompactionConfig {
+    /// The share of the input budget kept verbatim for `model`: its own
+    /// `[models."<m>".compaction] keep_recent`, else `keep_recent`.
+    pub fn keep_recent_for(&self, model: Option<&ModelConfig>) -> f64 {
+        model
+            .and_then(|m| m.compaction.as_ref())
+            .and_then(|c| c.keep_recent)
+            .unwrap_or(self.keep_recent)
+    }
+
     /// The global chain: `chain`, or the `strategy` / `fallback` shorthand.
     pub fn global_chain(&self) -> Vec<String> {
         if !self.chain.is_empty() {

@@ -28,9 +28,10 @@ pub struct RequestBudget {
 }
 
 /// A view sent over the trigger without its own compaction (one is running) keeps
-/// this share of the input budget free (1/50): the estimate may be that far under the
-/// upstream's count, and a refusal costs a round trip and a reactive compaction.
-pub const COUNT_MARGIN: u64 = 50;
+/// this share of the input budget free (1/100): a calibrated estimate may be that far
+/// under the upstream's count, and a refusal costs a round trip and a reactive
+/// compaction.
+pub const COUNT_MARGIN: u64 = 100;
 
 impl RequestBudget {
     /// The largest view sent over the trigger while its compaction runs elsewhere.

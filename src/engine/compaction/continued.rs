@@ -10,10 +10,12 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use handoff_plugin_api::{ConversationClient, ModelCallError, ModelClient, ModelReply};
+use http::uri::PathAndQuery;
 use serde_json::{Map, Value};
 
 use crate::base::chunks::Chunks;
-use crate::dialect::ContinuedCall;
+use crate::config::Config;
+use crate::dialect::{ChatRequest, ContinuedCall};
 use crate::projection::ModelView;
 
 /// What continuing one request's conversation takes: its body, a client that posts
@@ -30,6 +32,30 @@ pub struct Continuer {
 }
 
 impl Continuer {
+    /// How `chat`'s summary calls to `summary_model` continue its conversation: when
+    /// they go to the request's own model through its own API (no `api` override), on
+    /// an API that has a [`ContinuedCall`], and the request holds its conversation
+    /// (not a server-held one). `None` renders the history as text.
+    pub fn eligible(
+        config: &Config,
+        chat: &ChatRequest,
+        summary_model: &str,
+    ) -> Option<ContinuedCall> {
+        let other_api = config.model(&chat.model).is_some_and(|m| m.api.is_some());
+        if chat.server_held || summary_model != chat.model || other_api {
+            return None;
+        }
+        chat.dialect().continued_call()
+    }
+
+    /// The path `chat`'s continued calls post to (its own), given its `target`.
+    pub fn path(chat: &ChatRequest, target: &str) -> Option<PathAndQuery> {
+        chat.dialect()
+            .call_path(&chat.model, Some(target))
+            .parse()
+            .ok()
+    }
+
     /// The conversation of `view` cut before its live message `cut`, taking
     /// `prefix_tokens`; `None` when the body cannot be rebuilt.
     pub(super) fn conversation(

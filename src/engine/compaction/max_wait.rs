@@ -77,6 +77,7 @@ impl Job<'_> {
             keep_less: self.keep_less,
             continuer: self.continuer.clone(),
             cut_from: self.cut_from,
+            keep_recent: self.keep_recent,
         }
     }
 }

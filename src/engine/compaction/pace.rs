@@ -153,6 +153,21 @@ impl Pace {
             .or_insert(took);
     }
 
+    /// The latest estimate at which `id`'s compaction can start and still land before
+    /// the trigger `threshold`, by the growth expected while a summary by `model` is
+    /// written (no margin); `None` until the conversation has shown how it grows.
+    pub fn latest_start(&self, id: &ConversationId, threshold: u64, model: &str) -> Option<u64> {
+        let growth = self.conversations.get(id).filter(|g| g.samples >= 2)?;
+        let latency = self
+            .latencies
+            .lock()
+            .ok()
+            .and_then(|l| l.get(model).copied())
+            .unwrap_or(LATENCY_PRIOR.as_secs_f64());
+        let requests = (latency / growth.interval.max(0.05)).ceil() + 1.0;
+        Some(threshold.saturating_sub((growth.per_request * requests) as u64))
+    }
+
     /// The estimate past which `id`'s compaction should be prepared, for a trigger of
     /// `threshold` tokens and a summary by `model`: the trigger less what the
     /// conversation adds while the summary is written (with a margin).

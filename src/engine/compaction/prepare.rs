@@ -212,20 +212,19 @@ pub fn waiting_ahead(request: &ChatRequest, tracked: &Tracked) -> bool {
 /// grow through before its next compaction is prepared.
 const REGROWTH: f64 = 0.5;
 
-/// When a view's next compaction is prepared: at `mark`, but never before
-/// - `threshold − recent`: what arrives between a preparation and its adoption (at
-///   the trigger) stays verbatim, so a preparation sooner than the recent part's size
-///   before the trigger adopts a view larger than an inline compaction leaves, which
-///   lands past the next mark and compacts twice as often;
-/// - [`REGROWTH`] of the way from `settled` (the view's size when first sent on the
-///   compaction in force) to the trigger: one prepared sooner removes too little to
-///   pay for the cache it rewrites.
-pub fn paced_mark(mark: u64, settled: Option<u64>, threshold: u64, recent: u64) -> u64 {
-    let mark = mark.max(threshold.saturating_sub(recent));
-    match settled.filter(|settled| *settled < threshold) {
-        Some(settled) => mark.max(settled + ((threshold - settled) as f64 * REGROWTH) as u64),
-        None => mark,
-    }
+/// When a view's next compaction is prepared: at `mark`, but not before the view has
+/// grown [`REGROWTH`] of the way from `settled` (its size when first sent on the
+/// compaction in force) to `threshold`, unless a preparation must start sooner to land
+/// before the trigger (`latest`, from the conversation's pace). What arrives between a
+/// preparation and its adoption stays verbatim, so a view adopted late in a fast
+/// conversation restarts high; prepared again at once, each compaction would remove
+/// less than the last, and the conversation compact twice as often as inline.
+pub fn paced_mark(mark: u64, settled: Option<u64>, threshold: u64, latest: Option<u64>) -> u64 {
+    let Some(settled) = settled.filter(|settled| *settled < threshold) else {
+        return mark;
+    };
+    let regrown = settled + ((threshold - settled) as f64 * REGROWTH) as u64;
+    mark.max(latest.map_or(regrown, |latest| regrown.min(latest)))
 }
 
 /// The compaction a preparation for `request` builds on: the one its view ends on with

@@ -124,6 +124,9 @@ pub struct Job<'a> {
     /// How a summary call continues this request's conversation over its cached
     /// prefix; `None` renders the history as text.
     pub continuer: Option<Arc<super::continued::Continuer>>,
+    /// The share of the input budget kept verbatim: the model's own `keep_recent`, or
+    /// `compaction.keep_recent`.
+    pub keep_recent: f64,
     /// The fewest non-pinned originals the cut leaves before it, where a cut allows:
     /// a preparation cuts after what the view held when the upstream first cached it.
     pub cut_from: usize,
@@ -139,7 +142,7 @@ impl Job<'_> {
             // A request that waited for a running compaction takes its handoff once the
             // view fits the input budget: the next one is prepared, not waited for.
             Reason::Threshold if self.waits_for_running && someone_else => {
-                estimate <= self.hard_limit() - self.hard_limit() / super::budget::COUNT_MARGIN
+                estimate <= self.hard_limit()
             }
             Reason::Threshold => fits,
             Reason::ContextLengthExceeded => fits && someone_else,
@@ -215,6 +218,7 @@ impl<'a> Job<'a> {
             waits_for_running: false,
             detached: false,
             keep_less: 0,
+            keep_recent: config.keep_recent_for(Some(&budget.model)),
             continuer: None,
             cut_from: 0,
             client,
@@ -808,7 +812,7 @@ impl Compactor {
         let steps: &[f64] = if keep_only_last { &[0.0] } else { &KEEP_STEPS };
         let mut chosen = None;
         for step in steps {
-            let keep = ((job.config.keep_recent * step * job.input_budget as f64) as u64)
+            let keep = ((job.keep_recent * step * job.input_budget as f64) as u64)
                 .saturating_sub(job.keep_less);
             let allowed = |at: usize| dialect.may_cut_at(job.request, &view.live, at);
             // A cut after `cut_from` where there is one (a preparation's: after what the

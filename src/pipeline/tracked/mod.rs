@@ -472,8 +472,8 @@ impl<'s> Exchange<'s> {
             messages: fitted.view.live_start + fitted.view.live.len(),
         };
         let settled = pace.settled(&tracked.id, fitted.view.compact_id(), now);
-        let recent = (config.keep_recent * budget.input_budget as f64) as u64;
-        let mark = prepare::paced_mark(mark, settled.map(|s| s.tokens), budget.threshold, recent);
+        let latest = pace.latest_start(&tracked.id, budget.threshold, &budget.info.summary_model);
+        let mark = prepare::paced_mark(mark, settled.map(|s| s.tokens), budget.threshold, latest);
         let calls_a_model = self
             .chain
             .first()
@@ -568,26 +568,11 @@ impl<'s> Exchange<'s> {
     /// prompt cache: when they go to the request's own model through its own API, and
     /// no view-stage hook must see them first (those read the rendered form).
     fn continuer(&self, budget: &RequestBudget) -> Option<Arc<Continuer>> {
-        let call = self.chat.dialect().continued_call()?;
-        let model = &self.chat.model;
-        let other_api = self
-            .snap
-            .config
-            .model(model)
-            .is_some_and(|m| m.api.is_some());
-        if self.chat.server_held
-            || budget.info.summary_model != *model
-            || other_api
-            || self.caller.has(&self.snap, model, Stage::View)
-        {
+        let call = Continuer::eligible(&self.snap.config, &self.chat, &budget.info.summary_model)?;
+        if self.caller.has(&self.snap, &self.chat.model, Stage::View) {
             return None;
         }
-        let path = self
-            .chat
-            .dialect()
-            .call_path(model, Some(self.request_target()))
-            .parse()
-            .ok()?;
+        let path = Continuer::path(&self.chat, self.request_target())?;
         let client: Arc<dyn handoff_plugin_api::ModelClient> =
             Arc::new(crate::compaction::model_client::UpstreamModelClient::new(
                 self.upstream().clone(),

@@ -447,7 +447,10 @@ mod tests {
         let cached = two["prompt_tokens_details"]["cached_tokens"]
             .as_u64()
             .unwrap();
-        assert!(cached >= 1024 && (cached - 1024) % 128 == 0, "{two}");
+        assert!(
+            cached >= 1024 && (cached - 1024).is_multiple_of(128),
+            "{two}"
+        );
         assert!(cached <= two["prompt_tokens"].as_u64().unwrap());
         // Another system prompt shares nothing.
         let other = json!({"messages": [{"role": "system", "content": long(1)}, {"role": "user", "content": "q1"}]});
