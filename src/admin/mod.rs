@@ -59,6 +59,9 @@ pub(crate) async fn handle(
         });
         return ok_json(&value);
     }
+    if path == "/handoff/spend" && request.method() == http::Method::GET {
+        return ok_json(&spend(&state.metrics));
+    }
     if path == "/handoff/metrics" {
         let mut response = Response::new(crate::body::full(state.metrics.render()));
         response.headers_mut().insert(
@@ -318,6 +321,7 @@ async fn compact_now(
         chain,
     );
     job.reason = Reason::Manual;
+    job.prices = Some(&snap.config.prices);
     let view = state
         .compactor
         .compact(&job)
@@ -673,3 +677,37 @@ pub(crate) fn ok_json(value: &serde_json::Value) -> Response<ProxyBody> {
 
 #[cfg(test)]
 mod tests;
+
+/// `GET /handoff/spend`: what replies and summary calls cost at the configured
+/// `[prices]` since the process started, by tenant and by price entry, and what could
+/// not be priced (never counted as free). The record holds every bill for good: `audit
+/// show` and the timeline.
+fn spend(metrics: &crate::metrics::Metrics) -> serde_json::Value {
+    use crate::metrics::{COST_USD, SUMMARY_COST_USD, UNPRICED_REPLIES, UNPRICED_SUMMARY_CALLS};
+    let by = |label: &str| {
+        let replies = metrics.sum_by(COST_USD, label);
+        let summaries = metrics.sum_by(SUMMARY_COST_USD, label);
+        let keys: std::collections::BTreeSet<&String> =
+            replies.keys().chain(summaries.keys()).collect();
+        let rows: serde_json::Map<String, serde_json::Value> = keys
+            .into_iter()
+            .map(|key| {
+                let replies = replies.get(key).copied().unwrap_or(0.0);
+                let summaries = summaries.get(key).copied().unwrap_or(0.0);
+                (
+                    key.clone(),
+                    json!({"replies_usd": replies, "summary_calls_usd": summaries, "total_usd": replies + summaries}),
+                )
+            })
+            .collect();
+        serde_json::Value::Object(rows)
+    };
+    json!({
+        "tenants": by("tenant"),
+        "prices": by("price"),
+        "unpriced": {
+            "replies": metrics.get(UNPRICED_REPLIES, &[]),
+            "summary_calls": metrics.get(UNPRICED_SUMMARY_CALLS, &[]),
+        },
+    })
+}

@@ -165,8 +165,11 @@ impl ReplyTarget {
     fn count_cost(&self, billed: &Billed) {
         match &self.price {
             Some((key, price)) => {
-                self.metrics
-                    .add(COST_USD, &[("price", key.as_str())], price.cost(billed));
+                let labels = [
+                    ("price", key.as_str()),
+                    ("tenant", self.id.tenant().as_str()),
+                ];
+                self.metrics.add(COST_USD, &labels, price.cost(billed));
             }
             None => self.metrics.add(UNPRICED_REPLIES, &[], 1.0),
         }

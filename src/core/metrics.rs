@@ -10,8 +10,16 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 /// The US dollars replies cost at the configured prices, by the `[prices]` entry that
-/// priced them (a bounded label: the config's keys, not the clients' model names).
+/// priced them (a bounded label: the config's keys, not the clients' model names) and
+/// the tenant (a proxy key's name, or the hash of the client's credential).
 pub const COST_USD: &str = "handoff_cost_usd_total";
+
+/// The US dollars summary calls cost, by `[prices]` entry and by the tenant whose
+/// conversation needed them; counted when their compaction commits.
+pub const SUMMARY_COST_USD: &str = "handoff_summary_cost_usd_total";
+
+/// Summary-call attempts whose model has no price: unpriced, never counted as free.
+pub const UNPRICED_SUMMARY_CALLS: &str = "handoff_unpriced_summary_calls_total";
 
 /// The counter of replies whose model has no price: unpriced, never counted as free.
 pub const UNPRICED_REPLIES: &str = "handoff_unpriced_replies_total";
@@ -127,7 +135,17 @@ const HELP: &[(&str, &str, &str)] = &[
     (
         COST_USD,
         "counter",
-        "US dollars the replies cost at the configured [prices], by the entry that priced them.",
+        "US dollars the replies cost at the configured [prices], by the entry that priced them and the tenant.",
+    ),
+    (
+        SUMMARY_COST_USD,
+        "counter",
+        "US dollars handoff's summary calls cost at the configured [prices], by entry and by the tenant whose conversation needed them.",
+    ),
+    (
+        UNPRICED_SUMMARY_CALLS,
+        "counter",
+        "Summary-call attempts whose model has no [prices] entry: unpriced, never counted as free.",
     ),
     (
         UNPRICED_REPLIES,
@@ -214,7 +232,39 @@ fn labels(pairs: &[(&str, &str)]) -> String {
     format!("{{{}}}", inner.join(","))
 }
 
+/// The value of `label` in a rendered label set (`{a="x",b="y"}`), unescaped.
+fn label_value(labels: &str, label: &str) -> Option<String> {
+    let start = labels.find(&format!("{label}=\""))? + label.len() + 2;
+    let mut value = String::new();
+    let mut chars = labels[start..].chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => value.push(chars.next()?),
+            '"' => return Some(value),
+            other => value.push(other),
+        }
+    }
+    None
+}
+
 impl Metrics {
+    /// The counter `name` summed by the value of its `label` (series without it are
+    /// left out).
+    pub fn sum_by(&self, name: &'static str, label: &str) -> BTreeMap<String, f64> {
+        let mut sums = BTreeMap::new();
+        if let Ok(counters) = self.counters.lock() {
+            for ((series, labels), value) in counters.iter() {
+                if *series != name {
+                    continue;
+                }
+                if let Some(key) = label_value(labels, label) {
+                    *sums.entry(key).or_insert(0.0) += value;
+                }
+            }
+        }
+        sums
+    }
+
     /// Adds `value` to the counter `name{labels}`.
     pub fn add(&self, name: &'static str, pairs: &[(&str, &str)], value: f64) {
         if let Ok(mut counters) = self.counters.lock() {

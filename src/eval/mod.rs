@@ -31,6 +31,7 @@ use crate::compaction::continued::Continuer;
 use crate::compaction::decision;
 use crate::compaction::model_client::UpstreamModelClient;
 use crate::compaction::service::{Compactor, Job};
+use crate::compaction::spend;
 use crate::compaction::Reason;
 use crate::config::{Config, ModelConfig};
 use crate::conversation::{CapturedReplies, ConversationId, Tracker};
@@ -127,8 +128,14 @@ pub(crate) struct ConversationReport {
     pub compactions: Vec<CompactionFigures>,
     /// Summary model calls, over every attempt.
     pub summary_calls: u64,
-    /// What those calls cost, summed.
+    /// What those calls used, summed.
     pub usage: Option<Value>,
+    /// What those calls cost at the configured `[prices]`; `None` when a model that
+    /// made some has no price (unpriced, never free).
+    pub summary_usd: Option<f64>,
+    /// The models of those calls with no `[prices]` entry.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unpriced: Vec<String>,
     /// Failed attempts by reason.
     pub failed: BTreeMap<String, u64>,
     /// The probe's recall, when a probe was given.
@@ -378,6 +385,16 @@ impl Replayer {
         }
         let usage =
             handoff_plugin_api::sum_usage(attempts.clone().filter_map(|a| a.usage.as_ref()));
+        let prices = &self.snapshot.config.prices;
+        let (mut summary_usd, mut unpriced) = (0.0, Vec::new());
+        for priced in records.iter().flat_map(|r| spend::summary_calls(prices, r)) {
+            match priced {
+                spend::Priced::Cost { usd, .. } => summary_usd += usd,
+                spend::Priced::Unpriced(model) => unpriced.push(model.to_owned()),
+            }
+        }
+        unpriced.sort();
+        unpriced.dedup();
         // A chain ends in its deterministic strategy; every attempt before it is a model's.
         let model_attempts: Vec<&crate::base::record::Attempt> = records
             .iter()
@@ -414,6 +431,8 @@ impl Replayer {
                 .collect(),
             summary_calls: attempts.filter_map(|a| a.calls).map(u64::from).sum(),
             usage,
+            summary_usd: unpriced.is_empty().then_some(summary_usd),
+            unpriced,
             failed,
             recall: options
                 .probe

@@ -26,6 +26,13 @@ pub(crate) fn write_report(
         .sum();
     let calls: u64 = reports.iter().map(|r| r.summary_calls).sum();
     let usage = handoff_plugin_api::sum_usage(reports.iter().filter_map(|r| r.usage.as_ref()));
+    let summary_usd: Option<f64> = reports.iter().map(|r| r.summary_usd).sum();
+    let mut unpriced: Vec<&str> = reports
+        .iter()
+        .flat_map(|r| r.unpriced.iter().map(String::as_str))
+        .collect();
+    unpriced.sort_unstable();
+    unpriced.dedup();
     let mut failed: BTreeMap<&str, u64> = BTreeMap::new();
     for (reason, count) in reports.iter().flat_map(|r| &r.failed) {
         *failed.entry(reason).or_insert(0) += count;
@@ -61,6 +68,8 @@ pub(crate) fn write_report(
                 "summary_calls": calls,
                 "duration_ms": duration_ms,
                 "usage": usage,
+                "summary_usd": summary_usd,
+                "unpriced": unpriced,
                 "failed": failed,
                 "model_attempts": model_attempts,
                 "model_failed": model_failed,
@@ -165,6 +174,14 @@ pub(crate) fn write_report(
     )?;
     if let Some(usage) = usage {
         writeln!(out, "summary usage: {usage}")?;
+    }
+    match summary_usd {
+        Some(usd) => writeln!(out, "summary cost: ${usd:.6} at the configured [prices]")?,
+        None => writeln!(
+            out,
+            "summary cost: unpriced (no [prices] entry for {})",
+            unpriced.join(", ")
+        )?,
     }
     Ok(())
 }

@@ -74,13 +74,36 @@ async fn the_bill_is_usage_at_the_configured_prices_and_an_unpriced_model_says_s
     assert_eq!(costs.len(), 2, "each reply's cost: {costs:?}");
     let metrics = proxy.metrics().await;
     assert!(
-        metrics.contains("handoff_cost_usd_total{price=\"priced-model\"} 0.01123"),
+        metrics.lines().any(|line| line
+            .starts_with("handoff_cost_usd_total{price=\"priced-model\",tenant=\"t-")
+            && line.ends_with("} 0.01123")),
         "{metrics}"
     );
     assert!(
         metrics.contains("handoff_unpriced_replies_total 1"),
         "{metrics}"
     );
+    // The admin API totals it by price entry and by tenant.
+    let spend = spend(&proxy).await;
+    let usd = spend["prices"]["priced-model"]["replies_usd"]
+        .as_f64()
+        .unwrap();
+    assert!((usd - 0.01123).abs() < 1e-9, "{spend}");
+    let tenants = spend["tenants"].as_object().unwrap();
+    assert_eq!(
+        tenants.len(),
+        1,
+        "one client credential, one tenant: {spend}"
+    );
+    assert_eq!(spend["unpriced"]["replies"], 1.0, "{spend}");
+}
+
+/// `GET /handoff/spend`.
+async fn spend(proxy: &Proxy) -> serde_json::Value {
+    let url = format!("{}/handoff/spend", proxy.url());
+    crate::support::client::send(crate::support::client::request("GET", &url, &[], ""))
+        .await
+        .json()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -118,4 +141,27 @@ async fn a_compaction_s_summary_calls_are_billed_to_its_conversation() {
         show.contains(&format!("summary attempts (${expected:.6})")),
         "{expected:.6} in {show}"
     );
+    // The metrics and the admin API count them as they commit, for the tenant whose
+    // conversation needed them.
+    let metrics = proxy.metrics().await;
+    let counted: f64 = metrics
+        .lines()
+        .filter(|line| {
+            line.starts_with("handoff_summary_cost_usd_total{price=\"strict-16k\",tenant=")
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!((counted - expected).abs() < 1e-9, "{expected} in {metrics}");
+    let spend = spend(&proxy).await;
+    let usd = spend["prices"]["strict-16k"]["summary_calls_usd"]
+        .as_f64()
+        .unwrap();
+    assert!((usd - expected).abs() < 1e-9, "{spend}");
+    let tenant_total: f64 = spend["tenants"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|t| t["summary_calls_usd"].as_f64().unwrap())
+        .sum();
+    assert!((tenant_total - expected).abs() < 1e-9, "{spend}");
 }

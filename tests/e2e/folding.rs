@@ -357,7 +357,7 @@ async fn eval_replays_a_live_run_to_the_same_figures_and_writes_nothing() {
             inline_compaction(options(
                 4096,
                 &format!(
-                    "[compaction]\nchain = {:?}\n",
+                    "[compaction]\nchain = {:?}\n[prices.\"strict\"]\ninput = 1.0\noutput = 2.0\n",
                     chain.split(',').collect::<Vec<_>>()
                 ),
             )),
@@ -425,6 +425,13 @@ async fn eval_replays_a_live_run_to_the_same_figures_and_writes_nothing() {
         assert_eq!(replayed_strategies, strategies, "{chain}");
         assert!(replayed["recall"]["matches"].as_u64().unwrap() >= 14);
         assert_eq!(report["total"]["compactions"], live.len());
+        // The chain's cost: its summary calls' usage at the configured prices.
+        let usage = &report["total"]["usage"];
+        let tokens = |field: &str| usage[field].as_f64().unwrap_or(0.0);
+        let expected = (tokens("prompt_tokens") + 2.0 * tokens("completion_tokens")) / 1e6;
+        let usd = report["total"]["summary_usd"].as_f64().unwrap();
+        assert!((usd - expected).abs() < 1e-12, "{chain}: {usd} for {usage}");
+        assert_eq!(usd > 0.0, chain.starts_with("summarize"), "{chain}: {usd}");
     }
 }
 

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde_json::{json, Value};
 
 use crate::base::record::CompactionRecord;
+use crate::compaction::spend::{summary_calls, Priced};
 use crate::config::{price_of, Billed, Price};
 use crate::dialect::DialectKind;
 use crate::redact::strip_controls;
@@ -57,19 +58,13 @@ impl Bill {
     ) -> Option<f64> {
         let mut cost = 0.0;
         let mut unpriced = false;
-        for attempt in &record.attempts {
-            let (Some(model), Some(usage)) = (&attempt.model, &attempt.usage) else {
-                continue;
-            };
-            let Some(billed) = DialectKind::OpenAiChat.get().billed(usage) else {
-                continue;
-            };
-            match price_of(prices, model) {
-                Some((_, price)) => {
-                    cost += price.cost(&billed);
+        for priced in summary_calls(prices, record) {
+            match priced {
+                Priced::Cost { usd, .. } => {
+                    cost += usd;
                     self.summaries += 1;
                 }
-                None => {
+                Priced::Unpriced(model) => {
                     unpriced = true;
                     self.unpriced.insert(strip_controls(model).into_owned());
                     self.unpriced_replies += 1;

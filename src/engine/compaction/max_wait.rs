@@ -78,6 +78,7 @@ impl Job<'_> {
             continuer: self.continuer.clone(),
             cut_from: self.cut_from,
             keep_recent: self.keep_recent,
+            prices: self.prices,
         }
     }
 }

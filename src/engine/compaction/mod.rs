@@ -13,7 +13,8 @@
 //! - [`service`]: one run, single flight per conversation, the loop guard;
 //! - [`prepare`] and [`pace`]: compactions prepared in the background, and when;
 //! - [`blocking`]: a run's CPU work, off the worker threads;
-//! - [`summary_count`]: the summary model's own counts, calibrated by what it reports.
+//! - [`summary_count`]: the summary model's own counts, calibrated by what it reports;
+//! - [`spend`]: what summary calls cost at the configured prices.
 //!
 //! Recognising an upstream context-length error is the dialects' job
 //! ([`crate::dialect::overflow`]).
@@ -34,6 +35,7 @@ pub mod pace;
 pub mod prepare;
 mod run;
 pub mod service;
+pub mod spend;
 mod split;
 mod summary_count;
 pub mod unit;

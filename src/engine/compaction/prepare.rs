@@ -302,6 +302,7 @@ impl Preparation {
         job.detached = true;
         job.keep_less = self.keep_less;
         job.continuer = self.continuer.clone();
+        job.prices = Some(&self.config.prices);
         job.cut_from = self.cut_from;
         job.seen_compact_id = self.seen_compact_id.clone();
         match self.compactor.compact(&job).await {

@@ -18,6 +18,7 @@ use super::prepare::{
     settled_view, Background, Preparation, PREPARED_ADOPTED, PREPARED_WAITED, PREPARED_WASTED,
     SENT_WHILE_PREPARING,
 };
+use super::spend::Priced;
 use super::split::split_at_unit_boundary;
 use super::summary_count::SummaryCalibrations;
 use super::unit::split_into_units;
@@ -27,7 +28,7 @@ use crate::base::record::Reason;
 use crate::config::{CompactionConfig, Tokenizer};
 use crate::conversation::{ConversationId, Tracked, Tracker};
 use crate::dialect::{ChatRequest, DialectError, Message, Role};
-use crate::metrics::{Metrics, VIEWS_RESCUED};
+use crate::metrics::{Metrics, SUMMARY_COST_USD, UNPRICED_SUMMARY_CALLS, VIEWS_RESCUED};
 use crate::projection::{project_view, ModelView, ProjectionError};
 use crate::store::{Lease, StoreError};
 use crate::tokens::{Tokens, MESSAGE_OVERHEAD, REPLY_PRIMING};
@@ -124,6 +125,8 @@ pub struct Job<'a> {
     /// How a summary call continues this request's conversation over its cached
     /// prefix; `None` renders the history as text.
     pub continuer: Option<Arc<super::continued::Continuer>>,
+    /// The configured `[prices]`: the summary calls are counted at them as they commit.
+    pub prices: Option<&'a std::collections::BTreeMap<String, crate::config::Price>>,
     /// The share of the input budget kept verbatim: the model's own `keep_recent`, or
     /// `compaction.keep_recent`.
     pub keep_recent: f64,
@@ -219,6 +222,7 @@ impl<'a> Job<'a> {
             detached: false,
             keep_less: 0,
             keep_recent: config.keep_recent_for(Some(&budget.model)),
+            prices: None,
             continuer: None,
             cut_from: 0,
             client,
@@ -675,7 +679,7 @@ impl Compactor {
                 other => other?,
             };
             let committed = job.tracker.commit_compaction(job.id, record, lease).await?;
-            self.record_metrics(&committed);
+            self.record_metrics(&committed, job);
             // A prepared compaction no request took, now overtaken, is wasted work.
             let overtaken = adopted
                 .values()
@@ -877,8 +881,20 @@ impl Compactor {
     }
 
     /// Counts a committed compaction and its sizes.
-    fn record_metrics(&self, committed: &Adopted) {
+    fn record_metrics(&self, committed: &Adopted, job: &Job<'_>) {
         let record = &committed.record;
+        if let Some(prices) = job.prices {
+            let tenant = job.id.tenant().as_str();
+            for priced in super::spend::summary_calls(prices, record) {
+                match priced {
+                    Priced::Cost { price, usd } => {
+                        let labels = [("price", price), ("tenant", tenant)];
+                        self.metrics.add(SUMMARY_COST_USD, &labels, usd);
+                    }
+                    Priced::Unpriced(_) => self.metrics.add(UNPRICED_SUMMARY_CALLS, &[], 1.0),
+                }
+            }
+        }
         self.metrics.add(
             "handoff_compactions_total",
             &[("strategy", &record.strategy), ("outcome", "committed")],

@@ -619,6 +619,7 @@ impl<'s> Exchange<'s> {
         job.reason = reason;
         job.seen_compact_id = seen_compact_id.map(str::to_owned);
         job.continuer = self.continuer(budget);
+        job.prices = Some(&self.snap.config.prices);
         job
     }
 }
