@@ -449,7 +449,7 @@ impl Run {
 }
 
 /// The runs of the cost table, with their names.
-pub(crate) const RUNS: [(&str, Run); 5] = [
+pub(crate) const RUNS: [(&str, Run); 7] = [
     ("no compaction, 200k window (reference)", Run::Reference),
     ("the client compacts itself", Run::ClientCompacts),
     (
@@ -460,6 +460,14 @@ pub(crate) const RUNS: [(&str, Run); 5] = [
     (
         "through handoff, extract only",
         Run::Handoff("[compaction]\nstrategy = \"extract\"\nprepare_at = 0\n"),
+    ),
+    (
+        "through handoff, default config, keep_recent = 0.15",
+        Run::Handoff("[compaction]\nkeep_recent = 0.15\n"),
+    ),
+    (
+        "through handoff, default config, keep_recent = 0.1",
+        Run::Handoff("[compaction]\nkeep_recent = 0.1\n"),
     ),
 ];
 
@@ -546,8 +554,12 @@ async fn forty_turns_through_the_default_config_cost_less_than_no_compaction_and
             default.lost.is_empty() && default.rejects.is_empty(),
             "{report}"
         );
-        // Preparing in the background compacts as often as inline, give or take one.
-        assert!(default.compactions <= inline.compactions + 1, "{report}");
+        // Preparing in the background compacts about as often as inline and costs
+        // about as much. (The sessions run on the real clock, and the pace a
+        // preparation follows is measured: on a loaded machine a summary takes longer
+        // against the agent's requests, and one more preparation may start.)
+        assert!(default.compactions <= inline.compactions + 2, "{report}");
+        assert!(default.cost <= 1.15 * inline.cost, "{report}");
         for (_, billed) in &default.summaries {
             assert!(billed.cache_read * 2 >= billed.prompt(), "{report}");
         }
