@@ -105,3 +105,136 @@ pub(crate) fn after_failed(mut summary: Summary, failed: &AttemptError) -> Summa
     summary.calls = Some(summary.calls.unwrap_or(0) + failed.calls.unwrap_or(1));
     summary
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use futures_util::future::BoxFuture;
+    use handoff_plugin_api::{
+        testing, ConversationClient, ModelCallError, ModelClient, ModelReply, Strategy, Unit,
+    };
+    use serde_json::{json, Map, Value};
+
+    use crate::{Summarize, DEFAULT_PROMPT};
+
+    /// A handoff with every section of the built-in prompt, as a chat completion.
+    fn handoff(prompt_tokens: u64) -> Value {
+        let text: String = crate::check::sections_of(DEFAULT_PROMPT)
+            .iter()
+            .map(|s| format!("## {s}\nFACT-1 noted.\n"))
+            .collect();
+        json!({"choices": [{"message": {"content": text}, "finish_reason": "stop"}],
+               "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 10}})
+    }
+
+    /// A conversation whose calls answer `reply`, counted.
+    struct Conversation {
+        reply: Value,
+        status: u16,
+        asked: AtomicUsize,
+        instruction: std::sync::Mutex<String>,
+    }
+
+    impl ConversationClient for Conversation {
+        fn prefix_tokens(&self) -> u64 {
+            500
+        }
+        fn ask(
+            &self,
+            instruction: String,
+            _: u64,
+        ) -> BoxFuture<'_, Result<ModelReply, ModelCallError>> {
+            self.asked.fetch_add(1, Ordering::SeqCst);
+            *self.instruction.lock().unwrap() = instruction;
+            Box::pin(async move {
+                Ok(ModelReply {
+                    status: self.status,
+                    body: self.reply.clone(),
+                })
+            })
+        }
+    }
+
+    /// The rendering client: answers a handoff, counted.
+    struct Rendered(AtomicUsize);
+
+    impl ModelClient for Rendered {
+        fn complete(&self, _: Value) -> BoxFuture<'_, Result<ModelReply, ModelCallError>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async {
+                Ok(ModelReply {
+                    status: 200,
+                    body: handoff(2000),
+                })
+            })
+        }
+    }
+
+    fn input(
+        conversation: Arc<Conversation>,
+        rendered: Arc<Rendered>,
+    ) -> handoff_plugin_api::StrategyInput {
+        let history = vec![Unit {
+            messages: vec![json!({"role": "user", "content": "FACT-1 please"})],
+        }];
+        let mut input = testing::input(history, 32_000, 3000);
+        input.conversation = Some(conversation);
+        input.client = rendered;
+        input
+    }
+
+    fn conversation(reply: Value, status: u16) -> Arc<Conversation> {
+        Arc::new(Conversation {
+            reply,
+            status,
+            asked: AtomicUsize::new(0),
+            instruction: std::sync::Mutex::default(),
+        })
+    }
+
+    #[tokio::test]
+    async fn the_conversation_is_continued_once_and_nothing_is_rendered() {
+        let summarize = Summarize::new(DEFAULT_PROMPT.into(), Map::new());
+        let (talk, rendered) = (
+            conversation(handoff(400), 200),
+            Arc::new(Rendered(AtomicUsize::new(0))),
+        );
+        let summary = summarize
+            .summarize(&input(Arc::clone(&talk), Arc::clone(&rendered)))
+            .await
+            .unwrap();
+        assert_eq!(summary.calls, Some(1));
+        assert_eq!(summary.usage.unwrap()["prompt_tokens"], 400);
+        assert_eq!(talk.asked.load(Ordering::SeqCst), 1);
+        assert_eq!(rendered.0.load(Ordering::SeqCst), 0, "nothing rendered");
+        let instruction = talk.instruction.lock().unwrap().clone();
+        assert!(instruction.starts_with("<handoff_request>") && instruction.contains("## Goal"));
+    }
+
+    #[tokio::test]
+    async fn a_failed_continuation_falls_back_to_the_rendered_history_and_is_billed() {
+        let summarize = Summarize::new(DEFAULT_PROMPT.into(), Map::new());
+        let refused = json!({"error": {"message": "overloaded"}, "usage": {"prompt_tokens": 300, "completion_tokens": 0}});
+        let (talk, rendered) = (
+            conversation(refused, 529),
+            Arc::new(Rendered(AtomicUsize::new(0))),
+        );
+        let summary = summarize
+            .summarize(&input(Arc::clone(&talk), Arc::clone(&rendered)))
+            .await
+            .unwrap();
+        assert_eq!(
+            rendered.0.load(Ordering::SeqCst),
+            1,
+            "rendered after the refusal"
+        );
+        assert_eq!(summary.calls, Some(2), "both calls counted");
+        assert_eq!(
+            summary.usage.unwrap()["prompt_tokens"],
+            2300,
+            "both calls billed"
+        );
+    }
+}

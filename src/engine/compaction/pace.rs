@@ -153,10 +153,9 @@ impl Pace {
             .or_insert(took);
     }
 
-    /// The latest estimate at which `id`'s compaction can start and still land before
-    /// the trigger `threshold`, by the growth expected while a summary by `model` is
-    /// written (no margin); `None` until the conversation has shown how it grows.
-    pub fn latest_start(&self, id: &ConversationId, threshold: u64, model: &str) -> Option<u64> {
+    /// `id`'s growth, once it has shown one, and how many of its requests arrive while
+    /// a summary by `model` is written (its measured latency, or the prior).
+    fn while_summarising(&self, id: &ConversationId, model: &str) -> Option<(Growth, f64)> {
         let growth = self.conversations.get(id).filter(|g| g.samples >= 2)?;
         let latency = self
             .latencies
@@ -164,8 +163,15 @@ impl Pace {
             .ok()
             .and_then(|l| l.get(model).copied())
             .unwrap_or(LATENCY_PRIOR.as_secs_f64());
-        let requests = (latency / growth.interval.max(0.05)).ceil() + 1.0;
-        Some(threshold.saturating_sub((growth.per_request * requests) as u64))
+        Some((growth, (latency / growth.interval.max(0.05)).ceil()))
+    }
+
+    /// The latest estimate at which `id`'s compaction can start and still land before
+    /// the trigger `threshold`, by the growth expected while a summary by `model` is
+    /// written (no margin); `None` until the conversation has shown how it grows.
+    pub fn latest_start(&self, id: &ConversationId, threshold: u64, model: &str) -> Option<u64> {
+        let (growth, requests) = self.while_summarising(id, model)?;
+        Some(threshold.saturating_sub((growth.per_request * (requests + 1.0)) as u64))
     }
 
     /// The estimate past which `id`'s compaction should be prepared, for a trigger of
@@ -173,18 +179,12 @@ impl Pace {
     /// conversation adds while the summary is written (with a margin).
     pub fn mark(&self, id: &ConversationId, threshold: u64, model: &str) -> u64 {
         let share = |s: f64| (threshold as f64 * s) as u64;
-        let Some(growth) = self.conversations.get(id).filter(|g| g.samples >= 2) else {
+        let Some((growth, requests)) = self.while_summarising(id, model) else {
             return share(SHARE_UNTIL_MEASURED);
         };
-        let latency = self
-            .latencies
-            .lock()
-            .ok()
-            .and_then(|l| l.get(model).copied())
-            .unwrap_or(LATENCY_PRIOR.as_secs_f64());
         // The requests that arrive while it is written, the one that then crosses, and
         // one more for the view to adopt the handoff with room to spare.
-        let requests = (latency / growth.interval.max(0.05)).ceil() + 2.0;
+        let requests = requests + 2.0;
         let coming = growth.per_request * requests * MARGIN;
         let mark = threshold as f64 - coming;
         (mark.max(0.0) as u64).clamp(share(EARLIEST), share(LATEST))
@@ -228,6 +228,24 @@ mod tests {
             pace.observe_at(&calm, 1_000 + 10 * n, start + Duration::from_secs(30 * n));
         }
         assert_eq!(pace.mark(&calm, 10_000, "m"), 9_000);
+    }
+
+    #[test]
+    fn the_latest_start_is_the_trigger_less_the_growth_while_a_summary_is_written() {
+        let pace = Pace::default();
+        assert_eq!(pace.latest_start(&id(), 10_000, "m"), None, "unmeasured");
+        let start = Instant::now();
+        // 300 tokens a request, a request every 0.5 s; summaries take 2 s.
+        for n in 0..4u64 {
+            pace.observe_at(
+                &id(),
+                1_000 + 300 * n,
+                start + Duration::from_millis(500 * n),
+            );
+        }
+        pace.note_latency("m", Duration::from_secs(2));
+        // 4 requests while it is written and the one that crosses, no margin.
+        assert_eq!(pace.latest_start(&id(), 10_000, "m"), Some(10_000 - 1_500));
     }
 
     #[test]

@@ -328,3 +328,21 @@ impl Preparation {
         }
     }
 }
+
+#[cfg(test)]
+mod pacing_tests {
+    use super::paced_mark;
+
+    #[test]
+    fn the_next_preparation_waits_for_half_the_room_unless_it_must_start_sooner() {
+        // Restarted at 6,000 under a trigger of 10,000: not before 8,000.
+        assert_eq!(paced_mark(5_000, Some(6_000), 10_000, None), 8_000);
+        // The pace needs it at 7,000 to land in time: then.
+        assert_eq!(paced_mark(5_000, Some(6_000), 10_000, Some(7_000)), 7_000);
+        // Never earlier than the pace's own mark.
+        assert_eq!(paced_mark(9_000, Some(6_000), 10_000, Some(7_000)), 9_000);
+        // Before any compaction, or restarted over the trigger: the pace's mark.
+        assert_eq!(paced_mark(5_000, None, 10_000, None), 5_000);
+        assert_eq!(paced_mark(5_000, Some(11_000), 10_000, None), 5_000);
+    }
+}

@@ -553,6 +553,14 @@ impl<'s> Exchange<'s> {
             self.chat.dialect,
             client,
         );
+        self.charged(client)
+    }
+
+    /// `client`, its calls charged to the request's proxy key when it has one.
+    fn charged(
+        &self,
+        client: Arc<dyn handoff_plugin_api::ModelClient>,
+    ) -> Arc<dyn handoff_plugin_api::ModelClient> {
         match &self.key {
             Some(key) => Arc::new(charged::ChargedClient::new(
                 client,
@@ -579,18 +587,9 @@ impl<'s> Exchange<'s> {
                 path,
                 self.parts.headers.clone(),
             ));
-        let client = match &self.key {
-            Some(key) => Arc::new(charged::ChargedClient::new(
-                client,
-                Arc::clone(key),
-                Arc::clone(&self.state.limiter),
-                Arc::clone(&self.state.metrics),
-            )),
-            None => client,
-        };
         Some(Arc::new(Continuer {
             body: self.body.clone(),
-            client,
+            client: self.charged(client),
             call,
             extra: self.snap.config.compaction.summary_request_extra.clone(),
         }))

@@ -222,12 +222,10 @@ impl PromptCache {
     /// The session's cost so far, and the summary calls' share of it.
     pub fn cost(&self) -> (f64, f64) {
         let bills = self.bills();
-        let all = bills.iter().map(|b| b.billed.usd(&self.prices)).sum();
-        let summaries = bills
-            .iter()
-            .filter(|b| b.summary)
-            .map(|b| b.billed.usd(&self.prices))
-            .sum();
+        // Folded from +0.0: an empty f64 sum is -0.0.
+        let add = |sum: f64, bill: &Bill| sum + bill.billed.usd(&self.prices);
+        let all = bills.iter().fold(0.0, add);
+        let summaries = bills.iter().filter(|b| b.summary).fold(0.0, add);
         (all, summaries)
     }
 

@@ -156,6 +156,57 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_continued_call_keeps_roles_alternating_and_marks_only_beside_the_clients_marks() {
+        let mut list = vec![
+            json!({"role": "user", "content": "q"}),
+            json!({"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}),
+            json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "r"}]}),
+        ];
+        append_user_text(&mut list, "summarise");
+        assert_eq!(list.len(), 3, "appended to the trailing user turn");
+        assert_eq!(list[2]["content"][1]["text"], "summarise");
+        list.push(json!({"role": "assistant", "content": "a"}));
+        append_user_text(&mut list, "again");
+        assert_eq!(
+            list[4],
+            json!({"role": "user", "content": [{"type": "text", "text": "again"}]})
+        );
+
+        let mark = json!({"type": "ephemeral"});
+        let body = |system: Value| -> Map<String, Value> {
+            let mut body = Map::new();
+            body.insert("system".into(), system);
+            body.insert("messages".into(), json!(list.clone()));
+            body.insert("stream".into(), json!(true));
+            body.insert(
+                "thinking".into(),
+                json!({"type": "enabled", "budget_tokens": 1000}),
+            );
+            body
+        };
+        // The client caches: the appended turn gets a mark; the limit keeps thinking's.
+        let mut cached = body(json!([{"type": "text", "text": "s", "cache_control": mark}]));
+        settle_continued(&mut cached, 800);
+        assert_eq!(cached["stream"], false);
+        assert_eq!(cached["max_tokens"], 1800);
+        assert_eq!(cached["messages"][4]["content"][0]["cache_control"], mark);
+        // A client that does not cache gets none, and one with four marks none more.
+        let mut plain = body(json!("s"));
+        settle_continued(&mut plain, 800);
+        assert!(plain["messages"][4]["content"][0]
+            .get("cache_control")
+            .is_none());
+        let four = (0..4)
+            .map(|_| json!({"type": "text", "text": "s", "cache_control": mark}))
+            .collect::<Vec<_>>();
+        let mut full = body(json!(four));
+        settle_continued(&mut full, 800);
+        assert!(full["messages"][4]["content"][0]
+            .get("cache_control")
+            .is_none());
+    }
+
+    #[test]
     fn a_summary_request_round_trips_through_the_messages_shape() {
         let chat = json!({"model": "claude", "max_tokens": 500, "stream": false, "messages": [
             {"role": "system", "content": "You write handoffs."},
