@@ -4,7 +4,7 @@
 //! reaches the trigger.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 // The runtime's clock: paused in tests, the system's otherwise.
@@ -62,7 +62,7 @@ pub struct Pace {
     conversations: moka::sync::Cache<ConversationId, Growth>,
     latencies: Mutex<HashMap<String, f64>>,
     /// Each conversation's compaction in force, and its view when first sent.
-    settled: moka::sync::Cache<ConversationId, (String, Settled)>,
+    settled: moka::sync::Cache<ConversationId, (Arc<str>, Settled)>,
 }
 
 impl Default for Pace {
@@ -87,10 +87,10 @@ impl Pace {
     ) -> Option<Settled> {
         let compact_id = compact_id?;
         match self.settled.get(id) {
-            Some((known, first)) if known == compact_id => Some(first),
+            Some((known, first)) if &*known == compact_id => Some(first),
             _ => {
                 self.settled
-                    .insert(id.clone(), (compact_id.to_owned(), now));
+                    .insert(id.clone(), (Arc::from(compact_id), now));
                 Some(now)
             }
         }

@@ -457,16 +457,22 @@ impl<'s> Exchange<'s> {
             return;
         };
         let config = &self.snap.config.compaction;
+        let calls_a_model = self
+            .chain
+            .first()
+            .is_some_and(|first| !first.strategy.is_deterministic());
+        if config.prepare_at.is_off() || !calls_a_model {
+            return;
+        }
+        let pace = &self.state.compactor.pace;
         let mark = match config.prepare_at {
             PrepareAt::Share(share) => (budget.threshold as f64 * share) as u64,
             // Only "auto" reads the pace: a fixed share costs no record of it.
             PrepareAt::Auto => {
-                let pace = &self.state.compactor.pace;
                 pace.observe(&tracked.id, before);
                 pace.mark(&tracked.id, budget.threshold, &budget.info.summary_model)
             }
         };
-        let pace = &self.state.compactor.pace;
         let now = crate::compaction::pace::Settled {
             tokens: before,
             messages: fitted.view.live_start + fitted.view.live.len(),
@@ -474,15 +480,10 @@ impl<'s> Exchange<'s> {
         let settled = pace.settled(&tracked.id, fitted.view.compact_id(), now);
         let latest = pace.latest_start(&tracked.id, budget.threshold, &budget.info.summary_model);
         let mark = prepare::paced_mark(mark, settled.map(|s| s.tokens), budget.threshold, latest);
-        let calls_a_model = self
-            .chain
-            .first()
-            .is_some_and(|first| !first.strategy.is_deterministic());
         // A view sent over the trigger without a compaction of its own (one was running)
         // has the next one prepared, so that the request after it need not wait.
-        let due = !config.prepare_at.is_off()
-            && ((before >= mark && before <= budget.threshold) || fitted.sent_over_trigger);
-        if !due || !calls_a_model || prepare::waiting_ahead(&self.chat, tracked) {
+        let due = (before >= mark && before <= budget.threshold) || fitted.sent_over_trigger;
+        if !due || prepare::waiting_ahead(&self.chat, tracked) {
             return;
         }
         let metrics = &self.state.metrics;
