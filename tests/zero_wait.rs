@@ -122,8 +122,9 @@ async fn a_fast_agent_never_waits_for_its_summaries_and_keeps_its_facts() {
         .filter(|r| r["strategy"] == "summarize")
         .collect();
     assert!(!summarized.is_empty(), "no summary was ever adopted");
-    // Each summary is a fold: its parts at once, then a merge; no call is wasted but
-    // those of a run overtaken before it committed.
+    // Each summary is one call when its history fits one, else a fold: its parts at
+    // once, then a merge; no call is wasted but those of a run overtaken before it
+    // committed.
     let calls: u64 = records
         .iter()
         .flat_map(|r| r["attempts"].as_array().unwrap().iter())
@@ -133,8 +134,8 @@ async fn a_fast_agent_never_waits_for_its_summaries_and_keeps_its_facts() {
     for record in &summarized {
         let folded = record["attempts"][0]["calls"].as_u64().unwrap_or(1);
         assert!(
-            (3..=5).contains(&folded),
-            "a fold of 3-4 parts and a merge: {record}"
+            (1..=5).contains(&folded) && folded != 2,
+            "one call, or a fold of 2-4 parts and a merge: {record}"
         );
     }
     let made = strict.summaries.load(Ordering::SeqCst) as u64;

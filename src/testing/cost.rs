@@ -449,7 +449,7 @@ impl Run {
 }
 
 /// The runs of the cost table, with their names.
-pub(crate) const RUNS: [(&str, Run); 7] = [
+pub(crate) const RUNS: [(&str, Run); 6] = [
     ("no compaction, 200k window (reference)", Run::Reference),
     ("the client compacts itself", Run::ClientCompacts),
     (
@@ -462,12 +462,8 @@ pub(crate) const RUNS: [(&str, Run); 7] = [
         Run::Handoff("[compaction]\nstrategy = \"extract\"\nprepare_at = 0\n"),
     ),
     (
-        "through handoff, default config, keep_recent = 0.15",
-        Run::Handoff("[compaction]\nkeep_recent = 0.15\n"),
-    ),
-    (
-        "through handoff, default config, keep_recent = 0.1",
-        Run::Handoff("[compaction]\nkeep_recent = 0.1\n"),
+        "through handoff, default config, keep_recent = 0.25",
+        Run::Handoff("[compaction]\nkeep_recent = 0.25\n"),
     ),
 ];
 
@@ -554,17 +550,16 @@ async fn forty_turns_through_the_default_config_cost_less_than_no_compaction_and
             default.lost.is_empty() && default.rejects.is_empty(),
             "{report}"
         );
-        // Preparing in the background compacts about as often as inline and costs
-        // about as much. (The sessions run on the real clock, and the pace a
-        // preparation follows is measured: on a loaded machine a summary takes longer
-        // against the agent's requests, and one more preparation may start.)
-        assert!(default.compactions <= inline.compactions + 2, "{report}");
-        assert!(default.cost <= 1.15 * inline.cost, "{report}");
+        // A summariser that keeps pace is waited for at the trigger, as inline: the
+        // default compacts as often as inline and costs as much. (The sessions run on
+        // the real clock; on a loaded machine one more compaction may happen.)
+        assert!(default.compactions <= inline.compactions + 1, "{report}");
+        assert!(default.cost <= 1.05 * inline.cost, "{report}");
         for (_, billed) in &default.summaries {
             assert!(billed.cache_read * 2 >= billed.prompt(), "{report}");
         }
-        // What handoff keeps that a client's own summary does not (the recent part
-        // verbatim, the ledger's exact facts) costs this much at most.
-        assert!(default.cost <= 1.6 * client.cost, "{report}");
+        // What handoff keeps that a client's own summary does not (the newest unit
+        // verbatim, the ledger of exact facts) costs this much at most.
+        assert!(default.cost <= 1.25 * client.cost, "{report}");
     }
 }

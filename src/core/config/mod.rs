@@ -733,7 +733,7 @@ impl Default for CompactionConfig {
         Self {
             enabled: true,
             trigger: 0.9,
-            keep_recent: 0.25,
+            keep_recent: 0.1,
             strategy: "summarize".to_owned(),
             fallback: "extract".to_owned(),
             summary_model: None,

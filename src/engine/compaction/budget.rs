@@ -5,6 +5,7 @@ use handoff_plugin_api::{ModelInfo, TokenCounter};
 
 pub use crate::base::calibration::Calibration;
 use crate::base::digest::{bytes_key, hash_key};
+use crate::compaction::pace::Limits;
 use crate::config::{Config, ModelConfig, Tokenizer};
 use crate::dialect::ChatRequest;
 use crate::tokens::Tokens;
@@ -37,6 +38,14 @@ impl RequestBudget {
     /// The largest view sent over the trigger while its compaction runs elsewhere.
     pub fn sendable_over_trigger(&self) -> u64 {
         self.input_budget - self.input_budget / COUNT_MARGIN
+    }
+
+    /// The trigger, and the largest view sent while its compaction is written.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            trigger: self.threshold,
+            deadline: self.sendable_over_trigger(),
+        }
     }
 
     /// The budget for `request`, or `None` when it is never to be compacted.

@@ -5,7 +5,11 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::SystemTime;
+
+// The runtime's clock, as the pace's: a summariser's latency is planned against the
+// seconds between requests, and both are virtual on paused time.
+use tokio::time::Instant;
 
 use handoff_plugin_api::{Budgets, CancellationToken, StrategyInput, Unit};
 use serde_json::json;

@@ -348,6 +348,16 @@ async fn count_on_the_blocking_pool(
     }
 }
 
+/// True when `job`'s conversation prepares its compactions: preparation is on and its
+/// chain starts with a model.
+fn prepares(job: &Job<'_>) -> bool {
+    !job.config.prepare_at.is_off()
+        && job
+            .chain
+            .first()
+            .is_some_and(|first| !first.strategy.is_deterministic())
+}
+
 impl Compactor {
     /// The view's calibrated estimate: the count every decision is made with.
     pub(super) fn count(&self, job: &Job<'_>, view: &ModelView<'_>) -> u64 {
@@ -411,9 +421,28 @@ impl Compactor {
         if current > budget.threshold {
             // A compaction already running will serve a later request; this one waits
             // for it only when its view does not fit the input budget without it.
-            let running = self.background.is_running(&tracked.id)
+            let mut running = self.background.is_running(&tracked.id)
                 || tracker.compaction_running(&tracked.id).await;
-            if running && current <= budget.sendable_over_trigger() {
+            let mut job = job(budget, view.compact_id());
+            let mut detached = Some(detached);
+            let sendable = current <= budget.sendable_over_trigger();
+            // Preparing, a view that crosses the trigger with nothing prepared starts
+            // its compaction and, when it fits, is sent as it is: the next request
+            // adopts the handoff, keeping verbatim what arrived since too. A quick
+            // summariser is waited for instead, as inline: the view then keeps no more
+            // than keep_recent, and the cache is rewritten as little.
+            let waits = self
+                .pace
+                .worth_waiting_for(&budget.info.summary_model, job.config.max_wait);
+            if !running && sendable && !waits && prepares(&job) {
+                let mut run = detached.take().and_then(|d| d(view.compact_id()));
+                if let Some(run) = run.as_mut() {
+                    // Adopted a request later: what that adds stays verbatim too.
+                    run.keep_less = self.pace.per_request(&tracked.id).unwrap_or(0);
+                }
+                running = self.detach(&tracked.id, run);
+            }
+            if running && sendable {
                 tracing::info!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, input_budget = budget.input_budget, "over the trigger while its compaction runs; the view fits the input budget, so it is sent without waiting");
                 self.metrics.add(SENT_WHILE_PREPARING, &[], 1.0);
                 return Ok(Fitted {
@@ -431,7 +460,6 @@ impl Compactor {
             } else {
                 tracing::info!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, "over the trigger; compacting");
             }
-            let mut job = job(budget, view.compact_id());
             job.waits_for_running = running;
             let fail = |error| FitError {
                 error,
@@ -444,7 +472,7 @@ impl Compactor {
                 &view,
                 current,
                 (running, arrived),
-                detached,
+                move |id| detached.and_then(|d| d(id)),
             ))
             .await
             .map_err(fail)?;

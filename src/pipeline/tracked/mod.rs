@@ -470,7 +470,8 @@ impl<'s> Exchange<'s> {
             // Only "auto" reads the pace: a fixed share costs no record of it.
             PrepareAt::Auto => {
                 pace.observe(&tracked.id, before);
-                pace.mark(&tracked.id, budget.threshold, &budget.info.summary_model)
+                let model = &budget.info.summary_model;
+                pace.mark(&tracked.id, budget.limits(), model, config.max_wait)
             }
         };
         let now = crate::compaction::pace::Settled {
@@ -478,7 +479,7 @@ impl<'s> Exchange<'s> {
             messages: fitted.view.live_start + fitted.view.live.len(),
         };
         let settled = pace.settled(&tracked.id, fitted.view.compact_id(), now);
-        let latest = pace.latest_start(&tracked.id, budget.threshold, &budget.info.summary_model);
+        let latest = pace.latest_start(&tracked.id, budget.limits(), &budget.info.summary_model);
         let mark = prepare::paced_mark(mark, settled.map(|s| s.tokens), budget.threshold, latest);
         // A view sent over the trigger without a compaction of its own (one was running)
         // has the next one prepared, so that the request after it need not wait.
