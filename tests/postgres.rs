@@ -622,7 +622,10 @@ async fn a_run_that_must_cut_twice_commits_both_pairs_under_one_lease() {
     strict.set_summary_padding(1600);
     let responder = Arc::clone(&strict);
     let mock = MockUpstream::with(move |req| responder.answer(req)).await;
-    let proxy = replica(&mock, &db, "");
+    // Inline: the request over the trigger runs the compaction itself (preparing, it
+    // would be sent as it is while the run goes on). A quarter of the budget recent, so
+    // the long handoff leaves the view over the trigger.
+    let proxy = replica_with(&mock, &db, "prepare_at = 0\nkeep_recent = 0.25\n", "");
     let mut messages = fact_history(json!({"role": "assistant", "content": "noted"}));
     messages.pop();
     for n in 6..9 {

@@ -15,6 +15,9 @@ use support::scenario::{
 
 const SUMMARY: &str = "[compaction]\nsummary_model = \"strict-16k\"\nsummary_timeout = \"10s\"\n";
 
+/// Prices for the strict model, so a page shows a bill and what compactions saved.
+const PRICED: &str = "[prices.\"strict\"]\ninput = 3.0\ncache_read = 0.3\noutput = 15.0\n";
+
 fn words(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
@@ -22,7 +25,8 @@ fn words(text: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_audit_page_shows_conversations_compactions_and_the_token_curve() {
     let (_strict, mock) = strict_mock(4096).await;
-    let proxy = support::Proxy::start_with(&mock.url(), options(4096, SUMMARY));
+    let proxy =
+        support::Proxy::start_with(&mock.url(), options(4096, &format!("{SUMMARY}{PRICED}")));
     let mut history = drive_until_compaction(&proxy, "ui-long", 300, 30).await;
     // A few turns after the compaction, so the curve drops and climbs again.
     for n in 100..103 {
@@ -144,6 +148,20 @@ async fn the_audit_page_shows_conversations_compactions_and_the_token_curve() {
     assert!(
         !text.contains("null") && !text.contains("undefined"),
         "{text}"
+    );
+
+    // Under the chart, the bill and what the compactions saved, as the admin API says.
+    let saved = timeline["bill"]["saved_cached_usd"].as_f64().unwrap();
+    assert!(saved > 0.0, "{}", timeline["bill"]);
+    assert_eq!(
+        seen["saved"],
+        serde_json::json!([format!("{saved:.6}")]),
+        "{seen}"
+    );
+    let bill = seen["bill"][0].as_str().unwrap();
+    assert!(
+        bill.contains("Compactions kept") && bill.contains("saved at least"),
+        "{bill}"
     );
 
     // Each compaction with its numbers and its handoff.

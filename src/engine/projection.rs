@@ -72,6 +72,9 @@ pub struct ModelView<'a> {
     pub live_start: usize,
     /// The pair as one message, when the dialect cannot send it as two before `live`.
     pub joined: Option<Box<RawValue>>,
+    /// The pair's last message with a prompt-cache breakpoint after it
+    /// ([`ModelView::mark_cache`]), sent in its place.
+    pub pair_end: Option<Box<RawValue>>,
     /// The messages whose tool bodies [`ModelView::rescue`] shortened.
     pub rescued: Vec<ShortenedBody>,
     /// Where the list lies in the request body, if the reading found it.
@@ -226,20 +229,46 @@ impl ModelView<'_> {
             Vec::with_capacity(self.pinned.len() + self.lifted.len() + self.live.len() + 2);
         out.extend(self.pinned.iter().skip(self.top_level).map(|m| m.raw.get()));
         let lifted = self.lifted.iter().map(|m| m.raw.get());
+        let marked = self.pair_end.as_deref().map(RawValue::get);
         match (&self.compaction, &self.joined) {
             (Some(_), Some(joined)) => {
-                out.push(joined.get());
+                out.push(marked.unwrap_or(joined.get()));
                 out.extend(lifted);
             }
             (Some(adopted), None) => {
                 out.push(adopted.continuation.get());
                 out.extend(lifted);
-                out.push(adopted.handoff.get());
+                out.push(marked.unwrap_or(adopted.handoff.get()));
             }
             (None, _) => {}
         }
         out.extend(self.live.iter().map(|m| m.raw.get()));
         out
+    }
+
+    /// Where the client marks the provider's prompt cache and leaves room for one more
+    /// mark (Anthropic: four at most), puts a breakpoint after the handoff pair: the
+    /// pinned messages and the pair, byte-stable until the next compaction, are then
+    /// read from the cache by every request until then, whatever the client's own marks
+    /// do (a recent part edited, or grown past the provider's lookback). `tools` are
+    /// the request's. A per-request annotation, as the client's own marks: the record
+    /// keeps the pair unmarked.
+    pub fn mark_cache(&mut self, tools: Option<&[u8]>) {
+        self.pair_end = None;
+        let Some(adopted) = &self.compaction else {
+            return;
+        };
+        let pair_end = match &self.joined {
+            Some(joined) => Cow::Owned(serde_json::from_str(joined.get()).unwrap_or_default()),
+            None => Cow::Borrowed(&adopted.record.handoff),
+        };
+        let tools = tools.and_then(|t| std::str::from_utf8(t).ok());
+        let messages = self.pinned.iter().map(|m| m.raw.get());
+        let lifted = self.lifted.iter().map(|m| m.raw.get());
+        let rest = lifted.chain(self.live.iter().map(|m| m.raw.get()));
+        let mut raw = tools.into_iter().chain(messages).chain(rest);
+        let marked = self.dialect.get().cache_breakpoint(&pair_end, &mut raw);
+        self.pair_end = marked.and_then(|m| serde_json::value::to_raw_value(&m).ok());
     }
 
     /// The request body with this view as its list (`messages`, `input`); the client's
@@ -362,6 +391,7 @@ pub fn project_view<'a>(
         dialect,
         top_level: request.top_level,
         joined,
+        pair_end: None,
         pinned,
         lifted,
         rescued: Vec::new(),

@@ -23,7 +23,7 @@ use crate::testing::Harness;
 const TURNS: usize = 40;
 
 /// The model's window in the compacted runs.
-const WINDOW: u64 = 32_768;
+pub(super) const WINDOW: u64 = 32_768;
 
 /// The reference's window: the session never fills it.
 const LARGE_WINDOW: u64 = 200_000;
@@ -79,15 +79,15 @@ impl Session {
 }
 
 /// The agent's side: its conversation, in the API's shape.
-struct Agent {
+pub(super) struct Agent {
     style: CacheStyle,
     system: String,
     tools: Vec<Value>,
-    messages: Vec<Value>,
+    pub(super) messages: Vec<Value>,
 }
 
 impl Agent {
-    fn new(style: CacheStyle) -> Self {
+    pub(super) fn new(style: CacheStyle) -> Self {
         // About 1k tokens of system prompt and 3k of tool schemas, as a coding agent's.
         let tools = (0..8)
             .map(|n| {
@@ -116,7 +116,7 @@ impl Agent {
         }
     }
 
-    fn path(&self) -> &'static str {
+    pub(super) fn path(&self) -> &'static str {
         match self.style {
             CacheStyle::Automatic => "/v1/chat/completions",
             CacheStyle::Breakpoints => "/v1/messages",
@@ -125,7 +125,7 @@ impl Agent {
 
     /// The request body: Anthropic's marks on the system prompt and on the last
     /// block of the last message, as Claude Code places them.
-    fn body(&self, messages: &[Value]) -> Value {
+    pub(super) fn body(&self, messages: &[Value]) -> Value {
         match self.style {
             CacheStyle::Automatic => {
                 let mut all = vec![json!({"role": "system", "content": self.system})];
@@ -147,7 +147,7 @@ impl Agent {
         }
     }
 
-    fn user(&self, text: String) -> Value {
+    pub(super) fn user(&self, text: String) -> Value {
         match self.style {
             CacheStyle::Automatic => json!({"role": "user", "content": text}),
             CacheStyle::Breakpoints => {
@@ -157,7 +157,7 @@ impl Agent {
     }
 
     /// The assistant message of `reply`, and the id of the tool it calls, if any.
-    fn answer(&self, reply: &Value) -> (Value, Option<String>) {
+    pub(super) fn answer(&self, reply: &Value) -> (Value, Option<String>) {
         match self.style {
             CacheStyle::Automatic => {
                 let message = reply["choices"][0]["message"].clone();
@@ -176,7 +176,7 @@ impl Agent {
         }
     }
 
-    fn tool_result(&self, id: &str, text: String) -> Value {
+    pub(super) fn tool_result(&self, id: &str, text: String) -> Value {
         match self.style {
             CacheStyle::Automatic => json!({"role": "tool", "tool_call_id": id, "content": text}),
             CacheStyle::Breakpoints => json!({"role": "user", "content": [
@@ -209,7 +209,7 @@ const VOCABULARY: [&str; 32] = [
 ];
 
 /// `words` words of text, varied by `seed`.
-fn filler(seed: usize, words: usize) -> String {
+pub(super) fn filler(seed: usize, words: usize) -> String {
     (0..words)
         .map(|i| VOCABULARY[(i * 7 + seed * 13 + i / 5) % VOCABULARY.len()])
         .collect::<Vec<_>>()
@@ -264,7 +264,7 @@ impl Route {
 }
 
 /// The provider: the agent (or summariser) of `style`, its window, its cache.
-async fn provider(style: CacheStyle, window: u64) -> (MockUpstream, Arc<PromptCache>) {
+pub(super) async fn provider(style: CacheStyle, window: u64) -> (MockUpstream, Arc<PromptCache>) {
     let prices = match style {
         CacheStyle::Automatic => GPT_4O,
         CacheStyle::Breakpoints => SONNET,

@@ -31,6 +31,7 @@ use crate::tokens::Tokens;
 
 mod anthropic;
 mod batches;
+mod cache_breakpoint;
 mod compaction;
 mod cost;
 mod hook_queue;

@@ -56,6 +56,9 @@ try:
                           driver.find_elements(By.CSS_SELECTOR, 'svg[data-chart="tokens"] [data-line]')]
     out["chart_markers"] = len(driver.find_elements(By.CSS_SELECTOR, "svg [data-compaction-marker]"))
     out["messages"] = len(driver.find_elements(By.CSS_SELECTOR, "details[data-digest]"))
+    # The bill under the chart, and what the compactions saved.
+    out["bill"] = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#app [data-bill]")]
+    out["saved"] = [e.get_attribute("data-saved") for e in driver.find_elements(By.CSS_SELECTOR, "#app [data-saved]")]
     driver.save_screenshot(f"{shots}/ui-conversation.png")
 
     # The last request, opened, shows what the client sent, read from the requests API.

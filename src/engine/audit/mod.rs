@@ -254,8 +254,9 @@ impl Audit {
         )?;
         let figures = request_figures(&log);
         let first_uses = compacted_here(figures.iter().map(RequestFigures::compaction));
-        let mut requests = 0;
+        let mut requests = 0usize;
         let mut bill = bill::Bill::default();
+        let kept_out = bill::kept_out(&log.compactions);
         let mut last_model = "";
         for line in &log.lines {
             match &line.entry {
@@ -294,7 +295,17 @@ impl Audit {
                         } else {
                             message.model.as_str()
                         };
-                        usage.push_str(&bill.add(&self.prices, model, billed));
+                        let cost = bill.add(&self.prices, model, billed);
+                        // A priced reply's request went without what its compaction
+                        // keeps out.
+                        let used = requests.checked_sub(1).and_then(|at| figures.get(at));
+                        if let Some(tokens) = used
+                            .and_then(RequestFigures::compaction)
+                            .and_then(|id| kept_out.get(id))
+                        {
+                            bill.kept_out(&self.prices, model, *tokens);
+                        }
+                        usage.push_str(&cost);
                     }
                     if let Some(cut) = &message.incomplete {
                         usage.push_str(&format!(" INCOMPLETE ({cut})"));

@@ -65,6 +65,7 @@ pub fn timeline(
     let mut rescues: HashMap<Option<PrefixDigest>, &RescueLine> = HashMap::new();
     let dialect = tree.dialect();
     let mut bill = super::bill::Bill::default();
+    let kept_out = super::bill::kept_out(&log.compactions);
     let mut last_model = "";
     for line in &log.lines {
         match &line.entry {
@@ -100,6 +101,14 @@ pub fn timeline(
                     .usage
                     .as_ref()
                     .and_then(|usage| bill.reply(&config.prices, dialect, billed_as, usage));
+                // A priced reply's request went without what its compaction keeps out.
+                let used = requests.checked_sub(1).and_then(|at| figures.get(at));
+                if let Some(tokens) = used
+                    .and_then(RequestFigures::compaction)
+                    .and_then(|id| kept_out.get(id))
+                {
+                    bill.kept_out(&config.prices, billed_as, *tokens);
+                }
                 events.push(json!({
                     "type": "message",
                     "at": line.at,

@@ -53,6 +53,7 @@ impl Exchange<'_> {
         let dialect = self.chat.dialect();
         let mut ask_usage = self.chat.usage_unasked && self.snap.config.upstream.ask_usage;
         loop {
+            view.mark_cache(self.chat.tools.as_deref());
             let body = view
                 .render_body(&self.body)
                 .map_err(|err| ApiError::internal(err.to_string()))?;

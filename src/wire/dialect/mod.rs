@@ -613,6 +613,18 @@ pub trait Dialect: Send + Sync {
     /// The assistant handoff message; `reasoning_marker` only where the API allows one.
     fn handoff(&self, text: &str, reasoning_marker: bool) -> Value;
 
+    /// Where the client marks the API's prompt cache (Anthropic's `cache_control`), the
+    /// last message of a handoff pair with a breakpoint after it, for a view whose
+    /// other messages and tools (`raw`, as JSON text) leave room for one beside the
+    /// client's own; `None` elsewhere, or when the client places none or all it may.
+    fn cache_breakpoint(
+        &self,
+        _pair_end: &Value,
+        _raw: &mut dyn Iterator<Item = &str>,
+    ) -> Option<Value> {
+        None
+    }
+
     /// True when a record's handoff message has a shape this API takes (its text as a
     /// string or as blocks).
     fn handoff_ok(&self, handoff: &Value) -> bool {

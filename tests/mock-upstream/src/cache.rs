@@ -115,6 +115,9 @@ pub struct Bill {
     pub billed: Billed,
 }
 
+/// Blocks with `cache_control` one Messages request may carry; more are refused.
+const MAX_BREAKPOINTS: usize = 4;
+
 /// A block of a request's prompt: its tokens, the hash of the prefix through it, and
 /// whether it carries a `cache_control` mark.
 struct Block {
@@ -163,6 +166,19 @@ impl PromptCache {
             }
         }
         let total: u64 = blocks.iter().map(|b| b.tokens).sum();
+        let marks = blocks.iter().filter(|b| b.marked).count();
+        if self.style == CacheStyle::Breakpoints && marks > MAX_BREAKPOINTS {
+            let message = format!(
+                "A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {marks}."
+            );
+            if let Ok(mut refused) = self.refused.lock() {
+                refused.push(message.clone());
+            }
+            return Reply::Json {
+                status: http::StatusCode::BAD_REQUEST,
+                body: json!({"type": "error", "error": {"type": "invalid_request_error", "message": message}}),
+            };
+        }
         let (read, write) = match self.style {
             CacheStyle::Automatic => self.automatic(&blocks),
             CacheStyle::Breakpoints => self.breakpoints(&blocks),

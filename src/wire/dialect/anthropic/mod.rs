@@ -8,6 +8,7 @@
 //! opens with an assistant turn the handoff pair travels as one user message.
 
 mod assemble;
+mod cache;
 mod content;
 mod neutral;
 mod summary;
@@ -261,6 +262,17 @@ impl Dialect for AnthropicMessages {
 
     fn handoff(&self, text: &str, _reasoning_marker: bool) -> Value {
         json!({"role": "assistant", "content": [{"type": "text", "text": text}]})
+    }
+
+    fn cache_breakpoint(
+        &self,
+        pair_end: &Value,
+        raw: &mut dyn Iterator<Item = &str>,
+    ) -> Option<Value> {
+        let marks: usize = raw.map(cache::marks_in).sum();
+        cache::room_for_one(marks)
+            .then(|| cache::marked(pair_end))
+            .flatten()
     }
 
     fn joined_pair(&self, _continuation: &Value, handoff: &Value, next: &Message) -> Option<Value> {

@@ -6,6 +6,8 @@
 use handoff_plugin_api::content_text;
 use serde_json::{json, Map, Value};
 
+use super::cache::{count_marks, room_for_one};
+
 /// `max_tokens` is required by the Messages API; used when a strategy sent none.
 const DEFAULT_MAX_TOKENS: u64 = 4096;
 
@@ -99,9 +101,6 @@ pub(crate) fn append_user_text(list: &mut Vec<Value>, text: &str) {
     list.push(json!({"role": "user", "content": [block]}));
 }
 
-/// Cache breakpoints a request may carry.
-const MAX_BREAKPOINTS: usize = 4;
-
 /// A continued conversation's body, its user turn appended, readied for one reply of
 /// `max_tokens`: extended thinking keeps its budget on top. A client that caches gets
 /// a breakpoint on the appended turn, where the provider looks back for the prefix its
@@ -121,7 +120,7 @@ pub(crate) fn settle_continued(body: &mut Map<String, Value>, max_tokens: u64) {
             count_marks(value, &mut marks);
         }
     }
-    if marks == 0 || marks >= MAX_BREAKPOINTS {
+    if !room_for_one(marks) {
         return;
     }
     let last = body
@@ -134,20 +133,6 @@ pub(crate) fn settle_continued(body: &mut Map<String, Value>, max_tokens: u64) {
         .and_then(Value::as_object_mut);
     if let Some(block) = last {
         block.insert("cache_control".into(), json!({"type": "ephemeral"}));
-    }
-}
-
-/// Adds the `cache_control` marks inside `value` to `marks`.
-fn count_marks(value: &Value, marks: &mut usize) {
-    match value {
-        Value::Object(fields) => {
-            if fields.get("cache_control").is_some_and(|c| !c.is_null()) {
-                *marks += 1;
-            }
-            fields.values().for_each(|v| count_marks(v, marks));
-        }
-        Value::Array(items) => items.iter().for_each(|v| count_marks(v, marks)),
-        _ => {}
     }
 }
 
