@@ -461,7 +461,8 @@ impl<'s> Exchange<'s> {
             .chain
             .first()
             .is_some_and(|first| !first.strategy.is_deterministic());
-        if config.prepare_at.is_off() || !calls_a_model {
+        // A request that asks the provider to compact is the provider's to compact.
+        if config.prepare_at.is_off() || !calls_a_model || self.chat.provider_compacts {
             return;
         }
         let pace = &self.state.compactor.pace;

@@ -57,6 +57,23 @@ struct Wire<'a> {
     max_tokens: Option<u64>,
     #[serde(default)]
     thinking: Option<Value>,
+    #[serde(default)]
+    context_management: Option<Value>,
+    #[serde(default)]
+    compaction: Option<Value>,
+}
+
+/// True when the request asks the API to compact: a `compact_*` edit in
+/// `context_management.edits` (`compact_20260112`), or an on-demand `compaction`.
+fn asks_compaction(context_management: Option<&Value>, compaction: Option<&Value>) -> bool {
+    let edits = context_management
+        .and_then(|c| c.get("edits"))
+        .and_then(Value::as_array);
+    let compacting = |edit: &Value| {
+        (edit.get("type").and_then(Value::as_str)).is_some_and(|t| t.starts_with("compact_"))
+    };
+    edits.is_some_and(|edits| edits.iter().any(compacting))
+        || compaction.is_some_and(|c| !c.is_null())
 }
 
 fn block_type(block: &Value) -> &str {
@@ -171,7 +188,10 @@ impl Dialect for AnthropicMessages {
             .and_then(|t| t.get("type"))
             .and_then(Value::as_str)
             .is_some_and(|kind| kind != "disabled");
+        let provider_compacts =
+            asks_compaction(wire.context_management.as_ref(), wire.compaction.as_ref());
         Ok(ChatRequest {
+            provider_compacts,
             dialect: DialectKind::Anthropic,
             model: wire.model.unwrap_or_default(),
             messages,

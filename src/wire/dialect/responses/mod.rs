@@ -55,6 +55,15 @@ struct Wire<'a> {
     previous_response_id: Option<String>,
     #[serde(default)]
     conversation: Option<Value>,
+    #[serde(default)]
+    context_management: Option<Value>,
+}
+
+/// True when `context_management` asks the server to compact (a `compaction` entry).
+fn asks_compaction(context_management: Option<&Value>) -> bool {
+    context_management
+        .and_then(Value::as_array)
+        .is_some_and(|entries| entries.iter().any(|e| e["type"] == "compaction"))
 }
 
 /// The item's role: a message's own, the model's for its calls and reasoning, a
@@ -230,6 +239,8 @@ impl Dialect for OpenAiResponses {
         }
         let top_level = messages.len();
         messages.extend(input);
+        let provider_compacts = asks_compaction(wire.context_management.as_ref())
+            || (messages.last()).is_some_and(|m| m.item_type() == Some("compaction_trigger"));
         Ok(ChatRequest {
             dialect: DialectKind::Responses,
             list: reading.list_span(),
@@ -241,6 +252,7 @@ impl Dialect for OpenAiResponses {
             max_output: wire.max_output_tokens,
             thinking: false,
             top_level,
+            provider_compacts,
             server_held,
             pinned: None,
             floated: Vec::new(),
