@@ -282,3 +282,48 @@ async fn a_provider_compaction_item_is_never_inside_what_handoff_summarises() {
         "the item keeps its bytes in the view"
     );
 }
+
+#[tokio::test]
+async fn a_request_that_starts_from_the_providers_compaction_item_stays_in_its_conversation() {
+    let compaction = json!({"type": "compaction", "id": "cmp_7", "encrypted_content": "gAAAAA-minted",
+                            "created_by": "server"});
+    let minted = compaction.clone();
+    let (mock, _) = provider(move |_| {
+        response(json!([minted.clone(),
+            {"type": "message", "id": "msg_7", "role": "assistant", "status": "completed",
+             "content": [{"type": "output_text", "text": "done", "annotations": []}]}]))
+    })
+    .await;
+    let proxy = Harness::start(&mock.url(), &config(100_000)).await;
+    // No conversation header: the conversation is named by its opening.
+    let headers = [("authorization", "Bearer sk-native")];
+    let first = json!({"model": "gpt-mock", "input": [
+        {"type": "message", "role": "user", "content": "refactor the parser"}],
+        "context_management": [{"type": "compaction", "compact_threshold": 50000}]});
+    let got = proxy
+        .post("/v1/responses", &headers, first.to_string().as_bytes())
+        .await;
+    assert_eq!(got.status.as_u16(), 200, "{}", got.text());
+    // The client drops what came before the compaction item, as OpenAI's guide says,
+    // and sends the item back without its output-only fields.
+    let next = json!({"model": "gpt-mock", "input": [
+        {"type": "compaction", "encrypted_content": "gAAAAA-minted"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
+        {"type": "message", "role": "user", "content": "now the tests"}],
+        "context_management": [{"type": "compaction", "compact_threshold": 50000}]});
+    let got = proxy
+        .post("/v1/responses", &headers, next.to_string().as_bytes())
+        .await;
+    assert_eq!(got.status.as_u16(), 200, "{}", got.text());
+    let conversations = proxy.conversations().await;
+    assert_eq!(conversations.len(), 1, "{conversations:?}");
+    // An item no reply minted is another conversation.
+    let forged = json!({"model": "gpt-mock", "input": [
+        {"type": "compaction", "encrypted_content": "gAAAAA-forged"},
+        {"type": "message", "role": "user", "content": "now the tests"}]});
+    let got = proxy
+        .post("/v1/responses", &headers, forged.to_string().as_bytes())
+        .await;
+    assert_eq!(got.status.as_u16(), 200, "{}", got.text());
+    assert_eq!(proxy.conversations().await.len(), 2);
+}

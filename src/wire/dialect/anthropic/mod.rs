@@ -437,6 +437,37 @@ mod tests {
     }
 
     #[test]
+    fn a_compact_edit_or_an_on_demand_compaction_asks_the_provider_to_compact() {
+        let asks = |extra: Value| {
+            let mut body = json!({"model": "claude", "max_tokens": 10,
+                                  "messages": [{"role": "user", "content": "hi"}]});
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            parse(body).unwrap().provider_compacts
+        };
+        assert!(asks(
+            json!({"context_management": {"edits": [{"type": "compact_20260112"}]}})
+        ));
+        assert!(asks(
+            json!({"compaction": {"instructions": "keep the plan"}})
+        ));
+        assert!(!asks(
+            json!({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}, {"type": "clear_thinking_20251015"}]}})
+        ));
+        assert!(!asks(json!({"compaction": null})));
+        assert!(!asks(json!({})));
+        // A compaction block in the history is the provider's artefact.
+        let history = parse(json!({"model": "claude", "max_tokens": 10, "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "compaction", "content": "s", "encrypted_content": "e"}]},
+            {"role": "user", "content": "go on"}]}))
+        .unwrap();
+        assert!(history.messages[1].is_provider_compaction());
+        assert!(!history.messages[0].is_provider_compaction());
+    }
+
+    #[test]
     fn only_a_reply_stopped_by_the_window_overflowed() {
         let overflowed =
             |reply: Value| AnthropicMessages.reply_overflowed(reply.to_string().as_bytes());

@@ -78,6 +78,10 @@ fn item_role(index: usize, item: &Value) -> Result<Role, DialectError> {
     let kind = item.get("type").and_then(Value::as_str).unwrap_or("");
     Ok(if kind.ends_with("_output") {
         Role::Tool
+    } else if kind == "compaction_trigger" {
+        // The client's request for a compaction, not the model's: it opens the last
+        // unit, and no cut ever leaves it anywhere but last.
+        Role::User
     } else {
         Role::Assistant
     })
@@ -535,6 +539,27 @@ mod tests {
             *short.messages[0].value(),
             json!({"role": "user", "content": "hello"})
         );
+    }
+
+    #[test]
+    fn a_request_asks_the_provider_to_compact_by_context_management_or_a_trigger() {
+        let user = json!({"role": "user", "content": "hi"});
+        let asks = |body: Value| parse(body).unwrap().provider_compacts;
+        assert!(asks(json!({"model": "m", "input": [user],
+            "context_management": [{"type": "compaction", "compact_threshold": 1000}]})));
+        let triggered =
+            parse(json!({"model": "m", "input": [user, {"type": "compaction_trigger"}]})).unwrap();
+        assert!(triggered.provider_compacts);
+        assert_eq!(
+            triggered.messages[1].role,
+            Role::User,
+            "the client's, not the model's"
+        );
+        assert!(triggered.messages[1].is_provider_compaction());
+        assert!(!asks(json!({"model": "m", "input": [user]})));
+        assert!(!asks(
+            json!({"model": "m", "input": [user], "context_management": []})
+        ));
     }
 
     #[test]
