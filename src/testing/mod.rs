@@ -40,6 +40,7 @@ mod hooks_everywhere;
 mod limits;
 mod passthrough;
 mod pins;
+mod provider_compaction;
 mod redaction;
 mod responses;
 mod stub_dialect;

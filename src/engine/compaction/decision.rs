@@ -10,11 +10,14 @@ use crate::projection::ModelView;
 
 /// `over` for a view over the trigger that nothing more could be cut from, within the
 /// input budget.
-pub(crate) const OVER_NEWEST_UNIT: &str = "newest_unit";
+pub const OVER_NEWEST_UNIT: &str = "newest_unit";
 /// `over` for a view that fits only with its tool bodies shortened.
 pub(crate) const OVER_RESCUED: &str = "rescued";
 /// `over` for a view over the input budget by an uncalibrated count, sent on that guess.
 pub(crate) const OVER_GUESS: &str = "guess";
+/// `over` for a view over the trigger, within the input budget, of a request that asks
+/// the provider to compact: handoff left the compaction to the provider.
+pub const OVER_PROVIDER_COMPACTS: &str = "provider_compacts";
 /// `over` for a view over the trigger, within the input budget, sent as it was while
 /// the conversation's compaction ran: the request did not wait for it.
 pub(crate) const OVER_WHILE_PREPARING: &str = "sent_while_preparing";

@@ -418,6 +418,20 @@ impl Compactor {
         let current = scale.view(local, view.compact_id());
         tracing::debug!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, "view estimated");
         self.note_adoption(tracker, tracked, &view).await;
+        if current > budget.threshold && request.provider_compacts && current <= budget.input_budget
+        {
+            // The client asked the provider to compact: compacting here too would
+            // compact twice. Only a view that would not fit is handoff's to compact.
+            tracing::info!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, "over the trigger, and the request asks the provider to compact; sent as it is");
+            return Ok(Fitted {
+                view,
+                estimate: Some(local),
+                before: Some(current),
+                after: Some(current),
+                while_preparing: false,
+                sent_over_trigger: false,
+            });
+        }
         if current > budget.threshold {
             // A compaction already running will serve a later request; this one waits
             // for it only when its view does not fit the input budget without it.
@@ -843,10 +857,16 @@ impl Compactor {
         let dialect = job.request.dialect();
         let steps: &[f64] = if keep_only_last { &[0.0] } else { &KEEP_STEPS };
         let mut chosen = None;
+        // A provider's compaction artefact is the provider's: no history handoff
+        // compacts holds one, so it keeps its bytes and its place.
+        let boundary = (view.live.iter())
+            .position(Message::is_provider_compaction)
+            .unwrap_or(view.live.len());
         for step in steps {
             let keep = ((job.keep_recent * step * job.input_budget as f64) as u64)
                 .saturating_sub(job.keep_less);
-            let allowed = |at: usize| dialect.may_cut_at(job.request, &view.live, at);
+            let allowed =
+                |at: usize| at <= boundary && dialect.may_cut_at(job.request, &view.live, at);
             // A cut after `cut_from` where there is one (a preparation's: after what the
             // upstream has cached), any allowed cut otherwise.
             let past_cached = |at: usize| view.live_start + at >= job.cut_from && allowed(at);

@@ -53,6 +53,11 @@ pub struct Tracker {
     /// first's conversation. In memory only: losing one splits off a one-turn
     /// conversation, nothing more.
     openings: moka::sync::Cache<(TenantId, MessageDigest), ConversationId, ahash::RandomState>,
+    /// The provider compaction artefacts replies carried (their echo digests), to the
+    /// conversation that logged them: a request that carries one continues there,
+    /// though the client dropped the items before it. In memory only: losing one
+    /// splits the conversation at the provider's compaction, nothing more.
+    artefacts: moka::sync::Cache<(TenantId, MessageDigest), ConversationId, ahash::RandomState>,
     /// How long a compaction lease lasts without renewal.
     lease_ttl: std::time::Duration,
     /// The locks that make compactions single flight in this process, by conversation.
@@ -120,6 +125,9 @@ impl Tracker {
             openings: moka::sync::Cache::builder()
                 .max_capacity(capacity)
                 .build_with_hasher(ahash::RandomState::new()),
+            artefacts: moka::sync::Cache::builder()
+                .max_capacity(capacity)
+                .build_with_hasher(ahash::RandomState::new()),
             lease_ttl: std::time::Duration::from_secs(30),
             flights: std::sync::Mutex::default(),
         }
@@ -174,6 +182,20 @@ impl Tracker {
         let entry = self.entry(&id).await?;
         let new = entry.lock().await.known.is_empty();
         Ok(if new { found } else { id })
+    }
+
+    /// The conversation whose reply minted a provider compaction artefact `request`
+    /// carries (the first one, after the pinned messages), if this process logged it.
+    pub fn across_compaction(
+        &self,
+        tenant: &TenantId,
+        request: &ChatRequest,
+    ) -> Option<ConversationId> {
+        let rest = &request.messages[request.pinned_len().min(request.messages.len())..];
+        rest.iter()
+            .filter(|m| m.is_provider_compaction())
+            .filter_map(Message::echo_digest)
+            .find_map(|echo| self.artefacts.get(&(tenant.clone(), echo)))
     }
 
     /// The store behind this tracker.
@@ -517,6 +539,10 @@ impl Tracker {
         let mut items = Vec::new();
         for ((digest, facts, parent), text) in added.into_iter().zip(texts) {
             state.known.insert(digest, facts.key);
+            if let Some(echo) = facts.echo.filter(|_| facts.artefact) {
+                self.artefacts
+                    .insert((id.tenant().clone(), echo), id.clone());
+            }
             state.keep_recent(digest, &text, false);
             for echo in [facts.echo, facts.reference] {
                 state.remember_echo(parent, echo, facts.digest, digest);
@@ -638,6 +664,8 @@ struct ReplyFacts {
     echo: Option<MessageDigest>,
     reference: Option<MessageDigest>,
     key: u128,
+    /// A provider compaction artefact: a later request carrying it continues here.
+    artefact: bool,
 }
 
 /// A reply's digests. Read through the dialect's facts cache, so a reply is parsed
@@ -651,6 +679,7 @@ fn reply_digests(dialect: DialectKind, reply: &CapturedReply) -> Result<ReplyFac
             echo: message.echo_digest(),
             reference: message.reference_digest(),
             key: message.bytes_key(),
+            artefact: message.is_provider_compaction(),
         });
     }
     let value: Value = serde_json::from_str(reply.message.get())?;
@@ -659,6 +688,7 @@ fn reply_digests(dialect: DialectKind, reply: &CapturedReply) -> Result<ReplyFac
         echo: echo_digest(&value),
         reference: reference_digest(&value),
         key: crate::base::chunks::keyed_hash(reply.message.get().as_bytes()),
+        artefact: false,
     })
 }
 

@@ -32,6 +32,12 @@ impl Exchange<'_> {
         if let Ok(noted) = self.view_notes.lock() {
             decision.redacted.clone_from(&noted);
         }
+        // Over the trigger because the client asked the provider to compact instead.
+        if self.chat.provider_compacts
+            && decision.over.as_deref() == Some(decision::OVER_NEWEST_UNIT)
+        {
+            decision.over = Some(decision::OVER_PROVIDER_COMPACTS.to_owned());
+        }
         Some(decision)
     }
 

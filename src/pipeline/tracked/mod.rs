@@ -348,6 +348,15 @@ impl<'s> Exchange<'s> {
             let digest = crate::base::digest::message_digest(&serde_json::json!(continues));
             return Ok((ConversationId::derived(admission.tenant, &digest), None));
         }
+        // A request that carries a provider compaction artefact a reply of this tenant
+        // minted continues that conversation, though the items before it are gone.
+        if let Some(id) = self
+            .state
+            .tracker
+            .across_compaction(&admission.tenant, &self.chat)
+        {
+            return Ok((id, None));
+        }
         let id = identify(admission.tenant, None, &self.chat).map_err(invalid)?;
         let id = match self.state.tracker.opening(id.clone(), &self.chat).await {
             Ok(found) => found,
@@ -461,7 +470,8 @@ impl<'s> Exchange<'s> {
             .chain
             .first()
             .is_some_and(|first| !first.strategy.is_deterministic());
-        if config.prepare_at.is_off() || !calls_a_model {
+        // A request that asks the provider to compact is the provider's to compact.
+        if config.prepare_at.is_off() || !calls_a_model || self.chat.provider_compacts {
             return;
         }
         let pace = &self.state.compactor.pace;

@@ -148,10 +148,22 @@ fn gemini_echo(map: &serde_json::Map<String, Value>, parts: &[Value]) -> Option<
     ))
 }
 
-/// The output-only fields the Responses API adds to an item, which clients leave out
-/// when they send it back (API reference: `status` is "populated when items are
-/// returned via API").
-const ITEM_OUTPUT_FIELDS: &[&str] = &["status"];
+/// The fields of a Responses item a client may leave out or add when it sends the
+/// item back, and the item is still the one logged:
+/// - `status`: output only ("populated when items are returned via API");
+/// - `id`: always on an output item, optional on an input one (the Vercel AI SDK
+///   re-sends a `function_call` without it);
+/// - `created_by`: output only, on the items the server makes (`compaction`);
+/// - `internal_chat_message_metadata_passthrough`: Codex's own bookkeeping, added to
+///   the items it echoes (its turn id, the kinds of its content parts).
+///
+/// An item sent back by reference (`item_reference`) is matched by its id, apart.
+const ITEM_OUTPUT_FIELDS: &[&str] = &[
+    "status",
+    "id",
+    "created_by",
+    "internal_chat_message_metadata_passthrough",
+];
 
 /// The output-only fields of an `output_text` part.
 const TEXT_OUTPUT_FIELDS: &[&str] = &["annotations", "logprobs"];
@@ -409,5 +421,31 @@ mod tests {
             echo_digest(&json!({"role": "assistant", "content": "hi"}))
         );
         assert_eq!(echo_digest(&json!({"role": "user"})), None);
+    }
+
+    #[test]
+    fn a_responses_item_sent_back_without_its_output_fields_or_with_a_clients_own_is_one_item() {
+        let logged = json!({"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "f",
+                            "arguments": "{}", "status": "completed"});
+        let echoes = [
+            // The Vercel AI SDK: no id, no status.
+            json!({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}),
+            // Codex: its own metadata added, keys in its own order.
+            json!({"arguments": "{}", "name": "f", "call_id": "c1", "type": "function_call", "id": "fc_1",
+                   "internal_chat_message_metadata_passthrough": {"turn_id": "t1"}}),
+        ];
+        for echo in &echoes {
+            assert_eq!(echo_digest(&logged), echo_digest(echo), "{echo}");
+        }
+        let other =
+            json!({"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"});
+        assert_ne!(echo_digest(&logged), echo_digest(&other));
+        // A provider's compaction item: its opaque content is the item.
+        let compaction = json!({"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAA",
+                                "created_by": "server"});
+        let sent_back = json!({"type": "compaction", "encrypted_content": "gAAA"});
+        assert_eq!(echo_digest(&compaction), echo_digest(&sent_back));
+        let forged = json!({"type": "compaction", "encrypted_content": "gAAB"});
+        assert_ne!(echo_digest(&compaction), echo_digest(&forged));
     }
 }

@@ -167,6 +167,8 @@ pub(super) struct Facts {
     /// A `reasoning` item, or a reference to one: it travels with the item after it.
     glues: bool,
     tool_answer: bool,
+    /// One of the provider's own compaction artefacts ([`PROVIDER_COMPACTION`]).
+    provider_compaction: bool,
     /// False when an Anthropic `tool_result` block follows another kind of block.
     results_lead: bool,
     /// Token counts, by tokenizer, filled on first use.
@@ -417,6 +419,7 @@ impl Message {
                 }
                 _ => false,
             },
+            provider_compaction: is_provider_compaction(&value),
             results_lead: results_lead(&value),
             counts: Default::default(),
             names_objects: OnceLock::new(),
@@ -577,6 +580,12 @@ impl Message {
         self.facts.tool_answer
     }
 
+    /// True for a provider's own compaction artefact ([`PROVIDER_COMPACTION`]): a
+    /// boundary handoff's compaction never crosses.
+    pub fn is_provider_compaction(&self) -> bool {
+        self.facts.provider_compaction
+    }
+
     /// True unless an Anthropic `tool_result` block comes after another kind of block
     /// (the Messages API wants them first).
     pub(crate) fn tool_results_lead(&self) -> bool {
@@ -592,6 +601,20 @@ fn blocks<'v>(value: &'v Value, kind: &'static str) -> impl Iterator<Item = &'v 
         .into_iter()
         .flatten()
         .filter(move |block| block.get("type").and_then(Value::as_str) == Some(kind))
+}
+
+/// The item and block types of the providers' own compaction: a Responses `compaction`
+/// item (`compaction_summary` its earlier name) and the `compaction_trigger` control
+/// item that asks for one, an Anthropic `compaction` content block. The provider owns
+/// them: handoff never summarises, moves or rewrites one.
+pub(super) const PROVIDER_COMPACTION: &[&str] =
+    &["compaction", "compaction_summary", "compaction_trigger"];
+
+/// True for a message that is, or carries, a provider compaction artefact.
+fn is_provider_compaction(value: &Value) -> bool {
+    let kind = value.get("type").and_then(Value::as_str);
+    kind.is_some_and(|kind| PROVIDER_COMPACTION.contains(&kind))
+        || blocks(value, "compaction").next().is_some()
 }
 
 /// True unless a `tool_result` block follows a block of another kind.

@@ -136,6 +136,12 @@ pub struct ChatRequest {
     /// How many leading pinned messages stand for top-level fields (`system`,
     /// `instructions`): tracked and counted, never rendered into the list.
     pub top_level: usize,
+    /// True when the request asks the provider to compact the conversation itself:
+    /// Responses `context_management` with a `compaction` entry or a trailing
+    /// `compaction_trigger` item, Anthropic `context_management.edits` with a
+    /// `compact_*` edit or an on-demand `compaction`. handoff then compacts only a view
+    /// that would not fit the window.
+    pub provider_compacts: bool,
     /// True when the upstream holds the conversation (`previous_response_id`,
     /// `conversation`): tracked and logged, never rewritten.
     pub server_held: bool,

@@ -106,6 +106,7 @@ impl Dialect for StubDialect {
             model: wire.model.unwrap_or_default(),
             messages,
             top_level: 0,
+            provider_compacts: false,
             server_held: false,
             continues: None,
             continues_conversation: false,

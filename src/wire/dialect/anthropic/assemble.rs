@@ -114,6 +114,19 @@ impl StreamReply for MessageAssembler {
                         }
                     }
                     "input_json_delta" => block.json.push_str(text("partial_json").unwrap_or("")),
+                    // A compaction block arrives whole in one delta: its summary (or
+                    // null) and its opaque `encrypted_content`, which the client must
+                    // send back verbatim. Every field it carries is the block's, as the
+                    // SDKs' accumulators set them.
+                    "compaction_delta" => {
+                        if let (Some(fields), Value::Object(block)) =
+                            (delta.as_object(), &mut block.value)
+                        {
+                            for (name, value) in fields.iter().filter(|(name, _)| *name != "type") {
+                                block.insert(name.clone(), value.clone());
+                            }
+                        }
+                    }
                     "citations_delta" => {
                         if let Some(citation) = delta.get("citation") {
                             match &mut block.value["citations"] {
@@ -245,5 +258,28 @@ mod tests {
             r#"{"role":"assistant","content":[{"type":"text","text":"hi","citations":null}]}"#
         );
         assert_eq!(usage.unwrap()["input_tokens"], 3);
+    }
+
+    #[test]
+    fn a_streamed_compaction_block_is_logged_as_the_client_assembles_it() {
+        let mut assembler: Box<dyn StreamReply> = Box::<MessageAssembler>::default();
+        for event in [
+            r#"{"type":"message_start","message":{"role":"assistant","content":[],"usage":{"input_tokens":9000}}}"#,
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"compaction","content":null}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"compaction_delta","content":"Summary: all of it.","encrypted_content":"EuYBCkYI"}}"#,
+            r#"{"type":"content_block_stop","index":0}"#,
+            r#"{"type":"content_block_start","index":1,"content_block":{"type":"text","text":""}}"#,
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"Done."}}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":5}}"#,
+        ] {
+            assembler.push("", event);
+        }
+        let assembled = assembler.finish();
+        let message: Value = serde_json::from_str(assembled.replies[0].message.get()).unwrap();
+        assert_eq!(
+            message["content"][0],
+            json!({"type": "compaction", "content": "Summary: all of it.", "encrypted_content": "EuYBCkYI"})
+        );
+        assert_eq!(message["content"][1]["text"], "Done.");
     }
 }

@@ -57,6 +57,23 @@ struct Wire<'a> {
     max_tokens: Option<u64>,
     #[serde(default)]
     thinking: Option<Value>,
+    #[serde(default)]
+    context_management: Option<Value>,
+    #[serde(default)]
+    compaction: Option<Value>,
+}
+
+/// True when the request asks the API to compact: a `compact_*` edit in
+/// `context_management.edits` (`compact_20260112`), or an on-demand `compaction`.
+fn asks_compaction(context_management: Option<&Value>, compaction: Option<&Value>) -> bool {
+    let edits = context_management
+        .and_then(|c| c.get("edits"))
+        .and_then(Value::as_array);
+    let compacting = |edit: &Value| {
+        (edit.get("type").and_then(Value::as_str)).is_some_and(|t| t.starts_with("compact_"))
+    };
+    edits.is_some_and(|edits| edits.iter().any(compacting))
+        || compaction.is_some_and(|c| !c.is_null())
 }
 
 fn block_type(block: &Value) -> &str {
@@ -171,7 +188,10 @@ impl Dialect for AnthropicMessages {
             .and_then(|t| t.get("type"))
             .and_then(Value::as_str)
             .is_some_and(|kind| kind != "disabled");
+        let provider_compacts =
+            asks_compaction(wire.context_management.as_ref(), wire.compaction.as_ref());
         Ok(ChatRequest {
+            provider_compacts,
             dialect: DialectKind::Anthropic,
             model: wire.model.unwrap_or_default(),
             messages,
@@ -414,6 +434,37 @@ mod tests {
 
     fn parse(body: Value) -> Result<ChatRequest, DialectError> {
         AnthropicMessages.parse(body.to_string().as_bytes())
+    }
+
+    #[test]
+    fn a_compact_edit_or_an_on_demand_compaction_asks_the_provider_to_compact() {
+        let asks = |extra: Value| {
+            let mut body = json!({"model": "claude", "max_tokens": 10,
+                                  "messages": [{"role": "user", "content": "hi"}]});
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            parse(body).unwrap().provider_compacts
+        };
+        assert!(asks(
+            json!({"context_management": {"edits": [{"type": "compact_20260112"}]}})
+        ));
+        assert!(asks(
+            json!({"compaction": {"instructions": "keep the plan"}})
+        ));
+        assert!(!asks(
+            json!({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}, {"type": "clear_thinking_20251015"}]}})
+        ));
+        assert!(!asks(json!({"compaction": null})));
+        assert!(!asks(json!({})));
+        // A compaction block in the history is the provider's artefact.
+        let history = parse(json!({"model": "claude", "max_tokens": 10, "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "compaction", "content": "s", "encrypted_content": "e"}]},
+            {"role": "user", "content": "go on"}]}))
+        .unwrap();
+        assert!(history.messages[1].is_provider_compaction());
+        assert!(!history.messages[0].is_provider_compaction());
     }
 
     #[test]

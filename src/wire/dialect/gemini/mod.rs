@@ -275,6 +275,7 @@ impl Dialect for Gemini {
             max_output: wire.config.as_ref().and_then(|c| c.max_output),
             thinking,
             top_level,
+            provider_compacts: false,
             server_held: false,
             continues: None,
             usage_unasked: false,

@@ -183,6 +183,7 @@ impl Dialect for OpenAiChat {
             max_output: wire.max_completion_tokens.or(wire.max_tokens),
             thinking: false,
             top_level: 0,
+            provider_compacts: false,
             server_held: false,
             continues: None,
             continues_conversation: false,

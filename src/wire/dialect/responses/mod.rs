@@ -55,6 +55,15 @@ struct Wire<'a> {
     previous_response_id: Option<String>,
     #[serde(default)]
     conversation: Option<Value>,
+    #[serde(default)]
+    context_management: Option<Value>,
+}
+
+/// True when `context_management` asks the server to compact (a `compaction` entry).
+fn asks_compaction(context_management: Option<&Value>) -> bool {
+    context_management
+        .and_then(Value::as_array)
+        .is_some_and(|entries| entries.iter().any(|e| e["type"] == "compaction"))
 }
 
 /// The item's role: a message's own, the model's for its calls and reasoning, a
@@ -69,6 +78,10 @@ fn item_role(index: usize, item: &Value) -> Result<Role, DialectError> {
     let kind = item.get("type").and_then(Value::as_str).unwrap_or("");
     Ok(if kind.ends_with("_output") {
         Role::Tool
+    } else if kind == "compaction_trigger" {
+        // The client's request for a compaction, not the model's: it opens the last
+        // unit, and no cut ever leaves it anywhere but last.
+        Role::User
     } else {
         Role::Assistant
     })
@@ -230,6 +243,8 @@ impl Dialect for OpenAiResponses {
         }
         let top_level = messages.len();
         messages.extend(input);
+        let provider_compacts = asks_compaction(wire.context_management.as_ref())
+            || (messages.last()).is_some_and(|m| m.item_type() == Some("compaction_trigger"));
         Ok(ChatRequest {
             dialect: DialectKind::Responses,
             list: reading.list_span(),
@@ -241,6 +256,7 @@ impl Dialect for OpenAiResponses {
             max_output: wire.max_output_tokens,
             thinking: false,
             top_level,
+            provider_compacts,
             server_held,
             pinned: None,
             floated: Vec::new(),
@@ -523,6 +539,27 @@ mod tests {
             *short.messages[0].value(),
             json!({"role": "user", "content": "hello"})
         );
+    }
+
+    #[test]
+    fn a_request_asks_the_provider_to_compact_by_context_management_or_a_trigger() {
+        let user = json!({"role": "user", "content": "hi"});
+        let asks = |body: Value| parse(body).unwrap().provider_compacts;
+        assert!(asks(json!({"model": "m", "input": [user],
+            "context_management": [{"type": "compaction", "compact_threshold": 1000}]})));
+        let triggered =
+            parse(json!({"model": "m", "input": [user, {"type": "compaction_trigger"}]})).unwrap();
+        assert!(triggered.provider_compacts);
+        assert_eq!(
+            triggered.messages[1].role,
+            Role::User,
+            "the client's, not the model's"
+        );
+        assert!(triggered.messages[1].is_provider_compaction());
+        assert!(!asks(json!({"model": "m", "input": [user]})));
+        assert!(!asks(
+            json!({"model": "m", "input": [user], "context_management": []})
+        ));
     }
 
     #[test]

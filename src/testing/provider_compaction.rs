@@ -1,0 +1,329 @@
+//! The providers' own compaction through handoff, on the in-process harness: items sent
+//! back in the forms real clients use continue their branch, a request that asks the
+//! provider to compact is not compacted a second time (unless it would not fit), and a
+//! provider's compaction artefact is never inside what handoff summarises.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::{Arc, Mutex};
+
+use mock_upstream::{MockUpstream, Recorded, Reply};
+use serde_json::{json, Value};
+
+use crate::audit::summarize;
+use crate::testing::Harness;
+
+/// `gpt-mock` with a `window`-token window counted as bytes/4; summaries by itself.
+fn config(window: u64) -> String {
+    format!("[models.\"gpt-mock\"]\ncontext_window = {window}\ntokenizer = \"estimate\"\n[models.\"claude-mock\"]\ncontext_window = {window}\ntokenizer = \"estimate\"\n")
+}
+
+/// A provider that answers every request with `output` (Responses) or `content`
+/// (Messages) and remembers the bodies it saw.
+async fn provider(
+    reply: impl Fn(&Value) -> Value + Send + Sync + 'static,
+) -> (MockUpstream, Arc<Mutex<Vec<Value>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    let mock = MockUpstream::with(move |request: &Recorded| {
+        let body = request.json();
+        log.lock().unwrap().push(body.clone());
+        Reply::json(reply(&body))
+    })
+    .await;
+    (mock, seen)
+}
+
+/// A Responses reply of `output` items.
+fn response(output: Value) -> Value {
+    json!({"id": "resp_1", "object": "response", "status": "completed", "model": "gpt-mock",
+           "output": output, "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}})
+}
+
+/// A Messages reply of `content` blocks.
+fn message(content: Value) -> Value {
+    json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-mock",
+           "content": content, "stop_reason": "end_turn",
+           "usage": {"input_tokens": 10, "output_tokens": 5}})
+}
+
+async fn post(proxy: &Harness, path: &str, id: &str, body: &Value) -> Value {
+    let headers = [
+        (crate::base::id::CONVERSATION_HEADER, id),
+        ("authorization", "Bearer sk-native"),
+        ("x-api-key", "sk-native"),
+        ("anthropic-version", "2023-06-01"),
+    ];
+    let got = proxy
+        .post(path, &headers, body.to_string().as_bytes())
+        .await;
+    assert_eq!(got.status.as_u16(), 200, "{}", got.text());
+    got.json()
+}
+
+/// Branches of conversation `id`.
+async fn branches(proxy: &Harness, id: &str) -> usize {
+    let log = proxy.log(id).await;
+    let id = proxy.conversation(id).await.unwrap();
+    summarize(&id, &log).branches
+}
+
+#[tokio::test]
+async fn items_sent_back_without_output_fields_or_with_a_clients_own_continue_the_branch() {
+    let call = json!({"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "lookup",
+                      "arguments": "{\"q\":\"x\"}", "status": "completed"});
+    let answer = json!({"type": "message", "id": "msg_2", "role": "assistant", "status": "completed",
+                        "content": [{"type": "output_text", "text": "found it", "annotations": [], "logprobs": []}]});
+    let replies = [call.clone(), answer.clone()];
+    let turn = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let next = Arc::clone(&turn);
+    let (mock, _) = provider(move |_| {
+        let n = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        response(json!([replies[n.min(1)].clone()]))
+    })
+    .await;
+    let proxy = Harness::start(&mock.url(), &config(100_000)).await;
+    let user = json!({"type": "message", "role": "user", "content": "look x up"});
+    post(
+        &proxy,
+        "/v1/responses",
+        "echo",
+        &json!({"model": "gpt-mock", "input": [user]}),
+    )
+    .await;
+    // The Vercel AI SDK: the call without its id and status.
+    let bare = json!({"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": "{\"q\":\"x\"}"});
+    let output = json!({"type": "function_call_output", "call_id": "call_1", "output": "x=1"});
+    post(
+        &proxy,
+        "/v1/responses",
+        "echo",
+        &json!({"model": "gpt-mock", "input": [user, bare, output]}),
+    )
+    .await;
+    // Codex: the call and the answer with its own metadata on them, keys reordered.
+    let mut codex_call = call.clone();
+    codex_call["internal_chat_message_metadata_passthrough"] = json!({"turn_id": "t1"});
+    let mut codex_answer = answer.clone();
+    codex_answer["internal_chat_message_metadata_passthrough"] = json!({"turn_id": "t1"});
+    let follow = json!({"type": "message", "role": "user", "content": "thanks"});
+    let input = json!([user, codex_call, output, codex_answer, follow]);
+    post(
+        &proxy,
+        "/v1/responses",
+        "echo",
+        &json!({"model": "gpt-mock", "input": input}),
+    )
+    .await;
+    assert_eq!(branches(&proxy, "echo").await, 1);
+    assert_eq!(proxy.conversations().await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_request_that_asks_the_provider_to_compact_is_not_compacted_twice() {
+    let (mock, seen) = provider(|_| response(json!([
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]}]))).await;
+    let proxy = Harness::start(&mock.url(), &config(4_000)).await;
+    // About 3,300 tokens: over the trigger (0.9 of the budget), within the window.
+    let mut input: Vec<Value> = (0..6)
+        .flat_map(|n| {
+            [
+                json!({"type": "message", "role": "user", "content": format!("FACT-{n} {}", "word ".repeat(420))}),
+                json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "noted"}]}),
+            ]
+        })
+        .collect();
+    input.push(json!({"type": "message", "role": "user", "content": "go on"}));
+    let body = json!({"model": "gpt-mock", "input": input,
+                      "context_management": [{"type": "compaction", "compact_threshold": 3000}]});
+    post(&proxy, "/v1/responses", "native", &body).await;
+    settle().await;
+    let sent = seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(sent["input"], body["input"], "sent as the client sent it");
+    assert!(
+        proxy.records("native").await.is_empty(),
+        "no compaction of handoff's"
+    );
+    let log = proxy.log("native").await;
+    let decision = log
+        .lines
+        .iter()
+        .find_map(|l| match &l.entry {
+            crate::base::line::Entry::Decision(d) => Some(d.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(decision.over.as_deref(), Some("provider_compacts"));
+    assert_eq!(seen.lock().unwrap().len(), 1, "no summary call");
+
+    // Without context_management, the same request is handoff's to compact (it fits
+    // the input budget, so it goes on while the compaction runs).
+    let plain = json!({"model": "gpt-mock", "input": input});
+    post(&proxy, "/v1/responses", "plain", &plain).await;
+    assert_eq!(records_soon(&proxy, "plain").await, 1);
+}
+
+#[tokio::test]
+async fn an_anthropic_request_with_a_compact_edit_is_not_compacted_twice() {
+    let (mock, seen) = provider(|_| message(json!([{"type": "text", "text": "ok"}]))).await;
+    let proxy = Harness::start(&mock.url(), &config(4_000)).await;
+    let mut messages: Vec<Value> = (0..6)
+        .flat_map(|n| {
+            [
+                json!({"role": "user", "content": format!("FACT-{n} {}", "word ".repeat(440))}),
+                json!({"role": "assistant", "content": "noted"}),
+            ]
+        })
+        .collect();
+    messages.push(json!({"role": "user", "content": "go on"}));
+    let body = json!({"model": "claude-mock", "max_tokens": 400, "messages": messages,
+                      "context_management": {"edits": [{"type": "compact_20260112",
+                          "trigger": {"type": "input_tokens", "value": 3000}}]}});
+    post(&proxy, "/v1/messages", "native-messages", &body).await;
+    settle().await;
+    let sent = seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(
+        sent["messages"], body["messages"],
+        "sent as the client sent it"
+    );
+    assert_eq!(seen.lock().unwrap().len(), 1, "no summary call");
+    assert!(proxy.records("native-messages").await.is_empty());
+    // Clearing tool uses is not compacting: that request is handoff's to compact.
+    let mut clearing = body.clone();
+    clearing["context_management"] = json!({"edits": [{"type": "clear_tool_uses_20250919"}]});
+    post(&proxy, "/v1/messages", "clearing", &clearing).await;
+    assert_eq!(records_soon(&proxy, "clearing").await, 1);
+}
+
+/// Time for a compaction started in the background, had one been, to call its
+/// summariser and commit.
+async fn settle() {
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+}
+
+/// Conversation `id`'s records once one committed (a compaction that runs while its
+/// request goes on), or none after a few seconds.
+async fn records_soon(proxy: &Harness, id: &str) -> usize {
+    for _ in 0..100 {
+        let records = proxy.records(id).await.len();
+        if records > 0 {
+            return records;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    0
+}
+
+#[tokio::test]
+async fn a_provider_compaction_item_is_never_inside_what_handoff_summarises() {
+    let (mock, seen) = provider(|body| {
+        let summary = mock_upstream::strict::is_summary(body);
+        let text = if summary {
+            "## Goal\nKeep going.\n## Completed work\nSome.\n## Pending work\nNone.\n## State in progress\nNone.\n## Files, commands and tests\nNone.\n## Key tool results\nNone.\n## User preferences and constraints\nNone.\n## Risks and next checks\nNone."
+        } else {
+            "ok"
+        };
+        response(json!([{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}]))
+    })
+    .await;
+    let inline = format!("{}[compaction]\nprepare_at = 0\n", config(4_000));
+    let proxy = Harness::start(&mock.url(), &inline).await;
+    // Early turns, the provider's compaction item, and more turns than fit.
+    let turns = |from: usize, to: usize| -> Vec<Value> {
+        (from..to)
+            .flat_map(|n| {
+                [
+                    json!({"type": "message", "role": "user", "content": format!("FACT-{n} {}", "word ".repeat(300))}),
+                    json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "noted"}]}),
+                ]
+            })
+            .collect()
+    };
+    let compaction =
+        json!({"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAAA-opaque-ENC"});
+    let mut input = turns(0, 4);
+    input.push(compaction.clone());
+    input.extend(turns(4, 9));
+    input.push(json!({"type": "message", "role": "user", "content": "go on"}));
+    post(
+        &proxy,
+        "/v1/responses",
+        "boundary",
+        &json!({"model": "gpt-mock", "input": input}),
+    )
+    .await;
+    let bodies = seen.lock().unwrap().clone();
+    for body in bodies
+        .iter()
+        .filter(|b| mock_upstream::strict::is_summary(b))
+    {
+        let text = body.to_string();
+        assert!(
+            !text.contains("gAAAAA-opaque-ENC") && !text.contains("[compaction]"),
+            "{text}"
+        );
+    }
+    assert!(
+        bodies.iter().any(mock_upstream::strict::is_summary),
+        "compacted"
+    );
+    let sent = bodies
+        .iter()
+        .rev()
+        .find(|b| !mock_upstream::strict::is_summary(b))
+        .unwrap();
+    let items = sent["input"].as_array().unwrap();
+    assert!(
+        items[1]["content"].to_string().contains("## Goal"),
+        "the view opens with the handoff pair"
+    );
+    assert!(
+        items.contains(&compaction),
+        "the item keeps its bytes in the view"
+    );
+}
+
+#[tokio::test]
+async fn a_request_that_starts_from_the_providers_compaction_item_stays_in_its_conversation() {
+    let compaction = json!({"type": "compaction", "id": "cmp_7", "encrypted_content": "gAAAAA-minted",
+                            "created_by": "server"});
+    let minted = compaction.clone();
+    let (mock, _) = provider(move |_| {
+        response(json!([minted.clone(),
+            {"type": "message", "id": "msg_7", "role": "assistant", "status": "completed",
+             "content": [{"type": "output_text", "text": "done", "annotations": []}]}]))
+    })
+    .await;
+    let proxy = Harness::start(&mock.url(), &config(100_000)).await;
+    // No conversation header: the conversation is named by its opening.
+    let headers = [("authorization", "Bearer sk-native")];
+    let first = json!({"model": "gpt-mock", "input": [
+        {"type": "message", "role": "user", "content": "refactor the parser"}],
+        "context_management": [{"type": "compaction", "compact_threshold": 50000}]});
+    let got = proxy
+        .post("/v1/responses", &headers, first.to_string().as_bytes())
+        .await;
+    assert_eq!(got.status.as_u16(), 200, "{}", got.text());
+    // The client drops what came before the compaction item, as OpenAI's guide says,
+    // and sends the item back without its output-only fields.
+    let next = json!({"model": "gpt-mock", "input": [
+        {"type": "compaction", "encrypted_content": "gAAAAA-minted"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
+        {"type": "message", "role": "user", "content": "now the tests"}],
+        "context_management": [{"type": "compaction", "compact_threshold": 50000}]});
+    let got = proxy
+        .post("/v1/responses", &headers, next.to_string().as_bytes())
+        .await;
+    assert_eq!(got.status.as_u16(), 200, "{}", got.text());
+    let conversations = proxy.conversations().await;
+    assert_eq!(conversations.len(), 1, "{conversations:?}");
+    // An item no reply minted is another conversation.
+    let forged = json!({"model": "gpt-mock", "input": [
+        {"type": "compaction", "encrypted_content": "gAAAAA-forged"},
+        {"type": "message", "role": "user", "content": "now the tests"}]});
+    let got = proxy
+        .post("/v1/responses", &headers, forged.to_string().as_bytes())
+        .await;
+    assert_eq!(got.status.as_u16(), 200, "{}", got.text());
+    assert_eq!(proxy.conversations().await.len(), 2);
+}
