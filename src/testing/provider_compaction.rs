@@ -283,7 +283,7 @@ async fn a_provider_compaction_item_is_never_inside_what_handoff_summarises() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_starts_from_the_providers_compaction_item_stays_in_its_conversation() {
     let compaction = json!({"type": "compaction", "id": "cmp_7", "encrypted_content": "gAAAAA-minted",
                             "created_by": "server"});
@@ -317,6 +317,37 @@ async fn a_request_that_starts_from_the_providers_compaction_item_stays_in_its_c
     assert_eq!(got.status.as_u16(), 200, "{}", got.text());
     let conversations = proxy.conversations().await;
     assert_eq!(conversations.len(), 1, "{conversations:?}");
+    // The record marks where the provider compacted: audit show, the timeline, the chart.
+    let id = conversations[0].clone();
+    let timeline = proxy.timeline(id.as_str()).await;
+    let compacted: Vec<u64> = (timeline["chart"].as_array().unwrap().iter())
+        .filter(|r| r["provider_compacted"] == true)
+        .map(|r| r["number"].as_u64().unwrap())
+        .collect();
+    let messages: Vec<(Value, Value)> = (timeline["events"].as_array().unwrap().iter())
+        .filter(|e| e["type"] == "message")
+        .map(|e| (e["source"].clone(), e["provider_compaction"].clone()))
+        .collect();
+    assert_eq!(compacted, [1, 2], "each reply carried the item: {messages:?}");
+    let store = std::sync::Arc::clone(proxy.state.tracker.store());
+    let runtime = tokio::runtime::Handle::current();
+    let shown = tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        crate::audit::Audit::new(store, runtime)
+            .show(id.as_str(), Some(id.tenant().as_str()), &mut out)
+            .unwrap();
+        String::from_utf8(out).unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        shown
+            .lines()
+            .filter(|l| l.contains("PROVIDER COMPACTION"))
+            .count()
+            >= 2,
+        "{shown}"
+    );
     // An item no reply minted is another conversation.
     let forged = json!({"model": "gpt-mock", "input": [
         {"type": "compaction", "encrypted_content": "gAAAAA-forged"},

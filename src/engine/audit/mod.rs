@@ -310,6 +310,9 @@ impl Audit {
                     if let Some(cut) = &message.incomplete {
                         usage.push_str(&format!(" INCOMPLETE ({cut})"));
                     }
+                    if crate::dialect::is_provider_compaction(&value) {
+                        usage.push_str(" PROVIDER COMPACTION");
+                    }
                     writeln!(
                         out,
                         "{}  {:<8} {:<9} {} <- {}  {}{}",

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use super::{compacted_here, request_figures, summarize, RequestFigures, Tree};
 use crate::base::digest::{message_digest, PrefixDigest};
-use crate::base::line::{Entry, MessageLine, RequestLine, RescueLine};
+use crate::base::line::{Entry, MessageLine, RequestLine, RescueLine, Source};
 use crate::compaction::budget::RequestBudget;
 use crate::compaction::{adopt, Adopted};
 use crate::config::{Config, Tokenizer};
@@ -91,6 +91,8 @@ pub fn timeline(
                 positions.insert(message.digest, depth);
                 let counted = count(&value);
                 message_tokens.insert(message.digest, counted);
+                let artefact = message.source == Source::Upstream
+                    && crate::dialect::is_provider_compaction(&value);
                 // A reply names its model; a line without one, its request's.
                 let billed_as = if message.model.is_empty() {
                     last_model
@@ -125,7 +127,15 @@ pub fn timeline(
                     "cost_usd": cost,
                     "finish_reason": message.finish_reason,
                     "incomplete": message.incomplete,
+                    "provider_compaction": artefact,
                 }));
+                // The request this reply answers: the provider compacted its view.
+                if artefact {
+                    let at = request_events.last().copied();
+                    if let Some(event) = at.and_then(|at| events.get_mut(at)) {
+                        event["provider_compacted"] = json!(true);
+                    }
+                }
             }
             Entry::Request(request) => {
                 last_model = &request.model;
@@ -453,8 +463,9 @@ fn add_figures(
 
 /// The fields of a request's event the chart draws.
 fn chart_point(event: &Value) -> Value {
-    const FIELDS: [&str; 15] = [
+    const FIELDS: [&str; 16] = [
         "number",
+        "provider_compacted",
         "estimated",
         "estimated_tokens",
         "provider_tokens",

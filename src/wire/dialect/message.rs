@@ -611,7 +611,7 @@ pub(super) const PROVIDER_COMPACTION: &[&str] =
     &["compaction", "compaction_summary", "compaction_trigger"];
 
 /// True for a message that is, or carries, a provider compaction artefact.
-fn is_provider_compaction(value: &Value) -> bool {
+pub fn is_provider_compaction(value: &Value) -> bool {
     let kind = value.get("type").and_then(Value::as_str);
     kind.is_some_and(|kind| PROVIDER_COMPACTION.contains(&kind))
         || blocks(value, "compaction").next().is_some()

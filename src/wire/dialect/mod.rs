@@ -30,7 +30,9 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 pub use continued::ContinuedCall;
-pub use message::{size_facts_cache, DialectError, Message, RawMessage, Role};
+pub use message::{
+    is_provider_compaction, size_facts_cache, DialectError, Message, RawMessage, Role,
+};
 pub use openai::check_tool_pairs;
 pub use prefix::size_prefix_cache;
 
