@@ -517,3 +517,48 @@ async fn a_long_timeline_is_read_a_page_at_a_time_with_every_request_charted() {
     assert_eq!(page("limit=0").await.status, 400);
     assert_eq!(page("offset=x").await.status, 400);
 }
+
+/// Where the provider compacted (a reply carrying its compaction item), the chart says
+/// so with a mark of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_marks_where_the_provider_compacted() {
+    let reply = |output: serde_json::Value| {
+        mock_upstream::Reply::json(serde_json::json!({"id": "resp_ui", "object": "response",
+            "status": "completed", "model": "gpt-ui", "output": output,
+            "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}}))
+    };
+    let turn = std::sync::atomic::AtomicUsize::new(0);
+    let mock = mock_upstream::MockUpstream::with(move |_| {
+        let text = serde_json::json!({"type": "message", "role": "assistant",
+            "content": [{"type": "output_text", "text": "done"}]});
+        // The second reply carries the provider's compaction item.
+        match turn.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+            1 => reply(serde_json::json!([
+                {"type": "compaction", "id": "cmp_ui", "encrypted_content": "gAAAA-ui"}, text])),
+            _ => reply(serde_json::json!([text])),
+        }
+    })
+    .await;
+    let proxy = support::Proxy::start(&mock.url());
+    let mut input = vec![serde_json::json!({"role": "user", "content": "first"})];
+    for (n, next) in ["second", "third"].iter().enumerate() {
+        let body = serde_json::json!({"model": "gpt-ui", "input": input,
+            "context_management": [{"type": "compaction", "compact_threshold": 100000}]});
+        let got = client::send(request(
+            "POST",
+            &format!("{}/v1/responses", proxy.url()),
+            &[
+                ("content-type", "application/json"),
+                ("authorization", "Bearer sk-ui"),
+                ("x-handoff-conversation-id", "native-ui"),
+            ],
+            body.to_string(),
+        ))
+        .await;
+        assert_eq!(got.status, 200, "request {n}: {}", got.text());
+        input.extend(got.json()["output"].as_array().unwrap().iter().cloned());
+        input.push(serde_json::json!({"role": "user", "content": next}));
+    }
+    let seen = timeline_seen(&proxy, "native-ui").await;
+    assert_eq!(seen["provider_marks"], serde_json::json!(["2"]), "{seen}");
+}

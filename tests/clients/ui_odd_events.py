@@ -30,6 +30,9 @@ try:
     out["problems"] = [e.text for e in driver.find_elements(By.CSS_SELECTOR, '#app [role="alert"].problems')]
     # The bill line under the chart.
     out["bill"] = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#app [data-bill]")]
+    # Where the provider compacted: a dashed mark on the chart, by request number.
+    out["provider_marks"] = [e.get_attribute("data-provider-compaction")
+                             for e in driver.find_elements(By.CSS_SELECTOR, "svg [data-provider-compaction]")]
     out["raw"] = len(driver.find_elements(By.CSS_SELECTOR, '[data-unrenderable="true"]'))
     # What a client sent is text: no element of its making, no script of its making ran.
     out["injected"] = len(driver.find_elements(By.CSS_SELECTOR, "#app img, #app script, #app iframe"))
