@@ -287,6 +287,20 @@ pub struct Fitted<'a> {
     pub sent_over_trigger: bool,
 }
 
+impl<'a> Fitted<'a> {
+    /// `view` sent as it is, counted `local` (calibrated: `current`).
+    fn as_is(view: ModelView<'a>, local: u64, current: u64) -> Self {
+        Self {
+            view,
+            estimate: Some(local),
+            before: Some(current),
+            after: Some(current),
+            while_preparing: false,
+            sent_over_trigger: false,
+        }
+    }
+}
+
 /// A compaction the proactive path needed that failed, and the calibrated estimate of
 /// the view before it: what the request's refusal is logged with.
 #[derive(Debug, thiserror::Error)]
@@ -423,14 +437,7 @@ impl Compactor {
             // The client asked the provider to compact: compacting here too would
             // compact twice. Only a view that would not fit is handoff's to compact.
             tracing::info!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, "over the trigger, and the request asks the provider to compact; sent as it is");
-            return Ok(Fitted {
-                view,
-                estimate: Some(local),
-                before: Some(current),
-                after: Some(current),
-                while_preparing: false,
-                sent_over_trigger: false,
-            });
+            return Ok(Fitted::as_is(view, local, current));
         }
         if current > budget.threshold {
             // A compaction already running will serve a later request; this one waits
@@ -511,14 +518,7 @@ impl Compactor {
                 sent_over_trigger: (running || stand_in) && after > budget.threshold,
             });
         }
-        Ok(Fitted {
-            view,
-            estimate: Some(local),
-            before: Some(current),
-            after: Some(current),
-            while_preparing: false,
-            sent_over_trigger: false,
-        })
+        Ok(Fitted::as_is(view, local, current))
     }
 
     /// Under `compaction.max_wait` (a chain with a stand-in, and a run this process
