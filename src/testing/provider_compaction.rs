@@ -328,7 +328,11 @@ async fn a_request_that_starts_from_the_providers_compaction_item_stays_in_its_c
         .filter(|e| e["type"] == "message")
         .map(|e| (e["source"].clone(), e["provider_compaction"].clone()))
         .collect();
-    assert_eq!(compacted, [1, 2], "each reply carried the item: {messages:?}");
+    assert_eq!(
+        compacted,
+        [1, 2],
+        "each reply carried the item: {messages:?}"
+    );
     let store = std::sync::Arc::clone(proxy.state.tracker.store());
     let runtime = tokio::runtime::Handle::current();
     let shown = tokio::task::spawn_blocking(move || {
