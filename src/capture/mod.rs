@@ -71,20 +71,6 @@ pub(crate) type AfterReply = Box<dyn FnOnce(Vec<Box<serde_json::value::RawValue>
 
 /// Counts each item of `items` that has an `id` under the digest of a reference to it,
 /// off the async threads.
-/// True when the provider edited the context it counted: a reply that carries its own
-/// compaction, or usage by compaction iteration. Its input count is then not the
-/// view's, and would skew the calibration of every later count.
-fn edited_upstream(
-    replies: &[crate::base::reply::CapturedReply],
-    usage: Option<&serde_json::Value>,
-) -> bool {
-    usage.is_some_and(|u| u.get("iterations").is_some_and(|i| !i.is_null()))
-        || replies.iter().any(|reply| {
-            serde_json::from_str::<serde_json::Value>(reply.message.get())
-                .is_ok_and(|value| crate::dialect::is_provider_compaction(&value))
-        })
-}
-
 fn count_references(items: Vec<String>, tokens: Arc<Tokens>, tokenizer: Tokenizer) {
     if items.is_empty() {
         return;
@@ -125,7 +111,11 @@ impl ReplyTarget {
             return Ok(());
         }
         let complete = ended == Outcome::Complete;
-        let edited = edited_upstream(&replies, usage.as_ref());
+        let edited = replies.iter().any(|reply| {
+            serde_json::from_str::<serde_json::Value>(reply.message.get()).is_ok_and(|value| {
+                crate::conversation::counts_upstream_edits(&value, usage.as_ref())
+            })
+        });
         let calibration = self
             .estimate
             .as_ref()

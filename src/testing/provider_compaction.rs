@@ -362,33 +362,3 @@ async fn a_request_that_starts_from_the_providers_compaction_item_stays_in_its_c
     assert_eq!(got.status.as_u16(), 200, "{}", got.text());
     assert_eq!(proxy.conversations().await.len(), 2);
 }
-
-#[tokio::test]
-async fn a_reply_of_the_providers_own_compaction_does_not_calibrate_the_counts() {
-    let compacting = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let now = Arc::clone(&compacting);
-    let (mock, _) = provider(move |_| {
-        let text = json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]});
-        if now.load(std::sync::atomic::Ordering::SeqCst) {
-            response(json!([{"type": "compaction", "encrypted_content": "gAAAA-cal"}, text]))
-        } else {
-            response(json!([text]))
-        }
-    })
-    .await;
-    let proxy = Harness::start(&mock.url(), &config(100_000)).await;
-    let body = json!({"model": "gpt-mock", "input": [{"type": "message", "role": "user", "content": "hello there"}]});
-    post(&proxy, "/v1/responses", "edited", &body).await;
-    let calibration = |id: &'static str| {
-        let proxy = &proxy;
-        async move {
-            let id = proxy.conversation(id).await.unwrap();
-            proxy.state.tracker.calibration(&id).await.unwrap()
-        }
-    };
-    // The provider counted what it compacted, not the view: no calibration from it.
-    assert!(calibration("edited").await.is_none());
-    compacting.store(false, std::sync::atomic::Ordering::SeqCst);
-    post(&proxy, "/v1/responses", "plain-cal", &body).await;
-    assert!(calibration("plain-cal").await.is_some());
-}

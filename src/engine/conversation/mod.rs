@@ -13,7 +13,7 @@ mod tracked;
 
 use state::keeps_text;
 pub use state::{ConversationEntry, ConversationState};
-pub use tracked::{CapturedReplies, Tracked};
+pub use tracked::{counts_upstream_edits, CapturedReplies, Tracked};
 
 use std::collections::HashMap;
 use std::sync::Arc;

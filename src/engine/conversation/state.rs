@@ -609,7 +609,9 @@ impl Calibrating {
                 let Some((head, local, compaction)) = self.decided.take() else {
                     return;
                 };
-                let answered = head == reply.parent && reply.complete != Some(false);
+                let edited = serde_json::from_str::<serde_json::Value>(reply.message.get())
+                    .is_ok_and(|value| super::counts_upstream_edits(&value, reply.usage.as_ref()));
+                let answered = head == reply.parent && reply.complete != Some(false) && !edited;
                 let server = match (&self.request, &reply.usage) {
                     (Some((_, dialect)), Some(usage)) if answered => {
                         dialect.get().input_tokens(usage)

@@ -90,3 +90,43 @@ pub struct CapturedReplies {
     /// What the proxy decided for the request, logged before its replies.
     pub decision: Option<DecisionLine>,
 }
+
+/// True when a reply's input count is not the view's, because the provider edited the
+/// context it counted: `message` is (or carries) its own compaction, or `usage` counts
+/// by compaction iteration. Such a count would skew every later calibrated count.
+pub fn counts_upstream_edits(
+    message: &serde_json::Value,
+    usage: Option<&serde_json::Value>,
+) -> bool {
+    usage.is_some_and(|u| u.get("iterations").is_some_and(|i| !i.is_null()))
+        || crate::dialect::is_provider_compaction(message)
+}
+
+#[cfg(test)]
+mod edit_tests {
+    use serde_json::json;
+
+    use super::counts_upstream_edits;
+
+    #[test]
+    fn a_count_of_the_providers_own_edits_is_not_the_views() {
+        let text = json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]});
+        assert!(!counts_upstream_edits(
+            &text,
+            Some(&json!({"input_tokens": 10}))
+        ));
+        let item = json!({"type": "compaction", "encrypted_content": "e"});
+        assert!(counts_upstream_edits(
+            &item,
+            Some(&json!({"input_tokens": 10}))
+        ));
+        let block = json!({"role": "assistant", "content": [{"type": "compaction", "content": "s"}, {"type": "text", "text": "ok"}]});
+        assert!(counts_upstream_edits(&block, None));
+        let iterations = json!({"input_tokens": 10, "iterations": [{"type": "compaction", "input_tokens": 90000}]});
+        assert!(counts_upstream_edits(&text, Some(&iterations)));
+        assert!(!counts_upstream_edits(
+            &text,
+            Some(&json!({"iterations": null}))
+        ));
+    }
+}
