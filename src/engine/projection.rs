@@ -74,7 +74,7 @@ pub struct ModelView<'a> {
     pub joined: Option<Box<RawValue>>,
     /// The pair's last message with a prompt-cache breakpoint after it
     /// ([`ModelView::mark_cache`]), sent in its place.
-    pub pair_end: Option<Box<RawValue>>,
+    pub pair_end: Option<Arc<str>>,
     /// The messages whose tool bodies [`ModelView::rescue`] shortened.
     pub rescued: Vec<ShortenedBody>,
     /// Where the list lies in the request body, if the reading found it.
@@ -229,7 +229,7 @@ impl ModelView<'_> {
             Vec::with_capacity(self.pinned.len() + self.lifted.len() + self.live.len() + 2);
         out.extend(self.pinned.iter().skip(self.top_level).map(|m| m.raw.get()));
         let lifted = self.lifted.iter().map(|m| m.raw.get());
-        let marked = self.pair_end.as_deref().map(RawValue::get);
+        let marked = self.pair_end.as_deref();
         match (&self.compaction, &self.joined) {
             (Some(_), Some(joined)) => {
                 out.push(marked.unwrap_or(joined.get()));
@@ -258,17 +258,24 @@ impl ModelView<'_> {
         let Some(adopted) = &self.compaction else {
             return;
         };
-        let pair_end = match &self.joined {
-            Some(joined) => Cow::Owned(serde_json::from_str(joined.get()).unwrap_or_default()),
-            None => Cow::Borrowed(&adopted.record.handoff),
-        };
+        let dialect = self.dialect.get();
         let tools = tools.and_then(|t| std::str::from_utf8(t).ok());
         let messages = self.pinned.iter().map(|m| m.raw.get());
         let lifted = self.lifted.iter().map(|m| m.raw.get());
         let rest = lifted.chain(self.live.iter().map(|m| m.raw.get()));
         let mut raw = tools.into_iter().chain(messages).chain(rest);
-        let marked = self.dialect.get().cache_breakpoint(&pair_end, &mut raw);
-        self.pair_end = marked.and_then(|m| serde_json::value::to_raw_value(&m).ok());
+        if !dialect.room_for_cache_mark(&mut raw) {
+            return;
+        }
+        self.pair_end = match &self.joined {
+            // Joined with what follows it, for this request: marked here.
+            Some(joined) => serde_json::from_str::<Value>(joined.get())
+                .ok()
+                .and_then(|pair| dialect.with_cache_mark(&pair))
+                .and_then(|marked| serde_json::to_string(&marked).ok())
+                .map(Arc::from),
+            None => adopted.marked_handoff(|handoff| dialect.with_cache_mark(handoff)),
+        };
     }
 
     /// The request body with this view as its list (`messages`, `input`); the client's

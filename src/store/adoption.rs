@@ -93,6 +93,9 @@ pub struct Adopted {
     pub taken: std::sync::atomic::AtomicBool,
     /// For a prepared record: another compaction overtook it before any request took it.
     retired: std::sync::atomic::AtomicBool,
+    /// The handoff with a prompt-cache breakpoint after it, made once
+    /// ([`Adopted::marked_handoff`]).
+    marked: std::sync::OnceLock<Option<std::sync::Arc<str>>>,
 }
 
 impl Adopted {
@@ -105,8 +108,25 @@ impl Adopted {
             handoff_digest: message_digest(&record.handoff),
             taken: std::sync::atomic::AtomicBool::new(false),
             retired: std::sync::atomic::AtomicBool::new(false),
+            marked: std::sync::OnceLock::new(),
             record,
         })
+    }
+
+    /// The handoff as `mark` puts a prompt-cache breakpoint after it (the record's
+    /// dialect decides how), made on the first request that wants it and shared by
+    /// every later one; `None` when it has no mark.
+    pub fn marked_handoff(
+        &self,
+        mark: impl FnOnce(&serde_json::Value) -> Option<serde_json::Value>,
+    ) -> Option<std::sync::Arc<str>> {
+        let made = self.marked.get_or_init(|| {
+            let marked = mark(&self.record.handoff)?;
+            serde_json::to_string(&marked)
+                .ok()
+                .map(std::sync::Arc::from)
+        });
+        made.clone()
     }
 
     /// True for a prepared record no request has adopted yet.

@@ -251,6 +251,15 @@ mod tests {
         named("c-pace")
     }
 
+    /// `requests` requests of `id`, each `tokens` more than the one before, `every`
+    /// apart from `start`.
+    fn grow(pace: &Pace, id: &ConversationId, requests: u64, tokens: u64, every: Duration) {
+        let start = Instant::now();
+        for n in 0..requests {
+            pace.observe_at(id, 1_000 + tokens * n, start + every * n as u32);
+        }
+    }
+
     /// The wait a crossing request accepts: shorter than every latency below.
     const WAIT: Duration = Duration::from_millis(500);
 
@@ -263,20 +272,13 @@ mod tests {
     #[test]
     fn a_fast_conversation_with_a_slow_summariser_prepares_early_and_a_slow_one_late() {
         let pace = Pace::default();
-        let start = Instant::now();
         assert_eq!(
             pace.mark(&id(), LIMITS, "m", WAIT),
             8_000,
             "unmeasured: 0.8"
         );
         // 300 tokens a request, a request every 0.5 s; summaries take 4 s.
-        for n in 0..6u64 {
-            pace.observe_at(
-                &id(),
-                1_000 + 300 * n,
-                start + Duration::from_millis(500 * n),
-            );
-        }
+        grow(&pace, &id(), 6, 300, Duration::from_millis(500));
         pace.note_latency("m", Duration::from_secs(4));
         // 8 requests of 300 tokens with the margin, and the one that reaches the
         // deadline: 3,900 before it.
@@ -286,9 +288,7 @@ mod tests {
         assert_eq!(pace.mark(&id(), LIMITS, "slow", WAIT), 5_000);
         // A conversation that barely grows: prepared when it crosses the trigger.
         let calm = named("c-calm");
-        for n in 0..6u64 {
-            pace.observe_at(&calm, 1_000 + 10 * n, start + Duration::from_secs(30 * n));
-        }
+        grow(&pace, &calm, 6, 10, Duration::from_secs(30));
         assert_eq!(pace.mark(&calm, LIMITS, "m", WAIT), 10_000);
     }
 
@@ -296,15 +296,8 @@ mod tests {
     fn the_latest_start_is_the_deadline_less_the_growth_while_a_summary_is_written() {
         let pace = Pace::default();
         assert_eq!(pace.latest_start(&id(), LIMITS, "m"), None, "unmeasured");
-        let start = Instant::now();
         // 300 tokens a request, a request every 0.5 s; summaries take 2 s.
-        for n in 0..4u64 {
-            pace.observe_at(
-                &id(),
-                1_000 + 300 * n,
-                start + Duration::from_millis(500 * n),
-            );
-        }
+        grow(&pace, &id(), 4, 300, Duration::from_millis(500));
         pace.note_latency("m", Duration::from_secs(2));
         // 4 requests while it is written and the one that crosses, no margin.
         assert_eq!(pace.latest_start(&id(), LIMITS, "m"), Some(11_000 - 1_500));
@@ -331,10 +324,7 @@ mod tests {
     #[test]
     fn a_quick_summariser_is_waited_for_at_the_trigger() {
         let pace = Pace::default();
-        let start = Instant::now();
-        for n in 0..6u64 {
-            pace.observe_at(&id(), 1_000 * n, start + Duration::from_millis(500 * n));
-        }
+        grow(&pace, &id(), 6, 1_000, Duration::from_millis(500));
         pace.note_latency("m", Duration::from_millis(600));
         let wait = Duration::from_secs(2);
         assert!(pace.worth_waiting_for("m", wait));

@@ -621,15 +621,17 @@ pub trait Dialect: Send + Sync {
     /// The assistant handoff message; `reasoning_marker` only where the API allows one.
     fn handoff(&self, text: &str, reasoning_marker: bool) -> Value;
 
-    /// Where the client marks the API's prompt cache (Anthropic's `cache_control`), the
-    /// last message of a handoff pair with a breakpoint after it, for a view whose
-    /// other messages and tools (`raw`, as JSON text) leave room for one beside the
-    /// client's own; `None` elsewhere, or when the client places none or all it may.
-    fn cache_breakpoint(
-        &self,
-        _pair_end: &Value,
-        _raw: &mut dyn Iterator<Item = &str>,
-    ) -> Option<Value> {
+    /// Where the client marks the API's prompt cache (Anthropic's `cache_control`): true
+    /// when a view whose other messages and tools (`raw`, as JSON text) carry the
+    /// client's marks leaves room for one of handoff's. False where the API caches
+    /// without marks, or when the client places none or all it may.
+    fn room_for_cache_mark(&self, _raw: &mut dyn Iterator<Item = &str>) -> bool {
+        false
+    }
+
+    /// `message` with a prompt-cache breakpoint after it; `None` where the API has no
+    /// marks, or the message no content to mark.
+    fn with_cache_mark(&self, _message: &Value) -> Option<Value> {
         None
     }
 

@@ -284,15 +284,12 @@ impl Dialect for AnthropicMessages {
         json!({"role": "assistant", "content": [{"type": "text", "text": text}]})
     }
 
-    fn cache_breakpoint(
-        &self,
-        pair_end: &Value,
-        raw: &mut dyn Iterator<Item = &str>,
-    ) -> Option<Value> {
-        let marks: usize = raw.map(cache::marks_in).sum();
-        cache::room_for_one(marks)
-            .then(|| cache::marked(pair_end))
-            .flatten()
+    fn room_for_cache_mark(&self, raw: &mut dyn Iterator<Item = &str>) -> bool {
+        cache::room_for_one(raw.map(cache::marks_in).sum())
+    }
+
+    fn with_cache_mark(&self, message: &Value) -> Option<Value> {
+        cache::marked(message)
     }
 
     fn joined_pair(&self, _continuation: &Value, handoff: &Value, next: &Message) -> Option<Value> {
