@@ -242,6 +242,36 @@ impl Harness {
         Some(self.state.tracker.store().read(&found).await.unwrap())
     }
 
+    /// What `handoff audit VERB` prints for conversation `id` (of any tenant): `run`
+    /// is the verb, given the id and its tenant; an audit that fails panics.
+    pub(crate) async fn audit<F>(&self, id: &str, run: F) -> String
+    where
+        F: FnOnce(
+                &crate::audit::Audit,
+                &str,
+                &str,
+                &mut Vec<u8>,
+            ) -> Result<(), crate::audit::AuditError>
+            + Send
+            + 'static,
+    {
+        let id = self
+            .conversation(id)
+            .await
+            .unwrap_or_else(|| panic!("no conversation {id}"));
+        let store = Arc::clone(self.state.tracker.store());
+        let runtime = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            let audit = crate::audit::Audit::new(store, runtime);
+            run(&audit, id.as_str(), id.tenant().as_str(), &mut out)
+                .unwrap_or_else(|err| panic!("audit of {id}: {err}"));
+            String::from_utf8(out).unwrap()
+        })
+        .await
+        .unwrap()
+    }
+
     /// Conversation `id`'s timeline, as the web view reads it.
     pub(crate) async fn timeline(&self, id: &str) -> serde_json::Value {
         let uri = format!("{}/handoff/conversations/{id}/timeline", self.url());

@@ -317,8 +317,13 @@ async fn a_request_that_starts_from_the_providers_compaction_item_stays_in_its_c
     assert_eq!(got.status.as_u16(), 200, "{}", got.text());
     let conversations = proxy.conversations().await;
     assert_eq!(conversations.len(), 1, "{conversations:?}");
-    // The record marks where the provider compacted: audit show, the timeline, the chart.
     let id = conversations[0].clone();
+    assert_eq!(
+        branches(&proxy, id.as_str()).await,
+        1,
+        "it continues its branch"
+    );
+    // The record marks where the provider compacted: audit show, the timeline, the chart.
     let timeline = proxy.timeline(id.as_str()).await;
     let compacted: Vec<u64> = (timeline["chart"].as_array().unwrap().iter())
         .filter(|r| r["provider_compacted"] == true)
@@ -361,4 +366,130 @@ async fn a_request_that_starts_from_the_providers_compaction_item_stays_in_its_c
         .await;
     assert_eq!(got.status.as_u16(), 200, "{}", got.text());
     assert_eq!(proxy.conversations().await.len(), 2);
+}
+
+/// A Responses provider that compacts as the API documents `compaction_trigger`: one
+/// `compaction` item minted per trigger, a message for anything else.
+async fn compacting_provider() -> (MockUpstream, Arc<Mutex<Vec<Value>>>) {
+    let minted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    provider(move |body| {
+        let input = body["input"].as_array().cloned().unwrap_or_default();
+        if input.last().is_some_and(|i| i["type"] == "compaction_trigger") {
+            let n = minted.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            return response(json!([{"type": "compaction", "id": format!("cmp_{n}"),
+                "encrypted_content": format!("gAAAAA-sealed-{n}"), "created_by": "server"}]));
+        }
+        response(json!([{"type": "message", "id": format!("msg_{}", input.len()),
+            "role": "assistant", "status": "completed",
+            "content": [{"type": "output_text", "text": format!("answer {}", input.len()), "annotations": []}]}]))
+    })
+    .await
+}
+
+/// An output item as a client sends it back: without the fields only output has.
+fn echoed(mut item: Value) -> Value {
+    if let Some(fields) = item.as_object_mut() {
+        for field in ["id", "status", "created_by"] {
+            fields.remove(field);
+        }
+    }
+    item
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_across_two_provider_compactions_is_one_branch_that_replays_as_sent() {
+    let (mock, seen) = compacting_provider().await;
+    let proxy = Harness::start(&mock.url(), &config(100_000)).await;
+    let headers = [
+        ("authorization", "Bearer sk-native"),
+        ("x-codex-beta-features", "remote_compaction_v2"),
+    ];
+    let send = |input: Vec<Value>| {
+        let body = json!({"model": "gpt-mock", "instructions": "You are Codex.",
+            "input": input, "stream": false});
+        let proxy = &proxy;
+        async move {
+            let got = proxy
+                .post("/v1/responses", &headers, body.to_string().as_bytes())
+                .await;
+            assert_eq!(got.status.as_u16(), 200, "{}", got.text());
+            got.json()["output"].as_array().unwrap().clone()
+        }
+    };
+    // What Codex keeps across a compaction: its developer message and the user's prompt.
+    let kept = vec![
+        json!({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "sandbox: workspace-write"}]}),
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix the failing test"}]}),
+    ];
+    let user = |text: &str| json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]});
+    let trigger = json!({"type": "compaction_trigger"});
+    let mut history = kept.clone();
+    for round in 0..2 {
+        for turn in 0..2 {
+            history.push(user(&format!("round {round} turn {turn}")));
+            let output = send(history.clone()).await;
+            history.extend(output.into_iter().map(echoed));
+        }
+        // The context is full: Codex asks the provider to compact, then starts again
+        // from what it keeps and the one item the provider minted.
+        let mut asking = history.clone();
+        asking.push(trigger.clone());
+        let output = send(asking).await;
+        assert_eq!(output.len(), 1, "one compaction item: {output:?}");
+        history = kept.clone();
+        history.push(echoed(output[0].clone()));
+    }
+    history.push(user("and now the docs"));
+    let output = send(history.clone()).await;
+    assert_eq!(output.len(), 1);
+
+    let conversations = proxy.conversations().await;
+    assert_eq!(conversations.len(), 1, "{conversations:?}");
+    let id = conversations[0].as_str().to_owned();
+    assert_eq!(branches(&proxy, &id).await, 1, "one branch across both");
+    // The upstream saw each request as the client sent it: nothing summarised,
+    // nothing moved, the trigger last.
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 7);
+    assert_eq!(seen[6]["input"], json!(history));
+    // The record replays the last request byte for byte, its reply after it.
+    let replayed = proxy
+        .audit(&id, |audit, id, tenant, out| {
+            audit.replay(id, Some(tenant), None, None, out, &mut Vec::new())
+        })
+        .await;
+    let replayed: Vec<Value> = serde_json::from_str(&replayed).unwrap();
+    let mut expected = history.clone();
+    expected.extend(output);
+    assert_eq!(replayed, expected);
+    // And each request before, as it was sent: the trigger last, as the client put it.
+    let third = proxy
+        .audit(&id, |audit, id, tenant, out| {
+            audit.replay(id, Some(tenant), None, Some(3), out, &mut Vec::new())
+        })
+        .await;
+    let third: Vec<Value> = serde_json::from_str(&third).unwrap();
+    assert_eq!(
+        &third[..third.len() - 1],
+        seen[2]["input"].as_array().unwrap().as_slice()
+    );
+    let verified = proxy
+        .audit(&id, |audit, id, tenant, out| {
+            audit.verify(Some(id), Some(tenant), out)
+        })
+        .await;
+    assert!(!verified.contains("problem"), "{verified}");
+    let shown = proxy
+        .audit(&id, |audit, id, tenant, out| {
+            audit.show(id, Some(tenant), out)
+        })
+        .await;
+    assert!(
+        shown
+            .lines()
+            .filter(|l| l.contains("PROVIDER COMPACTION"))
+            .count()
+            >= 2,
+        "{shown}"
+    );
 }

@@ -201,10 +201,15 @@ fn rebuild<'a>(
     put_back(&mut list, pinned_len, floated);
     let top = request.top_level.unwrap_or(0).min(pinned_len);
     let top_level = list.drain(..top).collect();
-    let held = branch[..skip]
-        .iter()
-        .map(|m| current.get(&m.digest).copied().unwrap_or(&m.message))
-        .collect();
+    // A request that continued after a provider compaction carried only what follows
+    // it too; what precedes it the provider dropped, and no one sent.
+    let held = match request.server_held {
+        Some(true) => branch[..skip]
+            .iter()
+            .map(|m| current.get(&m.digest).copied().unwrap_or(&m.message))
+            .collect(),
+        _ => Vec::new(),
+    };
     Ok((list, top_level, held))
 }
 

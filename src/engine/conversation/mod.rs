@@ -53,11 +53,6 @@ pub struct Tracker {
     /// first's conversation. In memory only: losing one splits off a one-turn
     /// conversation, nothing more.
     openings: moka::sync::Cache<(TenantId, MessageDigest), ConversationId, ahash::RandomState>,
-    /// The provider compaction artefacts replies carried (their echo digests), to the
-    /// conversation that logged them: a request that carries one continues there,
-    /// though the client dropped the items before it. In memory only: losing one
-    /// splits the conversation at the provider's compaction, nothing more.
-    artefacts: moka::sync::Cache<(TenantId, MessageDigest), ConversationId, ahash::RandomState>,
     /// How long a compaction lease lasts without renewal.
     lease_ttl: std::time::Duration,
     /// The locks that make compactions single flight in this process, by conversation.
@@ -125,9 +120,6 @@ impl Tracker {
             openings: moka::sync::Cache::builder()
                 .max_capacity(capacity)
                 .build_with_hasher(ahash::RandomState::new()),
-            artefacts: moka::sync::Cache::builder()
-                .max_capacity(capacity)
-                .build_with_hasher(ahash::RandomState::new()),
             lease_ttl: std::time::Duration::from_secs(30),
             flights: std::sync::Mutex::default(),
         }
@@ -184,18 +176,27 @@ impl Tracker {
         Ok(if new { found } else { id })
     }
 
-    /// The conversation whose reply minted a provider compaction artefact `request`
-    /// carries (the first one, after the pinned messages), if this process logged it.
-    pub fn across_compaction(
+    /// Where `request` continues after a provider compaction: the last artefact it
+    /// carries (after the pinned messages) that a reply of this tenant minted, and the
+    /// conversation and place that reply was logged at. Kept in the response index, so
+    /// a restart or another replica finds it too.
+    pub async fn across_compaction(
         &self,
         tenant: &TenantId,
         request: &ChatRequest,
-    ) -> Option<ConversationId> {
-        let rest = &request.messages[request.pinned_len().min(request.messages.len())..];
-        rest.iter()
-            .filter(|m| m.is_provider_compaction())
-            .filter_map(Message::echo_digest)
-            .find_map(|echo| self.artefacts.get(&(tenant.clone(), echo)))
+    ) -> Result<Option<Across>, StoreError> {
+        let pinned = request.pinned_len().min(request.messages.len());
+        // Nothing to look up for a request without artefacts: the common case is free.
+        let carried = (request.messages[pinned..].iter().enumerate().rev())
+            .filter(|(_, m)| m.is_provider_compaction())
+            .filter_map(|(at, m)| Some((pinned + at, m.echo_digest()?)));
+        for (at, echo) in carried {
+            let key = artefact_key(&echo);
+            if let Some((id, base)) = self.conversation_of_response(tenant, &key).await? {
+                return Ok(Some(Across { id, base, at }));
+            }
+        }
+        Ok(None)
     }
 
     /// The store behind this tracker.
@@ -298,27 +299,54 @@ impl Tracker {
         id: ConversationId,
         request: &ChatRequest,
     ) -> Result<Tracked, StoreError> {
-        self.track_after(id, request, None, None).await
+        self.track_after(id, request, None, None, None).await
     }
 
     /// Logs the request's new originals as continuing the prefix `base` (a server-held
-    /// request's items follow the response they continue), or from the root, with what
-    /// the middleware hooks did to it.
+    /// request's items follow the response they continue), or after the provider
+    /// compaction `across` names, or from the root, with what the middleware hooks did
+    /// to it.
     pub async fn track_after(
         &self,
         id: ConversationId,
         request: &ChatRequest,
         base: Option<PrefixDigest>,
+        across: Option<&Across>,
         hooks: Option<crate::base::line::HookNotes>,
     ) -> Result<Tracked, StoreError> {
-        let pinned_len = request.pinned_len();
-        let (pinned, rest) = request.messages.split_at(pinned_len);
+        let mut base = base;
+        let mut pinned_len = request.pinned_len();
         // Each message's facts are read once: its digest, and its bytes key for forms.
-        let (mut message_digests, keys): (Vec<MessageDigest>, Vec<u128>) =
-            rest.iter().map(|m| (m.digest(), m.bytes_key())).unzip();
-        let pinned_digests: Vec<MessageDigest> = pinned.iter().map(Message::digest).collect();
+        let (mut message_digests, mut keys): (Vec<MessageDigest>, Vec<u128>) = request.messages
+            [pinned_len..]
+            .iter()
+            .map(|m| (m.digest(), m.bytes_key()))
+            .unzip();
         let (entry, fresh) = self.entry_loaded(&id).await?;
         let mut state = entry.lock().await;
+        let across = across.filter(|a| {
+            base.is_none() && a.id == id && a.at >= pinned_len && request.floated.is_empty()
+        });
+        if let Some(across) = across {
+            if self.store.shared() && !fresh {
+                self.catch_up(&id, &mut state).await?;
+            }
+            // A client that re-sent the whole history up to the artefact continues its
+            // chain as any other; one that dropped what the provider compacted away
+            // continues after the artefact, what it kept before it pinned.
+            let skipped = across.at - pinned_len;
+            let (mut prefix, _) = state.prefixes_of(&message_digests);
+            let mut digests = message_digests.clone();
+            let rest = &request.messages[pinned_len..];
+            if state.known_prefix(rest, &mut digests, &mut prefix, None) <= skipped {
+                pinned_len = across.at;
+                base = across.base;
+                message_digests.drain(..skipped);
+                keys.drain(..skipped);
+            }
+        }
+        let (pinned, rest) = request.messages.split_at(pinned_len);
+        let pinned_digests: Vec<MessageDigest> = pinned.iter().map(Message::digest).collect();
         let pinned_set = state.pinned_set(pinned);
         let (mut prefix, same) = match base {
             None => state.prefixes_of(&message_digests),
@@ -327,14 +355,14 @@ impl Tracker {
         // The digests as sent: known_prefix may map echoed forms onto logged ones.
         let sent = (base.is_none()).then(|| message_digests[same..].to_vec());
         // Prefix-closed: if d[i] is logged, so is every d[j < i].
-        let mut known = state.known_prefix(rest, &mut message_digests, &mut prefix);
+        let mut known = state.known_prefix(rest, &mut message_digests, &mut prefix, base);
         if self.store.shared() && !fresh {
             // New to this replica; perhaps not to the others (a reply another replica
             // logged, echoed back): read what they wrote before logging anything. A
             // request of known messages too: another replica may have logged other
             // forms of them since, and this one's forms are named against the log's.
             self.catch_up(&id, &mut state).await?;
-            known = state.known_prefix(rest, &mut message_digests, &mut prefix);
+            known = state.known_prefix(rest, &mut message_digests, &mut prefix, base);
         }
         let pinned_known = pinned_set.filter(|d| state.pinned.contains_key(d));
         let forms = state.form_changes(
@@ -537,11 +565,11 @@ impl Tracker {
             self.store.append(id, lines).await?;
         }
         let mut items = Vec::new();
+        let mut artefacts = Vec::new();
         for ((digest, facts, parent), text) in added.into_iter().zip(texts) {
             state.known.insert(digest, facts.key);
             if let Some(echo) = facts.echo.filter(|_| facts.artefact) {
-                self.artefacts
-                    .insert((id.tenant().clone(), echo), id.clone());
+                artefacts.push((artefact_key(&echo), parent));
             }
             state.keep_recent(digest, &text, false);
             for echo in [facts.echo, facts.reference] {
@@ -565,7 +593,8 @@ impl Tracker {
             .into_iter()
             .chain(batch.conversation)
             .map(|key| (key, head))
-            .chain(items);
+            .chain(items)
+            .chain(artefacts);
         for (key, head) in ends {
             let cached = (id.tenant().clone(), key);
             // The same id at the same place again (a retried request): stored already.
@@ -655,6 +684,33 @@ impl Tracker {
             }
         }
     }
+}
+
+/// Where a request continues after a provider compaction ([`Tracker::across_compaction`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Across {
+    /// The conversation whose reply minted the artefact.
+    pub id: ConversationId,
+    /// The logged artefact's parent: the request's items from the artefact on follow it.
+    pub base: Option<PrefixDigest>,
+    /// The artefact's index in the request's messages: what the client re-sent before
+    /// it (its instructions, the user turns a compaction keeps) is logged as its
+    /// pinned set, the provider's to keep, never handoff's to compact.
+    pub at: usize,
+}
+
+/// The response index's key for a provider compaction artefact with echo digest
+/// `echo`. No response id has this form, and a stateful request naming one is not
+/// looked up ([`is_artefact_key`]).
+fn artefact_key(echo: &MessageDigest) -> String {
+    format!("{ARTEFACT_KEY}{}", echo.to_hex())
+}
+
+const ARTEFACT_KEY: &str = "provider-compaction:";
+
+/// True for a response index key that names a provider compaction artefact.
+pub fn is_artefact_key(key: &str) -> bool {
+    key.starts_with(ARTEFACT_KEY)
 }
 
 /// What tracking keeps of a reply: its digest, the digests it is echoed by, and the

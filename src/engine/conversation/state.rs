@@ -304,8 +304,8 @@ impl ConversationState {
                 .is_some()
     }
 
-    /// How many leading messages of `messages` are logged, mapping echoed forms of
-    /// logged messages onto them (which rewrites `digests` and `prefix` in place).
+    /// How many leading messages of `messages` (the first after `base`) are logged,
+    /// mapping echoed forms of logged messages onto them (which rewrites `digests` and `prefix` in place).
     /// A shorter form of a logged turn maps onto it only when what was logged after
     /// the turn follows it too: a turn edited and asked again is a new message.
     pub(super) fn known_prefix(
@@ -313,10 +313,11 @@ impl ConversationState {
         messages: &[Message],
         digests: &mut [MessageDigest],
         prefix: &mut [PrefixDigest],
+        base: Option<PrefixDigest>,
     ) -> usize {
         let mut known = prefix.partition_point(|d| self.known.contains_key(d));
         while let Some(message) = messages.get(known) {
-            let parent = known.checked_sub(1).map(|p| prefix[p]);
+            let parent = known.checked_sub(1).map(|p| prefix[p]).or(base);
             // Echo digests are facts: computed once per distinct message.
             let echo = message.echo_digest();
             let logged = echo

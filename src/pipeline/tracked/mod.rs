@@ -31,7 +31,7 @@ use crate::compaction::continued::Continuer;
 use crate::compaction::service::{CompactError, FitError, Fitted, Job};
 use crate::compaction::{prepare, Reason};
 use crate::config::PrepareAt;
-use crate::conversation::{identify, ConversationId, Tracked, CONVERSATION_HEADER};
+use crate::conversation::{identify, Across, ConversationId, Tracked, CONVERSATION_HEADER};
 use crate::dialect::{ChatRequest, DialectKind};
 use crate::error::ApiError;
 use crate::forward::forward;
@@ -65,14 +65,19 @@ pub(super) async fn run(
         authorize(state, &exchange.snap, &admission, &claims).await?;
     }
     exchange.settle();
-    let (id, base) = exchange.identify(admission).await?;
+    let (id, base, across) = exchange.identify(admission).await?;
     log.set_conversation(&id);
-    let Some(tracked) = exchange.track(id, base).await? else {
+    let Some(tracked) = exchange.track(id, base, across).await? else {
         // store.required is false and the log failed: the request goes as it came.
         let upstream = exchange.upstream().clone();
         let Exchange { parts, body, .. } = exchange;
         return Ok(forward(&upstream, parts, chunked(&body), log).await);
     };
+    if tracked.pinned_len != exchange.chat.pinned_len() {
+        // What the client kept before a provider's compaction is pinned: the
+        // provider's to keep, never handoff's to compact.
+        exchange.chat.pinned = Some(tracked.pinned_len);
+    }
     exchange.tracked = Some(tracked);
     let fitted = exchange.fit().await?;
     exchange.prepare(&fitted);
@@ -300,7 +305,7 @@ impl<'s> Exchange<'s> {
     async fn identify(
         &self,
         admission: Admission,
-    ) -> Result<(ConversationId, Option<PrefixDigest>), ApiError> {
+    ) -> Result<(ConversationId, Option<PrefixDigest>, Option<Across>), ApiError> {
         let header = match self.parts.headers.get(CONVERSATION_HEADER) {
             None => None,
             Some(value) => Some(value.to_str().map_err(|_| {
@@ -313,6 +318,8 @@ impl<'s> Exchange<'s> {
         // A stateful Responses request continues a response that was logged (here, or
         // by another replica of a shared store): it joins that conversation, after it.
         let continued = match self.chat.continues.as_deref() {
+            // An artefact's index key is no response the client can name.
+            Some(response) if crate::conversation::is_artefact_key(response) => None,
             Some(response) => self
                 .state
                 .tracker
@@ -333,29 +340,45 @@ impl<'s> Exchange<'s> {
                 format!("{CONVERSATION_HEADER}: {err}"),
             )
         };
+        // A request that carries a provider compaction artefact a reply of this tenant
+        // minted continues that conversation after it, though the items before it are
+        // gone. Looked up only for a request that carries one.
+        let across = match continued {
+            Some(_) => None,
+            None => self
+                .state
+                .tracker
+                .across_compaction(&admission.tenant, &self.chat)
+                .await
+                .or_else(|err| {
+                    if self.snap.config.store.required {
+                        return Err(ApiError::storage(err.to_string()));
+                    }
+                    tracing::warn!(error = %err, "cannot look up the provider compaction this request carries: store.required is false");
+                    Ok(None)
+                })?,
+        };
         if let Some(text) = header {
             let id = ConversationId::parse(admission.tenant, text).map_err(invalid)?;
             let base = continued
                 .filter(|(found, _)| *found == id)
                 .and_then(|(_, base)| base);
-            return Ok((id, base));
+            return Ok((id, base, across));
         }
-        if let Some(found) = continued {
-            return Ok(found);
+        if let Some((id, base)) = continued {
+            return Ok((id, base, None));
         }
         if let Some(continues) = &self.chat.continues {
             // Continuing a response this process never saw: a conversation named after it.
             let digest = crate::base::digest::message_digest(&serde_json::json!(continues));
-            return Ok((ConversationId::derived(admission.tenant, &digest), None));
+            return Ok((
+                ConversationId::derived(admission.tenant, &digest),
+                None,
+                None,
+            ));
         }
-        // A request that carries a provider compaction artefact a reply of this tenant
-        // minted continues that conversation, though the items before it are gone.
-        if let Some(id) = self
-            .state
-            .tracker
-            .across_compaction(&admission.tenant, &self.chat)
-        {
-            return Ok((id, None));
+        if let Some(across) = across {
+            return Ok((across.id.clone(), None, Some(across)));
         }
         let id = identify(admission.tenant, None, &self.chat).map_err(invalid)?;
         let id = match self.state.tracker.opening(id.clone(), &self.chat).await {
@@ -368,7 +391,7 @@ impl<'s> Exchange<'s> {
                 id
             }
         };
-        Ok((id, None))
+        Ok((id, None, None))
     }
 
     /// Phase 6, **track**: logs the new originals; `None` when they could not be logged
@@ -377,11 +400,18 @@ impl<'s> Exchange<'s> {
         &self,
         id: ConversationId,
         base: Option<PrefixDigest>,
+        across: Option<Across>,
     ) -> Result<Option<Tracked>, Halt> {
         match self
             .state
             .tracker
-            .track_after(id.clone(), &self.chat, base, self.notes.clone())
+            .track_after(
+                id.clone(),
+                &self.chat,
+                base,
+                across.as_ref(),
+                self.notes.clone(),
+            )
             .await
         {
             Ok(tracked) => Ok(Some(tracked)),
