@@ -273,6 +273,7 @@ proptest! {
                 inline_forms: Vec::new(),
                 carried: None,
                 hooks: None,
+                asked: None,
             })))
             .collect();
         let bytes = encode(&lines).unwrap();

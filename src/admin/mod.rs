@@ -163,6 +163,9 @@ struct AsSent<'a> {
     reply: &'a [&'a serde_json::value::RawValue],
     /// How many messages it carried in another form than the log held for them.
     forms: usize,
+    /// What it asked of the provider's own context management, as sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    asked: Option<&'a crate::base::line::Asked>,
 }
 
 /// `GET /handoff/conversations/{id}/requests/{n}`: request `n` (from 1, in log order)
@@ -211,6 +214,7 @@ async fn request_as_sent(
         held: &request.held,
         reply: &request.reply,
         forms: request.request.forms.len() + request.request.inline_forms.len(),
+        asked: request.request.asked.as_deref(),
     };
     serde_json::to_vec(&answer).map_err(|err| ApiError::internal(err.to_string()))
 }

@@ -539,6 +539,54 @@ pub struct RequestLine {
     /// What the `[middleware]` hooks did to the request before it was tracked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hooks: Option<HookNotes>,
+    /// What it asked of the provider's own context management, as sent: a replay
+    /// asks the provider for the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asked: Option<Box<Asked>>,
+}
+
+/// What a request asked of the provider's own context management ([`RequestLine::asked`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Asked {
+    /// The path it was posted to, when that was the provider's compaction endpoint
+    /// (`/v1/responses/compact`) rather than the API's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Its `context_management`, byte for byte.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_management: Option<Box<RawValue>>,
+    /// Its top-level `compaction` (Anthropic's on-demand compaction), byte for byte.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<Box<RawValue>>,
+    /// The beta headers it sent (`anthropic-beta`, `openai-beta`,
+    /// `x-codex-beta-features`), name and value.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<(String, String)>,
+}
+
+impl Asked {
+    /// The headers whose values a request's [`Asked`] keeps: they switch the
+    /// providers' compaction on. Flags, never credentials.
+    pub const HEADERS: [&'static str; 3] =
+        ["anthropic-beta", "openai-beta", "x-codex-beta-features"];
+
+    /// One line saying what was asked, for `audit show` and `audit replay`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(path) = &self.path {
+            parts.push(format!("POST {path}"));
+        }
+        if let Some(raw) = &self.context_management {
+            parts.push(format!("context_management {}", raw.get()));
+        }
+        if let Some(raw) = &self.compaction {
+            parts.push(format!("compaction {}", raw.get()));
+        }
+        for (name, value) in &self.headers {
+            parts.push(format!("{name}: {value}"));
+        }
+        parts.join("; ")
+    }
 }
 
 /// What the middleware hooks did to a request or a view: never a text they took out,
@@ -817,6 +865,7 @@ mod tests {
             inline_forms: Vec::new(),
             carried: None,
             hooks: None,
+            asked: None,
         })));
         let bytes = encode(&lines).unwrap();
         let text = String::from_utf8(bytes.clone()).unwrap();

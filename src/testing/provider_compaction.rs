@@ -188,6 +188,16 @@ async fn an_anthropic_request_with_a_compact_edit_is_not_compacted_twice() {
     );
     assert_eq!(seen.lock().unwrap().len(), 1, "no summary call");
     assert!(proxy.records("native-messages").await.is_empty());
+    // Its request line keeps what it asked, so a replay asks the provider the same.
+    let log = proxy.log("native-messages").await;
+    let asked = (log.lines.iter())
+        .find_map(|line| match &line.entry {
+            crate::base::line::Entry::Request(request) => request.asked.clone(),
+            _ => None,
+        })
+        .expect("the request line keeps what it asked");
+    let kept: Value = serde_json::from_str(asked.context_management.unwrap().get()).unwrap();
+    assert_eq!(kept, body["context_management"]);
     // Clearing tool uses is not compacting: that request is handoff's to compact.
     let mut clearing = body.clone();
     clearing["context_management"] = json!({"edits": [{"type": "clear_tool_uses_20250919"}]});
@@ -492,4 +502,99 @@ async fn a_session_across_two_provider_compactions_is_one_branch_that_replays_as
             >= 2,
         "{shown}"
     );
+    assert!(
+        shown.contains("asked the provider: x-codex-beta-features: remote_compaction_v2"),
+        "the trigger's request line keeps the header that switched it on: {shown}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compact_call_is_logged_as_the_providers_compaction_and_the_next_request_continues_after_it(
+) {
+    // `/v1/responses/compact` answers with the input's user messages, re-serialised as
+    // `message` items, and one compaction item; a create answers with a message.
+    let mock = MockUpstream::with(|request: &Recorded| {
+        let body = request.json();
+        let input = body["input"].as_array().cloned().unwrap_or_default();
+        if request.target.ends_with("/responses/compact") {
+            let mut output: Vec<Value> = (input.iter())
+                .filter(|i| i["role"] == "user")
+                .map(|i| json!({"type": "message", "role": "user", "content": i["content"]}))
+                .collect();
+            output.push(json!({"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAAA-compact"}));
+            return Reply::json(json!({"id": "resp_c", "object": "response.compaction", "created_at": 1,
+                "output": output, "usage": {"input_tokens": 40, "output_tokens": 10, "total_tokens": 50}}));
+        }
+        Reply::json(response(json!([{"type": "message", "id": format!("msg_{}", input.len()),
+            "role": "assistant", "status": "completed",
+            "content": [{"type": "output_text", "text": format!("answer {}", input.len()), "annotations": []}]}])))
+    })
+    .await;
+    let proxy = Harness::start(&mock.url(), &config(100_000)).await;
+    let user = |text: &str| json!({"role": "user", "content": text});
+    let first = vec![user("plan the migration")];
+    let got = post(
+        &proxy,
+        "/v1/responses",
+        "compacting",
+        &json!({"model": "gpt-mock", "input": first}),
+    )
+    .await;
+    let mut history = first.clone();
+    history.extend(
+        got["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .cloned()
+            .map(echoed),
+    );
+    history.push(user("and the rollback"));
+    let compact = json!({"model": "gpt-mock", "input": history});
+    let compacted = post(&proxy, "/v1/responses/compact", "compacting", &compact).await;
+    assert_eq!(compacted["object"], "response.compaction");
+    // The client carries the compacted window forward as the server returned it.
+    let mut next: Vec<Value> = compacted["output"].as_array().unwrap().clone();
+    next.push(user("go"));
+    let got = post(
+        &proxy,
+        "/v1/responses",
+        "compacting",
+        &json!({"model": "gpt-mock", "input": next}),
+    )
+    .await;
+    assert_eq!(got["object"], "response");
+
+    let sent = mock.requests();
+    assert_eq!(sent[1].target, "/v1/responses/compact");
+    assert_eq!(
+        sent[1].json()["input"],
+        compact["input"],
+        "sent to the endpoint as it came"
+    );
+    assert_eq!(sent.len(), 3, "no summary call");
+    assert_eq!(proxy.conversations().await.len(), 1);
+    assert_eq!(branches(&proxy, "compacting").await, 1);
+    let shown = proxy
+        .audit("compacting", |audit, id, tenant, out| {
+            audit.show(id, Some(tenant), out)
+        })
+        .await;
+    assert!(
+        shown.contains("asked the provider: POST /v1/responses/compact"),
+        "{shown}"
+    );
+    assert!(shown.contains("AFTER PROVIDER COMPACTION"), "{shown}");
+    // Each request replays as sent, the compaction's answer after its own.
+    for (number, input, output) in [(2, &history, &compacted), (3, &next, &got)] {
+        let replayed = proxy
+            .audit("compacting", move |audit, id, tenant, out| {
+                audit.replay(id, Some(tenant), None, Some(number), out, &mut Vec::new())
+            })
+            .await;
+        let replayed: Vec<Value> = serde_json::from_str(&replayed).unwrap();
+        let mut expected = input.clone();
+        expected.extend(output["output"].as_array().unwrap().iter().cloned());
+        assert_eq!(replayed, expected, "request {number}");
+    }
 }

@@ -24,7 +24,7 @@ pub use timeline::{next_view, timeline};
 pub use verify::{incomplete_replies, verify_log};
 
 use crate::base::digest::Digest;
-use crate::base::line::Entry;
+use crate::base::line::{Entry, RequestLine};
 use crate::base::tenant::TenantId;
 use crate::compaction::adopt;
 use crate::config::Price;
@@ -357,11 +357,7 @@ impl Audit {
                         0 => String::new(),
                         forms => format!(" forms={forms}"),
                     },
-                    if request.server_held == Some(true) {
-                        "  SERVER-HELD (history kept by the upstream; never rewritten)"
-                    } else {
-                        ""
-                    },
+                    request_kind(request),
                     figures
                         .get(requests - 1)
                         .map(|f| shown_figures(f, first_uses.get(requests - 1) == Some(&true)))
@@ -523,6 +519,13 @@ impl Audit {
             .collect();
         serde_json::to_writer_pretty(&mut *out, &all)?;
         writeln!(out)?;
+        if let Some(asked) = &request.request.asked {
+            writeln!(
+                notes,
+                "note: this request asked the provider's own context management for: {}",
+                asked.describe()
+            )?;
+        }
         if let Some(hooks) = request.request.hooks.as_ref().filter(|h| !h.is_empty()) {
             writeln!(
                 notes,
@@ -601,6 +604,27 @@ fn rebuilt<'r, 'a>(
 ) -> Result<&'r SentRequest<'a>, AuditError> {
     sent.as_ref()
         .map_err(|problem| AuditError::Rebuild(problem.number, problem.reason.clone()))
+}
+
+/// What kind of request a request line was, when not a plain one, and what it asked
+/// of the provider's own context management.
+fn request_kind(request: &RequestLine) -> String {
+    let mut kind = String::new();
+    if request.server_held == Some(true) {
+        kind.push_str("  SERVER-HELD (history kept by the upstream; never rewritten)");
+    } else if request.carried.is_some() {
+        kind.push_str(
+            "  AFTER PROVIDER COMPACTION (what the provider compacted away was not sent)",
+        );
+    }
+    if let Some(asked) = &request.asked {
+        kind.push_str(&format!(
+            "\n{:>26}asked the provider: {}",
+            "",
+            strip_controls(&asked.describe())
+        ));
+    }
+    kind
 }
 
 /// A request's figures on its `audit show` line: the budget and trigger it was

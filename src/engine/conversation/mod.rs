@@ -452,6 +452,7 @@ impl Tracker {
             inline_forms: forms.inline.clone(),
             carried: base.map(|_| rest.len()),
             hooks,
+            asked: request.asked.clone(),
         })));
         self.store.append(&id, lines).await?;
         if state.known.is_empty() && base.is_none() {

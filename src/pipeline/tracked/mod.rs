@@ -65,6 +65,7 @@ pub(super) async fn run(
         authorize(state, &exchange.snap, &admission, &claims).await?;
     }
     exchange.settle();
+    exchange.note_asks();
     let (id, base, across) = exchange.identify(admission).await?;
     log.set_conversation(&id);
     let Some(tracked) = exchange.track(id, base, across).await? else {
@@ -392,6 +393,23 @@ impl<'s> Exchange<'s> {
             }
         };
         Ok((id, None, None))
+    }
+
+    /// The beta headers that switch the provider's compaction on, kept with what the
+    /// request asked of it (only a request that asked anything).
+    fn note_asks(&mut self) {
+        use crate::base::line::Asked;
+        let headers = &self.parts.headers;
+        let sent: Vec<(String, String)> = (Asked::HEADERS.iter())
+            .flat_map(|name| {
+                (headers.get_all(*name).iter())
+                    .filter_map(move |v| Some(((*name).to_owned(), v.to_str().ok()?.to_owned())))
+            })
+            .collect();
+        if self.chat.asked.is_none() && !(self.chat.provider_compacts && !sent.is_empty()) {
+            return;
+        }
+        self.chat.asked.get_or_insert_with(Box::default).headers = sent;
     }
 
     /// Phase 6, **track**: logs the new originals; `None` when they could not be logged

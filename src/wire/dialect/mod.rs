@@ -144,6 +144,9 @@ pub struct ChatRequest {
     /// `compact_*` edit or an on-demand `compaction`. handoff then compacts only a view
     /// that would not fit the window.
     pub provider_compacts: bool,
+    /// What it asked of the provider's own context management (`context_management`,
+    /// `compaction`, the compaction endpoint), kept for its request line.
+    pub asked: Option<Box<crate::base::line::Asked>>,
     /// True when the upstream holds the conversation (`previous_response_id`,
     /// `conversation`): tracked and logged, never rewritten.
     pub server_held: bool,
@@ -179,6 +182,34 @@ pub struct ChatRequest {
     /// reading found it: a rewritten body replaces those bytes without reading the
     /// body again.
     pub list: Option<std::ops::Range<usize>>,
+}
+
+/// The asks of the provider's context management a body made, when it made any:
+/// `context_management` and `compaction` as sent (a `null` is none), read as values.
+pub(crate) fn asked(
+    context_management: Option<Box<RawValue>>,
+    compaction: Option<Box<RawValue>>,
+) -> (
+    Option<Box<crate::base::line::Asked>>,
+    Option<Value>,
+    Option<Value>,
+) {
+    let present = |raw: Option<Box<RawValue>>| raw.filter(|r| r.get().trim() != "null");
+    let (context_management, compaction) = (present(context_management), present(compaction));
+    if context_management.is_none() && compaction.is_none() {
+        return (None, None, None);
+    }
+    let value = |raw: &Option<Box<RawValue>>| {
+        raw.as_ref()
+            .and_then(|r| serde_json::from_str::<Value>(r.get()).ok())
+    };
+    let values = (value(&context_management), value(&compaction));
+    let asked = crate::base::line::Asked {
+        context_management,
+        compaction,
+        ..Default::default()
+    };
+    (Some(Box::new(asked)), values.0, values.1)
 }
 
 impl ChatRequest {

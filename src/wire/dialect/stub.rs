@@ -107,6 +107,7 @@ impl Dialect for StubDialect {
             messages,
             top_level: 0,
             provider_compacts: false,
+            asked: None,
             server_held: false,
             continues: None,
             continues_conversation: false,

@@ -58,9 +58,9 @@ struct Wire<'a> {
     #[serde(default)]
     thinking: Option<Value>,
     #[serde(default)]
-    context_management: Option<Value>,
+    context_management: Option<Box<RawValue>>,
     #[serde(default)]
-    compaction: Option<Value>,
+    compaction: Option<Box<RawValue>>,
 }
 
 /// True when the request asks the API to compact: a `compact_*` edit in
@@ -188,10 +188,12 @@ impl Dialect for AnthropicMessages {
             .and_then(|t| t.get("type"))
             .and_then(Value::as_str)
             .is_some_and(|kind| kind != "disabled");
-        let provider_compacts =
-            asks_compaction(wire.context_management.as_ref(), wire.compaction.as_ref());
+        let (asked, context_management, compaction) =
+            super::asked(wire.context_management, wire.compaction);
+        let provider_compacts = asks_compaction(context_management.as_ref(), compaction.as_ref());
         Ok(ChatRequest {
             provider_compacts,
+            asked,
             dialect: DialectKind::Anthropic,
             model: wire.model.unwrap_or_default(),
             messages,

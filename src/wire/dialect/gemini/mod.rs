@@ -276,6 +276,7 @@ impl Dialect for Gemini {
             thinking,
             top_level,
             provider_compacts: false,
+            asked: None,
             server_held: false,
             continues: None,
             usage_unasked: false,

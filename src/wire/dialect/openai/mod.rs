@@ -184,6 +184,7 @@ impl Dialect for OpenAiChat {
             thinking: false,
             top_level: 0,
             provider_compacts: false,
+            asked: None,
             server_held: false,
             continues: None,
             continues_conversation: false,

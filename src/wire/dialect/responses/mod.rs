@@ -56,8 +56,11 @@ struct Wire<'a> {
     #[serde(default)]
     conversation: Option<Value>,
     #[serde(default)]
-    context_management: Option<Value>,
+    context_management: Option<Box<RawValue>>,
 }
+
+/// The provider's compaction endpoint, under the API's path.
+const COMPACT_PATH: &str = "/v1/responses/compact";
 
 /// True when `context_management` asks the server to compact (a `compaction` entry).
 fn asks_compaction(context_management: Option<&Value>) -> bool {
@@ -183,7 +186,33 @@ impl Dialect for OpenAiResponses {
     }
 
     fn tracks(&self, path: &str) -> bool {
-        path.ends_with("/v1/responses")
+        path.ends_with("/v1/responses") || path.ends_with(COMPACT_PATH)
+    }
+
+    /// A body posted to the compaction endpoint asks the provider to compact its
+    /// input: logged as such, and never compacted by handoff while it fits.
+    fn parse_at(&self, target: &str, body: &Chunks) -> Result<ChatRequest, DialectError> {
+        let mut request = self.parse_body(body)?;
+        let path = target.split('?').next().unwrap_or(target);
+        if path.ends_with(COMPACT_PATH) {
+            request.provider_compacts = true;
+            // The endpoint answers with JSON only.
+            request.stream = false;
+            request.asked.get_or_insert_with(Box::default).path = Some(path.to_owned());
+        }
+        Ok(request)
+    }
+
+    /// The API's own path for handoff's calls, never its compaction endpoint.
+    fn call_path(&self, _model: &str, target: Option<&str>) -> String {
+        let Some(target) = target else {
+            return self.path().to_owned();
+        };
+        let (path, query) = target.split_at(target.find('?').unwrap_or(target.len()));
+        match path.strip_suffix("/compact") {
+            Some(own) => format!("{own}{query}"),
+            None => target.to_owned(),
+        }
     }
 
     fn api_headers(&self) -> &'static [&'static str] {
@@ -243,7 +272,8 @@ impl Dialect for OpenAiResponses {
         }
         let top_level = messages.len();
         messages.extend(input);
-        let provider_compacts = asks_compaction(wire.context_management.as_ref())
+        let (asked, context_management, _) = super::asked(wire.context_management, None);
+        let provider_compacts = asks_compaction(context_management.as_ref())
             || (messages.last()).is_some_and(|m| m.item_type() == Some("compaction_trigger"));
         Ok(ChatRequest {
             dialect: DialectKind::Responses,
@@ -257,6 +287,7 @@ impl Dialect for OpenAiResponses {
             thinking: false,
             top_level,
             provider_compacts,
+            asked,
             server_held,
             pinned: None,
             floated: Vec::new(),
@@ -503,6 +534,27 @@ mod tests {
 
     fn parse(body: Value) -> Result<ChatRequest, DialectError> {
         OpenAiResponses.parse(body.to_string().as_bytes())
+    }
+
+    #[test]
+    fn the_compaction_endpoint_asks_the_provider_to_compact_and_is_never_called_by_handoff() {
+        assert!(OpenAiResponses.tracks("/v1/responses/compact"));
+        let body =
+            json!({"model": "m", "input": [{"role": "user", "content": "hi"}], "stream": true});
+        let body = Chunks::from(bytes::Bytes::from(body.to_string()));
+        let compact = OpenAiResponses
+            .parse_at("/openai/v1/responses/compact?api-version=1", &body)
+            .unwrap();
+        assert!(compact.provider_compacts && !compact.stream);
+        let asked = compact.asked.unwrap();
+        assert_eq!(asked.path.as_deref(), Some("/openai/v1/responses/compact"));
+        let create = OpenAiResponses.parse_at("/v1/responses", &body).unwrap();
+        assert!(!create.provider_compacts && create.asked.is_none());
+        assert_eq!(
+            OpenAiResponses.call_path("m", Some("/openai/v1/responses/compact?api-version=1")),
+            "/openai/v1/responses?api-version=1"
+        );
+        assert_eq!(OpenAiResponses.call_path("m", None), "/v1/responses");
     }
 
     #[test]
