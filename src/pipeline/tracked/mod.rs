@@ -399,6 +399,9 @@ impl<'s> Exchange<'s> {
     /// request asked of it (only a request that asked anything).
     fn note_asks(&mut self) {
         use crate::base::line::Asked;
+        if self.chat.asked.is_none() && !self.chat.provider_compacts {
+            return;
+        }
         let headers = &self.parts.headers;
         let sent: Vec<(String, String)> = (Asked::HEADERS.iter())
             .flat_map(|name| {
@@ -406,10 +409,9 @@ impl<'s> Exchange<'s> {
                     .filter_map(move |v| Some(((*name).to_owned(), v.to_str().ok()?.to_owned())))
             })
             .collect();
-        if self.chat.asked.is_none() && !(self.chat.provider_compacts && !sent.is_empty()) {
-            return;
+        if !sent.is_empty() {
+            self.chat.asked.get_or_insert_with(Box::default).headers = sent;
         }
-        self.chat.asked.get_or_insert_with(Box::default).headers = sent;
     }
 
     /// Phase 6, **track**: logs the new originals; `None` when they could not be logged
