@@ -191,50 +191,7 @@ fn run(agent: Agent, base: &str, work: &Path, files: usize) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the agent");
-    wait_bounded(child, Duration::from_secs(240))
-}
-
-/// Waits for the agent, killing it after `limit`. Its output is read while it runs:
-/// an agent that prints every file it reads would block on a full pipe.
-fn wait_bounded(mut child: std::process::Child, limit: Duration) -> Output {
-    use std::io::Read;
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut out = Vec::new();
-            if let Some(mut pipe) = pipe {
-                let _ = pipe.read_to_end(&mut out);
-            }
-            out
-        })
-    };
-    let stdout = drain(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let stderr = drain(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let deadline = std::time::Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            break child.wait().unwrap();
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    Output {
-        status,
-        stdout: stdout.join().unwrap_or_default(),
-        stderr: stderr.join().unwrap_or_default(),
-    }
+    support::wait_bounded(child, Duration::from_secs(240))
 }
 
 /// `value` in its echo form, the way handoff's echo class compares messages: without

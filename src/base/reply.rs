@@ -28,4 +28,8 @@ pub struct Assembled {
     /// the response (Responses' `previous_response_id`), or the code-execution
     /// container it ran in (Messages' `container`). Either is its tenant's from then on.
     pub response_id: Option<String>,
+    /// True when the provider says it edited the context it counted before answering
+    /// (Anthropic's `context_management.applied_edits`): its input count is not the
+    /// view's.
+    pub edited_upstream: bool,
 }

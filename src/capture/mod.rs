@@ -102,6 +102,7 @@ impl ReplyTarget {
             usage,
             sequence,
             response_id,
+            edited_upstream,
         } = assembled;
         if let Some(billed) = usage.as_ref().and_then(|u| self.dialect.get().billed(u)) {
             self.count_cost(&billed);
@@ -111,11 +112,12 @@ impl ReplyTarget {
             return Ok(());
         }
         let complete = ended == Outcome::Complete;
-        let edited = replies.iter().any(|reply| {
-            serde_json::from_str::<serde_json::Value>(reply.message.get()).is_ok_and(|value| {
-                crate::conversation::counts_upstream_edits(&value, usage.as_ref())
-            })
-        });
+        let edited = edited_upstream
+            || replies.iter().any(|reply| {
+                serde_json::from_str::<serde_json::Value>(reply.message.get()).is_ok_and(|value| {
+                    crate::conversation::counts_upstream_edits(&value, usage.as_ref())
+                })
+            });
         let calibration = self
             .estimate
             .as_ref()

@@ -138,13 +138,33 @@ impl ModelView<'_> {
     }
 
     /// Every message the view sends but the adopted compaction's pair, in the order
-    /// `estimate` counts them.
+    /// `estimate` counts them, as the provider counts them: a list it reads from its
+    /// latest compaction artefact on (what precedes it in the list is dropped), the
+    /// top-level fields always.
     fn messages(&self) -> impl Iterator<Item = &Message> {
-        self.pinned
+        let all = self
+            .pinned
             .iter()
             .map(|m| m.message)
             .chain(self.lifted.iter().copied())
-            .chain(self.live.iter())
+            .chain(self.live.iter());
+        let from = self.provider_reads_from();
+        all.enumerate()
+            .filter(move |(at, _)| *at < self.top_level || *at >= from)
+            .map(|(_, message)| message)
+    }
+
+    /// Where the provider starts reading the view's messages (pinned, lifted, live):
+    /// at its latest compaction artefact, or at the start. Only the live part and the
+    /// pinned set can hold one (a request continued after one pins what precedes it).
+    fn provider_reads_from(&self) -> usize {
+        let before_live = self.pinned.len() + self.lifted.len();
+        if let Some(at) = self.live.iter().rposition(Message::is_compacted_history) {
+            return before_live + at;
+        }
+        (self.pinned.iter())
+            .rposition(|m| m.message.is_compacted_history())
+            .unwrap_or(0)
     }
 
     /// The messages whose token count is not cached yet, shared, for counting them
@@ -441,6 +461,35 @@ mod tests {
         );
         let mut short = json!({"type": "function_call_output", "call_id": "c", "output": "ok"});
         assert!(!shorten(DialectKind::Responses, &mut short));
+    }
+
+    #[test]
+    fn the_provider_is_counted_from_its_latest_compaction_and_its_sealed_content_is_no_text() {
+        let tokens = Tokens::new(crate::dialect::text::message_text);
+        let estimate = |input: Value| {
+            let body = json!({"model": "m", "instructions": "Be brief.", "input": input});
+            let request = DialectKind::Responses
+                .get()
+                .parse(body.to_string().as_bytes())
+                .unwrap();
+            let tenant = crate::base::tenant::TenantId::parse("team").unwrap();
+            let id = crate::base::id::ConversationId::parse(tenant, "counted").unwrap();
+            let tracked = Tracked::compute(id, &request);
+            project_view(&request, &tracked, &HashMap::new()).estimate(
+                &tokens,
+                Tokenizer::Estimate,
+                0,
+            )
+        };
+        let old = json!({"role": "user", "content": "an old turn ".repeat(500)});
+        let item = |sealed: &str| json!({"type": "compaction", "encrypted_content": sealed});
+        let next = json!({"role": "user", "content": "go on"});
+        let kept = estimate(json!([item("gAAAAAB"), next]));
+        assert_eq!(estimate(json!([old, item("gAAAAAB"), next])), kept);
+        assert_eq!(estimate(json!([item(&"Qz9".repeat(4000)), next])), kept);
+        // A trigger is a control, not compacted history: all before it is counted.
+        let asking = estimate(json!([old, next, {"type": "compaction_trigger"}]));
+        assert!(asking > estimate(json!([next, {"type": "compaction_trigger"}])) + 500);
     }
 
     #[test]

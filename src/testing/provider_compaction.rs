@@ -238,7 +238,8 @@ async fn a_provider_compaction_item_is_never_inside_what_handoff_summarises() {
     .await;
     let inline = format!("{}[compaction]\nprepare_at = 0\n", config(4_000));
     let proxy = Harness::start(&mock.url(), &inline).await;
-    // Early turns, the provider's compaction item, and more turns than fit.
+    // Early turns, the provider's compaction item, and more turns after it than the
+    // trigger allows: the provider counts from the item on.
     let turns = |from: usize, to: usize| -> Vec<Value> {
         (from..to)
             .flat_map(|n| {
@@ -253,7 +254,7 @@ async fn a_provider_compaction_item_is_never_inside_what_handoff_summarises() {
         json!({"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAAA-opaque-ENC"});
     let mut input = turns(0, 4);
     input.push(compaction.clone());
-    input.extend(turns(4, 9));
+    input.extend(turns(4, 16));
     input.push(json!({"type": "message", "role": "user", "content": "go on"}));
     post(
         &proxy,

@@ -26,6 +26,7 @@ mod forgery;
 mod gemini;
 mod hook_stages;
 mod hooks;
+mod native_compaction;
 mod plugins;
 mod proxy;
 mod replies;

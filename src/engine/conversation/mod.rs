@@ -188,7 +188,7 @@ impl Tracker {
         let pinned = request.pinned_len().min(request.messages.len());
         // Nothing to look up for a request without artefacts: the common case is free.
         let carried = (request.messages[pinned..].iter().enumerate().rev())
-            .filter(|(_, m)| m.is_provider_compaction())
+            .filter(|(_, m)| m.is_compacted_history())
             .filter_map(|(at, m)| Some((pinned + at, m.echo_digest()?)));
         for (at, echo) in carried {
             let key = artefact_key(&echo);

@@ -586,6 +586,13 @@ impl Message {
         self.facts.provider_compaction
     }
 
+    /// True for the history a provider's compaction minted (an item or a block that
+    /// stands for what it compacted), not the control that asks it to compact: the
+    /// provider reads the list from the latest one on.
+    pub fn is_compacted_history(&self) -> bool {
+        self.facts.provider_compaction && self.item_type() != Some(COMPACTION_TRIGGER)
+    }
+
     /// True unless an Anthropic `tool_result` block comes after another kind of block
     /// (the Messages API wants them first).
     pub(crate) fn tool_results_lead(&self) -> bool {
@@ -608,7 +615,10 @@ fn blocks<'v>(value: &'v Value, kind: &'static str) -> impl Iterator<Item = &'v 
 /// item that asks for one, an Anthropic `compaction` content block. The provider owns
 /// them: handoff never summarises, moves or rewrites one.
 pub(super) const PROVIDER_COMPACTION: &[&str] =
-    &["compaction", "compaction_summary", "compaction_trigger"];
+    &["compaction", "compaction_summary", COMPACTION_TRIGGER];
+
+/// The Responses input item that asks the provider to compact what precedes it.
+pub(super) const COMPACTION_TRIGGER: &str = "compaction_trigger";
 
 /// True for a message that is, or carries, a provider compaction artefact.
 pub fn is_provider_compaction(value: &Value) -> bool {

@@ -21,6 +21,7 @@ use std::time::Duration;
 use http::StatusCode;
 use serde_json::{json, Value};
 
+use crate::native::{clears_thinking, compact_trigger, Refused};
 use crate::strict::{asks_continued_summary, SUMMARY_PROMPT_START};
 use crate::{Recorded, Reply};
 
@@ -34,6 +35,10 @@ pub struct StrictAnthropic {
     pub summaries: AtomicUsize,
     /// When set, summary requests get a 529 `overloaded_error`.
     pub fail_summaries: AtomicBool,
+    /// Its own compaction (`compact_20260112`), and what it minted.
+    pub compactor: crate::native::Compactor,
+    /// Requests whose old thinking it cleared (`clear_thinking_20251015`).
+    pub cleared: AtomicUsize,
 }
 
 /// An error in the Messages API's shape.
@@ -66,12 +71,33 @@ impl StrictAnthropic {
             refused: Mutex::new(Vec::new()),
             summaries: AtomicUsize::new(0),
             fail_summaries: AtomicBool::new(false),
+            compactor: crate::native::Compactor::new(0x0a2_c0de),
+            cleared: AtomicUsize::new(0),
         })
     }
 
     /// Answers one request.
     pub fn answer(&self, request: &Recorded) -> Reply {
-        let body = request.json();
+        let sent = request.json();
+        // The API reads a request from the message holding its latest compaction block.
+        let messages = sent["messages"].as_array().cloned().unwrap_or_default();
+        let window = match self.compactor.message_window(&messages) {
+            Ok(window) => window,
+            Err(Refused(error)) => {
+                let message = error["error"]["message"].as_str().unwrap_or("").to_owned();
+                return self.refuse(&message);
+            }
+        };
+        let mut body = sent.clone();
+        if !messages.is_empty() {
+            body["messages"] = Value::Array(window);
+        }
+        // Old thinking is not read when the request clears it: all but the last turn's.
+        let cleared = if clears_thinking(&body) {
+            clear_thinking(&mut body)
+        } else {
+            0
+        };
         if let Err(message) = check(&body) {
             return self.refuse(&message);
         }
@@ -110,6 +136,28 @@ impl StrictAnthropic {
         } else {
             agent_blocks(&body, serial)
         };
+        // Past the trigger of its compaction edit, the API compacts first: the reply
+        // opens with the block, and its usage counts each iteration.
+        let compacted = compact_trigger(&body)
+            .filter(|trigger| input > *trigger)
+            .map(|_| {
+                let summary = crate::strict::fact_summary(&body["messages"].to_string());
+                self.compactor.mint_block(summary)
+            });
+        let mut blocks = blocks;
+        let mut usage = json!({"input_tokens": input, "output_tokens": 12,
+                               "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0});
+        if let Some(block) = compacted {
+            blocks.insert(0, block);
+            usage["iterations"] = json!([
+                {"type": "compaction", "input_tokens": input, "output_tokens": 200},
+                {"type": "message", "input_tokens": 400, "output_tokens": 12}]);
+        }
+        let context_management = (cleared > 0).then(|| {
+            self.cleared.fetch_add(1, Ordering::SeqCst);
+            json!({"applied_edits": [{"type": "clear_thinking_20251015",
+                "cleared_thinking_turns": cleared, "cleared_input_tokens": 100 * cleared}]})
+        });
         let stop = if blocks.iter().any(|b| b["type"] == "tool_use") {
             "tool_use"
         } else {
@@ -117,18 +165,34 @@ impl StrictAnthropic {
         };
         let model = body["model"].as_str().unwrap_or("claude-mock").to_owned();
         if body["stream"] == true {
+            let mut frames = stream_events(&model, &blocks, stop, input);
+            if let Some(applied) = &context_management {
+                // The edits it applied come with the message's final delta.
+                let delta = json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null},
+                                   "usage": {"output_tokens": 12}, "context_management": applied});
+                if let Some(last) = frames
+                    .iter_mut()
+                    .rev()
+                    .find(|f| f.starts_with("event: message_delta"))
+                {
+                    *last = format!("event: message_delta\ndata: {delta}\n\n");
+                }
+            }
             Reply::Sse {
-                frames: stream_events(&model, &blocks, stop, input),
+                frames,
                 gap: Duration::ZERO,
                 cut_after: None,
             }
         } else {
-            Reply::json(json!({
+            let mut reply = json!({
                 "id": format!("msg_mock_{serial}"), "type": "message", "role": "assistant",
                 "model": model, "content": blocks, "stop_reason": stop, "stop_sequence": null,
-                "usage": {"input_tokens": input, "output_tokens": 12,
-                          "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}
-            }))
+                "usage": usage
+            });
+            if let Some(applied) = context_management {
+                reply["context_management"] = applied;
+            }
+            Reply::json(reply)
         }
     }
 
@@ -157,7 +221,7 @@ pub fn check(body: &Value) -> Result<(), String> {
     let Some(first) = messages.first() else {
         return Err("messages: at least one message is required".into());
     };
-    if first["role"] != "user" {
+    if first["role"] != "user" && crate::native::compaction_blocks(first).next().is_none() {
         return Err("messages: first message must use the \"user\" role".into());
     }
     let mut pending: HashSet<String> = HashSet::new();
@@ -217,6 +281,27 @@ pub fn check(body: &Value) -> Result<(), String> {
     Ok(())
 }
 
+/// Takes the thinking blocks out of every assistant turn but the last, as
+/// `clear_thinking_20251015` does: how many turns it cleared.
+fn clear_thinking(body: &mut Value) -> usize {
+    let Some(messages) = body["messages"].as_array_mut() else {
+        return 0;
+    };
+    let last = messages.iter().rposition(|m| m["role"] == "assistant");
+    let mut cleared = 0;
+    for (index, message) in messages.iter_mut().enumerate() {
+        if Some(index) == last || message["role"] != "assistant" {
+            continue;
+        }
+        if let Some(blocks) = message["content"].as_array_mut() {
+            let before = blocks.len();
+            blocks.retain(|b| b["type"] != "thinking" && b["type"] != "redacted_thinking");
+            cleared += usize::from(blocks.len() < before);
+        }
+    }
+    cleared
+}
+
 /// The agent's next blocks: a `tool_use` for a user's text, text after a tool result.
 fn agent_blocks(body: &Value, serial: usize) -> Vec<Value> {
     let last = body["messages"]
@@ -235,11 +320,18 @@ fn agent_blocks(body: &Value, serial: usize) -> Vec<Value> {
         .filter_map(|b| b["text"].as_str())
         .collect::<Vec<_>>()
         .join(" ");
-    vec![
-        json!({"type": "text", "text": "Let me look that up."}),
-        json!({"type": "tool_use", "id": format!("toolu_{serial:04}"), "name": "lookup",
+    let thinking = (body["thinking"]["type"] == "enabled").then(|| {
+        json!({"type": "thinking", "thinking": format!("Step {serial}: look it up."),
+               "signature": format!("sig-{serial:04}")})
+    });
+    thinking
+        .into_iter()
+        .chain([
+            json!({"type": "text", "text": "Let me look that up."}),
+            json!({"type": "tool_use", "id": format!("toolu_{serial:04}"), "name": "lookup",
                "input": {"query": question.chars().take(80).collect::<String>()}}),
-    ]
+        ])
+        .collect()
 }
 
 /// A summary that lists every `FACT-…` of the request's user message, or of the whole
@@ -275,6 +367,14 @@ pub fn stream_events(model: &str, blocks: &[Value], stop: &str, input: u64) -> V
             for part in [head, tail] {
                 events.push(event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": part}})));
             }
+        } else if block["type"] == "thinking" {
+            events.push(event("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": {"type": "thinking", "thinking": "", "signature": ""}})));
+            events.push(event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "thinking_delta", "thinking": block["thinking"]}})));
+            events.push(event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "signature_delta", "signature": block["signature"]}})));
+        } else if block["type"] == "compaction" {
+            // The block arrives whole, in one delta, after an empty start.
+            events.push(event("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": {"type": "compaction", "content": null}})));
+            events.push(event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "compaction_delta", "content": block["content"], "encrypted_content": block["encrypted_content"]}})));
         } else {
             let text = block["text"].as_str().unwrap_or("");
             events.push(event("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}})));

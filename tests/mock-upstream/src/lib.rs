@@ -17,6 +17,7 @@ pub mod anthropic;
 pub mod cache;
 pub mod fixtures;
 pub mod gemini;
+pub mod native;
 mod reply;
 pub mod responses;
 pub mod scripted;

@@ -21,6 +21,7 @@ use std::time::Duration;
 use http::StatusCode;
 use serde_json::{json, Value};
 
+use crate::native::{compacted_window, Asked, Refused};
 use crate::strict::{asks_continued_summary, SUMMARY_PROMPT_START};
 use crate::{Recorded, Reply};
 
@@ -50,6 +51,8 @@ pub struct StrictResponses {
     items: Mutex<HashMap<String, Value>>,
     /// Bytes of opaque `encrypted_content` padding on each reasoning item.
     reasoning_bytes: AtomicUsize,
+    /// Its own compaction (a trigger, `context_management`, `/responses/compact`).
+    pub compactor: crate::native::Compactor,
 }
 
 /// An error in OpenAI's shape.
@@ -83,6 +86,7 @@ impl StrictResponses {
             stored: Mutex::new(HashMap::new()),
             items: Mutex::new(HashMap::new()),
             reasoning_bytes: AtomicUsize::new(0),
+            compactor: crate::native::Compactor::new(0x0a1_c0de),
         })
     }
 
@@ -132,23 +136,63 @@ impl StrictResponses {
                 None => return self.refuse(404, None, &format!("Item with id '{id}' not found.")),
             }
         }
-        if let Err(message) = check(&items) {
+        let path = request.target.split('?').next().unwrap_or("");
+        let asked = Asked::of(path, &body, &items);
+        // The API reads the input from its latest compaction item on.
+        let (mut window, _) = match self.compactor.window(&items) {
+            Ok(window) => window,
+            Err(Refused(error)) => {
+                let message = error["error"]["message"].as_str().unwrap_or("").to_owned();
+                if let Ok(mut refused) = self.refused.lock() {
+                    refused.push(message);
+                }
+                return Reply::Json {
+                    status: StatusCode::BAD_REQUEST,
+                    body: error,
+                };
+            }
+        };
+        if asked == Asked::Trigger {
+            window.pop();
+        }
+        if let Err(message) = check(&window) {
             return self.refuse(400, None, &message);
         }
-        let input = count(&items, &body);
-        let streamed = body["stream"] == true;
+        let input = count(&window, &body);
+        let streamed = body["stream"] == true && asked != Asked::Endpoint;
         if input > self.window {
             return self.overflow(streamed, input);
         }
         let serial = self.serial.fetch_add(1, Ordering::SeqCst);
         let instructions = body["instructions"].as_str().unwrap_or("");
-        let output = if instructions.starts_with(SUMMARY_PROMPT_START)
-            || asks_continued_summary(&Value::Array(items.clone()))
-        {
-            self.summaries.fetch_add(1, Ordering::SeqCst);
-            vec![message(serial, &summary_text(&items))]
-        } else {
-            agent_items(&items, serial, self.reasoning_bytes.load(Ordering::SeqCst))
+        let output = match asked {
+            Asked::Trigger => vec![self.compactor.mint(serial)],
+            Asked::Endpoint => {
+                let output = compacted_window(&items, self.compactor.mint(serial));
+                return Reply::json(json!({
+                    "id": format!("resp_mock_{serial:04}"), "object": "response.compaction",
+                    "created_at": 1_700_000_000 + serial, "output": output,
+                    "usage": {"input_tokens": input, "input_tokens_details": {"cached_tokens": 0},
+                              "output_tokens": 120, "output_tokens_details": {"reasoning_tokens": 0},
+                              "total_tokens": input + 120}}));
+            }
+            _ if instructions.starts_with(SUMMARY_PROMPT_START)
+                || asks_continued_summary(&Value::Array(window.clone())) =>
+            {
+                self.summaries.fetch_add(1, Ordering::SeqCst);
+                vec![message(serial, &summary_text(&window))]
+            }
+            // Past the client's threshold, the API compacts before it answers.
+            Asked::Threshold(threshold) if input > threshold => {
+                let mut output = vec![self.compactor.mint(serial)];
+                output.extend(agent_items(
+                    &window,
+                    serial,
+                    self.reasoning_bytes.load(Ordering::SeqCst),
+                ));
+                output
+            }
+            _ => agent_items(&window, serial, self.reasoning_bytes.load(Ordering::SeqCst)),
         };
         let id = format!("resp_mock_{serial:04}");
         let model = body["model"].as_str().unwrap_or("gpt-mock").to_owned();

@@ -25,6 +25,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::anthropic::blocks_of;
+use crate::native::{compacted_window, Asked, Compactor, Refused};
 use crate::strict::{asks_continued_summary, fact_summary, SUMMARY_PROMPT_START};
 use crate::{Recorded, Reply};
 
@@ -65,6 +66,8 @@ pub struct ScriptedCoder {
     thought: Mutex<HashMap<String, String>>,
     /// What it saw.
     pub seen: Mutex<Seen>,
+    /// The Responses API's own compaction: what it minted.
+    pub compactor: Compactor,
 }
 
 /// The text of file `k` of `n`: ~20 KB of numbered facts.
@@ -108,6 +111,7 @@ impl ScriptedCoder {
             serial: AtomicUsize::new(0),
             thought: Mutex::new(HashMap::new()),
             seen: Mutex::new(Seen::default()),
+            compactor: Compactor::new(0x5eed_c0de),
         })
     }
 
@@ -117,7 +121,7 @@ impl ScriptedCoder {
         let path = request.target.split('?').next().unwrap_or("");
         match path {
             "/v1/messages" => self.messages(request, &body),
-            "/v1/responses" => self.responses(request, &body),
+            "/v1/responses" | "/v1/responses/compact" => self.responses(request, &body, path),
             "/v1/chat/completions" => self.chat(request, &body),
             _ if crate::gemini::generating(path).is_some() => self.gemini(request, &body, path),
             _ if path.ends_with(":countTokens") => Reply::json(json!({
@@ -322,24 +326,41 @@ impl ScriptedCoder {
 
     // ---- Responses API ------------------------------------------------------------
 
-    fn responses(&self, request: &Recorded, body: &Value) -> Reply {
-        let items: Vec<Value> = match &body["input"] {
+    fn responses(&self, request: &Recorded, body: &Value, path: &str) -> Reply {
+        let sent: Vec<Value> = match &body["input"] {
             Value::Array(items) => items.clone(),
             Value::String(text) => vec![json!({"role": "user", "content": text})],
             _ => Vec::new(),
         };
+        let asked = Asked::of(path, body, &sent);
+        // The API reads a request from its latest compaction item on.
+        let (mut items, compacted_step) = match self.compactor.window(&sent) {
+            Ok(window) => window,
+            Err(Refused(error)) => {
+                let message = error["error"]["message"].as_str().unwrap_or("").to_owned();
+                self.note(|s| s.refused.push(message));
+                return Reply::Json {
+                    status: http::StatusCode::BAD_REQUEST,
+                    body: error,
+                };
+            }
+        };
+        if asked == Asked::Trigger {
+            items.pop();
+        }
         let instructions = body["instructions"].as_str().unwrap_or("");
-        let input = count(&[&body["instructions"], &body["input"], &body["tools"]]);
+        let window = Value::Array(items.clone());
+        let input = count(&[&body["instructions"], &window, &body["tools"]]);
         let first_text = items
             .first()
             .map(|i| text_of(&i["content"]))
             .unwrap_or_default();
         if instructions.starts_with(SUMMARY_PROMPT_START)
             || first_text.starts_with(SUMMARY_PROMPT_START)
-            || asks_continued_summary(&body["input"])
+            || asks_continued_summary(&window)
         {
             self.note(|s| s.summaries.push(request.headers.clone()));
-            let text = fact_summary(&body["input"].to_string());
+            let text = fact_summary(&window.to_string());
             return self.response(body, vec![message_item(0, &text)], input);
         }
         if let Some(input) = self.over(input) {
@@ -360,26 +381,50 @@ impl ScriptedCoder {
                 body: json!({"error": {"message": message, "type": "invalid_request_error", "param": "input", "code": null}}),
             };
         }
-        if !tool_named(&body["tools"], "exec_command") {
-            return self.response(body, vec![message_item(0, "Reading notes")], input);
-        }
-        self.note(|s| s.agent_turns += 1);
         let results: Vec<String> = items
             .iter()
             .filter(|i| i["type"] == "function_call_output")
             .map(|i| text_of(&i["output"]))
             .collect();
-        let step = self.next_step(results.iter().map(String::as_str));
+        // What a compaction kept of the task: the files read before it.
+        let step = self
+            .next_step(results.iter().map(String::as_str))
+            .max(compacted_step + 1);
+        match asked {
+            Asked::Trigger => {
+                return self.response(body, vec![self.compactor.mint(step - 1)], input);
+            }
+            Asked::Endpoint => {
+                let output = compacted_window(&sent, self.compactor.mint(step - 1));
+                return Reply::json(json!({
+                    "id": format!("resp_{:05}", self.serial.fetch_add(1, Ordering::SeqCst)),
+                    "object": "response.compaction", "created_at": 1_700_000_000, "output": output,
+                    "usage": {"input_tokens": input, "output_tokens": 200, "total_tokens": input + 200,
+                              "input_tokens_details": {"cached_tokens": 0},
+                              "output_tokens_details": {"reasoning_tokens": 0}}}));
+            }
+            Asked::Threshold(_) | Asked::Nothing => {}
+        }
+        // Compacted first, when the input passed the client's threshold.
+        let mut output = match asked {
+            Asked::Threshold(threshold) if input > threshold => vec![self.compactor.mint(step - 1)],
+            _ => Vec::new(),
+        };
+        if !tool_named(&body["tools"], "exec_command") {
+            output.push(message_item(0, "Reading notes"));
+            return self.response(body, output, input);
+        }
+        self.note(|s| s.agent_turns += 1);
         let serial = self.serial.fetch_add(1, Ordering::SeqCst);
-        let output = if step > self.files {
-            vec![message_item(serial, FINAL)]
+        if step > self.files {
+            output.push(message_item(serial, FINAL));
         } else {
             let arguments = json!({"cmd": format!("cat {}", self.file_path(step))}).to_string();
-            vec![
+            output.push(
                 json!({"id": format!("fc_{serial:05}"), "type": "function_call", "status": "completed",
                         "call_id": format!("call_{serial:05}"), "name": "exec_command", "arguments": arguments}),
-            ]
-        };
+            );
+        }
         self.response(body, output, input)
     }
 

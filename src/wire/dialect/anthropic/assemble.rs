@@ -21,6 +21,16 @@ struct Reply<'a> {
     usage: Option<Value>,
     #[serde(default)]
     container: Option<Container>,
+    #[serde(default)]
+    context_management: Option<Value>,
+}
+
+/// True when a reply's `context_management` lists edits the API applied.
+fn applied_edits(context_management: Option<&Value>) -> bool {
+    context_management
+        .and_then(|c| c.get("applied_edits"))
+        .and_then(Value::as_array)
+        .is_some_and(|edits| !edits.is_empty())
 }
 
 /// The code-execution container a reply ran in: the tenant's from then on, for a later
@@ -45,6 +55,7 @@ pub(super) fn replies_from_json(body: &[u8]) -> Result<Assembled, serde_json::Er
         }],
         usage: reply.usage,
         response_id: reply.container.map(|container| container.id),
+        edited_upstream: applied_edits(reply.context_management.as_ref()),
         ..Assembled::default()
     })
 }
@@ -64,6 +75,8 @@ pub(crate) struct MessageAssembler {
     usage: Map<String, Value>,
     /// The container the reply ran in, from `message_start` or `message_delta`.
     container: Option<String>,
+    /// The API edited the context it counted (`message_delta`'s `context_management`).
+    edited: bool,
 }
 
 fn append(block: &mut Value, field: &str, piece: Option<&str>) {
@@ -146,6 +159,7 @@ impl StreamReply for MessageAssembler {
                     self.usage.extend(usage.clone());
                 }
                 self.note_container(event.pointer("/delta/container/id"));
+                self.edited |= applied_edits(event.get("context_management"));
             }
             _ => {}
         }
@@ -158,11 +172,13 @@ impl StreamReply for MessageAssembler {
             stop_reason,
             usage,
             container,
+            edited,
         } = *self;
         let usage = (!usage.is_empty()).then_some(Value::Object(usage));
         if !started {
             return Assembled {
                 usage,
+                edited_upstream: edited,
                 ..Assembled::default()
             };
         }
@@ -191,6 +207,7 @@ impl StreamReply for MessageAssembler {
             replies,
             usage,
             response_id: container,
+            edited_upstream: edited,
             ..Assembled::default()
         }
     }
@@ -281,5 +298,22 @@ mod tests {
             json!({"type": "compaction", "content": "Summary: all of it.", "encrypted_content": "EuYBCkYI"})
         );
         assert_eq!(message["content"][1]["text"], "Done.");
+    }
+
+    #[test]
+    fn a_reply_the_api_counted_after_its_own_edits_says_so() {
+        let edited = br#"{"content":[{"type":"text","text":"ok"}],"usage":{"input_tokens":3},"context_management":{"applied_edits":[{"type":"clear_thinking_20251015","cleared_thinking_turns":2}]}}"#;
+        assert!(replies_from_json(edited).unwrap().edited_upstream);
+        let none = br#"{"content":[{"type":"text","text":"ok"}],"context_management":{"applied_edits":[]}}"#;
+        assert!(!replies_from_json(none).unwrap().edited_upstream);
+        let mut assembler: Box<dyn StreamReply> = Box::<MessageAssembler>::default();
+        for event in [
+            r#"{"type":"message_start","message":{"role":"assistant","content":[],"usage":{"input_tokens":9}}}"#,
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":"ok"}}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":1},"context_management":{"applied_edits":[{"type":"clear_tool_uses_20250919","cleared_tool_uses":3}]}}"#,
+        ] {
+            assembler.push("", event);
+        }
+        assert!(assembler.finish().edited_upstream);
     }
 }

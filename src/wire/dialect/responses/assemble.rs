@@ -56,6 +56,7 @@ pub(super) fn replies_from_json(body: &[u8]) -> Result<Assembled, serde_json::Er
         usage: response.usage,
         sequence: true,
         response_id: response.id,
+        edited_upstream: false,
     })
 }
 

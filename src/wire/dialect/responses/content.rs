@@ -13,9 +13,15 @@ pub(crate) const MARKERS: Markers = Markers {
     indexed: &[],
 };
 
-/// The text of a call's id, arguments and input, an output, a reasoning item.
+/// The text of a call's id, arguments and input, an output, a reasoning item. A
+/// provider compaction item's sealed content is no text: the provider counts what it
+/// stands for, which the calibration learns from its counts.
 pub(crate) fn push_text(item: &Value, push: &mut dyn FnMut(&str)) {
+    let sealed = crate::dialect::is_provider_compaction(item);
     for key in ["call_id", "arguments", "input", "encrypted_content"] {
+        if sealed && key == "encrypted_content" {
+            continue;
+        }
         push(item.get(key).and_then(Value::as_str).unwrap_or(""));
     }
     push_content(item.get("output"), push);

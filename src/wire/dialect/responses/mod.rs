@@ -81,7 +81,7 @@ fn item_role(index: usize, item: &Value) -> Result<Role, DialectError> {
     let kind = item.get("type").and_then(Value::as_str).unwrap_or("");
     Ok(if kind.ends_with("_output") {
         Role::Tool
-    } else if kind == "compaction_trigger" {
+    } else if kind == super::message::COMPACTION_TRIGGER {
         // The client's request for a compaction, not the model's: it opens the last
         // unit, and no cut ever leaves it anywhere but last.
         Role::User
@@ -274,7 +274,8 @@ impl Dialect for OpenAiResponses {
         messages.extend(input);
         let (asked, context_management, _) = super::asked(wire.context_management, None);
         let provider_compacts = asks_compaction(context_management.as_ref())
-            || (messages.last()).is_some_and(|m| m.item_type() == Some("compaction_trigger"));
+            || (messages.last())
+                .is_some_and(|m| m.item_type() == Some(super::message::COMPACTION_TRIGGER));
         Ok(ChatRequest {
             dialect: DialectKind::Responses,
             list: reading.list_span(),

@@ -1,0 +1,172 @@
+//! Codex CLI, unmodified, configured the way most people point it at a proxy (the
+//! built-in OpenAI provider with `openai_base_url`), compacting with the provider's
+//! own compaction through handoff. When its context fills up it asks the provider to
+//! compact (`compaction_trigger`), gets one sealed `compaction` item, and goes on from
+//! its instructions, its prompt, that item and the new items. The scripted model
+//! implements that as OpenAI documents it: it refuses an item it did not mint and
+//! drops what precedes the latest one.
+//!
+//! Through handoff the session is one conversation, on one branch, never summarised
+//! by handoff, its record replaying what Codex sent byte for byte.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mock_upstream::scripted::{self, ScriptedCoder, Thinking};
+use mock_upstream::MockUpstream;
+use support::scenario::records;
+use support::{Proxy, ProxyOptions};
+
+const FILES: usize = 12;
+const WINDOW: u64 = 40_000;
+const MODEL: &str = "scripted-codex";
+const KEY: &str = "sk-codex-native-5a4b3c2d1e";
+
+fn codex() -> PathBuf {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/agents/node_modules/.bin/codex");
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/test.sh",
+        path.display()
+    );
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_compacting_with_the_provider_stays_one_conversation_through_handoff() {
+    let work = tempfile::tempdir().unwrap();
+    scripted::write_files(work.path(), FILES).unwrap();
+    let model = ScriptedCoder::new(WINDOW, FILES, work.path().to_owned(), Thinking::Some);
+    let answer = Arc::clone(&model);
+    let mock = MockUpstream::with(move |request| answer.answer(request)).await;
+    // handoff knows the same window: it would compact this session if it did not
+    // leave the provider's compaction to the provider.
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: format!("[models.\"{MODEL}\"]\ncontext_window = {WINDOW}\n"),
+            ..ProxyOptions::default()
+        },
+    );
+    let hop = support::hop::Hop::start(&proxy.url()).await;
+
+    let home = work.path().join(".home");
+    let codex_home = home.join(".codex");
+    std::fs::create_dir_all(&codex_home).unwrap();
+    // Only Codex's documented settings: the built-in provider's base URL, the model's
+    // window and Codex's own compaction limit; nonessential traffic off.
+    std::fs::write(
+        codex_home.join("config.toml"),
+        format!(
+            "model = \"{MODEL}\"\nopenai_base_url = \"{}/v1\"\n\
+             check_for_update_on_startup = false\n\
+             model_context_window = {WINDOW}\nmodel_auto_compact_token_limit = 16000\n\
+             [analytics]\nenabled = false\n[feedback]\nenabled = false\n",
+            hop.url()
+        ),
+    )
+    .unwrap();
+    let child = Command::new(codex())
+        .args([
+            "exec",
+            "--skip-git-repo-check",
+            "--ephemeral",
+            &scripted::task_prompt(FILES),
+        ])
+        .current_dir(work.path())
+        .env("HOME", &home)
+        .env("CODEX_HOME", &codex_home)
+        .env("CODEX_API_KEY", KEY)
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start codex");
+    let output =
+        tokio::task::spawn_blocking(move || support::wait_bounded(child, Duration::from_secs(240)))
+            .await
+            .unwrap();
+    let context = format!(
+        "exit {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}\n--- handoff ---\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+        proxy.logs()
+    );
+    assert!(output.status.success(), "{context}");
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains(scripted::FINAL),
+        "{context}"
+    );
+
+    // The provider compacted; handoff did not, and never summarised its item.
+    let provider_compactions = model.compactor.compactions.load(Ordering::SeqCst);
+    {
+        let seen = model.seen.lock().unwrap();
+        assert!(
+            seen.over_window.is_empty(),
+            "{:?}\n{context}",
+            seen.over_window
+        );
+        assert!(seen.refused.is_empty(), "{:?}\n{context}", seen.refused);
+        assert!(seen.summaries.is_empty(), "handoff summarised\n{context}");
+    }
+    assert!(
+        provider_compactions >= 1,
+        "Codex never compacted\n{context}"
+    );
+    // Each trigger reached the provider last in its request, as Codex put it.
+    let triggers = (mock.requests().iter())
+        .filter(|r| {
+            r.json()["input"]
+                .as_array()
+                .and_then(|i| i.last())
+                .is_some_and(|i| i["type"] == "compaction_trigger")
+        })
+        .count();
+    assert_eq!(triggers, provider_compactions, "{context}");
+
+    let listed = proxy.conversations();
+    assert_eq!(listed.len(), 1, "one conversation: {listed:?}");
+    let id = listed[0]["id"].as_str().unwrap().to_owned();
+    assert!(
+        listed[0]["branches"].as_u64().unwrap() <= 2,
+        "{}",
+        listed[0]
+    );
+    assert!(records(&proxy, &id).is_empty(), "handoff compacted too");
+    support::hop::assert_replay_exact(&proxy, &id, &hop.sent());
+    proxy.assert_verified(&[&id]);
+    let shown = proxy.audit(&["show", &id]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.matches("PROVIDER COMPACTION").count() >= 2 * provider_compactions,
+        "each trigger and each item is marked: {shown}"
+    );
+    println!(
+        "NATIVE-ROW | Codex CLI (compaction_trigger) | {} | {provider_compactions} | 0 | {} | exact |",
+        hop.sent().len(),
+        listed[0]["branches"]
+    );
+    // The key never reaches disk, nor the logs.
+    let found = Command::new("grep")
+        .args(["-rl", KEY])
+        .arg(proxy.dir())
+        .output()
+        .unwrap();
+    assert!(
+        found.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&found.stdout)
+    );
+    assert!(!proxy.logs().contains(KEY));
+}

@@ -1,0 +1,156 @@
+//! The providers' own compaction through the real binary, driven by the official
+//! SDKs against strict providers that compact as their APIs document: the session
+//! stays one conversation on at most two branches, handoff never compacts what the
+//! provider keeps under the window, and the record replays what the SDK sent.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::atomic::Ordering;
+
+use crate::support::scenario::{estimate_model, records, run_client, serve_strict};
+use crate::support::Proxy;
+use mock_upstream::anthropic::StrictAnthropic;
+use mock_upstream::responses::StrictResponses;
+use serde_json::Value;
+
+const WINDOW: u64 = 8000;
+
+/// One openai SDK session in `mode` (`context_management` past `threshold`, or
+/// `compact` every third turn) through handoff: its figures for BENCHMARKS.md.
+async fn openai_session(mode: &str, threshold: u64) {
+    let strict = StrictResponses::new(WINDOW);
+    let mock = serve_strict(&strict, StrictResponses::answer).await;
+    let data = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start_with(&mock.url(), estimate_model(data.path(), "gpt-mock", WINDOW));
+    let ran = run_client(
+        &proxy,
+        "openai_native_compaction.py",
+        &[mode, "12", &threshold.to_string()],
+    )
+    .await;
+    let compactions = ran["compactions"].as_u64().unwrap();
+    assert!(compactions >= 2, "{mode}: {ran}");
+    assert_eq!(
+        strict.compactor.compactions.load(Ordering::SeqCst) as u64,
+        compactions,
+        "{mode}: every compaction is the provider's"
+    );
+    let refused = strict.refused.lock().unwrap().clone();
+    assert!(
+        refused.is_empty(),
+        "{mode}: the provider refused {refused:?}"
+    );
+    assert_eq!(
+        strict.summaries.load(Ordering::SeqCst),
+        0,
+        "{mode}: handoff summarised a session the provider keeps under the window"
+    );
+
+    let listed = proxy.conversations();
+    assert_eq!(listed.len(), 1, "{mode}: one conversation: {listed:?}");
+    let id = listed[0]["id"].as_str().unwrap().to_owned();
+    let branches = listed[0]["branches"].as_u64().unwrap();
+    assert!(branches <= 2, "{mode}: {}", listed[0]);
+    assert!(records(&proxy, &id).is_empty(), "{mode}: handoff compacted");
+    // The last request replays as the SDK sent it, its reply after it.
+    let sent = ran["replay"].as_array().unwrap();
+    let replayed = proxy.replay(&id, None);
+    assert!(replayed.len() > sent.len(), "{mode}");
+    assert_eq!(&replayed[..sent.len()], sent.as_slice(), "{mode}");
+    proxy.assert_verified(&[&id]);
+    let shown = proxy.audit(&["show", &id]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("PROVIDER COMPACTION"), "{mode}: {shown}");
+    assert!(shown.contains("asked the provider"), "{mode}: {shown}");
+    println!(
+        "NATIVE-ROW | openai SDK ({mode}) | {} | {compactions} | 0 | {branches} | exact |",
+        ran["requests"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_openai_sdk_session_with_context_management_compaction_is_one_conversation() {
+    openai_session("context_management", 3000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_openai_sdk_session_that_calls_responses_compact_is_one_conversation() {
+    openai_session("compact", 0).await;
+}
+
+/// One anthropic SDK session in `mode` (`compact`, `compact_stream`, `clear_thinking`)
+/// of `turns` turns through handoff.
+async fn anthropic_session(mode: &str, turns: u32) {
+    let strict = StrictAnthropic::new(WINDOW);
+    let mock = serve_strict(&strict, StrictAnthropic::answer).await;
+    let data = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        estimate_model(data.path(), "claude-mock", WINDOW),
+    );
+    let ran = run_client(
+        &proxy,
+        "anthropic_native_compaction.py",
+        &[mode, &turns.to_string(), "3000"],
+    )
+    .await;
+    let compactions = ran["compactions"].as_u64().unwrap();
+    assert_eq!(
+        strict.compactor.compactions.load(Ordering::SeqCst) as u64,
+        compactions,
+        "{mode}"
+    );
+    if mode == "clear_thinking" {
+        assert!(strict.cleared.load(Ordering::SeqCst) > 0, "{mode}: {ran}");
+    } else {
+        assert!(compactions >= 2, "{mode}: {ran}");
+    }
+    let refused = strict.refused.lock().unwrap().clone();
+    assert!(
+        refused.is_empty(),
+        "{mode}: the provider refused {refused:?}"
+    );
+    assert_eq!(
+        strict.summaries.load(Ordering::SeqCst),
+        0,
+        "{mode}: handoff summarised"
+    );
+
+    let listed = proxy.conversations();
+    assert_eq!(listed.len(), 1, "{mode}: {listed:?}");
+    let id = listed[0]["id"].as_str().unwrap().to_owned();
+    let branches = listed[0]["branches"].as_u64().unwrap();
+    assert!(branches <= 2, "{mode}: {}", listed[0]);
+    assert!(records(&proxy, &id).is_empty(), "{mode}: handoff compacted");
+    let sent = ran["replay"].as_array().unwrap();
+    let replayed = proxy.replay(&id, None);
+    assert_eq!(&replayed[..sent.len()], sent.as_slice(), "{mode}");
+    // Each compaction block is logged as the SDK assembled it, streamed or not.
+    let logged: Vec<Value> = (replayed.iter())
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .filter(|b| b["type"] == "compaction")
+        .collect();
+    let assembled = ran["blocks"].as_array().unwrap();
+    for block in assembled {
+        assert!(logged.contains(block), "{mode}: {block} is not in the log");
+    }
+    proxy.assert_verified(&[&id]);
+    // Its request lines keep what it asked, beta header included.
+    let shown = proxy.audit(&["show", &id]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("anthropic-beta:"), "{mode}: {shown}");
+    println!(
+        "NATIVE-ROW | anthropic SDK ({mode}) | {} | {compactions} | 0 | {branches} | exact |",
+        ran["requests"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_sdk_session_with_the_compact_edit_is_one_conversation() {
+    anthropic_session("compact", 12).await;
+    anthropic_session("compact_stream", 12).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_sdk_session_that_clears_old_thinking_is_one_conversation() {
+    anthropic_session("clear_thinking", 4).await;
+}
