@@ -536,17 +536,7 @@ async fn through_handoff_with(
     }
 
     // The key never reaches disk, nor the logs (access lines included).
-    let found = Command::new("grep")
-        .args(["-rl", KEY])
-        .arg(proxy.dir())
-        .output()
-        .unwrap();
-    assert!(
-        found.stdout.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&found.stdout)
-    );
-    assert!(!proxy.logs().contains(KEY));
+    proxy.assert_secret_nowhere(KEY);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

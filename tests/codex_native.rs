@@ -158,15 +158,5 @@ async fn codex_compacting_with_the_provider_stays_one_conversation_through_hando
         listed[0]["branches"]
     );
     // The key never reaches disk, nor the logs.
-    let found = Command::new("grep")
-        .args(["-rl", KEY])
-        .arg(proxy.dir())
-        .output()
-        .unwrap();
-    assert!(
-        found.stdout.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&found.stdout)
-    );
-    assert!(!proxy.logs().contains(KEY));
+    proxy.assert_secret_nowhere(KEY);
 }

@@ -14,6 +14,27 @@ use serde_json::Value;
 
 const WINDOW: u64 = 8000;
 
+/// Asserts what every session of `mode` keeps: one conversation, at most two branches,
+/// no compaction of handoff's, the last request (`ran["replay"]`) replayed as sent,
+/// `audit verify` clean. Its branches, its replay, and what `audit show` prints.
+fn one_session(proxy: &Proxy, mode: &str, ran: &Value) -> (u64, Vec<Value>, String) {
+    let listed = proxy.conversations();
+    assert_eq!(listed.len(), 1, "{mode}: one conversation: {listed:?}");
+    let id = listed[0]["id"].as_str().unwrap().to_owned();
+    let branches = listed[0]["branches"].as_u64().unwrap();
+    assert!(branches <= 2, "{mode}: {}", listed[0]);
+    assert!(records(proxy, &id).is_empty(), "{mode}: handoff compacted");
+    // The last request replays as the SDK sent it, its reply after it.
+    let sent = ran["replay"].as_array().unwrap();
+    let replayed = proxy.replay(&id, None);
+    assert!(replayed.len() > sent.len(), "{mode}");
+    assert_eq!(&replayed[..sent.len()], sent.as_slice(), "{mode}");
+    proxy.assert_verified(&[&id]);
+    let shown = proxy.audit(&["show", &id]);
+    let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
+    (branches, replayed, shown)
+}
+
 /// One openai SDK session in `mode` (`context_management` past `threshold`, or
 /// `compact` every third turn) through handoff: its figures for BENCHMARKS.md.
 async fn openai_session(mode: &str, threshold: u64) {
@@ -45,20 +66,7 @@ async fn openai_session(mode: &str, threshold: u64) {
         "{mode}: handoff summarised a session the provider keeps under the window"
     );
 
-    let listed = proxy.conversations();
-    assert_eq!(listed.len(), 1, "{mode}: one conversation: {listed:?}");
-    let id = listed[0]["id"].as_str().unwrap().to_owned();
-    let branches = listed[0]["branches"].as_u64().unwrap();
-    assert!(branches <= 2, "{mode}: {}", listed[0]);
-    assert!(records(&proxy, &id).is_empty(), "{mode}: handoff compacted");
-    // The last request replays as the SDK sent it, its reply after it.
-    let sent = ran["replay"].as_array().unwrap();
-    let replayed = proxy.replay(&id, None);
-    assert!(replayed.len() > sent.len(), "{mode}");
-    assert_eq!(&replayed[..sent.len()], sent.as_slice(), "{mode}");
-    proxy.assert_verified(&[&id]);
-    let shown = proxy.audit(&["show", &id]);
-    let shown = String::from_utf8_lossy(&shown.stdout);
+    let (branches, _, shown) = one_session(&proxy, mode, &ran);
     assert!(shown.contains("PROVIDER COMPACTION"), "{mode}: {shown}");
     assert!(shown.contains("asked the provider"), "{mode}: {shown}");
     println!(
@@ -115,15 +123,7 @@ async fn anthropic_session(mode: &str, turns: u32) {
         "{mode}: handoff summarised"
     );
 
-    let listed = proxy.conversations();
-    assert_eq!(listed.len(), 1, "{mode}: {listed:?}");
-    let id = listed[0]["id"].as_str().unwrap().to_owned();
-    let branches = listed[0]["branches"].as_u64().unwrap();
-    assert!(branches <= 2, "{mode}: {}", listed[0]);
-    assert!(records(&proxy, &id).is_empty(), "{mode}: handoff compacted");
-    let sent = ran["replay"].as_array().unwrap();
-    let replayed = proxy.replay(&id, None);
-    assert_eq!(&replayed[..sent.len()], sent.as_slice(), "{mode}");
+    let (branches, replayed, shown) = one_session(&proxy, mode, &ran);
     // Each compaction block is logged as the SDK assembled it, streamed or not.
     let logged: Vec<Value> = (replayed.iter())
         .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
@@ -133,10 +133,7 @@ async fn anthropic_session(mode: &str, turns: u32) {
     for block in assembled {
         assert!(logged.contains(block), "{mode}: {block} is not in the log");
     }
-    proxy.assert_verified(&[&id]);
     // Its request lines keep what it asked, beta header included.
-    let shown = proxy.audit(&["show", &id]);
-    let shown = String::from_utf8_lossy(&shown.stdout);
     assert!(shown.contains("anthropic-beta:"), "{mode}: {shown}");
     println!(
         "NATIVE-ROW | anthropic SDK ({mode}) | {} | {compactions} | 0 | {branches} | exact |",

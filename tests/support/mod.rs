@@ -234,6 +234,22 @@ impl Proxy {
             .expect("run handoff")
     }
 
+    /// Asserts that `secret` (a client's key) is in no file of the proxy's directory,
+    /// the log of originals included, nor in its logs (access lines included).
+    pub fn assert_secret_nowhere(&self, secret: &str) {
+        let found = std::process::Command::new("grep")
+            .args(["-rl", secret])
+            .arg(self.dir())
+            .output()
+            .unwrap();
+        assert!(
+            found.stdout.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&found.stdout)
+        );
+        assert!(!self.logs().contains(secret));
+    }
+
     /// Asserts that `audit verify ARGS` finds no problem.
     pub fn assert_verified(&self, args: &[&str]) {
         let mut all = vec!["verify"];
