@@ -8,8 +8,9 @@ edit (beta `context-management-2025-06-27`), requests alternating plain and stre
 Any SDK error fails the run.
 
 Usage: anthropic_native_compaction.py MODE TURNS THRESHOLD   (HANDOFF_URL in the environment)
-Prints {"requests", "compactions", "replay", "blocks"}: `replay` is the message list
-of the last request; `blocks` each compaction block as the SDK assembled it.
+Prints {"requests", "compactions", "replay", "sent", "blocks"}: `replay` is the message
+list of the last request, `sent` that of each, in order; `blocks` each compaction block
+as the SDK assembled it.
 """
 import json
 import os
@@ -29,12 +30,14 @@ messages = []
 requests = 0
 blocks = []
 last_sent = []
+sent = []
 
 
 def ask():
     global requests, last_sent
     requests += 1
     last_sent = plain(messages)
+    sent.append(last_sent)
     kwargs = dict(model="claude-mock", max_tokens=512, system="You are a meticulous agent.",
                   tools=TOOLS, messages=messages)
     if mode == "clear_thinking":
@@ -66,5 +69,5 @@ for turn in range(1, turns + 1):
             {"type": "tool_result", "tool_use_id": c.id, "content": f"Result of step {turn}: {FILLER}"}
             for c in calls]})
 
-json.dump({"requests": requests, "compactions": len(blocks), "replay": last_sent, "blocks": blocks},
-          sys.stdout)
+json.dump({"requests": requests, "compactions": len(blocks), "replay": last_sent, "sent": sent,
+           "blocks": blocks}, sys.stdout)

@@ -9,7 +9,8 @@ Requests alternate between streamed and plain; `store=False`; the SDK's own outp
 items go back exactly as it returned them. Any SDK error fails the run.
 
 Usage: openai_native_compaction.py MODE TURNS THRESHOLD   (HANDOFF_URL in the environment)
-Prints {"requests", "compactions", "replay"}: `replay` is the input of the last request.
+Prints {"requests", "compactions", "replay", "sent"}: `replay` is the input of the last
+request, `sent` the input of each, in order.
 """
 import json
 import os
@@ -33,12 +34,14 @@ items = []
 requests = 0
 compactions = 0
 last_input = []
+sent = []
 
 
 def ask():
     global requests, last_input
     requests += 1
     last_input = plain(items)
+    sent.append(last_input)
     kwargs = dict(model="gpt-mock", instructions="You are a meticulous agent.", tools=TOOLS,
                   input=items, store=False)
     if mode == "context_management":
@@ -69,6 +72,7 @@ for turn in range(1, turns + 1):
     if mode == "compact" and turn % 3 == 0:
         requests += 1
         last_input = plain(items)
+        sent.append(last_input)
         compacted = client.responses.compact(model="gpt-mock", input=items,
                                              instructions="You are a meticulous agent.")
         items = list(compacted.output)
@@ -84,4 +88,5 @@ for turn in range(1, turns + 1):
             items.append({"type": "function_call_output", "call_id": call.call_id,
                           "output": f"Result of step {turn}: {FILLER}"})
 
-json.dump({"requests": requests, "compactions": compactions, "replay": last_input}, sys.stdout)
+json.dump({"requests": requests, "compactions": compactions, "replay": last_input, "sent": sent},
+          sys.stdout)

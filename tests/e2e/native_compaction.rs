@@ -15,8 +15,8 @@ use serde_json::Value;
 const WINDOW: u64 = 8000;
 
 /// Asserts what every session of `mode` keeps: one conversation, at most two branches,
-/// no compaction of handoff's, the last request (`ran["replay"]`) replayed as sent,
-/// `audit verify` clean. Its branches, its replay, and what `audit show` prints.
+/// no compaction of handoff's, the last request (`ran["replay"]`) and each before it
+/// (`ran["sent"]`) replayed as sent, `audit verify` clean. Its branches, its replay, and what `audit show` prints.
 fn one_session(proxy: &Proxy, mode: &str, ran: &Value) -> (u64, Vec<Value>, String) {
     let listed = proxy.conversations();
     assert_eq!(listed.len(), 1, "{mode}: one conversation: {listed:?}");
@@ -29,6 +29,18 @@ fn one_session(proxy: &Proxy, mode: &str, ran: &Value) -> (u64, Vec<Value>, Stri
     let replayed = proxy.replay(&id, None);
     assert!(replayed.len() > sent.len(), "{mode}");
     assert_eq!(&replayed[..sent.len()], sent.as_slice(), "{mode}");
+    // And so does each request before it.
+    for (number, input) in ran["sent"].as_array().unwrap().iter().enumerate() {
+        let number = (number + 1).to_string();
+        let out = proxy.audit(&["replay", &id, "--request", &number]);
+        let replayed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+        let input = input.as_array().unwrap();
+        assert_eq!(
+            &replayed[..input.len()],
+            input.as_slice(),
+            "{mode}: request {number}"
+        );
+    }
     proxy.assert_verified(&[&id]);
     let shown = proxy.audit(&["show", &id]);
     let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
