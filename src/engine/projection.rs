@@ -79,6 +79,9 @@ pub struct ModelView<'a> {
     pub rescued: Vec<ShortenedBody>,
     /// Where the list lies in the request body, if the reading found it.
     pub list: Option<std::ops::Range<usize>>,
+    /// The request carries history a provider's compaction minted, which the
+    /// provider reads the list from ([`ChatRequest::compacted_history`]).
+    pub compacted_history: bool,
 }
 
 impl ModelView<'_> {
@@ -149,15 +152,17 @@ impl ModelView<'_> {
             .chain(self.lifted.iter().copied())
             .chain(self.live.iter());
         let from = self.provider_reads_from();
-        all.enumerate()
-            .filter(move |(at, _)| *at < self.top_level || *at >= from)
-            .map(|(_, message)| message)
+        let top = self.top_level.min(from);
+        all.clone().take(top).chain(all.skip(from.max(top)))
     }
 
     /// Where the provider starts reading the view's messages (pinned, lifted, live):
     /// at its latest compaction artefact, or at the start. Only the live part and the
     /// pinned set can hold one (a request continued after one pins what precedes it).
     fn provider_reads_from(&self) -> usize {
+        if !self.compacted_history {
+            return 0;
+        }
         let before_live = self.pinned.len() + self.lifted.len();
         if let Some(at) = self.live.iter().rposition(Message::is_compacted_history) {
             return before_live + at;
@@ -427,6 +432,7 @@ pub fn project_view<'a>(
         live_digests: Cow::Borrowed(&tracked.message_digests[live_start..]),
         live_start,
         list: request.list.clone(),
+        compacted_history: request.compacted_history,
     }
 }
 

@@ -185,8 +185,11 @@ impl Tracker {
         tenant: &TenantId,
         request: &ChatRequest,
     ) -> Result<Option<Across>, StoreError> {
-        let pinned = request.pinned_len().min(request.messages.len());
         // Nothing to look up for a request without artefacts: the common case is free.
+        if !request.compacted_history {
+            return Ok(None);
+        }
+        let pinned = request.pinned_len().min(request.messages.len());
         let carried = (request.messages[pinned..].iter().enumerate().rev())
             .filter(|(_, m)| m.is_compacted_history())
             .filter_map(|(at, m)| Some((pinned + at, m.echo_digest()?)));

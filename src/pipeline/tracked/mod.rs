@@ -346,6 +346,7 @@ impl<'s> Exchange<'s> {
         // gone. Looked up only for a request that carries one.
         let across = match continued {
             Some(_) => None,
+            None if !self.chat.compacted_history => None,
             None => self
                 .state
                 .tracker

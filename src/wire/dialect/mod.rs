@@ -144,6 +144,9 @@ pub struct ChatRequest {
     /// `compact_*` edit or an on-demand `compaction`. handoff then compacts only a view
     /// that would not fit the window.
     pub provider_compacts: bool,
+    /// True when a message is, or carries, history a provider's compaction minted:
+    /// only then is the list read from the latest one on, and looked up across it.
+    pub compacted_history: bool,
     /// What it asked of the provider's own context management (`context_management`,
     /// `compaction`, the compaction endpoint), kept for its request line.
     pub asked: Option<Box<crate::base::line::Asked>>,

@@ -249,6 +249,8 @@ pub(super) struct Reading<'b> {
     span: Cell<Option<(usize, usize)>>,
     /// The text serde read with the values it repeats held out, when it had some.
     held: OnceCell<Held>,
+    /// A message read is history a provider's compaction minted.
+    compacted: Cell<bool>,
 }
 
 impl<'b> Reading<'b> {
@@ -264,6 +266,7 @@ impl<'b> Reading<'b> {
             whole: Cell::new(false),
             span: Cell::new(None),
             held: OnceCell::new(),
+            compacted: Cell::new(false),
         };
         // A short body never touches the memos (nor makes them, on a small-only load).
         if body.len() < DIGESTED_FROM {
@@ -446,9 +449,14 @@ impl<'b> Reading<'b> {
                     rule: "the reused messages no longer fit the body".into(),
                 })?;
             }
+            // Noted as each is read, while its facts are at hand: no pass of its own.
+            let mut compacted = false;
             messages.extend(reused.iter().zip(raws).map(|(mark, raw)| {
-                Message::known(RawMessage::shared(raw), Arc::clone(&mark.facts))
+                let message = Message::known(RawMessage::shared(raw), Arc::clone(&mark.facts));
+                compacted |= message.is_compacted_history();
+                message
             }));
+            self.compacted.set(compacted);
         }
         let mut spans = Vec::with_capacity(list.len());
         for (index, element) in list.iter().enumerate() {
@@ -457,7 +465,11 @@ impl<'b> Reading<'b> {
                 Some(bytes) => RawMessage::shared(bytes),
                 None => RawMessage::from(element.get().to_owned()),
             };
-            messages.push(read(reused.len() + index, raw)?);
+            let message = read(reused.len() + index, raw)?;
+            if message.is_compacted_history() {
+                self.compacted.set(true);
+            }
+            messages.push(message);
             spans.push(span);
         }
         let first = reused
@@ -473,6 +485,12 @@ impl<'b> Reading<'b> {
         }
         self.remember(reuse, &messages[reused.len()..], &spans);
         Ok(messages)
+    }
+
+    /// True when a message [`Reading::messages`] read is history a provider's
+    /// compaction minted ([`Message::is_compacted_history`]).
+    pub(super) fn compacted_history(&self) -> bool {
+        self.compacted.get()
     }
 
     /// The list's span in the body, `[` to `]`, once [`Reading::messages`] read a

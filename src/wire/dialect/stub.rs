@@ -108,6 +108,7 @@ impl Dialect for StubDialect {
             top_level: 0,
             provider_compacts: false,
             asked: None,
+            compacted_history: false,
             server_held: false,
             continues: None,
             continues_conversation: false,

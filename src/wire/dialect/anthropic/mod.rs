@@ -194,6 +194,7 @@ impl Dialect for AnthropicMessages {
         Ok(ChatRequest {
             provider_compacts,
             asked,
+            compacted_history: reading.compacted_history(),
             dialect: DialectKind::Anthropic,
             model: wire.model.unwrap_or_default(),
             messages,

@@ -277,6 +277,7 @@ impl Dialect for Gemini {
             top_level,
             provider_compacts: false,
             asked: None,
+            compacted_history: false,
             server_held: false,
             continues: None,
             usage_unasked: false,

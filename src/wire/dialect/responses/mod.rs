@@ -289,6 +289,7 @@ impl Dialect for OpenAiResponses {
             top_level,
             provider_compacts,
             asked,
+            compacted_history: reading.compacted_history(),
             server_held,
             pinned: None,
             floated: Vec::new(),
