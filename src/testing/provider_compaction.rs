@@ -582,3 +582,109 @@ async fn a_compact_call_is_logged_as_the_providers_compaction_and_the_next_reque
         assert_eq!(replayed, expected, "request {number}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_providers_compaction_handoff_compacts_what_follows_the_item_kept_first() {
+    let sealed = json!({"type": "compaction", "encrypted_content": "gAAAAA-once"});
+    let minted = {
+        let mut item = sealed.clone();
+        item["id"] = json!("cmp_1");
+        item
+    };
+    let mock = MockUpstream::with(move |request: &Recorded| {
+        let body = request.json();
+        if request.target.ends_with("/responses/compact") {
+            return Reply::json(json!({"id": "resp_c", "object": "response.compaction", "created_at": 1,
+                "output": [body["input"][0], minted],
+                "usage": null}));
+        }
+        let text = if mock_upstream::strict::is_summary(&body) {
+            "## Goal\nKeep going.\n## Completed work\nSome.\n## Pending work\nNone.\n## State in progress\nNone.\n## Files, commands and tests\nNone.\n## Key tool results\nNone.\n## User preferences and constraints\nNone.\n## Risks and next checks\nNone."
+        } else {
+            "noted"
+        };
+        // No usage: the counts stay handoff's own, uncalibrated.
+        let mut reply = response(json!([{"type": "message", "role": "assistant",
+            "content": [{"type": "output_text", "text": text}]}]));
+        reply["usage"] = Value::Null;
+        Reply::json(reply)
+    })
+    .await;
+    let inline = format!("{}[compaction]\nprepare_at = 0\n", config(4_000));
+    let proxy = Harness::start(&mock.url(), &inline).await;
+    let user = |n: usize| json!({"type": "message", "role": "user", "content": format!("FACT-{n} {}", "word ".repeat(300))});
+    let noted = json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "noted"}]});
+    post(
+        &proxy,
+        "/v1/responses",
+        "after",
+        &json!({"model": "gpt-mock", "input": [user(0)]}),
+    )
+    .await;
+    // The client compacts once with the provider, then goes on without asking again.
+    let compacted = post(
+        &proxy,
+        "/v1/responses/compact",
+        "after",
+        &json!({"model": "gpt-mock", "input": [user(0), noted.clone(), user(1)]}),
+    )
+    .await;
+    let mut input: Vec<Value> = compacted["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .cloned()
+        .map(echoed)
+        .collect();
+    for n in 2..14 {
+        input.push(user(n));
+        input.push(noted.clone());
+    }
+    input.push(json!({"type": "message", "role": "user", "content": "go on"}));
+    post(
+        &proxy,
+        "/v1/responses",
+        "after",
+        &json!({"model": "gpt-mock", "input": input}),
+    )
+    .await;
+    let bodies: Vec<Value> = mock.requests().iter().map(Recorded::json).collect();
+    let summaries: Vec<&Value> = bodies
+        .iter()
+        .filter(|b| mock_upstream::strict::is_summary(b))
+        .collect();
+    assert!(
+        !summaries.is_empty(),
+        "handoff compacted what followed the item"
+    );
+    for body in &summaries {
+        assert!(!body.to_string().contains("gAAAAA-once"), "{body}");
+    }
+    let sent = bodies
+        .iter()
+        .rev()
+        .find(|b| !mock_upstream::strict::is_summary(b))
+        .unwrap();
+    let items = sent["input"].as_array().unwrap();
+    assert_eq!(
+        items[..2],
+        [user(0), sealed],
+        "what the client kept, and the item, first"
+    );
+    assert!(
+        items[3].to_string().contains("## Goal"),
+        "then the handoff pair: {items:?}"
+    );
+    assert_eq!(branches(&proxy, "after").await, 1);
+    let replayed = proxy
+        .audit("after", |audit, id, tenant, out| {
+            audit.replay(id, Some(tenant), None, None, out, &mut Vec::new())
+        })
+        .await;
+    let replayed: Vec<Value> = serde_json::from_str(&replayed).unwrap();
+    assert_eq!(
+        replayed[..input.len()],
+        input,
+        "the record holds what the client sent"
+    );
+}

@@ -342,10 +342,11 @@ impl Tracker {
             let mut digests = message_digests.clone();
             let rest = &request.messages[pinned_len..];
             if state.known_prefix(rest, &mut digests, &mut prefix, None) <= skipped {
-                pinned_len = across.at;
-                base = across.base;
-                message_digests.drain(..skipped);
-                keys.drain(..skipped);
+                let (at, after) = state.after_artefact(&request.messages, across);
+                base = after;
+                message_digests.drain(..at - pinned_len);
+                keys.drain(..at - pinned_len);
+                pinned_len = at;
             }
         }
         let (pinned, rest) = request.messages.split_at(pinned_len);
@@ -698,8 +699,9 @@ pub struct Across {
     /// The logged artefact's parent: the request's items from the artefact on follow it.
     pub base: Option<PrefixDigest>,
     /// The artefact's index in the request's messages: what the client re-sent before
-    /// it (its instructions, the user turns a compaction keeps) is logged as its
-    /// pinned set, the provider's to keep, never handoff's to compact.
+    /// it (its instructions, the user turns a compaction keeps), and a standalone item
+    /// itself, are logged as its pinned set, the provider's to keep, never handoff's
+    /// to compact.
     pub at: usize,
 }
 

@@ -304,6 +304,32 @@ impl ConversationState {
                 .is_some()
     }
 
+    /// Where a request that continues after the provider compaction `across` starts
+    /// its chain: how many of its messages are its pinned set, and the prefix the rest
+    /// follows. A standalone compaction item (Responses') is pinned with what the client
+    /// kept before it, so the chain goes on after it and handoff may compact what
+    /// follows, the item kept first; a message that carries a compaction block among
+    /// others (Anthropic's) stays in the chain, after its parent, with its blocks.
+    pub(super) fn after_artefact(
+        &self,
+        messages: &[Message],
+        across: &super::Across,
+    ) -> (usize, Option<PrefixDigest>) {
+        let Some(artefact) = messages.get(across.at) else {
+            return (across.at, across.base);
+        };
+        let standalone = artefact.item_type().is_some_and(|kind| kind != "message");
+        if standalone && across.at + 1 < messages.len() {
+            let mut digest = [artefact.digest()];
+            let mut prefix = [next_prefix(across.base.as_ref(), &digest[0])];
+            let artefact = std::slice::from_ref(artefact);
+            if self.known_prefix(artefact, &mut digest, &mut prefix, across.base) == 1 {
+                return (across.at + 1, Some(prefix[0]));
+            }
+        }
+        (across.at, across.base)
+    }
+
     /// How many leading messages of `messages` (the first after `base`) are logged,
     /// mapping echoed forms of logged messages onto them (which rewrites `digests` and `prefix` in place).
     /// A shorter form of a logged turn maps onto it only when what was logged after
