@@ -145,15 +145,18 @@ impl ModelView<'_> {
     /// latest compaction artefact on (what precedes it in the list is dropped), the
     /// top-level fields always.
     fn messages(&self) -> impl Iterator<Item = &Message> {
-        let all = self
-            .pinned
-            .iter()
-            .map(|m| m.message)
-            .chain(self.lifted.iter().copied())
-            .chain(self.live.iter());
         let from = self.provider_reads_from();
+        // The top-level fields, then each part from where the provider reads on:
+        // every message, unless the request carries compacted history.
         let top = self.top_level.min(from);
-        all.clone().take(top).chain(all.skip(from.max(top)))
+        let (pinned, lifted) = (self.pinned.len(), self.lifted.len());
+        let after = |before: usize, len: usize| from.saturating_sub(before).min(len);
+        self.pinned[..top]
+            .iter()
+            .chain(&self.pinned[after(0, pinned).max(top)..])
+            .map(|m| m.message)
+            .chain(self.lifted[after(pinned, lifted)..].iter().copied())
+            .chain(self.live[after(pinned + lifted, self.live.len())..].iter())
     }
 
     /// Where the provider starts reading the view's messages (pinned, lifted, live):

@@ -89,6 +89,9 @@ struct Memo {
     rest: u128,
     /// Which of a lead's [`WAYS`] it is kept under.
     way: u8,
+    /// The first element that is history a provider's compaction minted, if any: a
+    /// body that reuses past it carries one, found without a look at each element.
+    compacted_at: Option<usize>,
 }
 
 /// A memo's place: the dialect, which of [`LEADS`], the way, the lead's hash.
@@ -449,14 +452,12 @@ impl<'b> Reading<'b> {
                     rule: "the reused messages no longer fit the body".into(),
                 })?;
             }
-            // Noted as each is read, while its facts are at hand: no pass of its own.
-            let mut compacted = false;
             messages.extend(reused.iter().zip(raws).map(|(mark, raw)| {
-                let message = Message::known(RawMessage::shared(raw), Arc::clone(&mark.facts));
-                compacted |= message.is_compacted_history();
-                message
+                Message::known(RawMessage::shared(raw), Arc::clone(&mark.facts))
             }));
-            self.compacted.set(compacted);
+            if reuse.memo.compacted_at.is_some_and(|at| at < reuse.count) {
+                self.compacted.set(true);
+            }
         }
         let mut spans = Vec::with_capacity(list.len());
         for (index, element) in list.iter().enumerate() {
@@ -543,11 +544,17 @@ impl<'b> Reading<'b> {
         let mut at = reused.last().map_or(0, |mark| mark.span.end);
         let mut marks = Vec::with_capacity(reused.len() + fresh.len());
         marks.extend_from_slice(reused);
+        let mut compacted_at = reuse.and_then(|reuse| {
+            (reuse.memo.compacted_at).filter(|&compacted| compacted < reuse.count)
+        });
         for (message, span) in fresh.iter().zip(spans) {
             let Some(span) = span.clone().filter(|span| span.start >= at) else {
                 break;
             };
             at = span.end;
+            if compacted_at.is_none() && message.is_compacted_history() {
+                compacted_at = Some(marks.len());
+            }
             marks.push(Mark {
                 span,
                 facts: message.shared_facts(),
@@ -568,6 +575,7 @@ impl<'b> Reading<'b> {
             blocks: blocks.into(),
             rest,
             way,
+            compacted_at,
         });
         for lead in (0..LEADS.len()).take_while(|&lead| LEADS[lead] <= at) {
             let Some(hash) = self.lead(lead) else {
