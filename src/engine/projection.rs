@@ -92,10 +92,8 @@ impl ModelView<'_> {
 
     /// Estimated input tokens: every message (cached counts), `tools`, reply priming.
     pub fn estimate(&self, tokens: &Tokens, tokenizer: Tokenizer, tools_tokens: u64) -> u64 {
-        let messages: u64 = self
-            .messages()
-            .map(|m| m.token_count(tokens, tokenizer))
-            .sum();
+        let mut messages = 0;
+        self.each_counted(|m| messages += m.token_count(tokens, tokenizer));
         tools_tokens + REPLY_PRIMING + messages + self.compaction_tokens(tokens, tokenizer)
     }
 
@@ -110,12 +108,10 @@ impl ModelView<'_> {
     ) -> Result<u64, usize> {
         let mut total = tools_tokens + REPLY_PRIMING;
         let mut uncounted = 0;
-        for message in self.messages() {
-            match message.cached_count(tokens, tokenizer) {
-                Some(count) => total += count,
-                None => uncounted += message.raw.as_bytes().len(),
-            }
-        }
+        self.each_counted(|message| match message.cached_count(tokens, tokenizer) {
+            Some(count) => total += count,
+            None => uncounted += message.raw.as_bytes().len(),
+        });
         let pair = match &self.compaction {
             None => Some(0),
             Some(adopted) => tokens
@@ -140,32 +136,29 @@ impl ModelView<'_> {
         })
     }
 
-    /// Every message the view sends but the adopted compaction's pair, in the order
-    /// `estimate` counts them, as the provider counts them: a list it reads from its
-    /// latest compaction artefact on (what precedes it in the list is dropped), the
-    /// top-level fields always.
-    fn messages(&self) -> impl Iterator<Item = &Message> {
+    /// Visits every message the view sends but the adopted compaction's pair, in the
+    /// order `estimate` counts them, as the provider counts them: a list it reads from
+    /// its latest compaction artefact on (what precedes it in the list is dropped), the
+    /// top-level fields always. A view without compacted history visits them all, in
+    /// the loop it always had.
+    fn each_counted<'s>(&'s self, mut visit: impl FnMut(&'s Message)) {
+        let all = (self.pinned.iter().map(|m| m.message))
+            .chain(self.lifted.iter().copied())
+            .chain(self.live.iter());
+        if !self.compacted_history {
+            return all.for_each(visit);
+        }
         let from = self.provider_reads_from();
-        // The top-level fields, then each part from where the provider reads on:
-        // every message, unless the request carries compacted history.
         let top = self.top_level.min(from);
-        let (pinned, lifted) = (self.pinned.len(), self.lifted.len());
-        let after = |before: usize, len: usize| from.saturating_sub(before).min(len);
-        self.pinned[..top]
-            .iter()
-            .chain(&self.pinned[after(0, pinned).max(top)..])
-            .map(|m| m.message)
-            .chain(self.lifted[after(pinned, lifted)..].iter().copied())
-            .chain(self.live[after(pinned + lifted, self.live.len())..].iter())
+        all.enumerate()
+            .filter(|(at, _)| *at < top || *at >= from)
+            .for_each(|(_, message)| visit(message));
     }
 
     /// Where the provider starts reading the view's messages (pinned, lifted, live):
     /// at its latest compaction artefact, or at the start. Only the live part and the
     /// pinned set can hold one (a request continued after one pins what precedes it).
     fn provider_reads_from(&self) -> usize {
-        if !self.compacted_history {
-            return 0;
-        }
         let before_live = self.pinned.len() + self.lifted.len();
         if let Some(at) = self.live.iter().rposition(Message::is_compacted_history) {
             return before_live + at;
@@ -178,19 +171,13 @@ impl ModelView<'_> {
     /// The messages whose token count is not cached yet, shared, for counting them
     /// off the async path.
     pub(crate) fn uncounted(&self, tokens: &Tokens, tokenizer: Tokenizer) -> Vec<Message> {
-        self.uncounted_messages(tokens, tokenizer)
-            .cloned()
-            .collect()
-    }
-
-    /// Every message `estimate` counts whose count is not cached yet.
-    fn uncounted_messages<'s>(
-        &'s self,
-        tokens: &'s Tokens,
-        tokenizer: Tokenizer,
-    ) -> impl Iterator<Item = &'s Message> {
-        self.messages()
-            .filter(move |m| m.cached_count(tokens, tokenizer).is_none())
+        let mut uncounted = Vec::new();
+        self.each_counted(|m| {
+            if m.cached_count(tokens, tokenizer).is_none() {
+                uncounted.push(m.clone());
+            }
+        });
+        uncounted
     }
 
     /// Checks the view: tool pairs complete, the continuation a user message, the
