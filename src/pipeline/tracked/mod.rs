@@ -347,11 +347,13 @@ impl<'s> Exchange<'s> {
         let across = match continued {
             Some(_) => None,
             None if !self.chat.compacted_history => None,
-            None => self
-                .state
-                .tracker
-                .across_compaction(&admission.tenant, &self.chat)
-                .await
+            // Boxed: the lookup's state stays out of every request's future.
+            None => Box::pin(
+                self.state
+                    .tracker
+                    .across_compaction(&admission.tenant, &self.chat),
+            )
+            .await
                 .or_else(|err| {
                     if self.snap.config.store.required {
                         return Err(ApiError::storage(err.to_string()));
