@@ -84,6 +84,7 @@ fn benches(c: &mut Criterion) {
             reasoning_marker: false,
             compaction: None,
             api: None,
+            native_compaction: None,
         },
     );
     let budget = RequestBudget::new(&config, &request, &tokens)

@@ -70,6 +70,7 @@ mod eval;
 mod forward;
 mod gate;
 mod named_model;
+mod native;
 mod neutral_forms;
 mod ownership;
 mod path;

@@ -228,6 +228,8 @@ pub(crate) struct AppState {
     pub chat_gate: crate::gate::ChatGate,
     /// The neutral forms of messages the middleware hooks saw, by digest.
     pub hook_forms: crate::neutral_forms::NeutralForms,
+    /// The upstreams and models found to refuse the APIs' own compaction.
+    pub native_refusals: crate::native::Refusals,
     /// The disk store's exclusive hold on its data dir, for the life of the process.
     _data_dir_lock: Option<crate::store::DataDirLock>,
 }
@@ -384,6 +386,7 @@ impl AppState {
                 config_limits.chat_queue,
             ),
             hook_forms: crate::neutral_forms::NeutralForms::new(),
+            native_refusals: crate::native::Refusals::default(),
             _data_dir_lock: data_dir_lock,
         })
     }

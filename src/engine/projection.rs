@@ -21,7 +21,7 @@ use crate::base::digest::{MessageDigest, PrefixDigest};
 use crate::base::line::ShortenedBody;
 use crate::config::Tokenizer;
 use crate::conversation::Tracked;
-use crate::dialect::{ChatRequest, DialectError, DialectKind, Message, RawMessage};
+use crate::dialect::{ChatRequest, DialectError, DialectKind, Expanded, Message, RawMessage};
 use crate::tokens::{Tokens, REPLY_PRIMING};
 use handoff_plugin_api::shorten_tool_body;
 
@@ -82,6 +82,9 @@ pub struct ModelView<'a> {
     /// The request carries history a provider's compaction minted, which the
     /// provider reads the list from ([`ChatRequest::compacted_history`]).
     pub compacted_history: bool,
+    /// The latest compaction handle handoff minted, opened: sent as the messages it
+    /// stands for, with nothing before it but the top-level fields.
+    pub expanded: Option<Arc<Expanded>>,
 }
 
 impl ModelView<'_> {
@@ -127,6 +130,10 @@ impl ModelView<'_> {
 
     /// The adopted compaction's continuation and handoff, when there is one.
     fn compaction_tokens(&self, tokens: &Tokens, tokenizer: Tokenizer) -> u64 {
+        // A handle in the live part stands for everything before it, the pair too.
+        if self.handle_position().is_some_and(|(_, live)| live) {
+            return 0;
+        }
         self.compaction.as_ref().map_or(0, |adopted| {
             tokens.count_message(
                 tokenizer,
@@ -150,9 +157,28 @@ impl ModelView<'_> {
         }
         let from = self.provider_reads_from();
         let top = self.top_level.min(from);
-        all.enumerate()
-            .filter(|(at, _)| *at < top || *at >= from)
-            .for_each(|(_, message)| visit(message));
+        // A handle of handoff's is counted as what it stands for.
+        let handle = self.handle_position().map(|(at, _)| at);
+        for (at, message) in all.enumerate() {
+            if at < top || at > from || (at == from && handle != Some(at)) {
+                visit(message);
+            } else if at == from {
+                let expanded = self.expanded.as_deref().map(|e| e.messages.as_slice());
+                expanded.into_iter().flatten().for_each(&mut visit);
+            }
+        }
+    }
+
+    /// Where the opened handle lies among the view's messages: its index in the order
+    /// [`ModelView::each_counted`] visits them (pinned, lifted, live), and whether it
+    /// is in the live part. `None` without one, or for one the view does not send.
+    fn handle_position(&self) -> Option<(usize, bool)> {
+        let at = self.expanded.as_ref()?.at;
+        if at < self.pinned.len() {
+            return Some((at, false));
+        }
+        let live = at.checked_sub(self.pinned.len() + self.live_start)?;
+        (live < self.live.len()).then_some((self.pinned.len() + self.lifted.len() + live, true))
     }
 
     /// Where the provider starts reading the view's messages (pinned, lifted, live):
@@ -258,6 +284,23 @@ impl ModelView<'_> {
             (None, _) => {}
         }
         out.extend(self.live.iter().map(|m| m.raw.get()));
+        self.expand_handle(out)
+    }
+
+    /// `list` (the body's list, as [`ModelView::raw_messages`] makes it) with the
+    /// opened handle replaced by what it stands for, and what precedes it dropped: the
+    /// handle carries it.
+    fn expand_handle<'s>(&'s self, list: Vec<&'s str>) -> Vec<&'s str> {
+        let (Some(expanded), Some((at, in_live))) = (&self.expanded, self.handle_position()) else {
+            return list;
+        };
+        let at = match in_live {
+            // Counted from the end: the pair and the lifted messages sit before live.
+            true => list.len() - (self.pinned.len() + self.lifted.len() + self.live.len() - at),
+            false => at - self.top_level.min(at),
+        };
+        let mut out: Vec<&str> = (expanded.messages.iter()).map(|m| m.raw.get()).collect();
+        out.extend(list.into_iter().skip(at + 1));
         out
     }
 
@@ -296,7 +339,10 @@ impl ModelView<'_> {
     /// The request body with this view as its list (`messages`, `input`); the client's
     /// bytes when the view is the request itself.
     pub fn render_body<'b>(&self, body: &'b Chunks) -> Result<Cow<'b, Chunks>, ProjectionError> {
-        if self.compaction.is_none() && matches!(self.live, Cow::Borrowed(_)) {
+        if self.compaction.is_none()
+            && self.expanded.is_none()
+            && matches!(self.live, Cow::Borrowed(_))
+        {
             return Ok(Cow::Borrowed(body));
         }
         let messages = self.raw_messages();
@@ -311,6 +357,12 @@ impl ModelView<'_> {
         let before = messages.len().saturating_sub(self.live.len());
         messages.truncate(before + cut.min(self.live.len()));
         self.with_list(body, &messages)
+    }
+
+    /// `body` with `list` (of [`ModelView::raw_messages`], perhaps shortened) as its
+    /// list: a request of the same fields over other messages.
+    pub fn render_list(&self, body: &Chunks, list: &[&str]) -> Result<Chunks, ProjectionError> {
+        self.with_list(body, list)
     }
 
     /// `body` with `messages` as its list.
@@ -423,6 +475,7 @@ pub fn project_view<'a>(
         live_start,
         list: request.list.clone(),
         compacted_history: request.compacted_history,
+        expanded: request.expanded.clone(),
     }
 }
 

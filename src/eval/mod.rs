@@ -221,6 +221,7 @@ fn eval_config(mut config: Config, options: &EvalOptions, replays: &[Replay]) ->
             reasoning_marker: false,
             compaction: None,
             api: None,
+            native_compaction: None,
         });
         entry.context_window = window;
     }

@@ -43,6 +43,7 @@ mod pins;
 mod provider_compaction;
 mod redaction;
 mod responses;
+mod served_compaction;
 mod stub_dialect;
 
 /// The hex SHA-256 of `text`: what a `[[auth.keys]]` entry names a key by.

@@ -95,6 +95,8 @@ pub struct DialectConfig {
     /// A variable holding this upstream's own key; `upstream.api_key_env`'s goes only
     /// to an upstream on the same scheme, host and port as `upstream.base_url`.
     pub api_key_env: Option<String>,
+    /// `upstream.native_compaction` for this upstream; the global one when unset.
+    pub native_compaction: Option<NativeCompaction>,
 }
 
 /// A route: requests whose model matches `match` use this upstream and chain.
@@ -117,6 +119,10 @@ pub struct RouteConfig {
     /// Middleware hooks for these models; `middleware.chain` when unset.
     #[serde(default)]
     pub hooks: Option<Vec<String>>,
+    /// `upstream.native_compaction` for these models; the dialect's or the global one
+    /// when unset.
+    #[serde(default)]
+    pub native_compaction: Option<NativeCompaction>,
 }
 
 impl RouteConfig {
@@ -159,6 +165,20 @@ impl Config {
         price_of(&self.prices, model)
     }
 
+    /// Who serves `model`'s native compaction in the dialect named `dialect`: the
+    /// model's setting, else the first matching route's, the dialect's, the upstream's.
+    pub fn native_compaction(&self, dialect: &str, model: &str) -> NativeCompaction {
+        let route = || {
+            (self.routes.iter().find(|route| route.matches(model)))
+                .and_then(|route| route.native_compaction)
+        };
+        let dialect = || self.dialects.get(dialect).and_then(|d| d.native_compaction);
+        (self.model(model).and_then(|m| m.native_compaction))
+            .or_else(route)
+            .or_else(dialect)
+            .unwrap_or(self.upstream.native_compaction)
+    }
+
     /// The model entry for `model`: an exact key, else the longest key that prefixes it.
     ///
     /// Providers answer with dated names (`gpt-4o-2024-08-06`), so a prefix must match too.
@@ -196,6 +216,23 @@ pub struct UpstreamConfig {
     /// named like an object id (`*_id`, `*Id`) that no API's object table lists, whose
     /// owner handoff cannot know; refused (403) by default.
     pub pass_unknown_ids: bool,
+    /// Who serves the APIs' own compaction (`/responses/compact`, `compaction_trigger`,
+    /// `context_management`, Anthropic's `compact_20260112` and context editing).
+    pub native_compaction: NativeCompaction,
+}
+
+/// Who serves a request that asks the API itself to compact or edit its context.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NativeCompaction {
+    /// Forward it as sent: the provider serves it, or refuses it.
+    Pass,
+    /// handoff serves it with its own strategies; the upstream never sees the ask.
+    Serve,
+    /// Forward it; when the upstream refuses the ask in its own error shape (the field,
+    /// the item or the path), serve it, and remember that for the upstream and model.
+    #[default]
+    Auto,
 }
 
 impl Default for UpstreamConfig {
@@ -207,6 +244,7 @@ impl Default for UpstreamConfig {
             api_key_env: None,
             ask_usage: true,
             pass_unknown_ids: false,
+            native_compaction: NativeCompaction::default(),
         }
     }
 }
@@ -544,6 +582,9 @@ pub struct ModelConfig {
     /// model; the conversation's own API when unset.
     #[serde(default)]
     pub api: Option<ModelApi>,
+    /// `upstream.native_compaction` for this model, over a route's and a dialect's.
+    #[serde(default)]
+    pub native_compaction: Option<NativeCompaction>,
 }
 
 /// An API a model can be called with.
@@ -769,6 +810,7 @@ mod tests {
             api_key_env: None,
             chain: None,
             hooks: None,
+            native_compaction: None,
         };
         assert!(route("gpt-4o*").matches("gpt-4o-mini"));
         assert!(route("gpt-4o*").matches("gpt-4o"));

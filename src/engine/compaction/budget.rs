@@ -208,6 +208,7 @@ mod tests {
             reasoning_marker: false,
             compaction: None,
             api: None,
+            native_compaction: None,
         }
     }
 

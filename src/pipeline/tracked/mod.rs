@@ -8,6 +8,7 @@ mod charged;
 mod decided;
 pub(super) mod reply;
 mod send;
+mod served;
 mod strategy;
 
 use std::sync::Arc;
@@ -79,7 +80,11 @@ pub(super) async fn run(
         // provider's to keep, never handoff's to compact.
         exchange.chat.pinned = Some(tracked.pinned_len);
     }
+    exchange.open_handles(&tracked)?;
     exchange.tracked = Some(tracked);
+    if exchange.serves_native() {
+        return exchange.serve().await;
+    }
     let fitted = exchange.fit().await?;
     exchange.prepare(&fitted);
     exchange.send(fitted, log).await
@@ -669,10 +674,26 @@ impl<'s> Exchange<'s> {
         reason: Reason,
         seen_compact_id: Option<&str>,
     ) -> Job<'e> {
+        let mut job = self.job_over(&self.chat, tracked, budget, threshold, reason);
+        job.seen_compact_id = seen_compact_id.map(str::to_owned);
+        job.continuer = self.continuer(budget);
+        job
+    }
+
+    /// A compaction job over `request`, this request's or one made from it (what a
+    /// served compaction compacts), with this request's client, chain and prices.
+    fn job_over<'e>(
+        &'e self,
+        request: &'e ChatRequest,
+        tracked: &'e Tracked,
+        budget: &RequestBudget,
+        threshold: u64,
+        reason: Reason,
+    ) -> Job<'e> {
         let client = self.summary_client(budget);
         let mut job = Job::new(
             &self.state.tracker,
-            &self.chat,
+            request,
             tracked,
             &self.snap.config.compaction,
             budget,
@@ -681,8 +702,6 @@ impl<'s> Exchange<'s> {
         );
         job.threshold = threshold;
         job.reason = reason;
-        job.seen_compact_id = seen_compact_id.map(str::to_owned);
-        job.continuer = self.continuer(budget);
         job.prices = Some(&self.snap.config.prices);
         job
     }

@@ -91,6 +91,12 @@ impl Exchange<'_> {
                     ask_usage = false;
                     continue;
                 }
+                // An upstream that refuses the API's own compaction: handoff serves it.
+                Inspected::Refused(head, body)
+                    if retries == 0 && self.serves_after_refusal(head.status, &body) =>
+                {
+                    return self.serve().await;
+                }
                 // An error that is not about the window goes back to the client as it came.
                 Inspected::Refused(head, body) if !dialect.is_overflow(&json_of(&body)) => {
                     let answered = head.status;
@@ -271,7 +277,7 @@ impl Exchange<'_> {
     }
 
     /// Where this request's reply is logged, with the decision that sent `view`.
-    fn target(
+    pub(super) fn target(
         &self,
         tracked: &Tracked,
         estimate: Option<u64>,

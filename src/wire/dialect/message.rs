@@ -593,11 +593,28 @@ impl Message {
         self.facts.provider_compaction && self.item_type() != Some(COMPACTION_TRIGGER)
     }
 
+    /// The compaction handle handoff minted that this message is (a Responses
+    /// `compaction` item) or carries (an Anthropic `compaction` block): its sealed text,
+    /// unverified.
+    pub fn handle(&self) -> Option<&str> {
+        if !self.is_compacted_history() {
+            return None;
+        }
+        let value = self.value();
+        sealed_handle(value).or_else(|| blocks(value, "compaction").find_map(sealed_handle))
+    }
+
     /// True unless an Anthropic `tool_result` block comes after another kind of block
     /// (the Messages API wants them first).
     pub(crate) fn tool_results_lead(&self) -> bool {
         self.facts.results_lead
     }
+}
+
+/// The `encrypted_content` of an item or block, when it is a handle handoff minted.
+fn sealed_handle(value: &Value) -> Option<&str> {
+    (value.get("encrypted_content").and_then(Value::as_str))
+        .filter(|text| text.starts_with(super::HANDLE_PREFIX))
 }
 
 /// The content blocks of an Anthropic-shaped message (empty for a string content).

@@ -147,6 +147,10 @@ pub struct ChatRequest {
     /// True when a message is, or carries, history a provider's compaction minted:
     /// only then is the list read from the latest one on, and looked up across it.
     pub compacted_history: bool,
+    /// The latest compaction handle handoff minted that the request carries, opened:
+    /// the view sends what it stands for in its place, and nothing before it but the
+    /// top-level fields. Set once the handle's seal was verified.
+    pub expanded: Option<std::sync::Arc<Expanded>>,
     /// What it asked of the provider's own context management (`context_management`,
     /// `compaction`, the compaction endpoint), kept for its request line.
     pub asked: Option<Box<crate::base::line::Asked>>,
@@ -186,6 +190,19 @@ pub struct ChatRequest {
     /// body again.
     pub list: Option<std::ops::Range<usize>>,
 }
+
+/// A compaction handle handoff minted, opened: the messages it stands for.
+#[derive(Debug)]
+pub struct Expanded {
+    /// The handle's index in the request's `messages`.
+    pub at: usize,
+    /// The messages it stands for, in the request's dialect.
+    pub messages: Vec<Message>,
+}
+
+/// How the text of every compaction handle handoff mints starts: what tells its own
+/// from a provider's sealed compaction.
+pub const HANDLE_PREFIX: &str = "handoff-compaction.v1.";
 
 /// The asks of the provider's context management a body made, when it made any:
 /// `context_management` and `compaction` as sent (a `null` is none), read as values.

@@ -109,6 +109,7 @@ impl Dialect for StubDialect {
             provider_compacts: false,
             asked: None,
             compacted_history: false,
+            expanded: None,
             server_held: false,
             continues: None,
             continues_conversation: false,

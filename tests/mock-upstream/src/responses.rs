@@ -53,6 +53,9 @@ pub struct StrictResponses {
     reasoning_bytes: AtomicUsize,
     /// Its own compaction (a trigger, `context_management`, `/responses/compact`).
     pub compactor: crate::native::Compactor,
+    /// False for a server without the API's own compaction (a self-hosted model's):
+    /// it refuses the asks as such servers do.
+    native: std::sync::atomic::AtomicBool,
 }
 
 /// An error in OpenAI's shape.
@@ -87,7 +90,41 @@ impl StrictResponses {
             items: Mutex::new(HashMap::new()),
             reasoning_bytes: AtomicUsize::new(0),
             compactor: crate::native::Compactor::new(0x0a1_c0de),
+            native: std::sync::atomic::AtomicBool::new(true),
         })
+    }
+
+    /// Turns the API's own compaction off (or on again): the compaction endpoint is a
+    /// 404, a `context_management` field, a `compaction_trigger` or `compaction` item
+    /// a 400 that names it.
+    pub fn set_native(&self, native: bool) {
+        self.native.store(native, Ordering::SeqCst);
+    }
+
+    /// Without the API's own compaction, the refusal of what `body` asks, if it asks
+    /// anything of it.
+    fn refuse_native(&self, path: &str, body: &Value, items: &[Value]) -> Option<Reply> {
+        if self.native.load(Ordering::SeqCst) {
+            return None;
+        }
+        if path.ends_with("/responses/compact") {
+            return Some(self.refuse(404, None, "Not Found"));
+        }
+        if body.get("context_management").is_some() {
+            return Some(self.refuse(
+                400,
+                Some("unknown_parameter"),
+                "Unrecognized request argument supplied: context_management",
+            ));
+        }
+        let (index, kind) = items.iter().enumerate().find_map(|(index, item)| {
+            let kind = item["type"].as_str()?;
+            kind.starts_with("compaction")
+                .then(|| (index, kind.to_owned()))
+        })?;
+        Some(self.refuse(400, Some("invalid_value"), &format!(
+            "Invalid value: '{kind}'. Supported values are: 'message', 'function_call', 'function_call_output' and 'reasoning' (input[{index}].type)."
+        )))
     }
 
     /// Makes each reasoning item's `encrypted_content` `bytes` longer, as a real
@@ -137,6 +174,9 @@ impl StrictResponses {
             }
         }
         let path = request.target.split('?').next().unwrap_or("");
+        if let Some(refused) = self.refuse_native(path, &body, &items) {
+            return refused;
+        }
         let asked = Asked::of(path, &body, &items);
         // The API reads the input from its latest compaction item on.
         let (mut window, _) = match self.compactor.window(&items) {

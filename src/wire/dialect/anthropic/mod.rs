@@ -195,6 +195,7 @@ impl Dialect for AnthropicMessages {
             provider_compacts,
             asked,
             compacted_history: reading.compacted_history(),
+            expanded: None,
             dialect: DialectKind::Anthropic,
             model: wire.model.unwrap_or_default(),
             messages,

@@ -278,6 +278,7 @@ impl Dialect for Gemini {
             provider_compacts: false,
             asked: None,
             compacted_history: false,
+            expanded: None,
             server_held: false,
             continues: None,
             usage_unasked: false,

@@ -186,6 +186,7 @@ impl Dialect for OpenAiChat {
             provider_compacts: false,
             asked: None,
             compacted_history: false,
+            expanded: None,
             server_held: false,
             continues: None,
             continues_conversation: false,

@@ -290,6 +290,7 @@ impl Dialect for OpenAiResponses {
             provider_compacts,
             asked,
             compacted_history: reading.compacted_history(),
+            expanded: None,
             server_held,
             pinned: None,
             floated: Vec::new(),

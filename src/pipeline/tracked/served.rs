@@ -1,0 +1,276 @@
+//! The APIs' own compaction served by handoff (`upstream.native_compaction`): the
+//! handles a request carries opened into what they stand for, and a request that asks
+//! the API to compact (a trailing `compaction_trigger`, `POST /v1/responses/compact`)
+//! answered with a handle in place of the provider's sealed item, made by the
+//! strategy chain over everything the request sends.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use serde_json::Value;
+
+use super::{compaction_error, reply, Exchange, Halt};
+use crate::body::{full, ProxyBody};
+use crate::compaction::service::CompactError;
+use crate::compaction::Reason;
+use crate::config::NativeCompaction;
+use crate::conversation::Tracked;
+use crate::dialect::{DialectKind, Expanded, RawMessage};
+use crate::error::ApiError;
+use crate::native::{handle, reply as native_reply, SERVED};
+use crate::projection::project_view;
+
+impl Exchange<'_> {
+    /// Who serves this request's native compaction, as configured.
+    fn native_mode(&self) -> NativeCompaction {
+        let dialect = self.chat.dialect.name();
+        self.snap
+            .config
+            .native_compaction(dialect, &self.chat.model)
+    }
+
+    /// The key `auto` remembers a refusal under: the upstream and the model.
+    fn refusal_key(&self) -> String {
+        (self.upstream().target(None)).map_or_else(|_| String::new(), |uri| uri.to_string())
+    }
+
+    /// True when handoff answers this request's ask itself: configured to, or `auto`
+    /// and the upstream already refused such an ask. Only the asks it serves: a trailing
+    /// trigger and the compaction endpoint of the Responses API.
+    pub(super) fn serves_native(&self) -> bool {
+        if !self.serves_this_ask() {
+            return false;
+        }
+        match self.native_mode() {
+            NativeCompaction::Pass => false,
+            NativeCompaction::Serve => true,
+            NativeCompaction::Auto => {
+                (self.state.native_refusals).known(&self.refusal_key(), &self.chat.model)
+            }
+        }
+    }
+
+    /// True for an ask handoff can serve: a Responses create whose last item is a
+    /// `compaction_trigger`, or the `/v1/responses/compact` endpoint.
+    fn serves_this_ask(&self) -> bool {
+        self.chat.dialect == DialectKind::Responses
+            && (self.at_compact_endpoint() || self.chat.messages.last().is_some_and(is_trigger))
+    }
+
+    fn at_compact_endpoint(&self) -> bool {
+        (self.chat.asked.as_ref()).is_some_and(|asked| asked.path.is_some())
+    }
+
+    /// True when `auto` may serve after the upstream answered `status` with `body`:
+    /// the ask is one handoff serves and the answer refuses it. Remembered, logged and
+    /// counted the first time for the upstream and model.
+    pub(super) fn serves_after_refusal(&self, status: StatusCode, body: &[u8]) -> bool {
+        if self.native_mode() != NativeCompaction::Auto || !self.serves_this_ask() {
+            return false;
+        }
+        let endpoint = self.at_compact_endpoint();
+        if !crate::native::refuses_the_ask(status.as_u16(), body, endpoint) {
+            return false;
+        }
+        let upstream = self.refusal_key();
+        if self
+            .state
+            .native_refusals
+            .remember(&upstream, &self.chat.model)
+        {
+            tracing::info!(%upstream, model = %self.chat.model, status = status.as_u16(), "the upstream refuses the API's own compaction: handoff serves it from now on");
+            self.state
+                .metrics
+                .add(SERVED, &[("how", "upstream_refused")], 1.0);
+        }
+        true
+    }
+
+    /// Opens every handle of handoff's the request carries: a forged, altered or
+    /// foreign one is refused, naming the item, before anything goes upstream; the
+    /// latest is sent as what it stands for. Where handoff serves the compaction, a
+    /// provider's sealed item is refused too: the upstream cannot read it, and dropping
+    /// it would lose the context it carries.
+    pub(super) fn open_handles(&mut self, tracked: &Tracked) -> Result<(), ApiError> {
+        if !self.chat.compacted_history {
+            return Ok(());
+        }
+        let dialect = self.chat.dialect;
+        let serving = self.native_mode() == NativeCompaction::Serve;
+        let mut latest = None;
+        for (at, message) in self.chat.messages.iter().enumerate() {
+            if !message.is_compacted_history() {
+                continue;
+            }
+            let place = item_place(dialect, at - self.chat.top_level.min(at));
+            let Some(sealed) = message.handle() else {
+                if serving {
+                    return Err(ApiError::invalid_request(
+                        "invalid_encrypted_content",
+                        format!("{place} is a compaction the provider sealed, and this upstream cannot read it: handoff serves compaction here (upstream.native_compaction = \"serve\"). Send the history it stands for, or a compaction handoff answered."),
+                    ));
+                }
+                continue;
+            };
+            let payload = handle::open(
+                &self.state.secret,
+                tracked.id.tenant(),
+                Some(&tracked.id),
+                sealed,
+            )
+            .map_err(|err| {
+                ApiError::invalid_request(
+                    "invalid_encrypted_content",
+                    format!("The encrypted content of {place} could not be verified: {err}."),
+                )
+            })?;
+            latest = Some((at, payload));
+        }
+        let Some((at, payload)) = latest else {
+            return Ok(());
+        };
+        let messages = (payload.expansion.into_iter())
+            .map(|raw| {
+                dialect
+                    .get()
+                    .read_reply(RawMessage::from(String::from(raw.get())))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|err| {
+                ApiError::invalid_request(
+                    "invalid_encrypted_content",
+                    format!(
+                        "{}: what it stands for cannot be read: {err}",
+                        item_place(dialect, at)
+                    ),
+                )
+            })?;
+        self.chat.expanded = Some(Arc::new(Expanded { at, messages }));
+        Ok(())
+    }
+
+    /// Serves the request's ask: the strategy chain compacts everything the request
+    /// would send (the trigger aside), the view it leaves is sealed into a handle, and
+    /// the API's answer carries it, logged as the request's reply.
+    pub(super) async fn serve(&self) -> Result<Response<ProxyBody>, Halt> {
+        let tracked = self.tracked()?;
+        let Some(budget) = self.budget.as_ref() else {
+            return Err(ApiError::invalid_request(
+                "model_not_configured",
+                format!(
+                    "handoff serves this API's compaction, and needs {:?}'s window for it: add [models.\"{}\"] context_window to its config",
+                    self.chat.model, self.chat.model
+                ),
+            )
+            .into());
+        };
+        let dialect = self.chat.dialect;
+        // What the request would send, the trigger aside: handles opened, what the
+        // latest stands for first.
+        let view = project_view(&self.chat, tracked, &tracked.compactions);
+        let mut list = view.raw_messages();
+        if self.chat.messages.last().is_some_and(is_trigger) {
+            list.pop();
+        }
+        let body = view
+            .render_list(&self.body, &list)
+            .map_err(|err| ApiError::internal(err.to_string()))?;
+        let history = dialect
+            .get()
+            .parse_body(&body)
+            .map_err(|err| ApiError::internal(err.to_string()))?;
+        let mut history_tracked = Tracked::compute(tracked.id.clone(), &history);
+        history_tracked.calibration = tracked.calibration.clone();
+        let mut job = self.job_over(
+            &history,
+            &history_tracked,
+            budget,
+            budget.threshold,
+            Reason::Manual,
+        );
+        // Everything but the newest unit goes into the handoff: the client keeps none
+        // of what the handle stands for.
+        job.keep_recent = 0.0;
+        job.continuer = None;
+        let compacted = match Box::pin(self.state.compactor.compact(&job)).await {
+            Ok(compacted) => compacted,
+            // Too little to compact: the handle carries the history as it is.
+            Err(CompactError::TooLarge { .. }) => {
+                project_view(&history, &history_tracked, &Default::default())
+            }
+            Err(err) => return Err(compaction_error(err).into()),
+        };
+        let usage = (compacted.compaction.as_ref())
+            .map(|adopted| crate::compaction::chain::sum_usage(&adopted.record.attempts))
+            .unwrap_or_default();
+        let expansion = (compacted.raw_messages().into_iter())
+            .filter_map(|raw| serde_json::value::RawValue::from_string(raw.to_owned()).ok())
+            .collect();
+        let payload = handle::Payload {
+            conversation: tracked.id.to_string(),
+            record: compacted.compact_id().map(str::to_owned),
+            expansion,
+        };
+        let sealed = handle::seal(&self.state.secret, tracked.id.tenant(), &payload);
+        let usage = native_reply::responses_usage(&usage);
+        let answer = match self.at_compact_endpoint() {
+            true => {
+                let input: Vec<Value> = (self.chat.messages.iter().skip(self.chat.top_level))
+                    .map(|m| m.value().clone())
+                    .collect();
+                native_reply::compacted(&input, &sealed, usage)
+            }
+            false => native_reply::triggered(&self.chat.model, &sealed, usage),
+        };
+        let how = if self.at_compact_endpoint() {
+            "endpoint"
+        } else {
+            "trigger"
+        };
+        self.state.metrics.add(SERVED, &[("how", how)], 1.0);
+        tracing::info!(conversation = %tracked.id, record = ?payload.record, how, "served the API's compaction");
+        self.answer_served(tracked, &view, answer).await
+    }
+
+    /// Logs the served `answer` as the request's reply, then answers it as the client
+    /// asked: JSON, or the API's event stream.
+    async fn answer_served(
+        &self,
+        tracked: &Tracked,
+        view: &crate::projection::ModelView<'_>,
+        answer: Value,
+    ) -> Result<Response<ProxyBody>, Halt> {
+        let json = Bytes::from(serde_json::to_vec(&answer).unwrap_or_default());
+        let target = self.target(tracked, None, view, (0, false));
+        let (mut head, ()) = Response::new(()).into_parts();
+        head.headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let logged = reply::answer_read(head, json, target, None).await;
+        if !self.chat.stream || logged.status() != StatusCode::OK {
+            return Ok(logged);
+        }
+        let stream = native_reply::event_stream(&answer);
+        let mut response = Response::new(full(Bytes::from(stream)));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        Ok(response)
+    }
+}
+
+/// True for the Responses item that asks the API to compact what precedes it.
+fn is_trigger(message: &crate::dialect::Message) -> bool {
+    message.item_type() == Some("compaction_trigger")
+}
+
+/// How the API's errors name the list's item `index`.
+fn item_place(dialect: DialectKind, index: usize) -> String {
+    match dialect {
+        DialectKind::Anthropic => format!("messages.{index}"),
+        _ => format!("input[{index}]"),
+    }
+}
