@@ -25,6 +25,9 @@ pub(crate) struct Payload {
     /// The conversation it was minted in.
     #[serde(rename = "c")]
     pub(crate) conversation: String,
+    /// The API it was minted in (`responses`): its messages are that API's.
+    #[serde(rename = "d")]
+    pub(crate) dialect: String,
     /// The compaction record that wrote it, when one was committed.
     #[serde(rename = "r", default, skip_serializing_if = "Option::is_none")]
     pub(crate) record: Option<String>,
@@ -97,6 +100,7 @@ mod tests {
     fn payload(conversation: &str) -> Payload {
         Payload {
             conversation: conversation.to_owned(),
+            dialect: "responses".to_owned(),
             record: Some("c1".to_owned()),
             expansion: vec![
                 RawValue::from_string(r#"{"role":"user","content":"x"}"#.into())

@@ -6,6 +6,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
+use crate::dialect::DialectKind;
+
 /// Who `created_by` names on the items handoff mints.
 const CREATOR: &str = "handoff";
 
@@ -30,23 +32,17 @@ pub(crate) fn compaction_item(handle: &str) -> Value {
 }
 
 /// The usage of the summary calls a served compaction made, in the Responses API's
-/// shape, from what the calls reported (either API's names).
+/// shape: `calls` is their sum, in the chat shape every summary call's usage is
+/// recorded in.
 pub(crate) fn responses_usage(calls: &Value) -> Value {
-    let read = |names: &[&str]| {
-        (names.iter())
-            .find_map(|name| calls.get(*name).and_then(Value::as_u64))
-            .unwrap_or(0)
-    };
-    let input = read(&["input_tokens", "prompt_tokens"]);
-    let output = read(&["output_tokens", "completion_tokens"]);
-    let cached = (calls.pointer("/input_tokens_details/cached_tokens"))
-        .or_else(|| calls.pointer("/prompt_tokens_details/cached_tokens"))
-        .or_else(|| calls.get("cache_read_input_tokens"))
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    json!({"input_tokens": input, "input_tokens_details": {"cached_tokens": cached},
-           "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
-           "total_tokens": input + output})
+    let billed = DialectKind::OpenAiChat
+        .get()
+        .billed(calls)
+        .unwrap_or_default();
+    let input = billed.input + billed.cache_read + billed.cache_write;
+    json!({"input_tokens": input, "input_tokens_details": {"cached_tokens": billed.cache_read},
+           "output_tokens": billed.output, "output_tokens_details": {"reasoning_tokens": 0},
+           "total_tokens": input + billed.output})
 }
 
 /// The response a create answers with when its trailing `compaction_trigger` was

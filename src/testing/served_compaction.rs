@@ -117,7 +117,8 @@ async fn a_trigger_the_upstream_refuses_is_served_once_asked_and_at_once_after()
     for stream in [false, true] {
         let (strict, mock) = without_native().await;
         let proxy = Harness::start(&mock.url(), &config("auto")).await;
-        let (seen, _) = session(&proxy, &mock, stream).await;
+        let served = session(&proxy, &mock, stream).await;
+        let seen = &served.0;
         // The upstream refused the first trigger, once; handoff served it.
         let refused = strict.refused.lock().unwrap().clone();
         assert_eq!(refused.len(), 1, "{refused:?}");
@@ -142,19 +143,41 @@ async fn a_trigger_the_upstream_refuses_is_served_once_asked_and_at_once_after()
         let log = proxy.log(&id).await;
         assert_eq!(summarize(&ids[0], &log).branches, 1);
 
-        // A second trigger, once known refused, is served with no upstream refusal.
-        let mut asking = last["input"].as_array().unwrap().clone();
-        asking.truncate(1);
-        asking.push(json!({"type": "compaction_trigger"}));
+        // A second trigger over the first handle, as Codex sends it, once known
+        // refused, is served with no upstream refusal; what the second handle stands
+        // for still carries every fact the first one did.
+        let (_, first) = &served;
+        let asking = vec![
+            user("fix the failing test"),
+            echoed(first.clone()),
+            user("what were the facts?"),
+            json!({"type": "compaction_trigger"}),
+        ];
         let before = mock.requests().len();
         let body = json!({"model": "gpt-mock", "input": asking, "store": false});
         let got = send(&proxy, "/v1/responses", "sk-served", &body).await;
         assert_eq!(got.status, 200, "{}", got.text());
         assert_eq!(strict.refused.lock().unwrap().len(), 1);
+        let second = got.json()["output"][0].clone();
+        assert_ne!(second["encrypted_content"], first["encrypted_content"]);
+        let next = vec![
+            user("fix the failing test"),
+            echoed(second),
+            user("and once more?"),
+        ];
+        let body = json!({"model": "gpt-mock", "input": next, "store": false});
+        let got = send(&proxy, "/v1/responses", "sk-served", &body).await;
+        assert_eq!(got.status, 200, "{}", got.text());
         let after = mock.requests();
-        assert!(after[before..]
-            .iter()
-            .all(|r| !r.json()["input"].to_string().contains("compaction_trigger")));
+        assert!(after[before..].iter().all(|r| {
+            let input = r.json()["input"].to_string();
+            !input.contains("compaction_trigger") && !input.contains(HANDLE_PREFIX)
+        }));
+        let read = after.last().unwrap().json()["input"].to_string();
+        for fact in 0..4 {
+            assert!(read.contains(&format!("FACT-{fact:03}")), "{read}");
+        }
+        assert_eq!(proxy.conversations().await.len(), 1);
     }
 }
 

@@ -16,7 +16,7 @@ use crate::compaction::service::CompactError;
 use crate::compaction::Reason;
 use crate::config::NativeCompaction;
 use crate::conversation::Tracked;
-use crate::dialect::{DialectKind, Expanded, RawMessage};
+use crate::dialect::{DialectKind, Expanded, Message, RawMessage};
 use crate::error::ApiError;
 use crate::native::{handle, reply as native_reply, SERVED};
 use crate::projection::project_view;
@@ -55,7 +55,12 @@ impl Exchange<'_> {
     /// `compaction_trigger`, or the `/v1/responses/compact` endpoint.
     fn serves_this_ask(&self) -> bool {
         self.chat.dialect == DialectKind::Responses
-            && (self.at_compact_endpoint() || self.chat.messages.last().is_some_and(is_trigger))
+            && (self.at_compact_endpoint()
+                || self
+                    .chat
+                    .messages
+                    .last()
+                    .is_some_and(Message::is_compaction_trigger))
     }
 
     fn at_compact_endpoint(&self) -> bool {
@@ -103,7 +108,7 @@ impl Exchange<'_> {
             if !message.is_compacted_history() {
                 continue;
             }
-            let place = item_place(dialect, at - self.chat.top_level.min(at));
+            let place = self.item_place(at);
             let Some(sealed) = message.handle() else {
                 if serving {
                     return Err(ApiError::invalid_request(
@@ -125,6 +130,12 @@ impl Exchange<'_> {
                     format!("The encrypted content of {place} could not be verified: {err}."),
                 )
             })?;
+            if payload.dialect != dialect.name() {
+                return Err(ApiError::invalid_request(
+                    "invalid_encrypted_content",
+                    format!("{place} is a compaction handoff answered in another API ({}); it stands for that API's messages", payload.dialect),
+                ));
+            }
             latest = Some((at, payload));
         }
         let Some((at, payload)) = latest else {
@@ -132,9 +143,10 @@ impl Exchange<'_> {
         };
         let messages = (payload.expansion.into_iter())
             .map(|raw| {
+                let raw: Box<str> = raw.into();
                 dialect
                     .get()
-                    .read_reply(RawMessage::from(String::from(raw.get())))
+                    .read_reply(RawMessage::from(String::from(raw)))
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|err| {
@@ -142,12 +154,22 @@ impl Exchange<'_> {
                     "invalid_encrypted_content",
                     format!(
                         "{}: what it stands for cannot be read: {err}",
-                        item_place(dialect, at)
+                        self.item_place(at)
                     ),
                 )
             })?;
         self.chat.expanded = Some(Arc::new(Expanded { at, messages }));
         Ok(())
+    }
+
+    /// How the API's errors name the request's message `at`: its place in the list,
+    /// past the top-level fields.
+    fn item_place(&self, at: usize) -> String {
+        let index = at - self.chat.top_level.min(at);
+        match self.chat.dialect {
+            DialectKind::Anthropic => format!("messages.{index}"),
+            _ => format!("input[{index}]"),
+        }
     }
 
     /// Serves the request's ask: the strategy chain compacts everything the request
@@ -170,7 +192,12 @@ impl Exchange<'_> {
         // latest stands for first.
         let view = project_view(&self.chat, tracked, &tracked.compactions);
         let mut list = view.raw_messages();
-        if self.chat.messages.last().is_some_and(is_trigger) {
+        if self
+            .chat
+            .messages
+            .last()
+            .is_some_and(Message::is_compaction_trigger)
+        {
             list.pop();
         }
         let body = view
@@ -209,6 +236,7 @@ impl Exchange<'_> {
             .collect();
         let payload = handle::Payload {
             conversation: tracked.id.to_string(),
+            dialect: dialect.name().to_owned(),
             record: compacted.compact_id().map(str::to_owned),
             expansion,
         };
@@ -259,18 +287,5 @@ impl Exchange<'_> {
             HeaderValue::from_static("text/event-stream"),
         );
         Ok(response)
-    }
-}
-
-/// True for the Responses item that asks the API to compact what precedes it.
-fn is_trigger(message: &crate::dialect::Message) -> bool {
-    message.item_type() == Some("compaction_trigger")
-}
-
-/// How the API's errors name the list's item `index`.
-fn item_place(dialect: DialectKind, index: usize) -> String {
-    match dialect {
-        DialectKind::Anthropic => format!("messages.{index}"),
-        _ => format!("input[{index}]"),
     }
 }

@@ -590,7 +590,13 @@ impl Message {
     /// stands for what it compacted), not the control that asks it to compact: the
     /// provider reads the list from the latest one on.
     pub fn is_compacted_history(&self) -> bool {
-        self.facts.provider_compaction && self.item_type() != Some(COMPACTION_TRIGGER)
+        self.facts.provider_compaction && !self.is_compaction_trigger()
+    }
+
+    /// True for the Responses `compaction_trigger` item: the client's ask that the API
+    /// compact what precedes it.
+    pub fn is_compaction_trigger(&self) -> bool {
+        self.item_type() == Some(COMPACTION_TRIGGER)
     }
 
     /// The compaction handle handoff minted that this message is (a Responses

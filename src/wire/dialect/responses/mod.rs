@@ -274,8 +274,7 @@ impl Dialect for OpenAiResponses {
         messages.extend(input);
         let (asked, context_management, _) = super::asked(wire.context_management, None);
         let provider_compacts = asks_compaction(context_management.as_ref())
-            || (messages.last())
-                .is_some_and(|m| m.item_type() == Some(super::message::COMPACTION_TRIGGER));
+            || messages.last().is_some_and(Message::is_compaction_trigger);
         Ok(ChatRequest {
             dialect: DialectKind::Responses,
             list: reading.list_span(),
