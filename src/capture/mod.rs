@@ -19,7 +19,7 @@ pub(crate) use stream::ReplyCapture;
 use crate::base::digest::{message_digest, PrefixDigest};
 use crate::base::line::DecisionLine;
 use crate::base::outcome::Outcome;
-use crate::base::reply::Assembled;
+use crate::base::reply::{Assembled, CapturedReply};
 use crate::compaction::budget::Calibration;
 use crate::config::{Billed, Price, Tokenizer};
 use crate::conversation::{CapturedReplies, ConversationId, Tracker};
@@ -64,6 +64,9 @@ pub(crate) struct ReplyTarget {
     /// Given the reply's messages once they are logged (the reply-stage hooks); it
     /// must not block, for a stream's end waits for the log.
     pub after: Option<AfterReply>,
+    /// A compaction handoff served in front of a streamed reply (a Responses item, a
+    /// Messages block): logged first, as the client got it.
+    pub prepend: Option<serde_json::Value>,
 }
 
 /// What sees a reply after it was logged.
@@ -89,6 +92,43 @@ fn count_references(items: Vec<String>, tokens: Arc<Tokens>, tokenizer: Tokenize
     });
 }
 
+/// Puts a served compaction `artefact` first in `replies`: an item of its own
+/// (Responses; true, for the replies then follow one another), or the first block of
+/// the message (Messages).
+fn put_first(
+    dialect: DialectKind,
+    replies: &mut Vec<CapturedReply>,
+    artefact: serde_json::Value,
+) -> bool {
+    let raw = |value: &serde_json::Value| {
+        serde_json::value::RawValue::from_string(value.to_string()).ok()
+    };
+    if dialect == DialectKind::Anthropic {
+        if let Some(first) = replies.first_mut() {
+            let mut message: serde_json::Value =
+                serde_json::from_str(first.message.get()).unwrap_or_default();
+            if let Some(content) = message["content"].as_array_mut() {
+                content.insert(0, artefact);
+                if let Some(message) = raw(&message) {
+                    first.message = message;
+                }
+            }
+        }
+        return false;
+    }
+    if let Some(message) = raw(&artefact) {
+        replies.insert(
+            0,
+            CapturedReply {
+                message,
+                finish_reason: None,
+                choice: 0,
+            },
+        );
+    }
+    true
+}
+
 impl ReplyTarget {
     /// Logs `replies`. `Err` only when they could not be logged and the store is
     /// required; otherwise a failure is warned about, counted, and the reply relayed.
@@ -98,12 +138,16 @@ impl ReplyTarget {
         ended: Outcome,
     ) -> Result<(), RelayError> {
         let Assembled {
-            replies,
+            mut replies,
             usage,
-            sequence,
+            mut sequence,
             response_id,
-            edited_upstream,
+            mut edited_upstream,
         } = assembled;
+        if let Some(artefact) = self.prepend.take() {
+            sequence |= put_first(self.dialect, &mut replies, artefact);
+            edited_upstream = true;
+        }
         if let Some(billed) = usage.as_ref().and_then(|u| self.dialect.get().billed(u)) {
             self.count_cost(&billed);
         }

@@ -152,19 +152,21 @@ impl ModelView<'_> {
         let all = (self.pinned.iter().map(|m| m.message))
             .chain(self.lifted.iter().copied())
             .chain(self.live.iter());
-        if !self.compacted_history {
+        if !self.compacted_history && self.expanded.is_none() {
             return all.for_each(visit);
         }
-        let from = self.provider_reads_from();
-        let top = self.top_level.min(from);
         // A handle of handoff's is counted as what it stands for.
         let handle = self.handle_position().map(|(at, _)| at);
+        let from = handle.map_or(0, |at| at).max(self.provider_reads_from());
+        let top = self.top_level.min(from);
         for (at, message) in all.enumerate() {
             if at < top || at > from || (at == from && handle != Some(at)) {
                 visit(message);
             } else if at == from {
-                let expanded = self.expanded.as_deref().map(|e| e.messages.as_slice());
-                expanded.into_iter().flatten().for_each(&mut visit);
+                if let Some(expanded) = self.expanded.as_deref() {
+                    expanded.messages.iter().for_each(&mut visit);
+                    expanded.remainder.iter().for_each(&mut visit);
+                }
             }
         }
     }
@@ -300,6 +302,7 @@ impl ModelView<'_> {
             false => at - self.top_level.min(at),
         };
         let mut out: Vec<&str> = (expanded.messages.iter()).map(|m| m.raw.get()).collect();
+        out.extend(expanded.remainder.iter().map(|m| m.raw.get()));
         out.extend(list.into_iter().skip(at + 1));
         out
     }

@@ -93,6 +93,15 @@ pub(crate) fn open(
     }
 }
 
+/// What a Messages message holding a compaction block has after its latest one, as a
+/// message of its own; `None` when nothing follows it (or for a Responses item).
+pub(crate) fn remainder(message: &serde_json::Value) -> Option<serde_json::Value> {
+    let blocks = message.get("content")?.as_array()?;
+    let at = blocks.iter().rposition(|b| b["type"] == "compaction")?;
+    let rest = &blocks[at + 1..];
+    (!rest.is_empty()).then(|| serde_json::json!({"role": message["role"], "content": rest}))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

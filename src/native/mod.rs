@@ -3,8 +3,11 @@
 //! model are served or passed, the handle handoff answers with, and the replies each
 //! API documents.
 
+pub(crate) mod asks;
 pub(crate) mod handle;
+pub(crate) mod prepend;
 pub(crate) mod reply;
+pub(crate) mod strip;
 
 use std::collections::HashSet;
 use std::sync::Mutex;

@@ -67,6 +67,83 @@ pub(crate) fn compacted(input: &[Value], handle: &str, usage: Value) -> Value {
            "created_at": now(), "output": output, "usage": usage})
 }
 
+/// The readable text of a handoff message (a string, or its text blocks or parts).
+pub(crate) fn text_of(message: &Value) -> String {
+    match &message["content"] {
+        Value::String(text) => text.clone(),
+        Value::Array(parts) => (parts.iter())
+            .filter_map(|part| part["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// The Messages `compaction` block holding `handle`, with the handoff's `summary`
+/// readable in its `content`.
+pub(crate) fn compaction_block(summary: &str, handle: &str) -> Value {
+    json!({"type": "compaction", "content": summary, "encrypted_content": handle})
+}
+
+/// The Messages reply that is the compaction alone (`pause_after_compaction`, an
+/// on-demand `compaction`): it stops for it, and its usage is the compaction's.
+pub(crate) fn paused(model: &str, block: Value, (input, output): (u64, u64)) -> Value {
+    let id = format!(
+        "msg_{}",
+        &id_for("cmp", block["encrypted_content"].as_str().unwrap_or(""))[4..]
+    );
+    json!({"id": id, "type": "message", "role": "assistant", "model": model,
+           "content": [block], "stop_reason": "compaction", "stop_sequence": null,
+           "usage": {"input_tokens": 0, "output_tokens": 0,
+                     "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                     "iterations": [{"type": "compaction", "input_tokens": input, "output_tokens": output}]}})
+}
+
+/// The event stream of a Messages reply whose blocks are compactions, as the API
+/// streams one: `message_start`, each block as `compaction_delta`, `message_delta`
+/// with the stop reason and usage, `message_stop`.
+pub(crate) fn message_stream(message: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut event = |data: Value| {
+        let kind = data["type"].as_str().unwrap_or("").to_owned();
+        out.extend_from_slice(format!("event: {kind}\ndata: {data}\n\n").as_bytes());
+    };
+    let mut opening = message.clone();
+    opening["content"] = json!([]);
+    opening["stop_reason"] = Value::Null;
+    event(json!({"type": "message_start", "message": opening}));
+    let blocks = message["content"].as_array().cloned().unwrap_or_default();
+    for (index, block) in blocks.into_iter().enumerate() {
+        let mut start = block.clone();
+        start["content"] = Value::Null;
+        if let Some(start) = start.as_object_mut() {
+            start.remove("encrypted_content");
+        }
+        let mut delta = block;
+        delta["type"] = json!("compaction_delta");
+        event(json!({"type": "content_block_start", "index": index, "content_block": start}));
+        event(json!({"type": "content_block_delta", "index": index, "delta": delta}));
+        event(json!({"type": "content_block_stop", "index": index}));
+    }
+    event(json!({"type": "message_delta",
+                 "delta": {"stop_reason": message["stop_reason"], "stop_sequence": null},
+                 "usage": message["usage"]}));
+    event(json!({"type": "message_stop"}));
+    out
+}
+
+/// The summary calls' usage (`calls`, in the chat shape) as input and output tokens.
+pub(crate) fn summary_tokens(calls: &Value) -> (u64, u64) {
+    let billed = DialectKind::OpenAiChat
+        .get()
+        .billed(calls)
+        .unwrap_or_default();
+    (
+        billed.input + billed.cache_read + billed.cache_write,
+        billed.output,
+    )
+}
+
 /// The event stream of `response`, as a streamed create gets it: `response.created`
 /// and `response.in_progress` with no output yet, each item's `output_item.added`
 /// and `.done`, then `response.completed` with the whole response.

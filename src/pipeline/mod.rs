@@ -53,6 +53,9 @@ enum Halt {
     Error(ApiError),
     /// A complete answer (an upstream error passed on, an untracked forward).
     Respond(Box<Response<ProxyBody>>),
+    /// The upstream refused the API's own context management the request asked:
+    /// handoff serves it and sends the request again (never leaves the tracked route).
+    ServeAsks,
 }
 
 impl From<ApiError> for Halt {
@@ -116,6 +119,10 @@ pub(crate) async fn handle(
         Ok(response) => response,
         Err(Halt::Respond(response)) => *response,
         Err(Halt::Error(err)) => err.into_response_for(route.dialect()),
+        Err(Halt::ServeAsks) => ApiError::internal(
+            "the upstream refused the API's own compaction, and it was not served",
+        )
+        .into_response_for(route.dialect()),
     }
 }
 

@@ -43,6 +43,7 @@ mod pins;
 mod provider_compaction;
 mod redaction;
 mod responses;
+mod served_asks;
 mod served_compaction;
 mod stub_dialect;
 

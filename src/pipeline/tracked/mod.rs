@@ -4,6 +4,7 @@
 //! **track**, **fit** (with a compaction prepared in the background past
 //! `compaction.prepare_at`), **send** ([`send`]) and **reply** ([`reply`]).
 
+mod asked;
 mod charged;
 mod decided;
 pub(super) mod reply;
@@ -85,9 +86,22 @@ pub(super) async fn run(
     if exchange.serves_native() {
         return exchange.serve().await;
     }
+    if let Some(answered) = exchange.serve_asks().await? {
+        return Ok(answered);
+    }
     let fitted = exchange.fit().await?;
     exchange.prepare(&fitted);
-    exchange.send(fitted, log).await
+    match exchange.send(fitted, log).await {
+        // The upstream refused the asks: handoff serves them, and sends again.
+        Err(Halt::ServeAsks) => {
+            if let Some(answered) = exchange.serve_asks().await? {
+                return Ok(answered);
+            }
+            let fitted = exchange.fit().await?;
+            exchange.send(fitted, log).await
+        }
+        sent => sent,
+    }
 }
 
 /// One tracked request, and what each phase learned about it.
@@ -119,6 +133,8 @@ struct Exchange<'s> {
     view_notes: std::sync::Mutex<Vec<RedactionNote>>,
     /// The markers `reversible` hooks put in, turned back in the client's reply.
     reverse: Option<Arc<hooks::Reverse>>,
+    /// The asks on create handoff serves, once it serves them.
+    serving: Option<Box<asked::Serving>>,
 }
 
 impl<'s> Exchange<'s> {
@@ -177,6 +193,7 @@ impl<'s> Exchange<'s> {
             notes: None,
             view_notes: std::sync::Mutex::default(),
             reverse: None,
+            serving: None,
         })
     }
 

@@ -57,6 +57,7 @@ impl Exchange<'_> {
             let body = view
                 .render_body(&self.body)
                 .map_err(|err| ApiError::internal(err.to_string()))?;
+            let (body, applied) = self.cleared(&view, body, estimate)?;
             let body = self.viewed(body).await?;
             let asked = if ask_usage {
                 dialect.ask_usage(&body)
@@ -95,6 +96,9 @@ impl Exchange<'_> {
                 Inspected::Refused(head, body)
                     if retries == 0 && self.serves_after_refusal(head.status, &body) =>
                 {
+                    if self.asks_on_create() {
+                        return Err(Halt::ServeAsks);
+                    }
                     return self.serve().await;
                 }
                 // An error that is not about the window goes back to the client as it came.
@@ -109,6 +113,13 @@ impl Exchange<'_> {
                 Inspected::Refused(head, body) => (head, body),
                 Inspected::Read(head, body) if dialect.reply_overflowed(&body) => (head, body),
                 Inspected::Read(head, body) => {
+                    let served = self.served_reply(applied);
+                    let body = match &served {
+                        Some(served) if head.status.is_success() => {
+                            served.put_in_json(dialect.kind(), body)
+                        }
+                        _ => body,
+                    };
                     let target = self.target(tracked, estimate, &view, sent_as(retries));
                     return Ok(reply::answer_read(head, body, target, self.reverse.clone()).await);
                 }
@@ -123,7 +134,18 @@ impl Exchange<'_> {
                         drop(rest);
                         (head, opening)
                     } else {
-                        let target = self.target(tracked, estimate, &view, sent_as(retries));
+                        let mut target = self.target(tracked, estimate, &view, sent_as(retries));
+                        let served = self.served_reply(applied);
+                        target.prepend = served.as_ref().and_then(|s| s.artefact.clone());
+                        let rewrite = match (served, rewrite) {
+                            (Some(served), Some(first)) => Some(Box::new(crate::rewrite::Both(
+                                first,
+                                served.stream(dialect.kind()),
+                            ))
+                                as Box<dyn crate::rewrite::Rewrite>),
+                            (Some(served), None) => Some(served.stream(dialect.kind())),
+                            (None, rewrite) => rewrite,
+                        };
                         let rewrite = match (&self.reverse, rewrite) {
                             (Some(reverse), Some(first)) => Some(Box::new(crate::rewrite::Both(
                                 first,
@@ -302,6 +324,7 @@ impl Exchange<'_> {
             price: (self.snap.config.price(&self.chat.model))
                 .map(|(key, price)| (key.to_owned(), *price)),
             after: self.after_reply(),
+            prepend: None,
             references: (self.chat.dialect == crate::dialect::DialectKind::Responses).then(|| {
                 let tokenizer = self
                     .snap
@@ -315,6 +338,17 @@ impl Exchange<'_> {
 }
 
 impl Exchange<'_> {
+    /// What handoff puts into the reply of the asks it serves, with the clearing
+    /// edits `applied` to the view sent; `None` when nothing.
+    fn served_reply(
+        &self,
+        applied: Vec<serde_json::Value>,
+    ) -> Option<crate::native::prepend::Served> {
+        let mut served = self.serving.as_deref()?.reply.clone();
+        served.applied = applied;
+        (!served.is_empty()).then_some(served)
+    }
+
     /// `body` through the view-stage hooks, noting what they took out for the decision
     /// line.
     async fn viewed<'b>(

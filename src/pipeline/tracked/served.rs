@@ -23,7 +23,7 @@ use crate::projection::project_view;
 
 impl Exchange<'_> {
     /// Who serves this request's native compaction, as configured.
-    fn native_mode(&self) -> NativeCompaction {
+    pub(super) fn native_mode(&self) -> NativeCompaction {
         let dialect = self.chat.dialect.name();
         self.snap
             .config
@@ -31,7 +31,7 @@ impl Exchange<'_> {
     }
 
     /// The key `auto` remembers a refusal under: the upstream and the model.
-    fn refusal_key(&self) -> String {
+    pub(super) fn refusal_key(&self) -> String {
         (self.upstream().target(None)).map_or_else(|_| String::new(), |uri| uri.to_string())
     }
 
@@ -71,7 +71,9 @@ impl Exchange<'_> {
     /// the ask is one handoff serves and the answer refuses it. Remembered, logged and
     /// counted the first time for the upstream and model.
     pub(super) fn serves_after_refusal(&self, status: StatusCode, body: &[u8]) -> bool {
-        if self.native_mode() != NativeCompaction::Auto || !self.serves_this_ask() {
+        if self.native_mode() != NativeCompaction::Auto
+            || !(self.serves_this_ask() || self.asks_on_create())
+        {
             return false;
         }
         let endpoint = self.at_compact_endpoint();
@@ -158,7 +160,18 @@ impl Exchange<'_> {
                     ),
                 )
             })?;
-        self.chat.expanded = Some(Arc::new(Expanded { at, messages }));
+        // A Messages reply goes on after its compaction block: those blocks stay.
+        let remainder = (handle::remainder(self.chat.messages[at].value())).and_then(|rest| {
+            dialect
+                .get()
+                .read_reply(RawMessage::from(rest.to_string()))
+                .ok()
+        });
+        self.chat.expanded = Some(Arc::new(Expanded {
+            at,
+            messages,
+            remainder,
+        }));
         Ok(())
     }
 
@@ -176,6 +189,34 @@ impl Exchange<'_> {
     /// would send (the trigger aside), the view it leaves is sealed into a handle, and
     /// the API's answer carries it, logged as the request's reply.
     pub(super) async fn serve(&self) -> Result<Response<ProxyBody>, Halt> {
+        let tracked = self.tracked()?;
+        // Everything but the newest unit goes into the handoff: the client keeps none
+        // of what the handle stands for.
+        let minted = self.mint(false).await?;
+        let usage = native_reply::responses_usage(&minted.usage);
+        let answer = match self.at_compact_endpoint() {
+            true => {
+                let input: Vec<Value> = (self.chat.messages.iter().skip(self.chat.top_level))
+                    .map(|m| m.value().clone())
+                    .collect();
+                native_reply::compacted(&input, &minted.handle, usage)
+            }
+            false => native_reply::triggered(&self.chat.model, &minted.handle, usage),
+        };
+        let how = if self.at_compact_endpoint() {
+            "endpoint"
+        } else {
+            "trigger"
+        };
+        self.state.metrics.add(SERVED, &[("how", how)], 1.0);
+        tracing::info!(conversation = %tracked.id, record = ?minted.record, how, "served the API's compaction");
+        self.answer_served(answer).await
+    }
+
+    /// Compacts everything the request would send (a trailing trigger aside) with the
+    /// strategy chain, and seals the view it leaves into a handle. `keep_recent`: the
+    /// configured recent part stays verbatim; otherwise only the newest unit does.
+    pub(super) async fn mint(&self, keep_recent: bool) -> Result<Minted, Halt> {
         let tracked = self.tracked()?;
         let Some(budget) = self.budget.as_ref() else {
             return Err(ApiError::invalid_request(
@@ -216,9 +257,9 @@ impl Exchange<'_> {
             budget.threshold,
             Reason::Manual,
         );
-        // Everything but the newest unit goes into the handoff: the client keeps none
-        // of what the handle stands for.
-        job.keep_recent = 0.0;
+        if !keep_recent {
+            job.keep_recent = 0.0;
+        }
         job.continuer = None;
         let compacted = match Box::pin(self.state.compactor.compact(&job)).await {
             Ok(compacted) => compacted,
@@ -231,46 +272,44 @@ impl Exchange<'_> {
         let usage = (compacted.compaction.as_ref())
             .map(|adopted| crate::compaction::chain::sum_usage(&adopted.record.attempts))
             .unwrap_or_default();
-        let expansion = (compacted.raw_messages().into_iter())
-            .filter_map(|raw| serde_json::value::RawValue::from_string(raw.to_owned()).ok())
+        let summary = (compacted.compaction.as_ref())
+            .map(|adopted| native_reply::text_of(&adopted.record.handoff))
+            .unwrap_or_default();
+        let raw = compacted.raw_messages();
+        let expansion = (raw.iter())
+            .filter_map(|raw| serde_json::value::RawValue::from_string((*raw).to_owned()).ok())
             .collect();
+        let messages = (raw.iter())
+            .map(|raw| {
+                dialect
+                    .get()
+                    .read_reply(RawMessage::from((*raw).to_owned()))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|err| ApiError::internal(err.to_string()))?;
         let payload = handle::Payload {
             conversation: tracked.id.to_string(),
             dialect: dialect.name().to_owned(),
             record: compacted.compact_id().map(str::to_owned),
             expansion,
         };
-        let sealed = handle::seal(&self.state.secret, tracked.id.tenant(), &payload);
-        let usage = native_reply::responses_usage(&usage);
-        let answer = match self.at_compact_endpoint() {
-            true => {
-                let input: Vec<Value> = (self.chat.messages.iter().skip(self.chat.top_level))
-                    .map(|m| m.value().clone())
-                    .collect();
-                native_reply::compacted(&input, &sealed, usage)
-            }
-            false => native_reply::triggered(&self.chat.model, &sealed, usage),
-        };
-        let how = if self.at_compact_endpoint() {
-            "endpoint"
-        } else {
-            "trigger"
-        };
-        self.state.metrics.add(SERVED, &[("how", how)], 1.0);
-        tracing::info!(conversation = %tracked.id, record = ?payload.record, how, "served the API's compaction");
-        self.answer_served(tracked, &view, answer).await
+        let handle = handle::seal(&self.state.secret, tracked.id.tenant(), &payload);
+        Ok(Minted {
+            handle,
+            messages,
+            usage,
+            summary,
+            record: payload.record,
+        })
     }
 
     /// Logs the served `answer` as the request's reply, then answers it as the client
     /// asked: JSON, or the API's event stream.
-    async fn answer_served(
-        &self,
-        tracked: &Tracked,
-        view: &crate::projection::ModelView<'_>,
-        answer: Value,
-    ) -> Result<Response<ProxyBody>, Halt> {
+    pub(super) async fn answer_served(&self, answer: Value) -> Result<Response<ProxyBody>, Halt> {
+        let tracked = self.tracked()?;
+        let view = project_view(&self.chat, tracked, &tracked.compactions);
         let json = Bytes::from(serde_json::to_vec(&answer).unwrap_or_default());
-        let target = self.target(tracked, None, view, (0, false));
+        let target = self.target(tracked, None, &view, (0, false));
         let (mut head, ()) = Response::new(()).into_parts();
         head.headers.insert(
             header::CONTENT_TYPE,
@@ -280,7 +319,10 @@ impl Exchange<'_> {
         if !self.chat.stream || logged.status() != StatusCode::OK {
             return Ok(logged);
         }
-        let stream = native_reply::event_stream(&answer);
+        let stream = match self.chat.dialect {
+            DialectKind::Anthropic => native_reply::message_stream(&answer),
+            _ => native_reply::event_stream(&answer),
+        };
         let mut response = Response::new(full(Bytes::from(stream)));
         response.headers_mut().insert(
             header::CONTENT_TYPE,
@@ -288,4 +330,18 @@ impl Exchange<'_> {
         );
         Ok(response)
     }
+}
+
+/// A compaction handoff made for the API's own compaction.
+pub(super) struct Minted {
+    /// The handle, sealed.
+    pub(super) handle: String,
+    /// What it stands for: the view the compaction left.
+    pub(super) messages: Vec<Message>,
+    /// The summary calls' usage, in the chat shape.
+    pub(super) usage: Value,
+    /// The handoff's text, for an API whose item carries it readable.
+    pub(super) summary: String,
+    /// The compaction record that wrote it.
+    pub(super) record: Option<String>,
 }

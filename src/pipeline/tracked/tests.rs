@@ -222,6 +222,7 @@ async fn a_reply_being_logged_when_the_client_leaves_is_still_logged() {
         references: None,
         decision: None,
         after: None,
+        prepend: None,
     };
     let reply = json!({"choices": [{"index": 0, "finish_reason": "stop",
         "message": {"role": "assistant", "content": "again"}}]})

@@ -191,13 +191,20 @@ pub struct ChatRequest {
     pub list: Option<std::ops::Range<usize>>,
 }
 
-/// A compaction handle handoff minted, opened: the messages it stands for.
+/// A compaction handle handoff minted, opened: the messages it stands for. The
+/// provider reads a list from its latest compaction on: what precedes the handle is
+/// dropped, and the handle's message is these messages, then its remainder.
 #[derive(Debug)]
 pub struct Expanded {
-    /// The handle's index in the request's `messages`.
+    /// The index in the request's `messages` of the message holding the handle (for a
+    /// compaction served on this very request, its last message: the handle stands
+    /// for all of it).
     pub at: usize,
     /// The messages it stands for, in the request's dialect.
     pub messages: Vec<Message>,
+    /// What the handle's message holds after it (a Messages reply's blocks that
+    /// followed its `compaction` block), as a message of its own.
+    pub remainder: Option<Message>,
 }
 
 /// How the text of every compaction handle handoff mints starts: what tells its own

@@ -39,6 +39,11 @@ pub struct StrictAnthropic {
     pub compactor: crate::native::Compactor,
     /// Requests whose old thinking it cleared (`clear_thinking_20251015`).
     pub cleared: AtomicUsize,
+    /// False for an Anthropic-compatible endpoint without context management: its
+    /// fields, beta flags and blocks are refused.
+    native: AtomicBool,
+    /// The `anthropic-beta` header of every request it answered.
+    pub betas: Mutex<Vec<String>>,
 }
 
 /// An error in the Messages API's shape.
@@ -73,12 +78,51 @@ impl StrictAnthropic {
             fail_summaries: AtomicBool::new(false),
             compactor: crate::native::Compactor::new(0x0a2_c0de),
             cleared: AtomicUsize::new(0),
+            native: AtomicBool::new(true),
+            betas: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Turns the API's context management off (or on again), as an
+    /// Anthropic-compatible endpoint of another provider answers: a
+    /// `context_management` or `compaction` field is an extra input, a `compaction`
+    /// block an unknown tag.
+    pub fn set_native(&self, native: bool) {
+        self.native.store(native, Ordering::SeqCst);
+    }
+
+    /// Without context management, the refusal of what `body` asks of it.
+    fn refuse_native(&self, body: &Value) -> Option<Reply> {
+        if self.native.load(Ordering::SeqCst) {
+            return None;
+        }
+        for field in ["context_management", "compaction"] {
+            if body.get(field).is_some() {
+                return Some(self.refuse(&format!("{field}: Extra inputs are not permitted")));
+            }
+        }
+        let messages = body["messages"].as_array()?;
+        let (index, position) = messages.iter().enumerate().find_map(|(index, message)| {
+            let blocks = message["content"].as_array()?;
+            let position = blocks.iter().position(|b| b["type"] == "compaction")?;
+            Some((index, position))
+        })?;
+        Some(self.refuse(&format!("messages.{index}.content.{position}: Input tag 'compaction' found using 'type' does not match any of the expected tags: 'text', 'image', 'tool_use', 'tool_result', 'thinking', 'redacted_thinking'")))
     }
 
     /// Answers one request.
     pub fn answer(&self, request: &Recorded) -> Reply {
         let sent = request.json();
+        let beta = request
+            .headers
+            .get("anthropic-beta")
+            .and_then(|v| v.to_str().ok());
+        if let (Ok(mut betas), Some(beta)) = (self.betas.lock(), beta) {
+            betas.push(beta.to_owned());
+        }
+        if let Some(refused) = self.refuse_native(&sent) {
+            return refused;
+        }
         // The API reads a request from the message holding its latest compaction block.
         let messages = sent["messages"].as_array().cloned().unwrap_or_default();
         let window = match self.compactor.message_window(&messages) {
