@@ -71,6 +71,11 @@ fn bin(name: &str) -> PathBuf {
 
 /// Runs `agent` on the task in `work` against `base` (handoff or the model itself).
 fn run(agent: Agent, base: &str, work: &Path, files: usize) -> Output {
+    run_with(agent, base, work, files, &[])
+}
+
+/// [`run`], with `env` set for the agent too.
+fn run_with(agent: Agent, base: &str, work: &Path, files: usize, env: &[(&str, &str)]) -> Output {
     let home = work.join(".home");
     std::fs::create_dir_all(&home).unwrap();
     let prompt = scripted::task_prompt(files);
@@ -186,6 +191,7 @@ fn run(agent: Agent, base: &str, work: &Path, files: usize) -> Output {
     if let Agent::ClaudeCode = agent {
         command.env("ANTHROPIC_API_KEY", KEY);
     }
+    command.envs(env.iter().copied());
     let child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -585,4 +591,98 @@ async fn opencode_needs_handoff_and_finishes_through_it() {
     control(Agent::OpenCode).await;
     through_handoff(Agent::OpenCode, "extract", Thinking::Some, FILES).await;
     through_handoff(Agent::OpenCode, "summarize", Thinking::Some, FILES).await;
+}
+
+/// Claude Code's thinking, as its users switch it on.
+const THINKING_ON: &[(&str, &str)] = &[("MAX_THINKING_TOKENS", "4000")];
+
+/// Claude Code with thinking on asks the API to keep its thinking
+/// (`context_management` `clear_thinking_20251015`, `keep: "all"`); an
+/// Anthropic-compatible endpoint of another provider refuses the field. Without
+/// handoff Claude Code cannot run there; through handoff (`native_compaction`
+/// `auto`) the endpoint refuses the first ask, handoff serves it from then on, and
+/// Claude Code finishes on one conversation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_thinking_at_an_endpoint_without_context_management_finishes_through_handoff() {
+    let agent = Agent::ClaudeCode;
+    let work = tempfile::tempdir().unwrap();
+    let (model, mock) = model_for(agent, work.path(), Thinking::Some, FILES).await;
+    model.set_native(false);
+    let output = tokio::task::spawn_blocking({
+        let (url, dir) = (mock.url(), work.path().to_owned());
+        move || run_with(agent, &url, &dir, FILES, THINKING_ON)
+    })
+    .await
+    .unwrap();
+    {
+        let seen = model.seen.lock().unwrap();
+        assert!(
+            seen.refused
+                .iter()
+                .any(|r| r.contains("context_management")),
+            "Claude Code sent no context_management: {}",
+            said(&output)
+        );
+        assert!(!String::from_utf8_lossy(&output.stdout).contains(scripted::FINAL));
+    }
+
+    let work = tempfile::tempdir().unwrap();
+    let (model, mock) = model_for(agent, work.path(), Thinking::Some, FILES).await;
+    model.set_native(false);
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: format!(
+                "[models.\"{}\"]\ncontext_window = {}\n",
+                agent.model(),
+                agent.window()
+            ),
+            ..ProxyOptions::default()
+        },
+    );
+    let hop = support::hop::Hop::start(&proxy.url()).await;
+    let output = tokio::task::spawn_blocking({
+        let (url, dir) = (hop.url(), work.path().to_owned());
+        move || run_with(agent, &url, &dir, FILES, THINKING_ON)
+    })
+    .await
+    .unwrap();
+    let context = format!("{}\n--- handoff ---\n{}", said(&output), proxy.logs());
+    assert!(output.status.success(), "{context}");
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("DONE"),
+        "{context}"
+    );
+    let asked = (hop.sent().iter())
+        .filter(|sent| String::from_utf8_lossy(&sent.body).contains("context_management"))
+        .count();
+    assert!(asked > 0, "{context}");
+    {
+        let seen = model.seen.lock().unwrap();
+        assert!(
+            seen.over_window.is_empty(),
+            "{:?}\n{context}",
+            seen.over_window
+        );
+        assert_eq!(
+            seen.refused.len(),
+            1,
+            "refused once, then served: {:?}\n{context}",
+            seen.refused
+        );
+    }
+    let unasked = (mock.requests().iter().skip(1))
+        .all(|r| !String::from_utf8_lossy(&r.body).contains("context_management"));
+    assert!(unasked, "{context}");
+    let listed = proxy.conversations();
+    let agent_conversation = (listed.iter())
+        .max_by_key(|c| c["requests"].as_u64().unwrap_or(0))
+        .unwrap();
+    let id = agent_conversation["id"].as_str().unwrap().to_owned();
+    proxy.assert_verified(&[&id]);
+    println!(
+        "SERVED-ROW | Claude Code, thinking on, endpoint without context_management | {} | {asked} asked | 1 refused | {} | verified |",
+        hop.sent().len(),
+        agent_conversation["branches"]
+    );
 }

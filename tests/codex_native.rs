@@ -39,11 +39,22 @@ fn codex() -> PathBuf {
     path
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn codex_compacting_with_the_provider_stays_one_conversation_through_handoff() {
+/// One Codex session through handoff against the scripted model, with or without
+/// the API's own compaction: what each side saw, and Codex's output with handoff's
+/// logs for a failing assertion to show.
+struct Session {
+    model: Arc<ScriptedCoder>,
+    mock: MockUpstream,
+    proxy: Proxy,
+    hop: support::hop::Hop,
+    context: String,
+}
+
+async fn session(native: bool) -> Session {
     let work = tempfile::tempdir().unwrap();
     scripted::write_files(work.path(), FILES).unwrap();
     let model = ScriptedCoder::new(WINDOW, FILES, work.path().to_owned(), Thinking::Some);
+    model.set_native(native);
     let answer = Arc::clone(&model);
     let mock = MockUpstream::with(move |request| answer.answer(request)).await;
     // handoff knows the same window: it would compact this session if it did not
@@ -107,7 +118,25 @@ async fn codex_compacting_with_the_provider_stays_one_conversation_through_hando
         String::from_utf8_lossy(&output.stdout).contains(scripted::FINAL),
         "{context}"
     );
+    drop(work);
+    Session {
+        model,
+        mock,
+        proxy,
+        hop,
+        context,
+    }
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_compacting_with_the_provider_stays_one_conversation_through_handoff() {
+    let Session {
+        model,
+        mock,
+        proxy,
+        hop,
+        context,
+    } = session(true).await;
     // The provider compacted; handoff did not, and never summarised its item.
     let provider_compactions = model.compactor.compactions.load(Ordering::SeqCst);
     {
@@ -158,5 +187,54 @@ async fn codex_compacting_with_the_provider_stays_one_conversation_through_hando
         listed[0]["branches"]
     );
     // The key never reaches disk, nor the logs.
+    proxy.assert_secret_nowhere(KEY);
+}
+
+/// The same Codex at a self-hosted Responses server without the API's own
+/// compaction: the server refuses Codex's first trigger, handoff serves it from then
+/// on with its strategy chain, and Codex finishes its task on one conversation; the
+/// handle never reaches the model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_at_a_server_without_compaction_finishes_through_handoff() {
+    let Session {
+        model,
+        mock,
+        proxy,
+        hop,
+        context,
+    } = session(false).await;
+    let seen = model.seen.lock().unwrap();
+    assert!(
+        seen.over_window.is_empty(),
+        "{:?}\n{context}",
+        seen.over_window
+    );
+    // Only the first trigger reached the server, and was refused: auto learns.
+    assert_eq!(seen.refused.len(), 1, "{:?}\n{context}", seen.refused);
+    assert!(seen.refused[0].contains("compaction_trigger"), "{context}");
+    let summaries = seen.summaries.len();
+    assert!(summaries >= 1, "handoff served no compaction\n{context}");
+    drop(seen);
+    assert_eq!(model.compactor.compactions.load(Ordering::SeqCst), 0);
+    let sent = mock.requests();
+    let triggers = (hop.sent().iter())
+        .filter(|sent| String::from_utf8_lossy(&sent.body).contains("compaction_trigger"))
+        .count();
+    assert!(triggers >= 1, "Codex never compacted\n{context}");
+    assert!(
+        sent.iter()
+            .all(|r| !String::from_utf8_lossy(&r.body).contains("handoff-compaction.v1.")),
+        "a handle reached the model\n{context}"
+    );
+    let listed = proxy.conversations();
+    assert_eq!(listed.len(), 1, "one conversation: {listed:?}");
+    let id = listed[0]["id"].as_str().unwrap().to_owned();
+    support::hop::assert_replay_exact(&proxy, &id, &hop.sent());
+    proxy.assert_verified(&[&id]);
+    println!(
+        "SERVED-ROW | Codex CLI, compaction_trigger, server without it | {} | {triggers} | {summaries} | {} | exact |",
+        hop.sent().len(),
+        listed[0]["branches"]
+    );
     proxy.assert_secret_nowhere(KEY);
 }

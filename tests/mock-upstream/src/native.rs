@@ -150,6 +150,32 @@ pub fn compaction_blocks(message: &Value) -> impl Iterator<Item = &Value> {
     (message["content"].as_array().into_iter().flatten()).filter(|b| b["type"] == "compaction")
 }
 
+/// How a Responses server without the API's own compaction refuses a request that
+/// asks for it (`path`, `body`, its input `items`): the compaction endpoint is a 404,
+/// a `context_management` field an unknown parameter, a `compaction_trigger` or
+/// `compaction` item an invalid value naming it. Status, code and message.
+pub fn unsupported(
+    path: &str,
+    body: &Value,
+    items: &[Value],
+) -> Option<(u16, Option<&'static str>, String)> {
+    if path.ends_with("/responses/compact") {
+        return Some((404, None, "Not Found".to_owned()));
+    }
+    if body.get("context_management").is_some() {
+        let message = "Unrecognized request argument supplied: context_management";
+        return Some((400, Some("unknown_parameter"), message.to_owned()));
+    }
+    let (index, kind) = items.iter().enumerate().find_map(|(index, item)| {
+        let kind = item["type"].as_str()?;
+        kind.starts_with("compaction")
+            .then(|| (index, kind.to_owned()))
+    })?;
+    Some((400, Some("invalid_value"), format!(
+        "Invalid value: '{kind}'. Supported values are: 'message', 'function_call', 'function_call_output' and 'reasoning' (input[{index}].type)."
+    )))
+}
+
 /// The input-token trigger of a request's `compact_20260112` edit, when it has one.
 pub fn compact_trigger(body: &Value) -> Option<u64> {
     edits(body)

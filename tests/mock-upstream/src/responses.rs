@@ -107,24 +107,8 @@ impl StrictResponses {
         if self.native.load(Ordering::SeqCst) {
             return None;
         }
-        if path.ends_with("/responses/compact") {
-            return Some(self.refuse(404, None, "Not Found"));
-        }
-        if body.get("context_management").is_some() {
-            return Some(self.refuse(
-                400,
-                Some("unknown_parameter"),
-                "Unrecognized request argument supplied: context_management",
-            ));
-        }
-        let (index, kind) = items.iter().enumerate().find_map(|(index, item)| {
-            let kind = item["type"].as_str()?;
-            kind.starts_with("compaction")
-                .then(|| (index, kind.to_owned()))
-        })?;
-        Some(self.refuse(400, Some("invalid_value"), &format!(
-            "Invalid value: '{kind}'. Supported values are: 'message', 'function_call', 'function_call_output' and 'reasoning' (input[{index}].type)."
-        )))
+        let (status, code, message) = crate::native::unsupported(path, body, items)?;
+        Some(self.refuse(status, code, &message))
     }
 
     /// Makes each reasoning item's `encrypted_content` `bytes` longer, as a real

@@ -68,6 +68,10 @@ pub struct ScriptedCoder {
     pub seen: Mutex<Seen>,
     /// The Responses API's own compaction: what it minted.
     pub compactor: Compactor,
+    /// False for a server without the APIs' own compaction (a self-hosted Responses
+    /// server, an Anthropic-compatible endpoint): its trigger, items, fields and
+    /// endpoint are refused as such servers refuse them.
+    native: std::sync::atomic::AtomicBool,
 }
 
 /// The text of file `k` of `n`: ~20 KB of numbered facts.
@@ -112,7 +116,13 @@ impl ScriptedCoder {
             thought: Mutex::new(HashMap::new()),
             seen: Mutex::new(Seen::default()),
             compactor: Compactor::new(0x5eed_c0de),
+            native: std::sync::atomic::AtomicBool::new(true),
         })
+    }
+
+    /// Turns the Responses API's own compaction off (or on again).
+    pub fn set_native(&self, native: bool) {
+        self.native.store(native, Ordering::SeqCst);
     }
 
     /// Answers one request.
@@ -173,6 +183,17 @@ impl ScriptedCoder {
     // ---- Messages API -------------------------------------------------------------
 
     fn messages(&self, request: &Recorded, body: &Value) -> Reply {
+        // An Anthropic-compatible endpoint without context management: the field is
+        // an extra input.
+        if !self.native.load(Ordering::SeqCst) {
+            for field in ["context_management", "compaction"] {
+                if body.get(field).is_some() {
+                    let message = format!("{field}: Extra inputs are not permitted");
+                    self.note(|s| s.refused.push(message.clone()));
+                    return anthropic_error(&message);
+                }
+            }
+        }
         let system = text_of(&body["system"]);
         let input = count(&[&body["system"], &body["messages"], &body["tools"]]);
         if system.starts_with(SUMMARY_PROMPT_START) || asks_continued_summary(&body["messages"]) {
@@ -332,6 +353,16 @@ impl ScriptedCoder {
             Value::String(text) => vec![json!({"role": "user", "content": text})],
             _ => Vec::new(),
         };
+        if !self.native.load(Ordering::SeqCst) {
+            if let Some((status, code, message)) = crate::native::unsupported(path, body, &sent) {
+                self.note(|s| s.refused.push(message.clone()));
+                return Reply::Json {
+                    status: http::StatusCode::from_u16(status)
+                        .unwrap_or(http::StatusCode::BAD_REQUEST),
+                    body: json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": code}}),
+                };
+            }
+        }
         let asked = Asked::of(path, body, &sent);
         // The API reads a request from its latest compaction item on.
         let (mut items, compacted_step) = match self.compactor.window(&sent) {
@@ -386,10 +417,12 @@ impl ScriptedCoder {
             .filter(|i| i["type"] == "function_call_output")
             .map(|i| text_of(&i["output"]))
             .collect();
-        // What a compaction kept of the task: the files read before it.
+        // What a compaction kept of the task: the files read before it, or the facts
+        // of the files a summary in the window names.
         let step = self
             .next_step(results.iter().map(String::as_str))
-            .max(compacted_step + 1);
+            .max(compacted_step + 1)
+            .max(summarised_step(&window.to_string()));
         match asked {
             Asked::Trigger => {
                 return self.response(body, vec![self.compactor.mint(step - 1)], input);
@@ -618,6 +651,20 @@ impl ScriptedCoder {
 }
 
 /// The provider's token count of some request parts (o200k over their JSON).
+/// The step after the newest file whose facts (`FACT-KK-…`) `text` names: a summary
+/// of the files read so far stands for reading them.
+fn summarised_step(text: &str) -> usize {
+    (text.match_indices("FACT-"))
+        .filter_map(|(at, _)| {
+            let rest = text.get(at + 5..at + 8)?;
+            rest.ends_with('-')
+                .then(|| rest[..2].parse::<usize>().ok())
+                .flatten()
+        })
+        .max()
+        .map_or(0, |newest| newest + 1)
+}
+
 fn count(parts: &[&Value]) -> u64 {
     parts
         .iter()
