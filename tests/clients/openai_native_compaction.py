@@ -8,7 +8,7 @@ compaction guide suggests. MODE `compact`: every third turn the client calls
 Requests alternate between streamed and plain; `store=False`; the SDK's own output
 items go back exactly as it returned them. Any SDK error fails the run.
 
-Usage: openai_native_compaction.py MODE TURNS THRESHOLD   (HANDOFF_URL in the environment)
+Usage: openai_native_compaction.py MODE TURNS THRESHOLD [REPEAT]   (HANDOFF_URL in the environment)
 Prints {"requests", "compactions", "replay", "sent"}: `replay` is the input of the last
 request, `sent` the input of each, in order.
 """
@@ -21,6 +21,8 @@ from openai import OpenAI
 from sdk_json import plain
 
 mode, turns, threshold = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+# How many times each tool result repeats the filler: past a 50,000-token trigger in few turns.
+repeat = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 client = OpenAI(
     base_url=os.environ["HANDOFF_URL"] + "/v1",
     api_key="sk-native-compaction-test",
@@ -28,7 +30,7 @@ client = OpenAI(
 )
 TOOLS = [{"type": "function", "name": "lookup", "description": "Looks a fact up.",
           "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}]
-FILLER = " ".join(f"row{i} value={i * 7 % 13}" for i in range(150))
+FILLER = " ".join(f"row{i} value={i * 7 % 13}" for i in range(150 * repeat))
 
 items = []
 requests = 0

@@ -33,6 +33,7 @@ mod replies;
 mod responses;
 mod retention;
 mod sdk;
+mod served_compaction;
 mod stream_end;
 mod team;
 mod tenants;

@@ -97,20 +97,28 @@ async fn an_openai_sdk_session_that_calls_responses_compact_is_one_conversation(
     openai_session("compact", 0).await;
 }
 
-/// One anthropic SDK session in `mode` (`compact`, `compact_stream`, `clear_thinking`)
-/// of `turns` turns through handoff.
+/// The Messages window of the anthropic sessions: past the API's least trigger.
+pub(crate) const MESSAGES_WINDOW: u64 = 200_000;
+
+/// The least `compact_20260112` trigger the API takes, and how many times a tool
+/// result repeats the filler to pass it in a few turns.
+pub(crate) const TRIGGER: &str = "50000";
+pub(crate) const REPEAT: &str = "10";
+
+/// One anthropic SDK session in `mode` (`compact`, `compact_stream`, `compact_pause`,
+/// `clear_thinking`) of `turns` turns through handoff.
 async fn anthropic_session(mode: &str, turns: u32) {
-    let strict = StrictAnthropic::new(WINDOW);
+    let strict = StrictAnthropic::new(MESSAGES_WINDOW);
     let mock = serve_strict(&strict, StrictAnthropic::answer).await;
     let data = tempfile::tempdir().unwrap();
     let proxy = Proxy::start_with(
         &mock.url(),
-        estimate_model(data.path(), "claude-mock", WINDOW),
+        estimate_model(data.path(), "claude-mock", MESSAGES_WINDOW),
     );
     let ran = run_client(
         &proxy,
         "anthropic_native_compaction.py",
-        &[mode, &turns.to_string(), "3000"],
+        &[mode, &turns.to_string(), TRIGGER, REPEAT],
     )
     .await;
     let compactions = ran["compactions"].as_u64().unwrap();
@@ -155,8 +163,9 @@ async fn anthropic_session(mode: &str, turns: u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_anthropic_sdk_session_with_the_compact_edit_is_one_conversation() {
-    anthropic_session("compact", 12).await;
-    anthropic_session("compact_stream", 12).await;
+    anthropic_session("compact", 18).await;
+    anthropic_session("compact_stream", 18).await;
+    anthropic_session("compact_pause", 18).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -21,7 +21,9 @@ use std::time::Duration;
 use http::StatusCode;
 use serde_json::{json, Value};
 
-use crate::native::{clears_thinking, compact_trigger, Refused};
+use crate::native::{
+    clears_thinking, compact_trigger, pauses_after_compaction, trigger_refusal, Refused,
+};
 use crate::strict::{asks_continued_summary, SUMMARY_PROMPT_START};
 use crate::{Recorded, Reply};
 
@@ -123,6 +125,9 @@ impl StrictAnthropic {
         if let Some(refused) = self.refuse_native(&sent) {
             return refused;
         }
+        if let Some(message) = trigger_refusal(&sent) {
+            return self.refuse(&message);
+        }
         // The API reads a request from the message holding its latest compaction block.
         let messages = sent["messages"].as_array().cloned().unwrap_or_default();
         let window = match self.compactor.message_window(&messages) {
@@ -191,7 +196,12 @@ impl StrictAnthropic {
         let mut blocks = blocks;
         let mut usage = json!({"input_tokens": input, "output_tokens": 12,
                                "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0});
+        let paused = compacted.is_some() && pauses_after_compaction(&body);
         if let Some(block) = compacted {
+            // Paused after it, the reply is the compaction alone.
+            if paused {
+                blocks.clear();
+            }
             blocks.insert(0, block);
             usage["iterations"] = json!([
                 {"type": "compaction", "input_tokens": input, "output_tokens": 200},
@@ -202,7 +212,9 @@ impl StrictAnthropic {
             json!({"applied_edits": [{"type": "clear_thinking_20251015",
                 "cleared_thinking_turns": cleared, "cleared_input_tokens": 100 * cleared}]})
         });
-        let stop = if blocks.iter().any(|b| b["type"] == "tool_use") {
+        let stop = if paused {
+            "compaction"
+        } else if blocks.iter().any(|b| b["type"] == "tool_use") {
             "tool_use"
         } else {
             "end_turn"
@@ -277,7 +289,13 @@ pub fn check(body: &Value) -> Result<(), String> {
                 "messages.{index}.role: Input should be 'user' or 'assistant'"
             ));
         }
-        if role == previous_role {
+        // A reply paused after its compaction and the reply that went on from it are
+        // one assistant turn, as the API combines them.
+        let after_pause = index > 0 && role == "assistant" && {
+            let before = blocks_of(&messages[index - 1]);
+            !before.is_empty() && before.iter().all(|b| b["type"] == "compaction")
+        };
+        if role == previous_role && !after_pause {
             return Err(format!("messages: roles must alternate between \"user\" and \"assistant\", but found multiple \"{role}\" roles in a row"));
         }
         previous_role = role;
@@ -319,7 +337,13 @@ pub fn check(body: &Value) -> Result<(), String> {
                 .collect();
         }
     }
-    if previous_role == "assistant" {
+    // A reply paused after its compaction is sent back as it is: the API goes on from
+    // the compaction block.
+    let paused = messages.last().is_some_and(|m| {
+        let blocks = blocks_of(m);
+        !blocks.is_empty() && blocks.iter().all(|b| b["type"] == "compaction")
+    });
+    if previous_role == "assistant" && !paused {
         return Err("This model does not support assistant message prefill. The conversation must end with a user message.".into());
     }
     Ok(())

@@ -183,6 +183,20 @@ pub fn compact_trigger(body: &Value) -> Option<u64> {
         .map(|e| e["trigger"]["value"].as_u64().unwrap_or(150_000))
 }
 
+/// True when a request's `compact_20260112` edit pauses after the compaction.
+pub fn pauses_after_compaction(body: &Value) -> bool {
+    edits(body).any(|e| e["type"] == "compact_20260112" && e["pause_after_compaction"] == true)
+}
+
+/// The refusal of a `compact_20260112` trigger under the API's minimum, in its words.
+pub fn trigger_refusal(body: &Value) -> Option<String> {
+    let (at, edit) = edits(body)
+        .enumerate()
+        .find(|(_, e)| e["type"] == "compact_20260112")?;
+    let value = edit["trigger"]["value"].as_u64()?;
+    (value < 50_000).then(|| format!("context_management.edits.{at}.trigger.value: Input should be greater than or equal to 50000"))
+}
+
 /// True when a request's edits clear old thinking (`clear_thinking_20251015`).
 pub fn clears_thinking(body: &Value) -> bool {
     edits(body).any(|e| e["type"] == "clear_thinking_20251015")
