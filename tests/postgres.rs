@@ -916,3 +916,48 @@ async fn while_one_replica_prepares_another_sends_a_view_that_fits_without_waiti
     );
     assert!(strict.over_window.lock().unwrap().is_empty());
 }
+
+/// A compaction handle one replica minted (serving the Responses API's compaction for
+/// an upstream without it) is opened by another replica, and by a fresh one after
+/// both stopped: the secret that seals it lives in the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_one_replica_minted_opens_on_another_and_after_a_restart() {
+    use support::handles::{go_on, mint, SERVED};
+    let db = Postgres::start();
+    let strict = mock_upstream::responses::StrictResponses::new(6000);
+    strict.set_native(false);
+    let responder = Arc::clone(&strict);
+    let mock = MockUpstream::with(move |request| responder.answer(request)).await;
+    let start = || {
+        Proxy::start_with(
+            &mock.url(),
+            support::ProxyOptions {
+                extra_toml: format!("{SERVED}{}", db.store_toml("")),
+                ..Default::default()
+            },
+        )
+    };
+    let (one, two) = (start(), start());
+    let item = mint(&one).await;
+    let read = |what: &str| {
+        let last = mock.requests().last().unwrap().json();
+        let input = last["input"].to_string();
+        assert!(
+            input.contains("FACT-000") && input.contains("FACT-003"),
+            "{what}: {input}"
+        );
+        assert!(
+            !input.contains("handoff-compaction.v1."),
+            "{what}: a handle went upstream"
+        );
+    };
+    let got = go_on(&two, &item).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    read("on the other replica");
+    drop((one, two));
+    let three = start();
+    let got = go_on(&three, &item).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    read("after a restart");
+    assert!(strict.refused.lock().unwrap().is_empty());
+}

@@ -185,3 +185,31 @@ async fn anthropic_sdk_compaction_is_served_where_the_upstream_has_none() {
 async fn anthropic_sdk_thinking_edits_are_served_where_the_upstream_has_none() {
     anthropic_served("clear_thinking", 4).await;
 }
+
+/// A handle survives a restart of a proxy on its data dir: the secret that seals it is
+/// kept there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_opens_after_a_restart() {
+    use crate::support::handles::{go_on, mint, SERVED};
+    let strict = StrictResponses::new(6000);
+    strict.set_native(false);
+    let mock = serve_strict(&strict, StrictResponses::answer).await;
+    let data = tempfile::tempdir().unwrap();
+    let options = || crate::support::ProxyOptions {
+        extra_toml: SERVED.to_owned(),
+        data_dir: Some(data.path().to_owned()),
+        ..Default::default()
+    };
+    let proxy = Proxy::start_with(&mock.url(), options());
+    let item = mint(&proxy).await;
+    drop(proxy);
+    let proxy = Proxy::start_with(&mock.url(), options());
+    let got = go_on(&proxy, &item).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let input = mock.requests().last().unwrap().json()["input"].to_string();
+    assert!(
+        input.contains("FACT-000") && !input.contains(HANDLE),
+        "{input}"
+    );
+    assert!(strict.refused.lock().unwrap().is_empty());
+}

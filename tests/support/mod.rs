@@ -5,6 +5,7 @@
 
 pub mod client;
 pub mod forms;
+pub mod handles;
 pub mod hop;
 pub mod postgres;
 pub mod scenario;
