@@ -657,7 +657,7 @@ async fn claude_code_thinking_at_an_endpoint_without_context_management_finishes
         .filter(|sent| String::from_utf8_lossy(&sent.body).contains("context_management"))
         .count();
     assert!(asked > 0, "{context}");
-    {
+    let summaries = {
         let seen = model.seen.lock().unwrap();
         assert!(
             seen.over_window.is_empty(),
@@ -670,7 +670,8 @@ async fn claude_code_thinking_at_an_endpoint_without_context_management_finishes
             "refused once, then served: {:?}\n{context}",
             seen.refused
         );
-    }
+        seen.summaries.len()
+    };
     let unasked = (mock.requests().iter().skip(1))
         .all(|r| !String::from_utf8_lossy(&r.body).contains("context_management"));
     assert!(unasked, "{context}");
@@ -681,7 +682,7 @@ async fn claude_code_thinking_at_an_endpoint_without_context_management_finishes
     let id = agent_conversation["id"].as_str().unwrap().to_owned();
     proxy.assert_verified(&[&id]);
     println!(
-        "SERVED-ROW | Claude Code, thinking on, endpoint without context_management | {} | {asked} asked | 1 refused | {} | verified |",
+        "SERVED-ROW | Claude Code (thinking on: `clear_thinking_20251015` keep all, in {asked} requests) | {} | 0 | {summaries} | 1 | {} | task done, verified |",
         hop.sent().len(),
         agent_conversation["branches"]
     );

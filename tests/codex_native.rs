@@ -232,7 +232,7 @@ async fn codex_at_a_server_without_compaction_finishes_through_handoff() {
     support::hop::assert_replay_exact(&proxy, &id, &hop.sent());
     proxy.assert_verified(&[&id]);
     println!(
-        "SERVED-ROW | Codex CLI, compaction_trigger, server without it | {} | {triggers} | {summaries} | {} | exact |",
+        "SERVED-ROW | Codex CLI 0.169.0 (`compaction_trigger`) | {} | {triggers} | {summaries} | 1 | {} | task done, replay exact |",
         hop.sent().len(),
         listed[0]["branches"]
     );

@@ -80,7 +80,7 @@ fn served_session(
     let replayed = proxy.replay(&id, None);
     assert_eq!(&replayed[..sent.len()], sent.as_slice(), "{row}");
     println!(
-        "SERVED-ROW | {row} | {} | {compactions} | {summaries} | {} | {:.0}% |",
+        "SERVED-ROW | {row} | {} | {compactions} | {summaries} | 1 | {} | {:.0}% of the facts, replay exact |",
         ran["requests"],
         listed[0]["branches"],
         share * 100.0
@@ -104,7 +104,7 @@ async fn openai_served(mode: &str, threshold: u64) {
     let summaries = strict.summaries.load(std::sync::atomic::Ordering::SeqCst);
     assert!(summaries >= 1, "{mode}: made by the strategy chain");
     served_session(
-        &format!("openai SDK ({mode}), upstream without it"),
+        &format!("openai SDK 3.57.0 (`{mode}`)"),
         &proxy,
         &mock,
         (&refused, summaries),
@@ -165,7 +165,7 @@ async fn anthropic_served(mode: &str, turns: u32) {
         }
     }
     served_session(
-        &format!("anthropic SDK ({mode}), upstream without it"),
+        &format!("anthropic SDK 2.14.0 (`{mode}`)"),
         &proxy,
         &mock,
         (&refused, summaries),

@@ -1,6 +1,8 @@
 //! The scripted coding model as a server, to try a real agent through handoff by hand:
 //! `scripted-model ADDR WINDOW DIR [FILES]` writes the task's files into DIR, prints
-//! `listening on ADDR` and the task's prompt, and serves until Ctrl-C.
+//! `listening on ADDR` and the task's prompt, and serves until Ctrl-C. With
+//! `SCRIPTED_NATIVE=off` it has none of the APIs' own compaction, as a self-hosted
+//! server: its trigger, items, `context_management` and `/responses/compact` refused.
 
 use std::sync::Arc;
 
@@ -25,6 +27,7 @@ async fn main() {
         std::process::exit(2);
     }
     let model = ScriptedCoder::new(window, files, dir, Thinking::Some);
+    model.set_native(std::env::var("SCRIPTED_NATIVE").map_or(true, |v| v != "off"));
     let answer = Arc::clone(&model);
     let mock = MockUpstream::serve_on(addr, move |request| answer.answer(request)).await;
     println!("listening on {}", mock.addr());
