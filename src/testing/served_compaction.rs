@@ -279,3 +279,65 @@ async fn forged_altered_and_foreign_handles_are_refused_naming_the_item() {
     );
     assert_eq!(mock.requests().len(), before, "nothing went upstream");
 }
+
+#[tokio::test]
+async fn the_compact_endpoint_serves_a_chain_the_upstream_holds_from_the_record() {
+    let (strict, mock) = without_native().await;
+    let proxy = Harness::start(&mock.url(), &config("serve")).await;
+    let filler: String = (0..300).map(|i| format!("w{i} ")).collect();
+    let mut previous: Option<String> = None;
+    let mut answers: Vec<Value> = Vec::new();
+    for n in 0..4 {
+        let mut input = std::mem::take(&mut answers);
+        input.push(user(&format!("FACT-{n:03} {filler}")));
+        let mut body = json!({"model": "gpt-mock", "store": true, "input": input});
+        if let Some(id) = &previous {
+            body["previous_response_id"] = json!(id);
+        }
+        let got = send(&proxy, "/v1/responses", "sk-served", &body).await;
+        assert_eq!(got.status, 200, "{}", got.text());
+        let answer = got.json();
+        previous = answer["id"].as_str().map(str::to_owned);
+        for item in answer["output"].as_array().unwrap() {
+            if item["type"] == "function_call" {
+                answers.push(json!({"type": "function_call_output", "call_id": item["call_id"], "output": "ok"}));
+            }
+        }
+    }
+    // The SDK's responses.compact over the chain: the history is in handoff's record.
+    answers.push(user("and compact"));
+    let body = json!({"model": "gpt-mock", "previous_response_id": previous, "input": answers});
+    let got = send(&proxy, "/v1/responses/compact", "sk-served", &body).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let output = got.json()["output"].as_array().unwrap().clone();
+    let users = output.iter().filter(|i| i["role"] == "user").count();
+    assert_eq!(users, 5, "every user message of the chain: {output:?}");
+    assert_eq!(output.last().unwrap()["type"], "compaction");
+    assert!(mock
+        .requests()
+        .iter()
+        .all(|r| !r.target.contains("/compact")));
+    // The client goes on from the compacted output alone: the model reads the chain's facts.
+    let mut next = output.clone();
+    next.push(user("what were the facts?"));
+    let got = send(
+        &proxy,
+        "/v1/responses",
+        "sk-served",
+        &json!({"model": "gpt-mock", "input": next}),
+    )
+    .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let read = mock.requests().last().unwrap().json()["input"].to_string();
+    assert!(
+        read.contains("FACT-000") && read.contains("FACT-003") && !read.contains(HANDLE_PREFIX),
+        "{read}"
+    );
+    assert!(strict.refused.lock().unwrap().is_empty());
+    // A response handoff never saw is refused, in the API's shape.
+    let body =
+        json!({"model": "gpt-mock", "previous_response_id": "resp_unknown", "input": [user("x")]});
+    let got = send(&proxy, "/v1/responses/compact", "sk-served", &body).await;
+    assert_eq!(got.status, 400, "{}", got.text());
+    assert_eq!(got.json()["error"]["code"], "previous_response_not_found");
+}

@@ -74,6 +74,9 @@ impl Exchange<'_> {
         self.take_asks_off()?;
         let mut reply = Served::default();
         let compact = asks.compact.clone();
+        // A chain the upstream holds is not compacted on create: its history is the
+        // upstream's to send, and the field is only taken off.
+        let compact = compact.filter(|_| !self.chat.server_held);
         if let Some(compact) = compact.filter(|c| self.view_tokens() > c.trigger) {
             let minted = self.mint(true).await?;
             let summary = native_reply::summary_tokens(&minted.usage);

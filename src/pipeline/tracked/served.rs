@@ -11,14 +11,16 @@ use http::{header, HeaderValue, Response, StatusCode};
 use serde_json::Value;
 
 use super::{compaction_error, reply, Exchange, Halt};
+use crate::base::chunks::Chunks;
 use crate::body::{full, ProxyBody};
+use crate::compaction::budget::RequestBudget;
 use crate::compaction::service::CompactError;
 use crate::compaction::Reason;
 use crate::config::NativeCompaction;
 use crate::conversation::Tracked;
 use crate::dialect::{DialectKind, Expanded, Message, RawMessage};
 use crate::error::ApiError;
-use crate::native::{handle, reply as native_reply, SERVED};
+use crate::native::{handle, reply as native_reply, strip, SERVED};
 use crate::projection::project_view;
 
 impl Exchange<'_> {
@@ -195,12 +197,7 @@ impl Exchange<'_> {
         let minted = self.mint(false).await?;
         let usage = native_reply::responses_usage(&minted.usage);
         let answer = match self.at_compact_endpoint() {
-            true => {
-                let input: Vec<Value> = (self.chat.messages.iter().skip(self.chat.top_level))
-                    .map(|m| m.value().clone())
-                    .collect();
-                native_reply::compacted(&input, &minted.handle, usage)
-            }
+            true => native_reply::compacted(&minted.input, &minted.handle, usage),
             false => native_reply::triggered(&self.chat.model, &minted.handle, usage),
         };
         let how = if self.at_compact_endpoint() {
@@ -218,21 +215,19 @@ impl Exchange<'_> {
     /// configured recent part stays verbatim; otherwise only the newest unit does.
     pub(super) async fn mint(&self, keep_recent: bool) -> Result<Minted, Halt> {
         let tracked = self.tracked()?;
-        let Some(budget) = self.budget.as_ref() else {
-            return Err(ApiError::invalid_request(
-                "model_not_configured",
-                format!(
-                    "handoff serves this API's compaction, and needs {:?}'s window for it: add [models.\"{}\"] context_window to its config",
-                    self.chat.model, self.chat.model
-                ),
-            )
-            .into());
-        };
         let dialect = self.chat.dialect;
         // What the request would send, the trigger aside: handles opened, what the
-        // latest stands for first.
+        // latest stands for first; for a request that continues a response the
+        // upstream holds, the whole chain, from the record.
         let view = project_view(&self.chat, tracked, &tracked.compactions);
-        let mut list = view.raw_messages();
+        let chain;
+        let mut list = match self.chat.server_held {
+            true => {
+                chain = self.chain_history(tracked).await?;
+                chain.iter().map(String::as_str).collect()
+            }
+            false => view.raw_messages(),
+        };
         if self
             .chat
             .messages
@@ -244,10 +239,34 @@ impl Exchange<'_> {
         let body = view
             .render_list(&self.body, &list)
             .map_err(|err| ApiError::internal(err.to_string()))?;
+        // The history stands alone: it continues no response.
+        let body = match strip::without_members(
+            body.contiguous(),
+            &["previous_response_id", "conversation"],
+        ) {
+            Some(alone) => Chunks::from(Bytes::from(alone)),
+            None => body,
+        };
         let history = dialect
             .get()
             .parse_body(&body)
             .map_err(|err| ApiError::internal(err.to_string()))?;
+        let computed;
+        let budget = match self.budget.as_ref() {
+            Some(budget) => budget,
+            None => {
+                computed = RequestBudget::new(&self.snap.config, &history, &self.state.tokens);
+                computed.as_ref().ok_or_else(|| {
+                    ApiError::invalid_request(
+                        "model_not_configured",
+                        format!(
+                            "handoff serves this API's compaction, and needs {:?}'s window for it: add [models.\"{}\"] context_window to its config",
+                            self.chat.model, self.chat.model
+                        ),
+                    )
+                })?
+            }
+        };
         let mut history_tracked = Tracked::compute(tracked.id.clone(), &history);
         history_tracked.calibration = tracked.calibration.clone();
         let mut job = self.job_over(
@@ -294,13 +313,46 @@ impl Exchange<'_> {
             expansion,
         };
         let handle = handle::seal(&self.state.secret, tracked.id.tenant(), &payload);
+        let compacted_input = (history.messages.iter().skip(history.top_level))
+            .map(|m| m.value().clone())
+            .collect();
         Ok(Minted {
             handle,
             messages,
             usage,
             summary,
             record: payload.record,
+            input: compacted_input,
         })
+    }
+
+    /// The history a request that continues a response the upstream holds
+    /// (`previous_response_id`) stands for: its own pinned items, then every original of
+    /// the chain, from the record. Refused when handoff does not hold the response.
+    async fn chain_history(&self, tracked: &Tracked) -> Result<Vec<String>, ApiError> {
+        let continues = self.chat.continues.as_deref().unwrap_or("");
+        let not_held = || {
+            ApiError::invalid_request(
+                "previous_response_not_found",
+                format!("handoff serves this API's compaction, and does not hold response {continues:?}: send the history itself, or a response it answered"),
+            )
+        };
+        let tip = tracked.head().ok_or_else(not_held)?;
+        let log = (self.state.tracker.store().read(&tracked.id).await)
+            .map_err(|err| ApiError::storage(err.to_string()))?;
+        let tree = crate::audit::Tree::new(&log);
+        let branch = tree.branch(&tip).ok_or_else(not_held)?;
+        let pinned = self.chat.pinned_len().min(self.chat.messages.len());
+        // Only this request's own items: the chain's start is not in the record.
+        if branch.len() <= self.chat.messages.len() - pinned {
+            return Err(not_held());
+        }
+        let mut list: Vec<String> = (self.chat.messages[self.chat.top_level.min(pinned)..pinned]
+            .iter())
+        .map(|m| m.raw.get().to_owned())
+        .collect();
+        list.extend(branch.iter().map(|line| line.message.get().to_owned()));
+        Ok(list)
     }
 
     /// Logs the served `answer` as the request's reply, then answers it as the client
@@ -344,4 +396,6 @@ pub(super) struct Minted {
     pub(super) summary: String,
     /// The compaction record that wrote it.
     pub(super) record: Option<String>,
+    /// The list compacted, for an answer that keeps its user messages.
+    pub(super) input: Vec<Value>,
 }
