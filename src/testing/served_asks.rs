@@ -260,6 +260,23 @@ async fn edits_are_checked_as_the_api_checks_them_and_refused_in_its_shape() {
             "{error}"
         );
     }
+    // A forged handle in a compaction block is refused the same way, naming it.
+    let forged = format!("{HANDLE_PREFIX}e30.AAAA");
+    let body = json!({"model": "claude-mock", "max_tokens": 100, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "compaction", "content": "all of it", "encrypted_content": forged}]},
+        {"role": "user", "content": "go on"}]});
+    let got = post_messages(&proxy, &body, "compact-2026-01-12").await;
+    assert_eq!(got.status, 400, "{}", got.text());
+    let error = got.json();
+    assert_eq!(error["type"], "error", "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("messages.1"),
+        "{error}"
+    );
     assert!(mock.requests().is_empty(), "nothing went upstream");
 }
 

@@ -73,7 +73,9 @@ impl Exchange<'_> {
     /// the ask is one handoff serves and the answer refuses it. Remembered, logged and
     /// counted the first time for the upstream and model.
     pub(super) fn serves_after_refusal(&self, status: StatusCode, body: &[u8]) -> bool {
+        // Served already: a refusal now is about something else, and goes back as it came.
         if self.native_mode() != NativeCompaction::Auto
+            || self.serving.is_some()
             || !(self.serves_this_ask() || self.asks_on_create())
         {
             return false;
