@@ -46,6 +46,7 @@ mod responses;
 mod served_asks;
 mod served_compaction;
 mod stub_dialect;
+mod unchained;
 
 /// The hex SHA-256 of `text`: what a `[[auth.keys]]` entry names a key by.
 pub(crate) fn sha256_hex(text: &str) -> String {

@@ -436,6 +436,7 @@ impl Tracker {
                 prefix,
                 compactions: state.compactions.clone(),
                 calibration: state.calibration.clone(),
+                held: state.held,
                 logged: false,
             });
         }
@@ -495,6 +496,7 @@ impl Tracker {
             prefix,
             compactions: state.compactions.clone(),
             calibration: state.calibration.clone(),
+            held: state.held,
             logged: true,
         })
     }
@@ -619,6 +621,11 @@ impl Tracker {
         // Only once the reply is logged: calibration describes a request that happened.
         if let Some(calibration) = batch.calibration {
             state.calibration = Some(calibration);
+        }
+        if let Some(held) =
+            (batch.usage.as_ref()).and_then(|usage| held_tokens(batch.dialect, usage))
+        {
+            state.held = Some(held);
         }
         self.reweigh(id, &entry, &state).await;
         Ok(())
@@ -903,4 +910,12 @@ mod tests {
                 .is_err()
         );
     }
+}
+
+/// What the upstream counted for a reply (`usage`): its request's input and its own
+/// output, the tokens a request that continues it on the server starts from.
+fn held_tokens(dialect: DialectKind, usage: &Value) -> Option<u64> {
+    let dialect = dialect.get();
+    let input = dialect.input_tokens(usage)?;
+    Some(input + dialect.billed(usage).map_or(0, |billed| billed.output))
 }

@@ -47,6 +47,9 @@ pub struct ConversationState {
     pub(super) compactions: HashMap<PrefixDigest, Arc<Adopted>>,
     /// The last upstream-reported input size and its local estimate.
     pub(super) calibration: Option<Calibration>,
+    /// What the upstream counted for the latest reply: its request's input and its
+    /// output (see [`crate::conversation::Tracked::held`]).
+    pub(super) held: Option<u64>,
     /// The latest root request's message digests, their chain digests and the keyed
     /// hashes of their bytes: the next request repeats most of them, and reuses their
     /// chain instead of rehashing it.

@@ -34,6 +34,9 @@ pub struct Tracked {
     pub compactions: HashMap<PrefixDigest, Arc<Adopted>>,
     /// The conversation's calibration, as of this request.
     pub calibration: Option<Calibration>,
+    /// What the upstream counted for the conversation's latest reply, its request and
+    /// its output: where a request that continues it on the server starts.
+    pub held: Option<u64>,
     /// Whether tracking wrote the request's line: a retry of the latest request writes
     /// none, and so no decision either.
     pub logged: bool,
@@ -54,6 +57,7 @@ impl Tracked {
             new_messages: 0,
             compactions: HashMap::new(),
             calibration: None,
+            held: None,
             logged: false,
         }
     }

@@ -1,7 +1,7 @@
 //! The tracked route: every phase of [`super`], over one [`Exchange`] that holds what
 //! each phase learned. The dialect ([`crate::dialect::Dialect`]) decides everything
 //! format-specific; the phases here are **parse** ([`Exchange::parse`]), **hook**, **identify**,
-//! **track**, **fit** (with a compaction prepared in the background past
+//! **track** (a server-held request past the window then sent from the record), **fit** (with a compaction prepared in the background past
 //! `compaction.prepare_at`), **send** ([`send`]) and **reply** ([`reply`]).
 
 mod asked;
@@ -11,6 +11,7 @@ pub(super) mod reply;
 mod send;
 mod served;
 mod strategy;
+mod unchained;
 
 use std::sync::Arc;
 
@@ -83,6 +84,7 @@ pub(super) async fn run(
     }
     exchange.open_handles(&tracked)?;
     exchange.tracked = Some(tracked);
+    exchange.unchain().await?;
     if exchange.serves_native() {
         return exchange.serve().await;
     }

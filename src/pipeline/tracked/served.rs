@@ -331,7 +331,7 @@ impl Exchange<'_> {
     /// The history a request that continues a response the upstream holds
     /// (`previous_response_id`) stands for: its own pinned items, then every original of
     /// the chain, from the record. Refused when handoff does not hold the response.
-    async fn chain_history(&self, tracked: &Tracked) -> Result<Vec<String>, ApiError> {
+    pub(super) async fn chain_history(&self, tracked: &Tracked) -> Result<Vec<String>, ApiError> {
         let continues = self.chat.continues.as_deref().unwrap_or("");
         let not_held = || {
             ApiError::invalid_request(

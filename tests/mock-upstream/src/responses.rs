@@ -47,6 +47,8 @@ pub struct StrictResponses {
     /// Summary requests received.
     pub summaries: AtomicUsize,
     stored: Mutex<HashMap<String, Vec<Value>>>,
+    /// The items of each conversation (`conversation`), as the Conversations API holds them.
+    conversations: Mutex<HashMap<String, Vec<Value>>>,
     /// Output items it stored, by id, for `item_reference`s.
     items: Mutex<HashMap<String, Value>>,
     /// Bytes of opaque `encrypted_content` padding on each reasoning item.
@@ -87,6 +89,7 @@ impl StrictResponses {
             refused: Mutex::new(Vec::new()),
             summaries: AtomicUsize::new(0),
             stored: Mutex::new(HashMap::new()),
+            conversations: Mutex::new(HashMap::new()),
             items: Mutex::new(HashMap::new()),
             reasoning_bytes: AtomicUsize::new(0),
             compactor: crate::native::Compactor::new(0x0a1_c0de),
@@ -132,6 +135,24 @@ impl StrictResponses {
             Value::Array(items) => items.clone(),
             _ => return self.refuse(400, None, "Missing required parameter: 'input'."),
         };
+        // A conversation's items come first, as the API reads them; the input and the
+        // output are added to it once answered.
+        let conversation = match &body["conversation"] {
+            Value::String(id) => Some(id.clone()),
+            Value::Object(conversation) => conversation
+                .get("id")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            _ => None,
+        };
+        let added = items.clone();
+        if let Some(conversation) = &conversation {
+            let held = self
+                .conversations
+                .lock()
+                .map(|c| c.get(conversation).cloned().unwrap_or_default());
+            items.splice(0..0, held.unwrap_or_default());
+        }
         if let Some(previous) = body["previous_response_id"].as_str() {
             let stored = self.stored.lock().map(|s| s.get(previous).cloned());
             match stored {
@@ -227,6 +248,11 @@ impl StrictResponses {
                       "output_tokens": 12, "output_tokens_details": {"reasoning_tokens": 0},
                       "total_tokens": input + 12},
         });
+        if let (Some(conversation), Ok(mut held)) = (&conversation, self.conversations.lock()) {
+            let items = held.entry(conversation.clone()).or_default();
+            items.extend(added);
+            items.extend(output.iter().cloned());
+        }
         if body["store"] != false {
             if let Ok(mut stored) = self.items.lock() {
                 for item in &output {
