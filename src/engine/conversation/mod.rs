@@ -773,6 +773,14 @@ fn item_id(message: &serde_json::value::RawValue) -> Option<String> {
         .filter(|id| !id.is_empty() && id.len() <= 256)
 }
 
+/// What the upstream counted for a reply (`usage`): its request's input and its own
+/// output, the tokens a request that continues it on the server starts from.
+fn held_tokens(dialect: DialectKind, usage: &Value) -> Option<u64> {
+    let dialect = dialect.get();
+    let input = dialect.input_tokens(usage)?;
+    Some(input + dialect.billed(usage).map_or(0, |billed| billed.output))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -910,12 +918,4 @@ mod tests {
                 .is_err()
         );
     }
-}
-
-/// What the upstream counted for a reply (`usage`): its request's input and its own
-/// output, the tokens a request that continues it on the server starts from.
-fn held_tokens(dialect: DialectKind, usage: &Value) -> Option<u64> {
-    let dialect = dialect.get();
-    let input = dialect.input_tokens(usage)?;
-    Some(input + dialect.billed(usage).map_or(0, |billed| billed.output))
 }
