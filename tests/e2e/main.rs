@@ -24,6 +24,7 @@ mod faults;
 mod folding;
 mod forgery;
 mod gemini;
+mod held;
 mod hook_stages;
 mod hooks;
 mod native_compaction;

@@ -38,11 +38,15 @@ pub fn python() -> PathBuf {
 /// for a `.mjs` script); the script must succeed and print one JSON document, which is
 /// returned.
 pub async fn run_client(proxy: &Proxy, script: &str, args: &[&str]) -> Value {
+    run_client_at(proxy.url(), script, args).await
+}
+
+/// [`run_client`] against `url`: handoff, or the upstream itself for a control run.
+pub async fn run_client_at(url: String, script: &str, args: &[&str]) -> Value {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/clients")
         .join(script);
     let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    let url = proxy.url();
     // A Node client (`.mjs`) takes its SDKs from the agents' pinned install.
     let node = script.extension().is_some_and(|e| e == "mjs");
     let output = tokio::task::spawn_blocking(move || {
