@@ -79,6 +79,7 @@ mod relay;
 mod reload;
 mod router;
 mod server;
+mod socket;
 mod state;
 #[cfg(test)]
 mod testing;

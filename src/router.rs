@@ -20,7 +20,7 @@ use crate::state::AppState;
 /// Routes one request and always produces a response, whose body writes the
 /// request's access line when it ends.
 pub(crate) async fn route(
-    state: &AppState,
+    state: &Arc<AppState>,
     mut request: Request<Incoming>,
     peer: SocketAddr,
 ) -> Response<Logged> {
@@ -64,7 +64,7 @@ fn canonicalize<B>(request: &mut Request<B>) -> Result<(), ApiError> {
 }
 
 async fn dispatch(
-    state: &AppState,
+    state: &Arc<AppState>,
     request: Request<Incoming>,
     peer: SocketAddr,
     log: &mut RequestLog,
@@ -102,6 +102,9 @@ async fn dispatch(
     if let Err(err) = admission.check_path(path) {
         admission.refund(&state.limiter, admission.reserved_tokens);
         return refuse(request, err, dialect, limit);
+    }
+    if crate::socket::is_upgrade(&request) {
+        return crate::socket::accept(Arc::clone(state), snap, request, admission, peer);
     }
     let route = Route::of(request.method(), path);
     pipeline::handle(state, snap, request, log, admission, route).await

@@ -421,7 +421,8 @@ async fn serve_connection<S>(
         .timer(TokioTimer::new())
         .header_read_timeout(timeouts.header);
     builder.http2().timer(TokioTimer::new());
-    let connection = watcher.watch(builder.serve_connection(TokioIo::new(stream), service));
+    let connection =
+        watcher.watch(builder.serve_connection_with_upgrades(TokioIo::new(stream), service));
     tokio::pin!(connection);
     let mut shed_seen = false;
     let ended = loop {

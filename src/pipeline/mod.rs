@@ -47,6 +47,12 @@ use crate::dialect::{DialectKind, ErrorResponse};
 use crate::error::ApiError;
 use crate::state::{AppState, Snapshot};
 
+/// Marks a request a WebSocket made from a `response.create`: a chain it continues
+/// with `store: false` lives on the client's socket, not upstream, and is sent from the
+/// record. An extension of the request, so no client can claim it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HeldOnSocket;
+
 /// Why a phase ended the request early.
 enum Halt {
     /// An error, answered in the API's shape.
@@ -123,6 +129,32 @@ pub(crate) async fn handle(
             "the upstream refused the API's own compaction, and it was not served",
         )
         .into_response_for(route.dialect()),
+    }
+}
+
+/// Runs an admitted tracked request of `dialect` whose body was read already (a
+/// WebSocket's `response.create`) through its phases.
+pub(crate) async fn handle_read(
+    state: &AppState,
+    snap: Arc<Snapshot>,
+    request: (http::request::Parts, crate::base::chunks::Chunks),
+    log: &mut RequestLog,
+    admission: Admission,
+    dialect: DialectKind,
+) -> Response<ProxyBody> {
+    let scope = crate::cache_scope::of(admission.tenant.as_str());
+    let ran = crate::cache_scope::within(scope, async {
+        tracked::run_read(state, snap, request, log, admission, dialect).await
+    })
+    .await;
+    match ran {
+        Ok(response) => response,
+        Err(Halt::Respond(response)) => *response,
+        Err(Halt::Error(err)) => err.into_response_for(dialect),
+        Err(Halt::ServeAsks) => ApiError::internal(
+            "the upstream refused the API's own compaction, and it was not served",
+        )
+        .into_response_for(dialect),
     }
 }
 

@@ -45,6 +45,7 @@ mod redaction;
 mod responses;
 mod served_asks;
 mod served_compaction;
+mod socket;
 mod stub_dialect;
 mod unchained;
 
@@ -151,6 +152,7 @@ impl Harness {
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades()
                         .await;
                 });
             }

@@ -52,13 +52,46 @@ pub(super) async fn run(
     dialect: DialectKind,
 ) -> Result<Response<ProxyBody>, Halt> {
     // Held until the response head: the body, its parse and any compaction.
-    let _slot = state.chat_gate.enter().await.inspect_err(|_| {
+    let _slot = enter(state).await?;
+    let (parts, body) = request.into_parts();
+    let body = intake::whole(state, &snap, &parts, body, &admission).await?;
+    exchange(state, snap, (parts, body), log, admission, dialect).await
+}
+
+/// Runs a tracked request whose body was read already (a `response.create` of a
+/// WebSocket) through every phase after **parse**.
+pub(super) async fn run_read(
+    state: &AppState,
+    snap: Arc<Snapshot>,
+    (parts, body): (request::Parts, Chunks),
+    log: &mut RequestLog,
+    admission: Admission,
+    dialect: DialectKind,
+) -> Result<Response<ProxyBody>, Halt> {
+    let _slot = enter(state).await?;
+    exchange(state, snap, (parts, body), log, admission, dialect).await
+}
+
+/// A slot of the chat gate, held until the response head: the body, its parse and any
+/// compaction.
+async fn enter(state: &AppState) -> Result<tokio::sync::OwnedSemaphorePermit, Halt> {
+    let slot = state.chat_gate.enter().await.inspect_err(|_| {
         state
             .metrics
             .add("handoff_chat_rejected_total", &[("reason", "busy")], 1.0);
     })?;
-    let (parts, body) = request.into_parts();
-    let body = intake::whole(state, &snap, &parts, body, &admission).await?;
+    Ok(slot)
+}
+
+/// Every phase from **parse** on.
+async fn exchange(
+    state: &AppState,
+    snap: Arc<Snapshot>,
+    (parts, body): (request::Parts, Chunks),
+    log: &mut RequestLog,
+    admission: Admission,
+    dialect: DialectKind,
+) -> Result<Response<ProxyBody>, Halt> {
     let mut exchange = Exchange::parse(state, snap, parts, body, &admission, dialect)?;
     let claims = exchange.claims();
     authorize(state, &exchange.snap, &admission, &claims).await?;

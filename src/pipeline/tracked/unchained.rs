@@ -4,6 +4,9 @@
 //! record, without the reference), which **fit** then compacts like any other. One
 //! that fits goes as it came.
 //!
+//! A chain a WebSocket holds with `store: false` lives on the client's connection, not
+//! upstream: it always goes from the record.
+//!
 //! A chain is judged first by what the upstream counted for its latest reply (no log
 //! read), then by the history itself. After a compaction the upstream's next response
 //! starts from the compacted view, so a chain goes on from there on the server. A
@@ -20,6 +23,7 @@ use crate::conversation::Tracked;
 use crate::dialect::DialectKind;
 use crate::error::ApiError;
 use crate::native::strip;
+use crate::pipeline::HeldOnSocket;
 use crate::projection::project_view;
 
 /// The counter of server-held requests sent from the record.
@@ -37,21 +41,26 @@ impl Exchange<'_> {
             return Ok(());
         }
         let tracked = self.tracked()?;
+        // A chain a socket holds without the upstream storing it lives on the client's
+        // connection only: the upstream cannot read it, so it always goes from the record.
+        let on_socket = self.parts.extensions.get::<HeldOnSocket>().is_some() && self.store_false();
         let mut alone = self.chat.clone();
         alone.server_held = false;
-        let Some(budget) = RequestBudget::new(&self.snap.config, &alone, &self.state.tokens) else {
+        let budget = RequestBudget::new(&self.snap.config, &alone, &self.state.tokens);
+        if budget.is_none() && !on_socket {
             return Ok(());
-        };
-        let tokenizer = budget.tokenizer();
-        let adds = project_view(&self.chat, tracked, &Default::default()).estimate(
-            &self.state.tokens,
-            tokenizer,
-            budget.tools_tokens,
-        );
-        // A chain whose latest reply left room for this request is the upstream's.
-        let fits_held = |held: u64| held + adds <= budget.threshold;
-        if !self.chat.continues_conversation && tracked.held.is_some_and(fits_held) {
-            return Ok(());
+        }
+        if let (Some(budget), false) = (&budget, on_socket) {
+            let adds = project_view(&self.chat, tracked, &Default::default()).estimate(
+                &self.state.tokens,
+                budget.tokenizer(),
+                budget.tools_tokens,
+            );
+            // A chain whose latest reply left room for this request is the upstream's.
+            let fits_held = |held: u64| held + adds <= budget.threshold;
+            if !self.chat.continues_conversation && tracked.held.is_some_and(fits_held) {
+                return Ok(());
+            }
         }
         let history = match self.chain_history(tracked).await {
             Ok(history) => history,
@@ -83,19 +92,21 @@ impl Exchange<'_> {
         // Judged on the whole history, as the upstream may hold it: a conversation
         // object once sent from the record holds less than the record (its requests
         // since went alone), so it stays sent from the record.
-        let estimate = project_view(&chat, &whole, &Default::default()).estimate(
-            &self.state.tokens,
-            tokenizer,
-            budget.tools_tokens,
-        );
-        if estimate <= budget.threshold {
-            return Ok(());
+        if let (Some(budget), false) = (&budget, on_socket) {
+            let estimate = project_view(&chat, &whole, &Default::default()).estimate(
+                &self.state.tokens,
+                budget.tokenizer(),
+                budget.tools_tokens,
+            );
+            if estimate <= budget.threshold {
+                return Ok(());
+            }
+            tracing::info!(conversation = %tracked.id, estimate, threshold = budget.threshold, continues = ?self.chat.continues, "a server-held conversation past the window: sent from the record");
         }
-        tracing::info!(conversation = %tracked.id, estimate, threshold = budget.threshold, continues = ?self.chat.continues, "a server-held conversation past the window: sent from the record");
-        let how = if self.chat.continues_conversation {
-            "conversation"
-        } else {
-            "previous_response"
+        let how = match (on_socket, self.chat.continues_conversation) {
+            (true, _) => "socket",
+            (false, true) => "conversation",
+            (false, false) => "previous_response",
         };
         self.state.metrics.add(UNCHAINED, &[("how", how)], 1.0);
         // The record goes on as the client's: its reply moves the server's conversation
@@ -105,7 +116,7 @@ impl Exchange<'_> {
         chat.asked = self.chat.asked.take();
         self.chat = chat;
         self.body = body;
-        self.budget = Some(budget);
+        self.budget = budget;
         self.tracked = Some(whole);
         Ok(())
     }

@@ -1,0 +1,174 @@
+//! The Responses API's WebSocket mode on the in-process harness, against the strict
+//! Responses server over HTTP (handoff bridges each create to `POST /v1/responses`):
+//! a warm-up, then a tool loop that sends only its new items each turn with
+//! `store: false` (the chain held on the socket), past the window; bad events get the
+//! API's `error` event and the socket stays open.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+
+use futures_util::{SinkExt, StreamExt};
+use mock_upstream::responses::StrictResponses;
+use mock_upstream::MockUpstream;
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::audit::summarize;
+use crate::testing::Harness;
+
+const CONFIG: &str = "[models.\"gpt-mock\"]\ncontext_window = 6000\ntokenizer = \"estimate\"\n[compaction]\nprepare_at = 0\n";
+
+type Client = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+
+async fn connect(proxy: &Harness) -> Client {
+    let url = proxy.url().replace("http://", "ws://") + "/v1/responses";
+    let mut request = url.as_str().into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("authorization", "Bearer sk-socket-test".parse().unwrap());
+    let address = proxy.url().trim_start_matches("http://").to_owned();
+    let stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let (socket, response) = tokio_tungstenite::client_async(request, stream)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 101);
+    socket
+}
+
+/// Sends `event`, then reads events up to the one that ends it: the response's
+/// `response.completed` (or `.failed`, `.incomplete`), or an `error`.
+async fn exchange(socket: &mut Client, event: &Value) -> Vec<Value> {
+    socket.send(Message::text(event.to_string())).await.unwrap();
+    read_to_end(socket).await
+}
+
+async fn read_to_end(socket: &mut Client) -> Vec<Value> {
+    let mut events = Vec::new();
+    while let Some(message) = socket.next().await {
+        let Message::Text(text) = message.unwrap() else {
+            continue;
+        };
+        let event: Value = serde_json::from_str(text.as_str()).unwrap();
+        let kind = event["type"].as_str().unwrap_or("").to_owned();
+        events.push(event);
+        if matches!(
+            kind.as_str(),
+            "response.completed" | "response.failed" | "response.incomplete" | "error"
+        ) {
+            break;
+        }
+    }
+    events
+}
+
+fn user(text: &str) -> Value {
+    json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+}
+
+#[tokio::test]
+async fn a_socket_tool_loop_held_on_the_connection_is_tracked_and_compacted() {
+    let strict = StrictResponses::new(6000);
+    let responder = Arc::clone(&strict);
+    let mock = MockUpstream::with(move |request| responder.answer(request)).await;
+    let proxy = Harness::start(&mock.url(), CONFIG).await;
+    let mut socket = connect(&proxy).await;
+    // Codex's warm-up: nothing goes upstream, and its id starts the chain.
+    let warm = exchange(
+        &mut socket,
+        &json!({"type": "response.create", "model": "gpt-mock",
+        "generate": false, "store": false, "input": []}),
+    )
+    .await;
+    assert_eq!(warm.last().unwrap()["type"], "response.completed");
+    let mut previous = warm.last().unwrap()["response"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(mock.requests().is_empty());
+    let filler: String = (0..250).map(|i| format!("w{i} ")).collect();
+    let mut input = Vec::new();
+    for turn in 0..20 {
+        input.push(user(&format!("FACT-{turn:03} {filler}")));
+        loop {
+            let create = json!({"type": "response.create", "model": "gpt-mock", "store": false,
+                "previous_response_id": previous, "input": std::mem::take(&mut input)});
+            let events = exchange(&mut socket, &create).await;
+            let last = events.last().unwrap();
+            assert_eq!(last["type"], "response.completed", "turn {turn}: {last}");
+            // The events came as the stream sent them, numbered in order.
+            let numbers: Vec<u64> = events
+                .iter()
+                .filter_map(|e| e["sequence_number"].as_u64())
+                .collect();
+            assert!(numbers.windows(2).all(|w| w[0] < w[1]), "{numbers:?}");
+            previous = last["response"]["id"].as_str().unwrap().to_owned();
+            let calls: Vec<Value> = (last["response"]["output"].as_array().unwrap().iter())
+                .filter(|item| item["type"] == "function_call")
+                .cloned()
+                .collect();
+            if calls.is_empty() {
+                break;
+            }
+            input = (calls.iter())
+                .map(|call| json!({"type": "function_call_output", "call_id": call["call_id"], "output": "found"}))
+                .collect();
+        }
+    }
+    // Bad events: an error event each, and the socket goes on.
+    socket.send(Message::text("{not json")).await.unwrap();
+    let bad = read_to_end(&mut socket).await;
+    assert_eq!(bad[0]["error"]["code"], "invalid_json");
+    let steer = exchange(&mut socket, &json!({"type": "response.steer", "input": []})).await;
+    assert_eq!(steer[0]["error"]["code"], "unsupported_event");
+    socket.send(Message::binary(vec![1, 2, 3])).await.unwrap();
+    let binary = read_to_end(&mut socket).await;
+    assert_eq!(binary[0]["type"], "error");
+    let unknown = exchange(
+        &mut socket,
+        &json!({"type": "response.create", "model": "gpt-mock",
+        "previous_response_id": "resp_nobody_knows", "store": false, "input": [user("hi")]}),
+    )
+    .await;
+    assert_eq!(unknown.last().unwrap()["type"], "error", "{unknown:?}");
+    socket.close(None).await.unwrap();
+
+    // Upstream: plain POSTs that stand alone (the chain lives on the socket), never
+    // over the server's window.
+    let sent: Vec<_> = (mock.requests().into_iter())
+        .filter(|r| !mock_upstream::strict::is_summary(&r.json()))
+        .collect();
+    assert!(sent
+        .iter()
+        .all(|r| r.target == "/v1/responses" && r.json()["stream"] == true));
+    assert!(sent
+        .iter()
+        .all(|r| r.json().get("type").is_none() && r.json().get("generate").is_none()));
+    let held = sent
+        .iter()
+        .filter(|r| r.json().get("previous_response_id").is_some())
+        .count();
+    assert_eq!(held, 1, "only the unknown one went with its reference");
+    // The loop is one conversation, compacted, on one branch; the create that named
+    // a response nobody holds is one of its own.
+    let ids = proxy.conversations().await;
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    let mut compacted = 0;
+    for id in &ids {
+        if proxy.records(id.as_str()).await.is_empty() {
+            continue;
+        }
+        compacted += 1;
+        let log = proxy.log(id.as_str()).await;
+        assert_eq!(summarize(id, &log).branches, 1);
+    }
+    assert_eq!(compacted, 1);
+    let refused = strict.refused.lock().unwrap().clone();
+    assert!(
+        refused
+            .iter()
+            .all(|r| r.contains("resp_nobody_knows") || r.contains("context window")),
+        "{refused:?}"
+    );
+}
