@@ -238,3 +238,112 @@ async fn codex_at_a_server_without_compaction_finishes_through_handoff() {
     );
     proxy.assert_secret_nowhere(KEY);
 }
+
+/// Codex with the built-in OpenAI provider opens a WebSocket first. Through handoff it
+/// keeps it (no fall back to HTTPS): each create is tracked, the chain it holds on the
+/// socket (`store: false`, only the new items each turn) is sent upstream from
+/// handoff's record over HTTP, and handoff compacts it past the window, where Codex
+/// itself never compacts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_over_a_websocket_stays_on_it_and_is_compacted_through_handoff() {
+    let work = tempfile::tempdir().unwrap();
+    scripted::write_files(work.path(), FILES).unwrap();
+    let model = ScriptedCoder::new(WINDOW, FILES, work.path().to_owned(), Thinking::Some);
+    let answer = Arc::clone(&model);
+    let mock = MockUpstream::with(move |request| answer.answer(request)).await;
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        ProxyOptions {
+            extra_toml: format!("[models.\"{MODEL}\"]\ncontext_window = {WINDOW}\n"),
+            ..ProxyOptions::default()
+        },
+    );
+    let home = work.path().join(".home");
+    let codex_home = home.join(".codex");
+    std::fs::create_dir_all(&codex_home).unwrap();
+    // Codex never compacts by itself here: only handoff can save the session.
+    std::fs::write(
+        codex_home.join("config.toml"),
+        format!(
+            "model = \"{MODEL}\"\nopenai_base_url = \"{}/v1\"\n\
+             check_for_update_on_startup = false\n\
+             model_context_window = 1000000\nmodel_auto_compact_token_limit = 900000\n\
+             [analytics]\nenabled = false\n[feedback]\nenabled = false\n",
+            proxy.url()
+        ),
+    )
+    .unwrap();
+    let child = Command::new(codex())
+        .args([
+            "exec",
+            "--skip-git-repo-check",
+            "--ephemeral",
+            &scripted::task_prompt(FILES),
+        ])
+        .current_dir(work.path())
+        .env("HOME", &home)
+        .env("CODEX_HOME", &codex_home)
+        .env("CODEX_API_KEY", KEY)
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start codex");
+    let output =
+        tokio::task::spawn_blocking(move || support::wait_bounded(child, Duration::from_secs(240)))
+            .await
+            .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let context = format!(
+        "exit {:?}\n--- stdout ---\n{}\n--- stderr ---\n{stderr}\n--- handoff ---\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        proxy.logs()
+    );
+    assert!(output.status.success(), "{context}");
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains(scripted::FINAL),
+        "{context}"
+    );
+    assert!(
+        !stderr.contains("Falling back"),
+        "Codex left the socket\n{context}"
+    );
+    assert!(proxy.logs().contains("WebSocket opened"), "{context}");
+    {
+        let seen = model.seen.lock().unwrap();
+        assert!(
+            seen.over_window.is_empty(),
+            "{:?}\n{context}",
+            seen.over_window
+        );
+        assert!(seen.refused.is_empty(), "{:?}\n{context}", seen.refused);
+    }
+    // Every create went upstream standing alone: the chain lives on Codex's socket.
+    let agent: Vec<_> = (mock.requests().into_iter())
+        .filter(|r| !mock_upstream::strict::is_summary(&r.json()))
+        .collect();
+    assert!(
+        agent
+            .iter()
+            .all(|r| r.json().get("previous_response_id").is_none()),
+        "{context}"
+    );
+    let listed = proxy.conversations();
+    let main = (listed.iter())
+        .max_by_key(|c| c["requests"].as_u64().unwrap_or(0))
+        .unwrap();
+    let id = main["id"].as_str().unwrap().to_owned();
+    let compactions = records(&proxy, &id).len();
+    assert!(compactions >= 1, "handoff compacted\n{context}");
+    proxy.assert_verified(&[&id]);
+    println!(
+        "SOCKET-ROW | Codex CLI 0.169.0 (WebSocket, store false) | {} | {compactions} | {} | {} |",
+        agent.len(),
+        listed.len(),
+        main["branches"]
+    );
+    proxy.assert_secret_nowhere(KEY);
+}
