@@ -53,3 +53,34 @@ async fn a_previous_response_id_chain_past_the_window_is_served_through_handoff(
 async fn a_conversation_past_the_window_is_served_through_handoff() {
     held("conversation").await;
 }
+
+/// The openai SDK's `responses.connect()`: a 30-turn tool loop over one socket, each
+/// turn only its new items with `store: false`. Through handoff every turn is served
+/// (handoff bridges each create to the upstream's HTTP API, sending the chain the
+/// socket holds from its record), compacted past the window, on one conversation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sdk_socket_session_past_the_window_is_served_through_handoff() {
+    let strict = StrictResponses::new(WINDOW);
+    let mock = serve_strict(&strict, StrictResponses::answer).await;
+    let data = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start_with(&mock.url(), estimate_model(data.path(), "gpt-mock", WINDOW));
+    let ran = run_client(&proxy, "openai_socket_session.py", &[TURNS]).await;
+    assert!(
+        ran["died"].is_null(),
+        "through handoff: {ran}\n{}",
+        proxy.logs()
+    );
+    assert_eq!(ran["turns"], 30, "{ran}");
+    let listed = proxy.conversations();
+    assert_eq!(listed.len(), 1, "one conversation: {listed:?}");
+    let id = listed[0]["id"].as_str().unwrap().to_owned();
+    let compactions = records(&proxy, &id).len();
+    assert!(compactions >= 1, "handoff compacted");
+    proxy.assert_verified(&[&id]);
+    assert!(strict.refused.lock().unwrap().is_empty());
+    println!(
+        "HELD-ROW | openai SDK 3.57.0 (`responses.connect()`, store false) | {} | no socket upstream | 30 | {compactions} | {} |",
+        ran["requests"],
+        listed[0]["branches"]
+    );
+}
