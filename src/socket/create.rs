@@ -101,7 +101,8 @@ impl Session {
         self.state
             .metrics
             .add(SOCKET_CREATES, &[("upstream", "bridged")], 1.0);
-        relay(socket, log.respond(response)).await
+        let idle = self.state.snapshot().config.limits.idle_timeout;
+        relay(socket, log.respond(response), idle).await
     }
 
     /// Answers a warm-up (`generate: false`) on the socket: a response with no output,
@@ -172,6 +173,7 @@ fn refusal(err: crate::error::ApiError) -> Value {
 async fn relay(
     socket: &mut Socket,
     response: http::Response<crate::access_log::Logged>,
+    idle: std::time::Duration,
 ) -> Result<(), WsError> {
     let status = response.status();
     let streamed = crate::forward::is_event_stream(response.headers());
@@ -191,7 +193,20 @@ async fn relay(
     while let Some(event) = events.next().await {
         match event {
             Ok(event) if event.data.is_empty() || event.data == "[DONE]" => {}
-            Ok(event) => socket.send(Message::text(event.data)).await?,
+            // A client that stops reading holds the stream back (nothing more is read
+            // from upstream), and is dropped once it has read nothing for the idle limit.
+            Ok(event) => {
+                match tokio::time::timeout(idle, socket.send(Message::text(event.data))).await {
+                    Ok(sent) => sent?,
+                    Err(_) => {
+                        let stalled = std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "the client read nothing for limits.idle_timeout",
+                        );
+                        return Err(WsError::Io(stalled));
+                    }
+                }
+            }
             Err(err) => {
                 let error = error_event(
                     "server_error",

@@ -172,3 +172,34 @@ async fn a_socket_tool_loop_held_on_the_connection_is_tracked_and_compacted() {
         "{refused:?}"
     );
 }
+
+#[tokio::test]
+async fn an_oversized_event_and_an_idle_socket_are_closed_with_their_codes() {
+    let strict = StrictResponses::new(6000);
+    let responder = Arc::clone(&strict);
+    let mock = MockUpstream::with(move |request| responder.answer(request)).await;
+    let config = format!("{CONFIG}[limits]\nmax_body_bytes = 65536\nidle_timeout = \"2s\"\n");
+    let proxy = Harness::start(&mock.url(), &config).await;
+    let mut socket = connect(&proxy).await;
+    let huge =
+        json!({"type": "response.create", "model": "gpt-mock", "input": "x".repeat(100_000)});
+    socket.send(Message::text(huge.to_string())).await.unwrap();
+    let closed = loop {
+        match socket.next().await {
+            Some(Ok(Message::Close(frame))) => break frame,
+            Some(Ok(_)) => continue,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(u16::from(closed.unwrap().code), 1009);
+    assert!(mock.requests().is_empty(), "nothing went upstream");
+    let mut idle = connect(&proxy).await;
+    let closed = loop {
+        match idle.next().await {
+            Some(Ok(Message::Close(frame))) => break frame,
+            Some(Ok(_)) => continue,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(u16::from(closed.unwrap().code), 1001);
+}
