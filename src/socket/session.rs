@@ -17,6 +17,10 @@ use tokio_tungstenite::WebSocketStream;
 
 use crate::state::{AppState, Snapshot};
 
+/// The read and write buffer of a socket: an event is a few hundred bytes, a create
+/// rarely more than a few kilobytes past the history a socket does not resend.
+const SOCKET_BUFFER: usize = 16 * 1024;
+
 /// The client's socket.
 pub(super) type Socket = WebSocketStream<TokioIo<Upgraded>>;
 
@@ -41,7 +45,10 @@ pub(super) async fn run(
     peer: SocketAddr,
 ) {
     let limits = &snap.config.limits;
+    // Small buffers: an idle socket holds little, and each event is flushed as sent.
     let config = WebSocketConfig::default()
+        .read_buffer_size(SOCKET_BUFFER)
+        .write_buffer_size(SOCKET_BUFFER)
         .max_message_size(Some(limits.max_body_bytes))
         .max_frame_size(Some(limits.max_body_bytes));
     let idle = limits.idle_timeout;
