@@ -265,6 +265,9 @@ async fn a_conversation_session_is_one_branch_and_replays_exactly() {
     let data = tempfile::tempdir().unwrap();
     let mut proxy = Proxy::start_with(&mock.url(), options(data.path(), 100_000));
     let mut sent = Vec::new();
+    // The calls the last reply made: the server holds them, and the next turn answers
+    // them first, as the API requires.
+    let mut answers: Vec<Value> = Vec::new();
     for turn in 0..20 {
         if turn == 10 {
             // The chain survives a restart too.
@@ -272,7 +275,9 @@ async fn a_conversation_session_is_one_branch_and_replays_exactly() {
             proxy = Proxy::start_with(&mock.url(), options(data.path(), 100_000));
         }
         let item = json!({"role": "user", "content": format!("turn {turn}: note FACT-{turn:03}")});
-        let body = json!({"model": "gpt-mock", "conversation": "conv_session_1", "input": [item]});
+        let mut input = std::mem::take(&mut answers);
+        input.push(item.clone());
+        let body = json!({"model": "gpt-mock", "conversation": "conv_session_1", "input": input});
         let got = client::send(request(
             "POST",
             &format!("{}/v1/responses", proxy.url()),
@@ -285,6 +290,10 @@ async fn a_conversation_session_is_one_branch_and_replays_exactly() {
         .await;
         assert_eq!(got.status, 200, "{}", got.text());
         sent.push(item);
+        answers = (got.json()["output"].as_array().into_iter().flatten())
+            .filter(|output| output["type"] == "function_call")
+            .map(|call| json!({"type": "function_call_output", "call_id": call["call_id"], "output": "noted"}))
+            .collect();
         // Let the reply be logged before the next turn continues it.
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
