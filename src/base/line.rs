@@ -228,6 +228,11 @@ pub struct DecisionLine {
     /// What `view`-stage hooks took out of the view sent (the log keeps the text).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub redacted: Vec<RedactionNote>,
+    /// For a request that continued a history the upstream holds, sent instead from
+    /// handoff's record as one that stands alone: what held it (`previous_response`,
+    /// `conversation`, `socket`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_record: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {

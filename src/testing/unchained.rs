@@ -112,6 +112,16 @@ async fn a_server_held_session_past_the_window_is_continued_from_the_record() {
         assert!(!proxy.records(&id).await.is_empty(), "handoff compacted");
         let log = proxy.log(&id).await;
         assert_eq!(summarize(&ids[0], &log).branches, 1);
+        // Each request sent from the record says so on its decision line.
+        let held = if over_conversation {
+            "conversation"
+        } else {
+            "previous_response"
+        };
+        let noted = (log.lines.iter())
+            .filter(|line| matches!(&line.entry, crate::base::line::Entry::Decision(d) if d.from_record.as_deref() == Some(held)))
+            .count();
+        assert!(noted >= 1, "no decision line says {held}");
         // Past the window, a request went without the server's reference, carrying the
         // compacted history; the model read the first fact through the handoff.
         let sent = mock.requests();

@@ -685,6 +685,9 @@ fn shown_figures(figure: &RequestFigures<'_>, compacted_here: bool) -> String {
     if let Some(status) = d.upstream_status {
         shown.push_str(&format!(" UPSTREAM ANSWERED {status}"));
     }
+    if let Some(held) = &d.from_record {
+        shown.push_str(&format!(" SENT FROM THE RECORD (held by {held})"));
+    }
     if !d.redacted.is_empty() {
         shown.push_str(&format!(
             " view redacted: {}",

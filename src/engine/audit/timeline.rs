@@ -443,6 +443,7 @@ fn add_figures(
             "refused": d.refused,
             "refusal": d.detail,
             "upstream_status": d.upstream_status,
+            "from_record": d.from_record,
         });
         merge(event, fields);
         return;
@@ -463,7 +464,7 @@ fn add_figures(
 
 /// The fields of a request's event the chart draws.
 fn chart_point(event: &Value) -> Value {
-    const FIELDS: [&str; 16] = [
+    const FIELDS: [&str; 17] = [
         "number",
         "provider_compacted",
         "estimated",
@@ -480,6 +481,7 @@ fn chart_point(event: &Value) -> Value {
         "refused",
         "upstream_status",
         "server_held",
+        "from_record",
     ];
     Value::Object(
         FIELDS

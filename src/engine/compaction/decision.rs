@@ -43,6 +43,7 @@ fn budgeted(budget: &RequestBudget, tracked: &Tracked) -> DecisionLine {
         detail: None,
         upstream_status: None,
         redacted: Vec::new(),
+        from_record: None,
     }
 }
 

@@ -32,6 +32,7 @@ impl Exchange<'_> {
         if let Ok(noted) = self.view_notes.lock() {
             decision.redacted.clone_from(&noted);
         }
+        decision.from_record = self.from_record.map(str::to_owned);
         // Over the trigger because the client asked the provider to compact instead.
         if self.chat.provider_compacts
             && decision.over.as_deref() == Some(decision::OVER_NEWEST_UNIT)

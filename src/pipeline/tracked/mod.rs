@@ -170,6 +170,8 @@ struct Exchange<'s> {
     reverse: Option<Arc<hooks::Reverse>>,
     /// The asks on create handoff serves, once it serves them.
     serving: Option<Box<asked::Serving>>,
+    /// What held the history of a server-held request sent from the record instead.
+    from_record: Option<&'static str>,
 }
 
 impl<'s> Exchange<'s> {
@@ -229,6 +231,7 @@ impl<'s> Exchange<'s> {
             view_notes: std::sync::Mutex::default(),
             reverse: None,
             serving: None,
+            from_record: None,
         })
     }
 

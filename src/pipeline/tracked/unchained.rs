@@ -109,6 +109,7 @@ impl Exchange<'_> {
             (false, false) => "previous_response",
         };
         self.state.metrics.add(UNCHAINED, &[("how", how)], 1.0);
+        self.from_record = Some(how);
         // The record goes on as the client's: its reply moves the server's conversation
         // (or chain) on, after the client's own items.
         chat.continues = self.chat.continues.take();
