@@ -85,3 +85,4 @@ mod state;
 mod testing;
 mod ui;
 mod upkeep;
+mod upstream_socket;

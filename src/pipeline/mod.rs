@@ -47,11 +47,15 @@ use crate::dialect::{DialectKind, ErrorResponse};
 use crate::error::ApiError;
 use crate::state::{AppState, Snapshot};
 
-/// Marks a request a WebSocket made from a `response.create`: a chain it continues
-/// with `store: false` lives on the client's socket, not upstream, and is sent from the
-/// record. An extension of the request, so no client can claim it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct HeldOnSocket;
+/// Marks a request a WebSocket made from a `response.create`. An extension of the
+/// request, so no client can claim it.
+#[derive(Debug, Clone)]
+pub(crate) struct HeldOnSocket {
+    /// The upstream's own socket, when it serves one: the request goes on it, and a
+    /// chain held with `store: false` is held there. Without one, the request is a
+    /// `POST`, and such a chain, on the client's socket only, is sent from the record.
+    pub(crate) upstream: Option<Arc<crate::upstream_socket::UpstreamSocket>>,
+}
 
 /// Why a phase ended the request early.
 enum Halt {

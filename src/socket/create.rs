@@ -73,7 +73,13 @@ impl Session {
         parts
             .headers
             .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-        parts.extensions.insert(HeldOnSocket);
+        let upstream = self.upstream_socket(&snap, event, &parts.headers).await;
+        let how = if upstream.is_some() {
+            "socket"
+        } else {
+            "bridged"
+        };
+        parts.extensions.insert(HeldOnSocket { upstream });
         let reservation = crate::auth::reservation(&Method::POST, &parts.headers);
         parts.headers.remove(header::CONTENT_LENGTH);
         let admission = match snap.credentials.admit(
@@ -100,9 +106,48 @@ impl Session {
         .await;
         self.state
             .metrics
-            .add(SOCKET_CREATES, &[("upstream", "bridged")], 1.0);
+            .add(SOCKET_CREATES, &[("upstream", how)], 1.0);
         let idle = self.state.snapshot().config.limits.idle_timeout;
         relay(socket, log.respond(response), idle).await
+    }
+
+    /// The upstream's own socket for this one: asked for at the first create, on its
+    /// model's upstream, with its credentials as the upstream takes them; `None` when
+    /// the upstream serves none. Every later create of the socket goes on it.
+    async fn upstream_socket(
+        &mut self,
+        snap: &crate::state::Snapshot,
+        event: &Value,
+        headers: &http::HeaderMap,
+    ) -> Option<std::sync::Arc<crate::upstream_socket::UpstreamSocket>> {
+        use super::session::Link;
+        if let Link::Untried = self.upstream {
+            let model = event["model"].as_str().unwrap_or_default();
+            let upstream = snap.upstream_in(DialectKind::Responses, model);
+            let mut headers = headers.clone();
+            snap.credentials
+                .rewrite(&mut headers, DialectKind::Responses, upstream);
+            let max = snap.config.limits.max_body_bytes;
+            self.upstream = match crate::upstream_socket::UpstreamSocket::open(
+                upstream, headers, max,
+            )
+            .await
+            {
+                Ok(Some(socket)) => {
+                    tracing::info!(peer = %self.peer, "the upstream serves the Responses WebSocket: this socket's creates go on one of its own");
+                    Link::Open(socket)
+                }
+                Ok(None) => Link::Bridged,
+                Err(err) => {
+                    tracing::info!(peer = %self.peer, error = %err.message, "no WebSocket to the upstream: this socket's creates are bridged to POST");
+                    Link::Bridged
+                }
+            };
+        }
+        match &self.upstream {
+            Link::Open(socket) => Some(std::sync::Arc::clone(socket)),
+            Link::Untried | Link::Bridged => None,
+        }
     }
 
     /// Answers a warm-up (`generate: false`) on the socket: a response with no output,

@@ -33,6 +33,18 @@ pub(super) struct Session {
     /// The ids of the warm-up responses (`generate: false`) answered here: nothing
     /// upstream holds them, so a create that continues one starts afresh.
     pub(super) warmups: HashSet<String>,
+    /// The upstream's own socket, once the first create asked for one.
+    pub(super) upstream: Link,
+}
+
+/// Whether the upstream serves this socket a socket of its own.
+pub(super) enum Link {
+    /// Not asked yet: the first create asks.
+    Untried,
+    /// Its socket, for every create of this one.
+    Open(Arc<crate::upstream_socket::UpstreamSocket>),
+    /// It refused (or could not be reached): every create is bridged to `POST`.
+    Bridged,
 }
 
 /// Runs the socket until the client closes it, it idles past `limits.idle_timeout`,
@@ -61,6 +73,7 @@ pub(super) async fn run(
         head,
         peer,
         warmups: HashSet::new(),
+        upstream: Link::Untried,
     };
     loop {
         let message = match tokio::time::timeout(idle, socket.next()).await {

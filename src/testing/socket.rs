@@ -73,7 +73,53 @@ async fn a_socket_tool_loop_held_on_the_connection_is_tracked_and_compacted() {
     let responder = Arc::clone(&strict);
     let mock = MockUpstream::with(move |request| responder.answer(request)).await;
     let proxy = Harness::start(&mock.url(), CONFIG).await;
-    let mut socket = connect(&proxy).await;
+    tool_loop(&proxy, &mock).await;
+    bridged_checks(&proxy, &mock, &strict).await;
+}
+
+#[tokio::test]
+async fn an_upstream_that_serves_sockets_gets_one_and_holds_the_chain() {
+    let strict = StrictResponses::new(6000);
+    let responder = Arc::clone(&strict);
+    let mock = MockUpstream::with(move |request| responder.answer(request)).await;
+    mock.serve_sockets(true);
+    let proxy = Harness::start(&mock.url(), CONFIG).await;
+    tool_loop(&proxy, &mock).await;
+    // Every create went up the upstream's socket; while the chain fit, as the client
+    // sent it (only the new items), and past the window standing alone, compacted.
+    let sent: Vec<_> = (mock.requests().into_iter())
+        .filter(|r| !mock_upstream::strict::is_summary(&r.json()))
+        .collect();
+    assert!(
+        sent.iter().all(|r| r.headers.contains_key("x-mock-socket")),
+        "every create on the socket"
+    );
+    let continued = (sent.iter())
+        .filter(|r| r.headers.contains_key("x-mock-continued"))
+        .count();
+    assert!(
+        continued >= 10,
+        "{continued} creates went with only their new items"
+    );
+    let ids = proxy.conversations().await;
+    let mut compacted = 0;
+    for id in &ids {
+        if !proxy.records(id.as_str()).await.is_empty() {
+            compacted += 1;
+        }
+    }
+    assert_eq!(compacted, 1, "{ids:?}");
+    let refused = strict.refused.lock().unwrap().clone();
+    assert!(
+        refused.iter().all(|r| r.contains("context window")),
+        "{refused:?}"
+    );
+}
+
+/// The loop of [`a_socket_tool_loop_held_on_the_connection_is_tracked_and_compacted`]
+/// and its checks of what every socket session keeps.
+async fn tool_loop(proxy: &Harness, mock: &MockUpstream) {
+    let mut socket = connect(proxy).await;
     // Codex's warm-up: nothing goes upstream, and its id starts the chain.
     let warm = exchange(
         &mut socket,
@@ -133,11 +179,19 @@ async fn a_socket_tool_loop_held_on_the_connection_is_tracked_and_compacted() {
     .await;
     assert_eq!(unknown.last().unwrap()["type"], "error", "{unknown:?}");
     socket.close(None).await.unwrap();
+}
 
+/// What the bridged loop sent upstream, and the record it left.
+async fn bridged_checks(proxy: &Harness, mock: &MockUpstream, strict: &StrictResponses) {
     // Upstream: plain POSTs that stand alone (the chain lives on the socket), never
     // over the server's window.
+    // It asked the upstream for a socket once, was refused, and bridged every create.
+    let asked = (mock.requests().iter())
+        .filter(|r| r.method == http::Method::GET && r.headers.contains_key("upgrade"))
+        .count();
+    assert_eq!(asked, 1, "one upgrade asked of the upstream");
     let sent: Vec<_> = (mock.requests().into_iter())
-        .filter(|r| !mock_upstream::strict::is_summary(&r.json()))
+        .filter(|r| r.method == http::Method::POST && !mock_upstream::strict::is_summary(&r.json()))
         .collect();
     assert!(sent
         .iter()
@@ -165,12 +219,11 @@ async fn a_socket_tool_loop_held_on_the_connection_is_tracked_and_compacted() {
     }
     assert_eq!(compacted, 1);
     let refused = strict.refused.lock().unwrap().clone();
-    assert!(
-        refused
-            .iter()
-            .all(|r| r.contains("resp_nobody_knows") || r.contains("context window")),
-        "{refused:?}"
-    );
+    // Besides the unknown response: the upgrade it refused (a GET with no input).
+    let expected = |r: &String| {
+        r.contains("resp_nobody_knows") || r.contains("context window") || r.contains("'input'")
+    };
+    assert!(refused.iter().all(expected), "{refused:?}");
 }
 
 #[tokio::test]

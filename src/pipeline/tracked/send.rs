@@ -76,7 +76,10 @@ impl Exchange<'_> {
                 body,
             )?;
             tracing::debug!(conversation = %tracked.id, compact_id = ?view.compact_id(), "sending the view upstream");
-            let response = send_timed(upstream, request, log).await?;
+            let response = match self.upstream_socket() {
+                Some(socket) => socket.send(request).await?,
+                None => send_timed(upstream, request, log).await?,
+            };
 
             let reactive = self
                 .budget
@@ -338,6 +341,16 @@ impl Exchange<'_> {
 }
 
 impl Exchange<'_> {
+    /// The upstream's own WebSocket, when the request is a socket's create and the
+    /// upstream serves one.
+    fn upstream_socket(&self) -> Option<&crate::upstream_socket::UpstreamSocket> {
+        let held = self
+            .parts
+            .extensions
+            .get::<crate::pipeline::HeldOnSocket>()?;
+        held.upstream.as_deref()
+    }
+
     /// What handoff puts into the reply of the asks it serves, with the clearing
     /// edits `applied` to the view sent; `None` when nothing.
     fn served_reply(

@@ -43,7 +43,9 @@ impl Exchange<'_> {
         let tracked = self.tracked()?;
         // A chain a socket holds without the upstream storing it lives on the client's
         // connection only: the upstream cannot read it, so it always goes from the record.
-        let on_socket = self.parts.extensions.get::<HeldOnSocket>().is_some() && self.store_false();
+        let on_socket = (self.parts.extensions.get::<HeldOnSocket>())
+            .is_some_and(|held| held.upstream.is_none())
+            && self.store_false();
         let mut alone = self.chat.clone();
         alone.server_held = false;
         let budget = RequestBudget::new(&self.snap.config, &alone, &self.state.tokens);

@@ -250,6 +250,82 @@ impl Upstream {
     }
 }
 
+/// What an upstream answered a protocol upgrade.
+pub enum Upgrade {
+    /// `101 Switching Protocols`: the connection, now the new protocol's.
+    Switched(hyper::upgrade::Upgraded),
+    /// Any other answer (or an h2 connection, which upgrades no HTTP/1.1 way): the
+    /// upstream does not serve the protocol there.
+    Refused(http::StatusCode),
+}
+
+impl Upstream {
+    /// Sends `request` (a `GET` asking to upgrade) on a connection of its own, outside
+    /// the pool, over HTTP/1.1, and hands over the connection when the upstream
+    /// switches: a WebSocket to the upstream.
+    pub async fn upgrade(&self, request: Request<ProxyBody>) -> Result<Upgrade, UpstreamError> {
+        use hyper::client::conn::http1;
+        use tower_service::Service;
+        let target = request.uri().clone();
+        let unreachable = |reason: String| UpstreamError::Unreachable {
+            authority: self.shown.clone(),
+            reason,
+        };
+        let opened = async {
+            let mut connector = self.connector.clone();
+            std::future::poll_fn(|cx| connector.poll_ready(cx))
+                .await
+                .map_err(|err| unreachable(innermost(&*err)))?;
+            let stream = connector
+                .call(target.clone())
+                .await
+                .map_err(|err| unreachable(innermost(&*err)))?;
+            if hyper_util::client::legacy::connect::Connection::connected(&stream)
+                .is_negotiated_h2()
+            {
+                return Ok(Upgrade::Refused(
+                    http::StatusCode::HTTP_VERSION_NOT_SUPPORTED,
+                ));
+            }
+            let (mut sender, connection) = http1::handshake(stream)
+                .await
+                .map_err(|err| unreachable(innermost(&err)))?;
+            tokio::spawn(async move {
+                if let Err(err) = connection.with_upgrades().await {
+                    tracing::debug!(error = %err, "upstream upgrade connection ended");
+                }
+            });
+            let mut request = request;
+            let mut parts = http::uri::Parts::default();
+            parts.path_and_query = target.path_and_query().cloned();
+            if let Ok(origin) = Uri::from_parts(parts) {
+                *request.uri_mut() = origin;
+            }
+            request
+                .headers_mut()
+                .insert(http::header::HOST, self.host.clone());
+            let response = sender
+                .send_request(request)
+                .await
+                .map_err(|err| unreachable(innermost(&err)))?;
+            if response.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+                return Ok(Upgrade::Refused(response.status()));
+            }
+            let upgraded = hyper::upgrade::on(response)
+                .await
+                .map_err(|err| unreachable(innermost(&err)))?;
+            Ok(Upgrade::Switched(upgraded))
+        };
+        match tokio::time::timeout(self.connect_timeout + self.read_timeout, opened).await {
+            Ok(result) => result,
+            Err(_) => Err(UpstreamError::ConnectTimeout {
+                authority: self.shown.clone(),
+                timeout: self.connect_timeout,
+            }),
+        }
+    }
+}
+
 /// How long a connection may idle in its pool before it is closed, not reused.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 

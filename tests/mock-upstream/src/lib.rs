@@ -21,6 +21,7 @@ pub mod native;
 mod reply;
 pub mod responses;
 pub mod scripted;
+mod socket;
 pub mod strict;
 pub mod text_coder;
 
@@ -70,6 +71,8 @@ struct Shared {
     requests: Mutex<Vec<Recorded>>,
     aborted_streams: Mutex<usize>,
     changed: Notify,
+    /// True once the mock serves the Responses API's WebSocket mode.
+    sockets: std::sync::atomic::AtomicBool,
 }
 
 /// A running mock upstream; it stops when dropped.
@@ -118,13 +121,21 @@ impl MockUpstream {
                 let shared = Arc::clone(&accept_shared);
                 let responder = Arc::clone(&responder);
                 tokio::spawn(async move {
-                    let service = service_fn(move |request| {
+                    let service = service_fn(move |request: Request<Incoming>| {
                         let shared = Arc::clone(&shared);
                         let responder = Arc::clone(&responder);
-                        async move { Ok::<_, Infallible>(answer(request, &shared, &*responder).await) }
+                        async move {
+                            let sockets = shared.sockets.load(std::sync::atomic::Ordering::SeqCst);
+                            if sockets && socket::is_upgrade(&request) {
+                                return Ok::<_, Infallible>(socket::accept(
+                                    request, shared, responder,
+                                ));
+                            }
+                            Ok::<_, Infallible>(answer(request, &shared, &*responder).await)
+                        }
                     });
                     let _ = auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(socket), service)
+                        .serve_connection_with_upgrades(TokioIo::new(socket), service)
                         .await;
                 });
             }
@@ -144,6 +155,14 @@ impl MockUpstream {
     /// The listening address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Serves the Responses API's WebSocket mode (`GET /v1/responses` upgraded) or
+    /// stops serving it (the upgrade then gets the mock's ordinary answer).
+    pub fn serve_sockets(&self, on: bool) {
+        self.shared
+            .sockets
+            .store(on, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Every request received so far, in order.
@@ -192,6 +211,13 @@ impl MockUpstream {
 }
 
 type MockBody = BoxBody<Bytes, std::io::Error>;
+
+/// A body with nothing in it.
+fn empty_body() -> MockBody {
+    Full::new(Bytes::new())
+        .map_err(|never| match never {})
+        .boxed()
+}
 
 async fn answer(
     request: Request<Incoming>,
