@@ -246,11 +246,19 @@ async fn codex_at_a_server_without_compaction_finishes_through_handoff() {
 /// itself never compacts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_over_a_websocket_stays_on_it_and_is_compacted_through_handoff() {
+    // A model that serves the mode (handoff opens a socket of its own to it), then one
+    // that refuses the upgrade (handoff bridges each create to POST).
+    codex_over_a_socket(true).await;
+    codex_over_a_socket(false).await;
+}
+
+async fn codex_over_a_socket(upstream_sockets: bool) {
     let work = tempfile::tempdir().unwrap();
     scripted::write_files(work.path(), FILES).unwrap();
     let model = ScriptedCoder::new(WINDOW, FILES, work.path().to_owned(), Thinking::Some);
     let answer = Arc::clone(&model);
     let mock = MockUpstream::with(move |request| answer.answer(request)).await;
+    mock.serve_sockets(upstream_sockets);
     let proxy = Proxy::start_with(
         &mock.url(),
         ProxyOptions {
@@ -321,16 +329,30 @@ async fn codex_over_a_websocket_stays_on_it_and_is_compacted_through_handoff() {
         );
         assert!(seen.refused.is_empty(), "{:?}\n{context}", seen.refused);
     }
-    // Every create went upstream standing alone: the chain lives on Codex's socket.
     let agent: Vec<_> = (mock.requests().into_iter())
-        .filter(|r| !mock_upstream::strict::is_summary(&r.json()))
+        .filter(|r| r.method == http::Method::POST && !mock_upstream::strict::is_summary(&r.json()))
         .collect();
-    assert!(
-        agent
-            .iter()
-            .all(|r| r.json().get("previous_response_id").is_none()),
-        "{context}"
-    );
+    let on_socket = agent
+        .iter()
+        .filter(|r| r.headers.contains_key("x-mock-socket"))
+        .count();
+    if upstream_sockets {
+        // Every create went up handoff's own socket, most as Codex sent them.
+        assert_eq!(on_socket, agent.len(), "{context}");
+        let continued = (agent.iter())
+            .filter(|r| r.headers.contains_key("x-mock-continued"))
+            .count();
+        assert!(continued >= 1, "{context}");
+    } else {
+        // Bridged: every create went upstream standing alone, from the record.
+        assert_eq!(on_socket, 0, "{context}");
+        assert!(
+            agent
+                .iter()
+                .all(|r| r.json().get("previous_response_id").is_none()),
+            "{context}"
+        );
+    }
     let listed = proxy.conversations();
     let main = (listed.iter())
         .max_by_key(|c| c["requests"].as_u64().unwrap_or(0))
@@ -339,8 +361,13 @@ async fn codex_over_a_websocket_stays_on_it_and_is_compacted_through_handoff() {
     let compactions = records(&proxy, &id).len();
     assert!(compactions >= 1, "handoff compacted\n{context}");
     proxy.assert_verified(&[&id]);
+    let upstream = if upstream_sockets {
+        "a socket of handoff's own"
+    } else {
+        "bridged to POST"
+    };
     println!(
-        "SOCKET-ROW | Codex CLI 0.169.0 (WebSocket, store false) | {} | {compactions} | {} | {} |",
+        "SOCKET-ROW | Codex CLI 0.169.0 (WebSocket, store false), upstream: {upstream} | {} | {compactions} | {} | {} |",
         agent.len(),
         listed.len(),
         main["branches"]

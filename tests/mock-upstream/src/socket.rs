@@ -135,15 +135,10 @@ async fn serve(
             reply = *then;
         }
         let events: Vec<Value> = match reply {
-            Reply::Sse { frames, .. } => (frames.iter())
-                .flat_map(|frame| {
-                    frame
-                        .lines()
-                        .filter_map(|line| line.strip_prefix("data: "))
-                        .map(str::to_owned)
-                        .collect::<Vec<_>>()
-                })
-                .filter_map(|data| serde_json::from_str(&data).ok())
+            // Frames may cut an event anywhere: the events are read from them all.
+            Reply::Sse { frames, .. } => (frames.concat().lines())
+                .filter_map(|line| line.strip_prefix("data: "))
+                .filter_map(|data| serde_json::from_str(data).ok())
                 .collect(),
             Reply::Json { status, body } | Reply::Pretty { status, body } => {
                 vec![json!({"type": "error", "status": status.as_u16(), "error": body["error"]})]

@@ -3,6 +3,7 @@
 //! `listening on ADDR` and the task's prompt, and serves until Ctrl-C. With
 //! `SCRIPTED_NATIVE=off` it has none of the APIs' own compaction, as a self-hosted
 //! server: its trigger, items, `context_management` and `/responses/compact` refused.
+//! With `SCRIPTED_SOCKETS=on` it serves the Responses API's WebSocket mode too.
 
 use std::sync::Arc;
 
@@ -30,6 +31,7 @@ async fn main() {
     model.set_native(std::env::var("SCRIPTED_NATIVE").map_or(true, |v| v != "off"));
     let answer = Arc::clone(&model);
     let mock = MockUpstream::serve_on(addr, move |request| answer.answer(request)).await;
+    mock.serve_sockets(std::env::var("SCRIPTED_SOCKETS").is_ok_and(|v| v == "on"));
     println!("listening on {}", mock.addr());
     println!("task: {}", scripted::task_prompt(files));
     let _ = tokio::signal::ctrl_c().await;
