@@ -55,13 +55,25 @@ async fn a_conversation_past_the_window_is_served_through_handoff() {
 }
 
 /// The openai SDK's `responses.connect()`: a 30-turn tool loop over one socket, each
-/// turn only its new items with `store: false`. Through handoff every turn is served
-/// (handoff bridges each create to the upstream's HTTP API, sending the chain the
-/// socket holds from its record), compacted past the window, on one conversation.
+/// turn only its new items with `store: false`, against a server that serves the mode.
+/// Straight to it the session dies of the window; through handoff (its own socket to
+/// the server) every turn is served, compacted past the window, on one conversation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_sdk_socket_session_past_the_window_is_served_through_handoff() {
+    // Straight to a server that holds the chain on the socket, it dies of the window.
     let strict = StrictResponses::new(WINDOW);
     let mock = serve_strict(&strict, StrictResponses::answer).await;
+    mock.serve_sockets(true);
+    let control = run_client_at(mock.url(), "openai_socket_session.py", &[TURNS]).await;
+    let died = control["died"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        died.contains("context window"),
+        "without handoff: {control}"
+    );
+
+    let strict = StrictResponses::new(WINDOW);
+    let mock = serve_strict(&strict, StrictResponses::answer).await;
+    mock.serve_sockets(true);
     let data = tempfile::tempdir().unwrap();
     let proxy = Proxy::start_with(&mock.url(), estimate_model(data.path(), "gpt-mock", WINDOW));
     let ran = run_client(&proxy, "openai_socket_session.py", &[TURNS]).await;
@@ -79,8 +91,9 @@ async fn an_sdk_socket_session_past_the_window_is_served_through_handoff() {
     proxy.assert_verified(&[&id]);
     assert!(strict.refused.lock().unwrap().is_empty());
     println!(
-        "HELD-ROW | openai SDK 3.57.0 (`responses.connect()`, store false) | {} | no socket upstream | 30 | {compactions} | {} |",
+        "HELD-ROW | openai SDK 3.57.0 (`responses.connect()`, store false) | {} | {} | 30 | {compactions} | {} |",
         ran["requests"],
+        died.split(':').next().unwrap_or_default(),
         listed[0]["branches"]
     );
 }
