@@ -2,14 +2,14 @@
 # The Responses API's WebSocket mode through handoff, on the release binary and the
 # scripted model (tests/mock-upstream bin scripted-model, answering at once): the
 # per-turn latency of a 30-turn tool loop (the model asks for a file, the client
-# answers with its 20 KB, 30 times) over one socket through handoff, against the same
-# loop as POST + SSE through handoff and POST + SSE straight to the model; then the
-# memory an open socket holds.
+# answers with its 20 KB, 30 times) over a socket and as POST + SSE, each through
+# handoff and straight to the model; then the memory an open socket holds.
 #
 #   socket   - one socket, each turn previous_response_id and only the new items,
-#              store false (handoff sends each turn from its record over HTTP);
-#   post     - POST /v1/responses, stream true, the whole history each turn;
-#   direct   - the same POSTs to the model itself.
+#              store false: through handoff (which opens a socket of its own to the
+#              model, the model serving the mode) and straight to the model;
+#   post     - POST /v1/responses, stream true, the whole history each turn, through
+#              handoff and straight to the model.
 #
 #   benches/socket.sh                 # 3 loops of each, 500 idle sockets
 #   LOOPS=1 SOCKETS=200 benches/socket.sh
@@ -30,7 +30,7 @@ trap cleanup EXIT
 wait_port() { for _ in $(seq 1 600); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.1; done; echo "nothing on port $1" >&2; exit 1; }
 
 mkdir -p "$WORK/task"
-target/release/scripted-model "127.0.0.1:$MOCK_PORT" 10000000 "$WORK/task" 30 > /dev/null &
+SCRIPTED_SOCKETS=on target/release/scripted-model "127.0.0.1:$MOCK_PORT" 10000000 "$WORK/task" 30 > /dev/null &
 PIDS+=($!)
 cat > "$WORK/handoff.toml" <<TOML
 listen = "127.0.0.1:$PROXY_PORT"
@@ -83,9 +83,9 @@ def post_loop(port, run):
             return times
         history.extend(file_output(call) for call in calls)
 
-def socket_loop(run):
+def socket_loop(port, run):
     times = []
-    with connect(f"ws://127.0.0.1:{proxy}/v1/responses", additional_headers=HEADERS, max_size=None) as ws:
+    with connect(f"ws://127.0.0.1:{port}/v1/responses", additional_headers=HEADERS, max_size=None) as ws:
         previous, items = None, [{"role": "user", "content": f"run {run}. {PROMPT}"}]
         while True:
             create = {"type": "response.create", "model": "scripted", "input": items, "tools": TOOLS, "store": False}
@@ -110,9 +110,10 @@ def rss_kb():
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
 
-rows = {"socket through handoff": [], "POST + SSE through handoff": [], "POST + SSE direct": []}
+rows = {"socket through handoff": [], "socket direct": [], "POST + SSE through handoff": [], "POST + SSE direct": []}
 for run in range(loops):
-    rows["socket through handoff"] += socket_loop(run)
+    rows["socket through handoff"] += socket_loop(proxy, run)
+    rows["socket direct"] += socket_loop(mock, 3000 + run)
     rows["POST + SSE through handoff"] += post_loop(proxy, 1000 + run)
     rows["POST + SSE direct"] += post_loop(mock, 2000 + run)
 
