@@ -108,7 +108,8 @@ impl Session {
             .metrics
             .add(SOCKET_CREATES, &[("upstream", how)], 1.0);
         let idle = self.state.snapshot().config.limits.idle_timeout;
-        relay(socket, log.respond(response), idle).await
+        let stream_id = event.get("stream_id").filter(|id| !id.is_null()).cloned();
+        relay(socket, log.respond(response), idle, stream_id).await
     }
 
     /// The upstream's own socket for this one: asked for at the first create, on its
@@ -215,10 +216,12 @@ fn refusal(err: crate::error::ApiError) -> Value {
 
 /// Sends the pipeline's answer to the socket: each event of a stream as one message, as
 /// it arrives; any other answer as one `error` event.
+/// Each event carries the create's `stream_id`, when it named one, as the API's do.
 async fn relay(
     socket: &mut Socket,
     response: http::Response<crate::access_log::Logged>,
     idle: std::time::Duration,
+    stream_id: Option<Value>,
 ) -> Result<(), WsError> {
     let status = response.status();
     let streamed = crate::forward::is_event_stream(response.headers());
@@ -231,7 +234,10 @@ async fn relay(
         let answer: Value = serde_json::from_slice(&bytes)
             .unwrap_or_else(|_| json!({"error": {"message": String::from_utf8_lossy(&bytes)}}));
         let error = answer.get("error").cloned().unwrap_or(answer);
-        let event = json!({"type": "error", "status": status.as_u16(), "error": error});
+        let mut event = json!({"type": "error", "status": status.as_u16(), "error": error});
+        if let Some(id) = &stream_id {
+            event["stream_id"] = id.clone();
+        }
         return send(socket, &event).await;
     }
     let mut events = std::pin::pin!(body.into_data_stream().eventsource());
@@ -241,7 +247,11 @@ async fn relay(
             // A client that stops reading holds the stream back (nothing more is read
             // from upstream), and is dropped once it has read nothing for the idle limit.
             Ok(event) => {
-                match tokio::time::timeout(idle, socket.send(Message::text(event.data))).await {
+                let text = match &stream_id {
+                    Some(id) => with_stream_id(&event.data, id),
+                    None => event.data,
+                };
+                match tokio::time::timeout(idle, socket.send(Message::text(text))).await {
                     Ok(sent) => sent?,
                     Err(_) => {
                         let stalled = std::io::Error::new(
@@ -263,6 +273,17 @@ async fn relay(
         }
     }
     Ok(())
+}
+
+/// `data` (an event) with `stream_id` set; as it came when it is no JSON object.
+fn with_stream_id(data: &str, stream_id: &Value) -> String {
+    match serde_json::from_str::<Value>(data) {
+        Ok(Value::Object(mut event)) => {
+            event.insert("stream_id".to_owned(), stream_id.clone());
+            Value::Object(event).to_string()
+        }
+        _ => data.to_owned(),
+    }
 }
 
 #[cfg(test)]

@@ -63,6 +63,10 @@ async fn read_to_end(socket: &mut Client) -> Vec<Value> {
     events
 }
 
+fn socket_ref(socket: &mut Client) -> &mut Client {
+    socket
+}
+
 fn user(text: &str) -> Value {
     json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
 }
@@ -162,6 +166,14 @@ async fn tool_loop(proxy: &Harness, mock: &MockUpstream) {
                 .collect();
         }
     }
+    // A create that names a stream gets its events back under that name.
+    let named = exchange(
+        socket_ref(&mut socket),
+        &json!({"type": "response.create", "model": "gpt-mock",
+        "stream_id": "s-7", "store": false, "input": [user("a side question")]}),
+    )
+    .await;
+    assert!(named.iter().all(|e| e["stream_id"] == "s-7"), "{named:?}");
     // Bad events: an error event each, and the socket goes on.
     socket.send(Message::text("{not json")).await.unwrap();
     let bad = read_to_end(&mut socket).await;
@@ -204,10 +216,10 @@ async fn bridged_checks(proxy: &Harness, mock: &MockUpstream, strict: &StrictRes
         .filter(|r| r.json().get("previous_response_id").is_some())
         .count();
     assert_eq!(held, 1, "only the unknown one went with its reference");
-    // The loop is one conversation, compacted, on one branch; the create that named
-    // a response nobody holds is one of its own.
+    // The loop is one conversation, compacted, on one branch; the side question and
+    // the create that named a response nobody holds are one each of their own.
     let ids = proxy.conversations().await;
-    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert_eq!(ids.len(), 3, "{ids:?}");
     let mut compacted = 0;
     for id in &ids {
         if proxy.records(id.as_str()).await.is_empty() {
