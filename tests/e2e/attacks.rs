@@ -1146,10 +1146,12 @@ async fn distinct_tool_ids_leave_memory_under_its_byte_budgets() {
         grown / MIB,
         base / MIB
     );
-    // The budgets (8 + 16 MiB) and room for what a body costs while it is read: far
-    // under the ~240 MiB of ids the bodies held, which the caches once kept whole.
+    // The budgets (8 + 16 MiB) and room for what the bodies cost while they are read
+    // and logged, which the allocator may not have handed back yet: about 25 MiB alone,
+    // up to 44 under the whole suite's load. Far under the ~240 MiB of ids the bodies
+    // held, which the caches once kept whole.
     assert!(
-        grown <= 24 * MIB + 40 * MIB,
+        grown <= 24 * MIB + 56 * MIB,
         "RSS grew {} MiB past its budgets after {} MiB of distinct ids",
         grown / MIB,
         sent / MIB
