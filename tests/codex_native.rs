@@ -39,6 +39,62 @@ fn codex() -> PathBuf {
     path
 }
 
+/// Runs Codex on the task in `work` with the built-in provider at `base` (handoff,
+/// or the hop in front of it), the model's window and Codex's own compaction limit
+/// `auto_compact`: only Codex's documented settings, nonessential traffic off. Its
+/// output, once it succeeded and said it was done.
+async fn run_codex(
+    work: &std::path::Path,
+    base: &str,
+    (window, auto_compact): (u64, u64),
+) -> std::process::Output {
+    let home = work.join(".home");
+    let codex_home = home.join(".codex");
+    std::fs::create_dir_all(&codex_home).unwrap();
+    std::fs::write(
+        codex_home.join("config.toml"),
+        format!(
+            "model = \"{MODEL}\"\nopenai_base_url = \"{base}/v1\"\n\
+             check_for_update_on_startup = false\n\
+             model_context_window = {window}\nmodel_auto_compact_token_limit = {auto_compact}\n\
+             [analytics]\nenabled = false\n[feedback]\nenabled = false\n"
+        ),
+    )
+    .unwrap();
+    let child = Command::new(codex())
+        .args([
+            "exec",
+            "--skip-git-repo-check",
+            "--ephemeral",
+            &scripted::task_prompt(FILES),
+        ])
+        .current_dir(work)
+        .env("HOME", &home)
+        .env("CODEX_HOME", &codex_home)
+        .env("CODEX_API_KEY", KEY)
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start codex");
+    tokio::task::spawn_blocking(move || support::wait_bounded(child, Duration::from_secs(240)))
+        .await
+        .unwrap()
+}
+
+/// What a failing assertion shows: Codex's exit and output, and handoff's logs.
+fn context_of(output: &std::process::Output, proxy: &Proxy) -> String {
+    format!(
+        "exit {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}\n--- handoff ---\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+        proxy.logs()
+    )
+}
+
 /// One Codex session through handoff against the scripted model, with or without
 /// the API's own compaction: what each side saw, and Codex's output with handoff's
 /// logs for a failing assertion to show.
@@ -67,52 +123,9 @@ async fn session(native: bool) -> Session {
         },
     );
     let hop = support::hop::Hop::start(&proxy.url()).await;
-
-    let home = work.path().join(".home");
-    let codex_home = home.join(".codex");
-    std::fs::create_dir_all(&codex_home).unwrap();
-    // Only Codex's documented settings: the built-in provider's base URL, the model's
-    // window and Codex's own compaction limit; nonessential traffic off.
-    std::fs::write(
-        codex_home.join("config.toml"),
-        format!(
-            "model = \"{MODEL}\"\nopenai_base_url = \"{}/v1\"\n\
-             check_for_update_on_startup = false\n\
-             model_context_window = {WINDOW}\nmodel_auto_compact_token_limit = 16000\n\
-             [analytics]\nenabled = false\n[feedback]\nenabled = false\n",
-            hop.url()
-        ),
-    )
-    .unwrap();
-    let child = Command::new(codex())
-        .args([
-            "exec",
-            "--skip-git-repo-check",
-            "--ephemeral",
-            &scripted::task_prompt(FILES),
-        ])
-        .current_dir(work.path())
-        .env("HOME", &home)
-        .env("CODEX_HOME", &codex_home)
-        .env("CODEX_API_KEY", KEY)
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("OPENAI_BASE_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start codex");
-    let output =
-        tokio::task::spawn_blocking(move || support::wait_bounded(child, Duration::from_secs(240)))
-            .await
-            .unwrap();
-    let context = format!(
-        "exit {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}\n--- handoff ---\n{}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr),
-        proxy.logs()
-    );
+    // Codex's own limit at 16k: it asks to compact long before the window.
+    let output = run_codex(work.path(), &hop.url(), (WINDOW, 16_000)).await;
+    let context = context_of(&output, &proxy);
     assert!(output.status.success(), "{context}");
     assert!(
         String::from_utf8_lossy(&output.stdout).contains(scripted::FINAL),
@@ -266,50 +279,10 @@ async fn codex_over_a_socket(upstream_sockets: bool) {
             ..ProxyOptions::default()
         },
     );
-    let home = work.path().join(".home");
-    let codex_home = home.join(".codex");
-    std::fs::create_dir_all(&codex_home).unwrap();
     // Codex never compacts by itself here: only handoff can save the session.
-    std::fs::write(
-        codex_home.join("config.toml"),
-        format!(
-            "model = \"{MODEL}\"\nopenai_base_url = \"{}/v1\"\n\
-             check_for_update_on_startup = false\n\
-             model_context_window = 1000000\nmodel_auto_compact_token_limit = 900000\n\
-             [analytics]\nenabled = false\n[feedback]\nenabled = false\n",
-            proxy.url()
-        ),
-    )
-    .unwrap();
-    let child = Command::new(codex())
-        .args([
-            "exec",
-            "--skip-git-repo-check",
-            "--ephemeral",
-            &scripted::task_prompt(FILES),
-        ])
-        .current_dir(work.path())
-        .env("HOME", &home)
-        .env("CODEX_HOME", &codex_home)
-        .env("CODEX_API_KEY", KEY)
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("OPENAI_BASE_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start codex");
-    let output =
-        tokio::task::spawn_blocking(move || support::wait_bounded(child, Duration::from_secs(240)))
-            .await
-            .unwrap();
+    let output = run_codex(work.path(), &proxy.url(), (1_000_000, 900_000)).await;
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    let context = format!(
-        "exit {:?}\n--- stdout ---\n{}\n--- stderr ---\n{stderr}\n--- handoff ---\n{}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout),
-        proxy.logs()
-    );
+    let context = context_of(&output, &proxy);
     assert!(output.status.success(), "{context}");
     assert!(
         String::from_utf8_lossy(&output.stdout).contains(scripted::FINAL),

@@ -190,28 +190,10 @@ impl Events {
         };
         match self.dialect {
             DialectKind::Anthropic => {
-                let mut start = artefact.clone();
-                start["content"] = Value::Null;
-                if let Some(block) = start.as_object_mut() {
-                    block.remove("encrypted_content");
+                for event in super::reply::compaction_block_events(0, artefact) {
+                    let kind = event["type"].as_str().unwrap_or("").to_owned();
+                    write_event(out, Some(&kind), &event);
                 }
-                let mut delta = artefact.clone();
-                delta["type"] = json!("compaction_delta");
-                write_event(
-                    out,
-                    Some("content_block_start"),
-                    &json!({"type": "content_block_start", "index": 0, "content_block": start}),
-                );
-                write_event(
-                    out,
-                    Some("content_block_delta"),
-                    &json!({"type": "content_block_delta", "index": 0, "delta": delta}),
-                );
-                write_event(
-                    out,
-                    Some("content_block_stop"),
-                    &json!({"type": "content_block_stop", "index": 0}),
-                );
             }
             _ => {
                 let first = sequence.unwrap_or(0);

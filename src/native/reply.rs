@@ -113,23 +113,34 @@ pub(crate) fn message_stream(message: &Value) -> Vec<u8> {
     opening["stop_reason"] = Value::Null;
     event(json!({"type": "message_start", "message": opening}));
     let blocks = message["content"].as_array().cloned().unwrap_or_default();
-    for (index, block) in blocks.into_iter().enumerate() {
-        let mut start = block.clone();
-        start["content"] = Value::Null;
-        if let Some(start) = start.as_object_mut() {
-            start.remove("encrypted_content");
-        }
-        let mut delta = block;
-        delta["type"] = json!("compaction_delta");
-        event(json!({"type": "content_block_start", "index": index, "content_block": start}));
-        event(json!({"type": "content_block_delta", "index": index, "delta": delta}));
-        event(json!({"type": "content_block_stop", "index": index}));
+    for (index, block) in blocks.iter().enumerate() {
+        compaction_block_events(index, block)
+            .into_iter()
+            .for_each(&mut event);
     }
     event(json!({"type": "message_delta",
                  "delta": {"stop_reason": message["stop_reason"], "stop_sequence": null},
                  "usage": message["usage"]}));
     event(json!({"type": "message_stop"}));
     out
+}
+
+/// The events that stream a Messages `compaction` block at `index`, as the API
+/// streams one: its start with no content, one `compaction_delta` carrying the whole
+/// of it, its stop.
+pub(crate) fn compaction_block_events(index: usize, block: &Value) -> [Value; 3] {
+    let mut start = block.clone();
+    start["content"] = Value::Null;
+    if let Some(start) = start.as_object_mut() {
+        start.remove("encrypted_content");
+    }
+    let mut delta = block.clone();
+    delta["type"] = json!("compaction_delta");
+    [
+        json!({"type": "content_block_start", "index": index, "content_block": start}),
+        json!({"type": "content_block_delta", "index": index, "delta": delta}),
+        json!({"type": "content_block_stop", "index": index}),
+    ]
 }
 
 /// The summary calls' usage (`calls`, in the chat shape) as input and output tokens.
