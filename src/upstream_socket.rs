@@ -7,6 +7,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
@@ -17,11 +18,13 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::handshake::client::generate_key;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
+use crate::access_log::RequestLog;
 use crate::body::{full, ProxyBody};
 use crate::error::ApiError;
 use crate::upstream::{Upgrade, Upstream};
@@ -116,17 +119,39 @@ impl UpstreamSocket {
         })))
     }
 
-    /// Sends one request of the send phase on the upstream's socket.
-    pub(crate) async fn send(
+    /// Sends one request of the send phase on the upstream's socket, waiting for the
+    /// head of its answer (the upstream's first event) within `read_timeout`, as a
+    /// POST waits for its head; the time is the request's upstream time.
+    pub(crate) async fn send_timed(
         &self,
         request: Request<ProxyBody>,
+        read_timeout: Duration,
+        log: &mut RequestLog,
     ) -> Result<Response<Incoming>, ApiError> {
-        let mut sender = self.sender.lock().await;
+        let sent = Instant::now();
         let closed = |err: hyper::Error| {
             ApiError::bad_gateway(format!("the upstream's WebSocket is closed: {err}"))
         };
-        sender.ready().await.map_err(closed)?;
-        sender.send_request(request).await.map_err(closed)
+        let exchange = async {
+            let mut sender = self.sender.lock().await;
+            sender.ready().await.map_err(closed)?;
+            sender.send_request(request).await.map_err(closed)
+        };
+        let response = tokio::time::timeout(read_timeout, exchange)
+            .await
+            .map_err(|_| {
+                ApiError::gateway_timeout(format!(
+                    "the upstream's WebSocket sent nothing for {read_timeout:?}"
+                ))
+            })??;
+        log.set_upstream_time(sent.elapsed());
+        Ok(response)
+    }
+
+    /// True once the socket can carry no more creates: the upstream closed it, or a
+    /// response on it was abandoned mid-way.
+    pub(crate) async fn is_closed(&self) -> bool {
+        self.sender.lock().await.is_closed()
     }
 }
 
@@ -181,7 +206,13 @@ async fn adapt(
             if done {
                 return;
             }
-            event = match next_event(&mut ws).await {
+            // Nobody reads any more (the relay gave up on a stalled upstream): the
+            // socket is let go rather than waited on.
+            let next = tokio::select! {
+                next = next_event(&mut ws) => next,
+                () = tx.closed() => return,
+            };
+            event = match next {
                 Some(event) => event,
                 None => {
                     let cut = std::io::Error::new(

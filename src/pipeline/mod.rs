@@ -125,14 +125,19 @@ pub(crate) async fn handle(
         }
     })
     .await;
+    answered(ran, route.dialect())
+}
+
+/// The response of a request its phases ran, or ended early, in `dialect`'s shape.
+fn answered(ran: Result<Response<ProxyBody>, Halt>, dialect: DialectKind) -> Response<ProxyBody> {
     match ran {
         Ok(response) => response,
         Err(Halt::Respond(response)) => *response,
-        Err(Halt::Error(err)) => err.into_response_for(route.dialect()),
+        Err(Halt::Error(err)) => err.into_response_for(dialect),
         Err(Halt::ServeAsks) => ApiError::internal(
             "the upstream refused the API's own compaction, and it was not served",
         )
-        .into_response_for(route.dialect()),
+        .into_response_for(dialect),
     }
 }
 
@@ -151,15 +156,7 @@ pub(crate) async fn handle_read(
         tracked::run_read(state, snap, request, log, admission, dialect).await
     })
     .await;
-    match ran {
-        Ok(response) => response,
-        Err(Halt::Respond(response)) => *response,
-        Err(Halt::Error(err)) => err.into_response_for(dialect),
-        Err(Halt::ServeAsks) => ApiError::internal(
-            "the upstream refused the API's own compaction, and it was not served",
-        )
-        .into_response_for(dialect),
-    }
+    answered(ran, dialect)
 }
 
 /// What a body claims, for **authorize**: the model it names and the upstream objects

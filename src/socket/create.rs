@@ -73,13 +73,6 @@ impl Session {
         parts
             .headers
             .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-        let upstream = self.upstream_socket(&snap, event, &parts.headers).await;
-        let how = if upstream.is_some() {
-            "socket"
-        } else {
-            "bridged"
-        };
-        parts.extensions.insert(HeldOnSocket { upstream });
         let reservation = crate::auth::reservation(&Method::POST, &parts.headers);
         parts.headers.remove(header::CONTENT_LENGTH);
         let admission = match snap.credentials.admit(
@@ -91,9 +84,18 @@ impl Session {
             Ok(admission) => admission,
             Err(err) => return send(socket, &refusal(err)).await,
         };
+        // Only an admitted create opens anything upstream.
+        let upstream = self.upstream_socket(&snap, event, &parts.headers).await;
+        let how = if upstream.is_some() {
+            "socket"
+        } else {
+            "bridged"
+        };
+        parts.extensions.insert(HeldOnSocket { upstream });
         let mut log = RequestLog::start(Method::POST, "/v1/responses (socket)".to_owned())
             .with_metrics(std::sync::Arc::clone(&self.state.metrics));
         log.set_tenant(&admission.tenant);
+        let idle = snap.config.limits.idle_timeout;
         let request = (parts, Chunks::from(Bytes::from(body)));
         let response = crate::pipeline::handle_read(
             &self.state,
@@ -107,14 +109,14 @@ impl Session {
         self.state
             .metrics
             .add(SOCKET_CREATES, &[("upstream", how)], 1.0);
-        let idle = self.state.snapshot().config.limits.idle_timeout;
         let stream_id = event.get("stream_id").filter(|id| !id.is_null()).cloned();
         relay(socket, log.respond(response), idle, stream_id).await
     }
 
     /// The upstream's own socket for this one: asked for at the first create, on its
-    /// model's upstream, with its credentials as the upstream takes them; `None` when
-    /// the upstream serves none. Every later create of the socket goes on it.
+    /// model's upstream, with its credentials as the upstream takes them. `None` when
+    /// that upstream serves none, for a create whose model goes to another upstream
+    /// than the socket's, and from the moment the socket closed.
     async fn upstream_socket(
         &mut self,
         snap: &crate::state::Snapshot,
@@ -122,21 +124,18 @@ impl Session {
         headers: &http::HeaderMap,
     ) -> Option<std::sync::Arc<crate::upstream_socket::UpstreamSocket>> {
         use super::session::Link;
+        let model = event["model"].as_str().unwrap_or_default();
+        let upstream = snap.upstream_in(DialectKind::Responses, model);
         if let Link::Untried = self.upstream {
-            let model = event["model"].as_str().unwrap_or_default();
-            let upstream = snap.upstream_in(DialectKind::Responses, model);
             let mut headers = headers.clone();
             snap.credentials
                 .rewrite(&mut headers, DialectKind::Responses, upstream);
             let max = snap.config.limits.max_body_bytes;
-            self.upstream = match crate::upstream_socket::UpstreamSocket::open(
-                upstream, headers, max,
-            )
-            .await
-            {
+            let opened = crate::upstream_socket::UpstreamSocket::open(upstream, headers, max).await;
+            self.upstream = match opened {
                 Ok(Some(socket)) => {
                     tracing::info!(peer = %self.peer, "the upstream serves the Responses WebSocket: this socket's creates go on one of its own");
-                    Link::Open(socket)
+                    Link::Open(Box::new(upstream.clone()), socket)
                 }
                 Ok(None) => Link::Bridged,
                 Err(err) => {
@@ -145,10 +144,17 @@ impl Session {
                 }
             };
         }
-        match &self.upstream {
-            Link::Open(socket) => Some(std::sync::Arc::clone(socket)),
-            Link::Untried | Link::Bridged => None,
+        let Link::Open(opened_on, socket) = &self.upstream else {
+            return None;
+        };
+        if socket.is_closed().await {
+            tracing::info!(peer = %self.peer, "the upstream's WebSocket closed: this socket's creates are bridged to POST from now on");
+            self.upstream = Link::Bridged;
+            return None;
         }
+        opened_on
+            .same_origin(upstream)
+            .then(|| std::sync::Arc::clone(socket))
     }
 
     /// Answers a warm-up (`generate: false`) on the socket: a response with no output,

@@ -41,9 +41,15 @@ pub(super) struct Session {
 pub(super) enum Link {
     /// Not asked yet: the first create asks.
     Untried,
-    /// Its socket, for every create of this one.
-    Open(Arc<crate::upstream_socket::UpstreamSocket>),
-    /// It refused (or could not be reached): every create is bridged to `POST`.
+    /// Its socket, to the upstream it was opened on, for every create of this one that
+    /// goes to that upstream.
+    Open(
+        Box<crate::upstream::Upstream>,
+        Arc<crate::upstream_socket::UpstreamSocket>,
+    ),
+    /// It refused, could not be reached, or its socket closed under a create: every
+    /// create is bridged to `POST` (a chain the upstream's socket held is gone with it,
+    /// and is sent from the record from then on).
     Bridged,
 }
 

@@ -238,33 +238,38 @@ async fn bridged_checks(proxy: &Harness, mock: &MockUpstream, strict: &StrictRes
     assert!(refused.iter().all(expected), "{refused:?}");
 }
 
+/// The close frame `socket` gets next.
+async fn closed_with(socket: &mut Client) -> u16 {
+    loop {
+        match socket.next().await {
+            Some(Ok(Message::Close(Some(frame)))) => return u16::from(frame.code),
+            Some(Ok(_)) => continue,
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
 #[tokio::test]
-async fn an_oversized_event_and_an_idle_socket_are_closed_with_their_codes() {
+async fn an_oversized_event_is_closed_with_1009_and_nothing_goes_upstream() {
     let strict = StrictResponses::new(6000);
     let responder = Arc::clone(&strict);
     let mock = MockUpstream::with(move |request| responder.answer(request)).await;
-    let config = format!("{CONFIG}[limits]\nmax_body_bytes = 65536\nidle_timeout = \"2s\"\n");
+    let config = format!("{CONFIG}[limits]\nmax_body_bytes = 65536\n");
     let proxy = Harness::start(&mock.url(), &config).await;
     let mut socket = connect(&proxy).await;
     let huge =
         json!({"type": "response.create", "model": "gpt-mock", "input": "x".repeat(100_000)});
     socket.send(Message::text(huge.to_string())).await.unwrap();
-    let closed = loop {
-        match socket.next().await {
-            Some(Ok(Message::Close(frame))) => break frame,
-            Some(Ok(_)) => continue,
-            other => panic!("{other:?}"),
-        }
-    };
-    assert_eq!(u16::from(closed.unwrap().code), 1009);
+    assert_eq!(closed_with(&mut socket).await, 1009);
     assert!(mock.requests().is_empty(), "nothing went upstream");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_socket_idle_past_the_limit_is_closed_with_1001() {
+    let mock = MockUpstream::with(|_| mock_upstream::Reply::chat_text("unused")).await;
+    let proxy = Harness::start(&mock.url(), CONFIG).await;
     let mut idle = connect(&proxy).await;
-    let closed = loop {
-        match idle.next().await {
-            Some(Ok(Message::Close(frame))) => break frame,
-            Some(Ok(_)) => continue,
-            other => panic!("{other:?}"),
-        }
-    };
-    assert_eq!(u16::from(closed.unwrap().code), 1001);
+    // Past limits.idle_timeout (60 s by default), on paused time.
+    assert_eq!(closed_with(&mut idle).await, 1001);
+    assert!(mock.requests().is_empty());
 }

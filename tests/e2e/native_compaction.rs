@@ -5,11 +5,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use crate::support::scenario::{estimate_model, records, run_client, serve_strict};
 use crate::support::Proxy;
 use mock_upstream::anthropic::StrictAnthropic;
 use mock_upstream::responses::StrictResponses;
+use mock_upstream::MockUpstream;
 use serde_json::Value;
 
 const WINDOW: u64 = 8000;
@@ -47,11 +49,15 @@ fn one_session(proxy: &Proxy, mode: &str, ran: &Value) -> (u64, Vec<Value>, Stri
     (branches, replayed, shown)
 }
 
-/// One openai SDK session in `mode` (`context_management` past `threshold`, or
-/// `compact` every third turn) through handoff: its figures for BENCHMARKS.md.
-async fn openai_session(mode: &str, threshold: u64) {
-    let strict = StrictResponses::new(WINDOW);
-    let mock = serve_strict(&strict, StrictResponses::answer).await;
+/// The openai SDK's session in `mode` (`context_management` past `threshold`, or
+/// `compact`), 12 turns, through a fresh handoff in front of `strict`: the mock, the
+/// proxy, its data dir and what the client printed.
+pub(crate) async fn openai_run(
+    strict: &Arc<StrictResponses>,
+    mode: &str,
+    threshold: u64,
+) -> (MockUpstream, Proxy, tempfile::TempDir, Value) {
+    let mock = serve_strict(strict, StrictResponses::answer).await;
     let data = tempfile::tempdir().unwrap();
     let proxy = Proxy::start_with(&mock.url(), estimate_model(data.path(), "gpt-mock", WINDOW));
     let ran = run_client(
@@ -60,6 +66,36 @@ async fn openai_session(mode: &str, threshold: u64) {
         &[mode, "12", &threshold.to_string()],
     )
     .await;
+    (mock, proxy, data, ran)
+}
+
+/// The anthropic SDK's session in `mode` of `turns` turns, past the least trigger,
+/// through a fresh handoff in front of `strict`, as [`openai_run`].
+pub(crate) async fn anthropic_run(
+    strict: &Arc<StrictAnthropic>,
+    mode: &str,
+    turns: u32,
+) -> (MockUpstream, Proxy, tempfile::TempDir, Value) {
+    let mock = serve_strict(strict, StrictAnthropic::answer).await;
+    let data = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start_with(
+        &mock.url(),
+        estimate_model(data.path(), "claude-mock", MESSAGES_WINDOW),
+    );
+    let ran = run_client(
+        &proxy,
+        "anthropic_native_compaction.py",
+        &[mode, &turns.to_string(), TRIGGER, REPEAT],
+    )
+    .await;
+    (mock, proxy, data, ran)
+}
+
+/// One openai SDK session in `mode` (`context_management` past `threshold`, or
+/// `compact` every third turn) through handoff: its figures for BENCHMARKS.md.
+async fn openai_session(mode: &str, threshold: u64) {
+    let strict = StrictResponses::new(WINDOW);
+    let (_mock, proxy, _data, ran) = openai_run(&strict, mode, threshold).await;
     let compactions = ran["compactions"].as_u64().unwrap();
     assert!(compactions >= 2, "{mode}: {ran}");
     assert_eq!(
@@ -109,18 +145,7 @@ pub(crate) const REPEAT: &str = "10";
 /// `clear_thinking`) of `turns` turns through handoff.
 async fn anthropic_session(mode: &str, turns: u32) {
     let strict = StrictAnthropic::new(MESSAGES_WINDOW);
-    let mock = serve_strict(&strict, StrictAnthropic::answer).await;
-    let data = tempfile::tempdir().unwrap();
-    let proxy = Proxy::start_with(
-        &mock.url(),
-        estimate_model(data.path(), "claude-mock", MESSAGES_WINDOW),
-    );
-    let ran = run_client(
-        &proxy,
-        "anthropic_native_compaction.py",
-        &[mode, &turns.to_string(), TRIGGER, REPEAT],
-    )
-    .await;
+    let (_mock, proxy, _data, ran) = anthropic_run(&strict, mode, turns).await;
     let compactions = ran["compactions"].as_u64().unwrap();
     assert_eq!(
         strict.compactor.compactions.load(Ordering::SeqCst) as u64,

@@ -12,8 +12,8 @@ use mock_upstream::responses::StrictResponses;
 use mock_upstream::{MockUpstream, Recorded};
 use serde_json::Value;
 
-use crate::native_compaction::{MESSAGES_WINDOW, REPEAT, TRIGGER};
-use crate::support::scenario::{estimate_model, run_client, serve_strict};
+use crate::native_compaction::{anthropic_run, openai_run, MESSAGES_WINDOW};
+use crate::support::scenario::serve_strict;
 use crate::support::Proxy;
 
 const HANDLE: &str = "handoff-compaction.v1.";
@@ -90,15 +90,7 @@ fn served_session(
 async fn openai_served(mode: &str, threshold: u64) {
     let strict = StrictResponses::new(8000);
     strict.set_native(false);
-    let mock = serve_strict(&strict, StrictResponses::answer).await;
-    let data = tempfile::tempdir().unwrap();
-    let proxy = Proxy::start_with(&mock.url(), estimate_model(data.path(), "gpt-mock", 8000));
-    let ran = run_client(
-        &proxy,
-        "openai_native_compaction.py",
-        &[mode, "12", &threshold.to_string()],
-    )
-    .await;
+    let (mock, proxy, _data, ran) = openai_run(&strict, mode, threshold).await;
     assert!(ran["compactions"].as_u64().unwrap() >= 2, "{mode}: {ran}");
     let refused = strict.refused.lock().unwrap().clone();
     let summaries = strict.summaries.load(std::sync::atomic::Ordering::SeqCst);
@@ -122,18 +114,7 @@ async fn openai_sdk_compaction_is_served_where_the_upstream_has_none() {
 async fn anthropic_served(mode: &str, turns: u32) {
     let strict = StrictAnthropic::new(MESSAGES_WINDOW);
     strict.set_native(false);
-    let mock = serve_strict(&strict, StrictAnthropic::answer).await;
-    let data = tempfile::tempdir().unwrap();
-    let proxy = Proxy::start_with(
-        &mock.url(),
-        estimate_model(data.path(), "claude-mock", MESSAGES_WINDOW),
-    );
-    let ran = run_client(
-        &proxy,
-        "anthropic_native_compaction.py",
-        &[mode, &turns.to_string(), TRIGGER, REPEAT],
-    )
-    .await;
+    let (mock, proxy, _data, ran) = anthropic_run(&strict, mode, turns).await;
     let refused = strict.refused.lock().unwrap().clone();
     let summaries = strict.summaries.load(std::sync::atomic::Ordering::SeqCst);
     if mode == "clear_thinking" {

@@ -13,7 +13,6 @@ use serde_json::Value;
 use super::{Exchange, Halt};
 use crate::base::chunks::Chunks;
 use crate::body::ProxyBody;
-use crate::config::NativeCompaction;
 use crate::dialect::{DialectKind, Expanded};
 use crate::error::ApiError;
 use crate::native::asks::Asks;
@@ -52,14 +51,7 @@ impl Exchange<'_> {
     /// True when handoff serves this request's asks on create: configured to, or
     /// `auto` and the upstream refused such asks before.
     fn serves_asks(&self) -> bool {
-        self.asks_on_create()
-            && match self.native_mode() {
-                NativeCompaction::Pass => false,
-                NativeCompaction::Serve => true,
-                NativeCompaction::Auto => {
-                    (self.state.native_refusals).known(&self.refusal_key(), &self.chat.model)
-                }
-            }
+        self.asks_on_create() && self.serves_here()
     }
 
     /// Serves the request's asks on create, when handoff serves them: reads and checks

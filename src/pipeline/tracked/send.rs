@@ -77,7 +77,11 @@ impl Exchange<'_> {
             )?;
             tracing::debug!(conversation = %tracked.id, compact_id = ?view.compact_id(), "sending the view upstream");
             let response = match self.upstream_socket() {
-                Some(socket) => socket.send(request).await?,
+                Some(socket) => {
+                    socket
+                        .send_timed(request, upstream.read_timeout(), log)
+                        .await?
+                }
                 None => send_timed(upstream, request, log).await?,
             };
 
@@ -140,24 +144,9 @@ impl Exchange<'_> {
                         let mut target = self.target(tracked, estimate, &view, sent_as(retries));
                         let served = self.served_reply(applied);
                         target.prepend = served.as_ref().and_then(|s| s.artefact.clone());
-                        let rewrite = match (served, rewrite) {
-                            (Some(served), Some(first)) => Some(Box::new(crate::rewrite::Both(
-                                first,
-                                served.stream(dialect.kind()),
-                            ))
-                                as Box<dyn crate::rewrite::Rewrite>),
-                            (Some(served), None) => Some(served.stream(dialect.kind())),
-                            (None, rewrite) => rewrite,
-                        };
-                        let rewrite = match (&self.reverse, rewrite) {
-                            (Some(reverse), Some(first)) => Some(Box::new(crate::rewrite::Both(
-                                first,
-                                reverse.stream(dialect),
-                            ))
-                                as Box<dyn crate::rewrite::Rewrite>),
-                            (Some(reverse), None) => Some(reverse.stream(dialect)),
-                            (None, rewrite) => rewrite,
-                        };
+                        let served = served.map(|served| served.stream(dialect.kind()));
+                        let reverse = self.reverse.as_ref().map(|r| r.stream(dialect));
+                        let rewrite = then(then(rewrite, served), reverse);
                         return Ok(reply::answer_stream(
                             upstream, head, opening, rest, target, rewrite,
                         ));
@@ -426,6 +415,18 @@ enum Inspected {
     },
     /// A 5xx, relayed as it arrives.
     Passed(Response<Incoming>),
+}
+
+/// `first`, then `second`, on a stream's bytes: either alone, or neither.
+fn then(
+    first: Option<Box<dyn crate::rewrite::Rewrite>>,
+    second: Option<Box<dyn crate::rewrite::Rewrite>>,
+) -> Option<Box<dyn crate::rewrite::Rewrite>> {
+    match (first, second) {
+        (Some(first), Some(second)) => Some(Box::new(crate::rewrite::Both(first, second))),
+        (first, None) => first,
+        (None, second) => second,
+    }
 }
 
 fn json_of(body: &Bytes) -> serde_json::Value {

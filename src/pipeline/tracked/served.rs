@@ -41,9 +41,12 @@ impl Exchange<'_> {
     /// and the upstream already refused such an ask. Only the asks it serves: a trailing
     /// trigger and the compaction endpoint of the Responses API.
     pub(super) fn serves_native(&self) -> bool {
-        if !self.serves_this_ask() {
-            return false;
-        }
+        self.serves_this_ask() && self.serves_here()
+    }
+
+    /// True when handoff serves the APIs' own compaction for this request's upstream
+    /// and model: configured to, or `auto` and the upstream refused it before.
+    pub(super) fn serves_here(&self) -> bool {
         match self.native_mode() {
             NativeCompaction::Pass => false,
             NativeCompaction::Serve => true,
@@ -238,21 +241,7 @@ impl Exchange<'_> {
         {
             list.pop();
         }
-        let body = view
-            .render_list(&self.body, &list)
-            .map_err(|err| ApiError::internal(err.to_string()))?;
-        // The history stands alone: it continues no response.
-        let body = match strip::without_members(
-            body.contiguous(),
-            &["previous_response_id", "conversation"],
-        ) {
-            Some(alone) => Chunks::from(Bytes::from(alone)),
-            None => body,
-        };
-        let history = dialect
-            .get()
-            .parse_body(&body)
-            .map_err(|err| ApiError::internal(err.to_string()))?;
+        let (_, history) = self.standing_alone(&view, &list)?;
         let computed;
         let budget = match self.budget.as_ref() {
             Some(budget) => budget,
@@ -326,6 +315,28 @@ impl Exchange<'_> {
             record: payload.record,
             input: compacted_input,
         })
+    }
+
+    /// The request with `list` (the view's, or a history from the record) as its list
+    /// and continuing no response the upstream holds: its body, and that body read.
+    pub(super) fn standing_alone(
+        &self,
+        view: &crate::projection::ModelView<'_>,
+        list: &[&str],
+    ) -> Result<(Chunks, crate::dialect::ChatRequest), ApiError> {
+        let rendered = view
+            .render_list(&self.body, list)
+            .map_err(|err| ApiError::internal(err.to_string()))?;
+        let body = strip::without_members(
+            rendered.contiguous(),
+            &["previous_response_id", "conversation"],
+        )
+        .map_or(rendered, |alone| Chunks::from(Bytes::from(alone)));
+        let mut chat = (self.chat.dialect.get())
+            .parse_at(self.request_target(), &body)
+            .map_err(ApiError::from)?;
+        self.snap.pins.apply(&mut chat);
+        Ok((body, chat))
     }
 
     /// The history a request that continues a response the upstream holds

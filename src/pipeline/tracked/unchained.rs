@@ -13,16 +13,12 @@
 //! conversation object stays as it was on the server: once past the window, each of
 //! its requests is sent from the record.
 
-use bytes::Bytes;
 use serde_json::Value;
 
 use super::{Exchange, Halt};
-use crate::base::chunks::Chunks;
 use crate::compaction::budget::RequestBudget;
 use crate::conversation::Tracked;
 use crate::dialect::DialectKind;
-use crate::error::ApiError;
-use crate::native::strip;
 use crate::pipeline::HeldOnSocket;
 use crate::projection::project_view;
 
@@ -41,14 +37,14 @@ impl Exchange<'_> {
             return Ok(());
         }
         let tracked = self.tracked()?;
+        let store_false = self.store_false();
         // A chain a socket holds without the upstream storing it lives on the client's
         // connection only: the upstream cannot read it, so it always goes from the record.
-        let on_socket = (self.parts.extensions.get::<HeldOnSocket>())
-            .is_some_and(|held| held.upstream.is_none())
-            && self.store_false();
-        let mut alone = self.chat.clone();
-        alone.server_held = false;
-        let budget = RequestBudget::new(&self.snap.config, &alone, &self.state.tokens);
+        let on_socket = store_false
+            && (self.parts.extensions.get::<HeldOnSocket>())
+                .is_some_and(|held| held.upstream.is_none());
+        // The budget the request would have standing alone (a server-held one has none).
+        let budget = RequestBudget::new(&self.snap.config, &self.chat, &self.state.tokens);
         if budget.is_none() && !on_socket {
             return Ok(());
         }
@@ -69,24 +65,13 @@ impl Exchange<'_> {
             // Not in the record: the upstream's to hold, as it came.
             Err(_) => return Ok(()),
         };
-        let history = match self.store_false() {
+        let history = match store_false {
             true => unresolvable_dropped(history),
             false => history,
         };
         let list: Vec<&str> = history.iter().map(String::as_str).collect();
         let view = project_view(&self.chat, tracked, &tracked.compactions);
-        let rendered = view
-            .render_list(&self.body, &list)
-            .map_err(|err| ApiError::internal(err.to_string()))?;
-        let body = strip::without_members(
-            rendered.contiguous(),
-            &["previous_response_id", "conversation"],
-        )
-        .map_or(rendered, |alone| Chunks::from(Bytes::from(alone)));
-        let mut chat = (self.chat.dialect.get())
-            .parse_at(self.request_target(), &body)
-            .map_err(ApiError::from)?;
-        self.snap.pins.apply(&mut chat);
+        let (body, mut chat) = self.standing_alone(&view, &list)?;
         let mut whole = Tracked::compute(tracked.id.clone(), &chat);
         whole.compactions = tracked.compactions.clone();
         whole.calibration = tracked.calibration.clone();
