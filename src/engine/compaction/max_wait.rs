@@ -12,17 +12,22 @@
 //! another replica's lease, or on a run a request holds inline (a reactive retry, a
 //! manual compaction), waits for it as before.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::budget::{RequestBudget, Scale};
 use super::chain::Chain;
 use super::prepare::Preparation;
-use super::service::{CompactError, Compactor, Job};
+use super::service::{CompactError, Compactor, Fitted, Job};
 use super::Adopted;
+use crate::base::digest::PrefixDigest;
 use crate::base::line::{Entry, Line, StandInLine};
 use crate::base::record::Attempt;
+use crate::conversation::Tracked;
+use crate::dialect::ChatRequest;
 use crate::metrics::STAND_INS;
 use crate::projection::{project_view, ModelView};
 
@@ -84,6 +89,49 @@ impl Job<'_> {
 }
 
 impl Compactor {
+    /// The view of `request` on its conversation's last stand-in, when that was built
+    /// on `basis` (the committed compaction the view from `pool` ends on) and makes a
+    /// valid view: a stand-in is taken by the requests after it as a committed handoff
+    /// is, and the next one is built on it.
+    pub(super) fn on_last_stand_in<'a>(
+        &self,
+        request: &'a ChatRequest,
+        tracked: &'a Tracked,
+        pool: &HashMap<PrefixDigest, Arc<Adopted>>,
+        basis: Option<&str>,
+    ) -> Option<ModelView<'a>> {
+        let last = self.background.last_stand_in(&tracked.id, basis)?;
+        let mut with_last = pool.clone();
+        with_last.insert(last.record.source.prefix_digest, Arc::clone(&last));
+        let on_last = project_view(request, tracked, &with_last);
+        (on_last.compact_id() == Some(last.record.id.as_str()) && on_last.validate().is_ok())
+            .then_some(on_last)
+    }
+
+    /// `view` (over the trigger) on the conversation's last stand-in, when that keeps it
+    /// under the trigger: taken turn after turn as the committed handoff the fallback
+    /// would have made, and replaced only when the view on it crosses the trigger, so
+    /// each stand-in keeps verbatim what the fallback's view would.
+    pub(super) fn on_stand_in<'a>(
+        &self,
+        (request, tracked): (&'a ChatRequest, &'a Tracked),
+        view: &ModelView<'a>,
+        budget: &RequestBudget,
+        scale: &Scale,
+    ) -> Option<Fitted<'a>> {
+        let on =
+            self.on_last_stand_in(request, tracked, &tracked.compactions, view.compact_id())?;
+        let local = on.estimate(&self.tokens, budget.tokenizer(), budget.tools_tokens);
+        let current = scale.view(local, on.compact_id());
+        (current <= budget.threshold).then(|| {
+            tracing::info!(conversation = %tracked.id, estimate = current, stand_in = ?on.compact_id(), "the summary still runs; sent on the last stand-in");
+            Fitted {
+                stood_in: true,
+                ..Fitted::as_is(on, local, current)
+            }
+        })
+    }
+
     /// Starts `detached` (this request's compaction, owned) on its own task unless the
     /// conversation has one running here already; false when neither runs it.
     pub(super) fn detach(
@@ -174,14 +222,7 @@ impl Compactor {
         // only what arrived since is compacted, not the whole span again.
         let basis = view.compact_id().map(str::to_owned);
         let mut pool = job.tracker.compactions(job.id).await?;
-        let last = self.background.last_stand_in(job.id, basis.as_deref());
-        let on_last = last.and_then(|last| {
-            let mut with_last = pool.clone();
-            with_last.insert(last.record.source.prefix_digest, Arc::clone(&last));
-            let on_last = project_view(job.request, job.tracked, &with_last);
-            (on_last.compact_id() == Some(last.record.id.as_str()) && on_last.validate().is_ok())
-                .then_some(on_last)
-        });
+        let on_last = self.on_last_stand_in(job.request, job.tracked, &pool, basis.as_deref());
         let (base, before) = match &on_last {
             Some(on_last) => (on_last, self.count(job, on_last)),
             None => (view, estimate),

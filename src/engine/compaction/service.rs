@@ -285,11 +285,14 @@ pub struct Fitted<'a> {
     /// one ran, or after waiting for one that left it within the input budget only. The
     /// next compaction is then prepared in the background.
     pub sent_over_trigger: bool,
+    /// True when the view stands on a stand-in (`compaction.max_wait`), made now or
+    /// taken from an earlier request: its handoff is not committed.
+    pub stood_in: bool,
 }
 
 impl<'a> Fitted<'a> {
     /// `view` sent as it is, counted `local` (calibrated: `current`).
-    fn as_is(view: ModelView<'a>, local: u64, current: u64) -> Self {
+    pub(super) fn as_is(view: ModelView<'a>, local: u64, current: u64) -> Self {
         Self {
             view,
             estimate: Some(local),
@@ -297,6 +300,7 @@ impl<'a> Fitted<'a> {
             after: Some(current),
             while_preparing: false,
             sent_over_trigger: false,
+            stood_in: false,
         }
     }
 }
@@ -403,6 +407,7 @@ impl Compactor {
                 after: None,
                 while_preparing: false,
                 sent_over_trigger: false,
+                stood_in: false,
             });
         };
         let tokens = &self.tokens;
@@ -440,6 +445,9 @@ impl Compactor {
             return Ok(Fitted::as_is(view, local, current));
         }
         if current > budget.threshold {
+            if let Some(fitted) = self.on_stand_in((request, tracked), &view, budget, &scale) {
+                return Ok(fitted);
+            }
             // A compaction already running will serve a later request; this one waits
             // for it only when its view does not fit the input budget without it.
             let mut running = self.background.is_running(&tracked.id)
@@ -473,6 +481,7 @@ impl Compactor {
                     after: Some(current),
                     while_preparing: true,
                     sent_over_trigger: true,
+                    stood_in: false,
                 });
             }
             if running {
@@ -516,6 +525,7 @@ impl Compactor {
                 after: Some(after),
                 while_preparing: false,
                 sent_over_trigger: (running || stand_in) && after > budget.threshold,
+                stood_in: stand_in,
             });
         }
         Ok(Fitted::as_is(view, local, current))

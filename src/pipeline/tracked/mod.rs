@@ -621,7 +621,9 @@ impl<'s> Exchange<'s> {
             }
         };
         tracing::info!(conversation = %tracked.id, estimate = before, mark, threshold = budget.threshold, "past compaction.prepare_at; preparing the compaction in the background");
-        let basis = prepare::basis(&self.chat, tracked, fitted.view.compact_id());
+        // A stand-in is never a basis: the summary is written over the committed one.
+        let sent = fitted.view.compact_id().filter(|_| !fitted.stood_in);
+        let basis = prepare::basis(&self.chat, tracked, sent);
         let mut preparation = self.detached(tracked, budget, basis.as_deref(), Reason::Prepared);
         // Adopted once the view reaches the trigger: what arrives until then stays
         // verbatim after the cut, so the cut keeps that much less now. And it cuts
