@@ -213,6 +213,11 @@ pub struct DecisionLine {
     /// for; `compaction` names the view's handoff, the last one adopted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub over: Option<String>,
+    /// For a view `sent_while_preparing`: the room it kept under the input budget for
+    /// its estimate's error, and whether that came from the conversation's measured
+    /// calibration spread or the fixed margin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub margin: Option<crate::calibration::Margin>,
     /// Views the upstream refused for their size before this one was sent.
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub retries: u32,

@@ -168,12 +168,12 @@ impl ReplyTarget {
             .filter(|_| complete && !edited)
             .and_then(|(local, compact_id)| {
                 let server = self.dialect.get().input_tokens(usage.as_ref()?)?;
-                Some(Calibration {
-                    model: self.model.clone(),
-                    compact_id: compact_id.clone(),
-                    local: *local,
+                Some(Calibration::new(
+                    self.model.clone(),
+                    compact_id.clone(),
+                    *local,
                     server,
-                })
+                ))
             });
         let after = self.after.take().map(|after| {
             let messages = replies.iter().map(|r| r.message.clone()).collect();

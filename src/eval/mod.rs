@@ -520,7 +520,7 @@ impl Replayer {
             )
             .await
             .map_err(|err| err.to_string())?;
-        let (view, local) = (fitted.view, fitted.estimate);
+        let (view, local, early) = (fitted.view, fitted.estimate, fitted.while_preparing);
         let seen = if last {
             Seen::of(&view, &chat.messages, dialect)
         } else {
@@ -528,11 +528,9 @@ impl Replayer {
         };
         if let Some((replies, usage)) = &step.reply {
             let server = usage.as_ref().and_then(|u| dialect.input_tokens(u));
-            let calibration = local.zip(server).map(|(local, server)| Calibration {
-                model: chat.model.clone(),
-                compact_id: view.compact_id().map(str::to_owned),
-                local,
-                server,
+            let calibration = local.zip(server).map(|(local, server)| {
+                let compact_id = view.compact_id().map(str::to_owned);
+                Calibration::new(chat.model.clone(), compact_id, local, server)
             });
             let batch = CapturedReplies {
                 dialect: step.dialect,
@@ -546,7 +544,7 @@ impl Replayer {
                 response_id: None,
                 conversation: None,
                 decision: budget.as_ref().filter(|_| tracked.logged).map(|budget| {
-                    decision::sent(budget, &tracked, &chat.model, (&view, local), 0, false)
+                    decision::sent(budget, &tracked, &chat.model, (&view, local), 0, early)
                 }),
             };
             tracker

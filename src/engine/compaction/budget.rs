@@ -3,7 +3,7 @@
 
 use handoff_plugin_api::{ModelInfo, TokenCounter};
 
-pub use crate::base::calibration::Calibration;
+pub use crate::base::calibration::{Calibration, Margin, MarginFrom};
 use crate::base::digest::{bytes_key, hash_key};
 use crate::compaction::pace::Limits;
 use crate::config::{Config, ModelConfig, Tokenizer};
@@ -28,23 +28,51 @@ pub struct RequestBudget {
     pub summary_tokenizer: Tokenizer,
 }
 
-/// A view sent over the trigger without its own compaction (one is running) keeps
-/// this share of the input budget free (1/100): a calibrated estimate may be that far
-/// under the upstream's count, and a refusal costs a round trip and a reactive
-/// compaction.
-pub const COUNT_MARGIN: u64 = 100;
+/// The margin of a conversation whose estimates were not checked against the
+/// upstream's counts yet: a calibration from one report has been seen 1.5% short of
+/// the next count (the newest messages tokenise differently from the rest).
+const FIXED_MARGIN: f64 = 0.03;
+
+/// The least margin kept however close the estimates have been.
+const LEAST_MARGIN: f64 = 0.01;
+
+/// The most: past it the trigger (0.9 of the budget by default) leaves nothing to send
+/// early, and the request waits or takes a stand-in.
+const MOST_MARGIN: f64 = 0.10;
 
 impl RequestBudget {
-    /// The largest view sent over the trigger while its compaction runs elsewhere.
-    pub fn sendable_over_trigger(&self) -> u64 {
-        self.input_budget - self.input_budget / COUNT_MARGIN
+    /// The largest view sent over the trigger without waiting for its compaction: the
+    /// input budget less `margin`.
+    pub fn sendable_over_trigger(&self, margin: &Margin) -> u64 {
+        self.input_budget.saturating_sub(margin.tokens)
+    }
+
+    /// The margin a view sent over the trigger without waiting keeps, for counts scaled
+    /// by `scale`: twice the conversation's calibration spread (its estimates' recent
+    /// miss, so one miss as large again is still sent safely), within 1% and 10% of
+    /// the input budget; 3% until the spread is measured.
+    pub fn margin(&self, scale: &Scale) -> Margin {
+        let (share, from) = match scale.spread() {
+            Some(spread) => (
+                (2.0 * spread).clamp(LEAST_MARGIN, MOST_MARGIN),
+                MarginFrom::Spread,
+            ),
+            None => (FIXED_MARGIN, MarginFrom::Fixed),
+        };
+        // Whole thousandths, rounded up: the log says the share that was kept.
+        let per_mille = (share * 1000.0).ceil() as u32;
+        Margin {
+            per_mille,
+            tokens: (self.input_budget * u64::from(per_mille)).div_ceil(1000),
+            from,
+        }
     }
 
     /// The trigger, and the largest view sent while its compaction is written.
-    pub fn limits(&self) -> Limits {
+    pub fn limits(&self, margin: &Margin) -> Limits {
         Limits {
             trigger: self.threshold,
-            deadline: self.sendable_over_trigger(),
+            deadline: self.sendable_over_trigger(margin),
         }
     }
 
@@ -132,7 +160,6 @@ pub fn threshold(trigger: f64, input_budget: u64) -> u64 {
 #[derive(Debug, Clone, Default)]
 pub struct Scale {
     anchor: Option<Calibration>,
-    ratio: Option<f64>,
 }
 
 impl Scale {
@@ -142,22 +169,24 @@ impl Scale {
         let anchor = calibration
             .filter(|c| c.model == model && c.local > 0)
             .cloned();
-        // Clamped as in the seed's source: a wild report must not make every view huge.
-        let ratio = anchor
-            .as_ref()
-            .map(|c| (c.server as f64 / c.local as f64).clamp(0.2, 2.0));
-        Self { anchor, ratio }
+        Self { anchor }
     }
 
     /// True when a calibration backs the counts.
     pub(crate) fn is_calibrated(&self) -> bool {
-        self.ratio.is_some()
+        self.anchor.is_some()
+    }
+
+    /// How far the conversation's calibrated estimates fell short of the upstream's
+    /// counts, when that was measured.
+    pub fn spread(&self) -> Option<f64> {
+        self.anchor.as_ref().and_then(|anchor| anchor.spread)
     }
 
     /// The upstream's count for `local` tokens of any text.
     pub fn tokens(&self, local: u64) -> u64 {
-        match self.ratio {
-            Some(ratio) => (local as f64 * ratio).ceil() as u64,
+        match &self.anchor {
+            Some(anchor) => (local as f64 * anchor.ratio()).ceil() as u64,
             None => local,
         }
     }
@@ -166,12 +195,9 @@ impl Scale {
     /// calibration was measured on (the same compaction) it extends the reported
     /// size: `server + (local − local_then) × ratio`; on another, it scales.
     pub fn view(&self, local: u64, compact_id: Option<&str>) -> u64 {
-        match (&self.anchor, self.ratio) {
-            (Some(cal), Some(ratio)) if cal.compact_id.as_deref() == compact_id => {
-                let delta = local as f64 - cal.local as f64;
-                (cal.server as f64 + delta * ratio).max(0.0).round() as u64
-            }
-            _ => self.tokens(local),
+        match &self.anchor {
+            Some(anchor) => anchor.predict(local, compact_id),
+            None => local,
         }
     }
 }
@@ -224,12 +250,7 @@ mod tests {
 
     #[test]
     fn calibration_scales_the_delta_and_clamps_the_ratio() {
-        let cal = Calibration {
-            model: "m".into(),
-            compact_id: None,
-            local: 1000,
-            server: 1500,
-        };
+        let cal = Calibration::new("m".into(), None, 1000, 1500);
         let scale = Scale::new(Some(&cal), "m");
         assert_eq!(scale.view(1200, None), 1500 + 300);
         assert_eq!(
@@ -250,5 +271,32 @@ mod tests {
             "ratio clamped to 2.0"
         );
         assert_eq!(Scale::default().view(1234, Some("x")), 1234);
+    }
+
+    #[test]
+    fn an_early_send_keeps_a_fixed_margin_until_the_spread_is_measured_then_twice_it() {
+        let config =
+            crate::config::from_toml("[models.\"gpt-4o\"]\ncontext_window = 128000\n").unwrap();
+        let budget = RequestBudget::recorded(&config, "gpt-4o", 8000, 0).unwrap();
+        let once = Calibration::new("gpt-4o".into(), None, 1000, 1000);
+        let fixed = budget.margin(&Scale::new(Some(&once), "gpt-4o"));
+        assert_eq!((fixed.per_mille, fixed.from), (30, MarginFrom::Fixed));
+        assert_eq!(
+            budget.sendable_over_trigger(&fixed),
+            budget.input_budget - fixed.tokens
+        );
+        let measured = |spread| {
+            let calibration = Calibration {
+                spread: Some(spread),
+                ..once.clone()
+            };
+            budget.margin(&Scale::new(Some(&calibration), "gpt-4o"))
+        };
+        let spread = measured(0.015);
+        assert_eq!(spread.from, MarginFrom::Spread);
+        assert_eq!(spread.per_mille, 30);
+        assert_eq!(spread.tokens, (budget.input_budget * 30).div_ceil(1000));
+        assert_eq!(measured(0.0).per_mille, 10, "the least margin");
+        assert_eq!(measured(0.4).per_mille, 100, "the most");
     }
 }

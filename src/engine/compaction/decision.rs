@@ -3,7 +3,7 @@
 //! `audit show` draw these numbers, and a manual compaction reuses the budget, so
 //! neither recomputes what the proxy decided from a rebuilt body.
 
-use super::budget::{RequestBudget, Scale};
+use super::budget::{Margin, RequestBudget, Scale};
 use crate::base::line::DecisionLine;
 use crate::conversation::Tracked;
 use crate::projection::ModelView;
@@ -38,6 +38,7 @@ fn budgeted(budget: &RequestBudget, tracked: &Tracked) -> DecisionLine {
         local: None,
         compaction: None,
         over: None,
+        margin: None,
         retries: 0,
         refused: None,
         detail: None,
@@ -48,15 +49,15 @@ fn budgeted(budget: &RequestBudget, tracked: &Tracked) -> DecisionLine {
 }
 
 /// The decision to send `view`, whose local count is `local`, after `retries`
-/// views the upstream refused for their size; `while_preparing` when it was sent over
-/// the trigger without waiting for a running compaction.
+/// views the upstream refused for their size; `while_preparing`, with the margin it
+/// kept, when it was sent over the trigger without waiting for a running compaction.
 pub fn sent(
     budget: &RequestBudget,
     tracked: &Tracked,
     model: &str,
     (view, local): (&ModelView<'_>, Option<u64>),
     retries: u32,
-    while_preparing: bool,
+    while_preparing: Option<Margin>,
 ) -> DecisionLine {
     let estimate = local.map(|local| {
         Scale::new(tracked.calibration.as_ref(), model).view(local, view.compact_id())
@@ -66,7 +67,7 @@ pub fn sent(
         .map(|estimate| {
             if !view.rescued.is_empty() {
                 OVER_RESCUED
-            } else if while_preparing {
+            } else if while_preparing.is_some() {
                 OVER_WHILE_PREPARING
             } else if estimate > budget.input_budget {
                 OVER_GUESS
@@ -79,6 +80,7 @@ pub fn sent(
         local,
         compaction: view.compact_id().map(str::to_owned),
         over: over.map(str::to_owned),
+        margin: while_preparing.filter(|_| over == Some(OVER_WHILE_PREPARING)),
         retries,
         ..budgeted(budget, tracked)
     }

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use handoff_plugin_api::{CancellationToken, ModelClient, ModelInfo};
 
-use super::budget::{RequestBudget, Scale, ScaledCounter};
+use super::budget::{Margin, RequestBudget, Scale, ScaledCounter};
 use super::chain::Chain;
 use super::max_wait::{stand_in_chain, Waited};
 use super::prepare::{
@@ -277,10 +277,11 @@ pub struct Fitted<'a> {
     /// The calibrated estimate of the view sent: what `compaction.prepare_at` is
     /// judged on; `None` when the model has no budget.
     pub after: Option<u64>,
-    /// True when the view is over the trigger and was not compacted because the
+    /// When the view is over the trigger and was not compacted because the
     /// conversation's compaction was running (here or on another replica) and the view
-    /// fits the input budget: sent without waiting.
-    pub while_preparing: bool,
+    /// fits the input budget less this margin (its estimate's error bound): sent
+    /// without waiting.
+    pub while_preparing: Option<Margin>,
     /// True when the view is over the trigger with no compaction of its own: sent while
     /// one ran, or after waiting for one that left it within the input budget only. The
     /// next compaction is then prepared in the background.
@@ -298,7 +299,7 @@ impl<'a> Fitted<'a> {
             estimate: Some(local),
             before: Some(current),
             after: Some(current),
-            while_preparing: false,
+            while_preparing: None,
             sent_over_trigger: false,
             stood_in: false,
         }
@@ -405,7 +406,7 @@ impl Compactor {
                 estimate: None,
                 before: None,
                 after: None,
-                while_preparing: false,
+                while_preparing: None,
                 sent_over_trigger: false,
                 stood_in: false,
             });
@@ -454,7 +455,9 @@ impl Compactor {
                 || tracker.compaction_running(&tracked.id).await;
             let mut job = job(budget, view.compact_id());
             let mut detached = Some(detached);
-            let sendable = current <= budget.sendable_over_trigger();
+            // Sent without waiting only with room for its estimate's error.
+            let margin = budget.margin(&scale);
+            let sendable = current <= budget.sendable_over_trigger(&margin);
             // Preparing, a view that crosses the trigger with nothing prepared starts
             // its compaction and, when it fits, is sent as it is: the next request
             // adopts the handoff, keeping verbatim what arrived since too. A quick
@@ -472,20 +475,20 @@ impl Compactor {
                 running = self.detach(&tracked.id, run);
             }
             if running && sendable {
-                tracing::info!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, input_budget = budget.input_budget, "over the trigger while its compaction runs; the view fits the input budget, so it is sent without waiting");
+                tracing::info!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, input_budget = budget.input_budget, margin = margin.tokens, "over the trigger while its compaction runs; the view fits the input budget less its margin, so it is sent without waiting");
                 self.metrics.add(SENT_WHILE_PREPARING, &[], 1.0);
                 return Ok(Fitted {
                     view,
                     estimate: Some(local),
                     before: Some(current),
                     after: Some(current),
-                    while_preparing: true,
+                    while_preparing: Some(margin),
                     sent_over_trigger: true,
                     stood_in: false,
                 });
             }
             if running {
-                tracing::info!(conversation = %tracked.id, estimate = current, input_budget = budget.input_budget, "over the input budget while its compaction runs; waiting for it");
+                tracing::info!(conversation = %tracked.id, estimate = current, input_budget = budget.input_budget, margin = margin.tokens, "over the input budget less its margin while its compaction runs; waiting for it");
                 self.metrics.add(PREPARED_WAITED, &[], 1.0);
             } else {
                 tracing::info!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, "over the trigger; compacting");
@@ -523,7 +526,7 @@ impl Compactor {
                 estimate: Some(local),
                 before: Some(current),
                 after: Some(after),
-                while_preparing: false,
+                while_preparing: None,
                 sent_over_trigger: (running || stand_in) && after > budget.threshold,
                 stood_in: stand_in,
             });

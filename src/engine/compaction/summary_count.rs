@@ -71,12 +71,7 @@ impl SummaryCalibrations {
         tracing::debug!(model, local, server, "summary model calibrated");
         self.0.insert(
             model.to_owned(),
-            Calibration {
-                model: model.to_owned(),
-                compact_id: None,
-                local,
-                server,
-            },
+            Calibration::new(model.to_owned(), None, local, server),
         );
     }
 }

@@ -620,7 +620,7 @@ impl Tracker {
         }
         // Only once the reply is logged: calibration describes a request that happened.
         if let Some(calibration) = batch.calibration {
-            state.calibration = Some(calibration);
+            state.calibration = Some(calibration.after(state.calibration.as_ref()));
         }
         if let Some(held) =
             (batch.usage.as_ref()).and_then(|usage| held_tokens(batch.dialect, usage))

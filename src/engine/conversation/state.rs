@@ -649,12 +649,8 @@ impl Calibrating {
                     _ => None,
                 };
                 if let (Some(server), Some((model, _))) = (server, &self.request) {
-                    state.calibration = Some(Calibration {
-                        model: model.clone(),
-                        compact_id: compaction,
-                        local,
-                        server,
-                    });
+                    let measured = Calibration::new(model.clone(), compaction, local, server);
+                    state.calibration = Some(measured.after(state.calibration.as_ref()));
                 }
             }
             _ => {}

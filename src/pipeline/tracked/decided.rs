@@ -18,7 +18,7 @@ impl Exchange<'_> {
         tracked: &Tracked,
         sent: (&ModelView<'_>, Option<u64>),
         retries: u32,
-        while_preparing: bool,
+        while_preparing: Option<crate::compaction::budget::Margin>,
     ) -> Option<DecisionLine> {
         let budget = self.budget.as_ref().filter(|_| tracked.logged)?;
         let mut decision = decision::sent(

@@ -28,7 +28,7 @@ use crate::base::chunks::Chunks;
 use crate::base::digest::PrefixDigest;
 use crate::base::line::{HookNotes, RedactionNote};
 use crate::body::{chunked, ProxyBody};
-use crate::compaction::budget::RequestBudget;
+use crate::compaction::budget::{RequestBudget, Scale};
 use crate::compaction::chain::Chain;
 use crate::compaction::continued::Continuer;
 use crate::compaction::service::{CompactError, FitError, Fitted, Job};
@@ -588,13 +588,14 @@ impl<'s> Exchange<'s> {
             return;
         }
         let pace = &self.state.compactor.pace;
+        let margin = budget.margin(&Scale::new(tracked.calibration.as_ref(), &self.chat.model));
         let mark = match config.prepare_at {
             PrepareAt::Share(share) => (budget.threshold as f64 * share) as u64,
             // Only "auto" reads the pace: a fixed share costs no record of it.
             PrepareAt::Auto => {
                 pace.observe(&tracked.id, before);
                 let model = &budget.info.summary_model;
-                pace.mark(&tracked.id, budget.limits(), model, config.max_wait)
+                pace.mark(&tracked.id, budget.limits(&margin), model, config.max_wait)
             }
         };
         let now = crate::compaction::pace::Settled {
@@ -602,7 +603,11 @@ impl<'s> Exchange<'s> {
             messages: fitted.view.live_start + fitted.view.live.len(),
         };
         let settled = pace.settled(&tracked.id, fitted.view.compact_id(), now);
-        let latest = pace.latest_start(&tracked.id, budget.limits(), &budget.info.summary_model);
+        let latest = pace.latest_start(
+            &tracked.id,
+            budget.limits(&margin),
+            &budget.info.summary_model,
+        );
         let mark = prepare::paced_mark(mark, settled.map(|s| s.tokens), budget.threshold, latest);
         // A view sent over the trigger without a compaction of its own (one was running)
         // has the next one prepared, so that the request after it need not wait.

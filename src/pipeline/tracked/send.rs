@@ -16,6 +16,7 @@ use crate::access_log::RequestLog;
 use crate::base::line::DecisionLine;
 use crate::body::{chunked, parts, ProxyBody};
 use crate::capture::ReplyTarget;
+use crate::compaction::budget::Margin;
 use crate::compaction::service::Fitted;
 use crate::compaction::Reason;
 use crate::conversation::Tracked;
@@ -46,7 +47,7 @@ impl Exchange<'_> {
             ..
         } = fitted;
         // Only the first view can have been sent while a compaction ran.
-        let sent_as = |retries: u32| (retries, while_preparing && retries == 0);
+        let sent_as = |retries: u32| (retries, while_preparing.filter(|_| retries == 0));
         let tracked = self.tracked()?;
         let upstream = self.upstream();
         let mut retries = 0;
@@ -279,7 +280,7 @@ impl Exchange<'_> {
         tracked: &Tracked,
         view: &ModelView<'_>,
         estimate: Option<u64>,
-        (retries, while_preparing): (u32, bool),
+        (retries, while_preparing): (u32, Option<Margin>),
         answered: http::StatusCode,
     ) {
         let decision = self.decision(tracked, (view, estimate), retries, while_preparing);
@@ -296,7 +297,7 @@ impl Exchange<'_> {
         tracked: &Tracked,
         estimate: Option<u64>,
         view: &ModelView<'_>,
-        (retries, while_preparing): (u32, bool),
+        (retries, while_preparing): (u32, Option<Margin>),
     ) -> ReplyTarget {
         ReplyTarget {
             decision: self.decision(tracked, (view, estimate), retries, while_preparing),

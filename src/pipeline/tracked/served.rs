@@ -374,7 +374,7 @@ impl Exchange<'_> {
         let tracked = self.tracked()?;
         let view = project_view(&self.chat, tracked, &tracked.compactions);
         let json = Bytes::from(serde_json::to_vec(&answer).unwrap_or_default());
-        let target = self.target(tracked, None, &view, (0, false));
+        let target = self.target(tracked, None, &view, (0, None));
         let (mut head, ()) = Response::new(()).into_parts();
         head.headers.insert(
             header::CONTENT_TYPE,
