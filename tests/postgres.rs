@@ -384,6 +384,14 @@ async fn a_replica_killed_mid_summary_is_taken_over_after_its_lease_expires() {
         "the second replica claimed with a higher epoch"
     );
     assert_eq!(mock.requests().iter().filter(|r| is_summary(r)).count(), 2);
+    // The record holds its own call and names the dead replica's claim, with its call.
+    let record: Value =
+        serde_json::from_str(&db.sql("SELECT record FROM handoff_compactions")).unwrap();
+    assert_eq!(record["summary_calls"], 1);
+    assert_eq!(record["took_over"]["epoch"], 1);
+    assert_eq!(record["took_over"]["calls"], 1);
+    let orphan = record["took_over"]["holder"].as_str().unwrap();
+    assert!(second.logs().contains(orphan), "the takeover is logged");
     second.assert_verified(&[]);
 }
 

@@ -121,6 +121,33 @@ pub struct CompactionRecord {
     /// crosses the trigger without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prepared: Option<Prepared>,
+    /// Summary calls the run made for this record, counted as each was made (on its
+    /// lease, in a shared store): with [`Self::took_over`], what an auditor checks the
+    /// provider's bill against.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub summary_calls: u64,
+    /// The orphaned claim on the conversation's compaction this run took over: a run
+    /// that expired without releasing its lease, or left summary calls no committed
+    /// record holds, and those calls, wasted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub took_over: Option<TookOver>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// A claim on a conversation's compaction whose run left no record of its work: it
+/// expired without a release (its replica was killed, or cut off from the database),
+/// or ended without committing what its summary calls wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TookOver {
+    /// Who held it (the replica and its claim).
+    pub holder: String,
+    /// Its epoch.
+    pub epoch: i64,
+    /// The summary calls it made.
+    pub calls: u64,
 }
 
 /// The boundary of a compaction, in the message log.

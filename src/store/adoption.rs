@@ -188,6 +188,8 @@ pub(crate) mod tests {
             attempts: vec![],
             ledger: None,
             prepared: None,
+            summary_calls: 0,
+            took_over: None,
         }
     }
 

@@ -292,12 +292,7 @@ impl Store for DiskStore {
             .map_or(0, |since| {
                 i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
             });
-        Box::pin(async move {
-            Ok(Some(Lease {
-                holder: "local".into(),
-                epoch: since,
-            }))
-        })
+        Box::pin(async move { Ok(Some(Lease::new("local".into(), since))) })
     }
 
     fn commit_compaction(

@@ -36,6 +36,7 @@ use futures_util::future::BoxFuture;
 
 /// The line format, kept here for callers of the store's API.
 pub use crate::base::line;
+pub use crate::base::record::TookOver;
 pub use conversation_log::{ConversationLog, LineProblem};
 pub use copy::{copy_data_dir, CopyError, CopyReport, Unverified, Verifier};
 pub use disk::DiskStore;
@@ -106,14 +107,24 @@ pub struct Lease {
     pub holder: String,
     /// The fencing token.
     pub epoch: i64,
+    /// The claim this one took over whose run left no record of its work (it expired
+    /// unreleased: killed, or cut off from the database; or it was released holding
+    /// summary calls no committed record took), with those calls.
+    pub orphan: Option<TookOver>,
 }
 
 impl Lease {
     /// The lease of a store with a single writer: the in-process lock is enough.
     pub fn local() -> Self {
+        Self::new("local".into(), 0)
+    }
+
+    /// A claim by `holder` at `epoch` that took over no orphan.
+    pub fn new(holder: String, epoch: i64) -> Self {
         Self {
-            holder: "local".into(),
-            epoch: 0,
+            holder,
+            epoch,
+            orphan: None,
         }
     }
 }
@@ -203,6 +214,18 @@ pub trait Store: Send + Sync {
     fn leased(&self, id: &ConversationId) -> BoxFuture<'_, Result<bool, StoreError>> {
         let _ = id;
         Box::pin(async { Ok(false) })
+    }
+
+    /// Counts one summary call on `lease` before it is made; false when the lease was
+    /// lost (the call must not be made: its work could not commit). A store with a
+    /// single writer has nothing to count.
+    fn count_call(
+        &self,
+        id: &ConversationId,
+        lease: &Lease,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let _ = (id, lease);
+        Box::pin(async { Ok(true) })
     }
 
     /// Extends `lease` by `ttl`; false when it was lost.

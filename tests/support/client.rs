@@ -72,6 +72,26 @@ pub async fn send_within(req: Request<Full<Bytes>>, http2: bool, limit: Duration
     }
 }
 
+/// Sends and reads the whole response; `None` when the connection fails or the answer
+/// takes longer than `limit` (a server killed or stopped mid-request).
+pub async fn try_send(req: Request<Full<Bytes>>, limit: Duration) -> Option<Whole> {
+    let response = tokio::time::timeout(limit, client(false).request(req))
+        .await
+        .ok()?
+        .ok()?;
+    let (parts, body) = response.into_parts();
+    let body = tokio::time::timeout(limit, body.collect())
+        .await
+        .ok()?
+        .ok()?
+        .to_bytes();
+    Some(Whole {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    })
+}
+
 /// POSTs JSON to `url` and reads the whole response.
 pub async fn post_json(url: &str, body: &serde_json::Value) -> Whole {
     send(request(

@@ -84,6 +84,7 @@ impl Job<'_> {
             cut_from: self.cut_from,
             keep_recent: self.keep_recent,
             prices: self.prices,
+            tally: self.tally.clone(),
         }
     }
 }

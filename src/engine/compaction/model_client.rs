@@ -2,6 +2,9 @@
 //! upstream, on the same path, with the client's own credentials and nothing else of
 //! the client's headers.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -14,24 +17,77 @@ use serde_json::Value;
 
 use crate::body::full;
 use crate::config::{Config, ModelApi};
+use crate::conversation::ConversationId;
 use crate::dialect::{credential_headers, summary_headers, DialectKind};
+use crate::store::{Lease, Store};
 use crate::upstream::Upstream;
+
+/// A run's summary calls, counted on its compaction lease before each is made: a call
+/// is never made on a lease another replica took over (its work could not commit), and
+/// the calls of a run that was taken over are known to the run that took it over.
+pub struct Tally {
+    store: Arc<dyn Store>,
+    id: ConversationId,
+    lease: Lease,
+    made: AtomicU64,
+}
+
+impl Tally {
+    /// Counts on `lease`, the claim on `id`'s compaction in `store`.
+    pub fn new(store: Arc<dyn Store>, id: ConversationId, lease: Lease) -> Self {
+        Self {
+            store,
+            id,
+            lease,
+            made: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts one call about to be made; an error when the lease was lost, or the count
+    /// cannot be written (then the commit could not be either).
+    async fn count(&self) -> Result<(), ModelCallError> {
+        match self.store.count_call(&self.id, &self.lease).await {
+            Ok(true) => {
+                self.made.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+            Ok(false) => Err(ModelCallError(
+                "the compaction lease was taken over; the summary call is not made".into(),
+            )),
+            Err(err) => Err(ModelCallError(format!(
+                "cannot count the summary call on the compaction lease: {err}"
+            ))),
+        }
+    }
+
+    /// The calls counted since the last take.
+    pub fn take(&self) -> u64 {
+        self.made.swap(0, Ordering::SeqCst)
+    }
+}
 
 /// A summary client that holds one of the process's summary slots
 /// (`compaction.max_summary_concurrency`) for each call: the folds of every compaction
-/// together never have more calls in flight.
+/// together never have more calls in flight. Each call is counted on the run's
+/// [`Tally`] first.
 pub(crate) struct Bounded {
-    inner: std::sync::Arc<dyn ModelClient>,
-    slots: std::sync::Arc<tokio::sync::Semaphore>,
+    inner: Arc<dyn ModelClient>,
+    slots: Arc<tokio::sync::Semaphore>,
+    tally: Option<Arc<Tally>>,
 }
 
 impl Bounded {
-    /// `inner`, its calls bounded by `slots`.
+    /// `inner`, its calls bounded by `slots` and counted on `tally`.
     pub(crate) fn new(
-        inner: std::sync::Arc<dyn ModelClient>,
-        slots: std::sync::Arc<tokio::sync::Semaphore>,
+        inner: Arc<dyn ModelClient>,
+        slots: Arc<tokio::sync::Semaphore>,
+        tally: Option<Arc<Tally>>,
     ) -> Self {
-        Self { inner, slots }
+        Self {
+            inner,
+            slots,
+            tally,
+        }
     }
 }
 
@@ -43,6 +99,9 @@ impl ModelClient for Bounded {
                 .acquire()
                 .await
                 .map_err(|_| ModelCallError("the summary slots are closed".into()))?;
+            if let Some(tally) = &self.tally {
+                tally.count().await?;
+            }
             self.inner.complete(body).await
         }
         .boxed()

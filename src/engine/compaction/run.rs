@@ -259,6 +259,7 @@ impl Compactor {
         let client = Arc::new(super::model_client::Bounded::new(
             Arc::clone(&continuer.client),
             Arc::clone(&self.summary_slots),
+            job.tally.clone(),
         ));
         continuer.conversation(view, plan.cut, prefix, client)
     }
@@ -289,6 +290,7 @@ impl Compactor {
             input.client = Arc::new(super::model_client::Bounded::new(
                 Arc::clone(&job.client),
                 Arc::clone(&self.summary_slots),
+                job.tally.clone(),
             ));
             self.summary_calibrations
                 .equip(input, &self.tokens, tokenizer, &job.scale);
@@ -473,6 +475,8 @@ impl Compactor {
                 usage
             },
             attempts,
+            summary_calls: 0,
+            took_over: None,
             ledger: ledger.clone(),
             prepared: None,
         };

@@ -14,6 +14,7 @@ use handoff_plugin_api::{CancellationToken, ModelClient, ModelInfo};
 use super::budget::{Margin, RequestBudget, Scale, ScaledCounter};
 use super::chain::Chain;
 use super::max_wait::{stand_in_chain, Waited};
+use super::model_client::Tally;
 use super::prepare::{
     settled_view, Background, Preparation, PREPARED_ADOPTED, PREPARED_WAITED, PREPARED_WASTED,
     SENT_WHILE_PREPARING,
@@ -133,6 +134,8 @@ pub struct Job<'a> {
     /// The fewest non-pinned originals the cut leaves before it, where a cut allows:
     /// a preparation cuts after what the view held when the upstream first cached it.
     pub cut_from: usize,
+    /// The run's summary calls, counted on its lease: set once the lease is held.
+    pub tally: Option<Arc<Tally>>,
 }
 
 impl Job<'_> {
@@ -225,6 +228,7 @@ impl<'a> Job<'a> {
             prices: None,
             continuer: None,
             cut_from: 0,
+            tally: None,
             client,
             chain,
         }
@@ -622,8 +626,21 @@ impl Compactor {
                 () = self.cancel.cancelled() => return Err(CompactError::Cancelled),
             }
         };
-        let result = self.compact_leased(job, &lease).await;
+        if let Some(orphan) = &lease.orphan {
+            tracing::warn!(conversation = %job.id, holder = %orphan.holder, epoch = orphan.epoch, calls = orphan.calls, "took over an orphaned compaction lease: its run left summary calls no committed compaction records (killed, cut off from the database, or ended without a commit)");
+        }
+        let store = Arc::clone(job.tracker.store());
+        let tally = Arc::new(Tally::new(store, job.id.clone(), lease.clone()));
+        let tallied = Job {
+            tally: Some(Arc::clone(&tally)),
+            ..job.with_chain(Arc::clone(&job.chain))
+        };
+        let result = self.compact_leased(&tallied, &lease).await;
         job.tracker.release(job.id, &lease).await;
+        let unrecorded = tally.take();
+        if unrecorded > 0 {
+            tracing::warn!(conversation = %job.id, calls = unrecorded, holder = %lease.holder, epoch = lease.epoch, "summary calls made under this lease that no committed compaction records");
+        }
         if let Ok(view) = &result {
             self.note_rescue(job, view).await;
         }
@@ -708,6 +725,8 @@ impl Compactor {
         }
         let mut keep_only_last = false;
         let mut rescued = false;
+        // The first record committed under the lease names the orphan it took over.
+        let mut orphan = lease.orphan.clone();
         loop {
             let covered_before = view.live_start;
             let run = self.run_once(job, &view, estimate, keep_only_last);
@@ -733,6 +752,9 @@ impl Compactor {
                 }
                 other => other?,
             };
+            let mut record = record;
+            record.summary_calls = job.tally.as_ref().map_or(0, |tally| tally.take());
+            record.took_over = orphan.take();
             let committed = job.tracker.commit_compaction(job.id, record, lease).await?;
             self.record_metrics(&committed, job);
             // A prepared compaction no request took, now overtaken, is wasted work.

@@ -27,7 +27,7 @@ use deadpool_postgres::Pool;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
-use super::{Committed, ConversationLog, Lease, ResponseEnd, Store, StoreError};
+use super::{Committed, ConversationLog, Lease, ResponseEnd, Store, StoreError, TookOver};
 use crate::base::digest::{Digest, PrefixDigest};
 use crate::base::id::ConversationId;
 use crate::base::line::{written_units, Entry, Line, Written};
@@ -209,22 +209,49 @@ impl Store for PgStore {
             let claim = self.claims.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let holder = format!("{}-{claim}", self.holder);
             let client = self.pool.get().await.map_err(db)?;
-            // The database's clock decides expiry, so replicas' clocks need not agree.
+            // The database's clock decides expiry, so replicas' clocks need not agree. The
+            // claim it replaces is read in the same statement: one that expired without
+            // a release (`-infinity`), or holds summary calls no committed record took,
+            // was orphaned, and is named with those calls. (Read from the statement's
+            // snapshot, not locked: a lock would skip the row this statement updates.
+            // Of two racing claims only the one whose update applies returns a row.)
             let row = client
                 .query_opt(
-                    "INSERT INTO handoff_leases AS l (tenant, conversation, holder, epoch, expires_at)
+                    "WITH previous AS (
+                         SELECT holder, epoch, calls, expires_at <> '-infinity' OR calls > 0 AS orphaned
+                           FROM handoff_leases
+                          WHERE tenant = $1 AND conversation = $2 AND expires_at < now()
+                     )
+                     INSERT INTO handoff_leases AS l (tenant, conversation, holder, epoch, expires_at)
                      VALUES ($1, $2, $3, 1, now() + make_interval(secs => $4))
                      ON CONFLICT (tenant, conversation) DO UPDATE
-                     SET holder = EXCLUDED.holder, epoch = l.epoch + 1, expires_at = EXCLUDED.expires_at
+                     SET holder = EXCLUDED.holder, epoch = l.epoch + 1, expires_at = EXCLUDED.expires_at,
+                         calls = 0
                      WHERE l.expires_at < now()
-                     RETURNING epoch",
+                     RETURNING epoch,
+                         (SELECT holder FROM previous WHERE orphaned),
+                         (SELECT epoch FROM previous WHERE orphaned),
+                         (SELECT calls FROM previous WHERE orphaned)",
                     &[&id.tenant().as_str(), &id.as_str(), &holder, &ttl.as_secs_f64()],
                 )
                 .await
                 .map_err(db)?;
-            Ok(row.map(|row| Lease {
-                holder,
-                epoch: row.get(0),
+            Ok(row.map(|row| {
+                let previous: (Option<String>, Option<i64>, Option<i64>) =
+                    (row.get(1), row.get(2), row.get(3));
+                let orphan = match previous {
+                    (Some(holder), Some(epoch), Some(calls)) => Some(TookOver {
+                        holder,
+                        epoch,
+                        calls: u64::try_from(calls).unwrap_or(0),
+                    }),
+                    _ => None,
+                };
+                Lease {
+                    holder,
+                    epoch: row.get(0),
+                    orphan,
+                }
             }))
         }
         .boxed()
@@ -272,6 +299,33 @@ impl Store for PgStore {
                 .await
                 .map_err(db)?;
             Ok(renewed == 1)
+        }
+        .boxed()
+    }
+
+    fn count_call(
+        &self,
+        id: &ConversationId,
+        lease: &Lease,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let (id, lease) = (id.clone(), lease.clone());
+        async move {
+            let client = self.pool.get().await.map_err(db)?;
+            let counted = client
+                .execute(
+                    "UPDATE handoff_leases SET calls = calls + 1
+                     WHERE tenant = $1 AND conversation = $2 AND holder = $3 AND epoch = $4
+                       AND expires_at >= now()",
+                    &[
+                        &id.tenant().as_str(),
+                        &id.as_str(),
+                        &lease.holder,
+                        &lease.epoch,
+                    ],
+                )
+                .await
+                .map_err(db)?;
+            Ok(counted == 1)
         }
         .boxed()
     }
@@ -359,6 +413,15 @@ impl Store for PgStore {
                      ON CONFLICT (tenant, conversation) DO UPDATE
                      SET compactions = s.compactions + 1, last_at = EXCLUDED.last_at",
                     &[&tenant, &conversation, &boundary.at],
+                )
+                .await
+                .map_err(db)?;
+                // The record holds its calls now: what stays on the claim is waste.
+                let recorded = i64::try_from(record.summary_calls).unwrap_or(i64::MAX);
+                tx.execute(
+                    "UPDATE handoff_leases SET calls = greatest(calls - $5, 0)
+                     WHERE tenant = $1 AND conversation = $2 AND holder = $3 AND epoch = $4",
+                    &[&tenant, &conversation, &lease.holder, &lease.epoch, &recorded],
                 )
                 .await
                 .map_err(db)?;

@@ -165,6 +165,14 @@ $recount$;
 SELECT handoff_recount(NULL, NULL);
 "#,
     ),
+    (
+        6,
+        r#"
+-- The summary calls each claim made, counted before each call: a claim taken over
+-- unreleased (its replica killed, or cut off from the database) is named with them.
+ALTER TABLE handoff_leases ADD COLUMN calls bigint NOT NULL DEFAULT 0;
+"#,
+    ),
 ];
 
 /// The newest schema version this build knows.

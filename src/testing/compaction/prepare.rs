@@ -91,6 +91,7 @@ async fn a_prepared_compaction_waits_for_the_trigger_and_is_adopted_without_a_su
     assert_eq!(prepared.reason, Reason::Prepared);
     assert!(prepared.prepared.is_some());
     assert_eq!(strict.summaries.load(Ordering::SeqCst), 1);
+    assert_eq!(prepared.summary_calls, 1, "the record counts its call");
     for sent in agent_requests(&mock) {
         let first = &sent["messages"][1]["content"];
         assert!(
