@@ -199,6 +199,13 @@ async fn four_replicas_under_a_kill_and_a_database_restart_account_for_every_sum
             "{holder} is named in the logs"
         );
     }
+    // No span compacted twice: each conversation's records form one chain, none built
+    // on a basis (a compaction, or the originals) another record was built on.
+    let forks = db.sql(
+        "SELECT conversation, record::json -> 'source' ->> 'previous_compaction', count(*)
+           FROM handoff_compactions GROUP BY 1, 2 HAVING count(*) > 1",
+    );
+    assert_eq!(forks.trim(), "", "spans compacted twice");
     assert!(strict.over_window.lock().unwrap().is_empty());
     assert!(strict.broken_pairs.lock().unwrap().is_empty());
 }
