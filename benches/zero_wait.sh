@@ -3,7 +3,9 @@
 # summariser (tests/mock-upstream bin mock-summarizer): summariser latency × how fast
 # the conversation grows, with preparation (prepare_at = "auto", the default) and
 # without (0), each with max_wait = 2s (the default) and, as the baseline, with a
-# max_wait so long that every compacting request waits for its summary.
+# max_wait so long that every compacting request waits for its summary; and, for the
+# facts a stand-in must not lose, the same conversation with its summariser down (every
+# summary call fails: the chain's deterministic fallback commits).
 #
 # Growth:
 #   chat  - 20 user turns of about 450 tokens on an 8k model that takes 1 s a request;
@@ -13,8 +15,10 @@
 #           turns; summaries on a 4k model, so each span is folded into parts.
 #
 # Prints a Markdown table: the client's slowest request, requests over 2.5 s, the
-# stand-ins sent, the committed compactions (summarised / extract), summary calls per
-# summarised compaction, and the facts of every turn that reach the final request.
+# stand-ins sent, the committed compactions (summarised / extract), the summary calls
+# the provider saw and their input tokens per committed compaction (what the
+# summaries cost, wasted ones included), and the facts of every turn in the final
+# request the provider saw.
 #
 #   benches/zero_wait.sh                # every scenario
 #   DELAYS="4" GROWTHS="agent" benches/zero_wait.sh
@@ -22,7 +26,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MOCK_PORT=${MOCK_PORT:-18120}
 PROXY_PORT=${PROXY_PORT:-18121}
-DELAYS=${DELAYS:-"4 30"}
+DELAYS=${DELAYS:-"down 4 30"}
 GROWTHS=${GROWTHS:-"chat agent"}
 
 cargo build --release --quiet --bin handoff -p handoff
@@ -34,14 +38,22 @@ cleanup() { kill "${PIDS[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 if [ "${KEEP:-0}" = 1 ]; then trap 'cleanup; echo "kept $WORK" >&2' EXIT; else trap 'cleanup; rm -rf "$WORK"' EXIT; fi
 wait_port() { for _ in $(seq 1 600); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.1; done; echo "nothing on port $1" >&2; exit 1; }
 
-echo "| growth | summariser | preparation | max_wait | slowest request ms | requests over 2.5 s | stand-ins | compactions (summary / extract) | summary calls per summary | facts in the last request |"
-echo "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+echo "| growth | summariser | preparation | max_wait | slowest request ms | requests over 2.5 s | stand-ins | compactions (summary / extract) | summary calls per compaction | summary input tokens per compaction | facts in the last request |"
+echo "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 for growth in $GROWTHS; do
   for delay in $DELAYS; do
-    for setting in "auto 2s" "0 2s" "0 600s"; do
+    settings=("auto 2s" "0 2s" "0 600s")
+    # Down, nothing is waited for: one row, with the defaults.
+    if [ "$delay" = down ]; then settings=("auto 2s"); fi
+    for setting in "${settings[@]}"; do
       read -r prepare max_wait <<< "$setting"
+      seconds=$delay down=0
+      if [ "$delay" = down ]; then seconds=0 down=1; fi
       if [ "$growth" = chat ]; then turn_secs=1; else turn_secs=0; fi
-      target/release/mock-summarizer "127.0.0.1:$MOCK_PORT" "$delay" "$turn_secs" > /dev/null &
+      CALLS="$WORK/calls-$growth-$delay-$prepare-$max_wait.jsonl"
+      LAST="$WORK/last-$growth-$delay-$prepare-$max_wait.json"
+      MOCK_SUMMARIZER_LOG="$CALLS" MOCK_SUMMARIZER_LAST="$LAST" MOCK_SUMMARIZER_DOWN="$down" \
+        target/release/mock-summarizer "127.0.0.1:$MOCK_PORT" "$seconds" "$turn_secs" > /dev/null &
       PIDS=($!)
       wait_port "$MOCK_PORT"
       DATA="$WORK/data-$growth-$delay-$prepare-$max_wait"
@@ -67,9 +79,9 @@ TOML
       target/release/handoff serve --config "$WORK/handoff.toml" 2> "$WORK/handoff.log" &
       PIDS+=($!)
       wait_port "$PROXY_PORT"
-      python3 - "$PROXY_PORT" "$growth" "$delay" "$prepare" "$max_wait" "$DATA" <<'PY'
+      python3 - "$PROXY_PORT" "$growth" "$delay" "$prepare" "$max_wait" "$DATA" "$CALLS" "$LAST" <<'PY'
 import glob, json, re, sys, time, urllib.request
-port, growth, delay, prepare, max_wait, data = sys.argv[1:7]
+port, growth, delay, prepare, max_wait, data, calls_log, last_request = sys.argv[1:9]
 latencies = []
 def ask(model, messages, conversation):
     body = json.dumps({"model": model, "messages": messages}).encode()
@@ -105,36 +117,27 @@ for n in range(turns):
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
     if growth == "agent":
         time.sleep(0.3)
-# The last request, as the provider got it: its facts.
-last = json.dumps(messages)
 # Let a run still going end, so its summary calls are counted.
-time.sleep(float(delay) * 2 + 2)
+time.sleep((0 if delay == "down" else float(delay)) * 2 + 2)
 conv = glob.glob(f"{data}/tenants/*/conversations/bench")[0]
 records = [json.loads(line) for line in open(f"{conv}/compactions.jsonl")] if glob.glob(f"{conv}/compactions.jsonl") else []
 lines = [json.loads(line) for line in open(f"{conv}/messages.jsonl")]
 stand_ins = [l for l in lines if l.get("kind") == "stand_in"]
-decisions = [l for l in lines if l.get("kind") == "decision"]
 summarised = [r for r in records if r["strategy"] == "summarize"]
-calls = [sum(a.get("calls") or 1 for a in r["attempts"] if a["strategy"] == "summarize") for r in summarised]
-# What the last request's view carried: its compaction's handoff (committed or stand-in) and
-# the messages after its cut.
-sent = decisions[-1]["compaction"] if decisions else None
-handoffs = {r["id"]: r for r in records}
-handoffs.update({s["record"]["id"]: s["record"] for s in stand_ins})
-view = ""
-if sent in handoffs:
-    record = handoffs[sent]
-    view = json.dumps(record["handoff"]) + json.dumps(messages[1 + record["source"]["end_exclusive"]:])
-else:
-    view = json.dumps(messages)
+# What the provider saw: every summary call (wasted ones too), and the final request.
+calls = [json.loads(line) for line in open(calls_log)]
+summaries = [c for c in calls if c["summary"]]
+view = open(last_request).read()
 facts = [f"FACT-{n:03}" for n in range(turns)]
 if growth == "agent":
     facts += [f"FACT-{n:03}-result" for n in range(turns)]
 words = set(re.split(r'[\s":\\,.]+', view))
 kept = sum(1 for f in facts if f in words)
-per = f"{sum(calls) / len(calls):.1f}" if calls else "-"
-print(f"| {growth} | {delay} s | {'auto' if prepare == 'auto' else 'off'} | {max_wait} | {max(latencies):.0f} | "
-      f"{sum(1 for l in latencies if l > 2500)} | {len(stand_ins)} | {len(summarised)} / {len(records) - len(summarised)} | {per} | {kept}/{len(facts)} |")
+per_call = f"{len(summaries) / len(records):.1f}" if records else "-"
+per_tokens = f"{sum(c['prompt_tokens'] for c in summaries) / len(records):,.0f}" if records else "-"
+print(f"| {growth} | {delay if delay == 'down' else delay + ' s'} | {'auto' if prepare == 'auto' else 'off'} | {max_wait} | {max(latencies):.0f} | "
+      f"{sum(1 for l in latencies if l > 2500)} | {len(stand_ins)} | {len(summarised)} / {len(records) - len(summarised)} | "
+      f"{per_call} | {per_tokens} | {kept}/{len(facts)} |")
 PY
       cleanup
     done

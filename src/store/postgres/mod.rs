@@ -115,6 +115,30 @@ fn db(err: impl std::fmt::Display) -> StoreError {
     StoreError::Database(err.to_string())
 }
 
+impl PgStore {
+    /// `UPDATE handoff_leases SET {set}` on `lease`'s own row while it is live (`$1`-`$4`
+    /// are the row and the claim, `$5` is `extra`): 1 when the claim still held.
+    async fn on_claim(
+        &self,
+        id: &ConversationId,
+        lease: &Lease,
+        set: &str,
+        extra: Option<&f64>,
+    ) -> Result<u64, StoreError> {
+        let client = self.pool.get().await.map_err(db)?;
+        let sql = format!(
+            "UPDATE handoff_leases SET {set}
+             WHERE tenant = $1 AND conversation = $2 AND holder = $3 AND epoch = $4
+               AND expires_at >= now()"
+        );
+        let (tenant, conversation) = (id.tenant().as_str(), id.as_str());
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+            vec![&tenant, &conversation, &lease.holder, &lease.epoch];
+        params.extend(extra.map(|extra| extra as &(dyn tokio_postgres::types::ToSql + Sync)));
+        client.execute(&sql, &params).await.map_err(db)
+    }
+}
+
 impl Store for PgStore {
     fn append(
         &self,
@@ -282,22 +306,9 @@ impl Store for PgStore {
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
         let (id, lease) = (id.clone(), lease.clone());
         async move {
-            let client = self.pool.get().await.map_err(db)?;
-            let renewed = client
-                .execute(
-                    "UPDATE handoff_leases SET expires_at = now() + make_interval(secs => $5)
-                     WHERE tenant = $1 AND conversation = $2 AND holder = $3 AND epoch = $4
-                       AND expires_at >= now()",
-                    &[
-                        &id.tenant().as_str(),
-                        &id.as_str(),
-                        &lease.holder,
-                        &lease.epoch,
-                        &ttl.as_secs_f64(),
-                    ],
-                )
-                .await
-                .map_err(db)?;
+            let ttl = ttl.as_secs_f64();
+            let set = "expires_at = now() + make_interval(secs => $5)";
+            let renewed = self.on_claim(&id, &lease, set, Some(&ttl)).await?;
             Ok(renewed == 1)
         }
         .boxed()
@@ -310,21 +321,9 @@ impl Store for PgStore {
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
         let (id, lease) = (id.clone(), lease.clone());
         async move {
-            let client = self.pool.get().await.map_err(db)?;
-            let counted = client
-                .execute(
-                    "UPDATE handoff_leases SET calls = calls + 1
-                     WHERE tenant = $1 AND conversation = $2 AND holder = $3 AND epoch = $4
-                       AND expires_at >= now()",
-                    &[
-                        &id.tenant().as_str(),
-                        &id.as_str(),
-                        &lease.holder,
-                        &lease.epoch,
-                    ],
-                )
-                .await
-                .map_err(db)?;
+            let counted = self
+                .on_claim(&id, &lease, "calls = calls + 1", None)
+                .await?;
             Ok(counted == 1)
         }
         .boxed()
@@ -333,8 +332,9 @@ impl Store for PgStore {
     fn release(&self, id: &ConversationId, lease: &Lease) -> BoxFuture<'_, Result<(), StoreError>> {
         let (id, lease) = (id.clone(), lease.clone());
         async move {
+            // Expired, not deleted: the epoch keeps growing across claims. Its calls stay:
+            // ones no record took are named by the claim that replaces it.
             let client = self.pool.get().await.map_err(db)?;
-            // Expired, not deleted: the epoch keeps growing across claims.
             client
                 .execute(
                     "UPDATE handoff_leases SET expires_at = '-infinity'
