@@ -259,7 +259,7 @@ async fn a_fast_agent_never_waits_for_its_summaries_and_keeps_its_facts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn past_max_wait_extract_stands_in_and_the_summary_is_adopted_when_it_lands() {
+async fn past_max_wait_extract_stands_in_and_the_summary_lands_without_a_wait() {
     let (strict, mock) = agent_with_summaries_of(Duration::from_secs(30)).await;
     let proxy = Proxy::start_with(&mock.url(), options(4096, SUMMARIES_ON_4K));
     warm_up(&proxy).await;
@@ -289,9 +289,9 @@ async fn past_max_wait_extract_stands_in_and_the_summary_is_adopted_when_it_land
             .any(|d| d["compaction"] == stand_in["record"]["id"]),
         "a request was sent with the stand-in"
     );
-    // The user reads; the summary lands and is committed; the next turn is sent with
-    // it, or (the burst outgrew it) with a stand-in built on it, at once: the
-    // summariser was measured slower than max_wait.
+    // The user reads; the summary lands and is committed; the next turn is sent at once
+    // (the summariser was measured slower than max_wait) with it, or, the burst having
+    // outgrown it, with the stand-in chain, which covers more.
     let deadline = Instant::now() + Duration::from_secs(60);
     let summary = loop {
         let found = records(&proxy, "burst")
@@ -310,21 +310,30 @@ async fn past_max_wait_extract_stands_in_and_the_summary_is_adopted_when_it_land
     );
     let lines = log_lines(&proxy, "burst");
     let sent = of_kind(&lines, "decision").last().unwrap()["compaction"].clone();
-    // On the summary itself, or on a handoff built on it: a stand-in, or the chain's
-    // extract when the span since the summary needs more calls than
-    // compaction.max_summary_calls allows.
+    // On the summary itself; on the chain's extract built on it, when the span since
+    // the summary needs more calls than compaction.max_summary_calls allows; or on the
+    // stand-in chain, when the view on the summary is over the trigger.
     let built_on = |record: &Value| {
         record["id"] == sent && record["source"]["previous_compaction"] == summary["id"]
     };
-    let on_summary = sent == summary["id"]
-        || of_kind(&lines, "stand_in")
-            .iter()
-            .any(|s| built_on(&s["record"]))
-        || records(&proxy, "burst").iter().any(built_on);
+    let stand_ins = of_kind(&lines, "stand_in");
+    let on_the_chain = stand_ins.iter().any(|s| s["record"]["id"] == sent);
+    let sent_well =
+        sent == summary["id"] || records(&proxy, "burst").iter().any(built_on) || on_the_chain;
     assert!(
-        on_summary,
-        "the next request is sent with the landed summary ({}), or a handoff on it: {sent}",
+        sent_well,
+        "the next request is sent with the landed summary ({}), or the stand-in chain: {sent}",
         summary["id"]
     );
+    // A stand-in on the chain covers more than the summary: taking the summary would have
+    // needed a stand-in on it, which keeps less.
+    if on_the_chain {
+        let stand_in = stand_ins
+            .iter()
+            .find(|s| s["record"]["id"] == sent)
+            .unwrap();
+        let covered = |r: &Value| r["source"]["end_exclusive"].as_u64().unwrap();
+        assert!(covered(&stand_in["record"]) > covered(&summary));
+    }
     assert!(strict.over_window.lock().unwrap().is_empty());
 }

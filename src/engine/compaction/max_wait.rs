@@ -90,18 +90,19 @@ impl Job<'_> {
 }
 
 impl Compactor {
-    /// The view of `request` on its conversation's last stand-in, when that was built
-    /// on `basis` (the committed compaction the view from `pool` ends on) and makes a
-    /// valid view: a stand-in is taken by the requests after it as a committed handoff
-    /// is, and the next one is built on it.
+    /// The view of `request` on its conversation's last stand-in, when that covers more
+    /// than the compactions of `pool` (projected, it is the one the view ends on) and
+    /// makes a valid view: a stand-in is taken by the requests after it as a committed
+    /// handoff is, and the next one is built on it. A summary that lands covering less
+    /// does not break the chain: taking it then would need a stand-in built on the
+    /// summary, which keeps less of what the fallback's chain keeps.
     pub(super) fn on_last_stand_in<'a>(
         &self,
         request: &'a ChatRequest,
         tracked: &'a Tracked,
         pool: &HashMap<PrefixDigest, Arc<Adopted>>,
-        basis: Option<&str>,
     ) -> Option<ModelView<'a>> {
-        let last = self.background.last_stand_in(&tracked.id, basis)?;
+        let last = self.background.last_stand_in(&tracked.id)?;
         let mut with_last = pool.clone();
         with_last.insert(last.record.source.prefix_digest, Arc::clone(&last));
         let on_last = project_view(request, tracked, &with_last);
@@ -109,19 +110,17 @@ impl Compactor {
             .then_some(on_last)
     }
 
-    /// `view` (over the trigger) on the conversation's last stand-in, when that keeps it
-    /// under the trigger: taken turn after turn as the committed handoff the fallback
+    /// The request (its view over the trigger) on the conversation's last stand-in, when
+    /// that keeps it under the trigger: taken turn after turn as the committed handoff the fallback
     /// would have made, and replaced only when the view on it crosses the trigger, so
     /// each stand-in keeps verbatim what the fallback's view would.
     pub(super) fn on_stand_in<'a>(
         &self,
         (request, tracked): (&'a ChatRequest, &'a Tracked),
-        view: &ModelView<'a>,
         budget: &RequestBudget,
         scale: &Scale,
     ) -> Option<Fitted<'a>> {
-        let on =
-            self.on_last_stand_in(request, tracked, &tracked.compactions, view.compact_id())?;
+        let on = self.on_last_stand_in(request, tracked, &tracked.compactions)?;
         let local = on.estimate(&self.tokens, budget.tokenizer(), budget.tools_tokens);
         let current = scale.view(local, on.compact_id());
         (current <= budget.threshold).then(|| {
@@ -221,9 +220,8 @@ impl Compactor {
         let stand_in_job = job.with_chain(chain);
         // Built on the last stand-in when it stands on the same committed compaction:
         // only what arrived since is compacted, not the whole span again.
-        let basis = view.compact_id().map(str::to_owned);
         let mut pool = job.tracker.compactions(job.id).await?;
-        let on_last = self.on_last_stand_in(job.request, job.tracked, &pool, basis.as_deref());
+        let on_last = self.on_last_stand_in(job.request, job.tracked, &pool);
         let (base, before) = match &on_last {
             Some(on_last) => (on_last, self.count(job, on_last)),
             None => (view, estimate),
@@ -272,7 +270,7 @@ impl Compactor {
             tracing::warn!(conversation = %job.id, error = %err, "cannot log the stand-in; waiting for the summary");
             return Ok(Waited::Ended);
         }
-        self.background.keep_stand_in(job.id, basis, adopted);
+        self.background.keep_stand_in(job.id, adopted);
         self.metrics.add(STAND_INS, &[], 1.0);
         tracing::info!(conversation = %job.id, waited_ms = waited.as_millis() as u64, estimate = after, "the summary ran past compaction.max_wait; sent with a stand-in");
         Ok(Waited::StandIn(stood_in))

@@ -45,10 +45,10 @@ pub struct Background {
     running: Mutex<HashMap<ConversationId, Instant>>,
     /// Woken whenever a run ends (after its commit): what a waiting request waits on.
     ended: tokio::sync::Notify,
-    /// Each conversation's last stand-in (`compaction.max_wait`), with the committed
-    /// compaction it was built on: the next one builds on it while that basis holds, so
-    /// a stand-in covers only what arrived since the last.
-    stand_ins: moka::sync::Cache<ConversationId, (Option<String>, Arc<Adopted>)>,
+    /// Each conversation's last stand-in (`compaction.max_wait`): the next one builds on
+    /// it while it covers more than the committed compactions, so a stand-in covers
+    /// only what arrived since the last, as the fallback's committed chain would.
+    stand_ins: moka::sync::Cache<ConversationId, Arc<Adopted>>,
 }
 
 /// Why a preparation was not started.
@@ -87,26 +87,14 @@ impl Background {
         self.started(id).is_some()
     }
 
-    /// `id`'s last stand-in, if it was built on the committed compaction `basis`.
-    pub(crate) fn last_stand_in(
-        &self,
-        id: &ConversationId,
-        basis: Option<&str>,
-    ) -> Option<Arc<Adopted>> {
-        self.stand_ins
-            .get(id)
-            .filter(|(root, _)| root.as_deref() == basis)
-            .map(|(_, stand_in)| stand_in)
+    /// `id`'s last stand-in.
+    pub(crate) fn last_stand_in(&self, id: &ConversationId) -> Option<Arc<Adopted>> {
+        self.stand_ins.get(id)
     }
 
-    /// Keeps `stand_in`, built on the committed compaction `basis`, as `id`'s last.
-    pub(crate) fn keep_stand_in(
-        &self,
-        id: &ConversationId,
-        basis: Option<String>,
-        stand_in: Arc<Adopted>,
-    ) {
-        self.stand_ins.insert(id.clone(), (basis, stand_in));
+    /// Keeps `stand_in` as `id`'s last.
+    pub(crate) fn keep_stand_in(&self, id: &ConversationId, stand_in: Arc<Adopted>) {
+        self.stand_ins.insert(id.clone(), stand_in);
     }
 
     /// Drops `id`'s last stand-in: its conversation was erased.

@@ -450,7 +450,7 @@ impl Compactor {
             return Ok(Fitted::as_is(view, local, current));
         }
         if current > budget.threshold {
-            if let Some(fitted) = self.on_stand_in((request, tracked), &view, budget, &scale) {
+            if let Some(fitted) = self.on_stand_in((request, tracked), budget, &scale) {
                 return Ok(fitted);
             }
             // A compaction already running will serve a later request; this one waits
