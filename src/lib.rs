@@ -1,6 +1,7 @@
-//! handoff: a proxy in front of three LLM APIs (OpenAI chat completions, Anthropic
-//! Messages, OpenAI Responses) that keeps long conversations alive by compacting them
-//! before they overflow the context window, and keeps every original for audit.
+//! handoff: a proxy in front of four LLM APIs (OpenAI chat completions, Anthropic
+//! Messages, OpenAI Responses, Google Gemini) that keeps long conversations alive by
+//! compacting them before they overflow the context window, and keeps every original
+//! for audit.
 //!
 //! A request travels through the modules in this order:
 //! - [`server`] accepts the connection (HTTP/1.1 or h2, `TCP_NODELAY`);
