@@ -82,25 +82,34 @@ async fn converse(replicas: Arc<Vec<Proxy>>, id: String, offset: usize) {
     }
 }
 
-/// Waits for a live compaction lease held by one of `replicas`, for long enough that
-/// its summary call is under way; the index of its replica and its holder.
+/// Waits for a live compaction lease of one of `replicas` whose summary call is under
+/// way (a call is counted on the lease before it is made); the index of its replica
+/// and its holder.
 async fn holding_a_lease(db: &Postgres, replicas: &[Proxy]) -> (usize, String) {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         assert!(Instant::now() < deadline, "no replica ever held a lease");
-        let live = db.sql("SELECT holder FROM handoff_leases WHERE expires_at > now()");
-        if let Some(holder) = live.lines().next().map(str::to_owned) {
-            tokio::time::sleep(Duration::from_millis(400)).await;
-            let still = db.sql(&format!(
-                "SELECT 1 FROM handoff_leases WHERE holder = '{holder}' AND expires_at > now()"
-            ));
-            let replica =
-                pid_of(&holder).and_then(|pid| replicas.iter().position(|r| r.pid() == pid));
-            if let (false, Some(replica)) = (still.trim().is_empty(), replica) {
-                return (replica, holder);
-            }
+        let calling =
+            db.sql("SELECT holder FROM handoff_leases WHERE expires_at > now() AND calls > 0");
+        let held = calling.lines().find_map(|holder| {
+            let pid = pid_of(holder)?;
+            let replica = replicas.iter().position(|r| r.pid() == pid)?;
+            Some((replica, holder.to_owned()))
+        });
+        if let Some(held) = held {
+            return held;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until no compaction lease is live: every run has ended (a dead replica's claim
+/// expires 3 s after its last renewal and is taken over, or stays named on its row).
+async fn runs_ended(db: &Postgres) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while db.count("SELECT count(*) FROM handoff_leases WHERE expires_at > now()") > 0 {
+        assert!(Instant::now() < deadline, "a compaction never ended");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -143,8 +152,7 @@ async fn four_replicas_under_a_kill_and_a_database_restart_account_for_every_sum
     for conversation in conversations {
         conversation.await.unwrap();
     }
-    // Runs still going end (a claim expires 3 s after its last renewal).
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    runs_ended(&db).await;
 
     let made = strict.summaries.load(Ordering::SeqCst) as u64;
     let records: Vec<Value> = db

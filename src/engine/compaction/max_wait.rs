@@ -111,9 +111,9 @@ impl Compactor {
     }
 
     /// The request (its view over the trigger) on the conversation's last stand-in, when
-    /// that keeps it under the trigger: taken turn after turn as the committed handoff the fallback
-    /// would have made, and replaced only when the view on it crosses the trigger, so
-    /// each stand-in keeps verbatim what the fallback's view would.
+    /// that keeps it under the trigger: taken turn after turn as the fallback's
+    /// committed handoff would be, and replaced only when the view on it crosses the
+    /// trigger, so each stand-in keeps verbatim what the fallback's view would.
     pub(super) fn on_stand_in<'a>(
         &self,
         (request, tracked): (&'a ChatRequest, &'a Tracked),
@@ -218,7 +218,7 @@ impl Compactor {
         };
         let waited = arrived.elapsed();
         let stand_in_job = job.with_chain(chain);
-        // Built on the last stand-in when it stands on the same committed compaction:
+        // Built on the last stand-in while it covers more than the committed compactions:
         // only what arrived since is compacted, not the whole span again.
         let mut pool = job.tracker.compactions(job.id).await?;
         let on_last = self.on_last_stand_in(job.request, job.tracked, &pool);

@@ -730,7 +730,7 @@ impl Compactor {
         loop {
             let covered_before = view.live_start;
             let run = self.run_once(job, &view, estimate, keep_only_last);
-            let record = match self.renewing(job, lease, run).await {
+            let mut record = match self.renewing(job, lease, run).await {
                 // Nothing more to cut, but what is there fits: sent as it is.
                 Err(CompactError::TooLarge { .. }) if estimate <= job.hard_limit() => {
                     return Ok(view);
@@ -752,7 +752,6 @@ impl Compactor {
                 }
                 other => other?,
             };
-            let mut record = record;
             record.summary_calls = job.tally.as_ref().map_or(0, |tally| tally.take());
             record.took_over = orphan.take();
             let committed = job.tracker.commit_compaction(job.id, record, lease).await?;
