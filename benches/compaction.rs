@@ -18,7 +18,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use futures_util::future::BoxFuture;
 use handoff::compaction::budget::RequestBudget;
 use handoff::compaction::chain::{Chain, NamedStrategy};
-use handoff::compaction::service::{Compactor, Job};
+use handoff::compaction::job::{Compactor, Job};
 use handoff::config::{Config, FsyncPolicy, ModelConfig, Tokenizer};
 use handoff::conversation::{ConversationId, Tracked, Tracker};
 use handoff::dialect::ChatRequest;
@@ -68,7 +68,7 @@ fn benches(c: &mut Criterion) {
             cancel: CancellationToken::new(),
             metrics: Arc::new(Metrics::default()),
             summary_calibrations: Default::default(),
-            background: handoff::compaction::prepare::Background::new(0),
+            background: handoff::compaction::background::Background::new(0),
             summary_slots: Arc::new(tokio::sync::Semaphore::new(16)),
             pace: Arc::default(),
         };

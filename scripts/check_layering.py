@@ -7,7 +7,8 @@ docs/architecture.md's `## Layers` section, and fails, naming the files, on
   workspace crate the table does not name (so the picture cannot drift from the code);
 - a crate's top-level module the layer table does not place, or places in another
   crate, or a table entry with no module;
-- an import cycle between a crate's top-level modules;
+- an import cycle between a crate's top-level modules, or between any two of its files
+  (a name taken through a re-export counts as taken from the file that defines it);
 - an import of a module of a higher layer than the importer's, inside one crate;
 - a request pipeline (the numbered phases of `## One request`, each marked tracked or
   not) that is not the one `src/pipeline/mod.rs` lists, or a phase with no function or
@@ -117,6 +118,121 @@ def graph(src, nested):
     return modules, edges
 
 
+IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+DEFINES = r"\b(?:fn|struct|enum|trait|type|const|static|mod|union)\s+{}\b|macro_rules!\s*{}\b"
+
+
+def use_paths(tree):
+    """The paths of a use tree (`a::{b, c::d as e}`): [(segments, name bound)]."""
+    tree = re.sub(r"\s+", " ", tree).strip()
+    out = []
+
+    def walk(prefix, text):
+        depth, item, items = 0, "", []
+        for ch in text:
+            depth += ch == "{"
+            depth -= ch == "}"
+            if ch == "," and depth == 0:
+                items.append(item)
+                item = ""
+            else:
+                item += ch
+        items.append(item)
+        for item in (i.strip() for i in items):
+            if not item:
+                continue
+            if "{" in item:
+                head, group = item.split("{", 1)
+                walk(prefix + [s for s in head.split("::") if s.strip()], group.rsplit("}", 1)[0])
+                continue
+            alias = None
+            if " as " in item:
+                item, alias = (s.strip() for s in item.split(" as ", 1))
+            segments = prefix + [s.strip() for s in item.split("::") if s.strip()]
+            if segments and segments[-1] == "self":
+                segments = segments[:-1]
+            if segments:
+                out.append((segments, alias or segments[-1]))
+
+    walk([], tree)
+    return out
+
+
+class Files:
+    """One crate's files, with what each defines, imports and re-exports, so that a path
+    resolves to the file that defines its name."""
+
+    def __init__(self, src, nested):
+        self.module = {}
+        for path in sources(src, nested):
+            self.module[tuple(module_of(path, src))] = path
+        self.text = {m: code_of(f) for m, f in self.module.items()}
+        self.uses = {}
+        for m, text in self.text.items():
+            found = []
+            for match in re.finditer(r"(\bpub(?:\s*\([^)]*\))?\s+)?\buse\s+([^;]+);", text):
+                for segments, name in use_paths(match.group(2)):
+                    found.append((bool(match.group(1)), segments, name))
+            self.uses[m] = found
+
+    def absolute(self, here, segments):
+        """`segments` as written in module `here`, from the crate root; None outside it."""
+        head, rest = segments[0], segments[1:]
+        if head == "crate":
+            return list(rest)
+        if head in ("self", "super"):
+            base = list(here)
+            while segments and segments[0] in ("self", "super"):
+                if segments[0] == "super":
+                    base = base[:-1]
+                segments = segments[1:]
+            return base + list(segments)
+        if tuple(here) + (head,) in self.module:
+            return list(here) + list(segments)
+        return None
+
+    def resolve(self, segments, seen=0):
+        """The module whose file defines the item `segments` (from the root) names."""
+        module = ()
+        for i, segment in enumerate(segments):
+            if module + (segment,) in self.module:
+                module += (segment,)
+                continue
+            if seen > 8 or segment == "*":
+                return module
+            name = segment
+            if re.search(DEFINES.format(re.escape(name), re.escape(name)), self.text[module]):
+                return module
+            for _, path, bound in self.uses.get(module, []):
+                if bound == name:
+                    target = self.absolute(module, path)
+                    if target is not None:
+                        return self.resolve(target + list(segments[i + 1 :]), seen + 1)
+            return module
+        return module
+
+    def edges(self):
+        """{file: {file: names}} of the uses and paths of each file (re-exports aside)."""
+        edges = defaultdict(lambda: defaultdict(set))
+        for here, text in self.text.items():
+            found = [(p, n) for public, p, n in self.uses[here] if not public]
+            body = re.sub(r"\buse\s+[^;]+;", "", text)
+            children = {m[-1] for m in self.module if len(m) == len(here) + 1 and m[:-1] == here}
+            starts = ["crate", "self", "super"] + sorted(children)
+            pattern = r"(?<![\w:])((?:%s)(?:::%s)+)" % ("|".join(starts), IDENT)
+            for match in re.finditer(pattern, body):
+                segments = match.group(1).split("::")
+                found.append((segments, segments[-1]))
+            for segments, name in found:
+                target = self.absolute(here, segments)
+                if target is None:
+                    continue
+                module = self.resolve(target)
+                if module != here and module in self.module:
+                    edges[self.module[here]][self.module[module]].add(name)
+        return edges
+
+
 def tables():
     """The `## Layers` section's two tables: [(layer, crate, [modules])] bottom first,
     and {crate: (folder, {crates it uses})}."""
@@ -197,7 +313,7 @@ def check_crates(members, crates):
 
 
 def check_layers(members, rows):
-    problems, report, total = [], [], [0, 0]
+    problems, report, total = [], [], [0, 0, 0]
     level = {}
     for number, (name, crate, modules) in enumerate(rows):
         for module in modules:
@@ -227,6 +343,16 @@ def check_layers(members, rows):
                 if b in edges.get(a, {})
             ]
             problems.append(f"import cycle in `{crate}` between " + ", ".join(component) + ":\n" + "\n".join(ties))
+        files = Files(src, nested - {folders[crate]}).edges()
+        for component in cycles(files):
+            ties = [
+                f"    {os.path.relpath(a, ROOT)} -> {os.path.relpath(b, ROOT)} ({', '.join(sorted(files[a][b]))})"
+                for a in component
+                for b in component
+                if b in files.get(a, {})
+            ]
+            problems.append(f"import cycle in `{crate}` between files:\n" + "\n".join(ties))
+        total[2] += sum(len(t) for t in files.values())
         for importer in sorted(edges):
             for target, files in sorted(edges[importer].items()):
                 low, high = level.get((crate, importer)), level.get((crate, target))
@@ -285,7 +411,7 @@ def main():
     members = workspace()
     rows, crates = tables()
     problems = check_crates(members, crates)
-    more, report, (modules, imports) = check_layers(members, rows)
+    more, report, (modules, imports, file_imports) = check_layers(members, rows)
     problems += more
     more, stages = check_pipeline()
     problems += more
@@ -298,7 +424,8 @@ def main():
         return 1
     print(
         f"layering: ok ({len(crates)} crates, {modules} modules, {imports} imports "
-        f"within crates, {len(rows)} layers, no cycles; {stages} request phases as documented)"
+        f"within crates, {file_imports} between files, {len(rows)} layers, no cycles; "
+        f"{stages} request phases as documented)"
     )
     return 0
 

@@ -12,7 +12,7 @@ use handoff_plugin_api::CancellationToken;
 use serde::Serialize;
 
 use crate::auth::{Credentials, KeyError, RateLimiter};
-use crate::compaction::service::Compactor;
+use crate::compaction::job::Compactor;
 use crate::config::StoreBackend;
 use crate::config::{self, Config, Overrides, UpstreamConfig};
 use crate::conversation::Tracker;
@@ -361,7 +361,7 @@ impl AppState {
             cancel: shutdown.clone(),
             metrics: Arc::clone(&metrics),
             summary_calibrations: Default::default(),
-            background: crate::compaction::prepare::Background::new(
+            background: crate::compaction::background::Background::new(
                 config.compaction.max_background,
             ),
             summary_slots: Arc::new(tokio::sync::Semaphore::new(

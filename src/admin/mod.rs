@@ -12,7 +12,7 @@ use crate::body::{json, ProxyBody};
 use crate::browser_guard::host_of;
 
 use crate::compaction::budget::RequestBudget;
-use crate::compaction::service::{CompactError, Job};
+use crate::compaction::job::{CompactError, Job};
 use crate::compaction::Reason;
 use crate::conversation::{ConversationId, Tracked};
 use crate::dialect::KeyHeader;

@@ -29,8 +29,8 @@ pub(crate) use source::{Replay, Step};
 use crate::compaction::budget::{Calibration, RequestBudget};
 use crate::compaction::continued::Continuer;
 use crate::compaction::decision;
+use crate::compaction::job::{Compactor, Job};
 use crate::compaction::model_client::UpstreamModelClient;
-use crate::compaction::service::{Compactor, Job};
 use crate::compaction::spend;
 use crate::compaction::Reason;
 use crate::config::{Config, ModelConfig};
@@ -245,7 +245,7 @@ pub(crate) async fn evaluate(
         metrics: Arc::new(Metrics::default()),
         summary_calibrations: Default::default(),
         // A replay is sequential: nothing is prepared in the background.
-        background: crate::compaction::prepare::Background::new(0),
+        background: crate::compaction::background::Background::new(0),
         summary_slots: Arc::new(tokio::sync::Semaphore::new(
             snapshot.config.compaction.max_summary_concurrency.max(1),
         )),

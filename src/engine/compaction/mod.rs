@@ -10,8 +10,11 @@
 //! - the record and the rule that adopts it (record + boundary) live in
 //!   [`crate::base::record`] and [`crate::adoption`], below this layer;
 //! - [`decision`]: what a request's log records of the budget and the view sent;
-//! - [`service`]: one run, single flight per conversation, the loop guard;
-//! - [`prepare`] and [`pace`]: compactions prepared in the background, and when;
+//! - [`job`]: what one compaction works on, the parts it runs with, how it ends;
+//! - [`plan`]: where a run cuts; [`run`]: one run's record;
+//! - [`service`]: the entry points (fit, compact), single flight, the loop guard;
+//! - [`prepare`], [`background`] and [`pace`]: compactions prepared in the background, and when;
+//! - [`max_wait`]: waiting for a detached run, and the stand-in past it;
 //! - [`blocking`]: a run's CPU work, off the worker threads;
 //! - [`summary_count`]: the summary model's own counts, calibrated by what it reports;
 //! - [`spend`]: what summary calls cost at the configured prices.
@@ -22,16 +25,19 @@
 //! It never destroys an original, never commits after cancellation, and never
 //! produces a view that it has not validated.
 
+pub mod background;
 mod blocking;
 pub mod budget;
 pub mod chain;
 pub mod continued;
 pub mod decision;
 mod handoff;
+pub mod job;
 mod ledger;
 mod max_wait;
 pub mod model_client;
 pub mod pace;
+mod plan;
 pub mod prepare;
 mod run;
 pub mod service;

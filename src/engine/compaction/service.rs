@@ -1,4 +1,6 @@
-//! One compaction run: choose the cut, run the chain, commit the pair, re-project.
+//! The entry points of compaction, as methods of [`Compactor`]: `fit` (the proactive
+//! path every request takes), `compact` (one run: cut, chain, commit, re-project), and
+//! the runs on their own tasks (`spawn`, `detach`).
 //!
 //! Runs are single flight per conversation (the tracker's flight lock, and the store's
 //! lease across replicas): a request
@@ -9,317 +11,31 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use handoff_plugin_api::{CancellationToken, ModelClient, ModelInfo};
-
-use super::budget::{Margin, RequestBudget, Scale, ScaledCounter};
-use super::chain::Chain;
-use super::max_wait::{stand_in_chain, Waited};
+use super::background::Ticket;
+use super::budget::{RequestBudget, Scale};
+use super::job::{CompactError, Compactor, FitError, Fitted, Job};
+use super::max_wait::{self, stand_in_chain, Waited};
 use super::model_client::Tally;
 use super::prepare::{
-    settled_view, Background, Preparation, PREPARED_ADOPTED, PREPARED_WAITED, PREPARED_WASTED,
+    settled_view, Preparation, PREPARED, PREPARED_ADOPTED, PREPARED_WAITED, PREPARED_WASTED,
     SENT_WHILE_PREPARING,
 };
+use super::run::run_once;
 use super::spend::Priced;
-use super::split::split_at_unit_boundary;
-use super::summary_count::SummaryCalibrations;
 use super::unit::split_into_units;
 use super::Adopted;
 use crate::base::line::{AdoptLine, Entry, Line, RescueLine};
 use crate::base::record::Reason;
-use crate::config::{CompactionConfig, Tokenizer};
-use crate::conversation::{ConversationId, Tracked, Tracker};
-use crate::dialect::{ChatRequest, DialectError, Message, Role};
-use crate::metrics::{Metrics, SUMMARY_COST_USD, UNPRICED_SUMMARY_CALLS, VIEWS_RESCUED};
-use crate::projection::{project_view, ModelView, ProjectionError};
+use crate::config::Tokenizer;
+use crate::conversation::{Tracked, Tracker};
+use crate::dialect::ChatRequest;
+use crate::metrics::{SUMMARY_COST_USD, UNPRICED_SUMMARY_CALLS, VIEWS_RESCUED};
+use crate::projection::{project_view, ModelView};
 use crate::store::{Lease, StoreError};
-use crate::tokens::{Tokens, MESSAGE_OVERHEAD, REPLY_PRIMING};
+use crate::tokens::Tokens;
 
 /// How often a request waiting for another replica's compaction looks again.
 const LEASE_POLL: std::time::Duration = std::time::Duration::from_millis(200);
-
-/// Shares of `keep_recent` tried, largest first, before keeping only the last unit.
-const KEEP_STEPS: [f64; 4] = [1.0, 0.5, 0.25, 0.0];
-
-/// Tokens a user message costs in a handoff past its text: its item mark, and a share
-/// of its section's heading.
-const USER_ITEM_TOKENS: u64 = 4;
-
-/// Why a compaction could not produce a view that fits.
-#[derive(Debug, thiserror::Error)]
-pub enum CompactError {
-    /// Even pinned + tools + the last unit exceed the budget.
-    #[error("the request cannot fit the model's window: {detail}")]
-    TooLarge {
-        /// The numbers.
-        detail: String,
-    },
-    /// The store could not commit.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// Shutdown cancelled the run; nothing was committed.
-    #[error("compaction cancelled before commit")]
-    Cancelled,
-    /// The compacted view failed validation and was not sent.
-    #[error(transparent)]
-    View(#[from] ProjectionError),
-    /// Another replica held the conversation's compaction lease for too long.
-    #[error(
-        "another replica is still compacting this conversation after {0} s; retry the request"
-    )]
-    Busy(u64),
-    /// The history must be compacted but is not one handoff can make a valid view of
-    /// (e.g. a tool result that answers no call): what is broken, by position.
-    #[error("this request must be compacted to fit, but its history cannot be: {0}")]
-    Uncompactable(DialectError),
-    /// No strategy produced a handoff (a chain without a deterministic end).
-    #[error("no strategy produced a handoff: {0}")]
-    NoHandoff(String),
-}
-
-/// Everything one compaction needs to know about its request.
-pub struct Job<'a> {
-    /// The tracker holding the conversation.
-    pub tracker: &'a Tracker,
-    /// The conversation.
-    pub id: &'a ConversationId,
-    /// The parsed request.
-    pub request: &'a ChatRequest,
-    /// Its digests.
-    pub tracked: &'a Tracked,
-    /// Compaction settings.
-    pub config: &'a CompactionConfig,
-    /// The request model's tokenizer.
-    pub tokenizer: Tokenizer,
-    /// The summary model's tokenizer.
-    pub summary_tokenizer: Tokenizer,
-    /// Whether the model wants the reasoning marker.
-    pub reasoning_marker: bool,
-    /// Models and windows.
-    pub model: ModelInfo,
-    /// Window minus reserved output.
-    pub input_budget: u64,
-    /// The estimate the view must get under.
-    pub threshold: u64,
-    /// Local counts to the upstream's: every number compared or reported goes through it.
-    pub scale: Scale,
-    /// Tokens of the `tools` schemas.
-    pub tools_tokens: u64,
-    /// Why this run.
-    pub reason: Reason,
-    /// The compaction the caller's view was built on; another one means someone compacted meanwhile.
-    pub seen_compact_id: Option<String>,
-    /// The client for model calls.
-    pub client: Arc<dyn ModelClient>,
-    /// The strategies to try, first to last.
-    pub chain: Chain,
-    /// True for a request that waits for a compaction already running: another's
-    /// handoff is enough once its view fits the input budget, over the trigger or not.
-    pub waits_for_running: bool,
-    /// True for a run on its own task (a preparation, or one `compaction.max_wait`
-    /// detached): only a committed record reaches a request, so it makes no view-only
-    /// result (a rescue) that the request would make again, and count twice.
-    pub detached: bool,
-    /// Tokens the recent part is kept smaller by: a preparation's, by what will arrive
-    /// before a request adopts it (the view's distance to the trigger), so that the
-    /// recent part at adoption is the `keep_recent` an inline run keeps.
-    pub keep_less: u64,
-    /// How a summary call continues this request's conversation over its cached
-    /// prefix; `None` renders the history as text.
-    pub continuer: Option<Arc<super::continued::Continuer>>,
-    /// The configured `[prices]`: the summary calls are counted at them as they commit.
-    pub prices: Option<&'a std::collections::BTreeMap<String, crate::config::Price>>,
-    /// The share of the input budget kept verbatim: the model's own `keep_recent`, or
-    /// `compaction.keep_recent`.
-    pub keep_recent: f64,
-    /// The fewest non-pinned originals the cut leaves before it, where a cut allows:
-    /// a preparation cuts after what the view held when the upstream first cached it.
-    pub cut_from: usize,
-    /// The run's summary calls, counted on its lease: set once the lease is held.
-    pub tally: Option<Arc<Tally>>,
-}
-
-impl Job<'_> {
-    /// True when `view` (estimated at `estimate`), projected from the compactions
-    /// committed by now, needs no run of this job.
-    fn done_by(&self, view: &ModelView<'_>, estimate: u64) -> bool {
-        let someone_else = view.compact_id().map(str::to_owned) != self.seen_compact_id;
-        let fits = estimate <= self.threshold;
-        match self.reason {
-            // A request that waited for a running compaction takes its handoff once the
-            // view fits the input budget: the next one is prepared, not waited for.
-            Reason::Threshold if self.waits_for_running && someone_else => {
-                estimate <= self.hard_limit()
-            }
-            Reason::Threshold => fits,
-            Reason::ContextLengthExceeded => fits && someone_else,
-            // Another compaction landed meanwhile: this preparation is stale.
-            Reason::Prepared => someone_else,
-            Reason::Manual => false,
-        }
-    }
-
-    /// What a view may not exceed to be sent: the input budget (the window less the
-    /// reserved output). After the upstream refused a view for its size, the aim
-    /// below that refusal is the limit too.
-    pub(crate) fn hard_limit(&self) -> u64 {
-        match self.reason {
-            Reason::ContextLengthExceeded => self.threshold,
-            Reason::Threshold | Reason::Manual | Reason::Prepared => {
-                self.input_budget.max(self.threshold)
-            }
-        }
-    }
-
-    /// True when the counts are a guess: no calibration for this model yet, or a
-    /// tokenizer that only estimates. Then a view handoff thinks is over the limit is
-    /// still sent, and the reactive path recovers if the upstream refuses it.
-    pub(crate) fn counts_are_guesses(&self) -> bool {
-        !self.scale.is_calibrated() || self.tokenizer == Tokenizer::Estimate
-    }
-
-    /// The 400 detail when no view fits: which part is too big, and both limits.
-    fn too_large(&self, what: String) -> CompactError {
-        CompactError::TooLarge {
-            detail: format!(
-                "{what}; it must fit the input budget of {} ({} window − {} reserved output); handoff compacts at {} (trigger {})",
-                self.hard_limit(),
-                self.model.context_window,
-                self.model.context_window.saturating_sub(self.input_budget),
-                self.threshold,
-                self.config.trigger
-            ),
-        }
-    }
-}
-
-impl<'a> Job<'a> {
-    /// A proactive job (reason `threshold`, the budget's threshold) for `request`; a
-    /// caller changes `threshold`, `reason` or `seen_compact_id` for another kind of run.
-    /// The scale comes from the conversation's calibration in `tracked`.
-    pub fn new(
-        tracker: &'a Tracker,
-        request: &'a ChatRequest,
-        tracked: &'a Tracked,
-        config: &'a CompactionConfig,
-        budget: &RequestBudget,
-        client: Arc<dyn ModelClient>,
-        chain: Chain,
-    ) -> Self {
-        Self {
-            tracker,
-            id: &tracked.id,
-            request,
-            tracked,
-            config,
-            tokenizer: budget.tokenizer(),
-            summary_tokenizer: budget.summary_tokenizer,
-            reasoning_marker: budget.model.reasoning_marker,
-            model: budget.info.clone(),
-            input_budget: budget.input_budget,
-            threshold: budget.threshold,
-            scale: Scale::new(tracked.calibration.as_ref(), &request.model),
-            tools_tokens: budget.tools_tokens,
-            reason: Reason::Threshold,
-            seen_compact_id: None,
-            waits_for_running: false,
-            detached: false,
-            keep_less: 0,
-            keep_recent: config.keep_recent_for(Some(&budget.model)),
-            prices: None,
-            continuer: None,
-            cut_from: 0,
-            tally: None,
-            client,
-            chain,
-        }
-    }
-}
-
-/// Runs compactions.
-#[derive(Clone)]
-pub struct Compactor {
-    /// Token counting.
-    pub tokens: Arc<Tokens>,
-    /// Fired at shutdown.
-    pub cancel: CancellationToken,
-    /// Counters.
-    pub metrics: Arc<Metrics>,
-    /// What each summary model was measured to count.
-    pub summary_calibrations: SummaryCalibrations,
-    /// The preparations running in the background.
-    pub background: Arc<Background>,
-    /// Summary calls in flight over all compactions (`compaction.max_summary_concurrency`).
-    pub summary_slots: Arc<tokio::sync::Semaphore>,
-    /// How conversations grow and summarisers take: `prepare_at = "auto"`.
-    pub pace: Arc<super::pace::Pace>,
-}
-
-pub(super) struct Plan {
-    /// Where the recent part starts in the view's live messages.
-    pub(super) cut: usize,
-    /// The view's predicted tokens after the run.
-    pub(super) predicted: u64,
-    /// Local tokens of the view but the pair: pinned, tools, lifted and recent.
-    pub(super) rest: u64,
-    /// Local tokens every view of the request carries: pinned messages and tools.
-    pub(super) fixed: u64,
-    /// Local tokens of the user's words the handoff must carry: the compacted span's
-    /// user messages and those the previous ledger held, up to [`users_kept_whole`].
-    pub(super) users: u64,
-}
-
-/// A view that fits, and its local estimate (to calibrate against the usage the
-/// upstream reports for it).
-pub struct Fitted<'a> {
-    /// The view to send.
-    pub view: ModelView<'a>,
-    /// Its local estimate; `None` when the model has no budget.
-    pub estimate: Option<u64>,
-    /// The calibrated estimate of the view before any compaction: what
-    /// `None` when the model has no budget.
-    pub before: Option<u64>,
-    /// The calibrated estimate of the view sent: what `compaction.prepare_at` is
-    /// judged on; `None` when the model has no budget.
-    pub after: Option<u64>,
-    /// When the view is over the trigger and was not compacted because the
-    /// conversation's compaction was running (here or on another replica) and the view
-    /// fits the input budget less this margin (its estimate's error bound): sent
-    /// without waiting.
-    pub while_preparing: Option<Margin>,
-    /// True when the view is over the trigger with no compaction of its own: sent while
-    /// one ran, or after waiting for one that left it within the input budget only. The
-    /// next compaction is then prepared in the background.
-    pub sent_over_trigger: bool,
-    /// True when the view stands on a stand-in (`compaction.max_wait`), made now or
-    /// taken from an earlier request: its handoff is not committed.
-    pub stood_in: bool,
-}
-
-impl<'a> Fitted<'a> {
-    /// `view` sent as it is, counted `local` (calibrated: `current`).
-    pub(super) fn as_is(view: ModelView<'a>, local: u64, current: u64) -> Self {
-        Self {
-            view,
-            estimate: Some(local),
-            before: Some(current),
-            after: Some(current),
-            while_preparing: None,
-            sent_over_trigger: false,
-            stood_in: false,
-        }
-    }
-}
-
-/// A compaction the proactive path needed that failed, and the calibrated estimate of
-/// the view before it: what the request's refusal is logged with.
-#[derive(Debug, thiserror::Error)]
-#[error("{error}")]
-pub struct FitError {
-    /// Why no view fits.
-    pub error: CompactError,
-    /// The calibrated estimate of the view that needed the compaction.
-    pub before: Option<u64>,
-}
 
 /// `view`, or the request as it is when a handoff built the view invalid: never send
 /// that; the client's own request is the client's to send, and the provider's to judge.
@@ -382,12 +98,6 @@ fn prepares(job: &Job<'_>) -> bool {
 }
 
 impl Compactor {
-    /// The view's calibrated estimate: the count every decision is made with.
-    pub(super) fn count(&self, job: &Job<'_>, view: &ModelView<'_>) -> u64 {
-        let local = view.estimate(&self.tokens, job.tokenizer, job.tools_tokens);
-        job.scale.view(local, view.compact_id())
-    }
-
     /// The proactive path every caller shares (the proxy, `handoff eval`): the view
     /// from the adopted compactions (a prepared one only once the view without it
     /// crosses the trigger), compacted when its calibrated estimate passes the trigger.
@@ -450,7 +160,7 @@ impl Compactor {
             return Ok(Fitted::as_is(view, local, current));
         }
         if current > budget.threshold {
-            if let Some(fitted) = self.on_stand_in((request, tracked), budget, &scale) {
+            if let Some(fitted) = max_wait::on_stand_in(self, (request, tracked), budget, &scale) {
                 return Ok(fitted);
             }
             // A compaction already running will serve a later request; this one waits
@@ -566,8 +276,7 @@ impl Compactor {
             waits_for_running: true,
             ..job.with_chain(Arc::clone(&job.chain))
         };
-        self.within_max_wait(&waiting, view, estimate, arrived, max_wait)
-            .await
+        max_wait::within_max_wait(self, &waiting, view, estimate, arrived, max_wait).await
     }
 
     /// Logs the first adoption of a prepared compaction by `view`: which one, and how
@@ -611,7 +320,7 @@ impl Compactor {
             }
             // Another replica is compacting: adopt its handoff once it commits, or take
             // over once its lease expires.
-            if let Some(view) = self.already_done(job).await? {
+            if let Some(view) = job.already_done(&self.tokens).await? {
                 return Ok(view);
             }
             if started.elapsed() > patience {
@@ -648,7 +357,7 @@ impl Compactor {
             Err(CompactError::Store(StoreError::LeaseLost(_))) => {
                 // Taken over while the model ran: the other replica's handoff may do.
                 tracing::warn!(conversation = %job.id, "compaction lease lost; adopting the other replica's work");
-                match self.already_done(job).await? {
+                match job.already_done(&self.tokens).await? {
                     Some(view) => Ok(view),
                     None => result,
                 }
@@ -672,19 +381,6 @@ impl Compactor {
         }
     }
 
-    /// The view from the store's latest compactions, if it already needs no run.
-    pub(super) async fn already_done<'a>(
-        &self,
-        job: &Job<'a>,
-    ) -> Result<Option<ModelView<'a>>, CompactError> {
-        job.tracker.refresh(job.id).await?;
-        let adopted = job.tracker.compactions(job.id).await?;
-        let view = project_view(job.request, job.tracked, &adopted);
-        let estimate = self.count(job, &view);
-        Ok(job.done_by(&view, estimate).then_some(view))
-    }
-
-    /// Runs `work` while keeping `lease` alive; a lease found lost stops the work, and
     /// nothing of it is committed.
     async fn renewing<T>(
         &self,
@@ -719,7 +415,7 @@ impl Compactor {
         job.tracker.refresh(job.id).await?;
         let mut adopted = job.tracker.compactions(job.id).await?;
         let mut view = project_view(job.request, job.tracked, &adopted);
-        let mut estimate = self.count(job, &view);
+        let mut estimate = job.count(&self.tokens, &view);
         if job.done_by(&view, estimate) {
             return Ok(view);
         }
@@ -729,7 +425,7 @@ impl Compactor {
         let mut orphan = lease.orphan.clone();
         loop {
             let covered_before = view.live_start;
-            let run = self.run_once(job, &view, estimate, keep_only_last);
+            let run = run_once(self, job, &view, estimate, keep_only_last);
             let mut record = match self.renewing(job, lease, run).await {
                 // Nothing more to cut, but what is there fits: sent as it is.
                 Err(CompactError::TooLarge { .. }) if estimate <= job.hard_limit() => {
@@ -740,7 +436,7 @@ impl Compactor {
                 {
                     // compaction.rescue: shortened tool bodies may let the last unit fit.
                     rescued = true;
-                    estimate = self.count(job, &view);
+                    estimate = job.count(&self.tokens, &view);
                     self.metrics.add(VIEWS_RESCUED, &[], 1.0);
                     if estimate <= job.threshold {
                         return Ok(view);
@@ -770,7 +466,7 @@ impl Compactor {
                 view.rescue();
             }
             view.validate()?;
-            estimate = self.count(job, &view);
+            estimate = job.count(&self.tokens, &view);
             // A manual or prepared run makes one pass: what it covers is what it was asked.
             if estimate <= job.threshold || matches!(job.reason, Reason::Manual | Reason::Prepared)
             {
@@ -785,7 +481,7 @@ impl Compactor {
                 }
                 if job.config.rescue && !job.detached && !rescued && view.rescue() {
                     self.metrics.add(VIEWS_RESCUED, &[], 1.0);
-                    estimate = self.count(job, &view);
+                    estimate = job.count(&self.tokens, &view);
                     if estimate <= job.hard_limit() {
                         return Ok(view);
                     }
@@ -830,138 +526,6 @@ impl Compactor {
         Err(err)
     }
 
-    pub(super) fn plan(
-        &self,
-        job: &Job<'_>,
-        view: &ModelView<'_>,
-        keep_only_last: bool,
-    ) -> Result<Plan, CompactError> {
-        // A history whose tool pairs are broken cannot be cut into valid units.
-        job.request
-            .dialect()
-            .check_pairs(&view.live)
-            .map_err(CompactError::Uncompactable)?;
-        let units = split_into_units(&view.live);
-        let unit_tokens: Vec<u64> = units
-            .iter()
-            .map(|u| {
-                (u.start..u.end)
-                    .map(|i| view.live[i].token_count(&self.tokens, job.tokenizer))
-                    .sum()
-            })
-            .collect();
-        let count = |m: &Message| m.token_count(&self.tokens, job.tokenizer);
-        let pinned: u64 = view.pinned.iter().map(|m| count(m.message)).sum::<u64>()
-            + view.lifted.iter().map(|m| count(m)).sum::<u64>();
-        let scale = |local: u64| job.scale.tokens(local);
-        let fixed = pinned + job.tools_tokens + REPLY_PRIMING;
-        let last = unit_tokens.last().copied().unwrap_or(0);
-        let pair_tokens = handoff_budget(&job.model) + 2 * MESSAGE_OVERHEAD + 64;
-        if scale(fixed + last) > job.hard_limit() {
-            return Err(job.too_large(format!(
-                "pinned messages ({}) + tools ({}) + the newest unit ({}) = {} tokens",
-                scale(pinned),
-                scale(job.tools_tokens),
-                scale(last),
-                scale(fixed + last)
-            )));
-        }
-        // The newest unit alone keeps the view over the aim: everything before it goes.
-        let keep_only_last = keep_only_last || scale(fixed + pair_tokens + last) > job.threshold;
-        // The user's words are never cut to keep a recent part: the pair is planned at
-        // least as large as the user text it must carry, and a smaller recent part is
-        // kept when that text is large.
-        let carried_users: u64 = view
-            .compaction
-            .as_ref()
-            .and_then(|adopted| adopted.record.ledger.as_ref())
-            .map_or(0, |ledger| {
-                let counter = self.tokens.counter(job.tokenizer);
-                (ledger.instructions.iter())
-                    .map(|text| counter.count_text(text) + USER_ITEM_TOKENS)
-                    .sum()
-            });
-        let users_before = |cut: usize| -> u64 {
-            carried_users
-                + (view.live[..cut].iter())
-                    .filter(|m| m.role == Role::User && m.is_text_message() && !m.is_tool_answer())
-                    .map(|m| count(m) + USER_ITEM_TOKENS)
-                    .sum::<u64>()
-        };
-        let dialect = job.request.dialect();
-        let steps: &[f64] = if keep_only_last { &[0.0] } else { &KEEP_STEPS };
-        let mut chosen = None;
-        // A provider's compaction artefact is the provider's: no history handoff
-        // compacts holds one, so it keeps its bytes and its place.
-        let boundary = (view.live.iter())
-            .position(Message::is_provider_compaction)
-            .unwrap_or(view.live.len());
-        for step in steps {
-            let keep = ((job.keep_recent * step * job.input_budget as f64) as u64)
-                .saturating_sub(job.keep_less);
-            let allowed =
-                |at: usize| at <= boundary && dialect.may_cut_at(job.request, &view.live, at);
-            // A cut after `cut_from` where there is one (a preparation's: after what the
-            // upstream has cached), any allowed cut otherwise.
-            let past_cached = |at: usize| view.live_start + at >= job.cut_from && allowed(at);
-            let cut = split_at_unit_boundary(&view.live, &units, &unit_tokens, keep, past_cached)
-                .or_else(|| {
-                    split_at_unit_boundary(&view.live, &units, &unit_tokens, keep, allowed)
-                });
-            let Some(cut) = cut else {
-                break;
-            };
-            let recent: u64 = units
-                .iter()
-                .zip(&unit_tokens)
-                .filter(|(u, _)| u.start >= cut)
-                .map(|(_, t)| t)
-                .sum();
-            // Instruction messages of the new history are lifted into the view, not summarised.
-            let lifted: u64 = view.live[..cut]
-                .iter()
-                .filter(|m| m.role.is_instruction())
-                .map(count)
-                .sum();
-            let recent = recent + lifted;
-            let users = users_before(cut).min(users_kept_whole(job.input_budget));
-            let pair = pair_tokens.max(users + user_slack(&job.model) + 2 * MESSAGE_OVERHEAD + 64);
-            let predicted = scale(fixed + pair + recent);
-            chosen = Some(Plan {
-                cut,
-                predicted,
-                rest: fixed + recent,
-                fixed,
-                users,
-            });
-            if predicted <= job.threshold {
-                break;
-            }
-        }
-        chosen.ok_or_else(|| {
-            let total = scale(fixed + unit_tokens.iter().sum::<u64>());
-            job.too_large(if units.len() <= 1 {
-                format!("nothing left to compact: the view is one unit, {total} tokens")
-            } else {
-                format!(
-                    "no cut of the view's {} units can open a valid recent part; it is {total} tokens",
-                    units.len()
-                )
-            })
-        })
-    }
-
-    /// The counter of what the request's model reads: its tokenizer, its calibration.
-    pub(super) fn handoff_counter(
-        &self,
-        job: &Job<'_>,
-    ) -> Arc<dyn handoff_plugin_api::TokenCounter> {
-        Arc::new(ScaledCounter {
-            inner: self.tokens.counter(job.tokenizer),
-            scale: job.scale.clone(),
-        })
-    }
-
     /// Counts a committed compaction and its sizes.
     fn record_metrics(&self, committed: &Adopted, job: &Job<'_>) {
         let record = &committed.record;
@@ -998,28 +562,85 @@ impl Compactor {
             "compaction committed"
         );
     }
-}
 
-/// Share of the input budget that the user's words may take in a handoff however
-/// large the recent part: the plan keeps a smaller recent part for them. Past it (pasted
-/// documents, a long session's worth of instructions) they are shortened to fit half
-/// the trigger, so that the conversation keeps room to go on.
-const USER_TEXT_SHARE: f64 = 0.25;
+    /// Runs `preparation` on its own task, holding `ticket` until it ends.
+    pub fn spawn(&self, preparation: Preparation, ticket: Ticket) {
+        let compactor = self.clone();
+        let metrics = Arc::clone(&self.metrics);
+        let prepared = preparation.reason == Reason::Prepared;
+        if prepared {
+            metrics.add(PREPARED, &[("outcome", "started")], 1.0);
+        }
+        crate::cache_scope::spawn(async move {
+            let _ticket = ticket;
+            let outcome = compactor.run_detached(&preparation).await;
+            if prepared {
+                metrics.add(PREPARED, &[("outcome", outcome)], 1.0);
+            }
+        });
+    }
 
-/// Local tokens of user text a handoff keeps whole however large the recent part.
-pub(super) fn users_kept_whole(input_budget: u64) -> u64 {
-    (input_budget as f64 * USER_TEXT_SHARE) as u64
-}
+    /// Runs `p`'s compaction; what became of it, for the `prepared` counter.
+    async fn run_detached(&self, p: &Preparation) -> &'static str {
+        let mut job = Job::new(
+            &p.tracker,
+            &p.request,
+            &p.tracked,
+            &p.config.compaction,
+            &p.budget,
+            Arc::clone(&p.client),
+            Arc::clone(&p.chain),
+        );
+        job.reason = p.reason;
+        job.detached = true;
+        job.keep_less = p.keep_less;
+        job.continuer = p.continuer.clone();
+        job.prices = Some(&p.config.prices);
+        job.cut_from = p.cut_from;
+        job.seen_compact_id = p.seen_compact_id.clone();
+        match self.compact(&job).await {
+            Ok(view) => {
+                let made = view.compaction.as_ref().is_some_and(|a| match p.reason {
+                    Reason::Prepared => a.record.reason == Reason::Prepared && a.is_waiting(),
+                    _ => Some(&a.record.id) != p.seen_compact_id.as_ref(),
+                });
+                if made && p.reason != Reason::Prepared {
+                    tracing::info!(conversation = %p.tracked.id, "the detached compaction committed");
+                    "committed"
+                } else if made {
+                    tracing::info!(conversation = %p.tracked.id, "compaction prepared in the background");
+                    "committed"
+                } else {
+                    "stale"
+                }
+            }
+            Err(err) => {
+                tracing::warn!(conversation = %p.tracked.id, error = %err, "background preparation failed; the request that crosses the trigger compacts inline");
+                "failed"
+            }
+        }
+    }
 
-/// Tokens a handoff carrying all the user's words needs past them: its headings, the
-/// floor of tool results, the last assistant message (a third of the handoff budget).
-pub(super) fn user_slack(model: &ModelInfo) -> u64 {
-    handoff_budget(model) / 3
-}
-
-/// The largest handoff: `min(8192, window/10)` of the request model's window. A summary
-/// model with a smaller window writes less (its own output budget bounds its reply),
-/// but the deterministic fallback, and the ledger, still get the request model's room.
-pub(crate) fn handoff_budget(model: &ModelInfo) -> u64 {
-    8192.min(model.context_window / 10)
+    /// Starts `detached` (this request's compaction, owned) on its own task unless the
+    /// conversation has one running here already; false when neither runs it.
+    pub(super) fn detach(
+        &self,
+        id: &crate::conversation::ConversationId,
+        detached: Option<Preparation>,
+    ) -> bool {
+        if self.background.is_running(id) {
+            return true;
+        }
+        let Some(run) = detached else {
+            return false;
+        };
+        match self.background.start_detached(id) {
+            Ok(ticket) => {
+                self.spawn(run, ticket);
+                true
+            }
+            // Started by another request between the look and now: that one is waited for.
+            Err(_) => self.background.is_running(id),
+        }
+    }
 }

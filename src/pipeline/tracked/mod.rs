@@ -31,7 +31,7 @@ use crate::body::{chunked, ProxyBody};
 use crate::compaction::budget::{RequestBudget, Scale};
 use crate::compaction::chain::Chain;
 use crate::compaction::continued::Continuer;
-use crate::compaction::service::{CompactError, FitError, Fitted, Job};
+use crate::compaction::job::{CompactError, FitError, Fitted, Job};
 use crate::compaction::{prepare, Reason};
 use crate::config::PrepareAt;
 use crate::conversation::{identify, Across, ConversationId, Tracked, CONVERSATION_HEADER};
@@ -618,8 +618,8 @@ impl<'s> Exchange<'s> {
         let metrics = &self.state.metrics;
         let ticket = match self.state.compactor.background.start(&tracked.id) {
             Ok(ticket) => ticket,
-            Err(prepare::NotStarted::Running) => return,
-            Err(prepare::NotStarted::Full) => {
+            Err(crate::compaction::background::NotStarted::Running) => return,
+            Err(crate::compaction::background::NotStarted::Full) => {
                 tracing::debug!(conversation = %tracked.id, "compaction.max_background preparations run; this one is dropped");
                 metrics.add(prepare::PREPARED, &[("outcome", "dropped")], 1.0);
                 return;
@@ -637,7 +637,7 @@ impl<'s> Exchange<'s> {
         // the cache (a cut inside it finds no cached prefix to extend).
         preparation.keep_less = budget.threshold.saturating_sub(before);
         preparation.cut_from = settled.map_or(0, |s| s.messages);
-        preparation.spawn(ticket);
+        self.state.compactor.spawn(preparation, ticket);
     }
 
     /// This request's compaction, owned, to run on its own task: a preparation, or
@@ -651,7 +651,6 @@ impl<'s> Exchange<'s> {
     ) -> prepare::Preparation {
         prepare::Preparation {
             tracker: Arc::clone(&self.state.tracker),
-            compactor: self.state.compactor.clone(),
             config: Arc::clone(&self.snap.config),
             request: self.chat.clone(),
             tracked: tracked.clone(),

@@ -17,7 +17,7 @@ use crate::base::line::DecisionLine;
 use crate::body::{chunked, parts, ProxyBody};
 use crate::capture::ReplyTarget;
 use crate::compaction::budget::Margin;
-use crate::compaction::service::Fitted;
+use crate::compaction::job::Fitted;
 use crate::compaction::Reason;
 use crate::conversation::Tracked;
 use crate::dialect::{stream_opening, Opening};

@@ -14,7 +14,7 @@ use super::{compaction_error, reply, Exchange, Halt};
 use crate::base::chunks::Chunks;
 use crate::body::{full, ProxyBody};
 use crate::compaction::budget::RequestBudget;
-use crate::compaction::service::CompactError;
+use crate::compaction::job::CompactError;
 use crate::compaction::Reason;
 use crate::config::NativeCompaction;
 use crate::conversation::Tracked;

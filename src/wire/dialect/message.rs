@@ -413,7 +413,7 @@ impl Message {
                 Role::Tool | Role::Function => true,
                 Role::User => {
                     blocks(&value, "tool_result").next().is_some()
-                        || gemini_parts(&value, crate::dialect::gemini::FUNCTION_RESPONSE)
+                        || gemini_parts(&value, crate::dialect::gemini::names::FUNCTION_RESPONSE)
                             .next()
                             .is_some()
                 }
@@ -663,13 +663,13 @@ fn results_lead(value: &Value) -> bool {
 /// The functions of a Gemini content's `kind` parts (`functionCall`,
 /// `functionResponse`), by name: a call may carry no id, and Gemini CLI gives only the
 /// response one, so the name is what pairs them for units.
-fn gemini_parts(value: &Value, kind: crate::dialect::gemini::Name) -> impl Iterator<Item = &str> {
+fn gemini_parts(value: &Value, kind: crate::dialect::gemini::names::Name) -> impl Iterator<Item = &str> {
     value
         .get("parts")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .filter_map(move |part| crate::dialect::gemini::field(part, kind))
+        .filter_map(move |part| crate::dialect::gemini::names::get(part, kind))
         .filter_map(|function| function.get("name").and_then(Value::as_str))
 }
 
@@ -693,7 +693,7 @@ fn calls_in(value: &Value) -> impl Iterator<Item = &str> {
     openai
         .chain(anthropic)
         .chain(item)
-        .chain(gemini_parts(value, crate::dialect::gemini::FUNCTION_CALL))
+        .chain(gemini_parts(value, crate::dialect::gemini::names::FUNCTION_CALL))
 }
 
 /// The tool ids `value` answers, in any dialect's shape.
@@ -713,7 +713,7 @@ fn answers_in(value: &Value) -> impl Iterator<Item = &str> {
         .chain(item)
         .chain(gemini_parts(
             value,
-            crate::dialect::gemini::FUNCTION_RESPONSE,
+            crate::dialect::gemini::names::FUNCTION_RESPONSE,
         ))
 }
 

@@ -14,11 +14,10 @@
 
 mod assemble;
 mod content;
-mod names;
+pub(crate) mod names;
 mod path;
 mod summary;
 
-pub(crate) use names::{get as field, Name, FUNCTION_CALL, FUNCTION_RESPONSE};
 
 use std::sync::Arc;
 
