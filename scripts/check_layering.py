@@ -216,7 +216,7 @@ class Files:
         edges = defaultdict(lambda: defaultdict(set))
         for here, text in self.text.items():
             found = [(p, n) for public, p, n in self.uses[here] if not public]
-            body = re.sub(r"\buse\s+[^;]+;", "", text)
+            body = re.sub(r"\buse\s+[^;]+;|\bpub\s*\(\s*in\s+[^)]*\)", "", text)
             children = {m[-1] for m in self.module if len(m) == len(here) + 1 and m[:-1] == here}
             starts = ["crate", "self", "super"] + sorted(children)
             pattern = r"(?<![\w:])((?:%s)(?:::%s)+)" % ("|".join(starts), IDENT)

@@ -12,18 +12,22 @@ use crate::body::{json, ProxyBody};
 use crate::browser_guard::host_of;
 
 use crate::compaction::budget::RequestBudget;
-use crate::compaction::job::{CompactError, Job};
+use crate::compaction::job::Job;
 use crate::compaction::Reason;
 use crate::conversation::{ConversationId, Tracked};
 use crate::dialect::KeyHeader;
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::store::layout::ResolveError;
 use crate::store::ConversationLog;
 use crate::store::{resolve_in, Store};
 use crate::tenant::TenantId;
 
+mod query;
+mod rescue;
 mod upkeep;
+
+use query::query_param;
+use rescue::resolve_error;
 
 /// The header that carries the upstream credential of a manual compaction (the
 /// request's own `Authorization` is the admin token).
@@ -330,15 +334,7 @@ async fn compact_now(
         .compactor
         .compact(&job)
         .await
-        .map_err(|err| match err {
-            CompactError::TooLarge { .. } => {
-                ApiError::invalid_request("nothing_to_compact", err.to_string())
-            }
-            CompactError::Uncompactable(_) => {
-                ApiError::invalid_request("invalid_tool_pairs", err.to_string())
-            }
-            other => ApiError::internal(other.to_string()),
-        })?;
+        .map_err(rescue::compact_error)?;
     let record = view
         .compaction
         .as_ref()
@@ -390,29 +386,6 @@ async fn read_conversation(
         .await
         .map_err(|err| ApiError::storage(err.to_string()))?;
     Ok((id, log))
-}
-
-fn resolve_error(err: ResolveError) -> ApiError {
-    match err {
-        ResolveError::Unknown { .. } => ApiError::not_found(err.to_string()),
-        ResolveError::Ambiguous { .. } => {
-            ApiError::invalid_request("ambiguous_conversation", err.to_string())
-        }
-        ResolveError::Id(_) => {
-            ApiError::invalid_request("invalid_conversation_id", err.to_string())
-        }
-        ResolveError::Tenant(_) => ApiError::invalid_request("invalid_tenant", err.to_string()),
-        ResolveError::Io(_) | ResolveError::Store(_) => ApiError::storage(err.to_string()),
-    }
-}
-
-/// The value of `name` in a query string (ids and tenants need no decoding).
-fn query_param(query: Option<&str>, name: &str) -> Option<String> {
-    query?
-        .split('&')
-        .filter_map(|pair| pair.split_once('='))
-        .find(|(key, _)| *key == name)
-        .map(|(_, value)| value.to_owned())
 }
 
 /// Largest page of `GET /handoff/conversations`.

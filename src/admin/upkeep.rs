@@ -10,6 +10,7 @@ use std::sync::Arc;
 use http::Method;
 use serde_json::json;
 
+use super::rescue::invalid_tenant;
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{resolve_in, Hold};
@@ -24,7 +25,7 @@ pub(super) async fn handle(
     query: Option<&str>,
     peer: SocketAddr,
 ) -> Option<Result<serde_json::Value, ApiError>> {
-    let param = |name: &str| super::query_param(query, name);
+    let param = |name: &str| super::query::query_param(query, name);
     let by = format!("admin:{}", peer.ip());
     let store = Arc::clone(state.tracker.store());
     let answer = match (method, path) {
@@ -87,7 +88,7 @@ async fn target(
         (Some(id), tenant, None) => resolve_in(store.as_ref(), &id, tenant.as_deref())
             .await
             .map(Target::Conversation)
-            .map_err(super::resolve_error),
+            .map_err(super::rescue::resolve_error),
         (None, Some(tenant), None) => TenantId::parse(&tenant)
             .map(Target::Tenant)
             .map_err(invalid_tenant),
@@ -144,7 +145,7 @@ async fn set_hold(
     let store = state.tracker.store();
     let id = resolve_in(store.as_ref(), id, tenant)
         .await
-        .map_err(super::resolve_error)?;
+        .map_err(super::rescue::resolve_error)?;
     let held = hold.is_some();
     let found = store
         .set_hold(&id, hold)
@@ -154,8 +155,4 @@ async fn set_hold(
         return Err(ApiError::not_found(format!("no conversation {id}")));
     }
     Ok(json!({"conversation": id.as_str(), "tenant": id.tenant().as_str(), "held": held}))
-}
-
-fn invalid_tenant(err: impl std::fmt::Display) -> ApiError {
-    ApiError::invalid_request("invalid_tenant", err.to_string())
 }

@@ -11,7 +11,35 @@ use handoff_plugin_api::{content_text, identifiers, tool_calls};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::Recall;
+/// How many probe matches of the originals the final view keeps.
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct Recall {
+    /// Distinct matches in the originals.
+    pub matches: usize,
+    /// Those still in the final view.
+    pub kept: usize,
+    /// `kept / matches`.
+    pub share: f64,
+    /// The probe's matches the final view lost, in order (the probe's recall only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lost: Vec<String>,
+}
+
+impl Recall {
+    /// `kept` of `matches`; a share of 1 when there is nothing to keep.
+    pub(crate) fn of(matches: usize, kept: usize) -> Self {
+        Self {
+            matches,
+            kept,
+            lost: Vec::new(),
+            share: if matches == 0 {
+                1.0
+            } else {
+                kept as f64 / matches as f64
+            },
+        }
+    }
+}
 
 /// Recall of the compacted facts of each class.
 #[derive(Debug, Clone, Default, Serialize)]

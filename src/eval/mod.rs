@@ -22,7 +22,7 @@ use http::HeaderMap;
 use serde::Serialize;
 use serde_json::Value;
 
-pub(crate) use facts::ClassRecall;
+pub(crate) use facts::{ClassRecall, Recall};
 pub(crate) use report::write_report;
 pub(crate) use source::{Replay, Step};
 
@@ -101,20 +101,6 @@ pub(crate) struct CompactionFigures {
     pub refused: u32,
     /// The handoff's text.
     pub handoff: String,
-}
-
-/// How many probe matches of the originals the final view keeps.
-#[derive(Debug, Clone, Default, Serialize)]
-pub(crate) struct Recall {
-    /// Distinct matches in the originals.
-    pub matches: usize,
-    /// Those still in the final view.
-    pub kept: usize,
-    /// `kept / matches`.
-    pub share: f64,
-    /// The probe's matches the final view lost, in order (the probe's recall only).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub lost: Vec<String>,
 }
 
 /// The result of one conversation.
@@ -622,22 +608,6 @@ pub(crate) fn recall(probe: &regex::Regex, originals: &str, view: &str) -> Recal
     Recall {
         lost,
         ..Recall::of(matches.len(), kept)
-    }
-}
-
-impl Recall {
-    /// `kept` of `matches`; a share of 1 when there is nothing to keep.
-    pub(crate) fn of(matches: usize, kept: usize) -> Self {
-        Self {
-            matches,
-            kept,
-            lost: Vec::new(),
-            share: if matches == 0 {
-                1.0
-            } else {
-                kept as f64 / matches as f64
-            },
-        }
     }
 }
 

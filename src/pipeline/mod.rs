@@ -29,6 +29,8 @@
 //! Each phase returns `Result<_, Halt>`; [`handle`] is the one place where a halt
 //! becomes the client's answer.
 
+mod authorize;
+mod halt;
 mod hooks;
 mod intake;
 mod passthrough;
@@ -43,8 +45,7 @@ use hyper::body::Incoming;
 use crate::access_log::RequestLog;
 use crate::auth::Admission;
 use crate::body::ProxyBody;
-use crate::dialect::{DialectKind, ErrorResponse};
-use crate::error::ApiError;
+use crate::dialect::DialectKind;
 use crate::state::{AppState, Snapshot};
 
 /// Marks a request a WebSocket made from a `response.create`. An extension of the
@@ -55,23 +56,6 @@ pub(crate) struct HeldOnSocket {
     /// chain held with `store: false` is held there. Without one, the request is a
     /// `POST`, and such a chain, on the client's socket only, is sent from the record.
     pub(crate) upstream: Option<Arc<crate::upstream_socket::UpstreamSocket>>,
-}
-
-/// Why a phase ended the request early.
-enum Halt {
-    /// An error, answered in the API's shape.
-    Error(ApiError),
-    /// A complete answer (an upstream error passed on, an untracked forward).
-    Respond(Box<Response<ProxyBody>>),
-    /// The upstream refused the API's own context management the request asked:
-    /// handoff serves it and sends the request again (never leaves the tracked route).
-    ServeAsks,
-}
-
-impl From<ApiError> for Halt {
-    fn from(err: ApiError) -> Self {
-        Halt::Error(err)
-    }
 }
 
 /// Which phases a request takes.
@@ -125,20 +109,7 @@ pub(crate) async fn handle(
         }
     })
     .await;
-    answered(ran, route.dialect())
-}
-
-/// The response of a request its phases ran, or ended early, in `dialect`'s shape.
-fn answered(ran: Result<Response<ProxyBody>, Halt>, dialect: DialectKind) -> Response<ProxyBody> {
-    match ran {
-        Ok(response) => response,
-        Err(Halt::Respond(response)) => *response,
-        Err(Halt::Error(err)) => err.into_response_for(dialect),
-        Err(Halt::ServeAsks) => ApiError::internal(
-            "the upstream refused the API's own compaction, and it was not served",
-        )
-        .into_response_for(dialect),
-    }
+    halt::answered(ran, route.dialect())
 }
 
 /// Runs an admitted tracked request of `dialect` whose body was read already (a
@@ -156,25 +127,9 @@ pub(crate) async fn handle_read(
         tracked::run_read(state, snap, request, log, admission, dialect).await
     })
     .await;
-    answered(ran, dialect)
+    halt::answered(ran, dialect)
 }
 
-/// What a body claims, for **authorize**: the model it names and the upstream objects
-/// it (and its path) name, the latter only read through a shared upstream key.
-#[derive(Debug, Default)]
-struct Claims {
-    model: Option<String>,
-    /// The model the path names, where the API puts it there (Gemini).
-    path_model: Option<String>,
-    /// What a batch's requests run, when the request creates one.
-    batch: Option<crate::named_model::Batch>,
-    objects: Vec<String>,
-    /// Id-like keys the body holds that no API's table knows (through a shared key).
-    unknown_ids: Vec<String>,
-}
-
-/// Phase 3, **authorize**: the model against the proxy key, then (through a shared
-/// upstream key) every object the request names against its tenant.
 /// `inner` through the view-stage hooks of `tenant`'s requests of `model` in `dialect`:
 /// a compaction the admin API runs sends the history to the provider as a request's
 /// summary call would, so the same hooks keep from it what they keep from the view.
@@ -199,33 +154,4 @@ pub(crate) fn view_hooked_summary_client(
         path: dialect.get().path().to_owned(),
     };
     hooks::summary_client(state, snap, &caller, model, dialect, inner)
-}
-
-async fn authorize(
-    state: &AppState,
-    snap: &Snapshot,
-    admission: &Admission,
-    claims: &Claims,
-) -> Result<(), ApiError> {
-    let batch = claims.batch.as_ref();
-    let nested = batch.map_or(&[][..], |batch| batch.models.as_slice());
-    for model in claims.model.iter().chain(&claims.path_model).chain(nested) {
-        admission.check_model(model)?;
-    }
-    if batch.is_some_and(|batch| batch.from_file) {
-        admission.check_unread_models("a batch over an uploaded file")?;
-    }
-    if snap.credentials.shares_upstream_key() {
-        if let Some(key) = claims.unknown_ids.first() {
-            if !snap.config.upstream.pass_unknown_ids {
-                return Err(ApiError::forbidden(format!(
-                    "{key:?} names an object whose owner handoff cannot know: through a shared upstream key, a field that names an object must be one handoff records owners for (upstream.pass_unknown_ids lets such fields through)"
-                )));
-            }
-        }
-        state
-            .check_owned(&admission.tenant, &claims.objects)
-            .await?;
-    }
-    Ok(())
 }

@@ -11,8 +11,10 @@ use http::{header, request, Method, Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
+use super::authorize::{authorize, Claims};
+use super::halt::Halt;
+use super::hooks;
 use super::intake::{self, Received};
-use super::{authorize, hooks, Claims, Halt};
 use crate::access_log::RequestLog;
 use crate::auth::Admission;
 use crate::body::{full, ProxyBody};

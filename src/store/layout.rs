@@ -254,3 +254,27 @@ pub fn resolve(
         }),
     }
 }
+
+/// The conversation `name` of `tenant`, or of whichever one tenant has it, in `store`.
+pub async fn resolve_in(
+    store: &dyn crate::Store,
+    name: &str,
+    tenant: Option<&str>,
+) -> Result<ConversationId, ResolveError> {
+    let tenant = tenant.map(TenantId::parse).transpose()?;
+    // Checked before any lookup: a bad id is the caller's error, not an unknown one.
+    ConversationId::parse(tenant.clone().unwrap_or_else(TenantId::legacy), name)?;
+    let mut found = store.find(name, tenant.clone()).await?;
+    match found.len() {
+        0 => Err(ResolveError::Unknown {
+            id: name.to_owned(),
+            tenant: tenant.map(|t| t.to_string()),
+            place: store.describe(),
+        }),
+        1 => Ok(found.remove(0)),
+        _ => Err(ResolveError::Ambiguous {
+            id: name.to_owned(),
+            tenants: found.iter().map(|id| id.tenant().to_string()).collect(),
+        }),
+    }
+}

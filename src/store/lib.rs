@@ -41,7 +41,7 @@ pub use conversation_log::{ConversationLog, LineProblem};
 pub use copy::{copy_data_dir, CopyError, CopyReport, Unverified, Verifier};
 pub use disk::DiskStore;
 pub use disk_read::{read_conversation, read_conversation_index, read_log_file};
-pub use layout::{COMPACTIONS_FILE, MESSAGES_FILE};
+pub use layout::{resolve_in, COMPACTIONS_FILE, MESSAGES_FILE};
 pub use listing::Listing;
 pub use lock::{DataDirLock, LockError, LOCK_FILE};
 pub use memory::MemoryStore;
@@ -413,30 +413,6 @@ pub trait Store: Send + Sync {
     ) -> BoxFuture<'_, Result<Option<Vec<Listing>>, StoreError>> {
         let _ = (tenant, after, limit);
         Box::pin(async { Ok(None) })
-    }
-}
-
-/// The conversation `name` of `tenant`, or of whichever one tenant has it, in `store`.
-pub async fn resolve_in(
-    store: &dyn Store,
-    name: &str,
-    tenant: Option<&str>,
-) -> Result<ConversationId, layout::ResolveError> {
-    let tenant = tenant.map(TenantId::parse).transpose()?;
-    // Checked before any lookup: a bad id is the caller's error, not an unknown one.
-    ConversationId::parse(tenant.clone().unwrap_or_else(TenantId::legacy), name)?;
-    let mut found = store.find(name, tenant.clone()).await?;
-    match found.len() {
-        0 => Err(layout::ResolveError::Unknown {
-            id: name.to_owned(),
-            tenant: tenant.map(|t| t.to_string()),
-            place: store.describe(),
-        }),
-        1 => Ok(found.remove(0)),
-        _ => Err(layout::ResolveError::Ambiguous {
-            id: name.to_owned(),
-            tenants: found.iter().map(|id| id.tenant().to_string()).collect(),
-        }),
     }
 }
 

@@ -12,7 +12,7 @@ mod state;
 mod tracked;
 
 use state::keeps_text;
-pub use state::{ConversationEntry, ConversationState};
+pub use state::{Across, ConversationEntry, ConversationState};
 pub use tracked::{counts_upstream_edits, CapturedReplies, Tracked};
 
 use std::collections::HashMap;
@@ -696,20 +696,6 @@ impl Tracker {
             }
         }
     }
-}
-
-/// Where a request continues after a provider compaction ([`Tracker::across_compaction`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Across {
-    /// The conversation whose reply minted the artefact.
-    pub id: ConversationId,
-    /// The logged artefact's parent: the request's items from the artefact on follow it.
-    pub base: Option<PrefixDigest>,
-    /// The artefact's index in the request's messages: what the client re-sent before
-    /// it (its instructions, the user turns a compaction keeps), and a standalone item
-    /// itself, are logged as its pinned set, the provider's to keep, never handoff's
-    /// to compact.
-    pub at: usize,
 }
 
 /// The response index's key for a provider compaction artefact with echo digest

@@ -18,6 +18,20 @@ use crate::dialect::echo::{echo_digest, reference_digest, turn_forms};
 use crate::dialect::{DialectKind, Message};
 use crate::store::ConversationLog;
 
+/// Where a request continues after a provider compaction ([`super::Tracker::across_compaction`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Across {
+    /// The conversation whose reply minted the artefact.
+    pub id: crate::base::id::ConversationId,
+    /// The logged artefact's parent: the request's items from the artefact on follow it.
+    pub base: Option<PrefixDigest>,
+    /// The artefact's index in the request's messages: what the client re-sent before
+    /// it (its instructions, the user turns a compaction keeps), and a standalone item
+    /// itself, are logged as its pinned set, the provider's to keep, never handoff's
+    /// to compact.
+    pub at: usize,
+}
+
 /// What the tracker remembers of one conversation.
 #[derive(Debug, Default)]
 pub struct ConversationState {
@@ -316,7 +330,7 @@ impl ConversationState {
     pub(super) fn after_artefact(
         &self,
         messages: &[Message],
-        across: &super::Across,
+        across: &Across,
     ) -> (usize, Option<PrefixDigest>) {
         let Some(artefact) = messages.get(across.at) else {
             return (across.at, across.base);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use http::Response;
 use serde_json::Value;
 
-use super::{Exchange, Halt};
+use super::{Exchange, Halt, Serving};
 use crate::base::chunks::Chunks;
 use crate::body::ProxyBody;
 use crate::dialect::{DialectKind, Expanded};
@@ -19,14 +19,6 @@ use crate::native::asks::Asks;
 use crate::native::prepend::Served;
 use crate::native::{reply as native_reply, strip, SERVED};
 use crate::projection::{project_view, ModelView};
-
-/// What handoff serves of one request's asks.
-pub(super) struct Serving {
-    /// The asks, read.
-    asks: Asks,
-    /// What the reply gets put in.
-    pub(super) reply: Served,
-}
 
 impl Exchange<'_> {
     /// True when the request asks the API's context management on create: the

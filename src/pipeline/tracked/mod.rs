@@ -20,7 +20,8 @@ use http::header::{self, HeaderValue};
 use http::{request, Request, Response};
 use hyper::body::Incoming;
 
-use super::{authorize, Claims, Halt};
+use super::authorize::{authorize, Claims};
+use super::halt::Halt;
 use super::{hooks, intake};
 use crate::access_log::RequestLog;
 use crate::auth::Admission;
@@ -169,9 +170,17 @@ struct Exchange<'s> {
     /// The markers `reversible` hooks put in, turned back in the client's reply.
     reverse: Option<Arc<hooks::Reverse>>,
     /// The asks on create handoff serves, once it serves them.
-    serving: Option<Box<asked::Serving>>,
+    serving: Option<Box<Serving>>,
     /// What held the history of a server-held request sent from the record instead.
     from_record: Option<&'static str>,
+}
+
+/// What handoff serves of one request's asks.
+struct Serving {
+    /// The asks, read.
+    asks: crate::native::asks::Asks,
+    /// What the reply gets put in.
+    reply: crate::native::prepend::Served,
 }
 
 impl<'s> Exchange<'s> {

@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 
+use super::rows::db;
 use super::rows::log_of;
-use super::{db, schema, PgStore};
+use super::{schema, PgStore};
 use crate::base::id::ConversationId;
 use crate::redact::shown_url;
 use crate::{ConversationLog, StoreError};

@@ -2,7 +2,8 @@
 //! transaction each, and the tenant secret carried over.
 
 use super::rows::columns;
-use super::{db, PgStore};
+use super::rows::db;
+use super::PgStore;
 use crate::base::id::ConversationId;
 use crate::base::line::{Entry, Written};
 use crate::base::record::CompactionRecord;

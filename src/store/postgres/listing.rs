@@ -2,7 +2,8 @@
 //! in primary-key order, so a listing never reads a log.
 
 use super::rows::conversation_of;
-use super::{db, PgStore};
+use super::rows::db;
+use super::PgStore;
 use crate::base::id::ConversationId;
 use crate::base::tenant::TenantId;
 use crate::{Listing, StoreError};

@@ -19,7 +19,7 @@ mod upkeep;
 
 pub(crate) use import::Imported;
 
-use rows::{columns, conversation_of, counted, reserve};
+use rows::{columns, conversation_of, counted, db, reserve};
 
 use std::time::Duration;
 
@@ -110,10 +110,6 @@ const APPEND_REPLY: &str = append_with!(
         RETURNING last_seq
 "
 );
-
-fn db(err: impl std::fmt::Display) -> StoreError {
-    StoreError::Database(err.to_string())
-}
 
 impl PgStore {
     /// `UPDATE handoff_leases SET {set}` on `lease`'s own row while it is live (`$1`-`$4`

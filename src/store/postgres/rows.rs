@@ -3,13 +3,17 @@
 
 use tokio_postgres::Row;
 
-use super::db;
 use crate::base::digest::PrefixDigest;
 use crate::base::id::ConversationId;
 use crate::base::line::{Entry, Line, Written, NEWEST_VERSION, RUN_KIND};
 use crate::base::record::CompactionRecord;
 use crate::base::tenant::TenantId;
 use crate::{ConversationLog, LineProblem, StoreError};
+
+/// A database failure, as the store reports it.
+pub(super) fn db(err: impl std::fmt::Display) -> StoreError {
+    StoreError::Database(err.to_string())
+}
 
 /// Rows into a log; a line this build cannot read is a problem, as on disk.
 pub(super) fn log_of(lines: &[Row], records: &[Row], after: u64) -> ConversationLog {

@@ -7,7 +7,8 @@
 
 use std::time::SystemTime;
 
-use super::{db, PgStore};
+use super::rows::db;
+use super::PgStore;
 use crate::base::id::ConversationId;
 use crate::base::tenant::TenantId;
 use crate::upkeep::{Activity, Hold, Removed, TenantStats, Tombstone, Unless};

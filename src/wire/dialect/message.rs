@@ -663,7 +663,10 @@ fn results_lead(value: &Value) -> bool {
 /// The functions of a Gemini content's `kind` parts (`functionCall`,
 /// `functionResponse`), by name: a call may carry no id, and Gemini CLI gives only the
 /// response one, so the name is what pairs them for units.
-fn gemini_parts(value: &Value, kind: crate::dialect::gemini::names::Name) -> impl Iterator<Item = &str> {
+fn gemini_parts(
+    value: &Value,
+    kind: crate::dialect::gemini::names::Name,
+) -> impl Iterator<Item = &str> {
     value
         .get("parts")
         .and_then(Value::as_array)
@@ -690,10 +693,10 @@ fn calls_in(value: &Value) -> impl Iterator<Item = &str> {
     let item = matches!(item_type(value), Some("function_call" | "custom_tool_call"))
         .then(|| value.get("call_id").and_then(Value::as_str))
         .flatten();
-    openai
-        .chain(anthropic)
-        .chain(item)
-        .chain(gemini_parts(value, crate::dialect::gemini::names::FUNCTION_CALL))
+    openai.chain(anthropic).chain(item).chain(gemini_parts(
+        value,
+        crate::dialect::gemini::names::FUNCTION_CALL,
+    ))
 }
 
 /// The tool ids `value` answers, in any dialect's shape.

@@ -18,7 +18,6 @@ pub(crate) mod names;
 mod path;
 mod summary;
 
-
 use std::sync::Arc;
 
 use handoff_plugin_api::ModelClient;
