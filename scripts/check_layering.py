@@ -295,7 +295,7 @@ def check_crates(members, crates):
     problems = []
     for name, (folder, uses) in sorted(members.items()):
         if name not in crates:
-            if folder.startswith("src") or folder.startswith("plugins"):
+            if folder.startswith(("src", "crates", "plugins")):
                 problems.append(f"the crate table does not name `{name}` ({folder})")
             continue
         want_folder, want_uses = crates[name]

@@ -1,33 +1,32 @@
 #!/usr/bin/env python3
-"""Per crate of the workspace's `src/`: its lines of Rust, and its items by visibility
+"""Per crate of `src/` (handoff) and `crates/` (its layers): its lines of Rust, and its items by visibility
 (`pub` items, that is the crate's API, and `pub(crate)`/`pub(super)` ones), counting
 `fn`, `struct`, `enum`, `trait`, `type`, `const`, `static`, `mod` and `use`
 declarations outside unit-test modules: how much of each crate is its API.
 
-usage: scripts/crate_stats.py [SRC]   (default: this checkout's src/)
+usage: scripts/crate_stats.py [REPO]   (default: this checkout)
 """
 
 import os
 import re
 import sys
 
-SRC = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "src"))
+ROOT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))
 ITEM = r"(?:async\s+)?(?:unsafe\s+)?(?:fn|struct|enum|trait|type|const|static|mod|use)\b"
 PUB = re.compile(r"^\s*pub\s+" + ITEM, re.M)
 NARROW = re.compile(r"^\s*pub\((?:crate|super|in [^)]*)\)\s+" + ITEM, re.M)
 
 
 def crate_of(path):
-    """The folder under SRC holding the crate's Cargo.toml, or '' for handoff itself."""
-    rel = os.path.relpath(path, SRC).split(os.sep)
-    if len(rel) > 1 and os.path.exists(os.path.join(SRC, rel[0], "Cargo.toml")):
-        return rel[0]
-    return ""
+    """`crates/<name>` for a layer crate's file, or '' for handoff itself."""
+    rel = os.path.relpath(path, ROOT).split(os.sep)
+    return os.path.join(*rel[:2]) if rel[0] == "crates" else ""
 
 
 def main():
     stats = {}
-    for directory, _, files in os.walk(SRC):
+    walked = [w for top in ("src", "crates") for w in os.walk(os.path.join(ROOT, top))]
+    for directory, _, files in walked:
         for name in files:
             if not name.endswith(".rs"):
                 continue
@@ -46,7 +45,7 @@ def main():
     print(f"{'crate':<16} {'lines':>7} {'pub':>6} {'pub(crate)':>11}")
     for crate in sorted(stats, key=lambda c: (c == "", c)):
         lines, pub, narrow = stats[crate]
-        print(f"{('src/' + crate) if crate else 'src (handoff)':<16} {lines:>7} {pub:>6} {narrow:>11}")
+        print(f"{crate or 'src (handoff)':<16} {lines:>7} {pub:>6} {narrow:>11}")
     total = [sum(s[i] for s in stats.values()) for i in range(3)]
     print(f"{'total':<16} {total[0]:>7} {total[1]:>6} {total[2]:>11}")
 

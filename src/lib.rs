@@ -41,22 +41,22 @@
 /// Digests live in [`base`]; this path is kept for users of the library.
 pub use base::digest;
 
-/// The vocabulary every layer shares, its own crate (`src/base`): it can import
+/// The vocabulary every layer shares, its own crate (`crates/base`): it can import
 /// nothing of handoff's.
 pub use handoff_base as base;
-/// Primitives and settings, their own crate (`src/core`): bodies, headers, errors,
+/// Primitives and settings, their own crate (`crates/core`): bodies, headers, errors,
 /// counters, secret scrubbing, the config, logging.
 pub use handoff_core::{
     body, cache_scope, config, error, finish, headers, metrics, peers, redact, rewrite, telemetry,
     worker,
 };
-/// The engine, its own crate (`src/engine`): conversations, pins, the model view,
+/// The engine, its own crate (`crates/engine`): conversations, pins, the model view,
 /// compaction and its strategies, audit.
 pub use handoff_engine::{audit, compaction, conversation, pins, projection, strategies};
-/// The store, its own crate (`src/store`): the message log on disk or in PostgreSQL;
+/// The store, its own crate (`crates/store`): the message log on disk or in PostgreSQL;
 /// tenants; which compaction records count.
 pub use handoff_store::{self as store, adoption, tenant};
-/// The wire formats, their own crate (`src/wire`): dialects, token counting, the HTTP
+/// The wire formats, their own crate (`crates/wire`): dialects, token counting, the HTTP
 /// client to the provider.
 pub use handoff_wire::{dialect, tokens, upstream};
 

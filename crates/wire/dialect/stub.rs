@@ -2,7 +2,7 @@
 //! never shipped: it shows what a new dialect must implement, and its tests
 //! (`src/testing/stub_dialect.rs`) drive it through the core (parsing, counting, the
 //! model view, a compaction, errors, replies) to show that nothing outside
-//! `src/wire/dialect/` had to learn it.
+//! `crates/wire/dialect/` had to learn it.
 //!
 //! The "Tally API": `POST …/v1/tally/generate` with `{"model", "turns": [{"role",
 //! "content"}], "stream"}`; a reply is `{"turn": {…}, "stop": "end", "tally": {"in",

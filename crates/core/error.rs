@@ -337,7 +337,7 @@ mod tests {
                 // Unit tests make up codes of their own.
                 let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
                 let is_error_rs = path.ends_with("error.rs")
-                    && path.parent().is_some_and(|p| p.ends_with("src/core"));
+                    && path.parent().is_some_and(|p| p.ends_with("crates/core"));
                 for (index, pattern) in patterns.iter().enumerate() {
                     if index == 1 && !is_error_rs {
                         continue;
