@@ -257,8 +257,7 @@ pub fn main() -> ExitCode {
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     if let Ok(binary) = std::env::current_exe() {
-        crate::strategies::guard_exec_plugins_with(binary.clone());
-        crate::config::guard_exec_hooks_with(binary);
+        crate::plugins::guard_exec_with(binary);
     }
     let cli = Cli::parse();
     match cli.command {
@@ -570,7 +569,7 @@ fn audit(command: AuditCommand) -> ExitCode {
 }
 
 fn load(args: &ConfigArgs) -> Result<config::Config, ExitCode> {
-    config::load(&args.overrides()).map_err(|err| {
+    crate::settings::load(&args.overrides()).map_err(|err| {
         eprintln!("handoff: {err}");
         ExitCode::from(2)
     })

@@ -53,6 +53,10 @@ pub use handoff_core::{
 /// The engine, its own crate (`crates/engine`): conversations, pins, the model view,
 /// compaction and its strategies, audit.
 pub use handoff_engine::{audit, compaction, conversation, pins, projection, strategies};
+/// The plugin registry, its own crate (`crates/registry`): the strategy and hook kinds
+/// this build has, and where a binary registers its own
+/// ([`plugins::register_strategy`], [`plugins::register_hook`]).
+pub use handoff_registry as plugins;
 /// The store, its own crate (`crates/store`): the message log on disk or in PostgreSQL;
 /// tenants; which compaction records count.
 pub use handoff_store::{self as store, adoption, tenant};
@@ -80,6 +84,7 @@ mod relay;
 mod reload;
 mod router;
 mod server;
+mod settings;
 mod socket;
 mod state;
 #[cfg(test)]

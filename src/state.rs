@@ -75,7 +75,7 @@ pub(crate) struct Snapshot {
     /// `compaction.pin`, compiled.
     pub pins: crate::pins::Pins,
     /// `[middleware]`'s hooks and the chains of routes and keys, built.
-    pub hooks: config::HookChains,
+    pub hooks: crate::plugins::HookChains,
     /// When it was loaded, RFC 3339.
     pub loaded_at: String,
 }
@@ -149,7 +149,7 @@ impl Snapshot {
                 reason: err.to_string(),
             }
         })?;
-        let hooks = config::HookChains::build(&config)?;
+        let hooks = crate::plugins::HookChains::build(&config)?;
         Ok(Self {
             config: Arc::new(config),
             upstream,
@@ -414,7 +414,7 @@ impl AppState {
     /// processes, for nothing.
     pub(crate) fn reload(&self, only_if_changed: bool) -> Result<(), String> {
         let attempt = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
-        let loaded = config::load(&self.overrides).map_err(StateError::from);
+        let loaded = crate::settings::load(&self.overrides).map_err(StateError::from);
         if let (true, Ok(config)) = (only_if_changed, &loaded) {
             // After a refused file, the same config again is news: its error clears.
             let failed = self

@@ -314,18 +314,18 @@ mod tests {
     /// The codes handoff can answer with, read from the code that makes them: the
     /// constructors here, `invalid_request("…")` calls, and the dialect parse errors.
     fn emitted_codes() -> std::collections::BTreeSet<String> {
-        // Every crate of the proxy lives under the workspace's `src`, this one too.
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        // The proxy is `src/` and the layer crates under `crates/`, this one too.
+        let crates = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .parent()
-            .unwrap()
-            .to_path_buf();
+            .unwrap();
+        let root = crates.parent().unwrap();
         let patterns = [
             regex::Regex::new(r#"invalid_request\(\s*"([a-z_]+)""#).unwrap(),
             regex::Regex::new(r#"Some\("([a-z_]+)"\)"#).unwrap(),
             regex::Regex::new(r#"DialectError::\w+[^=]*=> "([a-z_]+)""#).unwrap(),
         ];
         let mut codes = std::collections::BTreeSet::new();
-        let mut stack = vec![src];
+        let mut stack = vec![crates.to_path_buf(), root.join("src")];
         while let Some(dir) = stack.pop() {
             for entry in std::fs::read_dir(&dir).unwrap().flatten() {
                 let path = entry.path();

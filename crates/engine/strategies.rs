@@ -1,49 +1,23 @@
 //! The strategy registry: every named strategy of the config, built once per config
-//! snapshot, and the choice of chain for a request (header override, route, model,
-//! global).
+//! snapshot by the plugin registry (`handoff-registry`), and the choice of chain for a
+//! request (header override, route, model, global).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use handoff_plugin_api::Strategy;
-use handoff_strategy_exec::Exec;
-
-/// The binary exec plugins start under ([`handoff_strategy_exec::guard_main`]).
-static EXEC_GUARD: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-
-/// Starts exec plugins under `binary`, handoff's own, which runs the guard when asked:
-/// a plugin then dies with the process. Only the real binary can: a test harness that
-/// embeds the library would run its tests instead.
-pub fn guard_exec_plugins_with(binary: std::path::PathBuf) {
-    let _ = EXEC_GUARD.set(binary);
-}
-use handoff_strategy_extract::Extract;
-use handoff_strategy_summarize::{Summarize, DEFAULT_PROMPT};
+use handoff_registry::{build_strategy, BuildError};
 
 use crate::compaction::chain::{Chain, NamedStrategy, SummaryModel};
 use crate::config::{Config, StrategyConfig};
 
 /// Why the registry could not be built.
 #[derive(Debug, thiserror::Error)]
-pub enum ChainError {
-    /// A strategy kind this build does not have.
-    #[error("compaction.strategies.{name}: unknown kind {kind:?}")]
-    UnknownKind {
-        /// The strategy's name.
-        name: String,
-        /// Its kind.
-        kind: String,
-    },
-    /// A prompt template could not be read.
-    #[error("{key} {path}: {source}")]
-    Prompt {
-        /// The config key.
-        key: String,
-        /// The file.
-        path: String,
-        /// The OS error.
-        source: std::io::Error,
-    },
+#[error("{key}: {source}")]
+pub struct ChainError {
+    /// The config key of the strategy.
+    pub key: String,
+    /// What the plugin registry could not build.
+    pub source: BuildError,
 }
 
 /// Every strategy of a config, by name, and every chain the config names, built once.
@@ -57,17 +31,6 @@ pub struct Registry {
     chains: HashMap<Box<[String]>, Chain>,
     /// The chain a client's override of each strategy selects.
     overrides: HashMap<String, Chain>,
-}
-
-fn read_prompt(key: &str, path: Option<&std::path::PathBuf>) -> Result<String, ChainError> {
-    match path {
-        None => Ok(DEFAULT_PROMPT.to_owned()),
-        Some(path) => std::fs::read_to_string(path).map_err(|source| ChainError::Prompt {
-            key: key.to_owned(),
-            path: path.display().to_string(),
-            source,
-        }),
-    }
 }
 
 impl Registry {
@@ -103,34 +66,10 @@ impl Registry {
         .filter(|(name, _)| !compaction.strategies.contains_key(*name))
         .map(|(n, c)| (n, c, "compaction".to_owned()));
         for (name, settings, key) in builtins.chain(declared) {
-            let strategy: Arc<dyn Strategy> = match settings.kind.as_str() {
-                "summarize" => {
-                    let prompt =
-                        read_prompt(&format!("{key}.prompt_file"), settings.prompt_file.as_ref())?;
-                    Arc::new(Summarize::new(prompt, settings.request_extra.clone()))
-                }
-                "extract" => Arc::new(Extract),
-                "exec" => {
-                    let exec = Exec::new(
-                        settings.command.clone(),
-                        settings.env.clone(),
-                        settings.max_output_bytes,
-                    );
-                    Arc::new(match EXEC_GUARD.get() {
-                        Some(guard) => exec.guarded_by(guard.clone()),
-                        None => exec,
-                    })
-                }
-                other => match crate::config::kinds::factory(other) {
-                    Some(factory) => factory(settings),
-                    None => {
-                        return Err(ChainError::UnknownKind {
-                            name: name.to_owned(),
-                            kind: other.to_owned(),
-                        })
-                    }
-                },
-            };
+            let strategy = build_strategy(settings).map_err(|source| ChainError {
+                key: key.clone(),
+                source,
+            })?;
             let summary_model = settings.model.clone().map(|name| {
                 let entry = config.model(&name);
                 SummaryModel {

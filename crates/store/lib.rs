@@ -46,7 +46,7 @@ pub use listing::Listing;
 pub use lock::{DataDirLock, LockError, LOCK_FILE};
 pub use memory::MemoryStore;
 pub use open::{open, OpenError, Opened};
-pub use postgres::PgStore;
+pub use postgres::{check_url, PgStore};
 pub use upkeep::{Activity, Hold, Removed, TenantStats, Tombstone, Unless};
 pub use writer::Writer;
 

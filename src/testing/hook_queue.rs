@@ -15,7 +15,8 @@ use handoff_plugin_api::{Hook, HookDecision, HookError, HookRequest};
 use mock_upstream::{MockUpstream, Reply};
 use serde_json::json;
 
-use crate::config::{register_hook, HookConfig};
+use crate::config::HookConfig;
+use crate::plugins::register_hook;
 use crate::testing::{sha256_hex, Harness};
 
 /// Takes 100 ms a call, one call at a time.

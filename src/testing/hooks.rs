@@ -14,7 +14,8 @@ use handoff_plugin_api::{Hook, HookDecision, HookError, HookRequest, Redaction};
 use mock_upstream::{MockUpstream, Reply};
 use serde_json::json;
 
-use crate::config::{register_hook, HookConfig};
+use crate::config::HookConfig;
+use crate::plugins::register_hook;
 use crate::testing::{sha256_hex, Harness};
 
 /// How a test hook behaves.

@@ -4,7 +4,6 @@
 //! Loading and layering live in `load.rs`; masking for display lives in `mask.rs`.
 
 mod hook_turns;
-pub mod kinds;
 pub use prepare_at::PrepareAt;
 mod load;
 mod mask;
@@ -23,10 +22,7 @@ use serde::{Deserialize, Serialize};
 pub use hook_turns::{HookTurns, NoTurn, Turn};
 pub use load::{check_serve, config_file, from_toml, load, strategy_kind, ConfigError, Overrides};
 pub use mask::masked;
-pub use middleware::{
-    guard_exec_hooks_with, register_hook, BuiltHook, Failure, HookChains, HookConfig, HookFactory,
-    MiddlewareConfig,
-};
+pub use middleware::{Failure, HookConfig, MiddlewareConfig};
 pub use prices::{price_of, Billed, Price};
 pub use workers::{cores, Workers};
 

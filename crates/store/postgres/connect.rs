@@ -11,6 +11,22 @@ use crate::base::id::ConversationId;
 use crate::redact::shown_url;
 use crate::{ConversationLog, StoreError};
 
+/// Checks that a postgres store's `store.url` parses, for the config's load; the
+/// parser's message may quote the URL, password included, so it is never shown.
+pub fn check_url(store: &crate::config::StoreConfig) -> Result<(), crate::config::ConfigError> {
+    let url = store.url.as_deref().unwrap_or_default();
+    if store.backend != crate::config::StoreBackend::Postgres
+        || url.parse::<tokio_postgres::Config>().is_ok()
+    {
+        return Ok(());
+    }
+    Err(crate::config::ConfigError::Invalid {
+        key: "store.url".into(),
+        reason: "not a PostgreSQL connection URL (postgres://user:password@host:port/database)"
+            .into(),
+    })
+}
+
 impl PgStore {
     /// Connects to `url` with at most `pool_size` connections and brings the schema up
     /// to date; fails when the database cannot be reached now.

@@ -17,6 +17,7 @@ mod rows;
 mod schema;
 mod upkeep;
 
+pub use connect::check_url;
 pub(crate) use import::Imported;
 
 use rows::{columns, conversation_of, counted, db, reserve};

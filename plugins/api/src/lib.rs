@@ -13,6 +13,7 @@
 mod attempt;
 mod facts;
 mod hook;
+mod rule;
 mod shorten;
 pub mod testing;
 mod usage;
@@ -28,6 +29,7 @@ pub use facts::identifiers;
 pub use hook::{
     each_string, Denial, Hook, HookDecision, HookError, HookReply, HookRequest, Redaction, Stage,
 };
+pub use rule::RuleSettings;
 pub use shorten::{cap_head_tail, shorten_tool_body, TOOL_BODY_HEAD, TOOL_BODY_TAIL};
 pub use tokio_util::sync::CancellationToken;
 pub use usage::sum_usage;

@@ -23,10 +23,11 @@ pub(super) use summary::summary_client;
 
 use crate::base::chunks::Chunks;
 use crate::base::line::{HookNotes, RedactionNote};
-use crate::config::{BuiltHook, Failure, NoTurn, Turn};
+use crate::config::{Failure, NoTurn, Turn};
 use crate::dialect::ChatRequest;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::plugins::BuiltHook;
 use crate::state::{AppState, Snapshot};
 use crate::tenant::TenantId;
 

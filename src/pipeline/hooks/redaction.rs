@@ -8,8 +8,9 @@ use handoff_plugin_api::Redaction;
 
 use crate::base::chunks::Chunks;
 use crate::base::line::RedactionNote;
-use crate::config::{BuiltHook, Failure};
+use crate::config::Failure;
 use crate::error::ApiError;
+use crate::plugins::BuiltHook;
 
 /// A body with redactions applied, and what each took out.
 pub(super) struct Applied {

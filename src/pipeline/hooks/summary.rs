@@ -11,8 +11,8 @@ use serde_json::Value;
 
 use super::redaction::{apply_to_value, unapplied};
 use super::{outside, run, Caller};
-use crate::config::BuiltHook;
 use crate::metrics::Metrics;
+use crate::plugins::BuiltHook;
 use crate::state::{AppState, Snapshot};
 use crate::tenant::ServerSecret;
 

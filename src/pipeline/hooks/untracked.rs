@@ -15,9 +15,10 @@ use handoff_plugin_api::{HookRequest, Stage};
 use super::redaction::{apply, unapplied};
 use super::{count, count_tags, outside, run, Caller};
 use crate::base::chunks::Chunks;
-use crate::config::{BuiltHook, Failure};
+use crate::config::Failure;
 use crate::dialect::DialectKind;
 use crate::error::ApiError;
+use crate::plugins::BuiltHook;
 use crate::state::{AppState, Snapshot};
 
 /// What the body of an untracked request runs, as the hooks need to know it.

@@ -83,7 +83,7 @@ impl Strategy for FirstAndLast {
 
 /// Registers the `first_and_last` kind with handoff.
 pub fn register() {
-    handoff::config::kinds::register("first_and_last", |_settings| {
+    handoff::plugins::register_strategy("first_and_last", |_settings| {
         std::sync::Arc::new(FirstAndLast)
     });
 }
