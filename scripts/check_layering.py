@@ -7,8 +7,9 @@ docs/architecture.md's `## Layers` section, and fails, naming the files, on
   workspace crate the table does not name (so the picture cannot drift from the code);
 - a crate's top-level module the layer table does not place, or places in another
   crate, or a table entry with no module;
-- an import cycle between a crate's top-level modules, or between any two of its files
-  (a name taken through a re-export counts as taken from the file that defines it);
+- an import cycle between a crate's top-level modules, or between any of its files (a
+  name taken through a re-export counts as taken from the file that defines it; a
+  module's own file naming its submodules is containment, not an import);
 - an import of a module of a higher layer than the importer's, inside one crate;
 - a request pipeline (the numbered phases of `## One request`, each marked tracked or
   not) that is not the one `src/pipeline/mod.rs` lists, or a phase with no function or
@@ -228,7 +229,10 @@ class Files:
                 if target is None:
                     continue
                 module = self.resolve(target)
-                if module != here and module in self.module:
+                # A module's file holds its submodules: naming them is containment, not
+                # an import (what they take from it is their folder's front door).
+                inside = module[: len(here)] == here
+                if not inside and module in self.module:
                     edges[self.module[here]][self.module[module]].add(name)
         return edges
 
@@ -407,7 +411,32 @@ def check_pipeline():
     return problems, len(listed)
 
 
+def self_test():
+    """The file check on a crate made to hold a cycle (a.rs and b.rs take from each
+    other) and containment (lib.rs names both): it must find the one and not the other.
+    Run first, so a check that went blind fails CI too."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as src:
+        files = {
+            "lib.rs": "mod a;\nmod b;\npub use a::A;\npub(crate) fn root() {}\n",
+            "a.rs": "use crate::b::B;\npub struct A(B);\n",
+            "b.rs": "pub struct B;\npub fn f() -> crate::A { super::root(); todo!() }\n",
+        }
+        for name, text in files.items():
+            open(os.path.join(src, name), "w").write(text)
+        found = cycles(Files(src, set()).edges())
+        names = [sorted(os.path.basename(f) for f in c) for c in found]
+        if names != [["a.rs", "b.rs"]]:
+            return [f"the file check is broken: on a.rs <-> b.rs it found {names}"]
+    return []
+
+
 def main():
+    problems = self_test()
+    if problems:
+        print("layering: broken\n  " + problems[0], file=sys.stderr)
+        return 1
     members = workspace()
     rows, crates = tables()
     problems = check_crates(members, crates)
