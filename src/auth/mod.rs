@@ -205,9 +205,9 @@ impl Credentials {
 
     /// Replaces the client's credentials by `upstream`'s own key when it has one, and
     /// drops them when they were a proxy key or handoff holds keys: neither may reach
-    /// an upstream. The key goes where `dialect` expects it ([`Dialect::key_header`]).
+    /// an upstream. The key goes where `dialect` expects it ([`crate::dialect::Credentials::key_header`]).
     ///
-    /// [`Dialect::key_header`]: crate::dialect::Dialect::key_header
+    /// [`crate::dialect::Credentials::key_header`]: crate::dialect::Credentials::key_header
     pub(crate) fn rewrite(
         &self,
         headers: &mut HeaderMap,

@@ -265,10 +265,10 @@ struct Replayer {
 
 /// The summary client for `dialect`'s requests to `model`: its own path (for the model,
 /// where the path names it), the key from the variable its SDKs read
-/// ([`Dialect::key_env`]) where it takes one, and the headers it requires, speaking its
+/// ([`crate::dialect::Credentials::key_env`]) where it takes one, and the headers it requires, speaking its
 /// wire format under the chat-shaped interface strategies use.
 ///
-/// [`Dialect::key_env`]: crate::dialect::Dialect::key_env
+/// [`crate::dialect::Credentials::key_env`]: crate::dialect::Credentials::key_env
 /// How a replayed request's summary calls continue its conversation, as the live
 /// proxy's would: its logged body, posted to its own path with the replay's key.
 fn continuer(

@@ -120,11 +120,11 @@ pub struct Preparation {
     /// `prepared` for a preparation; `threshold` for the compaction of a request that
     /// crossed the trigger, detached so that it outlives `compaction.max_wait`.
     pub reason: Reason,
-    /// Tokens the recent part is kept smaller by ([`Job::keep_less`]).
+    /// Tokens the recent part is kept smaller by ([`super::job::Job::keep_less`]).
     pub keep_less: u64,
-    /// How its summary call continues the conversation ([`Job::continuer`]).
+    /// How its summary call continues the conversation ([`super::job::Job::continuer`]).
     pub continuer: Option<Arc<crate::compaction::continued::Continuer>>,
-    /// Where its cut may start ([`Job::cut_from`]).
+    /// Where its cut may start ([`super::job::Job::cut_from`]).
     pub cut_from: usize,
 }
 

@@ -5,7 +5,7 @@
 
 use serde_json::{json, Map, Value};
 
-/// How one API's conversation is continued ([`Dialect::continued_call`](super::Dialect::continued_call)).
+/// How one API's conversation is continued ([`crate::dialect::Pair::continued_call`](super::Pair::continued_call)).
 #[derive(Debug, Clone, Copy)]
 pub struct ContinuedCall {
     /// Appends a user turn carrying `text` to the list.

@@ -5,6 +5,7 @@
 //! compaction only ever see the neutral form.
 
 pub mod anthropic;
+mod concerns;
 mod continued;
 pub mod echo;
 pub mod gemini;
@@ -22,13 +23,11 @@ mod stub;
 pub mod text;
 mod translate;
 
-use std::sync::Arc;
-
 use bytes::Bytes;
-use handoff_plugin_api::ModelClient;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+pub use concerns::{Api, Credentials, Dialect, Failures, Neutral, Pair, Parsing, Replies};
 pub use continued::ContinuedCall;
 pub use message::{
     is_provider_compaction, size_facts_cache, DialectError, Message, RawMessage, Role,
@@ -47,7 +46,6 @@ pub fn clear_message_caches() {
 }
 use prefix::Reading;
 
-use crate::base::chunks::Chunks;
 use crate::base::reply::Assembled;
 use crate::error::ApiError;
 
@@ -179,7 +177,7 @@ pub struct ChatRequest {
     /// True when the client asked for SSE.
     pub stream: bool,
     /// True when the client streams without asking for usage (OpenAI's
-    /// `stream_options`), so handoff may ask for it ([`Dialect::ask_usage`]).
+    /// `stream_options`), so handoff may ask for it ([`crate::dialect::Replies::ask_usage`]).
     pub usage_unasked: bool,
     /// The reserved output: `max_completion_tokens`, `max_tokens`.
     pub max_output: Option<u64>,
@@ -240,6 +238,35 @@ pub(crate) fn asked(
 }
 
 impl ChatRequest {
+    /// A request of `dialect` for `model` with `messages`, every other field at its
+    /// plain value (nothing pinned or floated, no tools, not streamed, nothing asked of
+    /// the provider, not held upstream): what each dialect's reading starts from, and
+    /// sets what its body says on.
+    pub fn new(dialect: DialectKind, model: String, messages: Vec<Message>) -> Self {
+        Self {
+            dialect,
+            model,
+            messages,
+            top_level: 0,
+            provider_compacts: false,
+            compacted_history: false,
+            expanded: None,
+            asked: None,
+            server_held: false,
+            continues: None,
+            continues_conversation: false,
+            pinned: None,
+            floated: Vec::new(),
+            tools: None,
+            tools_digest: None,
+            stream: false,
+            usage_unasked: false,
+            max_output: None,
+            thinking: false,
+            list: None,
+        }
+    }
+
     /// How many leading messages are pinned: kept verbatim in every view, logged as the
     /// pinned set, outside the prefix chain.
     pub fn pinned_len(&self) -> usize {
@@ -262,7 +289,7 @@ impl ChatRequest {
     }
 }
 
-/// One delta of a streamed reply event ([`Dialect::reply_deltas`]).
+/// One delta of a streamed reply event ([`crate::dialect::Replies::reply_deltas`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplyDelta {
     /// The channel it continues: a choice's text, a content block, a tool call.
@@ -357,7 +384,7 @@ pub fn presented_key(headers: &http::HeaderMap) -> Option<&str> {
 }
 
 /// Moves a key sent in the query (`?key=`, on a path whose dialect takes one there,
-/// [`Dialect::query_key`]) into that dialect's key header, and out of the URI: from
+/// [`crate::dialect::Credentials::query_key`]) into that dialect's key header, and out of the URI: from
 /// here on it is a credential like any other, and the path that is logged, recorded
 /// and forwarded holds no key. A key header already present wins; the query's key is
 /// dropped either way. `Err` when the key cannot be a header value.
@@ -406,7 +433,7 @@ pub fn lift_query_key<B>(request: &mut http::Request<B>) -> Result<(), ApiError>
 }
 
 /// Paths a proxy key may use when its `paths` is unset: every dialect's own path and
-/// [`Dialect::key_paths`].
+/// [`crate::dialect::Credentials::key_paths`].
 pub fn key_paths() -> Vec<&'static str> {
     unique(
         DialectKind::ALL.iter().flat_map(|d| {
@@ -558,327 +585,6 @@ pub fn stream_opening(dialect: &dyn Dialect, head: &[u8]) -> Opening {
         Opening::Relay
     } else {
         Opening::NeedMore
-    }
-}
-
-/// One wire format.
-pub trait Dialect: Send + Sync {
-    /// Which one this is.
-    fn kind(&self) -> DialectKind;
-
-    /// The name used in logs, records and the exec protocol (`openai`, `anthropic`).
-    fn name(&self) -> &'static str;
-
-    /// The API's name in error messages.
-    fn api(&self) -> &'static str;
-
-    /// The path a request of this dialect is posted to, for calls handoff makes itself.
-    fn path(&self) -> &'static str;
-
-    /// True when this dialect tracks `POST path`.
-    fn tracks(&self, path: &str) -> bool;
-
-    /// Paths of the provider's API, besides [`Dialect::path`], that a proxy key may use
-    /// when its `paths` is unset: the objects this API's requests use (files, models…),
-    /// each with everything under it. Not its admin APIs, which act for the account.
-    fn key_paths(&self) -> &'static [&'static str] {
-        &[]
-    }
-
-    /// What the provider's API names its stored objects by.
-    fn objects(&self) -> objects::Objects {
-        objects::Objects::NONE
-    }
-
-    /// True when handoff's own errors for `path` (any method) take this dialect's
-    /// shape; OpenAI's shape answers every path no dialect claims.
-    fn answers_path(&self, _path: &str) -> bool {
-        false
-    }
-
-    /// Where the API takes a key.
-    fn key_header(&self) -> KeyHeader {
-        KeyHeader::Bearer
-    }
-
-    /// The client's API headers a summary call carries besides the credential: the
-    /// API's version and account headers.
-    fn api_headers(&self) -> &'static [&'static str];
-
-    /// The environment variable this API's SDKs read the key from, for the calls
-    /// `handoff eval` makes on its own.
-    fn key_env(&self) -> &'static str {
-        "OPENAI_API_KEY"
-    }
-
-    /// Headers every request of this API must carry, with the value handoff sends when
-    /// it makes a call of its own and no client gave one (`anthropic-version`).
-    fn required_headers(&self) -> &'static [(&'static str, &'static str)] {
-        &[]
-    }
-
-    /// What raw-JSON scans look for in this format's messages.
-    fn markers(&self) -> Markers;
-
-    /// Parses and checks a request body; the error says where it went wrong. The
-    /// messages share `body`'s bytes.
-    fn parse_body(&self, body: &Chunks) -> Result<ChatRequest, DialectError>;
-
-    /// Parses a body posted to `target` (path and query): where the API names the model
-    /// or the streaming in the path (Gemini), they are read from there.
-    fn parse_at(&self, target: &str, body: &Chunks) -> Result<ChatRequest, DialectError> {
-        let _ = target;
-        self.parse_body(body)
-    }
-
-    /// The path and query of a non-streamed call handoff makes itself to `model` (a
-    /// summary, an eval), given the client's request `target` when there is one: that
-    /// target where the model is in the body, else [`Dialect::path`].
-    fn call_path(&self, model: &str, target: Option<&str>) -> String {
-        let _ = model;
-        target.unwrap_or(self.path()).to_owned()
-    }
-
-    /// `target` sending its request to `model` instead, where the path names the
-    /// model; `None` where the body does (its top-level `model` is rewritten then).
-    fn retarget(&self, target: &str, model: &str) -> Option<String> {
-        let _ = (target, model);
-        None
-    }
-
-    /// The model a path names (Gemini's `…/models/{model}:countTokens`), which a proxy
-    /// key's allow-list checks on every request, tracked or passed through; `None` where
-    /// the body names it.
-    fn path_model(&self, path: &str) -> Option<String> {
-        let _ = path;
-        None
-    }
-
-    /// The query parameter some of the API's clients send the key in (`?key=`): moved
-    /// into [`Dialect::key_header`] before anything reads the request.
-    fn query_key(&self) -> Option<&'static str> {
-        None
-    }
-
-    /// Like [`Dialect::parse_body`], for a body held elsewhere (copied once).
-    fn parse(&self, body: &[u8]) -> Result<ChatRequest, DialectError> {
-        self.parse_body(&Chunks::from(Bytes::copy_from_slice(body)))
-    }
-
-    /// Checks the API's tool pairing rules over `messages` (no pinned ones).
-    fn check_pairs(&self, messages: &[Message]) -> Result<(), DialectError>;
-
-    /// True when `messages[at]` may open the verbatim part after a handoff.
-    fn may_cut_at(&self, _request: &ChatRequest, _messages: &[Message], _at: usize) -> bool {
-        true
-    }
-
-    /// The user continuation message of a handoff pair.
-    fn continuation(&self) -> Value;
-
-    /// The assistant handoff message; `reasoning_marker` only where the API allows one.
-    fn handoff(&self, text: &str, reasoning_marker: bool) -> Value;
-
-    /// Where the client marks the API's prompt cache (Anthropic's `cache_control`): true
-    /// when a view whose other messages and tools (`raw`, as JSON text) carry the
-    /// client's marks leaves room for one of handoff's. False where the API caches
-    /// without marks, or when the client places none or all it may.
-    fn room_for_cache_mark(&self, _raw: &mut dyn Iterator<Item = &str>) -> bool {
-        false
-    }
-
-    /// `message` with a prompt-cache breakpoint after it; `None` where the API has no
-    /// marks, or the message no content to mark.
-    fn with_cache_mark(&self, _message: &Value) -> Option<Value> {
-        None
-    }
-
-    /// True when a record's handoff message has a shape this API takes (its text as a
-    /// string or as blocks).
-    fn handoff_ok(&self, handoff: &Value) -> bool {
-        let content = &handoff["content"];
-        content.is_string() || content.is_array()
-    }
-
-    /// True when an assistant message carries reasoning that the upstream wants on
-    /// every assistant message, the handoff's included (DeepSeek's `reasoning_content`).
-    fn carries_reasoning(&self, _message: &Value) -> bool {
-        false
-    }
-
-    /// Shortens each tool-result text in `message` with `shorten` (which takes a string
-    /// or a list of text parts); true when anything changed.
-    fn shorten_tool_results(
-        &self,
-        message: &mut Value,
-        shorten: &mut dyn FnMut(&mut Value) -> bool,
-    ) -> bool;
-
-    /// True when `message` calls tools, so the conversation waits for their results.
-    fn calls_tools(&self, message: &Value) -> bool;
-
-    /// Pushes the text the model reads in `message`'s fields that are this format's
-    /// own (beyond `role`, `name` and `content`; see [`text::message_text`]).
-    fn push_text(&self, message: &Value, push: &mut dyn FnMut(&str));
-
-    /// Pushes the text of one content part or block of this format's own kinds; false
-    /// when the kind is not this format's.
-    fn push_part(&self, _part: &Value, _push: &mut dyn FnMut(&str)) -> bool {
-        false
-    }
-
-    /// A request body of this dialect for `messages`, with `top_level` (a pinned
-    /// message standing for the top-level field) when there is one: what `handoff
-    /// eval` replays a logged request as.
-    fn request_body(
-        &self,
-        model: &str,
-        top_level: Option<&Value>,
-        messages: &[&RawValue],
-    ) -> Vec<u8> {
-        let mut body = format!(
-            "{{\"model\":{},\"{}\":[",
-            Value::String(model.to_owned()),
-            self.list_field()
-        );
-        for (index, message) in messages.iter().enumerate() {
-            if index > 0 {
-                body.push(',');
-            }
-            body.push_str(message.get());
-        }
-        body.push(']');
-        if let (Some(field), Some(pinned)) = (self.top_level_field(), top_level) {
-            body.push_str(&format!(",\"{field}\":{}", pinned["content"]));
-        }
-        body.push('}');
-        body.into_bytes()
-    }
-
-    /// True when a reply is every output item of a response (Responses), not one message.
-    fn reply_is_items(&self) -> bool {
-        false
-    }
-
-    /// One captured reply read as a request message of this dialect: its facts are the
-    /// ones a later request gets when the client echoes the reply byte for byte, so they
-    /// go into the same cache. `Err` when a request could not carry it as it is.
-    fn read_reply(&self, raw: RawMessage) -> Result<Message, DialectError> {
-        Message::from_raw(0, raw, self.kind())
-    }
-
-    /// The pair as one message, when it may not stand as two before `next` (roles must
-    /// alternate); `None` when the two messages go as they are.
-    fn joined_pair(
-        &self,
-        _continuation: &Value,
-        _handoff: &Value,
-        _next: &Message,
-    ) -> Option<Value> {
-        None
-    }
-
-    /// The top-level field a leading pinned message stands for (`system`,
-    /// `instructions`), if the dialect has one.
-    fn top_level_field(&self) -> Option<&'static str> {
-        None
-    }
-
-    /// The body field that holds the message list (`messages`, `input`).
-    fn list_field(&self) -> &'static str {
-        "messages"
-    }
-
-    /// True when the top-level member `name` is one whose text the neutral messages
-    /// carry (the list, the system prompt), under any spelling the API accepts.
-    fn in_messages(&self, name: &str) -> bool {
-        name == self.list_field() || Some(name) == self.top_level_field()
-    }
-
-    /// handoff's own error, in the API's error shape.
-    fn error_json(&self, err: &ApiError) -> Value;
-
-    /// True when an error body says the input exceeded the model's window.
-    fn is_overflow(&self, body: &Value) -> bool;
-
-    /// What one event at the opening of a stream says: an error event is an overflow
-    /// or not; a preamble event (Anthropic's `message_start`, `ping`) needs more;
-    /// anything else is output.
-    fn opening_event(&self, event: &Value) -> Opening {
-        let is_error = event.get("error").is_some_and(|e| !e.is_null())
-            || event.get("type").and_then(Value::as_str) == Some("error");
-        if is_error {
-            if self.is_overflow(event) {
-                Opening::Overflow
-            } else {
-                Opening::Relay
-            }
-        } else {
-            Opening::Relay
-        }
-    }
-
-    /// True when a successful, non-streamed reply (its body as sent) stopped because the
-    /// window was full. Bytes, not a parsed value: most dialects never look, and a
-    /// reply is parsed whole once, to be logged.
-    fn reply_overflowed(&self, _reply: &[u8]) -> bool {
-        false
-    }
-
-    /// The replies of a non-streamed response, each message exactly as sent, and usage.
-    fn replies_from_json(&self, body: &[u8]) -> Result<Assembled, serde_json::Error>;
-
-    /// A fresh assembler for a streamed response.
-    fn stream_reply(&self) -> Box<dyn StreamReply>;
-
-    /// The line that ends a streamed response.
-    fn stream_end(&self) -> StreamEnd;
-
-    /// `body` asking for the usage its stream would omit (in parts, sent in order), and
-    /// what takes it out of the client's stream again; `None` where a stream always
-    /// carries usage.
-    fn ask_usage(&self, body: &Chunks) -> Option<(Vec<Bytes>, Box<dyn crate::rewrite::Rewrite>)> {
-        let _ = body;
-        None
-    }
-
-    /// True when `error_body` refuses what [`Dialect::ask_usage`] added, so the request
-    /// goes again as the client sent it.
-    fn refused_usage_ask(&self, error_body: &[u8]) -> bool {
-        let _ = error_body;
-        false
-    }
-
-    /// The deltas one event of a streamed reply carries: text, and tool arguments (JSON
-    /// text in pieces). Redaction markers are turned back into their texts across them
-    /// (`reversible` hooks).
-    fn reply_deltas(&self, event: &Value) -> Vec<ReplyDelta> {
-        let _ = event;
-        Vec::new()
-    }
-
-    /// The input tokens the upstream counted, from its `usage`.
-    fn input_tokens(&self, usage: &Value) -> Option<u64>;
-
-    /// A reply's tokens by price class (fresh input, cache reads and writes, output),
-    /// from its `usage`; `None` when it reports none this dialect reads.
-    fn billed(&self, usage: &Value) -> Option<crate::config::Billed> {
-        let _ = usage;
-        None
-    }
-
-    /// A message in the neutral form strategies read (OpenAI chat shape); one wire
-    /// message may become several (Anthropic tool results become `tool` messages).
-    fn neutral(&self, message: &Value) -> Vec<Value>;
-
-    /// The summary client: `raw` posts JSON to the request's path with the client's
-    /// headers; strategies always speak chat completions to what this returns.
-    fn summary_client(&self, raw: Arc<dyn ModelClient>) -> Arc<dyn ModelClient>;
-
-    /// How a summary call continues a conversation of this API over its cached
-    /// prefix; `None` where handoff renders the history as text instead.
-    fn continued_call(&self) -> Option<ContinuedCall> {
-        None
     }
 }
 

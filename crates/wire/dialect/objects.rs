@@ -1,5 +1,5 @@
 //! What the providers' APIs name their stored objects by (responses, files, batches,
-//! vector stores…), as each dialect declares it ([`Dialect::objects`]): the body fields
+//! vector stores…), as each dialect declares it ([`crate::dialect::Credentials::objects`]): the body fields
 //! their ids go in, the prefixes of the ids, and the collections a `GET` lists whole.
 //! Ownership keeps each object to the tenant that made it through these.
 //!
@@ -8,7 +8,7 @@
 //! as that field). A text that may is parsed to find the ids; most never may, and a
 //! search spares the parse.
 //!
-//! [`Dialect::objects`]: super::Dialect::objects
+//! [`crate::dialect::Credentials::objects`]: super::Credentials::objects
 
 use std::sync::OnceLock;
 

@@ -97,7 +97,8 @@ mod tests {
     use crate::base::chunks::{keyed_hash, Chunks};
     use crate::dialect::anthropic::AnthropicMessages;
     use crate::dialect::responses::OpenAiResponses;
-    use crate::dialect::{ChatRequest, Dialect};
+    use crate::dialect::ChatRequest;
+    use crate::dialect::Parsing;
 
     fn anthropic(system: &str, tools: &str) -> ChatRequest {
         let body = format!(

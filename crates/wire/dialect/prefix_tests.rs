@@ -1,8 +1,9 @@
+use crate::dialect::Parsing;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::dialect::{ChatRequest, Dialect};
+use crate::dialect::ChatRequest;
 
 /// A chat body of `turns` turns, each tool result `size` bytes, opened by a system
 /// message naming `session` (so tests running at once never share a memo).

@@ -2,7 +2,8 @@ use super::*;
 use crate::base::chunks::Chunks;
 use crate::dialect::anthropic::AnthropicMessages;
 use crate::dialect::openai::OpenAiChat;
-use crate::dialect::{ChatRequest, Dialect};
+use crate::dialect::ChatRequest;
+use crate::dialect::Parsing;
 
 /// The original bytes of the value `held` holds under `key`.
 fn value<'t>(held: &Held, original: &'t [u8], key: &str) -> Option<&'t [u8]> {

@@ -3,7 +3,9 @@
 use serde_json::{json, Value};
 
 use super::block_type;
+use super::*;
 use crate::dialect::text::named_block;
+use crate::dialect::Neutral;
 
 /// The text of a `tool_result`'s content: a string, or its text blocks.
 fn result_text(block: &Value) -> String {
@@ -78,6 +80,20 @@ pub(super) fn neutral(message: &Value) -> Vec<Value> {
         out.push(json!({"role": role, "content": text.join("\n")}));
     }
     out
+}
+
+impl Neutral for AnthropicMessages {
+    fn neutral(&self, message: &Value) -> Vec<Value> {
+        neutral::neutral(message)
+    }
+
+    fn summary_client(&self, raw: Arc<dyn ModelClient>) -> Arc<dyn ModelClient> {
+        Arc::new(TranslatingClient::new(
+            raw,
+            summary::to_messages,
+            summary::to_completion,
+        ))
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 use super::*;
 use crate::dialect::{stream_opening, Opening};
+use crate::dialect::{Api, Failures, Pair, Parsing, Replies};
 
 fn parse(target: &str, body: Value) -> Result<ChatRequest, DialectError> {
     Gemini.parse_at(target, &Chunks::from(body.to_string().into_bytes()))

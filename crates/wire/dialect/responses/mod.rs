@@ -8,8 +8,15 @@
 //! `reasoning` item is glued to the item after it. A stateful request is logged and
 //! passed through, never rewritten: the upstream holds its history.
 
+mod api;
 mod assemble;
 mod content;
+mod credentials;
+mod failures;
+mod neutral;
+mod pair;
+mod parsing;
+mod replies;
 mod summary;
 
 use std::collections::HashSet;
@@ -22,8 +29,7 @@ use serde_json::{json, Value};
 
 use super::translate::TranslatingClient;
 use super::{
-    ChatRequest, Dialect, DialectError, DialectKind, Markers, Message, Opening, Role, StreamEnd,
-    StreamReply,
+    ChatRequest, DialectError, DialectKind, Markers, Message, Opening, Role, StreamEnd, StreamReply,
 };
 use super::{RawMessage, Reading};
 use crate::base::chunks::Chunks;
@@ -151,334 +157,6 @@ fn read_item(index: usize, raw: RawMessage) -> Result<Message, DialectError> {
     })
 }
 
-impl Dialect for OpenAiResponses {
-    fn kind(&self) -> DialectKind {
-        DialectKind::Responses
-    }
-
-    fn path(&self) -> &'static str {
-        "/v1/responses"
-    }
-
-    fn objects(&self) -> super::objects::Objects {
-        super::objects::Objects {
-            id_fields: &[
-                "previous_response_id",
-                "conversation",
-                "container",
-                "container_id",
-            ],
-            id_prefixes: &["resp_", "conv_", "cntr_", "cfile_"],
-            listings: &["/v1/containers"],
-        }
-    }
-
-    fn key_paths(&self) -> &'static [&'static str] {
-        &["/v1/conversations"]
-    }
-
-    fn name(&self) -> &'static str {
-        "responses"
-    }
-
-    fn api(&self) -> &'static str {
-        API
-    }
-
-    fn tracks(&self, path: &str) -> bool {
-        path.ends_with("/v1/responses") || path.ends_with(COMPACT_PATH)
-    }
-
-    /// A body posted to the compaction endpoint asks the provider to compact its
-    /// input: logged as such, and never compacted by handoff while it fits.
-    fn parse_at(&self, target: &str, body: &Chunks) -> Result<ChatRequest, DialectError> {
-        let mut request = self.parse_body(body)?;
-        let path = target.split('?').next().unwrap_or(target);
-        if path.ends_with(COMPACT_PATH) {
-            request.provider_compacts = true;
-            // The endpoint answers with JSON only.
-            request.stream = false;
-            request.asked.get_or_insert_with(Box::default).path = Some(path.to_owned());
-        }
-        Ok(request)
-    }
-
-    /// The API's own path for handoff's calls, never its compaction endpoint.
-    fn call_path(&self, _model: &str, target: Option<&str>) -> String {
-        let Some(target) = target else {
-            return self.path().to_owned();
-        };
-        let (path, query) = target.split_at(target.find('?').unwrap_or(target.len()));
-        match path.strip_suffix("/compact") {
-            Some(own) => format!("{own}{query}"),
-            None => target.to_owned(),
-        }
-    }
-
-    fn api_headers(&self) -> &'static [&'static str] {
-        &["openai-organization", "openai-project"]
-    }
-
-    fn markers(&self) -> Markers {
-        content::MARKERS
-    }
-
-    fn shorten_tool_results(
-        &self,
-        item: &mut Value,
-        shorten: &mut dyn FnMut(&mut Value) -> bool,
-    ) -> bool {
-        content::shorten_tool_results(item, shorten)
-    }
-
-    fn calls_tools(&self, item: &Value) -> bool {
-        content::calls_tools(item)
-    }
-
-    fn push_text(&self, item: &Value, push: &mut dyn FnMut(&str)) {
-        content::push_text(item, push);
-    }
-
-    fn push_part(&self, part: &Value, push: &mut dyn FnMut(&str)) -> bool {
-        content::push_part(part, push)
-    }
-
-    fn reply_is_items(&self) -> bool {
-        true
-    }
-
-    fn read_reply(&self, raw: RawMessage) -> Result<Message, DialectError> {
-        read_item(0, raw)
-    }
-
-    fn parse_body(&self, body: &Chunks) -> Result<ChatRequest, DialectError> {
-        let reading = Reading::new(body, DialectKind::Responses);
-        let wire: Wire<'_> = reading
-            .json(&["instructions", "tools"])
-            .map_err(|err| DialectError::json(API, err))?;
-        let server_held = wire.previous_response_id.is_some()
-            || wire.conversation.as_ref().is_some_and(|c| !c.is_null());
-        let input = items(&reading, wire.input.as_ref())?;
-        let mut messages = Vec::with_capacity(input.len() + 1);
-        if let Some(instructions) = reading.member("instructions", wire.instructions) {
-            if !matches!(&*instructions, b"null" | b"\"\"") {
-                let digest = reading.member_digest("instructions");
-                messages.push(super::pinned::system_message(
-                    &instructions,
-                    digest,
-                    DialectKind::Responses,
-                )?);
-            }
-        }
-        let top_level = messages.len();
-        messages.extend(input);
-        let (asked, context_management, _) = super::asked(wire.context_management, None);
-        let provider_compacts = asks_compaction(context_management.as_ref())
-            || messages.last().is_some_and(Message::is_compaction_trigger);
-        Ok(ChatRequest {
-            dialect: DialectKind::Responses,
-            list: reading.list_span(),
-            model: wire.model.unwrap_or_default(),
-            messages,
-            tools: reading.member_bytes("tools", wire.tools),
-            tools_digest: reading.member_digest("tools"),
-            stream: wire.stream.unwrap_or(false),
-            max_output: wire.max_output_tokens,
-            thinking: false,
-            top_level,
-            provider_compacts,
-            asked,
-            compacted_history: reading.compacted_history(),
-            expanded: None,
-            server_held,
-            pinned: None,
-            floated: Vec::new(),
-            usage_unasked: false,
-            continues_conversation: wire.previous_response_id.is_none()
-                && wire.conversation.as_ref().is_some_and(|c| !c.is_null()),
-            continues: wire.previous_response_id.or_else(|| {
-                let conversation = wire.conversation?;
-                let id = conversation.get("id").unwrap_or(&conversation);
-                id.as_str().map(str::to_owned)
-            }),
-        })
-    }
-
-    /// Every output answers a call sent before it, every call gets its output, and a
-    /// `reasoning` item is never last: the API refuses each.
-    fn check_pairs(&self, messages: &[Message]) -> Result<(), DialectError> {
-        let mut calls: Vec<(usize, &str)> = Vec::new();
-        let mut answered: HashSet<&str> = HashSet::new();
-        for (index, message) in messages.iter().enumerate() {
-            for id in message.answered_ids() {
-                if !calls.iter().any(|(_, call)| *call == id) {
-                    return Err(DialectError::OrphanToolResult {
-                        index,
-                        id: id.to_owned(),
-                    });
-                }
-                answered.insert(id);
-            }
-            calls.extend(message.tool_call_ids().map(|id| (index, id)));
-        }
-        if let Some((index, _)) = calls.iter().find(|(_, id)| !answered.contains(id)) {
-            return Err(DialectError::UnansweredToolCalls {
-                index: *index,
-                ids: calls
-                    .iter()
-                    .filter(|(_, id)| !answered.contains(id))
-                    .map(|(_, id)| (*id).to_owned())
-                    .collect(),
-            });
-        }
-        if let Some(last) = messages.last().filter(|m| m.glues_to_next()) {
-            return Err(DialectError::Shape {
-                index: messages.len() - 1,
-                rule: format!(
-                    "item {} of type 'reasoning' was provided without its required following item",
-                    last.value().get("id").unwrap_or(&Value::Null)
-                ),
-            });
-        }
-        Ok(())
-    }
-
-    fn continuation(&self) -> Value {
-        json!({"role": "user", "content": CONTINUATION})
-    }
-
-    fn handoff(&self, text: &str, _reasoning_marker: bool) -> Value {
-        json!({"role": "assistant", "content": [{"type": "output_text", "text": text, "annotations": []}]})
-    }
-
-    fn top_level_field(&self) -> Option<&'static str> {
-        Some("instructions")
-    }
-
-    fn list_field(&self) -> &'static str {
-        "input"
-    }
-
-    fn error_json(&self, err: &ApiError) -> Value {
-        DialectKind::OpenAiChat.get().error_json(err)
-    }
-
-    fn is_overflow(&self, body: &Value) -> bool {
-        is_context_length_error(body)
-            || body
-                .pointer("/response/error")
-                .is_some_and(is_context_length_error)
-    }
-
-    fn opening_event(&self, event: &Value) -> Opening {
-        match event.get("type").and_then(Value::as_str) {
-            Some("response.created" | "response.in_progress" | "response.queued") => {
-                Opening::NeedMore
-            }
-            Some("error" | "response.failed") if self.is_overflow(event) => Opening::Overflow,
-            _ => Opening::Relay,
-        }
-    }
-
-    fn reply_overflowed(&self, reply: &[u8]) -> bool {
-        #[derive(serde::Deserialize)]
-        struct Failed {
-            status: Option<String>,
-            error: Option<Value>,
-        }
-        // Nearly every reply lacks the word: its bytes are searched before any parse.
-        memchr::memmem::find(reply, b"failed").is_some()
-            && crate::dialect::json_body::<Failed>(reply).is_ok_and(|r| {
-                r.status.as_deref() == Some("failed")
-                    && r.error.as_ref().is_some_and(is_context_length_error)
-            })
-    }
-
-    fn replies_from_json(&self, body: &[u8]) -> Result<Assembled, serde_json::Error> {
-        assemble::replies_from_json(body)
-    }
-
-    fn stream_reply(&self) -> Box<dyn StreamReply> {
-        Box::<assemble::ResponseAssembler>::default()
-    }
-
-    fn stream_end(&self) -> StreamEnd {
-        StreamEnd {
-            field: b"event:",
-            values: &[
-                b"response.completed",
-                b"response.incomplete",
-                b"response.failed",
-            ],
-            containing: b"",
-        }
-    }
-
-    fn reply_deltas(&self, event: &Value) -> Vec<super::ReplyDelta> {
-        if !event["delta"].is_string() {
-            return Vec::new();
-        }
-        match event["type"].as_str() {
-            Some("response.output_text.delta") => {
-                let channel = format!(
-                    "output {} {}",
-                    event["output_index"], event["content_index"]
-                );
-                vec![super::ReplyDelta::new(channel, "/delta", false)]
-            }
-            Some("response.function_call_arguments.delta") => {
-                let channel = format!("arguments {}", event["output_index"]);
-                vec![super::ReplyDelta::new(channel, "/delta", true)]
-            }
-            _ => Vec::new(),
-        }
-    }
-
-    fn input_tokens(&self, usage: &Value) -> Option<u64> {
-        usage.get("input_tokens")?.as_u64()
-    }
-
-    fn billed(&self, usage: &Value) -> Option<crate::config::Billed> {
-        let input = usage.get("input_tokens")?.as_u64()?;
-        let cached = usage
-            .pointer("/input_tokens_details/cached_tokens")
-            .and_then(Value::as_u64)
-            .unwrap_or(0);
-        Some(crate::config::Billed {
-            input: input.saturating_sub(cached),
-            cache_read: cached.min(input),
-            cache_write: 0,
-            output: usage
-                .get("output_tokens")
-                .and_then(Value::as_u64)
-                .unwrap_or(0),
-        })
-    }
-
-    fn neutral(&self, message: &Value) -> Vec<Value> {
-        neutral(message).into_iter().collect()
-    }
-
-    fn summary_client(&self, raw: Arc<dyn ModelClient>) -> Arc<dyn ModelClient> {
-        Arc::new(TranslatingClient::new(
-            raw,
-            summary::to_responses,
-            summary::to_completion,
-        ))
-    }
-
-    fn continued_call(&self) -> Option<crate::dialect::ContinuedCall> {
-        Some(crate::dialect::ContinuedCall {
-            append: crate::dialect::continued::push_user_turn,
-            settle: |body, max_tokens| {
-                crate::dialect::continued::not_streamed(body);
-                body.insert("max_output_tokens".into(), max_tokens.into());
-            },
-            reply: summary::to_completion,
-        })
-    }
-}
-
 /// The text of a message's or an output's content: a string, or its text parts.
 fn text_of(content: Option<&Value>) -> String {
     match content {
@@ -533,6 +211,7 @@ fn neutral(item: &Value) -> Option<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::{Api, Failures, Parsing};
 
     fn parse(body: Value) -> Result<ChatRequest, DialectError> {
         OpenAiResponses.parse(body.to_string().as_bytes())

@@ -1,0 +1,18 @@
+//! Gemini: the neutral form: a message as strategies read it (OpenAI chat), and the summary client that speaks it.
+
+use super::*;
+use crate::dialect::Neutral;
+
+impl Neutral for Gemini {
+    fn neutral(&self, message: &Value) -> Vec<Value> {
+        content::neutral(message)
+    }
+
+    fn summary_client(&self, raw: Arc<dyn ModelClient>) -> Arc<dyn ModelClient> {
+        Arc::new(TranslatingClient::new(
+            raw,
+            summary::to_gemini,
+            summary::to_completion,
+        ))
+    }
+}
