@@ -41,7 +41,7 @@ pub(crate) async fn send_timed(
     let sent = tokio::time::Instant::now();
     let response = upstream.send(request).await.map_err(|err| {
         tracing::warn!(error = %err, "upstream request failed");
-        ApiError::from(err)
+        crate::rescue::upstream(err)
     })?;
     log.set_upstream_time(sent.elapsed());
     Ok(response)
@@ -56,7 +56,9 @@ pub(crate) fn upstream_request(
     mut headers: http::HeaderMap,
     body: ProxyBody,
 ) -> Result<Request<ProxyBody>, ApiError> {
-    let target = upstream.target(uri.path_and_query())?;
+    let target = upstream
+        .target(uri.path_and_query())
+        .map_err(crate::rescue::upstream)?;
     strip_hop_by_hop(&mut headers);
     // The client addressed us; the upstream must see its own host (set by the client pool).
     headers.remove(header::HOST);

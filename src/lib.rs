@@ -82,6 +82,7 @@ mod path;
 mod pipeline;
 mod relay;
 mod reload;
+mod rescue;
 mod router;
 mod server;
 mod settings;

@@ -273,7 +273,7 @@ impl AppState {
             .store()
             .tenant_bytes(tenant)
             .await
-            .map_err(|err| crate::error::ApiError::from(&err))?;
+            .map_err(|err| crate::rescue::store(&err))?;
         match used.filter(|used| *used >= quota) {
             Some(used) => Err(crate::error::ApiError::quota_exceeded(format!(
                 "tenant {tenant} holds {used} bytes of logged conversations, its quota is {quota} (store.tenant_quota_bytes)"

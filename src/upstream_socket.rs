@@ -59,8 +59,9 @@ impl UpstreamSocket {
         mut headers: HeaderMap,
         max_message: usize,
     ) -> Result<Option<Arc<Self>>, ApiError> {
-        let target =
-            upstream.target(Some(&http::uri::PathAndQuery::from_static("/v1/responses")))?;
+        let target = upstream
+            .target(Some(&http::uri::PathAndQuery::from_static("/v1/responses")))
+            .map_err(crate::rescue::upstream)?;
         crate::headers::strip_hop_by_hop(&mut headers);
         headers.remove(header::HOST);
         headers.remove(header::CONTENT_LENGTH);
@@ -78,7 +79,11 @@ impl UpstreamSocket {
             .body(full(Bytes::new()))
             .map_err(|err| ApiError::internal(err.to_string()))?;
         *request.headers_mut() = headers;
-        let upgraded = match upstream.upgrade(request).await? {
+        let upgraded = match upstream
+            .upgrade(request)
+            .await
+            .map_err(crate::rescue::upstream)?
+        {
             Upgrade::Switched(upgraded) => upgraded,
             Upgrade::Refused(status) => {
                 tracing::info!(

@@ -10,7 +10,7 @@
 
 // The layers below, under the names every layer uses for them.
 use handoff_base as base;
-use handoff_core::{config, error, metrics, redact};
+use handoff_core::{config, metrics, redact};
 
 pub mod adoption;
 
@@ -413,15 +413,5 @@ pub trait Store: Send + Sync {
     ) -> BoxFuture<'_, Result<Option<Vec<Listing>>, StoreError>> {
         let _ = (tenant, after, limit);
         Box::pin(async { Ok(None) })
-    }
-}
-
-impl From<&StoreError> for crate::error::ApiError {
-    /// 507 for a write past the tenant's quota; 503 for any other store failure.
-    fn from(err: &StoreError) -> Self {
-        match err {
-            StoreError::QuotaExceeded { .. } => Self::quota_exceeded(err.to_string()),
-            _ => Self::storage(err.to_string()),
-        }
     }
 }

@@ -240,7 +240,7 @@ async fn compact_now(
         .dialect()
         .get()
         .parse(body.as_bytes())
-        .map_err(ApiError::from)?;
+        .map_err(crate::rescue::dialect)?;
     let snap = state.snapshot();
     let upstream = snap.upstream_in(request.dialect, &request.model);
     // The budget the latest request was decided with: the log keeps its messages, not

@@ -18,7 +18,6 @@ use crate::base::chunks::keyed_hash;
 use crate::base::digest::{message_digest, MessageDigest};
 use crate::config::Tokenizer;
 use crate::dialect::echo::{echo_digest, identity_digest, reference_digest};
-use crate::error::ApiError;
 use crate::tokens::Tokens;
 
 /// Why a request body was refused.
@@ -74,21 +73,6 @@ impl DialectError {
     /// The error for a body that is not the expected JSON.
     pub fn json(api: &'static str, source: serde_json::Error) -> Self {
         Self::Json { api, source }
-    }
-}
-
-impl From<DialectError> for ApiError {
-    fn from(err: DialectError) -> Self {
-        let code = match &err {
-            DialectError::Json { .. } => "invalid_json",
-            DialectError::NotAnObject { .. }
-            | DialectError::MissingRole { .. }
-            | DialectError::Shape { .. } => "invalid_message",
-            DialectError::OrphanToolResult { .. } | DialectError::UnansweredToolCalls { .. } => {
-                "invalid_tool_pairs"
-            }
-        };
-        ApiError::invalid_request(code, err.to_string())
     }
 }
 

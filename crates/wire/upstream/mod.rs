@@ -16,7 +16,6 @@ use pool::{Connector, Pool, SendError};
 
 use crate::body::ProxyBody;
 use crate::config::UpstreamConfig;
-use crate::error::ApiError;
 
 /// Why a request to the upstream failed before a response head arrived.
 #[derive(Debug, thiserror::Error)]
@@ -53,19 +52,6 @@ pub enum UpstreamError {
         /// The limit that passed.
         timeout: Duration,
     },
-}
-
-impl From<UpstreamError> for ApiError {
-    fn from(err: UpstreamError) -> Self {
-        match err {
-            UpstreamError::ConnectTimeout { .. } | UpstreamError::ReadTimeout { .. } => {
-                ApiError::gateway_timeout(err.to_string())
-            }
-            UpstreamError::BadTarget { .. } | UpstreamError::Unreachable { .. } => {
-                ApiError::bad_gateway(err.to_string())
-            }
-        }
-    }
 }
 
 /// Pooled connections to one base URL.

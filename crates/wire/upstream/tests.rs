@@ -45,7 +45,7 @@ async fn errors_never_show_the_credentials_of_the_base_url() {
         .body(crate::body::full(""))
         .unwrap();
     let err = up.send(request).await.unwrap_err();
-    let shown = ApiError::from(err).message;
+    let shown = err.to_string();
     assert!(shown.contains(&format!("127.0.0.1:{port}")), "{shown}");
     assert!(
         !shown.contains("sk-in-url-secret") && !shown.contains("user:"),

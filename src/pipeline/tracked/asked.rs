@@ -128,7 +128,7 @@ impl Exchange<'_> {
         let body = Chunks::from(bytes::Bytes::from(body));
         let mut chat = (self.chat.dialect.get())
             .parse_at(self.request_target(), &body)
-            .map_err(ApiError::from)?;
+            .map_err(crate::rescue::dialect)?;
         self.snap.pins.apply(&mut chat);
         chat.expanded = self.chat.expanded.take();
         chat.pinned = self.chat.pinned;

@@ -32,7 +32,7 @@ use crate::body::{chunked, ProxyBody};
 use crate::compaction::budget::{RequestBudget, Scale};
 use crate::compaction::chain::Chain;
 use crate::compaction::continued::Continuer;
-use crate::compaction::job::{CompactError, FitError, Fitted, Job};
+use crate::compaction::job::{FitError, Fitted, Job};
 use crate::compaction::{prepare, Reason};
 use crate::config::PrepareAt;
 use crate::conversation::{identify, Across, ConversationId, Tracked, CONVERSATION_HEADER};
@@ -198,7 +198,7 @@ impl<'s> Exchange<'s> {
         let mut chat = dialect
             .get()
             .parse_at(target, &body)
-            .map_err(ApiError::from)?;
+            .map_err(crate::rescue::dialect)?;
         let most = snap.config.limits.max_messages;
         if chat.messages.len() > most {
             return Err(ApiError::invalid_request(
@@ -329,7 +329,7 @@ impl<'s> Exchange<'s> {
                 .dialect
                 .get()
                 .parse_at(self.request_target(), &body)
-                .map_err(ApiError::from)?;
+                .map_err(crate::rescue::dialect)?;
             self.snap.pins.apply(&mut chat);
             if model.is_some() {
                 (self.chain, self.budget) =
@@ -509,7 +509,7 @@ impl<'s> Exchange<'s> {
             Ok(tracked) => Ok(Some(tracked)),
             // A quota is a limit, not a failure: the request is refused either way.
             Err(err @ crate::store::StoreError::QuotaExceeded { .. }) => {
-                Err(ApiError::from(&err).into())
+                Err(crate::rescue::store(&err).into())
             }
             Err(err) if self.snap.config.store.required => {
                 tracing::error!(conversation = %id, error = %err, "refusing the request: its originals cannot be stored");
@@ -566,7 +566,7 @@ impl<'s> Exchange<'s> {
         {
             Ok(fitted) => Ok(fitted),
             Err(FitError { error, before }) => {
-                let error = compaction_error(error);
+                let error = crate::rescue::compaction(error);
                 self.note_refusal(&error, before).await;
                 Err(Halt::Error(error))
             }
@@ -774,25 +774,6 @@ impl<'s> Exchange<'s> {
         job.reason = reason;
         job.prices = Some(&self.snap.config.prices);
         job
-    }
-}
-
-/// The answer when a needed compaction could not make the request fit.
-fn compaction_error(err: CompactError) -> ApiError {
-    tracing::warn!(error = %err, "compaction failed");
-    match &err {
-        CompactError::TooLarge { .. } => {
-            ApiError::invalid_request("context_length_exceeded", err.to_string())
-        }
-        CompactError::Uncompactable(_) => {
-            ApiError::invalid_request("invalid_tool_pairs", err.to_string())
-        }
-        CompactError::Store(store) => ApiError::from(store),
-        CompactError::Cancelled => {
-            ApiError::unavailable("handoff is shutting down; retry the request")
-        }
-        CompactError::Busy(_) => ApiError::unavailable(err.to_string()),
-        CompactError::View(_) | CompactError::NoHandoff(_) => ApiError::internal(err.to_string()),
     }
 }
 

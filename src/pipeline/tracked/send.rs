@@ -367,7 +367,7 @@ impl Exchange<'_> {
             .dialect
             .get()
             .parse_at(self.request_target(), &body)
-            .map_err(ApiError::from)?;
+            .map_err(crate::rescue::dialect)?;
         let viewed =
             super::hooks::on_view(self.state, &self.snap, &self.caller, &view, &body).await?;
         let Some((redacted, notes)) = viewed else {

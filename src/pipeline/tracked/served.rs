@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use serde_json::Value;
 
-use super::{compaction_error, reply, Exchange, Halt};
+use super::{reply, Exchange, Halt};
 use crate::base::chunks::Chunks;
 use crate::body::{full, ProxyBody};
 use crate::compaction::budget::RequestBudget;
@@ -277,7 +277,7 @@ impl Exchange<'_> {
             Err(CompactError::TooLarge { .. }) => {
                 project_view(&history, &history_tracked, &Default::default())
             }
-            Err(err) => return Err(compaction_error(err).into()),
+            Err(err) => return Err(crate::rescue::compaction(err).into()),
         };
         let usage = (compacted.compaction.as_ref())
             .map(|adopted| crate::compaction::chain::sum_usage(&adopted.record.attempts))
@@ -334,7 +334,7 @@ impl Exchange<'_> {
         .map_or(rendered, |alone| Chunks::from(Bytes::from(alone)));
         let mut chat = (self.chat.dialect.get())
             .parse_at(self.request_target(), &body)
-            .map_err(ApiError::from)?;
+            .map_err(crate::rescue::dialect)?;
         self.snap.pins.apply(&mut chat);
         Ok((body, chat))
     }
