@@ -270,7 +270,7 @@ pub fn main() -> ExitCode {
 }
 
 fn store(command: StoreCommand) -> ExitCode {
-    use crate::upkeep::command::Ask;
+    use crate::tools::upkeep::command::Ask;
     let (from_data_dir, to_config, allow_problems) = match command {
         StoreCommand::Copy {
             from_data_dir,
@@ -365,7 +365,7 @@ fn eval(args: EvalArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let options = crate::eval::EvalOptions {
+    let options = crate::tools::eval::EvalOptions {
         // --data-dir (or the config's data_dir) is read only when named explicitly or
         // when no file is given.
         data_dir: (args.config.data_dir.is_some() || args.files.is_empty())
@@ -384,7 +384,7 @@ fn eval(args: EvalArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
-    let replays = match crate::eval::load(&options) {
+    let replays = match crate::tools::eval::load(&options) {
         Ok(replays) => replays,
         Err(err) => {
             eprintln!("handoff eval: {err}");
@@ -394,7 +394,9 @@ fn eval(args: EvalArgs) -> ExitCode {
     let steps: usize = replays.iter().map(|r| r.steps.len()).sum();
     let bar = progress_bar(steps as u64);
     let tick = || bar.inc(1);
-    let reports = runtime.block_on(crate::eval::evaluate(config, &options, &replays, &tick));
+    let reports = runtime.block_on(crate::tools::eval::evaluate(
+        config, &options, &replays, &tick,
+    ));
     bar.finish_and_clear();
     let reports = match reports {
         Ok(reports) => reports,
@@ -403,7 +405,7 @@ fn eval(args: EvalArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match crate::eval::write_report(&reports, args.json, &mut std::io::stdout().lock()) {
+    match crate::tools::eval::write_report(&reports, args.json, &mut std::io::stdout().lock()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(err) => {
@@ -459,18 +461,18 @@ fn progress_bar(length: u64) -> indicatif::ProgressBar {
 }
 
 /// Runs an upkeep command with the config of `args`.
-fn upkeep(args: &ConfigArgs, ask: &crate::upkeep::command::Ask, json: bool) -> ExitCode {
+fn upkeep(args: &ConfigArgs, ask: &crate::tools::upkeep::command::Ask, json: bool) -> ExitCode {
     match load(args) {
         Ok(config) => {
             install_crypto_provider();
-            crate::upkeep::command::run(&config, ask, json)
+            crate::tools::upkeep::command::run(&config, ask, json)
         }
         Err(code) => code,
     }
 }
 
 fn audit(command: AuditCommand) -> ExitCode {
-    use crate::upkeep::command::Ask;
+    use crate::tools::upkeep::command::Ask;
     let command = match command {
         AuditCommand::Erase {
             config,

@@ -5,7 +5,7 @@
 //!
 //! A request travels through the modules in this order:
 //! - [`server`] accepts the connection (HTTP/1.1 or h2, `TCP_NODELAY`);
-//! - [`router`] sends `/handoff/*` to [`admin`]; every other request is admitted by
+//! - [`router`] sends `/handoff/*` to [`tools::admin`]; every other request is admitted by
 //!   [`auth`] as a tenant ([`tenant`]) and runs through the phases of [`pipeline`]: a
 //!   `POST` a [`dialect`] tracks takes them all, any other request only those that
 //!   read, check and forward its body;
@@ -29,8 +29,8 @@
 //! [`adoption`]); `handoff-wire` ([`dialect`], [`tokens`], [`upstream`]);
 //! `handoff-engine` ([`conversation`], [`pins`], [`projection`], [`compaction`],
 //! [`strategies`], [`audit`]). This crate is the request path and the tools: [`state`]
-//! holds the config snapshot that [`reload`] swaps; [`upkeep`] prunes, erases and
-//! compresses the log; [`eval`] replays recorded conversations offline to compare
+//! holds the config snapshot that [`reload`] swaps; [`tools`] holds the operator's tools:
+//! [`tools::upkeep`] prunes, erases and compresses the log, [`tools::eval`] replays recorded conversations offline to compare
 //! strategies; [`cli`] is the command line.
 //!
 //! Of this crate's own modules only [`cli`] (what the binary runs) and [`access_log`]
@@ -65,13 +65,11 @@ pub use handoff_store::{self as store, adoption, tenant};
 pub use handoff_wire::{dialect, tokens, upstream};
 
 pub mod access_log;
-mod admin;
 mod auth;
 mod body_read;
 mod browser_guard;
 mod capture;
 pub mod cli;
-mod eval;
 mod forward;
 mod gate;
 mod named_model;
@@ -90,6 +88,5 @@ mod socket;
 mod state;
 #[cfg(test)]
 mod testing;
-mod ui;
-mod upkeep;
+mod tools;
 mod upstream_socket;

@@ -9,13 +9,13 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::access_log::{Logged, RequestLog};
-use crate::admin;
 use crate::body::ProxyBody;
 use crate::dialect::{DialectKind, ErrorResponse};
 use crate::error::ApiError;
 use crate::headers::loggable_target;
 use crate::pipeline::{self, Route};
 use crate::state::AppState;
+use crate::tools::admin;
 
 /// Routes one request and always produces a response, whose body writes the
 /// request's access line when it ends.

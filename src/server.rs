@@ -85,7 +85,7 @@ pub(crate) async fn serve(config: Config, overrides: Overrides) -> Result<(), Se
     let scheme = if tls.is_some() { "https" } else { "http" };
     let state = Arc::new(AppState::new(config, overrides).await?);
     let reload = spawn_reloader(Arc::clone(&state));
-    crate::upkeep::task::spawn(Arc::clone(&state));
+    crate::tools::upkeep::task::spawn(Arc::clone(&state));
     state.advertise(&format!("{scheme}://{local}"));
     let _watcher = state
         .config_file()

@@ -15,7 +15,7 @@ use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{resolve_in, Hold};
 use crate::tenant::TenantId;
-use crate::upkeep::{erase, prune, Policy, PruneOptions, Target};
+use crate::tools::upkeep::{erase, prune, Policy, PruneOptions, Target};
 
 /// Answers an upkeep endpoint; `None` when `path` is not one.
 pub(super) async fn handle(

@@ -51,7 +51,7 @@ pub(crate) async fn handle(
         return err.into_response();
     }
     if path == "/handoff/ui" && request.method() == http::Method::GET {
-        return crate::ui::page();
+        return crate::tools::ui::page();
     }
     if path == "/handoff/config" {
         let snap = state.snapshot();
