@@ -9,6 +9,7 @@ mod edges;
 mod margin;
 mod max_wait;
 mod prepare;
+mod zero_wait;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
