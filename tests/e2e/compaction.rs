@@ -56,50 +56,6 @@ async fn a_40_turn_sdk_agent_in_16k_never_sees_an_error() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn summary_failures_fall_back_to_extract_and_record_every_attempt() {
-    let cases = [
-        (SummaryMode::Empty, "empty_summary", true),
-        (SummaryMode::Length, "finish_reason", true),
-        (SummaryMode::ServerError, "http_error", true),
-        (SummaryMode::ReasoningOnly, "reasoning_only", true),
-        (SummaryMode::Slow, "timeout", false),
-    ];
-    for (mode, reason, has_usage) in cases {
-        let (strict, mock) = strict_mock(4096).await;
-        strict.set_summary_mode(mode);
-        let proxy = Proxy::start_with(&mock.url(), options(4096, SUMMARY_16K_1S));
-        drive_until_compaction(&proxy, "fails", 500, 20).await;
-        let records = records(&proxy, "fails");
-        let record = &records[0];
-        assert_eq!(record["strategy"], "extract", "{mode:?}: {record}");
-        let attempts = record["attempts"].as_array().unwrap();
-        assert_eq!(attempts.len(), 2, "{mode:?}");
-        assert_eq!(attempts[0]["strategy"], "summarize");
-        assert_eq!(attempts[0]["outcome"], "failed");
-        assert_eq!(attempts[0]["reason"], reason, "{mode:?}: {record}");
-        assert_eq!(
-            attempts[0]["usage"].is_object(),
-            has_usage,
-            "{mode:?}: usage of a discarded summary is kept"
-        );
-        assert_eq!(attempts[1]["outcome"], "ok");
-        let handoff = record["handoff"]["content"].as_str().unwrap();
-        assert!(
-            handoff.contains("## User messages (verbatim, oldest first)\n- FACT-000 ")
-                && !handoff.contains("user message(s) left out"),
-            "extract keeps every user message, the oldest included: {record}"
-        );
-        assert!(strict.over_window.lock().unwrap().is_empty());
-        let metrics = proxy.metrics().await;
-        assert!(
-            metrics.contains(&format!("reason=\"{reason}\"")),
-            "{}",
-            metrics
-        );
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_view_is_stable_between_compactions_and_after_a_restart() {
     let (strict, mock) = strict_mock(4096).await;
     let data = tempfile::tempdir().unwrap();

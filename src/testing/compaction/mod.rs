@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod edges;
+mod failures;
 mod margin;
 mod max_wait;
 mod prepare;
