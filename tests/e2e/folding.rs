@@ -1,17 +1,15 @@
-//! Summaries that never give up: a history too long for one summary request is
-//! folded into the handoff in several calls, every decision uses one calibrated
-//! count, and the deterministic fallback keeps the edges of tool results.
+//! Summaries that never give up, with a real client: the fact agent (the openai SDK)
+//! keeps its tool facts through continued summary calls, every decision uses one
+//! calibrated count, the deterministic fallback keeps the edges of tool results, and
+//! `handoff eval` replays a live run. The folds themselves are tested in-process
+//! (`src/testing/compaction/folding.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::support::client;
-use crate::support::scenario::{
-    agent_requests, chat_as, inline_compaction, options, records, run_client,
-};
+use crate::support::scenario::{agent_requests, inline_compaction, options, records, run_client};
 use crate::support::Proxy;
-use mock_upstream::strict::{Strict, SummaryMode};
+use mock_upstream::strict::Strict;
 use mock_upstream::{AgentStyle, MockUpstream};
 use serde_json::{json, Value};
 
@@ -24,176 +22,6 @@ async fn strict_agent(strict: Arc<Strict>) -> MockUpstream {
     });
     strict.set_summary_padding(1100);
     MockUpstream::with(move |req| strict.answer(req)).await
-}
-
-/// Every `FACT-…` word in `text`.
-fn facts_in(text: &str) -> BTreeSet<String> {
-    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
-        .filter(|w| w.starts_with("FACT-"))
-        .map(str::to_owned)
-        .collect()
-}
-
-/// The history a reconnecting client sends at once: `turns` user turns of about
-/// `tokens` tokens, each stating a fact, each answered.
-fn long_history(turns: usize, tokens: usize) -> Vec<Value> {
-    let mut messages = vec![json!({"role": "system", "content": "be brief"})];
-    for n in 0..turns {
-        let filler: Vec<String> = (0..tokens / 2).map(|i| format!("w{i}")).collect();
-        messages
-            .push(json!({"role": "user", "content": format!("FACT-{n:03} {}", filler.join(" "))}));
-        messages.push(json!({"role": "assistant", "content": format!("noted {n}")}));
-    }
-    messages.push(json!({"role": "user", "content": "What were the facts?"}));
-    messages
-}
-
-async fn send_history(proxy: &Proxy, id: &str, messages: &[Value]) -> client::Whole {
-    chat_as(proxy, id, "strict-16k", messages).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_history_four_windows_long_is_folded_by_a_same_window_summary_model() {
-    fold_a_history_four_windows_long("", |inputs| {
-        // The parts at once, each on its own, then one merge of their handoffs.
-        let (merge, parts) = inputs.split_last().unwrap();
-        assert!(
-            merge.starts_with("<part_handoff part=\"1\""),
-            "{}",
-            &merge[..80]
-        );
-        assert_eq!(merge.matches("<part_handoff part=").count(), parts.len());
-        for part in parts {
-            assert!(part.starts_with("<history part="), "{}", &part[..80]);
-        }
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_fold_concurrency_1_each_call_extends_the_running_handoff() {
-    fold_a_history_four_windows_long("[compaction]\nfold_concurrency = 1\n", |inputs| {
-        assert!(
-            inputs.iter().all(|i| !i.contains("<part_handoff")),
-            "no merge"
-        );
-        for text in &inputs[1..] {
-            assert!(
-                text.starts_with("<running_handoff>"),
-                "each later call extends the handoff"
-            );
-        }
-    })
-    .await;
-}
-
-/// Sends about 60k tokens at once to a 16k model that also writes the summaries, with
-/// `config`; every fact the summariser saw reaches the handoff, and `calls` checks the
-/// summary requests' texts.
-async fn fold_a_history_four_windows_long(config: &str, calls: impl Fn(&[String])) {
-    let strict = Strict::new(16_384);
-    let mock = strict_agent(Arc::clone(&strict)).await;
-    let proxy = Proxy::start_with(&mock.url(), options(16_384, config));
-
-    // About 60k tokens at once, to a 16k model that also writes the summaries.
-    let got = send_history(&proxy, "reconnect", &long_history(60, 1000)).await;
-    assert_eq!(got.status, 200, "{}", got.text());
-
-    let records = records(&proxy, "reconnect");
-    assert_eq!(records.len(), 1, "{records:?}");
-    let record = &records[0];
-    assert_eq!(record["strategy"], "summarize", "{record}");
-    let attempt = &record["attempts"][0];
-    assert!(attempt["calls"].as_u64().unwrap() >= 4, "{attempt}");
-    let inputs = strict.summary_inputs.lock().unwrap().clone();
-    assert_eq!(inputs.len() as u64, attempt["calls"].as_u64().unwrap());
-    assert_eq!(
-        attempt["usage"]["prompt_tokens"].as_u64().unwrap(),
-        inputs.iter().map(|(_, tokens)| tokens).sum::<u64>(),
-        "usage is the sum over the calls"
-    );
-    let handoff = record["handoff"]["content"].as_str().unwrap();
-    // What the summariser was shown to summarise: the recent messages are reference only.
-    let seen: BTreeSet<String> = inputs
-        .iter()
-        .flat_map(|(text, _)| facts_in(text.split("<retained_recent_messages").next().unwrap()))
-        .collect();
-    assert!(seen.len() >= 50, "the summariser saw {} facts", seen.len());
-    let kept = facts_in(handoff);
-    let lost: Vec<_> = seen.difference(&kept).collect();
-    assert!(lost.is_empty(), "facts lost in the fold: {lost:?}");
-    let texts: Vec<String> = inputs.iter().map(|(text, _)| text.clone()).collect();
-    calls(&texts);
-    assert!(
-        strict.over_window.lock().unwrap().is_empty(),
-        "no request overflowed"
-    );
-    proxy.assert_verified(&["reconnect"]);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_call_fails_the_fold_and_extract_takes_over_with_the_calls_recorded() {
-    let strict = Strict::new(16_384);
-    strict.set_summary_mode(SummaryMode::FailCall(2));
-    let mock = strict_agent(Arc::clone(&strict)).await;
-    let proxy = Proxy::start_with(&mock.url(), options(16_384, ""));
-
-    let got = send_history(&proxy, "bad-call", &long_history(60, 1000)).await;
-    assert_eq!(got.status, 200, "{}", got.text());
-
-    let record = &records(&proxy, "bad-call")[0];
-    assert_eq!(record["strategy"], "extract", "{record}");
-    let attempt = &record["attempts"][0];
-    assert_eq!(attempt["strategy"], "summarize");
-    assert_eq!(attempt["outcome"], "failed");
-    assert_eq!(attempt["reason"], "http_error");
-    // The parts run at once: the round with the failed call ends, and no merge follows.
-    let inputs = strict.summary_inputs.lock().unwrap().clone();
-    assert_eq!(attempt["calls"], inputs.len(), "{attempt}");
-    assert!(inputs.len() >= 2, "{attempt}");
-    assert!(
-        inputs
-            .iter()
-            .all(|(text, _)| !text.contains("<part_handoff")),
-        "no merge after the failed call"
-    );
-    assert_eq!(
-        attempt["usage"]["prompt_tokens"].as_u64().unwrap(),
-        inputs.iter().map(|(_, tokens)| tokens).sum::<u64>(),
-        "the usage of every call, the failed one included"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fold_past_max_summary_calls_fails_with_the_count_needed() {
-    let strict = Strict::new(16_384);
-    let mock = strict_agent(Arc::clone(&strict)).await;
-    let proxy = Proxy::start_with(
-        &mock.url(),
-        options(16_384, "[compaction]\nmax_summary_calls = 2\n"),
-    );
-
-    let got = send_history(&proxy, "too-many", &long_history(60, 1000)).await;
-    assert_eq!(got.status, 200, "{}", got.text());
-
-    let record = &records(&proxy, "too-many")[0];
-    let attempt = &record["attempts"][0];
-    assert_eq!(attempt["reason"], "precheck_failed", "{attempt}");
-    let error = attempt["error"].as_str().unwrap();
-    let needed: u32 = error
-        .split("needs ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no count in {error:?}"));
-    assert!(needed > 2, "{error}");
-    assert!(error.contains("max_summary_calls allows 2"), "{error}");
-    assert_eq!(
-        strict.summary_inputs.lock().unwrap().len(),
-        0,
-        "no call was made"
-    );
-    assert_eq!(record["strategy"], "extract");
 }
 
 /// Runs the fact agent through `proxy` with tool results of about `words` words (1200

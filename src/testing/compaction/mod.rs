@@ -7,6 +7,7 @@
 
 mod edges;
 mod failures;
+mod folding;
 mod margin;
 mod max_wait;
 mod prepare;
