@@ -34,6 +34,7 @@ mod batches;
 mod cache_breakpoint;
 mod compaction;
 mod cost;
+mod decisions;
 mod hook_queue;
 mod hooks;
 mod hooks_everywhere;

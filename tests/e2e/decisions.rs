@@ -1,8 +1,7 @@
-//! The audit shows the proxy's own numbers. Each request's decision (the budget and
-//! trigger it was measured against, the calibrated estimate of the view sent, the
-//! compaction that view used, why it was over the trigger, a refusal) is logged, and
-//! the timeline, `audit show` and a manual compaction read it, next to the provider's
-//! own count of the input.
+//! The audit shows the proxy's own numbers, where a process is needed: a manual
+//! compaction's aim and the calibration across a restart, and a prepared compaction as
+//! the browser draws it. The decisions, the timeline and `audit show` are tested
+//! in-process (`src/testing/decisions.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
@@ -10,11 +9,11 @@ use std::time::Duration;
 
 use crate::support::client::{self, request};
 use crate::support::scenario::{
-    agent_requests, big_user, log_lines, of_kind, options, paced, post_chat, records, strict_mock,
+    agent_requests, big_user, log_lines, of_kind, options, paced, post_chat, records,
 };
 use crate::support::{Proxy, ProxyOptions};
 use mock_upstream::strict::Strict;
-use mock_upstream::{MockUpstream, Recorded, Reply};
+use mock_upstream::MockUpstream;
 use serde_json::{json, Value};
 
 const SUMMARY: &str =
@@ -60,11 +59,6 @@ async fn turn(proxy: &Proxy, id: &str, history: &mut Vec<Value>, user: Value, ma
     }
 }
 
-/// A user message of about `tokens` tokens, one a word.
-fn sized_user(n: usize, tokens: usize) -> Value {
-    json!({"role": "user", "content": format!("BIG-{n}{}", " hello".repeat(tokens))})
-}
-
 fn timeline(proxy: &Proxy, id: &str) -> Value {
     let url = format!(
         "{}/handoff/conversations/{id}/timeline?limit=2000",
@@ -102,208 +96,6 @@ fn carries(body: &Value, handoff: &Value) -> bool {
         .unwrap()
         .iter()
         .any(|m| m["content"] == handoff["content"])
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_timeline_draws_the_trigger_and_count_each_request_was_decided_with() {
-    let (_strict, mock) = strict_mock(16_384).await;
-    let proxy = Proxy::start_with(&mock.url(), options(16_384, SUMMARY));
-    let mut history = vec![json!({"role": "system", "content": "be brief"})];
-    for n in 0..13 {
-        turn(&proxy, "decided", &mut history, big_user(n, 700), 1024).await;
-    }
-    let records = records(&proxy, "decided");
-    assert!(!records.is_empty(), "the session compacted");
-
-    // 0.9 × (16,384 − 1,024): the client's max_tokens is the reserve, not the default.
-    let timeline = timeline(&proxy, "decided");
-    let requests = requests_of(&timeline);
-    let lines = log_lines(&proxy, "decided");
-    let decisions = of_kind(&lines, "decision");
-    assert_eq!(decisions.len(), requests.len(), "one decision per request");
-    assert_eq!(timeline["trigger_tokens"], 13_824);
-    for (event, decision) in requests.iter().zip(&decisions) {
-        assert_eq!(event["trigger"], 13_824, "{event}");
-        assert_eq!(event["trigger"], decision["trigger"]);
-        assert_eq!(event["input_budget"], 15_360);
-        assert_eq!(event["reserved"], 1024);
-        assert_eq!(event["estimated"], false);
-        assert!(
-            event["tools_tokens"].as_u64().unwrap() > 20,
-            "tools are counted: {event}"
-        );
-        assert_eq!(event["estimated_tokens"], decision["estimate"]);
-        // Over the drawn trigger only when the proxy says why.
-        if event["estimated_tokens"].as_u64().unwrap() > 13_824 {
-            assert!(
-                !event["over"].is_null(),
-                "over the trigger without a why: {event}"
-            );
-        }
-    }
-
-    // The provider's series is the scripted model's own count of each view it got.
-    let sent = agent_requests(&mock);
-    assert_eq!(sent.len(), requests.len());
-    for (event, body) in requests.iter().zip(&sent) {
-        assert_eq!(
-            event["provider_tokens"],
-            Strict::count(&body.json()),
-            "{event}"
-        );
-    }
-    // Calibrated, handoff's estimate of what it sent stays close to the provider's.
-    for event in &requests[2..] {
-        let (ours, theirs) = (
-            event["estimated_tokens"].as_f64().unwrap(),
-            event["provider_tokens"].as_f64().unwrap(),
-        );
-        assert!((ours - theirs).abs() / theirs < 0.1, "{ours} vs {theirs}");
-    }
-
-    // "Compacted here" is on the request whose view first carried each handoff.
-    let marked: Vec<usize> = requests
-        .iter()
-        .filter(|e| e["compacted_here"] == true)
-        .map(|e| e["number"].as_u64().unwrap() as usize)
-        .collect();
-    assert_eq!(marked.len(), records.len(), "{marked:?}");
-    for (number, record) in marked.iter().zip(&records) {
-        assert_eq!(requests[number - 1]["compaction"], record["id"]);
-        assert!(carries(&sent[number - 1].json(), &record["handoff"]));
-        assert!(!carries(&sent[number - 2].json(), &record["handoff"]));
-    }
-
-    // `audit show` prints the same figures.
-    let show = String::from_utf8(proxy.audit(&["show", "decided"]).stdout).unwrap();
-    assert_eq!(
-        show.matches("trigger=13824").count(),
-        requests.len(),
-        "{show}"
-    );
-    assert_eq!(show.matches("COMPACTED HERE").count(), records.len());
-    let last = requests.last().unwrap();
-    assert!(
-        show.contains(&format!(
-            "sent~{} ",
-            last["estimated_tokens"].as_u64().unwrap()
-        )) && show.contains(&format!("provider={}", last["provider_tokens"])),
-        "{show}"
-    );
-    proxy.assert_verified(&["decided"]);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_view_sent_over_the_trigger_says_why_and_a_refusal_or_an_upstream_error_is_marked() {
-    let (strict, inner) = strict_mock(16_384).await;
-    drop(inner);
-    // The scripted model, but a 503 for a question that asks for one.
-    let mock = MockUpstream::with(move |request: &Recorded| {
-        if request.json().to_string().contains("PLEASE-FAIL") {
-            return Reply::error(503, "overloaded", "try later");
-        }
-        strict.answer(request)
-    })
-    .await;
-    let proxy = Proxy::start_with(&mock.url(), options(16_384, SUMMARY));
-    let mut history = vec![json!({"role": "system", "content": "be brief"})];
-    for n in 0..3 {
-        turn(&proxy, "odd", &mut history, big_user(n, 200), 1024).await;
-    }
-    // The newest message alone is over the trigger (13,824) and under the budget
-    // (15,360) with a handoff of the rest: everything before it is compacted, and the
-    // view is sent.
-    history.push(sized_user(90, 14_100));
-    let got = send(&proxy, "odd", &history, 1024).await;
-    assert_eq!(got.status, 200, "{}", got.text());
-    history.push(got.json()["choices"][0]["message"].clone());
-    history.pop();
-    history.pop();
-    // Alone over the budget, with calibrated counts: refused, and logged as refused.
-    history.push(sized_user(91, 17_000));
-    let refused = send(&proxy, "odd", &history, 1024).await;
-    assert_eq!(refused.status, 400, "{}", refused.text());
-    history.pop();
-    history.push(json!({"role": "user", "content": "PLEASE-FAIL now"}));
-    let failed = send(&proxy, "odd", &history, 1024).await;
-    assert_eq!(failed.status, 503);
-
-    let requests = requests_of(&timeline(&proxy, "odd"));
-    let over: Vec<&Value> = requests.iter().filter(|e| !e["over"].is_null()).collect();
-    assert_eq!(over.len(), 1, "{requests:#?}");
-    assert_eq!(over[0]["over"], "newest_unit");
-    assert!(over[0]["estimated_tokens"].as_u64().unwrap() > 13_824);
-    assert!(over[0]["estimated_tokens"].as_u64().unwrap() <= 15_360);
-    assert_eq!(over[0]["compacted_here"], true, "{}", over[0]);
-    let refusal = &requests[requests.len() - 2];
-    assert_eq!(refusal["refused"], "context_length_exceeded", "{refusal}");
-    assert!(refusal["estimated_tokens"].as_u64().unwrap() > 15_360);
-    assert!(
-        refusal["provider_tokens"].is_null(),
-        "never sent: {refusal}"
-    );
-    let error = requests.last().unwrap();
-    assert_eq!(error["upstream_status"], 503, "{error}");
-    for event in &requests {
-        if event["estimated_tokens"].as_u64().unwrap_or(0) > 13_824 {
-            assert!(
-                !event["over"].is_null() || !event["refused"].is_null(),
-                "a request drawn over the trigger without a why: {event}"
-            );
-        }
-    }
-    // Uncalibrated, a first request over the budget by less than a factor of two is
-    // sent on that guess; the provider refuses it, and nothing can be cut.
-    let guessed = send(
-        &proxy,
-        "guess",
-        &[
-            json!({"role": "system", "content": "be brief"}),
-            sized_user(1, 15_800),
-        ],
-        1024,
-    )
-    .await;
-    assert_eq!(guessed.status, 400, "{}", guessed.text());
-    let guess = requests_of(&timeline(&proxy, "guess")).pop().unwrap();
-    assert_eq!(guess["over"], "guess", "{guess}");
-    assert_eq!(guess["upstream_status"], 400);
-    assert_eq!(
-        guess["retries"], 1,
-        "the provider refused it once for its size"
-    );
-    // A tool result too long for any view is shortened in the view only.
-    let call = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
-        "function": {"name": "lookup", "arguments": "{\"query\":\"the log\"}"}}]});
-    let body = format!("START{}END", " hello".repeat(17_000));
-    let rescued = send(
-        &proxy,
-        "rescue",
-        &[
-            json!({"role": "system", "content": "be brief"}),
-            json!({"role": "user", "content": "read the log"}),
-            call,
-            json!({"role": "tool", "tool_call_id": "c1", "content": body}),
-        ],
-        1024,
-    )
-    .await;
-    assert_eq!(rescued.status, 200, "{}", rescued.text());
-    let rescue = requests_of(&timeline(&proxy, "rescue")).pop().unwrap();
-    assert_eq!(rescue["rescued"], true, "{rescue}");
-    assert!(
-        rescue["over"].is_null() || rescue["over"] == "rescued",
-        "{rescue}"
-    );
-    assert!(
-        rescue["estimated_tokens"].as_u64().unwrap() <= 15_360,
-        "{rescue}"
-    );
-
-    let show = String::from_utf8(proxy.audit(&["show", "odd"]).stdout).unwrap();
-    assert!(show.contains("OVER THE TRIGGER (newest_unit)"), "{show}");
-    assert!(show.contains("REFUSED context_length_exceeded"), "{show}");
-    assert!(show.contains("UPSTREAM ANSWERED 503"), "{show}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
