@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod audit_views;
 mod edges;
 mod failures;
 mod folding;
