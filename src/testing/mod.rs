@@ -48,6 +48,7 @@ mod served_asks;
 mod served_compaction;
 mod socket;
 mod stub_dialect;
+mod tracking;
 mod unchained;
 
 /// The hex SHA-256 of `text`: what a `[[auth.keys]]` entry names a key by.

@@ -1,4 +1,7 @@
-//! Conversation tracking and the log of originals, end to end.
+//! Conversation tracking and the log of originals on the real binary, where a process
+//! or the disk is the subject: the SDK's requests replayed exactly, a restart, a torn
+//! last line, the files' permissions, re-serialised tool arguments across a restart.
+//! The rest is in-process (`src/testing/tracking.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::os::unix::fs::PermissionsExt;
@@ -7,7 +10,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::client::{self, request};
 use crate::support::scenario::run_client;
 use crate::support::{canonical, read_tree, Proxy, ProxyOptions};
 use mock_upstream::{agent_reply, MockUpstream, Reply};
@@ -71,165 +73,6 @@ async fn three_hundred_sdk_requests_replay_exactly() {
     assert_eq!(user_messages.len(), 150);
 
     proxy.assert_verified(&[]);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hundred_parallel_conversations_are_kept_apart() {
-    let mock = MockUpstream::with(|req| {
-        let body = req.json();
-        let last = body["messages"]
-            .as_array()
-            .and_then(|m| m.last())
-            .cloned()
-            .unwrap_or_default();
-        Reply::chat_text(&format!("echo {}", last["content"].as_str().unwrap_or("")))
-    })
-    .await;
-    let proxy = Arc::new(Proxy::start(&mock.url()));
-
-    let mut tasks = Vec::new();
-    for n in 0..100 {
-        let proxy = Arc::clone(&proxy);
-        tasks.push(tokio::spawn(async move {
-            let header = format!("conv-{n}");
-            let mut messages = vec![user(&format!("hello from {n}"))];
-            for turn in 0..3 {
-                let headers: Vec<(&str, &str)> = if n % 2 == 0 {
-                    vec![("x-handoff-conversation-id", header.as_str())]
-                } else {
-                    vec![]
-                };
-                let got = post(
-                    &proxy,
-                    &headers,
-                    &json!({"model": "gpt-4o", "messages": messages}),
-                )
-                .await;
-                assert_eq!(got.status, 200, "{}", got.text());
-                messages.push(got.json()["choices"][0]["message"].clone());
-                messages.push(user(&format!("turn {turn} of {n}")));
-            }
-        }));
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
-
-    let conversations = proxy.conversations();
-    assert_eq!(conversations.len(), 100);
-    for summary in &conversations {
-        assert_eq!(summary["requests"], 3, "{summary}");
-        assert_eq!(summary["branches"], 1, "{summary}");
-        let id = summary["id"].as_str().unwrap();
-        let replay = proxy.replay(id, None);
-        // 3 requests: user, reply, user, reply, user, reply.
-        assert_eq!(replay.len(), 6, "{id}");
-        let owner = replay[0]["content"]
-            .as_str()
-            .unwrap()
-            .trim_start_matches("hello from ")
-            .to_owned();
-        if let Some(n) = id.strip_prefix("conv-") {
-            assert_eq!(n, owner);
-        }
-        for message in &replay {
-            let text = message["content"].as_str().unwrap();
-            assert!(
-                text.ends_with(&format!(" {owner}")) || text.contains(&format!("of {owner}")),
-                "{id}: {text}"
-            );
-        }
-    }
-    assert!(proxy.audit(&["verify"]).status.success());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn regenerations_and_edits_become_branches_and_stay_replayable() {
-    let serial = Arc::new(AtomicUsize::new(0));
-    let mock = MockUpstream::with(move |_| {
-        Reply::chat_text(&format!("reply {}", serial.fetch_add(1, Ordering::SeqCst)))
-    })
-    .await;
-    let proxy = Proxy::start(&mock.url());
-    let id = [("x-handoff-conversation-id", "branchy")];
-
-    let first = vec![
-        user("one"),
-        json!({"role": "assistant", "content": "ok"}),
-        user("two"),
-    ];
-    assert_eq!(
-        post(&proxy, &id, &json!({"model": "m", "messages": first}))
-            .await
-            .status,
-        200
-    );
-    // Regenerate: the very same request again gets a different reply.
-    assert_eq!(
-        post(&proxy, &id, &json!({"model": "m", "messages": first}))
-            .await
-            .status,
-        200
-    );
-    // Edit the first message.
-    let edited = vec![
-        user("ONE (edited)"),
-        json!({"role": "assistant", "content": "ok"}),
-        user("two"),
-    ];
-    assert_eq!(
-        post(&proxy, &id, &json!({"model": "m", "messages": edited}))
-            .await
-            .status,
-        200
-    );
-
-    let summary = &proxy.conversations()[0];
-    assert_eq!(summary["branches"], 3, "{summary}");
-    assert_eq!(
-        summary["messages"],
-        3 + 1 + 1 + 3 + 1,
-        "nothing may be logged twice: {summary}"
-    );
-
-    let detail = client::send(request(
-        "GET",
-        &format!("{}/handoff/conversations/branchy", proxy.url()),
-        &[],
-        "",
-    ))
-    .await;
-    assert_eq!(detail.status, 200);
-    let tips: Vec<String> = detail.json()["branch_tips"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["tip"].as_str().unwrap().to_owned())
-        .collect();
-    assert_eq!(tips.len(), 3);
-
-    let contents = |replay: Vec<Value>| -> Vec<String> {
-        replay
-            .iter()
-            .map(|m| m["content"].as_str().unwrap().to_owned())
-            .collect()
-    };
-    assert_eq!(
-        contents(proxy.replay("branchy", Some(&tips[0]))),
-        ["one", "ok", "two", "reply 0"]
-    );
-    assert_eq!(
-        contents(proxy.replay("branchy", Some(&tips[1]))),
-        ["one", "ok", "two", "reply 1"]
-    );
-    assert_eq!(
-        contents(proxy.replay("branchy", Some(&tips[2]))),
-        ["ONE (edited)", "ok", "two", "reply 2"]
-    );
-    assert_eq!(
-        contents(proxy.replay("branchy", None)),
-        ["ONE (edited)", "ok", "two", "reply 2"]
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -442,67 +285,6 @@ async fn files_are_private_and_hold_no_credentials() {
         & 0o777;
     assert_eq!(dir_mode, 0o700);
     assert!(!proxy.logs().contains("DISKSECRET"));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn admin_lists_conversations_in_pages() {
-    let mock = MockUpstream::replying(Reply::chat_text("ok")).await;
-    let proxy = Proxy::start(&mock.url());
-    for n in 0..5 {
-        let id = format!("page-{n}");
-        post(
-            &proxy,
-            &[("x-handoff-conversation-id", id.as_str())],
-            &json!({"model": "m", "messages": [user("x")]}),
-        )
-        .await;
-    }
-    let page = client::send(request(
-        "GET",
-        &format!("{}/handoff/conversations?limit=2", proxy.url()),
-        &[],
-        "",
-    ))
-    .await;
-    assert_eq!(page.status, 200);
-    let page = page.json();
-    assert_eq!(page["has_more"], true);
-    let ids: Vec<&str> = page["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, ["page-0", "page-1"]);
-    let rest = client::send(request(
-        "GET",
-        &format!(
-            "{}/handoff/conversations?limit=10&after=page-1",
-            proxy.url()
-        ),
-        &[],
-        "",
-    ))
-    .await;
-    assert_eq!(rest.json()["data"].as_array().unwrap().len(), 3);
-    assert_eq!(rest.json()["has_more"], false);
-
-    let missing = client::send(request(
-        "GET",
-        &format!("{}/handoff/conversations/nope", proxy.url()),
-        &[],
-        "",
-    ))
-    .await;
-    assert_eq!(missing.status, 404);
-    let bad = client::send(request(
-        "GET",
-        &format!("{}/handoff/conversations/a%20b", proxy.url()),
-        &[],
-        "",
-    ))
-    .await;
-    assert_eq!(bad.status, 400);
 }
 
 /// A model that writes tool-call arguments with spaces (`{"command": "ls"}`), and a
