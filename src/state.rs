@@ -11,6 +11,7 @@ use arc_swap::ArcSwap;
 use handoff_plugin_api::CancellationToken;
 use serde::Serialize;
 
+use crate::auth::Secrets;
 use crate::auth::{Credentials, KeyError, RateLimiter};
 use crate::compaction::job::Compactor;
 use crate::config::StoreBackend;
@@ -82,12 +83,12 @@ pub(crate) struct Snapshot {
 
 impl Snapshot {
     /// Builds clients and strategies for `config`.
-    pub(crate) fn build(config: Config) -> Result<Self, StateError> {
+    pub(crate) fn build(config: Config, secrets: &Secrets) -> Result<Self, StateError> {
         let main_key = config
             .upstream
             .api_key_env
             .as_deref()
-            .map(|variable| crate::auth::read_key("upstream.api_key_env", variable))
+            .map(|variable| crate::auth::read_key(secrets, "upstream.api_key_env", variable))
             .transpose()?;
         let upstream = Upstream::new(&config.upstream)?.with_key(main_key.as_deref())?;
         // Another base URL with the upstream's timeouts, and its own key: the main key
@@ -101,7 +102,7 @@ impl Snapshot {
                 ..config.upstream.clone()
             })?;
             let key = match key_env {
-                Some(variable) => Some(crate::auth::read_key(field, variable)?),
+                Some(variable) => Some(crate::auth::read_key(secrets, field, variable)?),
                 None if other.same_origin(&upstream) => main_key.clone(),
                 None => None,
             };
@@ -142,7 +143,7 @@ impl Snapshot {
             }
         }
         let registry = Registry::build(&config)?;
-        let credentials = Credentials::build(&config)?;
+        let credentials = Credentials::build(&config, secrets)?;
         let pins = crate::pins::Pins::build(&config.compaction.pin).map_err(|err| {
             config::ConfigError::Invalid {
                 key: "compaction.pin.rules".into(),
@@ -201,12 +202,16 @@ struct Parts {
     metrics: Arc<Metrics>,
     tokens: Arc<Tokens>,
     data_dir_lock: Option<crate::store::DataDirLock>,
+    /// Where the key variables are read.
+    secrets: Secrets,
 }
 
 /// Shared by every connection.
 pub(crate) struct AppState {
     current: ArcSwap<Snapshot>,
     overrides: Overrides,
+    /// Where the key variables are read, at start and at each reload.
+    secrets: Secrets,
     reload: Mutex<ReloadStatus>,
     /// Conversation tracking over the store.
     pub tracker: Arc<Tracker>,
@@ -321,6 +326,7 @@ impl AppState {
             metrics,
             tokens,
             data_dir_lock,
+            secrets: Secrets::default(),
         };
         Self::assemble(config, overrides, parts)
     }
@@ -329,13 +335,18 @@ impl AppState {
     /// secret, counting with `tokens` (shared, so its tables load once): what the
     /// in-process tests run the router on.
     #[cfg(test)]
-    pub(crate) fn in_memory(config: Config, tokens: Arc<Tokens>) -> Result<Self, StateError> {
+    pub(crate) fn in_memory(
+        config: Config,
+        tokens: Arc<Tokens>,
+        secrets: Secrets,
+    ) -> Result<Self, StateError> {
         let parts = Parts {
             store: Arc::new(crate::store::MemoryStore::default()),
             secret: ServerSecret::from_bytes([7; 32]),
             metrics: Arc::new(Metrics::default()),
             tokens,
             data_dir_lock: None,
+            secrets,
         };
         Self::assemble(config, Overrides::default(), parts)
     }
@@ -347,6 +358,7 @@ impl AppState {
             metrics,
             tokens,
             data_dir_lock,
+            secrets,
         } = parts;
         let config_limits = config.limits.clone();
         let ownership =
@@ -370,8 +382,9 @@ impl AppState {
             pace: Arc::default(),
         };
         Ok(Self {
-            current: ArcSwap::from_pointee(Snapshot::build(config)?),
+            current: ArcSwap::from_pointee(Snapshot::build(config, &secrets)?),
             overrides,
+            secrets,
             reload: Mutex::new(ReloadStatus::default()),
             tracker,
             ownership,
@@ -428,7 +441,7 @@ impl AppState {
                 return Ok(());
             }
         }
-        let result = loaded.and_then(Snapshot::build);
+        let result = loaded.and_then(|config| Snapshot::build(config, &self.secrets));
         let mut status = self
             .reload
             .lock()

@@ -9,6 +9,7 @@
 //! Keys are compared by SHA-256, so the config never holds one.
 
 mod limit;
+mod secrets;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use http::header::{self, HeaderMap};
 use sha2::{Digest, Sha256};
 
 pub(crate) use limit::{too_large, Exceeded, RateLimiter, Want, WantKind};
+pub(crate) use secrets::Secrets;
 
 use crate::config::Config;
 use crate::dialect::{credential, presented_key};
@@ -39,15 +41,12 @@ pub(crate) enum KeyError {
     },
 }
 
-/// The value of the key variable `variable`, named by the config key `field`.
-pub(crate) fn read_key(field: &str, variable: &str) -> Result<String, KeyError> {
-    let value = std::env::var(variable)
-        .ok()
-        .filter(|v| !v.is_empty())
-        .ok_or_else(|| KeyError::Unset {
-            key: field.to_owned(),
-            variable: variable.to_owned(),
-        })?;
+/// The value of the key variable `variable` in `secrets`, named by the config key `field`.
+pub(crate) fn read_key(secrets: &Secrets, field: &str, variable: &str) -> Result<String, KeyError> {
+    let value = secrets.get(variable).ok_or_else(|| KeyError::Unset {
+        key: field.to_owned(),
+        variable: variable.to_owned(),
+    })?;
     crate::redact::register_secret(&value);
     Ok(value)
 }
@@ -97,16 +96,13 @@ pub(crate) struct Credentials {
 }
 
 impl Credentials {
-    /// Builds the table from `config`, reading the variables it names.
-    pub(crate) fn build(config: &Config) -> Result<Self, KeyError> {
+    /// Builds the table from `config`, reading the variables it names from `secrets`.
+    pub(crate) fn build(config: &Config, secrets: &Secrets) -> Result<Self, KeyError> {
         let read = |key: String, variable: &str| {
-            std::env::var(variable)
-                .ok()
-                .filter(|v| !v.is_empty())
-                .ok_or_else(|| KeyError::Unset {
-                    key,
-                    variable: variable.to_owned(),
-                })
+            secrets.get(variable).ok_or_else(|| KeyError::Unset {
+                key,
+                variable: variable.to_owned(),
+            })
         };
         let mut keys = HashMap::new();
         for (index, key) in config.auth.keys.iter().enumerate() {
@@ -141,7 +137,7 @@ impl Credentials {
         }
         // Read here too, so that an unset variable is this table's error.
         if let Some(variable) = &config.upstream.api_key_env {
-            read_key("upstream.api_key_env", variable)?;
+            read_key(secrets, "upstream.api_key_env", variable)?;
         }
         Ok(Self {
             keys,

@@ -28,7 +28,7 @@ fn keyed(extra: &str) -> Credentials {
         hex("hk-b")
     ))
     .unwrap();
-    Credentials::build(&config).unwrap()
+    Credentials::build(&config, &Default::default()).unwrap()
 }
 
 fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
@@ -48,7 +48,7 @@ fn secret() -> ServerSecret {
 
 #[test]
 fn without_keys_each_credential_is_its_own_tenant_in_either_header() {
-    let open = Credentials::build(&from_toml("").unwrap()).unwrap();
+    let open = Credentials::build(&from_toml("").unwrap(), &Default::default()).unwrap();
     let limiter = RateLimiter::default();
     let tenant = |pairs: &[(&str, &str)]| {
         open.admit(&secret(), &limiter, &headers(pairs), NO_BODY)
@@ -136,7 +136,7 @@ fn a_proxy_key_never_goes_upstream_and_the_upstream_key_goes_where_the_dialect_t
     assert_eq!(anthropic["x-api-key"], "sk-upstream");
     assert!(anthropic.get("authorization").is_none());
     // Without proxy keys or an upstream key, the client's own credential goes on.
-    let open = Credentials::build(&config).unwrap();
+    let open = Credentials::build(&config, &Default::default()).unwrap();
     let mut own = headers(&[("x-api-key", "sk-client")]);
     open.rewrite(&mut own, DialectKind::Anthropic, &plain);
     assert_eq!(own["x-api-key"], "sk-client");

@@ -23,6 +23,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::Value;
 use tokio::net::TcpListener;
 
+use crate::auth::Secrets;
 use crate::base::record::CompactionRecord;
 use crate::conversation::ConversationId;
 use crate::state::AppState;
@@ -48,6 +49,7 @@ mod served_asks;
 mod served_compaction;
 mod socket;
 mod stub_dialect;
+mod team;
 mod tracking;
 mod unchained;
 
@@ -127,10 +129,17 @@ impl Answer {
 
 impl Harness {
     /// Starts the router with the embedded default config, `extra` on top, and
-    /// `upstream` as the provider.
+    /// `upstream` as the provider; the key variables it names are read from the
+    /// environment.
     pub(crate) async fn start(upstream: &str, extra: &str) -> Self {
+        Self::start_with(upstream, extra, Secrets::default()).await
+    }
+
+    /// Like [`Self::start`], the key variables the config names read from `secrets`
+    /// (tests run at once in one environment, each with keys of its own).
+    pub(crate) async fn start_with(upstream: &str, extra: &str, secrets: Secrets) -> Self {
         let config = crate::config::from_toml(&config_text(upstream, extra)).unwrap();
-        let state = Arc::new(AppState::in_memory(config, tokens()).unwrap());
+        let state = Arc::new(AppState::in_memory(config, tokens(), secrets).unwrap());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
@@ -166,6 +175,11 @@ impl Harness {
             client,
             _stop: stop,
         }
+    }
+
+    /// The loopback address it listens on, for a client that writes its own bytes.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// `http://127.0.0.1:PORT`.

@@ -223,7 +223,7 @@ pub(crate) async fn evaluate(
     progress: &(dyn Fn() + Sync),
 ) -> Result<Vec<ConversationReport>, EvalError> {
     let config = eval_config(config, options, replays);
-    let snapshot = Snapshot::build(config)?;
+    let snapshot = Snapshot::build(config, &crate::auth::Secrets::default())?;
     let tokens = Arc::new(Tokens::new(crate::dialect::text::message_text));
     let compactor = Compactor {
         tokens: Arc::clone(&tokens),
