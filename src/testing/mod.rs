@@ -36,6 +36,7 @@ mod cache_breakpoint;
 mod compaction;
 mod cost;
 mod decisions;
+mod gemini;
 mod hook_queue;
 mod hooks;
 mod hooks_everywhere;
