@@ -25,12 +25,13 @@ fn lines(proxy: &Proxy, id: &str, kind: &str) -> Vec<Value> {
         .collect()
 }
 
-/// The metrics once `line` is among them, or after 10 s.
-async fn metrics_with(proxy: &Proxy, line: &str) -> String {
+/// The metrics once every one of `lines` is among them, or after 10 s: the reply-stage
+/// hooks run after the client has its answer, so their counts land a little later.
+async fn metrics_with(proxy: &Proxy, lines: &[&str]) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let metrics = proxy.metrics().await;
-        if metrics.contains(line) || Instant::now() > deadline {
+        if lines.iter().all(|line| metrics.contains(line)) || Instant::now() > deadline {
             return metrics;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -123,17 +124,14 @@ async fn a_tag_hook_reroutes_to_a_second_upstream_and_tags_the_record_and_the_me
         assert!(plain[0].get("hooks").is_none(), "{}", plain[0]);
     }
     // Metrics carry the tags metric_tags names; the reply's come after the reply.
-    let metrics = metrics_with(
-        &proxy,
-        "handoff_hook_tags_total{tag=\"answered_by\",value=\"cheap\"} 3",
-    )
-    .await;
-    for line in [
+    let expected = [
         "handoff_hook_tags_total{tag=\"task\",value=\"translation\"} 3",
         "handoff_hook_tags_total{tag=\"answered_by\",value=\"cheap\"} 3",
         "handoff_hook_calls_total{hook=\"router\",stage=\"request\",outcome=\"rerouted\"} 3",
         "handoff_hook_calls_total{hook=\"router\",stage=\"reply\",outcome=\"passed\"} 6",
-    ] {
+    ];
+    let metrics = metrics_with(&proxy, &expected).await;
+    for line in expected {
         assert!(metrics.contains(line), "{line} in {metrics}");
     }
     assert!(
@@ -154,7 +152,7 @@ async fn a_chain_of_reply_hooks_alone_tags_every_reply() {
         assert_eq!(got.status, 200, "{path}: {}", got.text());
     }
     let line = "handoff_hook_tags_total{tag=\"replied\",value=\"yes\"} 3";
-    let metrics = metrics_with(&proxy, line).await;
+    let metrics = metrics_with(&proxy, &[line]).await;
     assert!(metrics.contains(line), "{metrics}");
     assert!(!metrics.contains("stage=\"request\""), "{metrics}");
 }
