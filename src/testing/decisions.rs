@@ -8,8 +8,6 @@
 
 use std::sync::Arc;
 
-use http::Request;
-use http_body_util::Full;
 use mock_upstream::strict::Strict;
 use mock_upstream::{MockUpstream, Recorded, Reply};
 use serde_json::{json, Value};
@@ -81,14 +79,8 @@ fn sized_user(n: usize, tokens: usize) -> Value {
 
 /// The request events of conversation `id`'s timeline.
 async fn requests_of(proxy: &Harness, id: &str) -> Vec<Value> {
-    let uri = format!(
-        "{}/handoff/conversations/{id}/timeline?limit=2000",
-        proxy.url()
-    );
-    let timeline = proxy
-        .send(Request::get(uri).body(Full::default()).unwrap())
-        .await
-        .json();
+    let path = format!("/handoff/conversations/{id}/timeline?limit=2000");
+    let timeline = proxy.get(&path).await.json();
     let events = timeline["events"].as_array().unwrap();
     assert_eq!(timeline["trigger_tokens"], TRIGGER, "{timeline}");
     events

@@ -294,13 +294,25 @@ impl Harness {
         .unwrap()
     }
 
+    /// `GET path` (and query), read whole.
+    pub(crate) async fn get(&self, path: &str) -> Answer {
+        let uri = format!("{}{path}", self.url());
+        match Request::get(uri).body(Full::default()) {
+            Ok(request) => self.send(request).await,
+            Err(err) => panic!("a GET of {path}: {err}"),
+        }
+    }
+
+    /// What `GET /handoff/metrics` shows.
+    pub(crate) async fn metrics(&self) -> String {
+        self.get("/handoff/metrics").await.text()
+    }
+
     /// Conversation `id`'s timeline, as the web view reads it.
     pub(crate) async fn timeline(&self, id: &str) -> serde_json::Value {
-        let uri = format!("{}/handoff/conversations/{id}/timeline", self.url());
-        match Request::get(uri).body(Full::default()) {
-            Ok(request) => self.send(request).await.json(),
-            Err(err) => panic!("a timeline request for {id}: {err}"),
-        }
+        self.get(&format!("/handoff/conversations/{id}/timeline"))
+            .await
+            .json()
     }
 
     /// Sends `request` and reads the whole answer.

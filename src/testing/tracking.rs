@@ -7,8 +7,6 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use http::Request;
-use http_body_util::Full;
 use mock_upstream::{MockUpstream, Reply};
 use serde_json::{json, Value};
 
@@ -25,14 +23,6 @@ async fn post(proxy: &Harness, headers: &[(&str, &str)], body: &Value) -> Answer
         .await;
     assert_eq!(answer.status, 200, "{}", answer.text());
     answer
-}
-
-/// `GET path` of the admin API.
-async fn get(proxy: &Harness, path: &str) -> Answer {
-    let uri = format!("{}{path}", proxy.url());
-    proxy
-        .send(Request::get(uri).body(Full::default()).unwrap())
-        .await
 }
 
 /// `audit list --json`: one summary per conversation.
@@ -174,7 +164,7 @@ async fn regenerations_and_edits_become_branches_and_stay_replayable() {
         "nothing may be logged twice: {summary}"
     );
 
-    let detail = get(&proxy, "/handoff/conversations/branchy").await;
+    let detail = proxy.get("/handoff/conversations/branchy").await;
     assert_eq!(detail.status, 200);
     let tips: Vec<String> = detail.json()["branch_tips"]
         .as_array()
@@ -217,7 +207,7 @@ async fn admin_lists_conversations_in_pages() {
         )
         .await;
     }
-    let page = get(&proxy, "/handoff/conversations?limit=2").await;
+    let page = proxy.get("/handoff/conversations?limit=2").await;
     assert_eq!(page.status, 200);
     let page = page.json();
     assert_eq!(page["has_more"], true);
@@ -228,15 +218,13 @@ async fn admin_lists_conversations_in_pages() {
         .map(|c| c["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["page-0", "page-1"]);
-    let rest = get(&proxy, "/handoff/conversations?limit=10&after=page-1")
+    let rest = proxy
+        .get("/handoff/conversations?limit=10&after=page-1")
         .await
         .json();
     assert_eq!(rest["data"].as_array().unwrap().len(), 3);
     assert_eq!(rest["has_more"], false);
 
-    assert_eq!(get(&proxy, "/handoff/conversations/nope").await.status, 404);
-    assert_eq!(
-        get(&proxy, "/handoff/conversations/a%20b").await.status,
-        400
-    );
+    assert_eq!(proxy.get("/handoff/conversations/nope").await.status, 404);
+    assert_eq!(proxy.get("/handoff/conversations/a%20b").await.status, 400);
 }

@@ -9,8 +9,6 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use http::Request;
-use http_body_util::Full;
 use serde_json::{json, Value};
 
 use super::{agent_requests, strict, user};
@@ -18,15 +16,6 @@ use crate::testing::Harness;
 
 /// The 4k model, summaries on the 16k one allowed 1 s each, compacting inline.
 const CONFIG: &str = "[models.\"strict\"]\ncontext_window = 4096\n[models.\"strict-16k\"]\ncontext_window = 16384\n[compaction]\nsummary_model = \"strict-16k\"\nsummary_timeout = \"1s\"\nmax_wait = \"60s\"\n";
-
-/// What `GET /handoff/metrics` shows.
-async fn metrics(proxy: &Harness) -> String {
-    let uri = format!("{}/handoff/metrics", proxy.url());
-    proxy
-        .send(Request::get(uri).body(Full::default()).unwrap())
-        .await
-        .text()
-}
 
 /// `audit view`, `show` and `replay` of conversation `id`, as the CLI prints them.
 async fn view(proxy: &Harness, id: &str) -> Vec<Value> {
@@ -125,7 +114,7 @@ async fn manual_compaction_and_the_audit_views() {
     let sent = agent_requests(&mock).pop().unwrap();
     assert_eq!(sent["messages"][2]["content"], view[2]["content"]);
 
-    let metrics = metrics(&proxy).await;
+    let metrics = proxy.metrics().await;
     assert!(
         metrics
             .contains("handoff_compactions_total{strategy=\"summarize\",outcome=\"committed\"} 1"),
@@ -187,7 +176,7 @@ async fn rescue_shortens_an_over_long_tool_body_only_in_the_view() {
         refusals,
         "the rescued view fits"
     );
-    let metrics = metrics(&proxy).await;
+    let metrics = proxy.metrics().await;
     assert!(
         metrics.contains("handoff_views_rescued_total 1"),
         "{metrics}"

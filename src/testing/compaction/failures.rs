@@ -7,8 +7,6 @@
 
 use std::time::Duration;
 
-use http::Request;
-use http_body_util::Full;
 use mock_upstream::strict::SummaryMode;
 use serde_json::{json, Value};
 
@@ -48,15 +46,6 @@ async fn drive_until_compaction(proxy: &Harness, id: &str) -> Vec<CompactionReco
     panic!("{id}: no compaction in 20 turns");
 }
 
-/// What `GET /handoff/metrics` shows.
-async fn metrics(proxy: &Harness) -> String {
-    let uri = format!("{}/handoff/metrics", proxy.url());
-    proxy
-        .send(Request::get(uri).body(Full::default()).unwrap())
-        .await
-        .text()
-}
-
 #[tokio::test(start_paused = true)]
 async fn summary_failures_fall_back_to_extract_and_record_every_attempt() {
     let cases = [
@@ -91,7 +80,7 @@ async fn summary_failures_fall_back_to_extract_and_record_every_attempt() {
             "extract keeps every user message, the oldest included: {record:?}"
         );
         assert!(strict.over_window.lock().unwrap().is_empty());
-        let metrics = metrics(&proxy).await;
+        let metrics = proxy.metrics().await;
         assert!(
             metrics.contains(&format!("reason=\"{reason}\"")),
             "{metrics}"
