@@ -1,7 +1,7 @@
 //! Google's Gemini API end to end, through the real binary against the scripted Gemini
 //! model: the key the Gemini way (`x-goog-api-key`, `?key=`, proxy keys, the upstream's
 //! own key, written nowhere on disk or in the logs), reactive compaction with a summary
-//! call in Gemini's shape, and a hook's reroute over TLS, which moves the model in the
+//! call in Gemini's shape, and a hook's reroute, which moves the model in the
 //! path. The JSON-array stream, Google's error shape and the teams' files and caches
 //! are tested in-process (`src/testing/gemini.rs`); Gemini CLI itself runs in
 //! `tests/agents.rs`.
