@@ -12,6 +12,7 @@ use mock_upstream::strict::Strict;
 use mock_upstream::{MockUpstream, Recorded, Reply};
 use serde_json::{json, Value};
 
+use super::compaction::{agent_requests, user};
 use super::{Answer, Harness};
 
 /// The 16k model, summaries on it too, compacting inline.
@@ -66,12 +67,6 @@ async fn turn(proxy: &Harness, id: &str, history: &mut Vec<Value>, user: Value) 
     }
 }
 
-/// A user turn of about `tokens` tokens that states fact `n`.
-fn big_user(n: usize, tokens: usize) -> Value {
-    let filler: Vec<String> = (0..tokens / 2).map(|i| format!("w{i}")).collect();
-    json!({"role": "user", "content": format!("FACT-{n:03} {}", filler.join(" "))})
-}
-
 /// A user message of about `tokens` tokens, one a word.
 fn sized_user(n: usize, tokens: usize) -> Value {
     json!({"role": "user", "content": format!("BIG-{n}{}", " hello".repeat(tokens))})
@@ -118,15 +113,6 @@ fn carries(body: &Value, handoff: &Value) -> bool {
         .any(|m| m["content"] == handoff["content"])
 }
 
-/// The requests the agent made (not the summaries).
-fn agent_requests(mock: &MockUpstream) -> Vec<Value> {
-    mock.requests()
-        .iter()
-        .map(Recorded::json)
-        .filter(|body| !mock_upstream::strict::is_summary(body))
-        .collect()
-}
-
 /// The strict 16k provider, answering every request.
 async fn strict_16k() -> (Arc<Strict>, MockUpstream) {
     let strict = Strict::new(16_384);
@@ -141,7 +127,7 @@ async fn the_timeline_draws_the_trigger_and_count_each_request_was_decided_with(
     let proxy = Harness::start(&mock.url(), CONFIG).await;
     let mut history = vec![json!({"role": "system", "content": "be brief"})];
     for n in 0..13 {
-        turn(&proxy, "decided", &mut history, big_user(n, 700)).await;
+        turn(&proxy, "decided", &mut history, user(n, 700)).await;
     }
     let records: Vec<Value> = (proxy.records("decided").await.iter())
         .map(|r| serde_json::to_value(r).unwrap())
@@ -230,7 +216,7 @@ async fn a_view_sent_over_the_trigger_says_why_and_a_refusal_or_an_upstream_erro
     let proxy = Harness::start(&mock.url(), CONFIG).await;
     let mut history = vec![json!({"role": "system", "content": "be brief"})];
     for n in 0..3 {
-        turn(&proxy, "odd", &mut history, big_user(n, 200)).await;
+        turn(&proxy, "odd", &mut history, user(n, 200)).await;
     }
     // The newest message alone is over the trigger and under the budget with a handoff
     // of the rest: everything before it is compacted, and the view is sent.

@@ -281,13 +281,24 @@ impl Harness {
             .conversation(id)
             .await
             .unwrap_or_else(|| panic!("no conversation {id}"));
+        self.audit_all(move |audit, out| run(audit, id.as_str(), id.tenant().as_str(), out))
+            .await
+    }
+
+    /// What an `audit` verb over every conversation prints (`list`, `verify` without
+    /// an id); an audit that fails panics.
+    pub(crate) async fn audit_all<F>(&self, run: F) -> String
+    where
+        F: FnOnce(&crate::audit::Audit, &mut Vec<u8>) -> Result<(), crate::audit::AuditError>
+            + Send
+            + 'static,
+    {
         let store = Arc::clone(self.state.tracker.store());
         let runtime = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || {
             let mut out = Vec::new();
             let audit = crate::audit::Audit::new(store, runtime);
-            run(&audit, id.as_str(), id.tenant().as_str(), &mut out)
-                .unwrap_or_else(|err| panic!("audit of {id}: {err}"));
+            run(&audit, &mut out).unwrap_or_else(|err| panic!("audit: {err}"));
             String::from_utf8(out).unwrap()
         })
         .await

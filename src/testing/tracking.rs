@@ -27,17 +27,9 @@ async fn post(proxy: &Harness, headers: &[(&str, &str)], body: &Value) -> Answer
 
 /// `audit list --json`: one summary per conversation.
 async fn conversations(proxy: &Harness) -> Vec<Value> {
-    let store = Arc::clone(proxy.state.tracker.store());
-    let runtime = tokio::runtime::Handle::current();
-    let text = tokio::task::spawn_blocking(move || {
-        let mut out = Vec::new();
-        crate::audit::Audit::new(store, runtime)
-            .list(None, true, &mut out)
-            .unwrap();
-        String::from_utf8(out).unwrap()
-    })
-    .await
-    .unwrap();
+    let text = proxy
+        .audit_all(|audit, out| audit.list(None, true, out))
+        .await;
     text.lines()
         .map(|line| serde_json::from_str(line).unwrap())
         .collect()
@@ -114,20 +106,10 @@ async fn a_hundred_parallel_conversations_are_kept_apart() {
             );
         }
     }
-    let store = Arc::clone(proxy.state.tracker.store());
-    let runtime = tokio::runtime::Handle::current();
-    let verified = tokio::task::spawn_blocking(move || {
-        let mut out = Vec::new();
-        let verified = crate::audit::Audit::new(store, runtime).verify(None, None, &mut out);
-        (verified.is_ok(), String::from_utf8(out).unwrap())
-    })
-    .await
-    .unwrap();
-    assert!(
-        verified.0 && !verified.1.contains("problem"),
-        "{}",
-        verified.1
-    );
+    // A problem fails the audit, and the test with it.
+    proxy
+        .audit_all(|audit, out| audit.verify(None, None, out))
+        .await;
 }
 
 #[tokio::test]

@@ -250,24 +250,24 @@ async fn an_exec_hook_in_python_stays_up_redacts_and_refuses() {
     );
     assert_eq!(mock.requests().len(), 5, "the refused request went nowhere");
     // Each sent request was shown to it as a view, and each reply after it was logged.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let metrics = loop {
-        let metrics = proxy.metrics().await;
-        let done = metrics.contains(
-            "handoff_hook_calls_total{hook=\"policy\",stage=\"reply\",outcome=\"passed\"} 5",
-        );
-        if done || std::time::Instant::now() > deadline {
-            break metrics;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
-    for line in [
+    // The reply stage runs after the client has its answer: wait for every count.
+    let expected = [
         "handoff_hook_calls_total{hook=\"policy\",stage=\"request\",outcome=\"redacted\"} 5",
         "handoff_hook_calls_total{hook=\"policy\",stage=\"request\",outcome=\"denied\"} 1",
         "handoff_hook_calls_total{hook=\"policy\",stage=\"view\",outcome=\"passed\"} 5",
         "handoff_hook_calls_total{hook=\"policy\",stage=\"reply\",outcome=\"passed\"} 5",
         "handoff_hook_tags_total{tag=\"reply_names_host\",value=\"no\"} 5",
-    ] {
+    ];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let metrics = loop {
+        let metrics = proxy.metrics().await;
+        let done = expected.iter().all(|line| metrics.contains(line));
+        if done || std::time::Instant::now() > deadline {
+            break metrics;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    for line in expected {
         assert!(metrics.contains(line), "{line} in {metrics}");
     }
     // One process served every call (the guard in front of it is handoff's binary).
