@@ -35,6 +35,8 @@ pub struct RequestLog {
     tenant: Option<TenantId>,
     head_at: Option<Duration>,
     metrics: Option<Arc<Metrics>>,
+    /// The request's span, when it is traced: ended with the line.
+    span: Option<crate::otel::RequestSpan>,
 }
 
 impl RequestLog {
@@ -52,7 +54,13 @@ impl RequestLog {
             tenant: None,
             head_at: None,
             metrics: None,
+            span: None,
         }
+    }
+
+    /// Ends `span` with this request: its status, and how its body ended.
+    pub(crate) fn trace(&mut self, span: crate::otel::RequestSpan) {
+        self.span = Some(span);
     }
 
     /// Reports this request's overhead to `metrics` when it ends.
@@ -85,11 +93,28 @@ impl RequestLog {
 
     /// Records the tenant the request was admitted as.
     pub fn set_tenant(&mut self, tenant: &TenantId) {
+        if let Some(span) = &self.span {
+            span.set(opentelemetry::KeyValue::new(
+                crate::telemetry::spans::attr::TENANT,
+                tenant.as_str().to_owned(),
+            ));
+        }
         self.tenant = Some(tenant.clone());
     }
 
     /// Records the conversation this request belongs to.
     pub fn set_conversation(&mut self, id: &ConversationId) {
+        if let Some(span) = &self.span {
+            use crate::telemetry::spans::attr;
+            span.set(opentelemetry::KeyValue::new(
+                attr::CONVERSATION,
+                id.as_str().to_owned(),
+            ));
+            span.set(opentelemetry::KeyValue::new(
+                attr::HANDOFF_CONVERSATION,
+                id.as_str().to_owned(),
+            ));
+        }
         self.conversation = Some(id.clone());
     }
 
@@ -155,6 +180,9 @@ impl Drop for RequestLog {
             (&self.metrics, self.head_at, self.upstream_time)
         {
             metrics.observe_overhead(head.saturating_sub(upstream));
+        }
+        if let Some(span) = self.span.take() {
+            span.end(self.status, self.outcome, self.started.elapsed());
         }
         tracing::info!(
             target: crate::telemetry::ACCESS_TARGET,

@@ -75,6 +75,7 @@ mod gate;
 mod named_model;
 mod native;
 mod neutral_forms;
+mod otel;
 mod ownership;
 mod path;
 mod pipeline;

@@ -154,11 +154,16 @@ pub(crate) async fn serve(config: Config, overrides: Overrides) -> Result<(), Se
     tokio::join!(accept_loop(first, shared), signals);
     drained.wait().await;
     tracing::info!("all workers drained");
+    let exporting = Arc::clone(&state);
     let joined = tokio::task::spawn_blocking(move || {
         for thread in threads {
             if thread.join().is_err() {
                 tracing::error!("a worker thread panicked");
             }
+        }
+        // The last requests' spans leave before the process does.
+        if let Some(telemetry) = &exporting.telemetry {
+            telemetry.shutdown(grace);
         }
     })
     .await;

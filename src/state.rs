@@ -57,6 +57,9 @@ pub(crate) enum StateError {
     /// A pre-tenant data dir could not be moved to the tenant `legacy`.
     #[error(transparent)]
     Migration(#[from] MigrationError),
+    /// `[tracing]` is on and its export could not start.
+    #[error(transparent)]
+    Tracing(#[from] crate::otel::OtelError),
 }
 
 /// Everything built from one config.
@@ -235,6 +238,8 @@ pub(crate) struct AppState {
     pub hook_forms: crate::neutral_forms::NeutralForms,
     /// The upstreams and models found to refuse the APIs' own compaction.
     pub native_refusals: crate::native::Refusals,
+    /// OpenTelemetry export, when `[tracing]` is on (fixed at start).
+    pub telemetry: Option<crate::otel::Telemetry>,
     /// The disk store's exclusive hold on its data dir, for the life of the process.
     _data_dir_lock: Option<crate::store::DataDirLock>,
 }
@@ -368,6 +373,7 @@ impl AppState {
                 .with_lease_ttl(config.store.lease_ttl),
         );
         let shutdown = CancellationToken::new();
+        let telemetry = crate::otel::Telemetry::start(&config.tracing, Arc::clone(&metrics))?;
         let compactor = Compactor {
             tokens: Arc::clone(&tokens),
             cancel: shutdown.clone(),
@@ -400,6 +406,7 @@ impl AppState {
             ),
             hook_forms: crate::neutral_forms::NeutralForms::new(),
             native_refusals: crate::native::Refusals::default(),
+            telemetry,
             _data_dir_lock: data_dir_lock,
         })
     }

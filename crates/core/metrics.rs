@@ -61,6 +61,12 @@ pub const KEY_SUMMARY_CALLS: &str = "handoff_key_summary_calls_total";
 /// Tokens those calls used (their `usage`), charged to the key's `tpm`, by key.
 pub const KEY_SUMMARY_TOKENS: &str = "handoff_key_summary_tokens_total";
 
+/// Spans the OpenTelemetry export dropped, by reason (`queue_full`, `export_failed`,
+/// `export_timeout`).
+pub const SPANS_DROPPED: &str = "handoff_otel_spans_dropped_total";
+/// Spans the collector took.
+pub const SPANS_EXPORTED: &str = "handoff_otel_spans_exported_total";
+
 /// Upper bounds, in seconds, of the overhead histogram's buckets.
 const OVERHEAD_BUCKETS: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
@@ -213,6 +219,16 @@ const HELP: &[(&str, &str, &str)] = &[
         KEY_SUMMARY_TOKENS,
         "counter",
         "Tokens the summary calls for a proxy key's conversations used, charged to its tpm.",
+    ),
+    (
+        SPANS_DROPPED,
+        "counter",
+        "OpenTelemetry spans dropped, never waited for: by reason (queue_full, export_failed, export_timeout).",
+    ),
+    (
+        SPANS_EXPORTED,
+        "counter",
+        "OpenTelemetry spans the collector took.",
     ),
     (
         "handoff_store_sync_failures_total",

@@ -11,7 +11,7 @@
 
 // The layers below, under the names every layer uses for them.
 use handoff_base as base;
-use handoff_core::{body, cache_scope, config, metrics, redact, worker};
+use handoff_core::{body, cache_scope, config, metrics, redact, telemetry, worker};
 use handoff_store::{self as store, adoption, tenant};
 use handoff_wire::{dialect, tokens, upstream};
 

@@ -9,7 +9,7 @@
 
 // The layers below, under the names every layer uses for them.
 use handoff_base as base;
-use handoff_core::{body, cache_scope, config, error, redact, rewrite, worker};
+use handoff_core::{body, cache_scope, config, error, redact, rewrite, telemetry, worker};
 
 pub mod dialect;
 pub mod tokens;

@@ -67,6 +67,9 @@ pub(crate) struct ReplyTarget {
     /// A compaction handoff served in front of a streamed reply (a Responses item, a
     /// Messages block): logged first, as the client got it.
     pub prepend: Option<serde_json::Value>,
+    /// The request's trace context: its span learns the reply's usage and finish
+    /// reasons (a stream ends on the connection's task, outside the request's).
+    pub trace: opentelemetry::Context,
 }
 
 /// What sees a reply after it was logged.
@@ -137,6 +140,7 @@ impl ReplyTarget {
         assembled: Assembled,
         ended: Outcome,
     ) -> Result<(), RelayError> {
+        crate::otel::reply(&self.trace, self.dialect, &assembled);
         let Assembled {
             mut replies,
             usage,
@@ -252,6 +256,7 @@ impl ReplyTarget {
 
     /// Logs a non-streamed reply, read whole.
     pub(crate) async fn log_json(self, body: &[u8]) -> Result<(), RelayError> {
+        crate::otel::response_model(&self.trace, body);
         match self.dialect.get().replies_from_json(body) {
             Ok(assembled) => self.log(assembled, Outcome::Complete).await,
             Err(err) => {

@@ -41,6 +41,7 @@ use std::sync::Arc;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
+use opentelemetry::context::FutureExt as _;
 
 use crate::access_log::RequestLog;
 use crate::auth::Admission;
@@ -96,6 +97,13 @@ pub(crate) async fn handle(
     admission: Admission,
     route: Route,
 ) -> Response<ProxyBody> {
+    let traced = open_span(
+        state,
+        (request.method(), request.uri().path(), request.headers()),
+        route,
+        log,
+        &admission,
+    );
     // Every content-keyed cache the request reads is its tenant's.
     let scope = crate::cache_scope::of(admission.tenant.as_str());
     let ran = crate::cache_scope::within(scope, async {
@@ -107,8 +115,11 @@ pub(crate) async fn handle(
                 passthrough::run(state, snap, request, log, admission, dialect).await
             }
         }
-    })
-    .await;
+    });
+    let ran = match traced {
+        Some(cx) => ran.with_context(cx).await,
+        None => ran.await,
+    };
     halt::answered(ran, route.dialect())
 }
 
@@ -122,12 +133,41 @@ pub(crate) async fn handle_read(
     admission: Admission,
     dialect: DialectKind,
 ) -> Response<ProxyBody> {
+    let traced = open_span(
+        state,
+        (&request.0.method, dialect.get().path(), &request.0.headers),
+        Route::Tracked(dialect),
+        log,
+        &admission,
+    );
     let scope = crate::cache_scope::of(admission.tenant.as_str());
     let ran = crate::cache_scope::within(scope, async {
         tracked::run_read(state, snap, request, log, admission, dialect).await
-    })
-    .await;
+    });
+    let ran = match traced {
+        Some(cx) => ran.with_context(cx).await,
+        None => ran.await,
+    };
     halt::answered(ran, dialect)
+}
+
+/// Opens the span of a request (its method, path and headers) when tracing is on,
+/// hands it to `log`, which ends it with the response, and returns the context the
+/// request's work runs in.
+fn open_span(
+    state: &AppState,
+    (method, path, headers): (&http::Method, &str, &http::HeaderMap),
+    route: Route,
+    log: &mut RequestLog,
+    admission: &Admission,
+) -> Option<opentelemetry::Context> {
+    let telemetry = state.telemetry.as_ref()?;
+    let tracked = matches!(route, Route::Tracked(_));
+    let span = telemetry.request_span(headers, method, path, route.dialect().name(), tracked);
+    let cx = span.context().clone();
+    log.trace(span);
+    log.set_tenant(&admission.tenant);
+    Some(cx)
 }
 
 /// `inner` through the view-stage hooks of `tenant`'s requests of `model` in `dialect`:

@@ -222,6 +222,10 @@ fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
 
 /// Checks the rules that types alone cannot express.
 fn validate(config: &Config) -> Result<(), ConfigError> {
+    config
+        .tracing
+        .check()
+        .map_err(|(key, reason)| invalid(key, reason))?;
     for (index, rule) in config.compaction.pin.rules.iter().enumerate() {
         regex::Regex::new(&rule.pattern).map_err(|err| {
             invalid(

@@ -14,6 +14,12 @@ const MASK: &str = "********";
 pub fn masked(config: &Config) -> Value {
     let mut value = serde_json::to_value(config).unwrap_or(Value::Null);
     mask_value(&mut value);
+    // An exporter's headers are a backend's credentials, whatever they are called.
+    if let Some(Value::Object(headers)) = value.pointer_mut("/tracing/headers") {
+        headers
+            .values_mut()
+            .for_each(|v| *v = Value::String(MASK.to_owned()));
+    }
     value
 }
 

@@ -10,6 +10,7 @@ mod mask;
 mod middleware;
 mod prepare_at;
 mod prices;
+mod tracing_config;
 mod workers;
 
 use std::collections::BTreeMap;
@@ -24,6 +25,7 @@ pub use load::{check_serve, config_file, from_toml, load, strategy_kind, ConfigE
 pub use mask::masked;
 pub use middleware::{Failure, HookConfig, MiddlewareConfig};
 pub use prices::{price_of, Billed, Price};
+pub use tracing_config::{env as otel_env, TracingConfig};
 pub use workers::{cores, Workers};
 
 /// The whole effective configuration, as one validated snapshot.
@@ -58,6 +60,8 @@ pub struct Config {
     pub tls: TlsConfig,
     /// Log output.
     pub log: LogConfig,
+    /// OpenTelemetry spans and metrics.
+    pub tracing: TracingConfig,
     /// Access to the `/handoff/*` admin endpoints.
     pub admin: AdminConfig,
     /// Proxy keys: who may use the proxy, and as which tenant.
@@ -141,6 +145,7 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             tls: TlsConfig::default(),
             log: LogConfig::default(),
+            tracing: TracingConfig::default(),
             admin: AdminConfig::default(),
             auth: AuthConfig::default(),
             store: StoreConfig::default(),

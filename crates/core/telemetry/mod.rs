@@ -6,6 +6,7 @@
 
 mod access_format;
 mod batch;
+pub mod spans;
 
 use std::io::IsTerminal;
 

@@ -217,6 +217,7 @@ async fn stand_in<'a>(
     }
     compactor.background.keep_stand_in(job.id, adopted);
     compactor.metrics.add(STAND_INS, &[], 1.0);
+    super::traced::stand_in(waited);
     tracing::info!(conversation = %job.id, waited_ms = waited.as_millis() as u64, estimate = after, "the summary ran past compaction.max_wait; sent with a stand-in");
     Ok(Waited::StandIn(stood_in))
 }

@@ -44,6 +44,7 @@ pub mod service;
 pub mod spend;
 mod split;
 mod summary_count;
+mod traced;
 pub mod unit;
 
 pub use crate::adoption::{adopt, Adopted, Adoption};

@@ -137,8 +137,13 @@ pub fn summary_client(
             .parse()
             .unwrap_or_else(|_| PathAndQuery::from_static(dialect.get().path()))
     };
+    let speaks = if chat {
+        DialectKind::OpenAiChat
+    } else {
+        dialect
+    };
     let raw: std::sync::Arc<dyn ModelClient> =
-        std::sync::Arc::new(UpstreamModelClient::new(upstream, path, headers));
+        std::sync::Arc::new(UpstreamModelClient::new(upstream, path, headers).speaking(speaks));
     if chat {
         raw
     } else {
@@ -149,6 +154,8 @@ pub fn summary_client(
 /// Calls the upstream as the client would.
 pub struct UpstreamModelClient {
     upstream: Upstream,
+    /// The wire format its bodies are in: what its spans read usage with.
+    dialect: DialectKind,
     path: PathAndQuery,
     headers: HeaderMap,
     /// The credential values it sends: an error reply that echoes one is scrubbed.
@@ -191,16 +198,40 @@ impl UpstreamModelClient {
             .collect();
         Self {
             upstream,
+            dialect: DialectKind::OpenAiChat,
             path,
             headers,
             secrets,
         }
+    }
+
+    /// The same client, its bodies in `dialect` (chat completions unless told).
+    pub fn speaking(mut self, dialect: DialectKind) -> Self {
+        self.dialect = dialect;
+        self
     }
 }
 
 impl ModelClient for UpstreamModelClient {
     fn complete(&self, body: Value) -> BoxFuture<'_, Result<ModelReply, ModelCallError>> {
         async move {
+            let Some(span) = super::traced::summary_call(self.dialect, &body) else {
+                return self.call(body).await;
+            };
+            let started = std::time::Instant::now();
+            let cx = span.context().clone();
+            let answer = opentelemetry::context::FutureExt::with_context(self.call(body), cx).await;
+            super::traced::summary_answered(span, self.dialect, &answer, started.elapsed());
+            answer
+        }
+        .boxed()
+    }
+}
+
+impl UpstreamModelClient {
+    /// One call: the body posted, the answer read.
+    async fn call(&self, body: Value) -> Result<ModelReply, ModelCallError> {
+        {
             let target = self
                 .upstream
                 .target(Some(&self.path))
@@ -227,6 +258,5 @@ impl ModelClient for UpstreamModelClient {
             }
             Ok(ModelReply { status, body })
         }
-        .boxed()
     }
 }

@@ -11,6 +11,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use opentelemetry::context::FutureExt as _;
+
 use super::background::Ticket;
 use super::budget::{RequestBudget, Scale};
 use super::job::{CompactError, Compactor, FitError, Fitted, Job};
@@ -204,6 +206,7 @@ impl Compactor {
             if running {
                 tracing::info!(conversation = %tracked.id, estimate = current, input_budget = budget.input_budget, margin = margin.tokens, "over the input budget less its margin while its compaction runs; waiting for it");
                 self.metrics.add(PREPARED_WAITED, &[], 1.0);
+                super::traced::prepared(true);
             } else {
                 tracing::info!(conversation = %tracked.id, estimate = current, threshold = budget.threshold, "over the trigger; compacting");
             }
@@ -288,6 +291,7 @@ impl Compactor {
         let prepared_from = adopted.record.prepared.as_ref().map_or(0, |p| p.messages);
         let arrived = tracked.message_digests.len().saturating_sub(prepared_from);
         self.metrics.add(PREPARED_ADOPTED, &[], 1.0);
+        super::traced::prepared(false);
         tracing::info!(conversation = %tracked.id, compaction = %adopted.record.id, arrived, "adopted the prepared compaction");
         let line = Line::now(Entry::Adopt(AdoptLine {
             compact_id: adopted.record.id.clone(),
@@ -305,6 +309,17 @@ impl Compactor {
     /// lease across replicas. A request that waited finds the other's handoff instead
     /// of making its own.
     pub async fn compact<'a>(&self, job: &Job<'a>) -> Result<ModelView<'a>, CompactError> {
+        let Some(span) = super::traced::open(job) else {
+            return self.compact_untraced(job).await;
+        };
+        let cx = span.context().clone();
+        let result = self.compact_untraced(job).with_context(cx).await;
+        super::traced::close(&span, &result);
+        result
+    }
+
+    /// [`Self::compact`], in whatever span is current.
+    async fn compact_untraced<'a>(&self, job: &Job<'a>) -> Result<ModelView<'a>, CompactError> {
         let _single_flight = job.tracker.single_flight(job.id).await;
         let started = Instant::now();
         let patience = job.tracker.lease_ttl()
@@ -327,6 +342,12 @@ impl Compactor {
                 return Err(CompactError::Busy(patience.as_secs()));
             }
             if !waiting {
+                crate::telemetry::spans::note(|| {
+                    vec![opentelemetry::KeyValue::new(
+                        "handoff.compaction.waited_for_lease",
+                        true,
+                    )]
+                });
                 tracing::info!(conversation = %job.id, "another replica holds the compaction lease; waiting for its handoff or its expiry");
                 waiting = true;
             }
@@ -551,6 +572,7 @@ impl Compactor {
             &[],
             record.tokens_before.saturating_sub(record.tokens_after) as f64,
         );
+        super::traced::committed(record);
         tracing::info!(
             compaction = %record.id,
             strategy = %record.strategy,
@@ -571,9 +593,11 @@ impl Compactor {
         if prepared {
             metrics.add(PREPARED, &[("outcome", "started")], 1.0);
         }
+        // Its spans hang from the request that started it, which may end first.
+        let cx = opentelemetry::Context::current();
         crate::cache_scope::spawn(async move {
             let _ticket = ticket;
-            let outcome = compactor.run_detached(&preparation).await;
+            let outcome = compactor.run_detached(&preparation).with_context(cx).await;
             if prepared {
                 metrics.add(PREPARED, &[("outcome", outcome)], 1.0);
             }

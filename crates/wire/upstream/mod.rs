@@ -206,11 +206,29 @@ impl Upstream {
         Uri::from_parts(parts).map_err(|err| bad(self.shown.clone(), err.to_string()))
     }
 
+    /// `server.address` and `server.port`, for the span of a request sent here.
+    fn server_attributes(&self) -> Vec<opentelemetry::KeyValue> {
+        use crate::telemetry::spans::attr;
+        let default = if self.scheme == Scheme::HTTPS {
+            443
+        } else {
+            80
+        };
+        let port = self.authority.port_u16().unwrap_or(default);
+        vec![
+            opentelemetry::KeyValue::new(attr::SERVER_ADDRESS, self.authority.host().to_owned()),
+            opentelemetry::KeyValue::new(attr::SERVER_PORT, i64::from(port)),
+        ]
+    }
+
     /// Sends `request` and waits for the response head within `read_timeout`.
     pub async fn send(
         &self,
-        request: Request<ProxyBody>,
+        mut request: Request<ProxyBody>,
     ) -> Result<Response<Incoming>, UpstreamError> {
+        // A traced request's next hop is a child of handoff's span.
+        crate::telemetry::spans::inject(request.headers_mut());
+        crate::telemetry::spans::note(|| self.server_attributes());
         let sent = self.pool().send(&self.connector, &self.host, request);
         match tokio::time::timeout(self.read_timeout, sent).await {
             Err(_) => Err(UpstreamError::ReadTimeout {
@@ -249,7 +267,8 @@ impl Upstream {
     /// Sends `request` (a `GET` asking to upgrade) on a connection of its own, outside
     /// the pool, over HTTP/1.1, and hands over the connection when the upstream
     /// switches: a WebSocket to the upstream.
-    pub async fn upgrade(&self, request: Request<ProxyBody>) -> Result<Upgrade, UpstreamError> {
+    pub async fn upgrade(&self, mut request: Request<ProxyBody>) -> Result<Upgrade, UpstreamError> {
+        crate::telemetry::spans::inject(request.headers_mut());
         use hyper::client::conn::http1;
         use tower_service::Service;
         let target = request.uri().clone();

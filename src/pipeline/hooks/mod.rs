@@ -314,6 +314,26 @@ async fn run(
     let mut decided = Decided::default();
     for hook in chain {
         let name = hook.name.as_str();
+        let span = crate::telemetry::spans::child(
+            format!("handoff.hook {name}"),
+            opentelemetry::trace::SpanKind::Internal,
+            vec![
+                opentelemetry::KeyValue::new("handoff.hook.name", name.to_owned()),
+                opentelemetry::KeyValue::new("handoff.hook.stage", stage.name()),
+            ],
+        );
+        let count = |metrics: &Metrics, name: &str, stage: Stage, outcome: &str| {
+            count(metrics, name, stage, outcome);
+            if let Some(span) = &span {
+                span.set(opentelemetry::KeyValue::new(
+                    "handoff.hook.outcome",
+                    outcome.to_owned(),
+                ));
+                if outcome.starts_with("failed") || outcome == "denied" {
+                    span.fail(outcome.to_owned(), format!("the hook {outcome}"));
+                }
+            }
+        };
         let called = match take_turn(hook, &request.tenant).await {
             // The time limit runs from the turn: it measures the hook's own work.
             Ok(_turn) => tokio::time::timeout(hook.timeout, call(hook, stage, request))

@@ -39,6 +39,13 @@ impl Exchange<'_> {
         {
             decision.over = Some(decision::OVER_PROVIDER_COMPACTS.to_owned());
         }
+        let saved = sent.0.compaction.as_ref().map(|adopted| {
+            adopted
+                .record
+                .tokens_before
+                .saturating_sub(adopted.record.tokens_after)
+        });
+        crate::otel::decision(&decision, saved);
         Some(decision)
     }
 
@@ -53,6 +60,7 @@ impl Exchange<'_> {
         };
         let code = error.code.unwrap_or(error.kind);
         let refused = decision::refused(budget, tracked, before, code, &error.message);
+        crate::otel::decision(&refused, None);
         self.note(Some(refused)).await;
     }
 

@@ -102,6 +102,7 @@ async fn exchange(
         authorize(state, &exchange.snap, &admission, &claims).await?;
     }
     exchange.settle();
+    crate::otel::request_model(&exchange.chat.model);
     exchange.note_asks();
     let (id, base, across) = exchange.identify(admission).await?;
     log.set_conversation(&id);
@@ -721,12 +722,14 @@ impl<'s> Exchange<'s> {
             return None;
         }
         let path = Continuer::path(&self.chat, self.request_target())?;
-        let client: Arc<dyn handoff_plugin_api::ModelClient> =
-            Arc::new(crate::compaction::model_client::UpstreamModelClient::new(
+        let client: Arc<dyn handoff_plugin_api::ModelClient> = Arc::new(
+            crate::compaction::model_client::UpstreamModelClient::new(
                 self.upstream().clone(),
                 path,
                 self.parts.headers.clone(),
-            ));
+            )
+            .speaking(self.chat.dialect),
+        );
         Some(Arc::new(Continuer {
             body: self.body.clone(),
             client: self.charged(client),

@@ -60,6 +60,7 @@ impl Exchange<'_> {
                 .map_err(|err| ApiError::internal(err.to_string()))?;
             let (body, applied) = self.cleared(&view, body, estimate)?;
             let body = self.viewed(body).await?;
+            crate::otel::input(&body);
             let asked = if ask_usage {
                 dialect.ask_usage(&body)
             } else {
@@ -181,8 +182,36 @@ impl Exchange<'_> {
                 Reason::ContextLengthExceeded,
                 view.compact_id(),
             );
+            // The compaction this retry runs hangs from a span of its own.
+            let retry = crate::telemetry::spans::child(
+                "handoff.retry",
+                opentelemetry::trace::SpanKind::Internal,
+                vec![
+                    opentelemetry::KeyValue::new("handoff.retry.attempt", i64::from(retries)),
+                    opentelemetry::KeyValue::new(
+                        crate::telemetry::spans::attr::HTTP_STATUS,
+                        i64::from(head.status.as_u16()),
+                    ),
+                    opentelemetry::KeyValue::new(
+                        "handoff.retry.threshold",
+                        i64::try_from(tightened).unwrap_or(i64::MAX),
+                    ),
+                ],
+            );
+            let compacting = Box::pin(self.state.compactor.compact(&job));
+            let compacted = match &retry {
+                Some(retry) => {
+                    opentelemetry::context::FutureExt::with_context(
+                        compacting,
+                        retry.context().clone(),
+                    )
+                    .await
+                }
+                None => compacting.await,
+            };
+            drop(retry);
             // Boxed, as in `fit`: the rare path's future stays off every request's.
-            match Box::pin(self.state.compactor.compact(&job)).await {
+            match compacted {
                 Ok(compacted) => {
                     estimate = Some(compacted.estimate(
                         &self.state.tokens,
@@ -301,6 +330,7 @@ impl Exchange<'_> {
     ) -> ReplyTarget {
         ReplyTarget {
             decision: self.decision(tracked, (view, estimate), retries, while_preparing),
+            trace: opentelemetry::Context::current(),
             tracker: Arc::clone(&self.state.tracker),
             parent: tracked.head(),
             id: tracked.id.clone(),

@@ -209,6 +209,7 @@ async fn a_reply_being_logged_when_the_client_leaves_is_still_logged() {
             _ => None,
         });
     let target = crate::capture::ReplyTarget {
+        trace: opentelemetry::Context::new(),
         tracker: std::sync::Arc::clone(&proxy.state.tracker),
         id: id.clone(),
         parent,
