@@ -78,7 +78,9 @@ impl Telemetry {
             return Ok(None);
         }
         let resource = resource(config);
-        let client = http_client(config.export_timeout);
+        // The queue's own limit decides when an export has taken too long (and counts
+        // it): the client's and the exporter's wait longer.
+        let client = http_client(config.export_timeout * 2);
         let headers: std::collections::HashMap<String, String> = config
             .headers
             .iter()
@@ -88,7 +90,7 @@ impl Telemetry {
             .with_http()
             .with_http_client(client.clone())
             .with_headers(headers.clone())
-            .with_timeout(config.export_timeout);
+            .with_timeout(config.export_timeout * 2);
         if let Some(url) = config.signal_url("v1/traces") {
             spans = spans.with_endpoint(url);
         }
@@ -200,7 +202,8 @@ impl Telemetry {
         }
     }
 
-    /// Exports every span ended so far (tests, and `shutdown`'s first step).
+    /// Exports every span and metric recorded so far.
+    #[cfg(test)]
     pub(crate) fn flush(&self) {
         let _ = self.tracer.force_flush();
         if let Some(meters) = &self.meters {

@@ -51,6 +51,7 @@ mod served_compaction;
 mod socket;
 mod stub_dialect;
 mod team;
+mod tracing;
 mod tracking;
 mod unchained;
 

@@ -44,6 +44,7 @@ pub mod service;
 pub mod spend;
 mod split;
 mod summary_count;
+mod summary_span;
 mod traced;
 pub mod unit;
 

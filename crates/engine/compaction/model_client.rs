@@ -215,13 +215,13 @@ impl UpstreamModelClient {
 impl ModelClient for UpstreamModelClient {
     fn complete(&self, body: Value) -> BoxFuture<'_, Result<ModelReply, ModelCallError>> {
         async move {
-            let Some(span) = super::traced::summary_call(self.dialect, &body) else {
+            let Some(span) = super::summary_span::open(self.dialect, &body) else {
                 return self.call(body).await;
             };
             let started = std::time::Instant::now();
             let cx = span.context().clone();
             let answer = opentelemetry::context::FutureExt::with_context(self.call(body), cx).await;
-            super::traced::summary_answered(span, self.dialect, &answer, started.elapsed());
+            super::summary_span::answered(span, self.dialect, &answer, started.elapsed());
             answer
         }
         .boxed()
