@@ -115,18 +115,24 @@ impl Telemetry {
         } else {
             None
         };
-        // The metrics reader's task runs on the export thread's runtime.
-        let (reader_sender, reader_receiver) = std::sync::mpsc::sync_channel(1);
+        // The metrics reader's task runs on the export thread's runtime: the provider
+        // is built there, where registering the reader spawns it.
+        let (meters_sender, meters_receiver) = std::sync::mpsc::sync_channel(1);
+        let meter_resource = resource.clone();
         let on_thread = move || {
-            let reader = meter_exporter.map(|exporter| {
-                opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader::builder(
+            let meters = meter_exporter.map(|exporter| {
+                let reader = opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader::builder(
                     exporter,
                     opentelemetry_sdk::runtime::Tokio,
                 )
                 .with_interval(METRICS_INTERVAL)
-                .build()
+                .build();
+                SdkMeterProvider::builder()
+                    .with_resource(meter_resource)
+                    .with_reader(reader)
+                    .build()
             });
-            let _ = reader_sender.send(reader);
+            let _ = meters_sender.send(meters);
         };
         let queue = queue::Queue::start(
             exporter,
@@ -136,7 +142,7 @@ impl Telemetry {
             on_thread,
         )?;
         let mut provider = SdkTracerProvider::builder()
-            .with_resource(resource.clone())
+            .with_resource(resource)
             .with_span_processor(queue);
         if let Some(ratio) = config.sample_ratio {
             provider = provider.with_sampler(Sampler::ParentBased(Box::new(
@@ -144,16 +150,10 @@ impl Telemetry {
             )));
         }
         let tracer_provider = provider.build();
-        let meters = reader_receiver
+        let meters = meters_receiver
             .recv_timeout(Duration::from_secs(5))
             .ok()
-            .flatten()
-            .map(|reader| {
-                SdkMeterProvider::builder()
-                    .with_resource(resource)
-                    .with_reader(reader)
-                    .build()
-            });
+            .flatten();
         let gen_ai = meters.as_ref().map(|provider| {
             let meter = provider.meter("handoff");
             GenAiMetrics {
