@@ -7,7 +7,7 @@ use opentelemetry::{Array, KeyValue, StringValue, Value};
 use crate::base::line::DecisionLine;
 use crate::base::reply::Assembled;
 use crate::dialect::DialectKind;
-use crate::telemetry::spans::{self, attr, Tracing};
+use crate::telemetry::spans::{self, attr, number, Tracing};
 
 /// The request's model, on the span and in the facts its metrics are labelled with.
 pub(crate) fn request_model(model: &str) {
@@ -21,8 +21,6 @@ pub(crate) fn request_model(model: &str) {
 /// The decision that sent (or refused) the view, and the tokens its handoff saved.
 pub(crate) fn decision(decision: &DecisionLine, saved: Option<u64>) {
     spans::note(|| {
-        let number =
-            |key: &'static str, n: u64| KeyValue::new(key, i64::try_from(n).unwrap_or(i64::MAX));
         let mut attributes = vec![
             number("handoff.decision.window", decision.window),
             number("handoff.decision.input_budget", decision.input_budget),
@@ -95,22 +93,11 @@ pub(crate) fn reply(cx: &opentelemetry::Context, dialect: DialectKind, assembled
         .as_ref()
         .and_then(|usage| dialect.get().billed(usage));
     if let Some(billed) = &billed {
-        // The conventions count cached input in the input tokens.
-        let input = billed.input + billed.cache_read + billed.cache_write;
-        let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        attributes.push(KeyValue::new(attr::INPUT_TOKENS, int(input)));
-        attributes.push(KeyValue::new(attr::OUTPUT_TOKENS, int(billed.output)));
-        attributes.push(KeyValue::new(
-            "gen_ai.usage.cache_read.input_tokens",
-            int(billed.cache_read),
-        ));
-        attributes.push(KeyValue::new(
-            "gen_ai.usage.cache_creation.input_tokens",
-            int(billed.cache_write),
-        ));
+        let (usage, tokens) = spans::usage(billed);
+        attributes.extend(usage);
         if let Some(shared) = cx.get::<spans::SharedFacts>() {
             if let Ok(mut facts) = shared.0.lock() {
-                facts.tokens = Some((input, billed.output));
+                facts.tokens = Some(tokens);
             }
         }
     }

@@ -256,6 +256,27 @@ pub fn learn(update: impl FnOnce(&mut Facts)) {
     });
 }
 
+/// An integer attribute (OTLP's integers are signed; a count past `i64::MAX` is capped).
+pub fn number(key: &'static str, n: u64) -> KeyValue {
+    KeyValue::new(key, i64::try_from(n).unwrap_or(i64::MAX))
+}
+
+/// What a bill puts on a span, and its input and output tokens as the conventions
+/// count them: cached input is input.
+pub fn usage(billed: &crate::config::Billed) -> (Vec<KeyValue>, (u64, u64)) {
+    let input = billed.input + billed.cache_read + billed.cache_write;
+    let attributes = vec![
+        number(attr::INPUT_TOKENS, input),
+        number(attr::OUTPUT_TOKENS, billed.output),
+        number("gen_ai.usage.cache_read.input_tokens", billed.cache_read),
+        number(
+            "gen_ai.usage.cache_creation.input_tokens",
+            billed.cache_write,
+        ),
+    ];
+    (attributes, (input, billed.output))
+}
+
 /// The GenAI provider name (`gen_ai.provider.name`) of a dialect, by its name.
 pub fn provider_of(dialect: &str) -> &'static str {
     match dialect {

@@ -39,7 +39,6 @@ pub(super) fn answered(
     answer: &Result<ModelReply, ModelCallError>,
     took: std::time::Duration,
 ) {
-    let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     let mut labels = vec![
         KeyValue::new(attr::OPERATION, "chat"),
         KeyValue::new(attr::PROVIDER, spans::provider_of(dialect.name())),
@@ -53,12 +52,9 @@ pub(super) fn answered(
                 .get("usage")
                 .or_else(|| reply.body.get("usageMetadata"));
             if let Some(billed) = usage.and_then(|usage| dialect.get().billed(usage)) {
-                let input = billed.input + billed.cache_read + billed.cache_write;
-                span.set_all(vec![
-                    KeyValue::new(attr::INPUT_TOKENS, int(input)),
-                    KeyValue::new(attr::OUTPUT_TOKENS, int(billed.output)),
-                ]);
-                tokens = Some((input, billed.output));
+                let (usage, counted) = spans::usage(&billed);
+                span.set_all(usage);
+                tokens = Some(counted);
             }
             let model = reply
                 .body

@@ -8,7 +8,7 @@ use opentelemetry::{KeyValue, StringValue, Value};
 use super::job::{CompactError, Job};
 use crate::base::record::{CompactionRecord, Reason};
 use crate::projection::ModelView;
-use crate::telemetry::spans::{self, Child};
+use crate::telemetry::spans::{self, number, Child};
 
 /// Opens the span of `job`'s run, when its request is traced.
 pub(super) fn open(job: &Job<'_>) -> Option<Child> {
@@ -24,14 +24,13 @@ pub(super) fn open(job: &Job<'_>) -> Option<Child> {
         (Reason::ContextLengthExceeded, false) => "reactive",
         (Reason::Threshold, false) => "inline",
     };
-    let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     spans::child(
         "handoff.compaction",
         SpanKind::Internal,
         vec![
             KeyValue::new("handoff.compaction.chain", Value::Array(chain.into())),
             KeyValue::new("handoff.compaction.mode", mode),
-            KeyValue::new("handoff.compaction.threshold", int(job.threshold)),
+            number("handoff.compaction.threshold", job.threshold),
             KeyValue::new("handoff.conversation", job.id.as_str().to_owned()),
         ],
     )
@@ -41,37 +40,28 @@ pub(super) fn open(job: &Job<'_>) -> Option<Child> {
 /// before it, its sizes and its summary calls.
 pub(super) fn committed(record: &CompactionRecord) {
     spans::note(|| {
-        let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         let attempts: Vec<StringValue> = record
             .attempts
             .iter()
             .map(|attempt| {
-                let why = attempt.reason.as_deref().unwrap_or("");
-                StringValue::from(format!(
-                    "{}:{}{}{why}",
-                    attempt.strategy,
-                    attempt.outcome,
-                    if why.is_empty() { "" } else { ":" }
-                ))
+                let tried = format!("{}:{}", attempt.strategy, attempt.outcome);
+                StringValue::from(match &attempt.reason {
+                    Some(why) => format!("{tried}:{why}"),
+                    None => tried,
+                })
             })
             .collect();
         vec![
             KeyValue::new("handoff.compaction.id", record.id.clone()),
             KeyValue::new("handoff.compaction.strategy", record.strategy.clone()),
             KeyValue::new("handoff.compaction.attempts", Value::Array(attempts.into())),
-            KeyValue::new(
-                "handoff.compaction.tokens_before",
-                int(record.tokens_before),
-            ),
-            KeyValue::new("handoff.compaction.tokens_after", int(record.tokens_after)),
-            KeyValue::new(
+            number("handoff.compaction.tokens_before", record.tokens_before),
+            number("handoff.compaction.tokens_after", record.tokens_after),
+            number(
                 "handoff.tokens_saved",
-                int(record.tokens_before.saturating_sub(record.tokens_after)),
+                record.tokens_before.saturating_sub(record.tokens_after),
             ),
-            KeyValue::new(
-                "handoff.compaction.summary_calls",
-                int(record.summary_calls),
-            ),
+            number("handoff.compaction.summary_calls", record.summary_calls),
         ]
     });
 }
@@ -109,9 +99,9 @@ pub(super) fn stand_in(waited: std::time::Duration) {
     spans::note(|| {
         vec![
             KeyValue::new("handoff.compaction.stand_in", true),
-            KeyValue::new(
+            number(
                 "handoff.compaction.waited_ms",
-                i64::try_from(waited.as_millis()).unwrap_or(i64::MAX),
+                u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
             ),
         ]
     });

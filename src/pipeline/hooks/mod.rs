@@ -322,6 +322,7 @@ async fn run(
                 opentelemetry::KeyValue::new("handoff.hook.stage", stage.name()),
             ],
         );
+        // Each outcome counted is the hook span's too.
         let count = |metrics: &Metrics, name: &str, stage: Stage, outcome: &str| {
             count(metrics, name, stage, outcome);
             if let Some(span) = &span {

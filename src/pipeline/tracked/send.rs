@@ -192,10 +192,7 @@ impl Exchange<'_> {
                         crate::telemetry::spans::attr::HTTP_STATUS,
                         i64::from(head.status.as_u16()),
                     ),
-                    opentelemetry::KeyValue::new(
-                        "handoff.retry.threshold",
-                        i64::try_from(tightened).unwrap_or(i64::MAX),
-                    ),
+                    crate::telemetry::spans::number("handoff.retry.threshold", tightened),
                 ],
             );
             let compacting = Box::pin(self.state.compactor.compact(&job));

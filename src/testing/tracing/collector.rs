@@ -40,6 +40,8 @@ pub(crate) struct Received {
 pub(crate) struct Collector {
     addr: SocketAddr,
     received: Arc<Mutex<Received>>,
+    /// How many exports have arrived, answered or not.
+    arrivals: tokio::sync::watch::Receiver<usize>,
 }
 
 impl Collector {
@@ -49,13 +51,17 @@ impl Collector {
         let addr = listener.local_addr().unwrap();
         let received = Arc::new(Mutex::new(Received::default()));
         let shared = Arc::clone(&received);
+        let (arrived, arrivals) = tokio::sync::watch::channel(0);
+        let arrived = Arc::new(arrived);
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let shared = Arc::clone(&shared);
+                let arrived = Arc::clone(&arrived);
                 tokio::spawn(async move {
                     let service =
                         service_fn(move |request: http::Request<hyper::body::Incoming>| {
                             let shared = Arc::clone(&shared);
+                            arrived.send_modify(|count| *count += 1);
                             async move {
                                 if answers == Answers::Never {
                                     std::future::pending::<()>().await;
@@ -95,7 +101,17 @@ impl Collector {
                 });
             }
         });
-        Self { addr, received }
+        Self {
+            addr,
+            received,
+            arrivals,
+        }
+    }
+
+    /// Waits until `count` exports have arrived.
+    pub(crate) async fn arrived(&self, count: usize) {
+        let mut arrivals = self.arrivals.clone();
+        arrivals.wait_for(|n| *n >= count).await.unwrap();
     }
 
     /// Its base URL.

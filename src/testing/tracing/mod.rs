@@ -316,7 +316,8 @@ async fn a_collector_that_never_answers_changes_no_answer_and_its_spans_are_coun
     assert_eq!(answer.status, 200, "{}", answer.text());
     let state = Arc::clone(&proxy.state);
     let hanging = tokio::task::spawn_blocking(move || state.telemetry.as_ref().unwrap().flush());
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    // The second export is the one that hangs now.
+    collector.arrived(2).await;
     for n in 0..10 {
         let answer = post(&proxy, &format!("full-{n}"), &hello).await;
         assert_eq!(answer.status, 200, "{}", answer.text());
