@@ -2,7 +2,8 @@
 # Runs handoff's whole test suite on a fresh machine: installs PostgreSQL (the shared
 # store's tests start throwaway clusters with its initdb), Chromium and chromium-driver
 # (the web audit view is tested in a headless browser), the Python clients the
-# integration tests drive (into .venv), aider (into .venv-aider) and the real coding agents (Claude Code, Codex
+# integration tests drive (into .venv), aider (into .venv-aider), Arize Phoenix (into
+# .venv-phoenix) and the real coding agents (Claude Code, Codex
 # CLI, opencode, Gemini CLI, and the @google/genai SDK, from npm at the versions pinned in
 # tests/agents/package-lock.json),
 # then runs every Rust test in the workspace.
@@ -35,6 +36,15 @@ if ! cmp -s tests/aider/requirements.txt .venv-aider/.installed-requirements 2>/
   python3 -m venv .venv-aider
   .venv-aider/bin/python -m pip install --quiet --disable-pip-version-check -r tests/aider/requirements.txt
   cp tests/aider/requirements.txt .venv-aider/.installed-requirements
+fi
+
+# Arize Phoenix, the OpenTelemetry backend tests/phoenix.rs exports traces to, in a venv
+# of its own (it pins its own web stack): reinstalled when its requirements change.
+if ! cmp -s tests/phoenix/requirements.txt .venv-phoenix/.installed-requirements 2>/dev/null; then
+  rm -rf .venv-phoenix
+  python3 -m venv .venv-phoenix
+  .venv-phoenix/bin/python -m pip install --quiet --disable-pip-version-check -r tests/phoenix/requirements.txt
+  cp tests/phoenix/requirements.txt .venv-phoenix/.installed-requirements
 fi
 
 # The real coding agents of tests/agents.rs; reinstalled when the lock file changes.
