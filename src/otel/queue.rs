@@ -4,44 +4,54 @@
 //! the collector refused or did not take within `tracing.export_timeout`.
 //!
 //! The SDK's batch processor drops on a full queue too, but keeps its count to itself;
-//! the operator needs it on `/metrics` (`handoff_otel_spans_dropped_total`).
+//! the operator needs it on `/metrics` (`handoff_otel_spans_dropped_total`). And a
+//! request does not wake the export thread: the thread gathers for [`GATHER`], and is
+//! woken early only by a full batch or a flush (as the log writer, `telemetry::batch`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use opentelemetry::Context;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 
 use crate::metrics::{Metrics, SPANS_DROPPED, SPANS_EXPORTED};
 
 /// Spans sent in one export at most.
 const BATCH: usize = 512;
-/// How long a span waits for more to join its batch.
+/// How long the export thread gathers spans before it sends them.
 const GATHER: Duration = Duration::from_millis(500);
 
-enum Message {
-    Span(Box<SpanData>),
-    /// Export what is queued, then answer.
-    Flush(std::sync::mpsc::SyncSender<()>),
+/// What waits for the export thread.
+#[derive(Debug, Default)]
+struct Pending {
+    spans: Vec<SpanData>,
+    /// Flushes asked for: each answered once what was queued before it is exported.
+    flushes: Vec<std::sync::mpsc::SyncSender<()>>,
+    /// The processor is gone: export what is left, and stop.
+    closed: bool,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    pending: Mutex<Pending>,
+    wake: Notify,
 }
 
 /// The processor the tracer provider ends spans into.
 #[derive(Debug)]
 pub(crate) struct Queue {
-    sender: mpsc::Sender<Message>,
+    shared: Arc<Shared>,
     metrics: Arc<Metrics>,
-    closed: AtomicBool,
+    capacity: usize,
     timeout: Duration,
 }
 
 impl Queue {
     /// A queue of `capacity` spans, exported by `exporter` on a thread of its own
-    /// (its own runtime: no worker ever runs an export); `None` when the thread could
-    /// not start. `on_thread` runs on that thread's runtime first (the metrics reader
-    /// starts its task there).
+    /// with its own runtime: no worker ever runs an export. `on_thread` runs on that
+    /// runtime first (the metrics reader starts its task there).
     pub(crate) fn start<E: SpanExporter + 'static>(
         exporter: E,
         capacity: usize,
@@ -49,23 +59,28 @@ impl Queue {
         metrics: Arc<Metrics>,
         on_thread: impl FnOnce() + Send + 'static,
     ) -> std::io::Result<Self> {
-        let (sender, receiver) = mpsc::channel(capacity);
+        let shared = Arc::new(Shared::default());
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let counted = Arc::clone(&metrics);
+        let exporting = Export {
+            exporter,
+            shared: Arc::clone(&shared),
+            timeout,
+            metrics: Arc::clone(&metrics),
+        };
         std::thread::Builder::new()
             .name("handoff-otel".to_owned())
             .spawn(move || {
                 runtime.block_on(async move {
                     on_thread();
-                    export_loop(exporter, receiver, timeout, counted).await;
+                    exporting.run().await;
                 });
             })?;
         Ok(Self {
-            sender,
+            shared,
             metrics,
-            closed: AtomicBool::new(false),
+            capacity,
             timeout,
         })
     }
@@ -73,14 +88,25 @@ impl Queue {
     /// Waits, at most `within`, for what is queued now to be exported.
     fn flush_within(&self, within: Duration) -> OTelSdkResult {
         let (done, exported) = std::sync::mpsc::sync_channel(1);
-        self.sender
-            .try_send(Message::Flush(done))
-            .map_err(|_| OTelSdkError::InternalFailure("the span queue is full".into()))?;
+        self.shared
+            .pending
+            .lock()
+            .map_err(|_| OTelSdkError::InternalFailure("the span queue is poisoned".into()))?
+            .flushes
+            .push(done);
+        self.shared.wake.notify_one();
         // Blocking: the SDK's flush and shutdown are synchronous, and are called off
         // the request path (shutdown, tests), never on the export thread.
         exported
             .recv_timeout(within)
             .map_err(|_| OTelSdkError::Timeout(within))
+    }
+
+    fn close(&self) {
+        if let Ok(mut pending) = self.shared.pending.lock() {
+            pending.closed = true;
+        }
+        self.shared.wake.notify_one();
     }
 }
 
@@ -88,12 +114,23 @@ impl SpanProcessor for Queue {
     fn on_start(&self, _span: &mut Span, _cx: &Context) {}
 
     fn on_end(&self, span: SpanData) {
-        if self.closed.load(Ordering::Relaxed) {
+        let Ok(mut pending) = self.shared.pending.lock() else {
+            return;
+        };
+        if pending.closed {
             return;
         }
-        if self.sender.try_send(Message::Span(Box::new(span))).is_err() {
+        if pending.spans.len() >= self.capacity {
+            drop(pending);
             self.metrics
                 .add(SPANS_DROPPED, &[("reason", "queue_full")], 1.0);
+            return;
+        }
+        pending.spans.push(span);
+        let full = pending.spans.len() == self.capacity.min(BATCH);
+        drop(pending);
+        if full {
+            self.shared.wake.notify_one();
         }
     }
 
@@ -103,71 +140,69 @@ impl SpanProcessor for Queue {
 
     fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
         let flushed = self.flush_within(timeout);
-        self.closed.store(true, Ordering::Relaxed);
+        self.close();
         flushed
     }
 }
 
-/// Gathers spans into batches and exports them, until every sender is gone.
-async fn export_loop<E: SpanExporter>(
+impl Drop for Queue {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// The export thread's side.
+struct Export<E> {
     exporter: E,
-    mut receiver: mpsc::Receiver<Message>,
+    shared: Arc<Shared>,
     timeout: Duration,
     metrics: Arc<Metrics>,
-) {
-    let mut batch = Vec::with_capacity(BATCH);
-    loop {
-        let message = if batch.is_empty() {
-            receiver.recv().await
-        } else {
-            match tokio::time::timeout(GATHER, receiver.recv()).await {
-                Ok(message) => message,
-                Err(_) => {
-                    export(&exporter, &mut batch, timeout, &metrics).await;
-                    continue;
-                }
+}
+
+impl<E: SpanExporter> Export<E> {
+    /// Gathers and exports until the queue is closed.
+    async fn run(self) {
+        loop {
+            tokio::select! {
+                () = self.shared.wake.notified() => {}
+                () = tokio::time::sleep(GATHER) => {}
             }
-        };
-        match message {
-            Some(Message::Span(span)) => {
-                batch.push(*span);
-                if batch.len() >= BATCH {
-                    export(&exporter, &mut batch, timeout, &metrics).await;
-                }
+            let (spans, flushes, closed) = match self.shared.pending.lock() {
+                Ok(mut pending) => (
+                    std::mem::take(&mut pending.spans),
+                    std::mem::take(&mut pending.flushes),
+                    pending.closed,
+                ),
+                Err(_) => return,
+            };
+            let mut spans = spans.into_iter().peekable();
+            while spans.peek().is_some() {
+                self.export(spans.by_ref().take(BATCH).collect()).await;
             }
-            Some(Message::Flush(done)) => {
-                export(&exporter, &mut batch, timeout, &metrics).await;
+            for done in flushes {
                 let _ = done.try_send(());
             }
-            None => {
-                export(&exporter, &mut batch, timeout, &metrics).await;
+            if closed {
                 return;
             }
         }
     }
-}
 
-/// Exports `batch`, counting it as exported or dropped.
-async fn export<E: SpanExporter>(
-    exporter: &E,
-    batch: &mut Vec<SpanData>,
-    timeout: Duration,
-    metrics: &Metrics,
-) {
-    if batch.is_empty() {
-        return;
-    }
-    let spans = std::mem::replace(batch, Vec::with_capacity(BATCH));
-    let count = spans.len() as f64;
-    match tokio::time::timeout(timeout, exporter.export(spans)).await {
-        Ok(Ok(())) => metrics.add(SPANS_EXPORTED, &[], count),
-        Ok(Err(err)) => {
-            tracing::warn!(error = %err, spans = count, "span export failed; the spans are dropped");
-            metrics.add(SPANS_DROPPED, &[("reason", "export_failed")], count);
-        }
-        Err(_) => {
-            tracing::warn!(timeout = ?timeout, spans = count, "span export timed out; the spans are dropped");
-            metrics.add(SPANS_DROPPED, &[("reason", "export_timeout")], count);
+    /// Exports `batch`, counting it as exported or dropped.
+    async fn export(&self, batch: Vec<SpanData>) {
+        let count = batch.len() as f64;
+        match tokio::time::timeout(self.timeout, self.exporter.export(batch)).await {
+            Ok(Ok(())) => self.metrics.add(SPANS_EXPORTED, &[], count),
+            Ok(Err(err)) => {
+                tracing::warn!(error = %err, spans = count, "span export failed; the spans are dropped");
+                self.metrics
+                    .add(SPANS_DROPPED, &[("reason", "export_failed")], count);
+            }
+            Err(_) => {
+                tracing::warn!(timeout = ?self.timeout, spans = count, "span export timed out; the spans are dropped");
+                self.metrics
+                    .add(SPANS_DROPPED, &[("reason", "export_timeout")], count);
+            }
         }
     }
 }

@@ -170,11 +170,15 @@ pub fn child(
     Some(tracing.start_under(&parent, name, kind, attributes))
 }
 
-/// Sets `attributes` on the current span; nothing when the request is not traced.
+/// Sets `attributes` on the current span; nothing (not even the attributes made)
+/// when the request is not traced, or its trace was not sampled.
 pub fn note(attributes: impl FnOnce() -> Vec<KeyValue>) {
     Context::map_current(|cx| {
         if cx.get::<Tracing>().is_some() {
-            cx.span().set_attributes(attributes());
+            let span = cx.span();
+            if span.is_recording() {
+                span.set_attributes(attributes());
+            }
         }
     });
 }

@@ -304,13 +304,13 @@ async fn a_collector_that_never_answers_changes_no_answer_and_its_spans_are_coun
     )
     .await;
     let hello = [json!({"role": "user", "content": "hello"})];
-    for n in 0..6 {
+    for n in 0..4 {
         let answer = post(&proxy, &format!("slow-{n}"), &hello).await;
         assert_eq!(answer.status, 200, "{}", answer.text());
     }
     // The batch waits for the collector until the export's time limit.
     flush(&proxy).await;
-    assert_eq!(dropped(&proxy, "export_timeout").await, 6.0);
+    assert_eq!(dropped(&proxy, "export_timeout").await, 4.0);
     // While an export hangs, the queue holds four; the rest are dropped at once.
     let answer = post(&proxy, "hangs", &hello).await;
     assert_eq!(answer.status, 200, "{}", answer.text());
