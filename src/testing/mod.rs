@@ -84,6 +84,20 @@ pub(crate) fn fact_history(reply: Value) -> Vec<Value> {
     messages
 }
 
+/// The history a reconnecting client sends at once: `turns` user turns of about
+/// `tokens` tokens, each stating a fact, each answered.
+pub(crate) fn long_history(turns: usize, tokens: usize) -> Vec<Value> {
+    let mut messages = vec![serde_json::json!({"role": "system", "content": "be brief"})];
+    for n in 0..turns {
+        let filler: Vec<String> = (0..tokens / 2).map(|i| format!("w{i}")).collect();
+        messages
+            .push(serde_json::json!({"role": "user", "content": format!("FACT-{n:03} {}", filler.join(" "))}));
+        messages.push(serde_json::json!({"role": "assistant", "content": format!("noted {n}")}));
+    }
+    messages.push(serde_json::json!({"role": "user", "content": "What were the facts?"}));
+    messages
+}
+
 /// `extra` (TOML) with `upstream.base_url` set to `upstream`.
 pub(crate) fn config_text(upstream: &str, extra: &str) -> String {
     if extra.contains("[upstream]") {

@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use mock_upstream::strict::{Strict, SummaryMode};
 use mock_upstream::{AgentStyle, MockUpstream};
-use serde_json::{json, Value};
 
 use crate::testing::{Answer, Harness};
 
@@ -37,23 +36,11 @@ fn facts_in(text: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// The history a reconnecting client sends at once: `turns` user turns of about
-/// `tokens` tokens, each stating a fact, each answered.
-fn long_history(turns: usize, tokens: usize) -> Vec<Value> {
-    let mut messages = vec![json!({"role": "system", "content": "be brief"})];
-    for n in 0..turns {
-        let filler: Vec<String> = (0..tokens / 2).map(|i| format!("w{i}")).collect();
-        messages
-            .push(json!({"role": "user", "content": format!("FACT-{n:03} {}", filler.join(" "))}));
-        messages.push(json!({"role": "assistant", "content": format!("noted {n}")}));
-    }
-    messages.push(json!({"role": "user", "content": "What were the facts?"}));
-    messages
-}
-
 /// About 60k tokens at once, to the 16k model, in conversation `id`.
 async fn send_history(proxy: &Harness, id: &str) -> Answer {
-    let answer = proxy.chat(id, "strict-16k", &long_history(60, 1000)).await;
+    let answer = proxy
+        .chat(id, "strict-16k", &crate::testing::long_history(60, 1000))
+        .await;
     assert_eq!(answer.status, 200, "{}", answer.text());
     answer
 }

@@ -29,19 +29,6 @@ const CLIENT_SPAN: &str = "00f067aa0ba902b7";
 /// A key no export may carry.
 const KEY: &str = "sk-trace-secret-0123456789abcdef";
 
-/// `turns` user turns of about `tokens` tokens each, every one stating a fact.
-fn history(turns: usize, tokens: usize) -> Vec<Value> {
-    let mut messages = vec![json!({"role": "system", "content": "be brief"})];
-    for n in 0..turns {
-        let filler: Vec<String> = (0..tokens / 2).map(|i| format!("w{i}")).collect();
-        messages
-            .push(json!({"role": "user", "content": format!("FACT-{n:03} {}", filler.join(" "))}));
-        messages.push(json!({"role": "assistant", "content": format!("noted {n}")}));
-    }
-    messages.push(json!({"role": "user", "content": "What were the facts?"}));
-    messages
-}
-
 /// The strict provider, answering briefly and summarising at a realistic length.
 async fn provider() -> (Arc<Strict>, MockUpstream) {
     let strict = Strict::new(16_384);
@@ -102,7 +89,7 @@ async fn a_compacting_request_is_one_trace_from_the_client_span_to_the_summary_c
     let collector = Collector::start(Answers::Promptly).await;
     let (_strict, mock) = provider().await;
     let proxy = Harness::start(&mock.url(), &config(&collector.url(), "")).await;
-    let answer = post(&proxy, "traced", &history(30, 1000)).await;
+    let answer = post(&proxy, "traced", &crate::testing::long_history(30, 1000)).await;
     assert_eq!(answer.status, 200, "{}", answer.text());
     flush(&proxy).await;
 
